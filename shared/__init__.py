@@ -1,0 +1,1 @@
+"""Code shared by every HyAtlas service: settings, errors, gRPC plumbing, layer names."""

@@ -1,0 +1,40 @@
+"""Layer names as the REST API spells them, and their proto enum values."""
+
+from __future__ import annotations
+
+from shared.errors import InvalidArgument
+from shared.pb import common_pb2
+
+LAYER_NAMES: dict[int, str] = {
+    common_pb2.L1_PROFILE: "l1_profile",
+    common_pb2.L2_RAW: "l2_raw",
+    common_pb2.L3_FACT: "l3_fact",
+    common_pb2.L4_SUMMARY: "l4_summary",
+    common_pb2.L5_KNOWLEDGE: "l5_knowledge",
+    common_pb2.L6_SCHEMA: "l6_schema",
+    common_pb2.L7_INTENTION: "l7_intention",
+    common_pb2.L8_ENTITY: "l8_entity",
+}
+LAYERS_BY_NAME: dict[str, int] = {name: value for value, name in LAYER_NAMES.items()}
+_SHORT = {f"l{value}": value for value in LAYER_NAMES}
+_WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}
+
+
+def layer_name(value: int) -> str:
+    """The REST name of a proto layer value ("l2_raw")."""
+    return LAYER_NAMES[value]
+
+
+def parse_layer(text: str) -> int:
+    """Reads a layer as "l2_raw", "L2", "2" or "raw"; anything else is an InvalidArgument."""
+    key = text.strip().lower()
+    if key in LAYERS_BY_NAME:
+        return LAYERS_BY_NAME[key]
+    if key in _SHORT:
+        return _SHORT[key]
+    if key.isdigit() and f"l{key}" in _SHORT:
+        return _SHORT[f"l{key}"]
+    if key in _WORDS:
+        return _WORDS[key]
+    names = ", ".join(LAYERS_BY_NAME)
+    raise InvalidArgument(f"unknown layer {text!r}: expected one of {names}")

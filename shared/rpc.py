@@ -1,0 +1,128 @@
+"""gRPC plumbing every service uses: serving with health and reflection, errors, channels."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from shared.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def grpc_errors(method: F) -> F:
+    """Turns a ServiceError raised by a servicer method into the matching gRPC status."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except ServiceError as exc:
+            await context.abort(exc.code, exc.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            log.exception("%s failed", method.__qualname__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _unix_path(address: str) -> Path | None:
+    if not address.startswith("unix:"):
+        return None
+    path = address[len("unix:") :]
+    while path.startswith("//"):
+        path = path[1:]
+    return Path(path)
+
+
+@contextlib.asynccontextmanager
+async def running_grpc_server(
+    address: str,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+    *,
+    grace_s: float = 5.0,
+) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
+    """Serves the servicers `register` adds (it returns their full service names).
+
+    Yields the server and the bound address (a TCP port of 0 is replaced by the real one).
+    On exit gRPC health turns NOT_SERVING first, then the server stops with a grace period.
+    """
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    sock = _unix_path(address)
+    if sock is not None:
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+    port = server.add_insecure_port(address)
+    bound = address
+    if sock is None and address.rsplit(":", 1)[-1] == "0":
+        bound = f"{address.rsplit(':', 1)[0]}:{port}"
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving %s on %s", ", ".join(names), bound)
+    try:
+        yield server, bound
+    finally:
+        for name in ["", *names]:
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.stop(grace_s)
+        if sock is not None:
+            with contextlib.suppress(FileNotFoundError):
+                sock.unlink()
+        log.info("stopped %s", ", ".join(names))
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """An insecure channel to a service address (unix:PATH or HOST:PORT)."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "") -> None:
+    """Waits until the service at address reports SERVING on gRPC health."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with open_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{address} did not report SERVING within {timeout_s}s")
+            await asyncio.sleep(0.05)
+
+
+def socket_ready(address: str) -> bool:
+    """Whether a unix socket file exists for address (TCP addresses count as ready)."""
+    sock = _unix_path(address)
+    return sock is None or os.path.exists(sock)
