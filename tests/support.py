@@ -1,0 +1,202 @@
+"""Test helpers: service processes on real sockets, polling waits, free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def assert_eventually(
+    check: Callable[[], Awaitable[Any]] | Callable[[], Any],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.05,
+) -> Any:
+    """Calls check until it returns without AssertionError (and not False), or fails at timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = check()
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result is not False:
+                return result
+            error: BaseException = AssertionError("check returned False")
+        except AssertionError as exc:
+            error = exc
+        if time.monotonic() > deadline:
+            raise error
+        await asyncio.sleep(interval_s)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def grpc_serving(address: str) -> bool:
+    """Whether the gRPC server at address answers SERVING on health."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=0.5
+            )
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+def http_ok(url: str) -> bool:
+    """Whether a GET of url answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class ServiceProcess:
+    """One service run as `python -m <module>` in its own process."""
+
+    module: str
+    env: Mapping[str, str]
+    ready: Callable[[], bool]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+        """Starts the process and waits until it is ready."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            cwd=ROOT,
+            env=dict(self.env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited {self.proc.returncode}:\n{self.logs()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"{self.module} not ready in {timeout_s}s:\n{self.logs()}")
+            time.sleep(0.05)
+        return self
+
+    def logs(self) -> str:
+        """What the process printed so far."""
+        return self.log_path.read_text(errors="replace")[-8000:]
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, then wait; kills if it does not stop in time. Returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def base_env(data_dir: Path, **overrides: str) -> dict[str, str]:
+    """The environment of a test service: this interpreter's, a data dir, lite mode."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYATLAS_")}
+    env.update(
+        {
+            "HYATLAS_GO_DATA": str(data_dir),
+            "HYATLAS_RUN_DIR": str(data_dir / "run"),
+            "HYATLAS_MODE": "lite",
+            "HYATLAS_SNAPSHOT_EVERY": "off",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+@dataclass
+class Stack:
+    """A set of service processes sharing one data dir."""
+
+    data_dir: Path
+    env: dict[str, str]
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def address(self, service: str) -> str:
+        """The gRPC address a service listens on in this stack."""
+        key = f"HYATLAS_{service.upper()}_ADDR"
+        return self.env.get(key) or f"unix:{self.data_dir / 'run' / (service + '.sock')}"
+
+    @property
+    def base_url(self) -> str:
+        """The gateway's base URL."""
+        return f"http://127.0.0.1:{self.env['HYATLAS_GO_PORT']}"
+
+    def start(self, service: str, timeout_s: float = 60.0) -> ServiceProcess:
+        """Starts one service (embedder, store, search, extractor, consolidator or gateway)."""
+        if service == "gateway":
+            module = "gateway"
+            url = f"{self.base_url}/healthz"
+
+            def ready() -> bool:
+                return http_ok(url)
+
+        else:
+            module = f"services.{service}"
+            address = self.address(service)
+
+            def ready() -> bool:
+                return grpc_serving(address)
+
+        proc = ServiceProcess(module, self.env, ready, self.data_dir / f"{service}.log")
+        self.procs[service] = proc.start(timeout_s)
+        return proc
+
+    def stop_all(self) -> None:
+        """Stops every process, last started first."""
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+
+@contextlib.contextmanager
+def running_stack(
+    data_dir: Path, services: list[str], **env_overrides: str
+) -> Iterator[Stack]:
+    """Starts the named services in order with one data dir and stops them afterwards."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = base_env(data_dir, **env_overrides)
+    env.setdefault("HYATLAS_GO_PORT", str(free_port()))
+    stack = Stack(data_dir, env)
+    try:
+        for service in services:
+            stack.start(service)
+        yield stack
+    finally:
+        stack.stop_all()
