@@ -36,7 +36,7 @@ def parse_go_duration(text: str) -> float:
     """Seconds in a Go duration ("1h30m", "300ms", "-2s"); ValueError if it is not one."""
     s = text.strip()
     sign = 1.0
-    if s[:1] in "+-":
+    if s and s[0] in "+-":
         sign = -1.0 if s[0] == "-" else 1.0
         s = s[1:]
     if s == "0":

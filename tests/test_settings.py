@@ -1,0 +1,105 @@
+"""The HYATLAS_* settings follow the reference's parsing rules."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.settings import Settings, parse_aliases, parse_go_duration, read_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("15m", 900.0), ("6h", 21600.0), ("1h30m", 5400.0), ("300ms", 0.3), ("2160h", 7776000.0),
+     ("1.5h", 5400.0), ("-2s", -2.0), ("0", 0.0)],
+)
+def test_go_durations_are_read_as_seconds(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["90d", "5 m", "m", "1h30", "", "h1"])
+def test_strings_that_are_not_go_durations_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_go_duration(text)
+
+
+def test_duration_setting_rules(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"A": "45", "B": "off", "C": "", "D": "2d", "E": "no", "F": "0", "G": "20m"}
+    assert read_duration(env, "A", 10.0) == 45.0
+    assert read_duration(env, "B", 10.0) is None
+    assert read_duration(env, "C", 10.0) == 10.0
+    assert read_duration(env, "E", 10.0) is None
+    assert read_duration(env, "F", 10.0) is None
+    assert read_duration(env, "G", 10.0) == 1200.0
+    with caplog.at_level(logging.WARNING):
+        assert read_duration(env, "D", 10.0) == 10.0
+    assert "D='2d' is not a duration" in caplog.text
+
+
+def test_defaults_match_the_reference(tmp_path: Path) -> None:
+    s = Settings.from_env({"HYATLAS_GO_DATA": str(tmp_path)})
+    assert (s.mode, s.http_host, s.http_port) == ("ultra", "127.0.0.1", 19528)
+    assert s.sync_extract is False
+    assert s.min_score == 0.60 and s.dedupe_score == 0.92 and s.mmr_lambda == 0.75
+    assert s.consolidate_every_s == 6 * 3600 and s.consolidate_batch == 50
+    assert s.catchup_every_s == 600 and s.catchup_max_age_s == 168 * 3600
+    assert s.episode_gap_s == 1800 and s.now_every_s == 900
+    assert s.raw_retention_s is None and s.consolidate_recluster_s is None
+    assert s.admin is False and s.recency is True and s.usage_learning is True
+    assert s.extract_timeout_s == 300
+    assert s.snapshot_dir == Path(str(tmp_path) + "-snapshots")
+    assert s.address("store") == f"unix:{tmp_path / 'run' / 'store.sock'}"
+
+
+def test_pro_mode_blocks_on_extraction_unless_told_otherwise() -> None:
+    assert Settings.from_env({"HYATLAS_MODE": "pro"}).sync_extract is True
+    assert Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_SYNC_EXTRACT": "off"}).sync_extract is False
+    assert Settings.from_env({"HYATLAS_MODE": "ultra", "HYATLAS_SYNC_EXTRACT": "on"}).sync_extract is True
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"HYATLAS_MODE": "max"}, "HYATLAS_MODE='max' is not one of lite, pro, ultra"),
+        ({"HYATLAS_SYNC_EXTRACT": "sometimes"}, "HYATLAS_SYNC_EXTRACT='sometimes'"),
+        ({"HYATLAS_CONSOLIDATE_EVERY": "off"}, "must be positive in ultra"),
+        ({"HYATLAS_CONSOLIDATE_EVERY": "-5m"}, "must be positive in ultra"),
+        ({"HYATLAS_CONSOLIDATE_PARALLEL": "5"}, "HYATLAS_CONSOLIDATE_PARALLEL='5' is outside 1..4"),
+        ({"HYATLAS_MIN_SCORE": "high"}, "HYATLAS_MIN_SCORE='high' is not a number"),
+        ({"HYATLAS_MMR_LAMBDA": "0"}, "HYATLAS_MMR_LAMBDA"),
+        ({"HYATLAS_GO_PORT": "70000"}, "HYATLAS_GO_PORT"),
+    ],
+)
+def test_settings_that_cannot_run_are_fatal_and_name_the_variable(
+    env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        Settings.from_env(env)
+
+
+def test_pro_mode_may_turn_consolidation_off() -> None:
+    assert Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_CONSOLIDATE_EVERY": "off"}).mode == "pro"
+
+
+def test_aliases_group_ids_and_ignore_singletons() -> None:
+    groups = parse_aliases(" 221727702992945152, default ,hermes-memory-archive; solo ;a,b,a")
+    assert groups == (("221727702992945152", "default", "hermes-memory-archive"), ("a", "b"))
+    s = Settings.from_env({"HYATLAS_USER_ALIASES": "alice,al;bob,robert"})
+    assert s.alias_group("al") == ("al", "alice")
+    assert s.alias_group("carol") == ("carol",)
+    assert s.canonical_user("robert") == "bob"
+
+
+def test_allowed_hosts_drop_ports_and_lowercase() -> None:
+    s = Settings.from_env({"HYATLAS_ALLOWED_HOSTS": "NAS.local:8080, proxy.example ,[fe80::1]:9"})
+    assert s.allowed_hosts == frozenset({"nas.local", "proxy.example", "fe80::1"})
+
+
+def test_llm_is_configured_only_with_base_model_and_a_key() -> None:
+    base = {"HYATLAS_LLM_BASE": "http://127.0.0.1:1/v1", "HYATLAS_LLM_MODEL": "m"}
+    assert not Settings.from_env(base).llm_configured
+    assert Settings.from_env({**base, "HYATLAS_LLM_KEY": "k"}).llm_configured
+    assert Settings.from_env({**base, "HYATLAS_LLM_KEY_FILE": "/tmp/k"}).llm_configured
