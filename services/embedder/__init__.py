@@ -1,0 +1,1 @@
+"""The embedder service: text in, unit vectors out, concurrent calls batched into one model run."""

@@ -1,0 +1,137 @@
+"""Micro-batching: concurrent embed calls coalesced into one model run at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import numpy as np
+
+from shared.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[list[str]], Awaitable[np.ndarray]]
+
+
+@dataclass(eq=False)
+class _Request:
+    texts: Sequence[str]
+    future: asyncio.Future[np.ndarray]
+    taken: int = 0
+    """How many of the texts are in a run already."""
+    filled: int = 0
+    parts: list[np.ndarray] = field(default_factory=list)
+
+
+class MicroBatcher:
+    """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
+
+    While a run is in flight, new calls wait in the queue; the next run takes all of them, up
+    to max_batch texts. A call with more texts than max_batch spans several runs.
+    """
+
+    def __init__(self, run_batch: RunBatch, max_batch: int) -> None:
+        self._run_batch = run_batch
+        self._max_batch = max(1, max_batch)
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+        self.runs = 0
+        """Model runs so far (for logs and benchmarks)."""
+        self.texts_run = 0
+        """Texts embedded so far."""
+
+    async def __aenter__(self) -> MicroBatcher:
+        self._worker = asyncio.create_task(self._work(), name="embed-batcher")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops the worker; calls still queued fail as Unavailable. Closing twice is harmless."""
+        self._closed = True
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(Unavailable("embedder is stopping"))
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """The rows run_batch gives for texts, in order, computed in a shared run."""
+        if self._closed or self._worker is None:
+            raise Unavailable("embedder is not running")
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(texts, future))
+        self._wakeup.set()
+        return await future
+
+    def _take(self) -> list[tuple[_Request, int, int]]:
+        """Slices of queued requests, in arrival order, up to max_batch texts."""
+        slices: list[tuple[_Request, int, int]] = []
+        room = self._max_batch
+        while self._queue and room > 0:
+            request = self._queue[0]
+            if request.future.done():  # the caller gave up (deadline, cancel)
+                self._queue.popleft()
+                continue
+            start = request.taken
+            end = min(len(request.texts), start + room)
+            slices.append((request, start, end))
+            request.taken = end
+            room -= end - start
+            if end == len(request.texts):
+                self._queue.popleft()
+        return slices
+
+    async def _work(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            slices = self._take()
+            if not self._queue:
+                self._wakeup.clear()
+            if not slices:
+                continue
+            texts = [text for request, start, end in slices for text in request.texts[start:end]]
+            try:
+                vectors = await self._run_batch(texts)
+            except asyncio.CancelledError:
+                for request, _, _ in slices:
+                    if not request.future.done():
+                        request.future.set_exception(Unavailable("embedder is stopping"))
+                raise
+            except Exception as exc:
+                log.warning("embedding run of %d texts failed: %s", len(texts), exc)
+                for request, _, _ in slices:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                continue
+            self.runs += 1
+            self.texts_run += len(texts)
+            offset = 0
+            for request, start, end in slices:
+                part = vectors[offset : offset + end - start]
+                offset += end - start
+                if request.future.done():
+                    continue
+                request.parts.append(part)
+                request.filled += end - start
+                if request.filled == len(request.texts):
+                    rows = request.parts[0] if len(request.parts) == 1 else np.vstack(request.parts)
+                    request.future.set_result(rows)

@@ -1,0 +1,69 @@
+"""The embedder's configuration, read once from HYATLAS_* variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+Backend = Literal["onnx", "local", "remote"]
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Where the embedder listens, which model it runs and how it batches."""
+
+    address: str
+    """HYATLAS_EMBEDDER_ADDR: the gRPC address (unix:PATH or HOST:PORT)."""
+    backend: Backend = "onnx"
+    """From HYATLAS_EMBED_BASE: onnx (bge, the default), local (hash stub) or remote (a URL)."""
+    model_dir: Path | None = None
+    """HYATLAS_MODEL_DIR: the only folder searched for the ONNX model when set."""
+    remote_base: str = ""
+    """HYATLAS_EMBED_BASE when it is a URL: an OpenAI-compatible API base."""
+    remote_model: str = "text-embedding-3-small"
+    """HYATLAS_EMBED_MODEL: the model name sent to the remote endpoint."""
+    remote_key: str = ""
+    """HYATLAS_EMBED_KEY: the remote endpoint's bearer token."""
+    remote_timeout_s: float = 60.0
+    """How long one remote embeddings call may take."""
+    threads: int = 2
+    """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
+    max_batch: int = 64
+    """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EmbedderConfig:
+        """The embedder's part of the project settings."""
+        base = settings.embed_base.strip()
+        backend: Backend
+        if base.lower() in ("", "bge"):
+            backend, remote_base = "onnx", ""
+        elif base.lower() == "local":
+            backend, remote_base = "local", ""
+        elif base.lower().startswith(("http://", "https://")):
+            backend, remote_base = "remote", base.rstrip("/")
+        else:
+            raise ConfigError(
+                f"HYATLAS_EMBED_BASE={base!r} is not one of bge, local or an http(s) URL"
+            )
+        return cls(
+            address=settings.address("embedder"),
+            backend=backend,
+            model_dir=settings.model_dir,
+            remote_base=remote_base,
+            remote_model=settings.embed_model,
+            remote_key=settings.embed_key,
+            threads=settings.embed_threads,
+            max_batch=settings.embed_max_batch,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EmbedderConfig:
+        """Reads the embedder's settings from the environment."""
+        return cls.from_settings(Settings.from_env(os.environ if environ is None else environ))

@@ -1,0 +1,137 @@
+"""The ONNX model: tokenise, run onnxruntime, pool and normalise."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Encoding, Tokenizer, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+from services.embedder.models import ModelFiles, ModelSpec
+from shared.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# A model run costs about as much as this many padded tokens before any token is processed
+# (measured: ~2.5 ms fixed against ~0.25 ms per token on 2 threads); it decides when a
+# length-sorted batch is worth splitting into several runs.
+RUN_OVERHEAD_TOKENS = 12
+
+
+def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
+    """A tokenizer from tokenizer.json or a WordPiece vocab.txt, truncating at max_tokens."""
+    tokenizer = (
+        wordpiece_tokenizer(path) if path.name == "vocab.txt" else Tokenizer.from_file(str(path))
+    )
+    # tokenizer.json files often carry fixed padding to 128 and truncation at 128; this
+    # encoder pads each run to its longest text itself, and truncates at the model's limit.
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
+
+
+def wordpiece_tokenizer(vocab_path: Path) -> Tokenizer:
+    """A lower-casing BERT WordPiece tokenizer ([CLS] text [SEP]) from a vocab.txt."""
+    tokenizer = Tokenizer(WordPiece.from_file(str(vocab_path), unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    if cls_id is None or sep_id is None:
+        raise ConfigError(f"{vocab_path} has no [CLS] or [SEP] token")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return tokenizer
+
+
+def plan_runs(
+    lengths: Sequence[int], overhead_tokens: int = RUN_OVERHEAD_TOKENS
+) -> list[list[int]]:
+    """Splits texts, by index, into runs of similar token length so padding costs little.
+
+    Texts are taken shortest first; a text joins the current run unless the padding it would
+    add to the run's earlier texts costs more than starting a new run.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    runs: list[list[int]] = []
+    longest = 0
+    for index in order:
+        length = lengths[index]
+        if runs and len(runs[-1]) * (length - longest) <= overhead_tokens:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+        longest = length
+    return runs
+
+
+class OnnxEncoder:
+    """Turns texts into unit vectors with one ONNX sentence-embedding model."""
+
+    def __init__(self, files: ModelFiles, threads: int) -> None:
+        self.spec: ModelSpec = files.spec
+        self._tokenizer = load_tokenizer(files.tokenizer_path, files.spec.max_tokens)
+        self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(
+            str(files.onnx_path), options, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {item.name for item in self._session.get_inputs()}
+        outputs = self._session.get_outputs()
+        self._output = (
+            "last_hidden_state"
+            if any(o.name == "last_hidden_state" for o in outputs)
+            else outputs[0].name
+        )
+        width = next(o for o in outputs if o.name == self._output).shape[-1]
+        if isinstance(width, int) and width != self.spec.ndim:
+            self.spec = dataclasses.replace(self.spec, ndim=width)
+        log.info(
+            "loaded %s from %s (%s pooling, %d threads)",
+            self.spec.model_id,
+            files.onnx_path,
+            self.spec.pooling,
+            threads,
+        )
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """One L2-normalised float32 row per text, in order."""
+        if not texts:
+            return np.zeros((0, self.spec.ndim), dtype=np.float32)
+        encodings = self._tokenizer.encode_batch(list(texts))
+        vectors = np.empty((len(texts), self.spec.ndim), dtype=np.float32)
+        for run in plan_runs([len(e.ids) for e in encodings]):
+            vectors[run] = self._run([encodings[i] for i in run])
+        return vectors
+
+    def _run(self, encodings: list[Encoding]) -> np.ndarray:
+        width = max(len(e.ids) for e in encodings)
+        ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            ids[row, :n] = encoding.ids
+            mask[row, :n] = 1
+            types[row, :n] = encoding.type_ids
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        hidden = self._session.run(
+            [self._output], {k: v for k, v in feed.items() if k in self._inputs}
+        )[0]
+        if self.spec.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)

@@ -1,0 +1,51 @@
+"""Starts and stops the embedder: the model, the batcher and the gRPC server."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from services.embedder.config import EmbedderConfig
+from services.embedder.embedding import Embedder, opened_embedder
+from services.embedder.servicer import EmbedderServicer
+from shared.pb import embedder_pb2, embedder_pb2_grpc
+from shared.rpc import running_grpc_server
+from shared.runtime import until_stopped
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = embedder_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
+
+
+@dataclass(frozen=True)
+class RunningEmbedder:
+    """A started embedder: its bound address and its domain object."""
+
+    address: str
+    embedder: Embedder
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedder]:
+    """Loads the model, starts the batcher, serves gRPC; stops all of it on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        embedder = await stack.enter_async_context(opened_embedder(config))
+
+        def register(server: grpc.aio.Server) -> list[str]:
+            embedder_pb2_grpc.add_EmbedderServicer_to_server(EmbedderServicer(embedder), server)
+            return [SERVICE_NAME]
+
+        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        log.info("embedder %s ready on %s", embedder.model_id, bound)
+        yield RunningEmbedder(bound, embedder)
+
+
+async def main() -> None:
+    """Runs the embedder until SIGTERM or SIGINT."""
+    config = EmbedderConfig.from_env()
+    async with running_server(config):
+        await until_stopped()
