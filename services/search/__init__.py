@@ -1,0 +1,1 @@
+"""The search service: a query in, ranked channels out."""

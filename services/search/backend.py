@@ -1,0 +1,135 @@
+"""The search backend over gRPC: the embedder for the query vector, the store for hits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import grpc
+
+from services.search.model import Candidate, Scope
+from shared.clients import EmbedderClient
+from shared.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ServiceError,
+    Unavailable,
+)
+from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+
+# Store answers that describe the request rather than the store's health keep their meaning.
+_STORE_ERRORS: dict[grpc.StatusCode, type[ServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+}
+
+
+def store_error(exc: grpc.aio.AioRpcError) -> ServiceError:
+    """The ServiceError a failed store call becomes."""
+    kind = _STORE_ERRORS.get(exc.code(), Unavailable)
+    return kind(f"store: {exc.details() or exc.code().name}")
+
+
+def to_candidate(
+    hit: common_pb2.ScoredMemory,
+    *,
+    cosine: float | None = None,
+    keyword_fraction: float | None = None,
+) -> Candidate:
+    """A store hit as a pipeline candidate; the hit itself rides along as the payload."""
+    memory = hit.memory
+    return Candidate(
+        memory_id=memory.id,
+        layer=LAYER_NAMES.get(memory.layer, ""),
+        content=memory.content,
+        label=memory.label,
+        session_id=memory.owner.session_id,
+        created_at=memory.created_at,
+        due_at=memory.due_at if memory.HasField("due_at") else None,
+        cosine=cosine,
+        keyword_fraction=keyword_fraction,
+        payload=hit,
+    )
+
+
+def _scope(scope: Scope) -> common_pb2.Scope:
+    return common_pb2.Scope(user_id=scope.user_id, agent_id=scope.agent_id)
+
+
+def _layers(names: Sequence[str]) -> list[common_pb2.Layer]:
+    return cast("list[common_pb2.Layer]", [LAYERS_BY_NAME[name] for name in names])
+
+
+class GrpcBackend:
+    """Reads query vectors from the embedder and hits from the store."""
+
+    def __init__(
+        self,
+        store_channel: grpc.aio.Channel,
+        embedder: EmbedderClient,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._store = store_pb2_grpc.StoreStub(store_channel)
+        self._embedder = embedder
+        self._timeout_s = timeout_s
+
+    async def embed_query(self, text: str) -> tuple[Sequence[float], str]:
+        """The query's vector and the model id that made it."""
+        vectors, model_id = await self._embedder.embed([text], is_query=True)
+        return vectors[0].tolist(), model_id
+
+    async def vector_search(
+        self, scope: Scope, vector: Sequence[float], model_id: str, layers: Sequence[str], k: int
+    ) -> list[Candidate]:
+        """The k nearest live memories with their cosine; the floor is left to fusion."""
+        request = store_pb2.VectorSearchRequest(
+            scope=_scope(scope),
+            vector=vector,
+            model_id=model_id,
+            layers=_layers(layers),
+            k=k,
+            min_score=0.0,
+        )
+        try:
+            reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc) from exc
+        return [to_candidate(hit, cosine=hit.score) for hit in reply.hits]
+
+    async def keyword_search(
+        self, scope: Scope, text: str, layers: Sequence[str], k: int
+    ) -> list[Candidate]:
+        """Up to k live memories holding the query's terms, with the share of terms they hold."""
+        request = store_pb2.KeywordSearchRequest(
+            scope=_scope(scope), query=text, layers=_layers(layers), k=k
+        )
+        try:
+            reply = await self._store.KeywordSearch(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc) from exc
+        terms = len(reply.terms)
+        return [
+            to_candidate(
+                found.hit,
+                keyword_fraction=min(1.0, found.matched_terms / terms) if terms else None,
+            )
+            for found in reply.hits
+        ]
+
+    async def newest(self, scope: Scope, layers: Sequence[str], k: int) -> list[Candidate]:
+        """The k newest live memories of the layers."""
+        request = store_pb2.ListMemoriesRequest(
+            scope=_scope(scope), layers=_layers(layers), limit=k, order="newest"
+        )
+        try:
+            reply = await self._store.ListMemories(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc) from exc
+        return [
+            to_candidate(common_pb2.ScoredMemory(memory=memory)) for memory in reply.memories
+        ]

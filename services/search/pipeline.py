@@ -1,0 +1,74 @@
+"""The ranking pipeline as data: named stages run in order, any of them switchable off."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from services.search import stages
+from services.search.model import Candidate, SearchContext
+
+StageFn = Callable[[list[Candidate], SearchContext], list[Candidate]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One named step of the ranking."""
+
+    name: str
+    run: StageFn
+
+
+@dataclass(frozen=True, slots=True)
+class StageTiming:
+    """How long one stage took and how many candidates it left."""
+
+    name: str
+    ms: float
+    count: int
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """An ordered list of stages; the first builds the ranking from the context's hits."""
+
+    stages: tuple[Stage, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stage names in order."""
+        return tuple(stage.name for stage in self.stages)
+
+    def without(self, names: Collection[str]) -> Pipeline:
+        """The same pipeline minus the named stages; an unknown name is a ValueError."""
+        unknown = sorted(set(names) - set(self.names))
+        if unknown:
+            known = ", ".join(self.names)
+            raise ValueError(f"unknown search stage {', '.join(unknown)}: expected one of {known}")
+        return Pipeline(tuple(stage for stage in self.stages if stage.name not in names))
+
+    def run(self, ctx: SearchContext) -> tuple[list[Candidate], list[StageTiming]]:
+        """Runs every stage in order; returns the final ranking and each stage's timing."""
+        ranked: list[Candidate] = []
+        timings = []
+        for stage in self.stages:
+            started = time.perf_counter()
+            ranked = stage.run(ranked, ctx)
+            timings.append(
+                StageTiming(stage.name, (time.perf_counter() - started) * 1000.0, len(ranked))
+            )
+        return ranked, timings
+
+
+LITE_PIPELINE = Pipeline(
+    (
+        Stage("fuse", stages.fuse),
+        Stage("intention_ttl", stages.drop_stale_intentions),
+        Stage("dedupe", stages.drop_repeated_text),
+        Stage("l5_cap", stages.cap_knowledge),
+        Stage("session_intentions", stages.own_session_intentions_first),
+        Stage("truncate", stages.truncate),
+    )
+)
+"""The lite-mode ranking: fusion, the reference's post-processing, then the limit."""

@@ -1,0 +1,97 @@
+"""The ranking stages: each takes the ranked list and the context and returns a new list."""
+
+from __future__ import annotations
+
+from services.search.fusion import fuse_sources
+from services.search.model import Candidate, SearchContext
+
+DAY_S = 86400.0
+
+
+def fuse(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Starts the ranking: reciprocal-rank fusion of the vector and keyword hits."""
+    return fuse_sources(ctx.vector, ctx.keyword, min_score=ctx.query.min_score)
+
+
+def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> bool:
+    """Whether an L7 intention may still be shown (every other layer always may).
+
+    One with a due date stays until a day after it is due; one without stays ttl_s after it was
+    written (forever when ttl_s is None).
+    """
+    if candidate.layer != "l7_intention":
+        return True
+    if candidate.due_at is not None:
+        return now <= candidate.due_at + DAY_S
+    if ttl_s is None:
+        return True
+    return now - candidate.created_at <= ttl_s
+
+
+def drop_stale_intentions(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Drops intentions past their due date or their time to live."""
+    return [c for c in ranked if intention_is_live(c, ctx.now, ctx.intention_ttl_s)]
+
+
+def text_key(text: str) -> str:
+    """The form two texts are compared in: lower case, runs of whitespace as one space."""
+    return " ".join(text.lower().split())
+
+
+def drop_repeated_text(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Keeps the best-ranked row of each text; an L1 mirror takes its L3 fact's place."""
+    kept: list[Candidate] = []
+    slot_of: dict[str, int] = {}
+    for candidate in ranked:
+        key = text_key(candidate.content)
+        slot = slot_of.get(key)
+        if slot is None:
+            slot_of[key] = len(kept)
+            kept.append(candidate)
+        elif candidate.layer == "l1_profile" and kept[slot].layer == "l3_fact":
+            kept[slot] = candidate
+    return kept
+
+
+def knowledge_cap(limit: int) -> int:
+    """The most l5_knowledge results a search of every layer returns (about 40%)."""
+    return max(1, limit * 2 // 5)
+
+
+def cap_knowledge(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Leaves room for other layers: lower-ranked L5 rows past the cap are dropped.
+
+    Only when no layer was asked for; a search of L5 alone wants all of it.
+    """
+    if ctx.query.layers:
+        return ranked
+    room = knowledge_cap(ctx.query.limit)
+    kept = []
+    for candidate in ranked:
+        if candidate.layer == "l5_knowledge":
+            if room == 0:
+                continue
+            room -= 1
+        kept.append(candidate)
+    return kept
+
+
+def own_session_intentions_first(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Reorders intentions among the places intentions hold, the caller's session first."""
+    session = ctx.query.session_id
+    if not session:
+        return ranked
+    slots = [i for i, c in enumerate(ranked) if c.layer == "l7_intention"]
+    if len(slots) < 2:
+        return ranked
+    # sorted() is stable, so each group keeps its fused order.
+    reordered = sorted((ranked[i] for i in slots), key=lambda c: c.session_id != session)
+    out = list(ranked)
+    for slot, candidate in zip(slots, reordered, strict=True):
+        out[slot] = candidate
+    return out
+
+
+def truncate(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Keeps the best `limit` results."""
+    return ranked[: ctx.query.limit]
