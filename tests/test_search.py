@@ -365,3 +365,8 @@ def test_config_looks_for_now_pages_only_in_llm_modes() -> None:
     pro = SearchConfig.from_env({"HYATLAS_MODE": "pro", "HYATLAS_SEARCH_DISABLE_STAGES": "l5_cap"})
     assert pro.now_pages is True
     assert pro.disabled_stages == {"l5_cap"}
+
+
+def test_now_pages_are_kept_out_of_the_channels() -> None:
+    ranked = [cand("now", "l4_summary", label="now_page"), cand("episode", "l4_summary")]
+    assert ids(stages.drop_now_pages(ranked, context())) == ["episode"]

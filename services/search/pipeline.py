@@ -65,6 +65,7 @@ LITE_PIPELINE = Pipeline(
     (
         Stage("fuse", stages.fuse),
         Stage("intention_ttl", stages.drop_stale_intentions),
+        Stage("now_apart", stages.drop_now_pages),
         Stage("dedupe", stages.drop_repeated_text),
         Stage("l5_cap", stages.cap_knowledge),
         Stage("session_intentions", stages.own_session_intentions_first),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.search.channels import NOW_PAGE_LABEL
 from services.search.fusion import fuse_sources
 from services.search.model import Candidate, SearchContext
 
@@ -31,6 +32,11 @@ def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> 
 def drop_stale_intentions(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Drops intentions past their due date or their time to live."""
     return [c for c in ranked if intention_is_live(c, ctx.now, ctx.intention_ttl_s)]
+
+
+def drop_now_pages(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Leaves Now pages out of the channels: the response carries the owner's own apart."""
+    return [c for c in ranked if not (c.layer == "l4_summary" and c.label == NOW_PAGE_LABEL)]
 
 
 def text_key(text: str) -> str:
