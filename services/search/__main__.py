@@ -13,6 +13,8 @@ async def main() -> None:
     """Serves search until SIGTERM or SIGINT."""
     config = SearchConfig.from_env()
     logging.getLogger().setLevel(config.log_level)
+    # gRPC's own debug lines would bury the per-search timings DEBUG is asked for.
+    logging.getLogger("grpc").setLevel(logging.INFO)
     async with running_server(config):
         await until_stopped()
 
