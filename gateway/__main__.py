@@ -1,0 +1,32 @@
+"""Entry point: `python -m gateway` serves the REST API until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from gateway.app import make_app
+from gateway.config import GatewayConfig
+from shared.runtime import run_service, until_stopped
+
+log = logging.getLogger("gateway")
+
+
+async def main() -> None:
+    """Serves until SIGTERM, then finishes requests in flight and closes the channels."""
+    config = GatewayConfig.from_env()
+    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=10.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.http_host, config.http_port)
+        await site.start()
+        log.info("gateway listening on http://%s:%d", config.http_host, config.http_port)
+        await until_stopped()
+        log.info("gateway stopping")
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    run_service("gateway", main)

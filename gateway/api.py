@@ -1,0 +1,445 @@
+"""The /api/v1 routes: REST parameters in, store and search calls, the reference's JSON out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.errors import Handler, error_extras
+from gateway.params import Params, read_body
+from gateway.shapes import layer_counts, list_items, search_response
+from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
+from shared.errors import InvalidArgument, NotFound, PermissionDenied, Unimplemented
+from shared.layers import parse_layer
+from shared.pb import common_pb2, search_pb2, store_pb2
+
+VERSION = "5.0.0-py"
+DEFAULT_USER = "default"
+SEARCH_LIMIT_DEFAULT = 5
+LIST_LIMIT_DEFAULT = 20
+LIMIT_MAX = 1000
+INT32_MIN = -(2**31)
+# metadata.write_origin values the Hermes plugin sets; such writes are audited as the plugin's.
+PLUGIN_ORIGINS = frozenset({"plugin", "memory_tool", "sync_turn"})
+READERS = frozenset({"legacy", "semantic", "vector", "hybrid", "hybrid_tag"})
+READER_ALIASES = {"keyword": "hybrid_tag", "hybrid_v2": "hybrid"}
+UNSCOPED_DELETE = (
+    "unscoped delete refused: pass layer/user_id/agent_id/id, or all=true to wipe the entire store"
+)
+NO_SLOW_PATH = "this mode has no slow path; consolidation runs only in ultra"
+
+routes = web.RouteTableDef()
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(
+        body, status=status, headers=headers, dumps=lambda v: json.dumps(v, ensure_ascii=False)
+    )
+
+
+async def _params(request: web.Request, *, query_wins: bool = False) -> Params:
+    return Params(request.query, await read_body(request), query_wins=query_wins)
+
+
+def _scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
+    return common_pb2.Scope(user_id=user_id or DEFAULT_USER, agent_id=agent_id)
+
+
+def _all_users() -> common_pb2.Scope:
+    return common_pb2.Scope(all_users=True)
+
+
+def _layers(text: str) -> list[Any]:
+    """The layer filter a `layer` parameter names; empty or "*" means every layer."""
+    return [] if text in ("", "*") else [parse_layer(text)]
+
+
+def _timeout(request: web.Request) -> float:
+    return request.app[CONFIG].rpc_timeout_s
+
+
+def llm_state(config: GatewayConfig) -> str:
+    """The status `llm` field: unused in lite, else ok or unconfigured."""
+    if config.mode == "lite":
+        return "unused"
+    return "ok" if config.llm_configured else "unconfigured"
+
+
+def mode_detail(config: GatewayConfig) -> str:
+    """What the mode does, in words."""
+    if config.mode == "lite":
+        return "lite: raw writes and search only (L2); no LLM call at all"
+    if config.mode == "pro":
+        return (
+            "pro: one LLM extraction per write (L1, L2, L3, L4, L7, L8) plus episode summaries; "
+            "no consolidation"
+        )
+    detail = (
+        "ultra: one LLM extraction per write plus the periodic consolidation pass "
+        "(all eight layers; L5 and L6 come from consolidation)"
+    )
+    if not config.consolidate_graph:
+        detail += "; HYATLAS_CONSOLIDATE_GRAPH=off: no L5 graph and no arc"
+    return detail
+
+
+def extract_sync(config: GatewayConfig) -> str:
+    """The status `extract_sync` field."""
+    if config.mode == "lite":
+        return "none (lite mode)"
+    if config.sync_extract:
+        return "blocking (a write waits for its extraction; HYATLAS_SYNC_EXTRACT)"
+    return "background (a write returns pending; extraction runs behind it; HYATLAS_SYNC_EXTRACT)"
+
+
+def extraction_status(config: GatewayConfig) -> str:
+    """The status a new raw row starts with."""
+    if config.mode == "lite":
+        return "skipped"
+    return "pending" if config.llm_configured else "unconfigured"
+
+
+@routes.route("*", "/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: answers without touching any other service."""
+    return _json({"status": "ok"})
+
+
+@routes.route("*", "/api/v1/status")
+async def status(request: web.Request) -> web.Response:
+    """Server, model, mode and per-layer counts; writes and searches count since this start."""
+    config = request.app[CONFIG]
+    stats = await request.app[STORE].GetStats(
+        store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
+    )
+    counters = request.app[COUNTERS]
+    return _json(
+        {
+            "status": "ok",
+            "version": VERSION,
+            "vdb": "ok",
+            "embed": stats.model_id,
+            "embed_dims": stats.ndim,
+            "llm": llm_state(config),
+            "llm_model": config.llm_model,
+            "llm_base": config.llm_base,
+            "mode": config.mode,
+            "mode_detail": mode_detail(config),
+            "uses_llm": config.mode != "lite",
+            "extract_sync": extract_sync(config),
+            "write_pipeline": "ok",
+            "writes": counters.writes,
+            "searches": counters.searches,
+            "layers": layer_counts(stats.layers),
+            "graph_nodes": 0,
+            "graph_edges": 0,
+            "unextracted": 0 if config.mode == "lite" else stats.unextracted,
+            "consolidations": 0 if config.mode == "ultra" else -1,
+            "vdb_points": stats.total,
+            "data_dir": stats.data_dir or str(config.data_dir),
+        }
+    )
+
+
+@routes.route("*", "/api/v1/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Live rows per layer and in total, and the graph's size."""
+    stats = await request.app[STORE].GetStats(
+        store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
+    )
+    return _json(
+        {
+            "layers": layer_counts(stats.layers),
+            "total": stats.total,
+            "graph_nodes": 0,
+            "graph_edges": 0,
+        }
+    )
+
+
+@routes.post("/api/v1/add")
+@error_extras(success=False)
+async def add(request: web.Request) -> web.Response:
+    """Stores one raw (L2) row for the owner and reports how its extraction will go."""
+    config = request.app[CONFIG]
+    params = await _params(request)
+    text = params.string("text", strip=False)
+    if not text.strip():
+        text = params.string("data", strip=False)
+    if not text.strip():
+        raise InvalidArgument("text required")
+    user_id = params.string("user_id")
+    agent_id = params.string("agent_id")
+    metadata = params.obj("metadata")
+    session_id = params.string("session_id")
+    if not session_id and isinstance(metadata.get("session_id"), str):
+        session_id = metadata["session_id"].strip()
+    event_at = params.timestamp("event_at")
+    origin = metadata.get("write_origin")
+    actor = "plugin" if isinstance(origin, str) and origin in PLUGIN_ORIGINS else "api"
+    status_ = extraction_status(config)
+
+    owner = common_pb2.Owner(
+        user_id=user_id or DEFAULT_USER, agent_id=agent_id, session_id=session_id
+    )
+    row = store_pb2.NewMemory(
+        owner=owner,
+        layer=common_pb2.L2_RAW,
+        content=text,
+        metadata_json=json.dumps(metadata, ensure_ascii=False),
+        extraction_status=status_,
+        write_mode=config.mode,
+    )
+    if event_at is not None:
+        row.event_at = event_at
+    reply = await request.app[STORE].Apply(
+        store_pb2.ApplyRequest(
+            scope=_scope(owner.user_id, agent_id),
+            ops=[store_pb2.Op(insert=row)],
+            actor=actor,
+            reason="add",
+        ),
+        timeout=_timeout(request),
+    )
+    request.app[COUNTERS].writes += 1
+    return _json({"success": True, "memory_id": reply.memories[0].id, "extraction_status": status_})
+
+
+def _reader(text: str) -> str:
+    reader = READER_ALIASES.get(text.lower(), text.lower())
+    if reader and reader not in READERS:
+        choices = ", ".join(sorted(READERS | READER_ALIASES.keys()))
+        raise InvalidArgument(f"unknown reader {text!r}: expected one of {choices}")
+    return reader
+
+
+@routes.route("GET", "/api/v1/search")
+@routes.post("/api/v1/search")
+async def search(request: web.Request) -> web.Response:
+    """Ranked memories of one owner in the reference's channels."""
+    params = await _params(request)
+    query = params.string("query")
+    if not query:
+        raise InvalidArgument("query required")
+    limit = params.integer("limit", 0, lo=INT32_MIN)
+    limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    layer = params.string("layer")
+    user_ids = params.strings("user_ids")
+    agent_ids = params.strings("agent_ids")
+    user_id = params.string("user_id") or (user_ids[0] if user_ids else "")
+    agent_id = params.string("agent_id") or (agent_ids[0] if agent_ids else "")
+    min_score = params.number("min_score", lo=0.0, hi=1.0)
+    reference_time = params.timestamp("reference_time")
+
+    req = search_pb2.SearchMemoriesRequest(
+        scope=_scope(user_id, agent_id),
+        query=query,
+        limit=limit,
+        layers=_layers(layer),
+        reader=_reader(params.string("reader")),
+        session_id=params.string("session_id"),
+    )
+    if min_score is not None:
+        req.min_score = min_score
+    if reference_time is not None:
+        req.reference_time = reference_time
+    reply = await request.app[SEARCH].SearchMemories(req, timeout=_timeout(request))
+    request.app[COUNTERS].searches += 1
+    return _json(search_response(reply))
+
+
+@routes.get("/api/v1/list")
+@routes.post("/api/v1/list")
+async def list_memories(request: web.Request) -> web.Response:
+    """One owner's rows, newest first, with paging and per-layer counts."""
+    params = await _params(request)
+    limit = params.integer("limit", 0, lo=INT32_MIN)
+    limit = LIST_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    offset = params.integer("offset", 0)
+    layer = params.string("layer")
+    layers = _layers(layer)
+    include_raw = params.boolean("include_raw", True)
+    include_superseded = params.boolean("include_superseded", False)
+    scope = _scope(params.string("user_id"), params.string("agent_id"))
+
+    store = request.app[STORE]
+    listed, stats = await asyncio.gather(
+        store.ListMemories(
+            store_pb2.ListMemoriesRequest(
+                scope=scope,
+                layers=layers,
+                include_superseded=include_superseded,
+                limit=limit,
+                offset=offset,
+                exclude_layers=[] if include_raw or layers else [common_pb2.L2_RAW],
+            ),
+            timeout=_timeout(request),
+        ),
+        store.GetStats(store_pb2.GetStatsRequest(scope=scope), timeout=_timeout(request)),
+    )
+    return _json(
+        {
+            "total": listed.total,
+            "offset": offset,
+            "limit": limit,
+            "memories": list_items(listed.memories),
+            "layers": layer_counts(stats.layers),
+            "graph_nodes": 0,
+            "graph_edges": 0,
+        }
+    )
+
+
+@routes.route("*", "/api/v1/delete_all")
+@error_extras(deleted_count=0)
+async def delete_all(request: web.Request) -> web.Response:
+    """Deletes one of the caller's rows by id, or (with HYATLAS_ADMIN=on) rows in a scope."""
+    if request.method not in ("POST", "DELETE"):
+        return _json(
+            {"deleted_count": 0, "error": "method not allowed: use POST or DELETE"},
+            status=405,
+            headers={"Allow": "POST, DELETE"},
+        )
+    params = await _params(request, query_wins=True)
+    memory_id = params.string("id")
+    user_id = params.string("user_id")
+    agent_id = params.string("agent_id")
+    if memory_id:
+        await _delete_one(request, memory_id, _scope(user_id, agent_id))
+        return _json({"deleted_count": 1, "error": ""})
+
+    layer = params.string("layer")
+    layers = _layers(layer)
+    wipe = params.boolean("all", False) or params.string("confirm") == "wipe-all"
+    if not (layers or user_id or agent_id or wipe):
+        raise InvalidArgument(UNSCOPED_DELETE)
+    if not request.app[CONFIG].admin:
+        raise PermissionDenied(
+            "bulk delete is off: restart the server with HYATLAS_ADMIN=on "
+            "(deleting one memory by id needs no switch)"
+        )
+    scope = (
+        common_pb2.Scope(user_id=user_id, agent_id=agent_id)
+        if user_id
+        else common_pb2.Scope(all_users=True, agent_id=agent_id)
+    )
+    reply = await request.app[STORE].DeleteMemories(
+        store_pb2.DeleteMemoriesRequest(scope=scope, layers=layers, actor="api"),
+        timeout=_timeout(request),
+    )
+    return _json({"deleted_count": reply.deleted, "error": ""})
+
+
+async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Scope) -> None:
+    """Erases one row, but only when it lies in the caller's scope."""
+    store = request.app[STORE]
+    timeout = _timeout(request)
+    try:
+        # Checked first so another owner's id is refused even if the delete op were lenient.
+        await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=timeout
+        )
+        await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))],
+                actor="api",
+                reason="delete_all by id",
+            ),
+            timeout=timeout,
+        )
+    except grpc.aio.AioRpcError as exc:
+        # Another owner's row is reported exactly like a missing one, so ids do not leak.
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+            raise NotFound(f"memory {memory_id!r} not found") from None
+        raise
+
+
+@routes.post("/api/v1/flush")
+async def flush(request: web.Request) -> web.Response:
+    """Persists the store's vector indexes now (before a hard stop)."""
+    reply = await request.app[STORE].Flush(store_pb2.FlushRequest(), timeout=_timeout(request))
+    return _json({"flushed": True, "vectors": reply.vectors})
+
+
+@routes.route("*", "/api/v1/digest")
+@error_extras(digest_ok=False)
+async def digest(request: web.Request) -> web.Response:
+    """Lite and pro have no slow path; ultra's consolidation pass is not built yet."""
+    config = request.app[CONFIG]
+    if config.mode != "ultra":
+        return _json({"digest_ok": False, "mode": config.mode, "reason": NO_SLOW_PATH})
+    raise Unimplemented(f"/api/v1/digest is not implemented yet: {NOT_YET['/api/v1/digest']}")
+
+
+@routes.post("/api/v1/reprocess")
+async def reprocess(request: web.Request) -> web.Response:
+    """Lite never extracts, so there is nothing to reprocess; pro/ultra need the extractor."""
+    config = request.app[CONFIG]
+    if config.mode != "lite":
+        raise Unimplemented(
+            f"/api/v1/reprocess is not implemented yet: {NOT_YET['/api/v1/reprocess']}"
+        )
+    params = await _params(request)
+    ids = params.strings("ids")
+    most = params.integer("max", 0, lo=INT32_MIN)
+    most = 200 if most <= 0 else most
+    if ids:
+        skipped = len(ids)
+    else:
+        stats = await request.app[STORE].GetStats(
+            store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
+        )
+        skipped = min(most, int(stats.layers.get("l2_raw", 0)))
+    return _json(
+        {
+            "reprocessed": 0,
+            "failed": 0,
+            "skipped": skipped,
+            "note": "mode is lite; extraction is disabled, nothing to reprocess",
+        }
+    )
+
+
+EXTRACTOR = "it arrives with the extractor service (LLM extraction of raw rows)"
+GRAPH = "it arrives with the consolidator service (the ultra slow path builds the L5 graph)"
+NOT_YET: dict[str, str] = {
+    "/api/v1/digest": "the consolidator service runs the ultra slow path",
+    "/api/v1/reprocess": EXTRACTOR,
+    "/api/v1/forget": "it arrives with the extractor service (retiring forgotten values)",
+    "/api/v1/llm/key": "it arrives with the extractor service (the LLM key hand-over)",
+    "/api/v1/graph": GRAPH,
+    "/api/v1/edges": GRAPH,
+    "/api/v1/learning/graph": GRAPH,
+    "/api/v1/graph-as-of": GRAPH,
+    "/api/v1/admin/compact_raw": "the admin maintenance routes come in a later issue",
+    "/api/v1/admin/dedupe_facts": "the admin maintenance routes come in a later issue",
+    "/api/v1/restore": "restoring retired rows comes in a later issue",
+    "/api/v1/history": "a row's audit history comes in a later issue",
+    "/api/v1/export": "JSONL export comes in a later issue",
+    "/api/v1/import": "JSONL import comes in a later issue",
+    "/dashboard/": "the dashboard's static files come in a later issue",
+}
+HANDLED = frozenset({"/api/v1/digest", "/api/v1/reprocess"})
+
+
+def _not_yet(path: str) -> Handler:
+    message = f"{path} is not implemented yet: {NOT_YET[path]}"
+
+    async def handler(request: web.Request) -> web.Response:
+        raise Unimplemented(message)
+
+    return handler
+
+
+def add_placeholder_routes(app: web.Application) -> None:
+    """Routes a later issue builds answer 501 and say which one."""
+    for path in NOT_YET.keys() - HANDLED:
+        app.router.add_route("*", path, _not_yet(path))
+    app.router.add_route("*", "/dashboard", _not_yet("/dashboard/"))
+    app.router.add_route("*", "/dashboard/{tail:.+}", _not_yet("/dashboard/"))

@@ -1,0 +1,42 @@
+"""Builds the gateway's aiohttp application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway import api
+from gateway.config import GatewayConfig
+from gateway.errors import errors_middleware
+from gateway.guards import guards_middleware, token_middleware
+from gateway.state import CONFIG, COUNTERS, SEARCH, STORE, Counters
+from shared.pb import search_pb2_grpc, store_pb2_grpc
+from shared.rpc import open_channel
+
+
+async def _channels(app: web.Application) -> AsyncIterator[None]:
+    """Opens the store and search channels for the app's lifetime."""
+    config = app[CONFIG]
+    async with (
+        open_channel(config.store_address) as store,
+        open_channel(config.search_address) as search,
+    ):
+        app[STORE] = store_pb2_grpc.StoreStub(store)
+        app[SEARCH] = search_pb2_grpc.SearchStub(search)
+        yield
+
+
+def make_app(config: GatewayConfig) -> web.Application:
+    """The REST application: guards and token checks around every route, JSON errors outside."""
+    app = web.Application(
+        # errors first so that guard refusals and aiohttp's own 404/405/413 become JSON too.
+        middlewares=[errors_middleware, guards_middleware, token_middleware],
+        client_max_size=config.max_body_bytes,
+    )
+    app[CONFIG] = config
+    app[COUNTERS] = Counters()
+    app.cleanup_ctx.append(_channels)
+    app.add_routes(api.routes)
+    api.add_placeholder_routes(app)
+    return app

@@ -1,0 +1,76 @@
+"""The gateway's settings, read once from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.settings import Settings
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the gateway needs: where to listen, whom to call, which guards to apply."""
+
+    http_host: str = "127.0.0.1"
+    """HYATLAS_GO_HOST: the bind address."""
+    http_port: int = 19528
+    """HYATLAS_GO_PORT: the port (0 picks a free one)."""
+    store_address: str = "unix:data/run/store.sock"
+    """HYATLAS_STORE_ADDR: the store's gRPC address."""
+    search_address: str = "unix:data/run/search.sock"
+    """HYATLAS_SEARCH_ADDR: the search service's gRPC address."""
+    allowed_hosts: frozenset[str] = frozenset()
+    """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
+    token: str = ""
+    """HYATLAS_TOKEN: when set, every route but /healthz needs `Authorization: Bearer <token>`."""
+    admin: bool = False
+    """HYATLAS_ADMIN: enables bulk delete."""
+    mode: str = "ultra"
+    """HYATLAS_MODE: lite | pro | ultra."""
+    sync_extract: bool = False
+    """HYATLAS_SYNC_EXTRACT: whether a write waits for its extraction."""
+    llm_configured: bool = False
+    """Whether HYATLAS_LLM_BASE, HYATLAS_LLM_MODEL and a key source are all set."""
+    llm_model: str = ""
+    """HYATLAS_LLM_MODEL: reported by status."""
+    llm_base: str = ""
+    """HYATLAS_LLM_BASE: reported by status."""
+    consolidate_graph: bool = True
+    """HYATLAS_CONSOLIDATE_GRAPH: whether the ultra pass builds the L5 graph (status wording)."""
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    """HYATLAS_GO_DATA: reported by status when the store does not say."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Largest request body accepted; larger ones get 413."""
+    rpc_timeout_s: float = 60.0
+    """Deadline of one call to the store or search service."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+        """Builds the config from HYATLAS_* variables (ConfigError names a bad one)."""
+        settings = Settings.from_env(os.environ if environ is None else environ)
+        return cls.from_settings(settings)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GatewayConfig:
+        """Takes the gateway's part of the parsed settings."""
+        return cls(
+            http_host=settings.http_host,
+            http_port=settings.http_port,
+            store_address=settings.address("store"),
+            search_address=settings.address("search"),
+            allowed_hosts=settings.allowed_hosts,
+            token=settings.token,
+            admin=settings.admin,
+            mode=settings.mode,
+            sync_extract=settings.sync_extract,
+            llm_configured=settings.llm_configured,
+            llm_model=settings.llm_model,
+            llm_base=settings.llm_base,
+            consolidate_graph=settings.consolidate_graph,
+            data_dir=settings.data_dir,
+        )

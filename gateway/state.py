@@ -1,0 +1,24 @@
+"""What the gateway keeps on its web.Application: config, gRPC stubs, counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from shared.pb import search_pb2_grpc, store_pb2_grpc
+
+
+@dataclass
+class Counters:
+    """Requests served since this gateway process started (not persisted)."""
+
+    writes: int = 0
+    searches: int = 0
+
+
+CONFIG = web.AppKey("config", GatewayConfig)
+STORE = web.AppKey("store", store_pb2_grpc.StoreStub)
+SEARCH = web.AppKey("search", search_pb2_grpc.SearchStub)
+COUNTERS = web.AppKey("counters", Counters)

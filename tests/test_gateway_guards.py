@@ -1,0 +1,365 @@
+"""The gateway alone over real HTTP: guards, token, JSON errors and parameter checks.
+
+Every request here is refused before the gateway calls another service, so no store runs.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.api import NOT_YET, UNSCOPED_DELETE
+from gateway.app import make_app
+from gateway.config import GatewayConfig
+
+MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+@pytest.fixture
+async def make_client(tmp_path: Path) -> AsyncIterator[MakeClient]:
+    """Starts gateways (no store or search behind them) and closes them afterwards."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def make(**overrides: Any) -> TestClient[Any, Any]:
+        config = GatewayConfig(
+            store_address=f"unix:{tmp_path / 'store.sock'}",
+            search_address=f"unix:{tmp_path / 'search.sock'}",
+            mode=overrides.pop("mode", "lite"),
+            rpc_timeout_s=5.0,
+            **overrides,
+        )
+        client = TestClient(TestServer(make_app(config), host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def client(make_client: MakeClient) -> TestClient[Any, Any]:
+    return await make_client()
+
+
+async def _status_and_json(
+    client: TestClient[Any, Any], method: str, path: str, **kw: Any
+) -> tuple[int, Any]:
+    async with client.request(method, path, **kw) as reply:
+        assert "Access-Control-Allow-Origin" not in reply.headers
+        assert reply.content_type == "application/json"
+        return reply.status, await reply.json()
+
+
+# --- Host / Origin / Sec-Fetch-Site -------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:19528", "attacker.localhost.com"])
+async def test_dns_name_host_is_refused_even_on_healthz(
+    client: TestClient[Any, Any], host: str
+) -> None:
+    status, body = await _status_and_json(client, "GET", "/healthz", headers={"Host": host})
+    assert (status, body) == (403, {"error": "non-local Host refused"})
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "LOCALHOST.:19528", "127.0.0.1:19528", "192.168.1.9", "[::1]:19528", "0.0.0.0"],
+)
+async def test_localhost_and_ip_literal_hosts_pass(client: TestClient[Any, Any], host: str) -> None:
+    status, body = await _status_and_json(client, "GET", "/healthz", headers={"Host": host})
+    assert (status, body) == (200, {"status": "ok"})
+
+
+async def test_allowlisted_host_passes(make_client: MakeClient) -> None:
+    client = await make_client(allowed_hosts=frozenset({"mybox.lan"}))
+    status, _ = await _status_and_json(
+        client, "GET", "/healthz", headers={"Host": "MyBox.lan.:19528"}
+    )
+    assert status == 200
+    status, _ = await _status_and_json(client, "GET", "/healthz", headers={"Host": "other.lan"})
+    assert status == 403
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://evil.example",
+        "https://evil.example:19528",
+        "null",
+        "file:///tmp/x.html",
+        "chrome-extension://abc",
+        "http://192.168.1.50:19528",
+    ],
+)
+async def test_foreign_null_and_non_http_origins_are_refused(
+    client: TestClient[Any, Any], origin: str
+) -> None:
+    status, body = await _status_and_json(client, "GET", "/healthz", headers={"Origin": origin})
+    assert (status, body) == (403, {"error": "cross-origin request refused"})
+
+
+@pytest.mark.parametrize(
+    "origin",
+    ["http://localhost:3000", "http://127.0.0.1:5173", "https://[::1]:8443", "http://127.9.9.9"],
+)
+async def test_loopback_origin_passes(client: TestClient[Any, Any], origin: str) -> None:
+    status, _ = await _status_and_json(client, "GET", "/healthz", headers={"Origin": origin})
+    assert status == 200
+
+
+async def test_same_host_origin_passes_but_other_port_does_not(
+    client: TestClient[Any, Any],
+) -> None:
+    same = {"Host": "192.168.1.9:19528", "Origin": "http://192.168.1.9:19528"}
+    assert (await _status_and_json(client, "GET", "/healthz", headers=same))[0] == 200
+    other = {"Host": "192.168.1.9:19528", "Origin": "http://192.168.1.9:8080"}
+    assert (await _status_and_json(client, "GET", "/healthz", headers=other))[0] == 403
+
+
+async def test_allowlisted_origin_passes(make_client: MakeClient) -> None:
+    client = await make_client(allowed_hosts=frozenset({"notes.lan"}))
+    headers = {"Origin": "https://notes.lan:4443"}
+    assert (await _status_and_json(client, "GET", "/healthz", headers=headers))[0] == 200
+
+
+async def test_cross_site_fetch_is_refused(client: TestClient[Any, Any]) -> None:
+    status, body = await _status_and_json(
+        client, "POST", "/api/v1/add", json={"text": "x"}, headers={"Sec-Fetch-Site": "Cross-Site"}
+    )
+    assert (status, body) == (403, {"error": "cross-site request refused", "success": False})
+
+
+async def test_same_origin_fetch_without_origin_header_passes(client: TestClient[Any, Any]) -> None:
+    headers = {"Sec-Fetch-Site": "same-origin"}
+    assert (await _status_and_json(client, "GET", "/healthz", headers=headers))[0] == 200
+
+
+# --- bearer token ------------------------------------------------------------------------
+
+
+async def test_token_is_required_on_every_route_but_healthz(make_client: MakeClient) -> None:
+    client = await make_client(token="s3cret-token")
+    assert (await _status_and_json(client, "GET", "/healthz"))[0] == 200
+    for path in ("/api/v1/status", "/api/v1/graph", "/api/v1/list", "/no/such/route"):
+        async with client.get(path) as reply:
+            assert reply.status == 401, path
+            assert reply.headers["WWW-Authenticate"] == "Bearer"
+            assert "bearer token" in (await reply.json())["error"]
+    status, body = await _status_and_json(
+        client,
+        "POST",
+        "/api/v1/add",
+        json={"text": "secret"},
+        headers={"Authorization": "Bearer wrong"},
+    )
+    assert status == 401 and body["success"] is False
+    wrong_scheme = {"Authorization": "Basic s3cret-token"}
+    assert (await _status_and_json(client, "GET", "/api/v1/graph", headers=wrong_scheme))[0] == 401
+
+
+async def test_right_token_is_accepted(make_client: MakeClient) -> None:
+    client = await make_client(token="s3cret-token")
+    auth = {"Authorization": "Bearer s3cret-token"}
+    status, body = await _status_and_json(client, "GET", "/api/v1/graph", headers=auth)
+    assert status == 501 and "not implemented yet" in body["error"]
+    status, body = await _status_and_json(client, "POST", "/api/v1/add", json={}, headers=auth)
+    assert (status, body) == (400, {"error": "text required", "success": False})
+
+
+async def test_guards_run_before_the_token_check(make_client: MakeClient) -> None:
+    client = await make_client(token="s3cret-token")
+    status, body = await _status_and_json(
+        client, "GET", "/healthz", headers={"Host": "evil.example"}
+    )
+    assert (status, body) == (403, {"error": "non-local Host refused"})
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+async def test_add_without_text_is_400(client: TestClient[Any, Any]) -> None:
+    for body in ({}, {"text": ""}, {"text": "   "}, {"data": ""}, {"user_id": "u"}):
+        status, reply = await _status_and_json(client, "POST", "/api/v1/add", json=body)
+        assert (status, reply) == (400, {"error": "text required", "success": False}), body
+    status, reply = await _status_and_json(client, "POST", "/api/v1/add")
+    assert (status, reply) == (400, {"error": "text required", "success": False})
+
+
+async def test_malformed_json_is_bad_body(client: TestClient[Any, Any]) -> None:
+    for path in ("/api/v1/add", "/api/v1/search", "/api/v1/list"):
+        status, reply = await _status_and_json(client, "POST", path, data=b'{"text": "x"')
+        assert status == 400 and reply["error"] == "bad body", path
+    status, reply = await _status_and_json(client, "POST", "/api/v1/add", data=b'{"text": NaN}')
+    assert status == 400 and reply["error"] == "bad body"
+
+
+async def test_json_that_is_not_an_object_is_400(client: TestClient[Any, Any]) -> None:
+    for raw in (b'["text"]', b'"text"', b"42", b"null"):
+        status, reply = await _status_and_json(client, "POST", "/api/v1/add", data=raw)
+        assert status == 400 and "expected a JSON object" in reply["error"], raw
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/v1/add", {"text": 5}, "text"),
+        ("/api/v1/add", {"text": "x", "user_id": 7}, "user_id"),
+        ("/api/v1/add", {"text": "x", "agent_id": ["a"]}, "agent_id"),
+        ("/api/v1/add", {"text": "x", "metadata": "k=v"}, "metadata"),
+        ("/api/v1/add", {"text": "x", "metadata": ["k"]}, "metadata"),
+        ("/api/v1/add", {"text": "x", "session_id": {}}, "session_id"),
+        ("/api/v1/add", {"text": "x", "event_at": "last tuesday"}, "event_at"),
+        ("/api/v1/add", {"text": "x", "event_at": True}, "event_at"),
+        ("/api/v1/search", {"query": 3}, "query"),
+        ("/api/v1/search", {"query": "q", "limit": "ten"}, "limit"),
+        ("/api/v1/search", {"query": "q", "limit": 2.5}, "limit"),
+        ("/api/v1/search", {"query": "q", "min_score": "high"}, "min_score"),
+        ("/api/v1/search", {"query": "q", "min_score": 1.5}, "min_score"),
+        ("/api/v1/search", {"query": "q", "user_ids": "a,b,c", "agent_ids": [1]}, "agent_ids"),
+        ("/api/v1/search", {"query": "q", "layer": "l9_dreams"}, "layer"),
+        ("/api/v1/search", {"query": "q", "reader": "magic"}, "reader"),
+        ("/api/v1/list", {"limit": True}, "limit"),
+        ("/api/v1/list", {"offset": -1}, "offset"),
+        ("/api/v1/list", {"include_raw": "maybe"}, "include_raw"),
+        ("/api/v1/list", {"layer": "l0"}, "layer"),
+        ("/api/v1/delete_all", {"id": 12}, "id"),
+        ("/api/v1/delete_all", {"layer": "nope"}, "layer"),
+    ],
+)
+async def test_wrong_types_are_400_naming_the_field(
+    client: TestClient[Any, Any], path: str, body: dict[str, Any], field: str
+) -> None:
+    status, reply = await _status_and_json(client, "POST", path, json=body)
+    assert status == 400
+    assert field in reply["error"]
+
+
+async def test_query_string_parameters_are_type_checked(client: TestClient[Any, Any]) -> None:
+    status, reply = await _status_and_json(client, "GET", "/api/v1/list?limit=abc")
+    assert (status, reply) == (400, {"error": "limit must be an integer"})
+    status, reply = await _status_and_json(client, "GET", "/api/v1/list?layer=l42")
+    assert status == 400 and "unknown layer 'l42'" in reply["error"]
+    status, reply = await _status_and_json(client, "GET", "/api/v1/search?query=x&min_score=lots")
+    assert (status, reply) == (400, {"error": "min_score must be a number"})
+
+
+async def test_search_without_query_is_400(client: TestClient[Any, Any]) -> None:
+    status, reply = await _status_and_json(client, "POST", "/api/v1/search", json={"limit": 3})
+    assert (status, reply) == (400, {"error": "query required"})
+
+
+async def test_body_over_8_mib_is_413_json(client: TestClient[Any, Any]) -> None:
+    payload = io.BytesIO(b'{"text": "' + b"a" * (9 * 1024 * 1024) + b'"}')
+    status, reply = await _status_and_json(client, "POST", "/api/v1/add", data=payload)
+    assert status == 413
+    assert reply == {"error": "request body is over the 8 MiB limit", "success": False}
+
+
+async def test_unknown_route_and_wrong_method_are_json(client: TestClient[Any, Any]) -> None:
+    assert await _status_and_json(client, "GET", "/api/v1/nope") == (404, {"error": "not found"})
+    async with client.get("/api/v1/add") as reply:
+        assert reply.status == 405
+        assert reply.headers["Allow"] == "POST"
+        assert await reply.json() == {"error": "method not allowed"}
+
+
+# --- delete_all without a store ----------------------------------------------------------
+
+
+async def test_delete_all_other_methods_are_405_with_allow(client: TestClient[Any, Any]) -> None:
+    for method in ("GET", "PUT", "PATCH"):
+        async with client.request(method, "/api/v1/delete_all?layer=l2_raw") as reply:
+            assert reply.status == 405
+            assert reply.headers["Allow"] == "POST, DELETE"
+            assert await reply.json() == {
+                "deleted_count": 0,
+                "error": "method not allowed: use POST or DELETE",
+            }
+
+
+async def test_unscoped_delete_is_refused(client: TestClient[Any, Any]) -> None:
+    for method, kw in (
+        ("POST", {}),
+        ("DELETE", {"json": {"layer": "*"}}),
+        ("POST", {"json": {"all": False}}),
+    ):
+        status, reply = await _status_and_json(client, method, "/api/v1/delete_all", **kw)
+        assert (status, reply) == (400, {"deleted_count": 0, "error": UNSCOPED_DELETE})
+
+
+async def test_bulk_delete_needs_admin(client: TestClient[Any, Any]) -> None:
+    for kw in (
+        {"json": {"layer": "l2_raw"}},
+        {"json": {"user_id": "alice"}},
+        {"json": {"all": True}},
+        {"params": {"confirm": "wipe-all"}},
+        {"params": {"agent_id": "bot"}},
+    ):
+        status, reply = await _status_and_json(client, "POST", "/api/v1/delete_all", **kw)
+        assert status == 403, kw
+        assert reply["deleted_count"] == 0 and "HYATLAS_ADMIN=on" in reply["error"]
+
+
+# --- routes a later issue builds -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(set(NOT_YET) - {"/api/v1/digest", "/api/v1/reprocess"}))
+async def test_unbuilt_routes_answer_501_and_say_which_issue(
+    client: TestClient[Any, Any], path: str
+) -> None:
+    for method in ("GET", "POST"):
+        status, reply = await _status_and_json(client, method, path)
+        assert status == 501
+        assert reply["error"].startswith(f"{path} is not implemented yet: ")
+
+
+async def test_dashboard_subpaths_answer_501(client: TestClient[Any, Any]) -> None:
+    status, reply = await _status_and_json(client, "GET", "/dashboard/assets/app.js")
+    assert status == 501 and "dashboard" in reply["error"]
+
+
+async def test_digest_in_lite_and_pro_says_there_is_no_slow_path(make_client: MakeClient) -> None:
+    for mode in ("lite", "pro"):
+        client = await make_client(mode=mode)
+        status, reply = await _status_and_json(client, "POST", "/api/v1/digest")
+        assert status == 200
+        assert reply == {
+            "digest_ok": False,
+            "mode": mode,
+            "reason": "this mode has no slow path; consolidation runs only in ultra",
+        }
+
+
+async def test_digest_and_reprocess_in_ultra_are_501(make_client: MakeClient) -> None:
+    client = await make_client(mode="ultra")
+    status, reply = await _status_and_json(client, "POST", "/api/v1/digest")
+    assert status == 501 and reply["digest_ok"] is False and "consolidator" in reply["error"]
+    status, reply = await _status_and_json(client, "POST", "/api/v1/reprocess")
+    assert status == 501 and "extractor" in reply["error"]
+
+
+async def test_reprocess_in_lite_notes_extraction_is_off(client: TestClient[Any, Any]) -> None:
+    status, reply = await _status_and_json(
+        client, "POST", "/api/v1/reprocess", json={"ids": ["m1", "m2"]}
+    )
+    assert status == 200
+    assert reply == {
+        "reprocessed": 0,
+        "failed": 0,
+        "skipped": 2,
+        "note": "mode is lite; extraction is disabled, nothing to reprocess",
+    }
+
+
+async def test_store_down_is_503_json(client: TestClient[Any, Any]) -> None:
+    status, reply = await _status_and_json(client, "GET", "/api/v1/status")
+    assert status == 503 and reply["error"]
+    status, reply = await _status_and_json(client, "POST", "/api/v1/add", json={"text": "x"})
+    assert status == 503 and reply["success"] is False
