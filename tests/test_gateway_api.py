@@ -1,0 +1,455 @@
+"""The gateway over real HTTP in front of real store, search and embedder processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from shared.clients import EmbedderClient
+from shared.rpc import open_channel
+from tests.support import Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+ALIASES = "alias-main,alias-other"
+TOKEN = "t0ken-for-tests"
+CHANNELS = {"pages", "profile", "proactive", "experiences", "normal"}
+LAYERS = [
+    "l1_profile",
+    "l2_raw",
+    "l3_fact",
+    "l4_summary",
+    "l5_knowledge",
+    "l6_schema",
+    "l7_intention",
+    "l8_entity",
+]
+
+
+@dataclass
+class Api:
+    """A REST client for one running gateway."""
+
+    base_url: str
+    token: str = ""
+
+    async def call(
+        self, method: str, path: str, headers: dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        """Status and decoded JSON body of one request."""
+        all_headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        all_headers.update(headers or {})
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, self.base_url + path, headers=all_headers, **kw) as reply,
+        ):
+            assert "Access-Control-Allow-Origin" not in reply.headers
+            return reply.status, await reply.json()
+
+    async def add(self, text: str, user_id: str, **fields: Any) -> dict[str, Any]:
+        status, body = await self.call(
+            "POST", "/api/v1/add", json={"text": text, "user_id": user_id, **fields}
+        )
+        assert status == 200, body
+        return body
+
+    async def listing(self, user_id: str, **fields: Any) -> dict[str, Any]:
+        status, body = await self.call(
+            "POST", "/api/v1/list", json={"user_id": user_id, "limit": 1000, **fields}
+        )
+        assert status == 200, body
+        return body
+
+    async def total(self) -> int:
+        status, body = await self.call("GET", "/api/v1/metrics")
+        assert status == 200, body
+        return int(body["total"])
+
+
+def _user() -> str:
+    return f"user-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def lite(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """A lite stack: no admin, no token, one alias group."""
+    data_dir: Path = tmp_path_factory.mktemp("gateway-lite")
+    with running_stack(
+        data_dir,
+        ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_USER_ALIASES=ALIASES,
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def ultra(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """An ultra stack with an LLM configured (never called yet), admin on and a token."""
+    data_dir: Path = tmp_path_factory.mktemp("gateway-ultra")
+    with running_stack(
+        data_dir,
+        ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="ultra",
+        HYATLAS_LLM_BASE="http://127.0.0.1:9/v1",
+        HYATLAS_LLM_MODEL="scripted",
+        HYATLAS_LLM_KEY="k",
+        HYATLAS_ADMIN="on",
+        HYATLAS_TOKEN=TOKEN,
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(lite: Stack) -> Api:
+    return Api(lite.base_url)
+
+
+@pytest.fixture
+def admin_api(ultra: Stack) -> Api:
+    return Api(ultra.base_url, TOKEN)
+
+
+# --- add and search ----------------------------------------------------------------------
+
+
+async def test_add_then_search_finds_the_text(api: Api) -> None:
+    user = _user()
+    added = await api.add("My favourite code editor is Helix, with the kakoune keymap.", user)
+    assert added["success"] is True and added["extraction_status"] == "skipped"
+    assert added["memory_id"]
+
+    status, body = await api.call(
+        "POST", "/api/v1/search", json={"query": "favourite code editor", "user_id": user}
+    )
+    assert status == 200, body
+    assert set(body["memories"]) == CHANNELS
+    hits = [item for items in body["memories"].values() for item in items]
+    assert [hit["memory_id"] for hit in hits] == [added["memory_id"]]
+    hit = hits[0]
+    assert hit["content"].startswith("My favourite code editor is Helix")
+    assert hit["layer"] == "l2_raw" and hit["user_id"] == user
+    assert "agent_id" not in hit  # omitted when empty, like the reference
+    assert isinstance(hit["score"], float) and 0 < hit["score"] <= 1
+    assert abs(hit["gmt_created"] - time.time()) < 600
+    assert isinstance(body["order"], list)
+    assert "now" not in body
+
+    status, other = await api.call(
+        "POST", "/api/v1/search", json={"query": "favourite code editor", "user_id": _user()}
+    )
+    assert status == 200
+    assert not any(other["memories"].values())
+
+
+async def test_search_reads_user_ids_and_agent_ids_first_entries(api: Api) -> None:
+    user = _user()
+    mine = await api.add("The staging database runs on port 5433.", user, agent_id="ops-bot")
+    await api.add("The staging database runs on port 6543.", user, agent_id="other-bot")
+    status, body = await api.call(
+        "POST",
+        "/api/v1/search",
+        json={
+            "query": "staging database port",
+            "user_ids": [user, "someone-else"],
+            "agent_ids": ["ops-bot", "other-bot"],
+            "min_score": 0,
+            "limit": 10,
+        },
+    )
+    assert status == 200, body
+    hits = [item for items in body["memories"].values() for item in items]
+    assert [hit["memory_id"] for hit in hits] == [mine["memory_id"]]
+    assert hits[0]["agent_id"] == "ops-bot"
+
+
+async def test_search_and_list_cover_the_alias_group(api: Api) -> None:
+    added = await api.add("Alias note: the boat is called Minnow.", "alias-other")
+    status, body = await api.call(
+        "POST", "/api/v1/search", json={"query": "boat called Minnow", "user_id": "alias-main"}
+    )
+    assert status == 200
+    hits = [item["memory_id"] for items in body["memories"].values() for item in items]
+    assert added["memory_id"] in hits
+    listed = await api.listing("alias-main")
+    assert added["memory_id"] in [m["memory_id"] for m in listed["memories"]]
+
+
+async def test_add_stores_owner_session_metadata_and_event_date(api: Api) -> None:
+    user = _user()
+    added = await api.add(
+        "We moved to Lisbon.",
+        user,
+        agent_id="hermes",
+        session_id="sess-1",
+        metadata={"source": "locomo", "turn": 3, "tags": ["move"], "nested": {"ok": True}},
+        event_at="2023-05-08",
+    )
+    listed = await api.listing(user)
+    assert listed["total"] == 1 and listed["offset"] == 0 and listed["limit"] == 1000
+    (item,) = listed["memories"]
+    assert item["memory_id"] == added["memory_id"]
+    assert item["content"] == "We moved to Lisbon."
+    assert (item["user_id"], item["agent_id"], item["session_id"]) == (user, "hermes", "sess-1")
+    assert item["layer"] == "l2_raw"
+    assert item["event_at"] == 1683504000
+    assert item["extraction_status"] == "skipped" and item["extracted"] is False
+    assert time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(item["gmt_created"])) == item["ts"]
+    assert listed["layers"]["l2_raw"] == 1 and list(listed["layers"]) == LAYERS
+    assert (listed["graph_nodes"], listed["graph_edges"]) == (0, 0)
+
+    status, body = await api.call(
+        "POST", "/api/v1/search", json={"query": "moved to Lisbon", "user_id": user}
+    )
+    hits = [item for items in body["memories"].values() for item in items]
+    assert hits[0]["event_at"] == 1683504000 and hits[0]["agent_id"] == "hermes"
+
+
+async def test_event_at_accepts_unix_seconds_and_rfc3339(api: Api) -> None:
+    user = _user()
+    await api.add("first", user, event_at=1700000000)
+    await api.add("second", user, event_at="2023-11-14T22:13:20+00:00")
+    await api.add("third", user, event_at="2023-11-14T23:13:20+01:00")
+    listed = await api.listing(user)
+    assert [m["event_at"] for m in listed["memories"]] == [1700000000] * 3
+
+
+async def test_add_without_user_id_belongs_to_default(api: Api) -> None:
+    status, added = await api.call("POST", "/api/v1/add", json={"data": "Owned by default."})
+    assert status == 200, added
+    listed = await api.listing("default")
+    assert added["memory_id"] in [m["memory_id"] for m in listed["memories"]]
+
+
+# --- bad input changes nothing -------------------------------------------------------------
+
+
+async def test_bad_input_is_refused_and_stores_nothing(api: Api) -> None:
+    user = _user()
+    await api.add("one row so the owner exists", user)
+    before_total = await api.total()
+    before_writes = (await api.call("GET", "/api/v1/status"))[1]["writes"]
+    bad: list[tuple[dict[str, Any], int]] = [
+        ({"json": {"user_id": user}}, 400),
+        ({"json": {"text": "", "user_id": user}}, 400),
+        ({"data": b'{"text": "half', "headers": {"Content-Type": "application/json"}}, 400),
+        ({"data": b'["not", "an", "object"]'}, 400),
+        ({"json": {"text": 42, "user_id": user}}, 400),
+        ({"json": {"text": "x", "user_id": user, "metadata": "k=v"}}, 400),
+        ({"json": {"text": "x", "user_id": user, "event_at": "someday"}}, 400),
+        ({"json": {"text": "x", "user_id": ["a"]}}, 400),
+        (
+            {"data": io.BytesIO(json.dumps({"text": "a" * (9 << 20), "user_id": user}).encode())},
+            413,
+        ),
+    ]
+    for kw, expected in bad:
+        status, body = await api.call("POST", "/api/v1/add", **kw)
+        assert status == expected, (kw.get("json"), body)
+        assert body["success"] is False and body["error"]
+    assert await api.total() == before_total
+    assert (await api.listing(user))["total"] == 1
+    assert (await api.call("GET", "/api/v1/status"))[1]["writes"] == before_writes
+
+
+async def test_unknown_layer_is_400_and_nothing_changes(api: Api) -> None:
+    user = _user()
+    await api.add("layer check row", user)
+    before = await api.total()
+    for method, path, kw in (
+        ("POST", "/api/v1/search", {"json": {"query": "row", "layer": "l9_dreams"}}),
+        ("GET", "/api/v1/list", {"params": {"layer": "l9_dreams", "user_id": user}}),
+        ("POST", "/api/v1/delete_all", {"json": {"layer": "l9_dreams", "user_id": user}}),
+    ):
+        status, body = await api.call(method, path, **kw)
+        assert status == 400 and "unknown layer" in body["error"], path
+    assert await api.total() == before
+    assert (await api.listing(user))["total"] == 1
+
+
+# --- list ----------------------------------------------------------------------------------
+
+
+async def test_list_pages_newest_first_and_include_raw_false_hides_raw(api: Api) -> None:
+    user = _user()
+    ids = [(await api.add(f"entry number {n}", user))["memory_id"] for n in range(3)]
+    status, page = await api.call("GET", "/api/v1/list", params={"user_id": user, "limit": "2"})
+    assert status == 200
+    assert page["total"] == 3 and page["limit"] == 2
+    assert [m["memory_id"] for m in page["memories"]] == ids[::-1][:2]
+    status, rest = await api.call(
+        "POST", "/api/v1/list", json={"user_id": user, "limit": 2, "offset": 2}
+    )
+    assert [m["memory_id"] for m in rest["memories"]] == ids[:1]
+    status, hidden = await api.call(
+        "GET", "/api/v1/list", params={"user_id": user, "include_raw": "false"}
+    )
+    assert (hidden["total"], hidden["memories"]) == (0, [])
+    status, by_layer = await api.call(
+        "POST", "/api/v1/list", json={"user_id": user, "include_raw": False, "layer": "l2_raw"}
+    )
+    assert by_layer["total"] == 3
+    status, default_limit = await api.call("GET", "/api/v1/list", params={"user_id": user})
+    assert default_limit["limit"] == 20
+
+
+# --- delete --------------------------------------------------------------------------------
+
+
+async def test_by_id_delete_of_another_owners_row_is_404_and_keeps_it(api: Api) -> None:
+    alice, bob = _user(), _user()
+    row = (await api.add("Alice's locker code is 4412.", alice))["memory_id"]
+    for params in (
+        {"id": row, "user_id": bob},
+        {"id": row},
+        {"id": row, "user_id": alice, "agent_id": "x"},
+    ):
+        status, body = await api.call("POST", "/api/v1/delete_all", json=params)
+        assert status == 404, params
+        assert body["deleted_count"] == 0 and body["error"]
+    assert [m["memory_id"] for m in (await api.listing(alice))["memories"]] == [row]
+
+    status, body = await api.call(
+        "DELETE", "/api/v1/delete_all", params={"id": row, "user_id": alice}
+    )
+    assert (status, body) == (200, {"deleted_count": 1, "error": ""})
+    assert (await api.listing(alice))["total"] == 0
+    status, body = await api.call("POST", "/api/v1/delete_all", json={"id": row, "user_id": alice})
+    assert status == 404
+
+
+async def test_bulk_delete_without_admin_is_403_and_deletes_nothing(api: Api) -> None:
+    user = _user()
+    await api.add("keep me", user)
+    before = await api.total()
+    for params in ({"user_id": user}, {"layer": "l2_raw"}, {"all": True}, {"confirm": "wipe-all"}):
+        status, body = await api.call("POST", "/api/v1/delete_all", json=params)
+        assert status == 403 and body["deleted_count"] == 0 and "HYATLAS_ADMIN" in body["error"]
+    assert await api.total() == before
+    assert (await api.listing(user))["total"] == 1
+
+
+# --- status, metrics, flush ------------------------------------------------------------------
+
+
+async def test_status_shows_mode_embed_model_and_layer_counts(
+    api: Api, embedder_address: str
+) -> None:
+    async with open_channel(embedder_address) as channel:
+        model = await EmbedderClient(channel).describe()
+    status, before = await api.call("GET", "/api/v1/status")
+    assert status == 200
+    await api.add("status counter row", _user())
+    status, body = await api.call("GET", "/api/v1/status")
+    assert body["status"] == "ok" and body["version"] == "5.0.0-py"
+    assert body["mode"] == "lite" and body["uses_llm"] is False
+    assert body["llm"] == "unused" and body["extract_sync"] == "none (lite mode)"
+    assert body["embed"] == model.model_id and body["embed_dims"] == model.ndim
+    assert list(body["layers"]) == LAYERS
+    assert body["layers"]["l2_raw"] == before["layers"]["l2_raw"] + 1
+    assert body["vdb_points"] == sum(body["layers"].values())
+    assert body["writes"] == before["writes"] + 1
+    assert body["consolidations"] == -1 and body["unextracted"] == 0
+    assert body["write_pipeline"] == "ok" and body["vdb"] == "ok"
+    assert (body["graph_nodes"], body["graph_edges"]) == (0, 0)
+    assert body["data_dir"]
+
+    await api.call("POST", "/api/v1/search", json={"query": "status counter row"})
+    status, after = await api.call("GET", "/api/v1/status")
+    assert after["searches"] == body["searches"] + 1
+
+
+async def test_metrics_counts_every_layer(api: Api) -> None:
+    await api.add("metrics row", _user())
+    status, body = await api.call("GET", "/api/v1/metrics")
+    assert status == 200
+    assert list(body["layers"]) == LAYERS
+    assert body["total"] == sum(body["layers"].values()) and body["total"] >= 1
+    assert (body["graph_nodes"], body["graph_edges"]) == (0, 0)
+
+
+async def test_flush_reports_vectors(api: Api) -> None:
+    await api.add("flush row", _user())
+    status, body = await api.call("POST", "/api/v1/flush")
+    assert status == 200
+    assert body["flushed"] is True and body["vectors"] >= 1
+
+
+async def test_unbuilt_routes_say_so_through_the_stack(api: Api) -> None:
+    status, body = await api.call("GET", "/api/v1/graph", params={"node": "x"})
+    assert status == 501 and "not implemented yet" in body["error"]
+
+
+# --- ultra with an LLM configured, admin and a token ----------------------------------------
+
+
+async def test_token_guards_the_api_but_not_healthz(admin_api: Api) -> None:
+    anonymous = Api(admin_api.base_url)
+    assert await anonymous.call("GET", "/healthz") == (200, {"status": "ok"})
+    status, body = await anonymous.call("GET", "/api/v1/status")
+    assert status == 401
+    status, body = await anonymous.call("POST", "/api/v1/add", json={"text": "sneaky"})
+    assert status == 401 and body["success"] is False
+    assert (await admin_api.call("GET", "/api/v1/status"))[0] == 200
+
+
+async def test_ultra_with_llm_configured_queues_extraction(admin_api: Api) -> None:
+    added = await admin_api.add("I start the new job on Monday.", _user())
+    assert added["extraction_status"] == "pending"
+    status, body = await admin_api.call("GET", "/api/v1/status")
+    assert body["mode"] == "ultra" and body["uses_llm"] is True
+    assert body["llm"] == "ok" and body["llm_model"] == "scripted"
+    assert body["llm_base"] == "http://127.0.0.1:9/v1"
+    assert body["extract_sync"].startswith("background")
+    assert body["consolidations"] == 0 and body["unextracted"] >= 1
+    status, body = await admin_api.call("POST", "/api/v1/digest")
+    assert status == 501 and body["digest_ok"] is False
+
+
+async def test_admin_bulk_delete_removes_only_the_named_scope(admin_api: Api) -> None:
+    alice, bob = _user(), _user()
+    for n in range(2):
+        await admin_api.add(f"alice note {n}", alice, agent_id="a1")
+    await admin_api.add("alice other agent", alice, agent_id="a2")
+    await admin_api.add("bob note", bob, agent_id="a1")
+
+    status, body = await admin_api.call(
+        "POST", "/api/v1/delete_all", json={"user_id": alice, "agent_id": "a1", "layer": "*"}
+    )
+    assert (status, body) == (200, {"deleted_count": 2, "error": ""})
+    assert [m["content"] for m in (await admin_api.listing(alice))["memories"]] == [
+        "alice other agent"
+    ]
+    assert (await admin_api.listing(bob))["total"] == 1
+
+    status, body = await admin_api.call(
+        "DELETE", "/api/v1/delete_all", params={"user_id": bob, "layer": "l2_raw"}
+    )
+    assert (status, body) == (200, {"deleted_count": 1, "error": ""})
+    assert (await admin_api.listing(bob))["total"] == 0
+    assert (await admin_api.listing(alice))["total"] == 1
+
+
+async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_address: str) -> None:
+    with running_stack(
+        tmp_path,
+        ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="pro",
+    ) as stack:
+        api = Api(stack.base_url)
+        added = await api.add("No model is configured here.", _user())
+        assert added["extraction_status"] == "unconfigured"
+        status, body = await api.call("GET", "/api/v1/status")
+        assert body["llm"] == "unconfigured" and body["consolidations"] == -1
+        assert body["extract_sync"].startswith("blocking")
