@@ -82,7 +82,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         status = HTTP_STATUS.get(exc.code(), 500)
         if status == 500:
             log.error("%s %s: %s %s", request.method, request.path, exc.code().name, exc.details())
-        return error_response(request, status, exc.details() or exc.code().name.lower())
+        message = exc.details() or exc.code().name.lower()
+        if status == 503:
+            message = f"a backing service is unavailable: {message}"
+        return error_response(request, status, message)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

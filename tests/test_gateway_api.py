@@ -262,17 +262,18 @@ async def test_bad_input_is_refused_and_stores_nothing(api: Api) -> None:
     assert (await api.call("GET", "/api/v1/status"))[1]["writes"] == before_writes
 
 
-async def test_unknown_layer_is_400_and_nothing_changes(api: Api) -> None:
+async def test_unknown_layer_or_reader_is_400_and_nothing_changes(api: Api) -> None:
     user = _user()
     await api.add("layer check row", user)
     before = await api.total()
     for method, path, kw in (
         ("POST", "/api/v1/search", {"json": {"query": "row", "layer": "l9_dreams"}}),
+        ("POST", "/api/v1/search", {"json": {"query": "row", "reader": "l9_dreams"}}),
         ("GET", "/api/v1/list", {"params": {"layer": "l9_dreams", "user_id": user}}),
         ("POST", "/api/v1/delete_all", {"json": {"layer": "l9_dreams", "user_id": user}}),
     ):
         status, body = await api.call(method, path, **kw)
-        assert status == 400 and "unknown layer" in body["error"], path
+        assert status == 400 and "l9_dreams" in body["error"], (path, body)
     assert await api.total() == before
     assert (await api.listing(user))["total"] == 1
 
@@ -453,3 +454,4 @@ async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_add
         status, body = await api.call("GET", "/api/v1/status")
         assert body["llm"] == "unconfigured" and body["consolidations"] == -1
         assert body["extract_sync"].startswith("blocking")
+        assert stack.procs["gateway"].stop() == 0  # SIGTERM: a clean stop, exit status 0
