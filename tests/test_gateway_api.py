@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from shared.clients import EmbedderClient
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.support import Stack, running_stack
 
@@ -302,6 +303,43 @@ async def test_list_pages_newest_first_and_include_raw_false_hides_raw(api: Api)
     assert by_layer["total"] == 3
     status, default_limit = await api.call("GET", "/api/v1/list", params={"user_id": user})
     assert default_limit["limit"] == 20
+
+
+async def test_list_shows_retired_rows_only_with_include_superseded(api: Api, lite: Stack) -> None:
+    user = _user()
+    old = (await api.add("The wifi password is hunter2.", user))["memory_id"]
+    new = (await api.add("The wifi password is now correct-horse.", user))["memory_id"]
+    async with open_channel(lite.address("store")) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(
+            store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(user_id=user),
+                ops=[
+                    store_pb2.Op(
+                        retire=store_pb2.RetireOp(
+                            id=old,
+                            superseded_how="replaced",
+                            superseded_by=new,
+                            drop_reason="password changed",
+                        )
+                    )
+                ],
+                actor="api",
+            ),
+            timeout=30,
+        )
+    live = await api.listing(user)
+    assert [m["memory_id"] for m in live["memories"]] == [new]
+    assert "invalid_at" not in live["memories"][0]
+    everything = await api.listing(user, include_superseded=True)
+    assert everything["total"] == 2
+    retired = {m["memory_id"]: m for m in everything["memories"]}[old]
+    assert retired["superseded_by"] == new and retired["superseded_how"] == "replaced"
+    assert retired["drop_reason"] == "password changed"
+    assert retired["invalid_at"].endswith("Z") and retired["invalid_at"] >= retired["ts"]
+    status, query_form = await api.call(
+        "GET", "/api/v1/list", params={"user_id": user, "include_superseded": "true"}
+    )
+    assert query_form["total"] == 2
 
 
 # --- delete --------------------------------------------------------------------------------
