@@ -39,3 +39,17 @@ bench: protos
 
 clean:
 	rm -rf $(PB) .pytest_cache
+
+# Hermes (hermes-agent 0.19.0, pinned deps of its own) in a separate virtualenv: the plugin in
+# plugins/hyatlas runs and is tested inside Hermes's interpreter. The venv ignores itself in git.
+HERMES_VENV := .venv-hermes
+HERMES_STAMP := $(HERMES_VENV)/.installed-0.19.0
+
+$(HERMES_STAMP):
+	test -x $(HERMES_VENV)/bin/python || $(PYTHON) -m venv $(HERMES_VENV)
+	echo '*' > $(HERMES_VENV)/.gitignore
+	$(HERMES_VENV)/bin/python -m pip install --quiet 'hermes-agent==0.19.0'
+	touch $@
+
+.PHONY: hermes-venv
+hermes-venv: $(HERMES_STAMP)

@@ -1,0 +1,302 @@
+"""HyAtlas long-term memory as a Hermes MemoryProvider (register_memory_provider)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from agent.memory_provider import MemoryProvider
+
+from .client import ClientError, HyAtlasClient
+from .lifecycle import ServerLauncher
+from .outbox import Outbox
+from .recall import clean_message, format_recall, turn_text
+from .settings import (
+    PluginSettings,
+    config_schema,
+    load_settings,
+    resolve_ids,
+    save_config,
+    state_dir,
+)
+from .tools import TOOL_SCHEMAS, Scope, handle
+
+log = logging.getLogger("hyatlas")
+
+SESSION_CACHE = 64
+"""How many sessions keep their last recall for fallback."""
+
+
+def hermes_home_dir() -> Path:
+    """The active HERMES_HOME (Hermes's own resolver, else the env var, else ~/.hermes)."""
+    try:
+        from hermes_constants import get_hermes_home
+
+        return Path(get_hermes_home())
+    except ImportError:
+        return Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+
+
+class HyAtlasProvider(MemoryProvider):
+    """Recall before each turn, durable writes after it, Hermes's memory tool mirrored."""
+
+    def __init__(self) -> None:
+        self.settings: PluginSettings | None = None
+        self.hermes_home: Path | None = None
+        self.client: HyAtlasClient | None = None
+        self.outbox: Outbox | None = None
+        self.launcher: ServerLauncher | None = None
+        self.user_id = "default"
+        self.agent_id = "default"
+        self.session_id = ""
+        self.agent_context = "primary"
+        self.writes = False
+        self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._recall_lock = threading.Lock()
+        self._inflight: dict[str, threading.Thread] = {}
+        self.start_thread: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        """The provider's name in memory.provider."""
+        return "hyatlas"
+
+    # -- setup -----------------------------------------------------------------
+
+    def is_available(self) -> bool:
+        """True when the plugin's config parses; makes no network call."""
+        try:
+            load_settings(hermes_home_dir())
+        except ValueError as exc:
+            log.warning("hyatlas config is invalid: %s", exc)
+            return False
+        return True
+
+    def get_config_schema(self) -> list[dict[str, Any]]:
+        """The fields `hermes memory setup` asks for."""
+        return config_schema()
+
+    def save_config(self, values: dict[str, Any], hermes_home: str) -> None:
+        """Writes the non-secret values to $HERMES_HOME/hyatlas.json (0600)."""
+        save_config(values, hermes_home)
+
+    def backup_paths(self) -> list[str]:
+        """The server's data directory when it lives outside HERMES_HOME."""
+        try:
+            settings = load_settings(hermes_home_dir())
+        except ValueError:
+            return []
+        return [str(Path(settings.data_dir).expanduser().resolve())] if settings.data_dir else []
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def initialize(self, session_id: str, **kwargs: Any) -> None:
+        """Resolves ids, opens the local queue and (primary agents only) starts the server."""
+        home = Path(kwargs.get("hermes_home") or hermes_home_dir())
+        settings = load_settings(home)
+        self.settings = settings
+        self.hermes_home = home
+        self.session_id = session_id or ""
+        self.user_id, self.agent_id = resolve_ids(settings, os.environ, kwargs)
+        self.agent_context = str(kwargs.get("agent_context") or "primary")
+        # Cron, flush and subagent runs read memory but never write it: their prompts are not
+        # the user's conversation.
+        self.writes = self.agent_context == "primary"
+        self.client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
+                                    token=settings.token)
+        if self.writes:
+            self.outbox = Outbox(state_dir(home) / "outbox.sqlite3", self.client)
+            self.outbox.start()
+            self.launcher = ServerLauncher(settings, self.client, home)
+            if settings.auto_start:
+                self.start_thread = threading.Thread(
+                    target=self._start_server, name="hyatlas-autostart", daemon=True)
+                self.start_thread.start()
+        log.info("hyatlas memory for user=%s agent=%s context=%s at %s", self.user_id,
+                 self.agent_id, self.agent_context, settings.server_url)
+
+    def _start_server(self) -> None:
+        assert self.launcher is not None
+        try:
+            result = self.launcher.ensure_running()
+        except (ClientError, OSError) as exc:
+            log.warning("hyatlas auto start failed: %s", exc)
+            return
+        log.info("hyatlas auto start: %s", result.message)
+        if self.outbox is not None:
+            self.outbox.nudge()
+
+    def on_session_switch(self, new_session_id: str, **kwargs: Any) -> None:
+        """Later writes go to the new session."""
+        self.session_id = new_session_id or self.session_id
+
+    def on_session_end(self, messages: list[dict[str, Any]]) -> None:
+        """Sends what is queued (bounded wait; the rest stays queued on disk)."""
+        if self.outbox is not None:
+            self.outbox.flush(5.0)
+
+    def on_pre_compress(self, messages: list[dict[str, Any]]) -> str:
+        """Sends what is queued before Hermes compacts; contributes no text."""
+        if self.outbox is not None:
+            self.outbox.flush(2.0)
+        return ""
+
+    def shutdown(self) -> None:
+        """Sends what it can in a few seconds and closes the queue."""
+        if self.outbox is not None:
+            self.outbox.close(3.0)
+            self.outbox = None
+
+    # -- recall ------------------------------------------------------------------
+
+    def system_prompt_block(self) -> str:
+        """A short note that long-term memory exists and how to use its tools."""
+        if self.client is None:
+            return ""
+        return ("HyAtlas long-term memory is active. Relevant memories arrive in "
+                "<memory-context> with the date each was recorded; hyatlas_search looks "
+                "further, hyatlas_add stores a note, hyatlas_forget removes one.")
+
+    def _recall(self, query: str, session_id: str, timeout_s: float) -> str | None:
+        assert self.client is not None and self.settings is not None
+        try:
+            answer = self.client.search(
+                query, user_id=self.user_id, agent_id=self.agent_id,
+                limit=self.settings.prefetch_limit, session_id=session_id, timeout_s=timeout_s,
+            )
+        except ClientError as exc:
+            log.debug("hyatlas recall failed: %s", exc)
+            return None
+        text = format_recall(answer, query)
+        with self._recall_lock:
+            self._recalls[session_id] = text
+            self._recalls.move_to_end(session_id)
+            while len(self._recalls) > SESSION_CACHE:
+                self._recalls.popitem(last=False)
+        return text
+
+    def _last_recall(self, session_id: str) -> str:
+        with self._recall_lock:
+            return self._recalls.get(session_id, "")
+
+    def _recall_in_background(self, query: str, session_id: str) -> threading.Thread:
+        """One recall thread per session at a time (a stuck call never piles up threads)."""
+        assert self.settings is not None
+        with self._recall_lock:
+            running = self._inflight.get(session_id)
+            if running is not None and running.is_alive():
+                return running
+            thread = threading.Thread(
+                target=self._recall, args=(query, session_id, self.settings.timeout_s),
+                name="hyatlas-recall", daemon=True)
+            self._inflight[session_id] = thread
+            thread.start()
+            return thread
+
+    def prefetch(self, query: str, *, session_id: str = "") -> str:
+        """Memories for this turn within the budget, else the session's last recall."""
+        if self.client is None or self.settings is None:
+            return ""
+        sid = session_id or self.session_id
+        query = clean_message(query)
+        if not query:
+            return self._last_recall(sid)
+        self._recall_in_background(query, sid).join(self.settings.prefetch_budget_s)
+        return self._last_recall(sid)
+
+    def queue_prefetch(self, query: str, *, session_id: str = "") -> None:
+        """Warms the session's recall cache without holding Hermes's worker thread."""
+        if self.client is None:
+            return
+        query = clean_message(query)
+        if query:
+            self._recall_in_background(query, session_id or self.session_id)
+
+    # -- writes ------------------------------------------------------------------
+
+    def _owner(self, session_id: str = "") -> dict[str, str]:
+        return {"user_id": self.user_id, "agent_id": self.agent_id,
+                "session_id": session_id or self.session_id}
+
+    def sync_turn(
+        self,
+        user_content: str,
+        assistant_content: str,
+        *,
+        session_id: str = "",
+        messages: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Queues the turn's user and assistant text durably; never raises, never waits."""
+        try:
+            if not self.writes or self.outbox is None:
+                return
+            text = turn_text(user_content, assistant_content)
+            if not text:
+                return
+            self.outbox.put("add", {
+                "text": text,
+                **self._owner(session_id),
+                "metadata": {"write_origin": "sync_turn", "source": "hermes"},
+            })
+        except Exception:  # a memory failure must never break the agent's turn
+            log.exception("hyatlas sync_turn could not queue the turn")
+
+    def on_memory_write(
+        self,
+        action: str,
+        target: str,
+        content: str,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Mirrors Hermes's memory tool: add -> raw write; replace/remove -> forget the old text."""
+        try:
+            if not self.writes or self.outbox is None:
+                return
+            meta = dict(metadata or {})
+            session_id = str(meta.get("session_id") or "")
+            old_text = str(meta.get("old_text") or "").strip()
+            if action in ("replace", "remove"):
+                if old_text:
+                    self.outbox.put("forget", {
+                        "text": old_text,
+                        **self._owner(session_id),
+                        "reason": f"hermes memory tool {action}",
+                        "source": "memory_tool",
+                        "target": str(target),
+                    })
+                else:
+                    log.warning("hyatlas: memory tool %s without old_text; nothing to forget",
+                                action)
+            if action in ("add", "replace") and content and content.strip():
+                extra = {f"hermes_{k}": str(v) for k, v in meta.items()
+                         if k != "old_text" and v is not None}
+                self.outbox.put("add", {
+                    "text": content.strip(),
+                    **self._owner(session_id),
+                    "metadata": {**extra, "write_origin": "memory_tool", "target": str(target)},
+                })
+        except Exception:  # Hermes's own memory write already succeeded; never undo it
+            log.exception("hyatlas could not mirror the memory tool %s", action)
+
+    # -- tools -------------------------------------------------------------------
+
+    def get_tool_schemas(self) -> list[dict[str, Any]]:
+        """hyatlas_status, hyatlas_search, hyatlas_recent, hyatlas_add, hyatlas_forget."""
+        return [dict(schema) for schema in TOOL_SCHEMAS]
+
+    def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:
+        """Runs one tool; a JSON string either way."""
+        if self.client is None:
+            return '{"error": "hyatlas is not initialized"}'
+        scope = Scope(self.client, self.user_id, self.agent_id, self.session_id, self.outbox,
+                      self.writes)
+        return handle(scope, tool_name, args)
+
+
+def register(ctx: Any) -> None:
+    """Hermes plugin entry point."""
+    ctx.register_memory_provider(HyAtlasProvider())

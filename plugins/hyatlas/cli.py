@@ -1,0 +1,99 @@
+"""`hermes hyatlas ...`: status, search, add, recent, forget, start, stop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .client import ClientError, HyAtlasClient
+from .lifecycle import ServerLauncher
+from .recall import format_recall
+from .settings import PluginSettings, load_settings, resolve_ids
+from .tools import LAYERS
+
+
+def _home() -> str:
+    try:
+        from hermes_constants import get_hermes_home
+
+        return str(get_hermes_home())
+    except ImportError:
+        return os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes")
+
+
+def register_cli(subparser: argparse.ArgumentParser) -> None:
+    """Builds the `hermes hyatlas` argument tree."""
+    subs = subparser.add_subparsers(dest="hyatlas_command")
+    subs.add_parser("status", help="Server status and counts per layer")
+    search = subs.add_parser("search", help="Search memories")
+    search.add_argument("query", nargs="+")
+    search.add_argument("--layer", choices=LAYERS)
+    search.add_argument("--limit", type=int, default=10)
+    search.add_argument("--json", action="store_true", help="Print the raw answer")
+    add = subs.add_parser("add", help="Store a note")
+    add.add_argument("text", nargs="+")
+    recent = subs.add_parser("recent", help="Newest memories")
+    recent.add_argument("--layer", choices=LAYERS)
+    recent.add_argument("--limit", type=int, default=20)
+    forget = subs.add_parser("forget", help="Forget memories by id or matching text")
+    forget.add_argument("text", nargs="*")
+    forget.add_argument("--id", dest="memory_id", default="")
+    subs.add_parser("start", help="Start the server if it does not answer")
+    subs.add_parser("stop", help="Stop the server the plugin started")
+    subparser.set_defaults(func=hyatlas_command)
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home: str) -> int:
+    client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s, token=settings.token)
+    user_id, agent_id = resolve_ids(settings, os.environ, {})
+    owner = {"user_id": user_id, "agent_id": agent_id}
+    if command == "status":
+        _print(client.status())
+    elif command == "search":
+        query = " ".join(args.query)
+        answer = client.search(query, limit=args.limit, layer=args.layer or "", **owner)
+        print(json.dumps(answer, indent=2) if args.json else
+              format_recall(answer, query, per_channel=args.limit) or "no memories found")
+    elif command == "add":
+        _print(client.add({"text": " ".join(args.text), "session_id": "cli",
+                           "metadata": {"write_origin": "cli"}, **owner}))
+    elif command == "recent":
+        _print(client.recent(limit=args.limit, layer=args.layer or "", **owner))
+    elif command == "forget":
+        text = " ".join(args.text)
+        if not text and not args.memory_id:
+            print("hyatlas forget: give a text or --id", file=sys.stderr)
+            return 2
+        payload: dict[str, Any] = {**owner, "reason": "hermes hyatlas forget"}
+        if text:
+            payload["text"] = text
+        if args.memory_id:
+            payload["memory_id"] = args.memory_id
+        _print(client.forget(payload))
+    elif command == "start":
+        result = ServerLauncher(settings, client, home).ensure_running()
+        print(result.message)
+        return 0 if result.healthy else 1
+    elif command == "stop":
+        print(ServerLauncher(settings, client, home).stop())
+    return 0
+
+
+def hyatlas_command(args: argparse.Namespace) -> None:
+    """Runs one `hermes hyatlas` subcommand; exits non-zero on failure."""
+    home = _home()
+    try:
+        settings = load_settings(home)
+        code = _run(getattr(args, "hyatlas_command", None) or "status", args, settings, home)
+    except (ClientError, ValueError, OSError) as exc:
+        print(f"hyatlas: {exc}", file=sys.stderr)
+        code = 1
+    if code:
+        raise SystemExit(code)

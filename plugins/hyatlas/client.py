@@ -1,0 +1,155 @@
+"""A small blocking REST client for the HyAtlas gateway (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+USER_AGENT = "hermes-hyatlas/5.0"
+
+
+class ClientError(Exception):
+    """A request to the gateway failed."""
+
+
+class Unreachable(ClientError):
+    """The gateway did not answer (connection refused, timeout, DNS)."""
+
+
+class HttpError(ClientError):
+    """The gateway answered with an HTTP error status."""
+
+    def __init__(self, method: str, path: str, status: int, message: str) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class HyAtlasClient:
+    """Calls the gateway's /api/v1 routes and returns their JSON bodies."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, token: str = "") -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._token = token
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        query: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Sends one request; returns the decoded JSON, raises Unreachable or HttpError."""
+        url = self.base_url + path
+        if query:
+            pairs = {k: str(v) for k, v in query.items() if v not in (None, "")}
+            url += "?" + urllib.parse.urlencode(pairs)
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as reply:
+                raw = reply.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            raise HttpError(method, path, exc.code, _error_text(raw)) from None
+        except (TimeoutError, urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Unreachable(
+                f"{method} {path}: gateway unreachable at {self.base_url} ({reason})"
+            ) from None
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ClientError(f"{method} {path}: answer is not JSON: {raw[:200]!r}") from None
+
+    def healthy(self, timeout_s: float = 1.0) -> bool:
+        """Whether /healthz answers {"status": "ok"}."""
+        try:
+            reply = self.request("GET", "/healthz", timeout_s=timeout_s)
+        except ClientError:
+            return False
+        return isinstance(reply, dict) and reply.get("status") == "ok"
+
+    def status(self) -> dict[str, Any]:
+        """GET /api/v1/status."""
+        return self.request("GET", "/api/v1/status")
+
+    def add(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /api/v1/add with {text, user_id, agent_id, session_id, metadata}."""
+        return self.request("POST", "/api/v1/add", payload)
+
+    def search(
+        self,
+        query: str,
+        *,
+        user_id: str,
+        agent_id: str,
+        limit: int = 10,
+        layer: str = "",
+        session_id: str = "",
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """POST /api/v1/search; returns the body with its `memories` channels."""
+        body: dict[str, Any] = {
+            "query": query,
+            "user_id": user_id,
+            "agent_id": agent_id,
+            "limit": limit,
+        }
+        if layer:
+            body["layer"] = layer
+        if session_id:
+            body["session_id"] = session_id
+        return self.request("POST", "/api/v1/search", body, timeout_s=timeout_s)
+
+    def recent(
+        self, *, user_id: str, agent_id: str, limit: int = 20, layer: str = "",
+        include_raw: bool = True,
+    ) -> dict[str, Any]:
+        """POST /api/v1/list, newest first."""
+        body: dict[str, Any] = {
+            "user_id": user_id,
+            "agent_id": agent_id,
+            "limit": limit,
+            "offset": 0,
+            "include_raw": include_raw,
+        }
+        if layer:
+            body["layer"] = layer
+        return self.request("POST", "/api/v1/list", body)
+
+    def forget(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /api/v1/forget: retire the memories matching a text or id (reversible)."""
+        return self.request("POST", "/api/v1/forget", payload)
+
+    def flush(self) -> dict[str, Any]:
+        """POST /api/v1/flush: ask the server to persist what it holds in memory."""
+        return self.request("POST", "/api/v1/flush", {})
+
+    def set_llm_key(self, key: str) -> dict[str, Any]:
+        """POST /api/v1/llm/key: hand the extraction key to the server (kept in its memory)."""
+        return self.request("POST", "/api/v1/llm/key", {"key": key})
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw[:300].decode("utf-8", "replace")
+    if isinstance(body, dict) and body.get("error"):
+        return str(body["error"])
+    return raw[:300].decode("utf-8", "replace")

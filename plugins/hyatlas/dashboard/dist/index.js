@@ -1,0 +1,111 @@
+(function () {
+  "use strict";
+  // HyAtlas memory tab for the Hermes dashboard: status, search by channel, recent memories.
+  const SDK = window.__HERMES_PLUGIN_SDK__;
+  if (!SDK || !window.__HERMES_PLUGINS__) return;
+
+  const React = SDK.React;
+  const h = React.createElement;
+  const C = SDK.components || {};
+  const Card = C.Card || "section";
+  const CardContent = C.CardContent || "div";
+  const LAYERS = ["", "l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge",
+    "l6_schema", "l7_intention", "l8_entity"];
+
+  function api(path) {
+    // The host's fetchJSON carries the dashboard session (header or cookie).
+    return SDK.fetchJSON("/api/plugins/hyatlas" + path);
+  }
+
+  function day(item) {
+    const t = item.event_at || item.gmt_created;
+    if (typeof t === "number" && t > 0) return new Date(t * 1000).toISOString().slice(0, 10);
+    if (typeof t === "string" && t.length >= 10) return t.slice(0, 10);
+    return item.ts ? String(item.ts).slice(0, 10) : "undated";
+  }
+
+  function MemoryRow(props) {
+    const m = props.memory;
+    return h("li", { className: "hyatlas-row", style: { margin: "0.35rem 0" } },
+      h("code", { style: { opacity: 0.7, marginRight: "0.5rem" } }, day(m)),
+      h("span", { style: { opacity: 0.7, marginRight: "0.5rem" } }, m.layer || ""),
+      typeof m.score === "number" &&
+        h("span", { style: { opacity: 0.7, marginRight: "0.5rem" } }, m.score.toFixed(2)),
+      h("span", null, m.content));
+  }
+
+  function Status() {
+    const [status, setStatus] = React.useState(null);
+    const [error, setError] = React.useState("");
+    React.useEffect(function () {
+      api("/status").then(setStatus).catch(function (e) { setError(String(e)); });
+    }, []);
+    if (error) return h("p", { className: "hyatlas-error" }, "Server unavailable: " + error);
+    if (!status) return h("p", null, "Loading status…");
+    const layers = status.layers || {};
+    return h("div", null,
+      h("p", null, "Version " + (status.version || "?") + " · mode " + (status.mode || "?") +
+        " · LLM " + (status.llm || "?") + " · " + (status.writes || 0) + " writes"),
+      h("table", null, h("tbody", null, Object.keys(layers).map(function (k) {
+        return h("tr", { key: k }, h("td", null, k), h("td", null, String(layers[k])));
+      }))));
+  }
+
+  function Search() {
+    const [query, setQuery] = React.useState("");
+    const [layer, setLayer] = React.useState("");
+    const [answer, setAnswer] = React.useState(null);
+    const [error, setError] = React.useState("");
+    function run(ev) {
+      ev.preventDefault();
+      if (!query.trim()) return;
+      setError("");
+      const qs = "?q=" + encodeURIComponent(query) + (layer ? "&layer=" + layer : "");
+      api("/search" + qs).then(setAnswer).catch(function (e) { setError(String(e)); });
+    }
+    const memories = (answer && answer.memories) || {};
+    const order = (answer && answer.order) || Object.keys(memories);
+    return h("div", null,
+      h("form", { onSubmit: run, style: { display: "flex", gap: "0.5rem" } },
+        h("input", { value: query, placeholder: "Search memories",
+          onChange: function (e) { setQuery(e.target.value); }, style: { flex: 1 } }),
+        h("select", { value: layer, onChange: function (e) { setLayer(e.target.value); } },
+          LAYERS.map(function (l) { return h("option", { key: l, value: l }, l || "all layers"); })),
+        h("button", { type: "submit" }, "Search")),
+      error && h("p", { className: "hyatlas-error" }, error),
+      order.filter(function (c) { return Array.isArray(memories[c]) && memories[c].length; })
+        .map(function (c) {
+          return h("div", { key: c }, h("h4", null, c),
+            h("ul", null, memories[c].map(function (m) {
+              return h(MemoryRow, { key: m.memory_id, memory: m });
+            })));
+        }));
+  }
+
+  function Recent() {
+    const [rows, setRows] = React.useState([]);
+    const [error, setError] = React.useState("");
+    React.useEffect(function () {
+      api("/recent?limit=30").then(function (b) { setRows(b.memories || []); })
+        .catch(function (e) { setError(String(e)); });
+    }, []);
+    if (error) return h("p", { className: "hyatlas-error" }, error);
+    return h("ul", null, rows.map(function (m) {
+      return h(MemoryRow, { key: m.memory_id, memory: m });
+    }));
+  }
+
+  function Section(props) {
+    return h(Card, { style: { marginBottom: "1rem" } },
+      h(CardContent, null, h("h3", null, props.title), props.children));
+  }
+
+  function HyAtlasPage() {
+    return h("div", { className: "hyatlas-page", style: { padding: "1rem" } },
+      h(Section, { title: "Status" }, h(Status)),
+      h(Section, { title: "Search" }, h(Search)),
+      h(Section, { title: "Recent" }, h(Recent)));
+  }
+
+  window.__HERMES_PLUGINS__.register("hyatlas", HyAtlasPage);
+})();

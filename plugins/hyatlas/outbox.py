@@ -1,0 +1,259 @@
+"""A durable local queue of writes and forgets, sent to the gateway in order by one thread."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .client import ClientError, HttpError, HyAtlasClient
+
+log = logging.getLogger("hyatlas.outbox")
+
+PARK_S = 600.0
+"""How long a forget waits before it is retried when the server does not offer forget yet."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS ops (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  kind TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  not_before REAL NOT NULL DEFAULT 0,
+  dead INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT NOT NULL DEFAULT ''
+)
+"""
+
+SENDERS: dict[str, Callable[[HyAtlasClient, dict[str, Any]], Any]] = {
+    "add": HyAtlasClient.add,
+    "forget": HyAtlasClient.forget,
+}
+
+
+class Outbox:
+    """Ops are committed to SQLite before put() returns and deleted only once the server took them.
+
+    One sender per outbox file across processes (an flock decides who), so two agents sharing a
+    HERMES_HOME never send the same op twice.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        client: HyAtlasClient,
+        *,
+        retry_min_s: float = 0.25,
+        retry_max_s: float = 10.0,
+    ) -> None:
+        self.path = path
+        self.client = client
+        self._retry_min_s = retry_min_s
+        self._retry_max_s = retry_max_s
+        self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(SCHEMA)
+        self._db_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock_file = None
+        self._failures = 0
+        self.last_error = ""
+        """The most recent reason a send did not go through ("" after a success)."""
+
+    # -- queue ---------------------------------------------------------------
+
+    def put(self, kind: str, payload: dict[str, Any]) -> int:
+        """Stores one op durably and wakes the sender; returns its id."""
+        if kind not in SENDERS:
+            raise ValueError(f"unknown outbox op {kind!r}")
+        with self._db_lock:
+            cursor = self._db.execute(
+                "INSERT INTO ops (kind, payload, created_at) VALUES (?, ?, ?)",
+                (kind, json.dumps(payload), time.time()),
+            )
+        self._wake.set()
+        return int(cursor.lastrowid or 0)
+
+    def pending(self, kind: str | None = None) -> int:
+        """How many ops wait to be sent (parked ones included, dead ones not)."""
+        sql = "SELECT COUNT(*) FROM ops WHERE dead = 0"
+        args: tuple[Any, ...] = ()
+        if kind:
+            sql += " AND kind = ?"
+            args = (kind,)
+        with self._db_lock:
+            return int(self._db.execute(sql, args).fetchone()[0])
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every stored op, oldest first (for status and tests)."""
+        with self._db_lock:
+            rows = self._db.execute(
+                "SELECT id, kind, payload, attempts, not_before, dead, last_error"
+                " FROM ops ORDER BY id"
+            ).fetchall()
+        return [
+            {"id": r[0], "kind": r[1], "payload": json.loads(r[2]), "attempts": r[3],
+             "parked": r[4] > time.time(), "dead": bool(r[5]), "last_error": r[6]}
+            for r in rows
+        ]
+
+    def _next_due(self) -> tuple[int, str, dict[str, Any]] | None:
+        with self._db_lock:
+            row = self._db.execute(
+                "SELECT id, kind, payload FROM ops WHERE dead = 0 AND not_before <= ?"
+                " ORDER BY id LIMIT 1",
+                (time.time(),),
+            ).fetchone()
+        return None if row is None else (row[0], row[1], json.loads(row[2]))
+
+    def _update(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._db_lock:
+            self._db.execute(sql, args)
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- sending -------------------------------------------------------------
+
+    def send_due(self) -> bool:
+        """Sends due ops in order until none is left or the server is unreachable.
+
+        Returns False when it stopped because the server did not take an op for now.
+        """
+        while not self._stop.is_set():
+            item = self._next_due()
+            if item is None:
+                return True
+            op_id, kind, payload = item
+            try:
+                SENDERS[kind](self.client, payload)
+            except HttpError as exc:
+                if kind == "forget" and exc.status in (404, 405, 501):
+                    # The server has no forget yet: keep it for later without holding up writes.
+                    log.warning("forget not offered by the server (%s); kept for retry", exc)
+                    self._update(
+                        "UPDATE ops SET attempts = attempts + 1, not_before = ?, last_error = ?"
+                        " WHERE id = ?",
+                        (time.time() + PARK_S, str(exc), op_id),
+                    )
+                    continue
+                if 400 <= exc.status < 500 and exc.status not in (401, 403, 408, 429):
+                    log.error("gateway refused %s op %d for good: %s", kind, op_id, exc)
+                    self._update(
+                        "UPDATE ops SET attempts = attempts + 1, dead = 1, last_error = ?"
+                        " WHERE id = ?",
+                        (str(exc), op_id),
+                    )
+                    continue
+                self._note_failure(op_id, exc)
+                return False
+            except ClientError as exc:
+                self._note_failure(op_id, exc)
+                return False
+            self.last_error = ""
+            self._update("DELETE FROM ops WHERE id = ?", (op_id,))
+        return False
+
+    def _note_failure(self, op_id: int, exc: Exception) -> None:
+        self._failures += 1
+        if self.last_error != str(exc):
+            log.warning("hyatlas write kept in the local queue: %s", exc)
+        self.last_error = str(exc)
+        self._update(
+            "UPDATE ops SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+            (str(exc), op_id),
+        )
+
+    def start(self) -> None:
+        """Starts the sender thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="hyatlas-outbox", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        """Makes the sender try again now (e.g. after the server came back)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        delay = self._retry_min_s
+        while not self._stop.is_set():
+            with self._sender_role() as is_sender:
+                if not is_sender:
+                    wait_s = 1.0
+                else:
+                    try:
+                        ok = self.send_due()
+                    except Exception:  # the sender must outlive any surprise; it logs and retries
+                        log.exception("hyatlas outbox sender failed; retrying")
+                        ok = False
+                    if ok:
+                        delay = self._retry_min_s
+                        wait_s = self._idle_wait_s()
+                    else:
+                        wait_s = delay
+                        delay = min(delay * 2, self._retry_max_s)
+            self._wake.wait(wait_s)
+            self._wake.clear()
+
+    def _idle_wait_s(self) -> float:
+        with self._db_lock:
+            row = self._db.execute(
+                "SELECT MIN(not_before) FROM ops WHERE dead = 0"
+            ).fetchone()
+        if row is None or row[0] is None:
+            return 60.0
+        return max(0.05, min(60.0, row[0] - time.time()))
+
+    @contextlib.contextmanager
+    def _sender_role(self) -> Iterator[bool]:
+        lock_path = self.path.with_suffix(".sender.lock")
+        handle = lock_path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Waits up to timeout_s until nothing due is left; False early if the server is away."""
+        failures = self._failures
+        self.nudge()
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._next_due() is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._failures != failures or self._thread is None:
+                    return False
+                self._changed.wait(min(left, 0.1))
+        return True
+
+    def close(self, timeout_s: float = 3.0) -> None:
+        """Sends what it can within timeout_s, then stops; the rest stays on disk for next time."""
+        if self._thread is not None:
+            self.flush(timeout_s)
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout_s)
+            self._thread = None
+        with self._db_lock:
+            self._db.close()
+

@@ -1,0 +1,92 @@
+"""Turning a search answer into the text Hermes puts in <memory-context>, and turn text caps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+CHANNEL_ORDER = ("now", "pages", "profile", "proactive", "experiences", "normal")
+"""The order channels are shown in when the server does not send its own `order`."""
+
+ITEM_CHARS = 400
+MESSAGE_CHARS = 4000
+TURN_CHARS = 12000
+
+COMPACTION_PREFIXES = (
+    "[CONTEXT COMPACTION",
+    "[CONTEXT SUMMARY]",
+    "[END OF PRIOR CONTEXT",
+)
+"""How Hermes's compaction summaries start; they are Hermes's own text, not the user's."""
+
+_MEMORY_CONTEXT = re.compile(r"<\s*memory-context\s*>[\s\S]*?</\s*memory-context\s*>", re.I)
+
+
+def _date(item: dict[str, Any]) -> str:
+    stamp = item.get("event_at") or item.get("gmt_created")
+    if isinstance(stamp, (int, float)) and stamp > 0:
+        return dt.datetime.fromtimestamp(stamp, dt.UTC).strftime("%Y-%m-%d")
+    if isinstance(stamp, str) and len(stamp) >= 10:
+        return stamp[:10]
+    return "undated"
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_recall(answer: dict[str, Any], query: str, per_channel: int = 5) -> str:
+    """The recalled memories grouped by channel, each line with its date; "" when none."""
+    memories = answer.get("memories") if isinstance(answer, dict) else None
+    if not isinstance(memories, dict):
+        return ""
+    order = answer.get("order")
+    channels = [c for c in order if isinstance(c, str)] if isinstance(order, list) else []
+    channels += [c for c in CHANNEL_ORDER if c not in channels]
+    channels += [c for c in memories if c not in channels]
+    sections: list[str] = []
+    now = answer.get("now")
+    if isinstance(now, dict):
+        now = now.get("content") or now.get("text")
+    if isinstance(now, str) and now.strip():
+        sections.append("[NOW]\n" + _clip(now, 1200))
+    for channel in channels:
+        items = memories.get(channel)
+        if not isinstance(items, list):
+            continue
+        lines = []
+        for item in items[:per_channel]:
+            if not isinstance(item, dict) or not item.get("content"):
+                continue
+            layer = item.get("layer") or "memory"
+            lines.append(f"- [{_date(item)}] ({layer}) {_clip(item['content'], ITEM_CHARS)}")
+        if lines:
+            sections.append(f"[{channel.upper()}]\n" + "\n".join(lines))
+    if not sections:
+        return ""
+    head = f'HyAtlas long-term memory for "{_clip(query, 80)}" (date = when it was recorded):'
+    return head + "\n" + "\n\n".join(sections)
+
+
+def clean_message(text: str) -> str:
+    """A message's own text: no injected memory context, no compaction summary, capped."""
+    if not isinstance(text, str):
+        return ""
+    text = _MEMORY_CONTEXT.sub("", text).strip()
+    if text.startswith(COMPACTION_PREFIXES):
+        return ""
+    return text[:MESSAGE_CHARS]
+
+
+def turn_text(user: str, assistant: str) -> str:
+    """The text of one turn as stored: USER and ASSISTANT lines, at most TURN_CHARS."""
+    parts = []
+    user = clean_message(user)
+    assistant = clean_message(assistant)
+    if user:
+        parts.append(f"USER: {user}")
+    if assistant:
+        parts.append(f"ASSISTANT: {assistant}")
+    return "\n\n".join(parts)[:TURN_CHARS]

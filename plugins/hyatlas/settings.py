@@ -1,0 +1,266 @@
+"""The plugin's settings: one precedence order, the setup schema, and the non-secret config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "hyatlas.json"
+"""Non-secret settings written by `hermes memory setup`, under $HERMES_HOME."""
+
+STATE_DIR = "hyatlas"
+"""The plugin's own state folder under $HERMES_HOME (outbox, pid file, lock, server log)."""
+
+SECRET_KEYS = frozenset({"llm_key", "token"})
+"""Settings that live only in $HERMES_HOME/.env (through their env_var), never in JSON."""
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """Everything the plugin reads from defaults, hyatlas.json, config.yaml and HYATLAS_* env."""
+
+    server_url: str = "http://127.0.0.1:19528"
+    """HYATLAS_SERVER_URL: the gateway's base URL."""
+    user_id: str = ""
+    """HYATLAS_USER_ID: whose memories these are (empty: Hermes's user id, else "default")."""
+    agent_id: str = ""
+    """HYATLAS_AGENT_ID: which agent writes (empty: Hermes's profile name, else "default")."""
+    auto_start: bool = False
+    """HYATLAS_AUTO_START: start the server when the gateway does not answer."""
+    server_command: str = "make run"
+    """HYATLAS_SERVER_COMMAND: how to start every service (the repository's `make run`)."""
+    server_cwd: str = ""
+    """HYATLAS_SERVER_CWD: the folder server_command runs in (the repository root)."""
+    data_dir: str = ""
+    """HYATLAS_GO_DATA: the server's data directory (empty: the server's default)."""
+    mode: str = ""
+    """HYATLAS_MODE: lite, pro or ultra for an auto-started server (empty: the server's default)."""
+    sync: str = ""
+    """HYATLAS_SYNC_EXTRACT: on or off, whether a write waits for extraction (empty: default)."""
+    llm_base: str = ""
+    """HYATLAS_LLM_BASE: the OpenAI-compatible endpoint extraction uses."""
+    llm_model: str = ""
+    """HYATLAS_LLM_MODEL: the extraction model."""
+    llm_key: str = ""
+    """HYATLAS_LLM_KEY: the extraction key (secret: $HERMES_HOME/.env only)."""
+    token: str = ""
+    """HYATLAS_TOKEN: bearer token for a server started with one (secret: .env only)."""
+    timeout_s: float = 10.0
+    """HYATLAS_TIMEOUT_S: the longest one request to the gateway may take."""
+    prefetch_budget_s: float = 3.0
+    """HYATLAS_PREFETCH_BUDGET_S: how long prefetch waits for a live search (Hermes cuts at 8 s)."""
+    prefetch_limit: int = 8
+    """HYATLAS_PREFETCH_LIMIT: how many memories recall asks for."""
+    start_timeout_s: float = 60.0
+    """HYATLAS_START_TIMEOUT_S: how long an auto start waits for the gateway to answer."""
+
+    def command_argv(self) -> list[str]:
+        """server_command split like a shell would, without running a shell."""
+        return shlex.split(self.server_command)
+
+
+ENV_NAMES: Mapping[str, str] = {
+    "server_url": "HYATLAS_SERVER_URL",
+    "user_id": "HYATLAS_USER_ID",
+    "agent_id": "HYATLAS_AGENT_ID",
+    "auto_start": "HYATLAS_AUTO_START",
+    "server_command": "HYATLAS_SERVER_COMMAND",
+    "server_cwd": "HYATLAS_SERVER_CWD",
+    "data_dir": "HYATLAS_GO_DATA",
+    "mode": "HYATLAS_MODE",
+    "sync": "HYATLAS_SYNC_EXTRACT",
+    "llm_base": "HYATLAS_LLM_BASE",
+    "llm_model": "HYATLAS_LLM_MODEL",
+    "llm_key": "HYATLAS_LLM_KEY",
+    "token": "HYATLAS_TOKEN",
+    "timeout_s": "HYATLAS_TIMEOUT_S",
+    "prefetch_budget_s": "HYATLAS_PREFETCH_BUDGET_S",
+    "prefetch_limit": "HYATLAS_PREFETCH_LIMIT",
+    "start_timeout_s": "HYATLAS_START_TIMEOUT_S",
+}
+"""The environment variable that overrides each setting."""
+
+MODES = ("", "lite", "pro", "ultra")
+SYNC_VALUES = ("", "on", "off")
+
+
+def config_schema() -> list[dict[str, Any]]:
+    """The fields `hermes memory setup` asks for, in order."""
+    return [
+        {"key": "server_url", "description": "HyAtlas gateway URL",
+         "default": PluginSettings.server_url},
+        {"key": "user_id", "description": "User id (blank: Hermes's user, else default)"},
+        {"key": "agent_id", "description": "Agent id for memories (blank: Hermes profile name)"},
+        {"key": "auto_start", "description": "Start the server when it does not answer",
+         "choices": ["false", "true"], "default": "false"},
+        {"key": "server_command", "description": "Command that starts the server",
+         "default": PluginSettings.server_command},
+        {"key": "server_cwd", "description": "Folder the command runs in (the HyAtlas repository)"},
+        {"key": "data_dir", "description": "Server data directory (blank: server default)"},
+        {"key": "mode", "description": "Extraction mode for a started server",
+         "choices": ["lite", "pro", "ultra"], "default": "lite"},
+        {"key": "sync", "description": "Writes wait for extraction", "choices": ["off", "on"],
+         "default": "off"},
+        {"key": "llm_base", "description": "LLM base URL (OpenAI-compatible; blank: none)"},
+        {"key": "llm_model", "description": "LLM model name"},
+        {"key": "llm_key", "description": "LLM API key", "secret": True,
+         "env_var": ENV_NAMES["llm_key"]},
+        {"key": "token", "description": "Server bearer token (blank: none)", "secret": True,
+         "env_var": ENV_NAMES["token"]},
+    ]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable JSON object ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_hermes_yaml(path: Path) -> dict[str, Any]:
+    """The hyatlas sections of Hermes's config.yaml (memory.hyatlas, plugins.hyatlas, ...)."""
+    if not path.exists():
+        return {}
+    import yaml  # Hermes depends on PyYAML; imported late so the rest works without it.
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not readable YAML ({exc})") from exc
+    merged: dict[str, Any] = {}
+    if not isinstance(data, dict):
+        return merged
+    memory = data.get("memory")
+    plugins = data.get("plugins")
+    entries = plugins.get("entries") if isinstance(plugins, dict) else None
+    entry = entries.get("hyatlas") if isinstance(entries, dict) else None
+    for section in (
+        memory.get("hyatlas") if isinstance(memory, dict) else None,
+        plugins.get("hyatlas") if isinstance(plugins, dict) else None,
+        entry.get("settings") if isinstance(entry, dict) else None,
+    ):
+        if isinstance(section, dict):
+            merged.update(section)
+    return merged
+
+
+def _coerce(name: str, raw: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        word = str(raw).strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise ValueError(f"{name}={raw!r} is not one of true/false/on/off/1/0")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={raw!r} is not a number") from None
+    return str(raw).strip()
+
+
+def load_settings(
+    hermes_home: str | Path, environ: Mapping[str, str] | None = None
+) -> PluginSettings:
+    """Settings from defaults < hyatlas.json < config.yaml (hyatlas sections) < HYATLAS_* env."""
+    environ = os.environ if environ is None else environ
+    home = Path(hermes_home)
+    layered: dict[str, tuple[str, Any]] = {}
+    for source, values in (
+        (str(home / CONFIG_FILE), _read_json(home / CONFIG_FILE)),
+        (str(home / "config.yaml"), _read_hermes_yaml(home / "config.yaml")),
+    ):
+        for key, value in values.items():
+            if key in ENV_NAMES and value is not None:
+                layered[key] = (f"{source}: {key}", value)
+    for key, env_name in ENV_NAMES.items():
+        if environ.get(env_name, "") != "":
+            layered[key] = (env_name, environ[env_name])
+    defaults = PluginSettings()
+    values: dict[str, Any] = {}
+    for f in fields(PluginSettings):
+        if f.name in layered:
+            label, raw = layered[f.name]
+            values[f.name] = _coerce(label, raw, getattr(defaults, f.name))
+    settings = PluginSettings(**values)
+    if settings.mode not in MODES:
+        raise ValueError(f"mode={settings.mode!r} is not one of lite, pro, ultra")
+    if settings.sync not in SYNC_VALUES:
+        raise ValueError(f"sync={settings.sync!r} is not one of on, off")
+    if not settings.server_url.startswith(("http://", "https://")):
+        raise ValueError(f"server_url={settings.server_url!r} is not an http(s) URL")
+    return settings
+
+
+def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
+    """Merges the non-secret values into $HERMES_HOME/hyatlas.json (mode 0600); drops secrets."""
+    home = Path(hermes_home)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / CONFIG_FILE
+    current = _read_json(path)
+    defaults = PluginSettings()
+    for key, value in values.items():
+        if key in SECRET_KEYS or key not in ENV_NAMES:
+            continue
+        current[key] = _coerce(key, value, getattr(defaults, key))
+    # Write to a private temp file first so the config is never briefly world-readable.
+    fd, tmp = tempfile.mkstemp(dir=home, prefix=".hyatlas.", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(current, out, indent=2, sort_keys=True)
+            out.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def state_dir(hermes_home: str | Path) -> Path:
+    """$HERMES_HOME/hyatlas, created on first use."""
+    path = Path(hermes_home) / STATE_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def resolve_ids(
+    settings: PluginSettings,
+    environ: Mapping[str, str],
+    init_kwargs: Mapping[str, Any],
+) -> tuple[str, str]:
+    """(user_id, agent_id): env, then Hermes's initialize kwargs, then config, then "default"."""
+    user = (
+        environ.get(ENV_NAMES["user_id"], "")
+        or str(init_kwargs.get("user_id") or "")
+        or settings.user_id
+        or "default"
+    )
+    agent = (
+        environ.get(ENV_NAMES["agent_id"], "")
+        or str(init_kwargs.get("agent_identity") or "")
+        or str(init_kwargs.get("agent_id") or "")
+        or settings.agent_id
+        or "default"
+    )
+    return user.strip(), agent.strip()

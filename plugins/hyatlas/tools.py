@@ -1,0 +1,197 @@
+"""The tools the model gets: schemas and handlers returning JSON strings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .client import ClientError, HttpError, HyAtlasClient, Unreachable
+from .outbox import Outbox
+
+LAYERS = ("l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema",
+          "l7_intention", "l8_entity")
+MAX_LIMIT = 50
+
+
+@dataclass
+class Scope:
+    """Who the tools act for; built by the provider, never from tool arguments."""
+
+    client: HyAtlasClient
+    user_id: str
+    agent_id: str
+    session_id: str
+    outbox: Outbox | None
+    can_write: bool
+
+
+TOOL_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "name": "hyatlas_status",
+        "description": "HyAtlas memory server status: mode, counts per layer, LLM state.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+    {
+        "name": "hyatlas_search",
+        "description": "Search long-term memory (facts, profile, intentions, past turns). "
+                       "Returns channels of memories with score, layer and date.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for."},
+                "layer": {"type": "string", "enum": list(LAYERS),
+                          "description": "Only this layer (optional)."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
+                          "description": "Most results (default 10)."},
+            },
+            "required": ["query"],
+        },
+    },
+    {
+        "name": "hyatlas_recent",
+        "description": "The most recent memories, newest first.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "layer": {"type": "string", "enum": list(LAYERS)},
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
+                          "description": "Most results (default 20)."},
+                "include_raw": {"type": "boolean",
+                                "description": "Include raw conversation turns (default true)."},
+            },
+        },
+    },
+    {
+        "name": "hyatlas_add",
+        "description": "Store a note in long-term memory verbatim.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "The note."}},
+            "required": ["text"],
+        },
+    },
+    {
+        "name": "hyatlas_forget",
+        "description": "Forget memories: by memory_id, or those matching a text. Reversible.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "description": "Text of what to forget."},
+                "memory_id": {"type": "string", "description": "One memory's id."},
+                "reason": {"type": "string", "description": "Why (kept with the memory)."},
+            },
+        },
+    },
+]
+
+TOOL_NAMES = frozenset(schema["name"] for schema in TOOL_SCHEMAS)
+
+
+def _limit(args: dict[str, Any], default: int) -> int:
+    raw = args.get("limit", default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"limit must be an integer, got {raw!r}") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, got {value}")
+    return value
+
+
+def _layer(args: dict[str, Any]) -> str:
+    layer = str(args.get("layer") or "")
+    if layer and layer not in LAYERS:
+        raise ValueError(f"layer {layer!r} is not one of {', '.join(LAYERS)}")
+    return layer
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} is required")
+    return value.strip()
+
+
+def _status(scope: Scope, args: dict[str, Any]) -> Any:
+    status = scope.client.status()
+    if scope.outbox is not None:
+        status["plugin_queue"] = scope.outbox.pending()
+    return status
+
+
+def _search(scope: Scope, args: dict[str, Any]) -> Any:
+    return scope.client.search(
+        _text(args, "query"), user_id=scope.user_id, agent_id=scope.agent_id,
+        limit=_limit(args, 10), layer=_layer(args), session_id=scope.session_id,
+    )
+
+
+def _recent(scope: Scope, args: dict[str, Any]) -> Any:
+    return scope.client.recent(
+        user_id=scope.user_id, agent_id=scope.agent_id, limit=_limit(args, 20),
+        layer=_layer(args), include_raw=bool(args.get("include_raw", True)),
+    )
+
+
+def _add(scope: Scope, args: dict[str, Any]) -> Any:
+    if not scope.can_write:
+        raise ValueError("this agent context does not write memories")
+    payload = {
+        "text": _text(args, "text"),
+        "user_id": scope.user_id,
+        "agent_id": scope.agent_id,
+        "session_id": scope.session_id,
+        "metadata": {"write_origin": "tool", "tool_name": "hyatlas_add"},
+    }
+    try:
+        return scope.client.add(payload)
+    except Unreachable:
+        if scope.outbox is None:
+            raise
+        scope.outbox.put("add", payload)
+        return {"success": True, "queued": True,
+                "note": "server unreachable; stored locally and sent when it is back"}
+
+
+def _forget(scope: Scope, args: dict[str, Any]) -> Any:
+    if not scope.can_write:
+        raise ValueError("this agent context does not change memories")
+    memory_id = str(args.get("memory_id") or "").strip()
+    text = str(args.get("text") or "").strip()
+    if not memory_id and not text:
+        raise ValueError("text or memory_id is required")
+    payload: dict[str, Any] = {"user_id": scope.user_id, "agent_id": scope.agent_id,
+                               "reason": str(args.get("reason") or "asked by the agent")}
+    if memory_id:
+        payload["memory_id"] = memory_id
+    if text:
+        payload["text"] = text
+    try:
+        return scope.client.forget(payload)
+    except HttpError as exc:
+        if exc.status in (404, 405, 501) and not memory_id:
+            raise ClientError("this server does not offer forget yet") from None
+        raise
+
+
+HANDLERS: dict[str, Callable[[Scope, dict[str, Any]], Any]] = {
+    "hyatlas_status": _status,
+    "hyatlas_search": _search,
+    "hyatlas_recent": _recent,
+    "hyatlas_add": _add,
+    "hyatlas_forget": _forget,
+}
+
+
+def handle(scope: Scope, name: str, args: dict[str, Any] | None) -> str:
+    """Runs one tool; always a JSON string, failures as {"error": ...}."""
+    handler = HANDLERS.get(name)
+    if handler is None:
+        return json.dumps({"error": f"unknown tool {name!r}"})
+    try:
+        result = handler(scope, dict(args or {}))
+    except (ValueError, ClientError) as exc:
+        return json.dumps({"error": str(exc)})
+    return json.dumps(result, ensure_ascii=False)

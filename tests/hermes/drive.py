@@ -1,0 +1,232 @@
+"""Runs inside Hermes's interpreter: drives the plugin through Hermes's own code, prints JSON.
+
+Usage: drive.py SCENARIO '{"param": ...}'. HERMES_HOME must point at a home whose plugins/hyatlas
+is the plugin under test. The last stdout line is the scenario's JSON result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+
+def _provider() -> Any:
+    from plugins.memory import load_memory_provider
+
+    provider = load_memory_provider("hyatlas")
+    assert provider is not None, "Hermes did not load the hyatlas provider"
+    return provider
+
+
+def _manager(provider: Any, session_id: str, **init: Any) -> Any:
+    from agent.memory_manager import MemoryManager
+
+    manager = MemoryManager()
+    manager.add_provider(provider)
+    manager.initialize_all(session_id, platform="cli", **init)
+    return manager
+
+
+def discover(params: dict[str, Any]) -> dict[str, Any]:
+    """Hermes's memory plugin discovery lists and loads the provider."""
+    from plugins.memory import discover_memory_providers, find_provider_dir
+
+    found = {name: {"description": desc, "available": ok}
+             for name, desc, ok in discover_memory_providers()}
+    provider = _provider()
+    return {
+        "found": found.get("hyatlas"),
+        "dir": str(find_provider_dir("hyatlas")),
+        "name": provider.name,
+        "class": type(provider).__name__,
+        "tools": [schema["name"] for schema in provider.get_tool_schemas()],
+        "schema": provider.get_config_schema(),
+    }
+
+
+def turns(params: dict[str, Any]) -> dict[str, Any]:
+    """MemoryManager: initialize -> (prefetch, sync_turn, queue_prefetch) per turn -> shutdown."""
+    provider = _provider()
+    session = params["session_id"]
+    manager = _manager(provider, session, agent_context="primary",
+                       **params.get("init", {}))
+    recalls = []
+    for user, assistant in params["turns"]:
+        recalls.append(manager.prefetch_all(user, session_id=session))
+        manager.sync_all(user, assistant, session_id=session,
+                         messages=[{"role": "user", "content": user},
+                                   {"role": "assistant", "content": assistant}])
+        manager.queue_prefetch_all(user, session_id=session)
+        manager.flush_pending(timeout=10)
+        provider.outbox.flush(10.0)
+    final = manager.prefetch_all(params["final_query"], session_id=session)
+    system_prompt = manager.build_system_prompt()
+    ids = {"user_id": provider.user_id, "agent_id": provider.agent_id}
+    manager.on_session_end([])
+    manager.shutdown_all()
+    return {"recalls": recalls, "final": final, "ids": ids, "system_prompt": system_prompt}
+
+
+def memory_tool(params: dict[str, Any]) -> dict[str, Any]:
+    """Hermes's memory tool add/replace/remove, mirrored the way the agent loop does it."""
+    from tools.memory_tool import MemoryStore
+    from tools.memory_tool import memory_tool as run_memory_tool
+
+    provider = _provider()
+    session = params["session_id"]
+    manager = _manager(provider, session, agent_context="primary")
+    store = MemoryStore()
+    store.load_from_disk()
+    results = []
+    for call in params["calls"]:
+        result = run_memory_tool(store=store, **call)
+        manager.notify_memory_tool_write(
+            result, call,
+            build_metadata=lambda: {"write_origin": "assistant_tool", "session_id": session,
+                                    "platform": "cli", "tool_name": "memory"},
+        )
+        results.append(json.loads(result))
+    provider.outbox.flush(10.0)
+    queue = provider.outbox.snapshot()
+    manager.shutdown_all()
+    return {"results": results, "queue": queue}
+
+
+def tool_calls(params: dict[str, Any]) -> dict[str, Any]:
+    """The provider's own tools, dispatched by MemoryManager.handle_tool_call."""
+    provider = _provider()
+    manager = _manager(provider, params["session_id"], agent_context="primary")
+    answers = [json.loads(manager.handle_tool_call(name, args)) for name, args in params["calls"]]
+    manager.shutdown_all()
+    return {"answers": answers}
+
+
+def context_writes(params: dict[str, Any]) -> dict[str, Any]:
+    """A non-primary agent context reads but never writes."""
+    provider = _provider()
+    manager = _manager(provider, "cron-session", agent_context=params["agent_context"])
+    manager.sync_all("cron prompt text", "cron answer", session_id="cron-session")
+    manager.flush_pending(timeout=10)
+    manager.on_memory_write("add", "memory", "note from cron", metadata={})
+    tool = json.loads(manager.handle_tool_call("hyatlas_add", {"text": "from cron"}))
+    writes = provider.writes
+    manager.shutdown_all()
+    return {"writes": writes, "tool": tool, "outbox": provider.outbox is not None}
+
+
+def down(params: dict[str, Any]) -> dict[str, Any]:
+    """Gateway away: prefetch and sync_turn return without raising; turns wait on disk."""
+    provider = _provider()
+    session = params["session_id"]
+    provider.initialize(session, hermes_home=os.environ["HERMES_HOME"], platform="cli",
+                        agent_context="primary")
+    prefetch_s = []
+    errors = []
+    for user, assistant in params["turns"]:
+        started = time.monotonic()
+        try:
+            provider.prefetch(user, session_id=session)
+        except Exception as exc:  # recorded: the test asserts there is none
+            errors.append(f"prefetch: {exc!r}")
+        prefetch_s.append(time.monotonic() - started)
+        try:
+            provider.sync_turn(user, assistant, session_id=session)
+        except Exception as exc:
+            errors.append(f"sync_turn: {exc!r}")
+    pending = provider.outbox.pending()
+    provider.on_session_end([])
+    provider.shutdown()
+    return {"prefetch_s": prefetch_s, "errors": errors, "pending": pending,
+            "budget_s": provider.settings.prefetch_budget_s}
+
+
+def resume(params: dict[str, Any]) -> dict[str, Any]:
+    """A new Hermes process with the gateway back: the queued turns go out on their own."""
+    provider = _provider()
+    provider.initialize("resumed", hermes_home=os.environ["HERMES_HOME"], platform="cli",
+                        agent_context="primary")
+    deadline = time.monotonic() + params.get("wait_s", 30)
+    while provider.outbox.pending() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pending = provider.outbox.pending()
+    provider.shutdown()
+    return {"pending": pending}
+
+
+def autostart(params: dict[str, Any]) -> dict[str, Any]:
+    """initialize with auto_start spawns the server once (two agents racing), env allowlisted."""
+    os.environ.update(params.get("extra_env", {}))
+    first, second = _provider(), _provider()
+    for p in (first, second):
+        p.initialize("s-" + str(id(p)), hermes_home=os.environ["HERMES_HOME"], platform="cli",
+                     agent_context="primary")
+    for p in (first, second):
+        p.start_thread.join(60)
+    pid = first.launcher.read_pid()
+    healthy = first.client.healthy()
+    stopped = first.launcher.stop() if params.get("stop") else ""
+    for p in (first, second):
+        p.shutdown()
+    return {"pid": pid, "healthy": healthy, "stopped": stopped,
+            "alive_after_stop": first.launcher.read_pid() is not None}
+
+
+def dashboard(params: dict[str, Any]) -> dict[str, Any]:
+    """Hermes's web server mounts the plugin's router and it proxies a search."""
+    os.environ["HERMES_DASHBOARD_SESSION_TOKEN"] = "test-session-token"
+    from fastapi.testclient import TestClient
+    from hermes_cli import web_server
+
+    client = TestClient(web_server.app)
+    headers = {"X-Hermes-Session-Token": "test-session-token"}
+    plugins = client.get("/api/dashboard/plugins", headers=headers).json()
+    search = client.get("/api/plugins/hyatlas/search", params={"q": params["query"]},
+                        headers=headers)
+    status = client.get("/api/plugins/hyatlas/status", headers=headers)
+    asset = client.get("/dashboard-plugins/hyatlas/dist/index.js")
+    return {
+        "plugins": [p.get("name") for p in plugins],
+        "search_status": search.status_code,
+        "search": search.json(),
+        "status_status": status.status_code,
+        "asset_status": asset.status_code,
+    }
+
+
+def config(params: dict[str, Any]) -> dict[str, Any]:
+    """save_config and the precedence order, through the loaded provider."""
+    provider = _provider()
+    home = os.environ["HERMES_HOME"]
+    provider.save_config(params["values"], home)
+    settings_mod = sys.modules[type(provider).__module__ + ".settings"]
+    path = os.path.join(home, "hyatlas.json")
+    with open(path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    loaded = settings_mod.load_settings(home, params.get("environ", {}))
+    return {"mode": oct(os.stat(path).st_mode & 0o777), "saved": saved,
+            "loaded": {k: getattr(loaded, k) for k in params["read"]},
+            "available": provider.is_available()}
+
+
+SCENARIOS = {f.__name__: f for f in (discover, turns, memory_tool, tool_calls, context_writes,
+                                     down, resume, autostart, dashboard, config)}
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    scenario = SCENARIOS[sys.argv[1]]
+    params = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    result = scenario(params)
+    sys.stdout.flush()
+    print("\n" + json.dumps(result, default=str))
+    # Daemon threads of Hermes or the plugin must not hold the process open.
+    threading.Event().wait(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A stand-in for `make run` in auto-start tests: records its environment and what it is sent.
+
+Usage: fake_server.py OUT_DIR. Answers every route on $HYATLAS_GO_HOST:$HYATLAS_GO_PORT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+OUT = Path(sys.argv[1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _reply(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._reply({"status": "ok"})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with (OUT / "posts.jsonl").open("a") as log:
+            log.write(json.dumps({"path": self.path, "body": json.loads(body or b"{}")}) + "\n")
+        self._reply({"ok": True})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    with (OUT / "starts.txt").open("a") as starts:
+        starts.write(f"{os.getpid()}\n")
+    (OUT / "env.json").write_text(json.dumps(dict(os.environ)))
+    host = os.environ.get("HYATLAS_GO_HOST", "127.0.0.1")
+    port = int(os.environ["HYATLAS_GO_PORT"])
+    ThreadingHTTPServer((host, port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
