@@ -62,6 +62,8 @@ class MicroBatcher:
 
     async def close(self) -> None:
         """Stops the worker; calls still queued fail as Unavailable. Closing twice is harmless."""
+        if not self._closed:
+            log.info("batcher embedded %d texts in %d runs", self.texts_run, self.runs)
         self._closed = True
         if self._worker is not None:
             self._worker.cancel()
