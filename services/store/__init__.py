@@ -1,0 +1,1 @@
+"""The store service: the only process that touches the data directory."""

@@ -1,0 +1,43 @@
+"""The store service's settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.settings import Settings, read_duration
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What the store needs to run."""
+
+    data_dir: Path
+    """The data directory; the store alone reads and writes it."""
+    address: str
+    """The store's gRPC listen address."""
+    embedder_address: str
+    """The embedder's gRPC address; every stored text is embedded there."""
+    user_aliases: tuple[tuple[str, ...], ...] = ()
+    """Groups of user ids that are one person: a scope reaches the whole group."""
+    save_every_s: float | None = 30.0
+    """How often changed vector indexes are saved (None: only on Flush and shutdown)."""
+    exact_search_up_to: int = 20_000
+    """An owner's index up to this size is searched by brute force, larger ones by HNSW."""
+    embedder_wait_s: float = 60.0
+    """How long start-up waits for the embedder to serve."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
+        """Reads the HYATLAS_* settings the store uses."""
+        env = os.environ if environ is None else environ
+        settings = Settings.from_env(env)
+        return cls(
+            data_dir=settings.data_dir,
+            address=settings.address("store"),
+            embedder_address=settings.address("embedder"),
+            user_aliases=settings.user_aliases,
+            save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
+        )

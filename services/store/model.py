@@ -1,0 +1,196 @@
+"""The store's domain types: rows, scopes, changes and query results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LAYERS = (
+    "l1_profile",
+    "l2_raw",
+    "l3_fact",
+    "l4_summary",
+    "l5_knowledge",
+    "l6_schema",
+    "l7_intention",
+    "l8_entity",
+)
+SUPERSEDED_HOW = ("replaced", "updated", "merged", "restated", "dropped", "done", "forgotten")
+ACTIVE = "active"
+RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The owners a call may touch: some user ids (None: every user), optionally one agent."""
+
+    user_ids: tuple[str, ...] | None
+    agent_id: str = ""
+
+    def contains(self, user_id: str, agent_id: str) -> bool:
+        """Whether a row owned by (user_id, agent_id) lies inside this reach."""
+        if self.user_ids is not None and user_id not in self.user_ids:
+            return False
+        return not self.agent_id or agent_id == self.agent_id
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One stored memory with every column of the memories table."""
+
+    id: str
+    user_id: str
+    agent_id: str
+    session_id: str
+    layer: str
+    content: str
+    label: str = ""
+    count: int = 0
+    hits: int = 0
+    source_ids: tuple[str, ...] = ()
+    metadata_json: str = "{}"
+    model_id: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    event_at: float | None = None
+    valid_to: float | None = None
+    due_at: float | None = None
+    status: str = ACTIVE
+    invalid_at: float | None = None
+    superseded_by: str = ""
+    superseded_how: str = ""
+    drop_reason: str = ""
+    retired_by: str = ""
+    pass_id: str = ""
+    extraction_status: str = ""
+    extraction_tries: int = 0
+    write_mode: str = ""
+
+
+@dataclass(frozen=True)
+class Insert:
+    """A new row; `ref` names it for later ops of the same Apply ("$ref")."""
+
+    user_id: str
+    agent_id: str
+    session_id: str
+    layer: str
+    content: str
+    label: str = ""
+    source_ids: tuple[str, ...] = ()
+    metadata_json: str = ""
+    event_at: float | None = None
+    valid_to: float | None = None
+    due_at: float | None = None
+    count: int = 0
+    extraction_status: str = ""
+    write_mode: str = ""
+    pass_id: str = ""
+    ref: str = ""
+
+
+@dataclass(frozen=True)
+class Retire:
+    """Retires a row, optionally naming its successor by id or "$ref"."""
+
+    id: str
+    superseded_how: str = ""
+    superseded_by: str = ""
+    drop_reason: str = ""
+    pass_id: str = ""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Brings a retired row back to active."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class Update:
+    """Changes the fields that are not None; a new content is re-embedded."""
+
+    id: str
+    content: str | None = None
+    extraction_status: str | None = None
+    extraction_tries: int | None = None
+    count: int | None = None
+    hits: int | None = None
+    metadata_json: str | None = None
+    event_at: float | None = None
+    valid_to: float | None = None
+    due_at: float | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Erases a row, its vector and its keyword entry."""
+
+    id: str
+
+
+Op = Insert | Retire | Restore | Update | Delete
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """Filters and paging of ListMemories."""
+
+    layers: tuple[str, ...] = ()
+    exclude_layers: tuple[str, ...] = ()
+    include_superseded: bool = False
+    session_id: str = ""
+    extraction_status: str = ""
+    created_after: float | None = None
+    created_before: float | None = None
+    newest_first: bool = True
+    limit: int = 20
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A row and the score a search gave it."""
+
+    memory: MemoryRow
+    score: float
+    matched_terms: int = 0
+
+
+@dataclass(frozen=True)
+class KeywordResult:
+    """Keyword hits plus the terms the query was reduced to."""
+
+    hits: list[Scored]
+    terms: list[str]
+    required_terms: int
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One mutation of one row."""
+
+    seq: int
+    at: float
+    actor: str
+    action: str
+    memory_id: str
+    before_json: str
+    after_json: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Row counts and the store's vector model."""
+
+    layers: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    unextracted: int = 0
+    retired: int = 0
+    db_bytes: int = 0
+    vectors: int = 0
+    model_id: str = ""
+    ndim: int = 0
+    data_dir: str = ""

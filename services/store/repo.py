@@ -1,0 +1,566 @@
+"""SQLite storage of rows, vectors, the keyword index and the audit log (aiosqlite, WAL)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import numpy as np
+
+from services.store.model import ACTIVE, RETIRED, AuditEntry, ListQuery, MemoryRow, Reach
+from shared.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (
+  version INTEGER NOT NULL,
+  applied_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS store_meta (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memories (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL DEFAULT '',
+  session_id TEXT NOT NULL DEFAULT '',
+  layer TEXT NOT NULL,
+  content TEXT NOT NULL,
+  label TEXT NOT NULL DEFAULT '',
+  count INTEGER NOT NULL DEFAULT 0,
+  hits INTEGER NOT NULL DEFAULT 0,
+  source_ids TEXT NOT NULL DEFAULT '[]',
+  metadata TEXT NOT NULL DEFAULT '{}',
+  model_id TEXT NOT NULL DEFAULT '',
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  event_at REAL,
+  valid_to REAL,
+  due_at REAL,
+  status TEXT NOT NULL DEFAULT 'active',
+  invalid_at REAL,
+  superseded_by TEXT NOT NULL DEFAULT '',
+  superseded_how TEXT NOT NULL DEFAULT '',
+  drop_reason TEXT NOT NULL DEFAULT '',
+  retired_by TEXT NOT NULL DEFAULT '',
+  pass_id TEXT NOT NULL DEFAULT '',
+  extraction_status TEXT NOT NULL DEFAULT '',
+  extraction_tries INTEGER NOT NULL DEFAULT 0,
+  write_mode TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS memories_owner
+  ON memories(user_id, agent_id, layer, status, created_at);
+CREATE INDEX IF NOT EXISTS memories_extraction ON memories(extraction_status);
+CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
+
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+  content, content='memories', content_rowid='seq', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS memories_fts_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, content) VALUES (new.seq, new.content);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_fts_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, content) VALUES ('delete', old.seq, old.content);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_fts_update AFTER UPDATE OF content ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, content) VALUES ('delete', old.seq, old.content);
+  INSERT INTO memories_fts(rowid, content) VALUES (new.seq, new.content);
+END;
+
+CREATE TABLE IF NOT EXISTS vectors (
+  key INTEGER PRIMARY KEY AUTOINCREMENT,
+  memory_id TEXT NOT NULL UNIQUE REFERENCES memories(id) ON DELETE CASCADE,
+  model_id TEXT NOT NULL,
+  vector BLOB NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  at REAL NOT NULL,
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  memory_id TEXT NOT NULL,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  before_json TEXT NOT NULL DEFAULT '',
+  after_json TEXT NOT NULL DEFAULT '',
+  reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
+"""
+
+_COLUMNS = (
+    "id, user_id, agent_id, session_id, layer, content, label, count, hits, source_ids, "
+    "metadata, model_id, created_at, updated_at, event_at, valid_to, due_at, status, "
+    "invalid_at, superseded_by, superseded_how, drop_reason, retired_by, pass_id, "
+    "extraction_status, extraction_tries, write_mode"
+)
+_M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
+_UPDATABLE = frozenset(
+    {
+        "content", "label", "count", "hits", "metadata", "model_id", "updated_at", "event_at",
+        "valid_to", "due_at", "status", "invalid_at", "superseded_by", "superseded_how",
+        "drop_reason", "retired_by", "pass_id", "extraction_status", "extraction_tries",
+    }
+)
+
+
+def _row(r: Sequence[Any]) -> MemoryRow:
+    return MemoryRow(
+        id=r[0],
+        user_id=r[1],
+        agent_id=r[2],
+        session_id=r[3],
+        layer=r[4],
+        content=r[5],
+        label=r[6],
+        count=r[7],
+        hits=r[8],
+        source_ids=tuple(json.loads(r[9])),
+        metadata_json=r[10],
+        model_id=r[11],
+        created_at=r[12],
+        updated_at=r[13],
+        event_at=r[14],
+        valid_to=r[15],
+        due_at=r[16],
+        status=r[17],
+        invalid_at=r[18],
+        superseded_by=r[19],
+        superseded_how=r[20],
+        drop_reason=r[21],
+        retired_by=r[22],
+        pass_id=r[23],
+        extraction_status=r[24],
+        extraction_tries=r[25],
+        write_mode=r[26],
+    )
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
+
+
+def _filters(
+    reach: Reach,
+    layers: Iterable[str] = (),
+    include_superseded: bool = True,
+    exclude_layers: Iterable[str] = (),
+) -> tuple[list[str], list[Any]]:
+    """SQL conditions on alias `m` (the memories table) and their parameters."""
+    where: list[str] = []
+    params: list[Any] = []
+    if reach.user_ids is not None:
+        where.append(f"m.user_id IN ({','.join('?' * len(reach.user_ids))})")
+        params.extend(reach.user_ids)
+    if reach.agent_id:
+        where.append("m.agent_id = ?")
+        params.append(reach.agent_id)
+    layers = list(layers)
+    exclude = list(exclude_layers)
+    if layers:
+        where.append(f"m.layer IN ({','.join('?' * len(layers))})")
+        params.extend(layers)
+    elif exclude:
+        where.append(f"m.layer NOT IN ({','.join('?' * len(exclude))})")
+        params.extend(exclude)
+    if not include_superseded:
+        where.append("m.status = ?")
+        params.append(ACTIVE)
+    return where, params
+
+
+def _where(conditions: list[str]) -> str:
+    return ("WHERE " + " AND ".join(conditions)) if conditions else ""
+
+
+class Tx:
+    """Writes inside one open transaction of the writer connection."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def get(self, memory_id: str) -> MemoryRow | None:
+        """The row as this transaction sees it."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,)
+        )
+        return _row(next(iter(rows))) if rows else None
+
+    async def insert(self, row: MemoryRow, vector: np.ndarray) -> int:
+        """Adds a row and its vector; returns the vector's key."""
+        await self._conn.execute(
+            f"INSERT INTO memories ({_COLUMNS}) VALUES ({','.join('?' * 27)})",
+            (
+                row.id, row.user_id, row.agent_id, row.session_id, row.layer, row.content,
+                row.label, row.count, row.hits, json.dumps(list(row.source_ids)),
+                row.metadata_json, row.model_id, row.created_at, row.updated_at, row.event_at,
+                row.valid_to, row.due_at, row.status, row.invalid_at, row.superseded_by,
+                row.superseded_how, row.drop_reason, row.retired_by, row.pass_id,
+                row.extraction_status, row.extraction_tries, row.write_mode,
+            ),
+        )
+        return await self._put_vector(row.id, row.model_id, vector)
+
+    async def _put_vector(self, memory_id: str, model_id: str, vector: np.ndarray) -> int:
+        cursor = await self._conn.execute(
+            "INSERT INTO vectors (memory_id, model_id, vector) VALUES (?, ?, ?)",
+            (memory_id, model_id, _blob(vector)),
+        )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    async def update(self, memory_id: str, fields: dict[str, Any]) -> None:
+        """Sets the given columns of one row."""
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        if not fields:
+            return
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        await self._conn.execute(
+            f"UPDATE memories SET {assignments} WHERE id = ?", (*fields.values(), memory_id)
+        )
+
+    async def replace_vector(
+        self, memory_id: str, model_id: str, vector: np.ndarray
+    ) -> tuple[int | None, int]:
+        """Gives a row a new vector under a new key; returns (old key, new key)."""
+        old = await self.vector_key(memory_id)
+        await self._conn.execute("DELETE FROM vectors WHERE memory_id = ?", (memory_id,))
+        return old, await self._put_vector(memory_id, model_id, vector)
+
+    async def vector_key(self, memory_id: str) -> int | None:
+        """The key of a row's vector, if it has one."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT key FROM vectors WHERE memory_id = ?", (memory_id,)
+        )
+        return next(iter(rows))[0] if rows else None
+
+    async def delete(self, memory_id: str) -> int | None:
+        """Erases a row (its vector and keyword entry go with it); returns the vector's key."""
+        key = await self.vector_key(memory_id)
+        await self._conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+        return key
+
+    async def rows_in(self, reach: Reach, layers: Sequence[str]) -> list[MemoryRow]:
+        """Every row (live or retired) inside a reach and layers."""
+        where, params = _filters(reach, layers)
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} ORDER BY m.seq", params
+        )
+        return [_row(r) for r in rows]
+
+    async def audit(
+        self,
+        *,
+        actor: str,
+        action: str,
+        row: MemoryRow,
+        before: MemoryRow | None,
+        after: MemoryRow | None,
+        reason: str,
+        at: float,
+    ) -> None:
+        """Records one mutation with the row's owner, so history outlives a delete."""
+        await self._conn.execute(
+            "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
+            "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                at, actor, action, row.id, row.user_id, row.agent_id,
+                row_json(before), row_json(after), reason,
+            ),
+        )
+
+
+def row_json(row: MemoryRow | None) -> str:
+    """A row as a JSON object ("" for none), the shape audit entries keep."""
+    if row is None:
+        return ""
+    data = {name: getattr(row, name) for name in row.__dataclass_fields__}
+    data["source_ids"] = list(row.source_ids)
+    data["metadata"] = json.loads(data.pop("metadata_json") or "{}")
+    return json.dumps(data, ensure_ascii=False, sort_keys=True)
+
+
+class Repo:
+    """The store's SQLite database: a writer connection and a reader connection."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+
+    async def __aenter__(self) -> Repo:
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = await self._connect()
+        await self._writer.execute("PRAGMA journal_mode = WAL")
+        await self._writer.executescript(_SCHEMA)
+        await self._check_version()
+        # Reads go to their own connection so they never see a half-done Apply.
+        self._reader = await self._connect()
+        await self._reader.execute("PRAGMA query_only = ON")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes both connections; closing twice is harmless."""
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await conn.close()
+        self._reader = self._writer = None
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.db_path, isolation_level=None)
+        # FULL: a commit is on disk before Apply answers, so kill -9 loses nothing acknowledged.
+        await conn.execute("PRAGMA synchronous = FULL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+        await conn.execute("PRAGMA busy_timeout = 10000")
+        return conn
+
+    async def _check_version(self) -> None:
+        rows = list(await self.writer.execute_fetchall("SELECT max(version) FROM schema_version"))
+        version = rows[0][0]
+        if version is None:
+            await self.writer.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (SCHEMA_VERSION, time.time()),
+            )
+        elif version > SCHEMA_VERSION:
+            raise ConfigError(
+                f"{self.db_path} has schema version {version}; this build knows up to "
+                f"{SCHEMA_VERSION}"
+            )
+
+    @property
+    def writer(self) -> aiosqlite.Connection:
+        """The connection all writes go through."""
+        if self._writer is None:
+            raise RuntimeError("repo is closed")
+        return self._writer
+
+    @property
+    def reader(self) -> aiosqlite.Connection:
+        """The connection reads go through (it sees committed data only)."""
+        if self._reader is None:
+            raise RuntimeError("repo is closed")
+        return self._reader
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """One write transaction: committed if the block succeeds, rolled back otherwise."""
+        await self.writer.execute("BEGIN IMMEDIATE")
+        try:
+            yield Tx(self.writer)
+        except BaseException:
+            await self.writer.execute("ROLLBACK")
+            raise
+        await self.writer.execute("COMMIT")
+
+    async def get_meta(self, key: str) -> str | None:
+        """A value of the store_meta table."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT value FROM store_meta WHERE key = ?", (key,)
+        )
+        return next(iter(rows))[0] if rows else None
+
+    async def set_meta(self, key: str, value: str) -> None:
+        """Sets a value of the store_meta table."""
+        await self.writer.execute(
+            "INSERT INTO store_meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    async def vector_models(self) -> dict[str, int]:
+        """How many vectors each embedding model made."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT model_id, count(*) FROM vectors GROUP BY model_id"
+        )
+        return {r[0]: r[1] for r in rows}
+
+    async def get(self, memory_id: str) -> MemoryRow | None:
+        """One row by id, whoever owns it (callers check the scope)."""
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,)
+        )
+        return _row(next(iter(rows))) if rows else None
+
+    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
+        """A page of rows inside a reach, and how many rows match in all."""
+        where, params = _filters(
+            reach, query.layers, query.include_superseded, query.exclude_layers
+        )
+        if query.session_id:
+            where.append("m.session_id = ?")
+            params.append(query.session_id)
+        if query.extraction_status:
+            where.append("m.extraction_status = ?")
+            params.append(query.extraction_status)
+        if query.created_after is not None:
+            where.append("m.created_at > ?")
+            params.append(query.created_after)
+        if query.created_before is not None:
+            where.append("m.created_at < ?")
+            params.append(query.created_before)
+        order = "DESC" if query.newest_first else "ASC"
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
+            f"ORDER BY m.created_at {order}, m.seq {order} LIMIT ? OFFSET ?",
+            (*params, query.limit, query.offset),
+        )
+        total_rows = await self.reader.execute_fetchall(
+            f"SELECT count(*) FROM memories m {_where(where)}", params
+        )
+        return [_row(r) for r in rows], next(iter(total_rows))[0]
+
+    async def keyword_search(
+        self,
+        terms: Sequence[str],
+        required: int,
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        k: int,
+    ) -> list[tuple[MemoryRow, float, int]]:
+        """Rows matching at least `required` of the terms, best bm25 first, with match counts."""
+        matched: Counter[int] = Counter()
+        for term in terms:
+            rows = await self.reader.execute_fetchall(
+                "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?", (_phrase(term),)
+            )
+            matched.update(r[0] for r in rows)
+        qualified = [seq for seq, n in matched.items() if n >= required]
+        if not qualified:
+            return []
+        where, params = _filters(reach, layers, include_superseded)
+        where.append("memories_fts MATCH ?")
+        params.append(" OR ".join(_phrase(t) for t in terms))
+        where.append("m.seq IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps(qualified))
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_M_COLUMNS}, bm25(memories_fts), m.seq FROM memories_fts "
+            f"JOIN memories m ON m.seq = memories_fts.rowid {_where(where)} "
+            "ORDER BY bm25(memories_fts) LIMIT ?",
+            (*params, k),
+        )
+        # bm25 is lower-is-better; callers get higher-is-better.
+        return [(_row(r), -float(r[27]), matched[r[28]]) for r in rows]
+
+    async def rows_for_keys(
+        self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
+    ) -> dict[int, MemoryRow]:
+        """The rows behind vector keys, keeping only those inside reach and layers."""
+        if not keys:
+            return {}
+        where, params = _filters(reach, layers, include_superseded)
+        where.append("v.key IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps([int(k) for k in keys]))
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_M_COLUMNS}, v.key FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"{_where(where)}",
+            params,
+        )
+        return {r[27]: _row(r) for r in rows}
+
+    async def keys_in(
+        self, reach: Reach, layers: Sequence[str], include_superseded: bool
+    ) -> list[int]:
+        """Every vector key of the rows inside reach and layers."""
+        where, params = _filters(reach, layers, include_superseded)
+        rows = await self.reader.execute_fetchall(
+            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
+            params,
+        )
+        return [r[0] for r in rows]
+
+    async def vector_keys_by_user(self) -> dict[str, set[int]]:
+        """Every vector key, grouped by the owning user."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT m.user_id, v.key FROM vectors v JOIN memories m ON m.id = v.memory_id"
+        )
+        keys: dict[str, set[int]] = {}
+        for user_id, key in rows:
+            keys.setdefault(user_id, set()).add(key)
+        return keys
+
+    async def vectors_for_keys(self, keys: Sequence[int], ndim: int) -> np.ndarray:
+        """The stored vectors of keys, in the order given."""
+        found: dict[int, np.ndarray] = {}
+        for start in range(0, len(keys), 5000):
+            chunk = [int(k) for k in keys[start : start + 5000]]
+            rows = await self.reader.execute_fetchall(
+                "SELECT key, vector FROM vectors WHERE key IN (SELECT value FROM json_each(?))",
+                (json.dumps(chunk),),
+            )
+            for key, blob in rows:
+                found[key] = np.frombuffer(blob, dtype="<f4")
+        matrix = np.zeros((len(keys), ndim), dtype=np.float32)
+        for i, key in enumerate(keys):
+            matrix[i] = found[int(key)]
+        return matrix
+
+    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
+        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
+        where, params = _filters(reach)
+        rows = await self.reader.execute_fetchall(
+            f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
+            "GROUP BY m.layer, m.status",
+            params,
+        )
+        live: dict[str, int] = {}
+        retired = 0
+        for layer, status, n in rows:
+            if status == RETIRED:
+                retired += n
+            else:
+                live[layer] = live.get(layer, 0) + n
+        unextracted_where = [
+            *where,
+            "m.layer = 'l2_raw'",
+            "m.status = 'active'",
+            "m.extraction_status IN ('pending', 'failed')",
+        ]
+        unextracted = await self.reader.execute_fetchall(
+            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", params
+        )
+        vectors = await self.reader.execute_fetchall(
+            f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"{_where(where)}",
+            params,
+        )
+        return live, retired, next(iter(unextracted))[0], next(iter(vectors))[0]
+
+    def db_bytes(self) -> int:
+        """The size of the database with its WAL."""
+        total = 0
+        for suffix in ("", "-wal"):
+            path = self.db_path.with_name(self.db_path.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
+
+    async def history(self, memory_id: str) -> list[tuple[AuditEntry, str, str]]:
+        """The audit entries of one row, oldest first, each with the owner it was recorded under."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason, "
+            "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
+            (memory_id,),
+        )
+        return [(AuditEntry(*r[:8]), r[8], r[9]) for r in rows]
+
+
+def _phrase(term: str) -> str:
+    # A double-quoted FTS5 string is a phrase: its content is never parsed as query syntax.
+    return '"' + term.replace('"', '""') + '"'

@@ -1,0 +1,65 @@
+"""Starts and stops the store: embedder channel, database, vector indexes, gRPC server."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.store.config import StoreConfig
+from services.store.servicer import StoreServicer
+from services.store.store import Store, open_store
+from shared.clients import EmbedderClient
+from shared.pb import store_pb2, store_pb2_grpc
+from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.runtime import until_stopped
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
+    """The domain store, connected to the embedder, with its indexes loaded."""
+    async with contextlib.AsyncExitStack() as stack:
+        channel = open_channel(config.embedder_address)
+        stack.push_async_callback(channel.close)
+        await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
+        embedder = EmbedderClient(channel)
+        info = await embedder.describe()
+        aliases = Settings(user_aliases=config.user_aliases)
+        store = await stack.enter_async_context(
+            open_store(
+                config.data_dir,
+                embedder,
+                info.model_id,
+                info.ndim,
+                aliases.alias_group,
+                config.save_every_s,
+                config.exact_search_up_to,
+            )
+        )
+        yield store
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: StoreConfig) -> AsyncIterator[str]:
+    """Serves the Store service; yields the bound address. Indexes are saved on exit."""
+    async with running_store(config) as store:
+        servicer = StoreServicer(store)
+
+        def register(server: grpc.aio.Server) -> list[str]:
+            store_pb2_grpc.add_StoreServicer_to_server(servicer, server)
+            return [store_pb2.DESCRIPTOR.services_by_name["Store"].full_name]
+
+        async with running_grpc_server(config.address, register) as (_, bound):
+            yield bound
+
+
+async def main() -> None:
+    """Runs the store until SIGTERM or SIGINT."""
+    config = StoreConfig.from_env()
+    async with running_server(config):
+        await until_stopped()

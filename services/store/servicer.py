@@ -1,0 +1,260 @@
+"""The Store gRPC servicer: proto messages to domain calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from services.store.model import (
+    Delete,
+    Insert,
+    ListQuery,
+    MemoryRow,
+    Op,
+    Reach,
+    Restore,
+    Retire,
+    Scored,
+    Update,
+)
+from services.store.store import Store
+from shared.errors import InvalidArgument
+from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import grpc_errors
+
+
+def _layers(values: Iterable[int]) -> tuple[str, ...]:
+    names = []
+    for value in values:
+        if value not in LAYER_NAMES:
+            raise InvalidArgument(f"unknown layer {value}: expected L1_PROFILE..L8_ENTITY")
+        names.append(LAYER_NAMES[value])
+    return tuple(names)
+
+
+def _optional(message: object, name: str) -> float | None:
+    return getattr(message, name) if message.HasField(name) else None  # type: ignore[attr-defined]
+
+
+def memory_message(row: MemoryRow) -> common_pb2.Memory:
+    """A stored row as the proto Memory."""
+    message = common_pb2.Memory(
+        id=row.id,
+        owner=common_pb2.Owner(
+            user_id=row.user_id, agent_id=row.agent_id, session_id=row.session_id
+        ),
+        layer=LAYERS_BY_NAME[row.layer],  # type: ignore[arg-type]
+        content=row.content,
+        label=row.label,
+        count=row.count,
+        hits=row.hits,
+        source_ids=list(row.source_ids),
+        metadata_json=row.metadata_json,
+        model_id=row.model_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        status=row.status,
+        superseded_by=row.superseded_by,
+        superseded_how=row.superseded_how,
+        drop_reason=row.drop_reason,
+        retired_by=row.retired_by,
+        pass_id=row.pass_id,
+        extraction_status=row.extraction_status,
+        extraction_tries=row.extraction_tries,
+        write_mode=row.write_mode,
+    )
+    for name in ("event_at", "valid_to", "due_at", "invalid_at"):
+        value = getattr(row, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def _scored(hit: Scored) -> common_pb2.ScoredMemory:
+    return common_pb2.ScoredMemory(memory=memory_message(hit.memory), score=hit.score)
+
+
+def _op(index: int, message: store_pb2.Op) -> Op:
+    kind = message.WhichOneof("op")
+    if kind == "insert":
+        new = message.insert
+        return Insert(
+            user_id=new.owner.user_id,
+            agent_id=new.owner.agent_id,
+            session_id=new.owner.session_id,
+            layer=LAYER_NAMES.get(new.layer, ""),
+            content=new.content,
+            label=new.label,
+            source_ids=tuple(new.source_ids),
+            metadata_json=new.metadata_json,
+            event_at=_optional(new, "event_at"),
+            valid_to=_optional(new, "valid_to"),
+            due_at=_optional(new, "due_at"),
+            count=new.count,
+            extraction_status=new.extraction_status,
+            write_mode=new.write_mode,
+            pass_id=new.pass_id,
+            ref=new.ref,
+        )
+    if kind == "retire":
+        r = message.retire
+        return Retire(r.id, r.superseded_how, r.superseded_by, r.drop_reason, r.pass_id)
+    if kind == "restore":
+        return Restore(message.restore.id)
+    if kind == "delete":
+        return Delete(message.delete.id)
+    if kind == "update":
+        u = message.update
+        return Update(
+            id=u.id,
+            **{
+                name: getattr(u, name)
+                for name in (
+                    "content", "extraction_status", "extraction_tries", "count", "hits",
+                    "metadata_json", "event_at", "valid_to", "due_at", "label",
+                )
+                if u.HasField(name)
+            },
+        )
+    raise InvalidArgument(f"op {index}: no operation set")
+
+
+class StoreServicer(store_pb2_grpc.StoreServicer):
+    """Serves the Store contract over a domain Store."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def _reach(self, scope: common_pb2.Scope) -> Reach:
+        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users)
+
+    @grpc_errors
+    async def Apply(
+        self, request: store_pb2.ApplyRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ApplyResponse:
+        reach = self._reach(request.scope)
+        ops = [_op(i, op) for i, op in enumerate(request.ops)]
+        rows = await self._store.apply(reach, ops, request.actor, request.reason)
+        return store_pb2.ApplyResponse(
+            memories=[memory_message(r) if r is not None else common_pb2.Memory() for r in rows]
+        )
+
+    @grpc_errors
+    async def GetMemory(
+        self, request: store_pb2.GetMemoryRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.GetMemoryResponse:
+        row = await self._store.get(self._reach(request.scope), request.id)
+        return store_pb2.GetMemoryResponse(memory=memory_message(row))
+
+    @grpc_errors
+    async def ListMemories(
+        self, request: store_pb2.ListMemoriesRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ListMemoriesResponse:
+        if request.order not in ("", "newest", "oldest"):
+            raise InvalidArgument(f"order {request.order!r} is not one of newest, oldest")
+        query = ListQuery(
+            layers=_layers(request.layers),
+            exclude_layers=_layers(request.exclude_layers),
+            include_superseded=request.include_superseded,
+            session_id=request.session_id,
+            extraction_status=request.extraction_status,
+            created_after=_optional(request, "created_after"),
+            created_before=_optional(request, "created_before"),
+            newest_first=request.order != "oldest",
+            limit=request.limit,
+            offset=request.offset,
+        )
+        rows, total = await self._store.list_rows(self._reach(request.scope), query)
+        return store_pb2.ListMemoriesResponse(
+            memories=[memory_message(r) for r in rows], total=total
+        )
+
+    @grpc_errors
+    async def VectorSearch(
+        self, request: store_pb2.VectorSearchRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.VectorSearchResponse:
+        hits = await self._store.vector_search(
+            self._reach(request.scope),
+            request.vector,
+            request.model_id,
+            _layers(request.layers),
+            request.k,
+            request.min_score,
+            request.include_superseded,
+        )
+        return store_pb2.VectorSearchResponse(hits=[_scored(hit) for hit in hits])
+
+    @grpc_errors
+    async def KeywordSearch(
+        self, request: store_pb2.KeywordSearchRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.KeywordSearchResponse:
+        result = await self._store.keyword_search(
+            self._reach(request.scope),
+            request.query,
+            _layers(request.layers),
+            request.k,
+            request.include_superseded,
+        )
+        return store_pb2.KeywordSearchResponse(
+            hits=[
+                store_pb2.KeywordHit(hit=_scored(hit), matched_terms=hit.matched_terms)
+                for hit in result.hits
+            ],
+            terms=result.terms,
+            required_terms=result.required_terms,
+        )
+
+    @grpc_errors
+    async def DeleteMemories(
+        self, request: store_pb2.DeleteMemoriesRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.DeleteMemoriesResponse:
+        deleted = await self._store.delete_many(
+            self._reach(request.scope), _layers(request.layers), request.actor
+        )
+        return store_pb2.DeleteMemoriesResponse(deleted=deleted)
+
+    @grpc_errors
+    async def GetStats(
+        self, request: store_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.GetStatsResponse:
+        stats = await self._store.stats(self._reach(request.scope))
+        return store_pb2.GetStatsResponse(
+            layers=stats.layers,
+            total=stats.total,
+            unextracted=stats.unextracted,
+            retired=stats.retired,
+            db_bytes=stats.db_bytes,
+            vectors=stats.vectors,
+            model_id=stats.model_id,
+            ndim=stats.ndim,
+            data_dir=stats.data_dir,
+        )
+
+    @grpc_errors
+    async def GetHistory(
+        self, request: store_pb2.GetHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.GetHistoryResponse:
+        entries = await self._store.history(self._reach(request.scope), request.id)
+        return store_pb2.GetHistoryResponse(
+            entries=[
+                store_pb2.AuditEntry(
+                    seq=e.seq,
+                    at=e.at,
+                    actor=e.actor,
+                    action=e.action,
+                    memory_id=e.memory_id,
+                    before_json=e.before_json,
+                    after_json=e.after_json,
+                    reason=e.reason,
+                )
+                for e in entries
+            ]
+        )
+
+    @grpc_errors
+    async def Flush(
+        self, request: store_pb2.FlushRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.FlushResponse:
+        return store_pb2.FlushResponse(vectors=await self._store.flush())

@@ -1,0 +1,601 @@
+"""The store's rules: scoping, validation, transactional changes and searches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.store.index import IndexChanges, VectorIndexes
+from services.store.keywords import query_terms, required_terms
+from services.store.model import (
+    ACTIVE,
+    LAYERS,
+    RETIRED,
+    SUPERSEDED_HOW,
+    AuditEntry,
+    Delete,
+    Insert,
+    KeywordResult,
+    ListQuery,
+    MemoryRow,
+    Op,
+    Reach,
+    Restore,
+    Retire,
+    Scored,
+    Stats,
+    Update,
+)
+from services.store.repo import Repo, Tx
+from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 1000
+# Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
+# cannot miss a row that near-duplicates crowd out of the graph.
+EXACT_UP_TO = 20_000
+# An approximate search fetches this many times k before filtering by scope, layer and status.
+OVERSAMPLE = 8
+ACTORS_DEFAULT = "api"
+
+
+class Embedder(Protocol):
+    """What the store needs from the embedder service."""
+
+    async def embed(
+        self, texts: Sequence[str], *, is_query: bool = False
+    ) -> tuple[np.ndarray, str]: ...
+
+
+@dataclass(frozen=True)
+class VectorModel:
+    """The embedding model the store's vectors come from, and why searching may be refused."""
+
+    model_id: str
+    ndim: int
+    mismatch: str = ""
+
+
+def _metadata(text: str, where: str) -> str:
+    if not text.strip():
+        return "{}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{where}: metadata_json is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{where}: metadata_json must be a JSON object")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _page(limit: int, what: str = "limit") -> int:
+    if limit < 0:
+        raise InvalidArgument(f"{what} must not be negative")
+    return min(limit or DEFAULT_LIMIT, MAX_LIMIT)
+
+
+def _check_layers(layers: Sequence[str]) -> None:
+    for layer in layers:
+        if layer not in LAYERS:
+            raise InvalidArgument(f"unknown layer {layer!r}")
+
+
+class Store:
+    """Every operation of the Store service, with no transport in sight."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        indexes: VectorIndexes | None,
+        embedder: Embedder,
+        model: VectorModel,
+        alias_group: Callable[[str], tuple[str, ...]],
+        data_dir: Path,
+        exact_up_to: int = EXACT_UP_TO,
+    ) -> None:
+        self._repo = repo
+        self._exact_up_to = exact_up_to
+        self._indexes = indexes
+        self._embedder = embedder
+        self.model = model
+        self._alias_group = alias_group
+        self._data_dir = data_dir
+        self._write_lock = asyncio.Lock()
+
+    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
+        if all_users:
+            return Reach(None, agent_id)
+        if not user_id:
+            raise InvalidArgument("scope.user_id is required (or scope.all_users)")
+        return Reach(self._alias_group(user_id), agent_id)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def apply(
+        self, reach: Reach, ops: Sequence[Op], actor: str = "", reason: str = ""
+    ) -> list[MemoryRow | None]:
+        """Applies ops in one transaction: every one of them, or none (None for a delete)."""
+        actor = actor or ACTORS_DEFAULT
+        ops = self._validated(reach, ops)
+        ids = {i: str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
+        ops = self._resolved(ops, ids)
+        texts = [
+            op.content
+            for op in ops
+            if isinstance(op, Insert | Update) and op.content is not None
+        ]
+        vectors = await self._embed(texts) if texts else np.zeros((0, self.model.ndim))
+        changes = IndexChanges()
+        results: list[MemoryRow | None] = []
+        async with self._write_lock:
+            now = time.time()
+            next_vector = iter(vectors)
+            async with self._repo.transaction() as tx:
+                for i, op in enumerate(ops):
+                    where = f"op {i}"
+                    if isinstance(op, Insert):
+                        row = self._new_row(ids[i], op, now)
+                        vector = next(next_vector)
+                        key = await tx.insert(row, vector)
+                        changes.add(row.user_id, key, vector)
+                        await tx.audit(
+                            actor=actor, action="insert", row=row, before=None, after=row,
+                            reason=reason, at=now,
+                        )
+                        results.append(row)
+                        continue
+                    before = await self._target(tx, reach, op.id)
+                    if isinstance(op, Delete):
+                        changes.remove(before.user_id, await tx.delete(op.id))
+                        await tx.audit(
+                            actor=actor, action="delete", row=before, before=before, after=None,
+                            reason=reason, at=now,
+                        )
+                        results.append(None)
+                        continue
+                    fields: dict[str, Any] = {"updated_at": now}
+                    if isinstance(op, Retire):
+                        action = "retire"
+                        if op.superseded_by:
+                            if op.superseded_by == op.id:
+                                raise InvalidArgument(f"{where}: a memory cannot supersede itself")
+                            await self._target(tx, reach, op.superseded_by)
+                        fields.update(
+                            status=RETIRED,
+                            invalid_at=now,
+                            superseded_by=op.superseded_by,
+                            superseded_how=op.superseded_how,
+                            drop_reason=op.drop_reason,
+                            retired_by=actor,
+                        )
+                        if op.pass_id:
+                            fields["pass_id"] = op.pass_id
+                    elif isinstance(op, Restore):
+                        action = "restore"
+                        fields.update(
+                            status=ACTIVE,
+                            invalid_at=None,
+                            superseded_by="",
+                            superseded_how="",
+                            drop_reason="",
+                            retired_by="",
+                        )
+                    else:
+                        action = "update"
+                        fields.update(self._update_fields(op))
+                        if op.content is not None:
+                            vector = next(next_vector)
+                            fields["model_id"] = self.model.model_id
+                            old, new = await tx.replace_vector(
+                                op.id, self.model.model_id, vector
+                            )
+                            changes.remove(before.user_id, old)
+                            changes.add(before.user_id, new, vector)
+                    await tx.update(op.id, fields)
+                    after = await tx.get(op.id)
+                    await tx.audit(
+                        actor=actor, action=action, row=before, before=before, after=after,
+                        reason=reason, at=now,
+                    )
+                    results.append(after)
+            if self._indexes is not None:
+                await self._indexes.apply(changes)
+        return results
+
+    def _validated(self, reach: Reach, ops: Sequence[Op]) -> list[Op]:
+        refs: set[str] = set()
+        checked: list[Op] = []
+        for i, op in enumerate(ops):
+            where = f"op {i}"
+            if isinstance(op, Insert):
+                if not op.user_id:
+                    raise InvalidArgument(f"{where}: insert needs owner.user_id")
+                if op.layer not in LAYERS:
+                    raise InvalidArgument(f"{where}: insert needs a layer (l1_profile..l8_entity)")
+                if not op.content.strip():
+                    raise InvalidArgument(f"{where}: insert needs non-empty content")
+                if not reach.contains(op.user_id, op.agent_id):
+                    raise PermissionDenied(
+                        f"{where}: owner {op.user_id!r} is outside the request scope"
+                    )
+                if op.ref:
+                    if op.ref in refs:
+                        raise InvalidArgument(f"{where}: ref {op.ref!r} is used twice")
+                    refs.add(op.ref)
+                op = replace(op, metadata_json=_metadata(op.metadata_json, where))
+            elif not op.id:
+                raise InvalidArgument(f"{where}: id is required")
+            elif isinstance(op, Retire):
+                if op.superseded_how and op.superseded_how not in SUPERSEDED_HOW:
+                    raise InvalidArgument(
+                        f"{where}: superseded_how {op.superseded_how!r} is not one of "
+                        + ", ".join(SUPERSEDED_HOW)
+                    )
+            elif isinstance(op, Update):
+                if op.content is not None and not op.content.strip():
+                    raise InvalidArgument(f"{where}: content cannot be emptied")
+                if op.metadata_json is not None:
+                    op = replace(op, metadata_json=_metadata(op.metadata_json, where))
+            checked.append(op)
+        return checked
+
+    @staticmethod
+    def _resolved(ops: list[Op], ids: dict[int, str]) -> list[Op]:
+        """Replaces "$ref" names with the ids of inserts made earlier in the same Apply."""
+        known: dict[str, str] = {}
+
+        def resolve(value: str, where: str) -> str:
+            if not value.startswith("$"):
+                return value
+            if value[1:] not in known:
+                raise InvalidArgument(f"{where}: {value!r} names no earlier insert of this Apply")
+            return known[value[1:]]
+
+        out: list[Op] = []
+        for i, op in enumerate(ops):
+            where = f"op {i}"
+            if isinstance(op, Insert):
+                if op.ref:
+                    known[op.ref] = ids[i]
+            elif isinstance(op, Retire):
+                op = replace(
+                    op,
+                    id=resolve(op.id, where),
+                    superseded_by=resolve(op.superseded_by, where),
+                )
+            else:
+                op = replace(op, id=resolve(op.id, where))
+            out.append(op)
+        return out
+
+    async def _target(self, tx: Tx, reach: Reach, memory_id: str) -> MemoryRow:
+        row = await tx.get(memory_id)
+        if row is None or not reach.contains(row.user_id, row.agent_id):
+            raise NotFound(f"memory {memory_id!r} not found")
+        return row
+
+    def _new_row(self, memory_id: str, op: Insert, now: float) -> MemoryRow:
+        return MemoryRow(
+            id=memory_id,
+            user_id=op.user_id,
+            agent_id=op.agent_id,
+            session_id=op.session_id,
+            layer=op.layer,
+            content=op.content,
+            label=op.label,
+            count=op.count,
+            source_ids=op.source_ids,
+            metadata_json=op.metadata_json,
+            model_id=self.model.model_id,
+            created_at=now,
+            updated_at=now,
+            event_at=op.event_at,
+            valid_to=op.valid_to,
+            due_at=op.due_at,
+            extraction_status=op.extraction_status,
+            write_mode=op.write_mode,
+            pass_id=op.pass_id,
+        )
+
+    @staticmethod
+    def _update_fields(op: Update) -> dict[str, Any]:
+        fields = {
+            "content": op.content,
+            "extraction_status": op.extraction_status,
+            "extraction_tries": op.extraction_tries,
+            "count": op.count,
+            "hits": op.hits,
+            "metadata": op.metadata_json,
+            "event_at": op.event_at,
+            "valid_to": op.valid_to,
+            "due_at": op.due_at,
+            "label": op.label,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+    async def _embed(self, texts: list[str]) -> np.ndarray:
+        if self.model.mismatch:
+            raise Conflict(self.model.mismatch)
+        vectors, model_id = await self._embedder.embed(texts)
+        if model_id != self.model.model_id:
+            raise Conflict(
+                f"the embedder now runs {model_id!r} but the store holds "
+                f"{self.model.model_id!r} vectors; restart the store to re-check"
+            )
+        return vectors
+
+    async def delete_many(self, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
+        """Erases every row (live or retired) inside a reach and layers; returns how many."""
+        _check_layers(layers)
+        actor = actor or ACTORS_DEFAULT
+        changes = IndexChanges()
+        async with self._write_lock:
+            now = time.time()
+            async with self._repo.transaction() as tx:
+                rows = await tx.rows_in(reach, layers)
+                for row in rows:
+                    changes.remove(row.user_id, await tx.delete(row.id))
+                    await tx.audit(
+                        actor=actor, action="delete", row=row, before=row, after=None,
+                        reason="delete_all", at=now,
+                    )
+            if self._indexes is not None:
+                await self._indexes.apply(changes)
+        return len(rows)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
+        """One row, if the reach owns it."""
+        row = await self._repo.get(memory_id) if memory_id else None
+        if row is None or not reach.contains(row.user_id, row.agent_id):
+            raise NotFound(f"memory {memory_id!r} not found")
+        return row
+
+    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
+        """A page of rows inside the reach, and the total that match."""
+        _check_layers(query.layers)
+        _check_layers(query.exclude_layers)
+        if query.offset < 0:
+            raise InvalidArgument("offset must not be negative")
+        query = replace(query, limit=_page(query.limit))
+        return await self._repo.list_rows(reach, query)
+
+    async def keyword_search(
+        self,
+        reach: Reach,
+        query: str,
+        layers: Sequence[str] = (),
+        k: int = 0,
+        include_superseded: bool = False,
+    ) -> KeywordResult:
+        """Rows containing enough of the query's terms, best bm25 first."""
+        _check_layers(layers)
+        terms = query_terms(query)
+        required = required_terms(len(terms))
+        if not terms:
+            return KeywordResult([], [], 0)
+        found = await self._repo.keyword_search(
+            terms, required, reach, layers, include_superseded, _page(k, "k")
+        )
+        hits = [Scored(row, score, matched) for row, score, matched in found]
+        return KeywordResult(hits, terms, required)
+
+    async def vector_search(
+        self,
+        reach: Reach,
+        vector: Sequence[float],
+        model_id: str,
+        layers: Sequence[str] = (),
+        k: int = 0,
+        min_score: float = 0.0,
+        include_superseded: bool = False,
+    ) -> list[Scored]:
+        """The k rows in reach most similar to vector (cosine), none below min_score."""
+        if self.model.mismatch:
+            raise Conflict(self.model.mismatch)
+        if model_id != self.model.model_id:
+            raise Conflict(
+                f"the query vector comes from model {model_id!r} but the store holds "
+                f"{self.model.model_id!r} vectors"
+            )
+        _check_layers(layers)
+        query = np.asarray(vector, dtype=np.float32)
+        if query.shape != (self.model.ndim,):
+            raise InvalidArgument(
+                f"vector has {query.size} dimensions; the store's model has {self.model.ndim}"
+            )
+        norm = float(np.linalg.norm(query))
+        if norm == 0.0 or not np.isfinite(norm):
+            raise InvalidArgument("vector must be finite and non-zero")
+        query = query / norm
+        k = _page(k, "k")
+        # 0 means no floor at all, negative cosines included.
+        min_score = min_score if min_score > 0 else -np.inf
+        assert self._indexes is not None
+        users = reach.user_ids if reach.user_ids is not None else self._indexes.users()
+        hits: list[Scored] = []
+        for user_id in users:
+            one = Reach((user_id,), reach.agent_id)
+            hits.extend(
+                await self._search_user(one, query, layers, k, min_score, include_superseded)
+            )
+        hits.sort(key=lambda hit: hit.score, reverse=True)
+        return hits[:k]
+
+    async def _search_user(
+        self,
+        reach: Reach,
+        query: np.ndarray,
+        layers: Sequence[str],
+        k: int,
+        min_score: float,
+        include_superseded: bool,
+    ) -> list[Scored]:
+        assert self._indexes is not None and reach.user_ids is not None
+        user_id = reach.user_ids[0]
+        size = self._indexes.size(user_id)
+        if size == 0:
+            return []
+        count = min(size, max(k * OVERSAMPLE, 64))
+        keys, scores = await self._indexes.search(
+            user_id, query, count, exact=size <= self._exact_up_to
+        )
+        rows = await self._repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
+        hits = [
+            Scored(rows[key], float(score))
+            for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
+            if key in rows and score >= min_score
+        ]
+        # Scope, layer and status filters may leave too few: then score just the rows that pass.
+        exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
+        if len(hits) >= k or exhausted:
+            return hits[:k]
+        return await self._exact(reach, query, layers, k, min_score, include_superseded)
+
+    async def _exact(
+        self,
+        reach: Reach,
+        query: np.ndarray,
+        layers: Sequence[str],
+        k: int,
+        min_score: float,
+        include_superseded: bool,
+    ) -> list[Scored]:
+        assert self._indexes is not None and reach.user_ids is not None
+        candidates = await self._repo.keys_in(reach, layers, include_superseded)
+        keys, matrix = await self._indexes.vectors(reach.user_ids[0], candidates)
+        if not keys:
+            return []
+        norms = np.linalg.norm(matrix, axis=1)
+        norms[norms == 0] = 1.0
+        scores = (matrix @ query) / norms
+        top = np.argsort(-scores)[:k]
+        chosen = [(keys[i], float(scores[i])) for i in top if scores[i] >= min_score]
+        rows = await self._repo.rows_for_keys(
+            [key for key, _ in chosen], reach, layers, include_superseded
+        )
+        return [Scored(rows[key], score) for key, score in chosen if key in rows]
+
+    async def stats(self, reach: Reach) -> Stats:
+        """Row counts in a reach and the store's model."""
+        live, retired, unextracted, vectors = await self._repo.counts(reach)
+        return Stats(
+            layers={layer: live.get(layer, 0) for layer in LAYERS},
+            total=sum(live.values()),
+            unextracted=unextracted,
+            retired=retired,
+            db_bytes=self._repo.db_bytes(),
+            vectors=vectors,
+            model_id=self.model.model_id,
+            ndim=self.model.ndim,
+            data_dir=str(self._data_dir),
+        )
+
+    async def history(self, reach: Reach, memory_id: str) -> list[AuditEntry]:
+        """The audit trail of one row; still there after a delete, for the row's owner."""
+        entries = await self._repo.history(memory_id) if memory_id else []
+        row = await self._repo.get(memory_id) if memory_id else None
+        if row is not None:
+            owned = reach.contains(row.user_id, row.agent_id)
+        else:
+            owned = bool(entries) and reach.contains(entries[-1][1], entries[-1][2])
+        if not owned:
+            raise NotFound(f"memory {memory_id!r} not found")
+        return [entry for entry, _, _ in entries]
+
+    async def flush(self) -> int:
+        """Saves the vector indexes now; returns how many vectors they hold."""
+        if self._indexes is None:
+            return 0
+        return await self._indexes.save()
+
+    async def save_periodically(self, every_s: float) -> None:
+        """Saves changed indexes every every_s seconds, until cancelled."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self._indexes is not None and self._indexes.dirty:
+                try:
+                    count = await self._indexes.save()
+                except Exception:
+                    log.exception("saving the vector indexes failed; will retry")
+                else:
+                    log.info("saved vector indexes (%d vectors)", count)
+
+
+async def _vector_model(repo: Repo, model_id: str, ndim: int) -> VectorModel:
+    """Which model the store is built with; a mismatch with the embedder's refuses searches."""
+    counts = await repo.vector_models()
+    if not counts:
+        await repo.set_meta("model_id", model_id)
+        await repo.set_meta("ndim", str(ndim))
+        return VectorModel(model_id, ndim)
+    built = await repo.get_meta("model_id") or max(counts, key=lambda m: counts[m])
+    built_ndim = int(await repo.get_meta("ndim") or ndim)
+    if len(counts) > 1:
+        log.warning("the store holds vectors of several models: %s", counts)
+    if built != model_id:
+        # TODO: a re-embed command that moves the store over to the embedder's model.
+        return VectorModel(
+            built,
+            built_ndim,
+            mismatch=(
+                f"the store was built with model {built!r} but the embedder runs "
+                f"{model_id!r}; re-embed the store before searching or writing it"
+            ),
+        )
+    return VectorModel(model_id, ndim)
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    data_dir: Path,
+    embedder: Embedder,
+    model_id: str,
+    ndim: int,
+    alias_group: Callable[[str], tuple[str, ...]],
+    save_every_s: float | None = 30.0,
+    exact_up_to: int = EXACT_UP_TO,
+) -> AsyncIterator[Store]:
+    """Opens the database and the vector indexes (catching them up), and saves them on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
+        model = await _vector_model(repo, model_id, ndim)
+        indexes: VectorIndexes | None = None
+        if model.mismatch:
+            log.error("%s", model.mismatch)
+        else:
+            indexes = VectorIndexes(data_dir / "vectors", model.ndim)
+            await indexes.load(
+                await repo.vector_keys_by_user(),
+                lambda keys: repo.vectors_for_keys(keys, model.ndim),
+            )
+            stack.push_async_callback(indexes.save)
+        store = Store(repo, indexes, embedder, model, alias_group, data_dir, exact_up_to)
+        if save_every_s and indexes is not None:
+            saver = asyncio.create_task(store.save_periodically(save_every_s))
+
+            async def stop_saver() -> None:
+                saver.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await saver
+
+            stack.push_async_callback(stop_saver)
+        log.info(
+            "store open at %s: model %s (%d-d), %d vectors indexed",
+            data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,
+        )
+        yield store

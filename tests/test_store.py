@@ -1,0 +1,593 @@
+"""The store service over real gRPC: rows, scopes, audit, keyword and vector search, durability."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from services.store.config import StoreConfig
+from services.store.server import running_server
+from shared.clients import EmbedderClient
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.support import running_stack
+
+L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
+
+
+@contextlib.asynccontextmanager
+async def serving_store(
+    data_dir: Path, embedder_address: str, **options: Any
+) -> AsyncIterator[store_pb2_grpc.StoreStub]:
+    """An in-process store on a unix socket in data_dir, and a stub talking to it."""
+    config = StoreConfig(
+        data_dir=data_dir,
+        address=f"unix:{data_dir / 'store.sock'}",
+        embedder_address=embedder_address,
+        **options,
+    )
+    async with running_server(config) as address, open_channel(address) as channel:
+        yield store_pb2_grpc.StoreStub(channel)
+
+
+@pytest.fixture
+async def store(tmp_path: Path, embedder_address: str) -> AsyncIterator[store_pb2_grpc.StoreStub]:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        yield stub
+
+
+@pytest.fixture
+async def embedder(embedder_address: str) -> AsyncIterator[EmbedderClient]:
+    async with open_channel(embedder_address) as channel:
+        yield EmbedderClient(channel)
+
+
+def scope(user: str = "alice", agent: str = "", all_users: bool = False) -> common_pb2.Scope:
+    return common_pb2.Scope(user_id=user, agent_id=agent, all_users=all_users)
+
+
+def insert(
+    content: str, user: str = "alice", layer: int = L3, agent: str = "", **fields: Any
+) -> store_pb2.Op:
+    owner = common_pb2.Owner(user_id=user, agent_id=agent, session_id=fields.pop("session", ""))
+    return store_pb2.Op(
+        insert=store_pb2.NewMemory(owner=owner, layer=layer, content=content, **fields)
+    )
+
+
+async def apply(
+    stub: store_pb2_grpc.StoreStub, *ops: store_pb2.Op, user: str = "alice", **kw: Any
+) -> list[common_pb2.Memory]:
+    reply = await stub.Apply(store_pb2.ApplyRequest(scope=scope(user), ops=ops, **kw))
+    return list(reply.memories)
+
+
+async def listed(stub: store_pb2_grpc.StoreStub, user: str = "alice", **kw: Any) -> list[str]:
+    reply = await stub.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(user), **kw))
+    return [m.content for m in reply.memories]
+
+
+async def vector_hits(
+    stub: store_pb2_grpc.StoreStub,
+    embedder: EmbedderClient,
+    query: str,
+    user: str = "alice",
+    **kw: Any,
+) -> list[common_pb2.ScoredMemory]:
+    vectors, model_id = await embedder.embed([query], is_query=True)
+    reply = await stub.VectorSearch(
+        store_pb2.VectorSearchRequest(
+            scope=kw.pop("scope", None) or scope(user),
+            vector=vectors[0].tolist(),
+            model_id=kw.pop("model_id", model_id),
+            **kw,
+        )
+    )
+    return list(reply.hits)
+
+
+@contextlib.contextmanager
+def raises_code(code: grpc.StatusCode) -> Iterator[pytest.ExceptionInfo[grpc.aio.AioRpcError]]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        yield info
+    assert info.value.code() == code, info.value.details()
+
+
+async def test_inserted_row_is_listed_got_and_found_by_keyword_and_vector_search(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    (row,) = await apply(
+        store,
+        insert(
+            "Alice adopted a grey cat named Miso",
+            session="s1",
+            label="user_preferences",
+            metadata_json='{"source": "chat"}',
+            source_ids=["raw-1"],
+            event_at=1700000000.0,
+        ),
+        actor="api",
+    )
+    assert row.id and row.status == "active" and row.model_id
+    assert row.owner.session_id == "s1" and row.HasField("event_at")
+    assert json.loads(row.metadata_json) == {"source": "chat"}
+
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    assert got.memory == row
+    assert await listed(store) == ["Alice adopted a grey cat named Miso"]
+
+    keyword = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="What's my cat's name, Miso?")
+    )
+    assert [h.hit.memory.id for h in keyword.hits] == [row.id]
+    assert list(keyword.terms) == ["cat", "name", "miso"]
+
+    hits = await vector_hits(store, embedder, "what pet does alice have")
+    assert [h.memory.id for h in hits] == [row.id]
+    assert 0.3 < hits[0].score <= 1.0001
+
+
+async def test_list_pages_filters_and_orders(store: store_pb2_grpc.StoreStub) -> None:
+    for i in range(5):
+        await apply(store, insert(f"raw turn {i}", layer=L2, session="s1",
+                                  extraction_status="pending" if i % 2 else "done"))
+    await apply(store, insert("a fact", session="s2"), insert("call mom", layer=L7))
+
+    assert await listed(store, limit=2) == ["call mom", "a fact"]
+    assert await listed(store, limit=2, offset=2) == ["raw turn 4", "raw turn 3"]
+    assert await listed(store, limit=2, order="oldest") == ["raw turn 0", "raw turn 1"]
+    reply = await store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(), limit=1))
+    assert reply.total == 7
+    assert await listed(store, layers=[L7, L3]) == ["call mom", "a fact"]
+    assert await listed(store, exclude_layers=[L2]) == ["call mom", "a fact"]
+    assert await listed(store, session_id="s2") == ["a fact"]
+    assert await listed(store, extraction_status="pending", order="oldest") == [
+        "raw turn 1",
+        "raw turn 3",
+    ]
+    rows = (await store.ListMemories(
+        store_pb2.ListMemoriesRequest(scope=scope(), order="oldest", limit=100)
+    )).memories
+    middle = rows[3].created_at
+    assert await listed(store, created_after=middle, order="oldest", limit=100) == [
+        r.content for r in rows if r.created_at > middle
+    ]
+    assert await listed(store, created_before=middle, order="oldest", limit=100) == [
+        r.content for r in rows if r.created_at < middle
+    ]
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await listed(store, order="sideways")
+
+
+async def test_a_bad_op_in_the_middle_of_apply_leaves_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (kept,) = await apply(store, insert("kept fact"))
+    bad_ops = [
+        (grpc.StatusCode.NOT_FOUND, store_pb2.Op(retire=store_pb2.RetireOp(id="no-such-id"))),
+        (grpc.StatusCode.INVALID_ARGUMENT, insert("   ")),
+        (grpc.StatusCode.INVALID_ARGUMENT, insert("no layer", layer=common_pb2.LAYER_UNSPECIFIED)),
+        (grpc.StatusCode.INVALID_ARGUMENT, insert("no owner", user="")),
+        (grpc.StatusCode.INVALID_ARGUMENT, insert("bad json", metadata_json="{nope")),
+        (grpc.StatusCode.INVALID_ARGUMENT, store_pb2.Op()),
+    ]
+    for code, bad in bad_ops:
+        with raises_code(code):
+            await apply(
+                store,
+                insert("first new row"),
+                store_pb2.Op(update=store_pb2.UpdateOp(id=kept.id, content="changed")),
+                bad,
+                insert("last new row"),
+            )
+    assert await listed(store) == ["kept fact"]
+    history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=kept.id))
+    assert [e.action for e in history.entries] == ["insert"]
+
+
+async def test_retire_can_name_a_row_inserted_earlier_in_the_same_apply(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (old,) = await apply(store, insert("Alice lives in Paris"))
+    new, retired = await apply(
+        store,
+        insert("Alice lives in Berlin", ref="move"),
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(
+                id=old.id, superseded_by="$move", superseded_how="updated", pass_id="p1"
+            )
+        ),
+        actor="extractor",
+    )
+    assert retired.superseded_by == new.id
+    assert retired.status == "retired" and retired.superseded_how == "updated"
+    assert retired.retired_by == "extractor" and retired.pass_id == "p1"
+    assert retired.HasField("invalid_at")
+    assert await listed(store) == ["Alice lives in Berlin"]
+    assert set(await listed(store, include_superseded=True)) == {
+        "Alice lives in Berlin",
+        "Alice lives in Paris",
+    }
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await apply(
+            store, store_pb2.Op(retire=store_pb2.RetireOp(id=new.id, superseded_by="$nothing"))
+        )
+
+
+async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_the_row(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (row,) = await apply(store, insert("Bob likes tea"))
+    (retired,) = await apply(
+        store,
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(id=row.id, superseded_how="dropped", drop_reason="stale")
+        ),
+        actor="consolidator",
+        reason="cleanup",
+    )
+    assert retired.drop_reason == "stale" and retired.retired_by == "consolidator"
+    (restored,) = await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=row.id)))
+    assert restored.status == "active" and not restored.HasField("invalid_at")
+    assert (restored.drop_reason, restored.retired_by, restored.superseded_how) == ("", "", "")
+    (updated,) = await apply(
+        store, store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, hits=3, label="taste"))
+    )
+    assert (updated.hits, updated.label, updated.content) == (3, "taste", "Bob likes tea")
+    (deleted,) = await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=row.id)))
+    assert deleted == common_pb2.Memory()
+
+    with raises_code(grpc.StatusCode.NOT_FOUND):
+        await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=row.id))
+    entries = list(history.entries)
+    assert [e.action for e in entries] == ["insert", "retire", "restore", "update", "delete"]
+    assert entries[1].actor == "consolidator" and entries[1].reason == "cleanup"
+    assert json.loads(entries[1].before_json)["status"] == "active"
+    assert json.loads(entries[1].after_json)["status"] == "retired"
+    assert entries[-1].after_json == "" and json.loads(entries[-1].before_json)["hits"] == 3
+    assert [e.seq for e in entries] == sorted(e.seq for e in entries)
+    with raises_code(grpc.StatusCode.NOT_FOUND):
+        await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope("mallory"), id=row.id))
+
+
+async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (old,) = await apply(store, insert("Carol is 30"))
+    new, _ = await apply(
+        store,
+        insert("Carol is 31", ref="n"),
+        store_pb2.Op(retire=store_pb2.RetireOp(id=old.id, superseded_by="$n")),
+    )
+    await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=new.id)))
+    assert await listed(store) == []
+
+
+async def test_another_owners_row_is_not_found_and_stays_unchanged(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (theirs,) = await apply(store, insert("Mallory's secret", user="mallory"), user="mallory")
+    (agent_row,) = await apply(store, insert("agent note", agent="a1"))
+    foreign_ops = [
+        store_pb2.Op(delete=store_pb2.DeleteOp(id=theirs.id)),
+        store_pb2.Op(retire=store_pb2.RetireOp(id=theirs.id)),
+        store_pb2.Op(update=store_pb2.UpdateOp(id=theirs.id, content="pwned")),
+    ]
+    for op in foreign_ops:
+        with raises_code(grpc.StatusCode.NOT_FOUND) as info:
+            await apply(store, insert("mine"), op)
+        assert info.value.details() == f"memory {theirs.id!r} not found"
+    with raises_code(grpc.StatusCode.NOT_FOUND):
+        await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=theirs.id))
+    with raises_code(grpc.StatusCode.PERMISSION_DENIED):
+        await apply(store, insert("planted", user="mallory"))
+    # An agent-scoped call reaches only that agent's rows.
+    with raises_code(grpc.StatusCode.NOT_FOUND):
+        await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope(agent="a2"), id=agent_row.id)
+        )
+    got = await store.GetMemory(
+        store_pb2.GetMemoryRequest(scope=scope(agent="a1"), id=agent_row.id)
+    )
+    assert got.memory.content == "agent note"
+
+    assert await listed(store, user="mallory") == ["Mallory's secret"]
+    assert await listed(store) == ["agent note"]
+
+
+async def test_a_scope_reaches_every_user_of_its_alias_group(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    async with serving_store(
+        tmp_path, embedder_address, user_aliases=(("alice", "alice-discord"),)
+    ) as stub:
+        (a,) = await apply(stub, insert("Alice plays the violin"))
+        (b,) = await apply(
+            stub, insert("Alice sings in a choir", user="alice-discord"), user="alice-discord"
+        )
+        await apply(stub, insert("Bob plays the violin", user="bob"), user="bob")
+
+        assert set(await listed(stub)) == {"Alice plays the violin", "Alice sings in a choir"}
+        assert set(await listed(stub, user="alice-discord")) == set(await listed(stub))
+        await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope("alice-discord"), id=a.id))
+        hits = await vector_hits(stub, embedder, "musical instrument", k=5)
+        assert {h.memory.id for h in hits} <= {a.id, b.id} and a.id in {h.memory.id for h in hits}
+        keyword = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope("alice-discord"), query="violin")
+        )
+        assert [h.hit.memory.id for h in keyword.hits] == [a.id]
+        with raises_code(grpc.StatusCode.NOT_FOUND):
+            await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope("bob"), id=a.id))
+
+
+async def test_keyword_search_needs_all_of_three_terms_and_three_of_four(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    contents = {
+        "all": "the red fox jumps over a wall",
+        "two": "a red fox sleeps",
+        "one": "red paint",
+    }
+    ids = {}
+    for name, text in contents.items():
+        (row,) = await apply(store, insert(text))
+        ids[row.id] = name
+
+    async def search(query: str) -> tuple[list[tuple[str, int]], store_pb2.KeywordSearchResponse]:
+        reply = await store.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query=query)
+        )
+        return [(ids[h.hit.memory.id], h.matched_terms) for h in reply.hits], reply
+
+    found, reply = await search("red fox jumping")
+    assert found == [("all", 3)] and reply.required_terms == 3
+    found, reply = await search("Red fox jumps wall")
+    assert list(reply.terms) == ["red", "fox", "jumps", "wall"] and reply.required_terms == 3
+    assert found == [("all", 4)]
+    found, reply = await search("red fox jumps moon")
+    assert found == [("all", 3)]
+    found, reply = await search("red fox sleeps moon")
+    assert found == [("two", 3)]
+    found, reply = await search("the and of")
+    assert found == [] and list(reply.terms) == [] and reply.required_terms == 0
+    found, reply = await search("red")
+    assert sorted(name for name, _ in found) == ["all", "one", "two"]
+    assert all(hit.hit.score > 0 for hit in reply.hits)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"unbalanced quote',
+        "fox AND OR NOT",
+        "fox*",
+        "NEAR(fox wall)",
+        "content: fox",
+        "-fox ^wall",
+        "(fox",
+        "fox's wall; DROP TABLE memories; --",
+        "{fox} [wall]",
+        "",
+    ],
+)
+async def test_keyword_query_syntax_characters_never_error(
+    store: store_pb2_grpc.StoreStub, query: str
+) -> None:
+    await apply(store, insert("fox wall"))
+    reply = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query=query))
+    assert all(h.hit.memory.content == "fox wall" for h in reply.hits)
+    assert await listed(store) == ["fox wall"]
+
+
+async def test_vector_search_drops_hits_below_min_score_and_respects_filters(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    await apply(
+        store,
+        insert("The user's favourite food is sushi"),
+        insert("The quarterly tax report is due in April", layer=L7),
+        insert("raw: we talked about sushi", layer=L2),
+    )
+    everything = await vector_hits(store, embedder, "what food do I like", k=10)
+    assert len(everything) == 3
+    assert [h.score for h in everything] == sorted((h.score for h in everything), reverse=True)
+    floor = (everything[0].score + everything[-1].score) / 2
+    floored = await vector_hits(store, embedder, "what food do I like", k=10, min_score=floor)
+    assert 0 < len(floored) < 3 and all(h.score >= floor for h in floored)
+    facts = await vector_hits(store, embedder, "what food do I like", layers=[L3, L7])
+    assert {h.memory.layer for h in facts} == {L3, L7}
+    assert await vector_hits(store, embedder, "what food do I like", user="bob") == []
+
+
+async def test_vector_search_with_another_model_is_refused(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    await apply(store, insert("anything"))
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+        await vector_hits(store, embedder, "anything", model_id="some-other-model")
+    assert "some-other-model" in (info.value.details() or "")
+
+
+async def test_content_update_re_embeds_the_row(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    row, _ = await apply(store, insert("Dana drives a red bicycle"), insert("unrelated: stocks"))
+    await apply(
+        store,
+        store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, content="Dana cooks spicy curry")),
+    )
+    hits = await vector_hits(store, embedder, "curry dinner", k=1)
+    assert hits[0].memory.id == row.id and hits[0].memory.content == "Dana cooks spicy curry"
+    keyword = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="bicycle")
+    )
+    assert list(keyword.hits) == []
+
+
+async def test_filtered_search_in_a_large_owner_still_finds_the_rare_layer(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    """A filter that the oversampled nearest rows do not satisfy falls back to scoring them all."""
+    for start in range(0, 1200, 200):
+        await apply(
+            store,
+            *[
+                insert(f"turn {i}: the weather was mild today", layer=L2)
+                for i in range(start, start + 200)
+            ],
+        )
+    (fact,) = await apply(store, insert("The user is allergic to peanuts"))
+    await apply(store, insert("Peanut butter is tasty", user="bob"), user="bob")
+
+    hits = await vector_hits(store, embedder, "weather", k=5, layers=[L3])
+    assert [h.memory.id for h in hits] == [fact.id]
+    hits = await vector_hits(store, embedder, "peanut allergy", k=3)
+    assert hits[0].memory.id == fact.id and all(h.memory.owner.user_id == "alice" for h in hits)
+    all_hits = await vector_hits(store, embedder, "peanut", k=3, scope=scope("", all_users=True))
+    assert {h.memory.owner.user_id for h in all_hits} == {"alice", "bob"}
+
+
+async def test_approximate_search_keeps_to_scope_and_falls_back_for_rare_layers(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    subjects = ["my sister", "the neighbour", "our manager", "a colleague", "my uncle",
+                "the landlord", "my best friend", "the coach", "grandma", "the dentist"]
+    doings = ["bought a new car", "moved to Lisbon", "started learning piano", "ran a marathon",
+              "adopted a puppy", "got married", "lost their keys", "painted the kitchen",
+              "wrote a novel", "planted tomatoes", "broke a leg", "opened a bakery",
+              "visited Japan", "fixed the roof", "won a chess match"]
+    async with serving_store(tmp_path, embedder_address, exact_search_up_to=50) as stub:
+        await apply(stub, *[insert(f"{s} {d}", layer=L2) for s in subjects for d in doings])
+        (fact,) = await apply(stub, insert("The user is allergic to peanuts"))
+        await apply(stub, insert("Peanut allergy is common in kids", user="bob"), user="bob")
+
+        hits = await vector_hits(stub, embedder, "a trip to Japan", k=5, layers=[L3])
+        assert [h.memory.id for h in hits] == [fact.id]
+        hits = await vector_hits(stub, embedder, "peanut allergy", k=10)
+        assert hits[0].memory.id == fact.id
+        assert len(hits) == 10 and all(h.memory.owner.user_id == "alice" for h in hits)
+        hits = await vector_hits(stub, embedder, "who visited Japan", k=3, layers=[L2])
+        assert "visited Japan" in hits[0].memory.content
+
+
+async def test_delete_memories_erases_only_the_scope(store: store_pb2_grpc.StoreStub) -> None:
+    await apply(store, insert("a raw", layer=L2), insert("a fact"))
+    await apply(store, insert("bob fact", user="bob"), user="bob")
+    reply = await store.DeleteMemories(
+        store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L2], actor="api")
+    )
+    assert reply.deleted == 1
+    assert await listed(store) == ["a fact"]
+    reply = await store.DeleteMemories(store_pb2.DeleteMemoriesRequest(scope=scope()))
+    assert reply.deleted == 1 and await listed(store) == []
+    assert await listed(store, user="bob") == ["bob fact"]
+    reply = await store.DeleteMemories(
+        store_pb2.DeleteMemoriesRequest(scope=scope("", all_users=True))
+    )
+    assert reply.deleted == 1 and await listed(store, user="bob") == []
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await store.DeleteMemories(store_pb2.DeleteMemoriesRequest(scope=scope("")))
+
+
+async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw, _, _, fact = await apply(
+        store,
+        insert("turn one", layer=L2, extraction_status="pending"),
+        insert("turn two", layer=L2, extraction_status="failed"),
+        insert("turn three", layer=L2, extraction_status="done"),
+        insert("a fact"),
+    )
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(id=fact.id)))
+    await apply(store, insert("bob's", user="bob"), user="bob")
+    stats = await store.GetStats(store_pb2.GetStatsRequest(scope=scope()))
+    assert dict(stats.layers)["l2_raw"] == 3 and dict(stats.layers)["l3_fact"] == 0
+    assert set(stats.layers) == {
+        "l1_profile", "l2_raw", "l3_fact", "l4_summary",
+        "l5_knowledge", "l6_schema", "l7_intention", "l8_entity",
+    }
+    assert (stats.total, stats.unextracted, stats.retired, stats.vectors) == (3, 2, 1, 4)
+    assert stats.model_id and stats.ndim == 384 and stats.db_bytes > 0 and stats.data_dir
+    everyone = await store.GetStats(store_pb2.GetStatsRequest(scope=scope("", all_users=True)))
+    assert everyone.total == 4 and everyone.vectors == 5
+    flushed = await store.Flush(store_pb2.FlushRequest())
+    assert flushed.vectors == 5
+    assert raw.extraction_status == "pending"
+
+
+async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        (row,) = await apply(stub, insert("Erin collects vintage stamps"))
+    files = list((tmp_path / "vectors").glob("*.usearch"))
+    assert len(files) == 1
+    files[0].unlink()
+    async with serving_store(tmp_path, embedder_address) as stub:
+        hits = await vector_hits(stub, embedder, "stamp collection")
+        assert [h.memory.id for h in hits] == [row.id]
+    assert files[0].exists()
+
+
+async def test_an_index_behind_sqlite_is_caught_up_at_start(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    async with serving_store(tmp_path, embedder_address, save_every_s=None) as stub:
+        (old,) = await apply(stub, insert("Frank owns a sailboat"))
+        await stub.Flush(store_pb2.FlushRequest())
+        saved = {p: p.read_bytes() for p in (tmp_path / "vectors").glob("*.usearch")}
+        (new,) = await apply(stub, insert("Frank grows tomatoes"))
+        await apply(stub, store_pb2.Op(delete=store_pb2.DeleteOp(id=old.id)))
+    for path, data in saved.items():
+        path.write_bytes(data)  # as if the process died before saving again
+    async with serving_store(tmp_path, embedder_address) as stub:
+        hits = await vector_hits(stub, embedder, "boat or garden", k=5)
+        assert [h.memory.id for h in hits] == [new.id]
+
+
+async def test_a_store_built_with_another_model_refuses_vector_search(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("Gina speaks Italian"))
+    with sqlite3.connect(tmp_path / "hyatlas.db") as db:
+        db.execute("UPDATE vectors SET model_id = 'old-model'")
+        db.execute("UPDATE store_meta SET value = 'old-model' WHERE key = 'model_id'")
+    db.close()
+    async with serving_store(tmp_path, embedder_address) as stub:
+        with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+            await vector_hits(stub, embedder, "languages")
+        details = info.value.details() or ""
+        _, model_id = await embedder.embed(["x"])
+        assert "old-model" in details and model_id in details
+        assert await listed(stub) == ["Gina speaks Italian"]
+
+
+async def test_acknowledged_writes_survive_kill_9(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    texts = [f"durable memory number {i} about topic {i * 7}" for i in range(6)]
+    with running_stack(tmp_path, ["store"], HYATLAS_EMBEDDER_ADDR=embedder_address) as stack:
+        async with open_channel(stack.address("store")) as channel:
+            stub = store_pb2_grpc.StoreStub(channel)
+            ids = []
+            for text in texts:
+                (row,) = await apply(stub, insert(text))
+                ids.append(row.id)
+        stack.procs["store"].kill()
+        stack.start("store")
+        async with open_channel(stack.address("store")) as channel:
+            stub = store_pb2_grpc.StoreStub(channel)
+            assert set(await listed(stub, limit=100)) == set(texts)
+            for memory_id, text in zip(ids, texts, strict=True):
+                hits = await vector_hits(stub, embedder, text, k=1)
+                assert [h.memory.id for h in hits] == [memory_id]
