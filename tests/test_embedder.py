@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from services.embedder.batcher import MicroBatcher
 from services.embedder.config import EmbedderConfig
 from services.embedder.models import (
     BGE_SMALL,
@@ -28,10 +29,10 @@ from services.embedder.models import (
     spec_for_file,
 )
 from services.embedder.server import RunningEmbedder, running_server
-from shared.errors import ConfigError
+from shared.errors import ConfigError, Unavailable
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import ROOT, base_env
+from tests.support import ROOT, ServiceProcess, assert_eventually, base_env, grpc_serving
 
 SENTENCES = [
     "I adopted a rescue dog from the shelter last weekend.",
@@ -185,6 +186,61 @@ async def test_request_larger_than_max_batch_spans_several_runs(tmp_path: Path) 
         assert running.embedder.batcher.runs == 3
         for text, row in zip(texts, rows, strict=True):
             np.testing.assert_allclose(row, (await embed(stub, [text]))[0], atol=1e-4)
+
+
+class GatedRun:
+    """A run_batch that records its texts and holds each run until released."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, texts: list[str]) -> np.ndarray:
+        self.seen.append(texts)
+        await self.release.wait()
+        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
+async def test_batcher_skips_a_call_whose_caller_gave_up() -> None:
+    gate = GatedRun()
+    async with MicroBatcher(gate, max_batch=8) as batcher:
+        first = asyncio.create_task(batcher.embed(["running"]))
+        await assert_eventually(lambda: gate.seen == [["running"]])
+        abandoned = asyncio.create_task(batcher.embed(["abandoned"]))
+        kept = asyncio.create_task(batcher.embed(["kept", "too"]))
+        await assert_eventually(lambda: batcher.waiting_calls == 2)
+        abandoned.cancel()
+        gate.release.set()
+        assert (await first).tolist() == [[7.0, 1.0]]
+        assert (await kept).tolist() == [[4.0, 1.0], [3.0, 1.0]]
+    assert gate.seen == [["running"], ["kept", "too"]]
+
+
+async def test_closing_the_batcher_fails_waiting_calls_as_unavailable() -> None:
+    gate = GatedRun()
+    batcher = MicroBatcher(gate, max_batch=8)
+    await batcher.__aenter__()
+    running = asyncio.create_task(batcher.embed(["in flight"]))
+    await assert_eventually(lambda: len(gate.seen) == 1)
+    queued = asyncio.create_task(batcher.embed(["queued"]))
+    await assert_eventually(lambda: batcher.waiting_calls == 1)
+    await batcher.close()
+    await batcher.close()
+    for task in (running, queued):
+        with pytest.raises(Unavailable, match="stopping"):
+            await task
+    with pytest.raises(Unavailable):
+        await batcher.embed(["late"])
+
+
+def test_embedder_process_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    address = f"unix:{tmp_path / 'e.sock'}"
+    env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=address, HYATLAS_EMBED_BASE="local")
+    proc = ServiceProcess(
+        "services.embedder", env, lambda: grpc_serving(address), tmp_path / "embedder.log"
+    ).start()
+    assert proc.stop() == 0
+    assert not (tmp_path / "e.sock").exists()
 
 
 # Model folders and the spec table.

@@ -48,6 +48,11 @@ class MicroBatcher:
         self.texts_run = 0
         """Texts embedded so far."""
 
+    @property
+    def waiting_calls(self) -> int:
+        """Calls queued and not yet wholly taken into a run."""
+        return len(self._queue)
+
     async def __aenter__(self) -> MicroBatcher:
         self._worker = asyncio.create_task(self._work(), name="embed-batcher")
         return self
