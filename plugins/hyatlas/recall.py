@@ -81,12 +81,13 @@ def clean_message(text: str) -> str:
 
 
 def turn_text(user: str, assistant: str) -> str:
-    """The text of one turn as stored: USER and ASSISTANT lines, at most TURN_CHARS."""
-    parts = []
+    """The text of one turn as stored: USER and ASSISTANT lines, at most TURN_CHARS.
+
+    "" when the user said nothing of their own (only injected context or a compaction summary).
+    """
     user = clean_message(user)
+    if not user:
+        return ""
     assistant = clean_message(assistant)
-    if user:
-        parts.append(f"USER: {user}")
-    if assistant:
-        parts.append(f"ASSISTANT: {assistant}")
-    return "\n\n".join(parts)[:TURN_CHARS]
+    text = f"USER: {user}" + (f"\n\nASSISTANT: {assistant}" if assistant else "")
+    return text[:TURN_CHARS]

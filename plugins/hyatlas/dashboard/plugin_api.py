@@ -48,10 +48,11 @@ def _context(user_id: str, agent_id: str) -> tuple[Any, dict[str, str]]:
         settings = _settings_mod.load_settings(_hermes_home())
     except ValueError as exc:
         raise HTTPException(status_code=500, detail=f"hyatlas config: {exc}") from None
-    default_user, default_agent = _settings_mod.resolve_ids(settings, os.environ, {})
+    default_user, _ = _settings_mod.resolve_ids(settings, os.environ, {})
     client = _client_mod.HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
                                        token=settings.token)
-    return client, {"user_id": user_id or default_user, "agent_id": agent_id or default_agent}
+    # The tab is the person's view: every agent of the user unless one is asked for.
+    return client, {"user_id": user_id or default_user, "agent_id": agent_id}
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -71,7 +72,7 @@ def _check_layer(layer: str) -> str:
 
 @router.get("/status")
 def status() -> Any:
-    """The gateway's /api/v1/status, plus the ids this Hermes writes under."""
+    """The gateway's /api/v1/status, plus the user this Hermes writes for."""
     client, owner = _context("", "")
     body = _call(client.status)
     body["hermes_owner"] = owner
