@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -435,28 +434,31 @@ class Repo:
         k: int,
     ) -> list[tuple[MemoryRow, float, int]]:
         """Rows matching at least `required` of the terms, best bm25 first, with match counts."""
-        matched: Counter[int] = Counter()
-        for term in terms:
-            rows = await self.reader.execute_fetchall(
-                "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?", (_phrase(term),)
-            )
-            matched.update(r[0] for r in rows)
-        qualified = [seq for seq, n in matched.items() if n >= required]
-        if not qualified:
-            return []
+        phrases = [_phrase(t) for t in terms]
         where, params = _filters(reach, layers, include_superseded)
-        where.append("memories_fts MATCH ?")
-        params.append(" OR ".join(_phrase(t) for t in terms))
-        where.append("m.seq IN (SELECT value FROM json_each(?))")
-        params.append(json.dumps(qualified))
+        if required == len(terms):
+            match = " AND ".join(phrases)
+            matched_sql, matched_params = "?", [len(terms)]
+        else:
+            match = " OR ".join(phrases)
+            # Each term's rows are collected once (a constant subquery), then counted per row.
+            matched_sql = " + ".join(
+                "(m.seq IN (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?))"
+                for _ in phrases
+            )
+            matched_params = list(phrases)
         rows = await self.reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS}, bm25(memories_fts), m.seq FROM memories_fts "
-            f"JOIN memories m ON m.seq = memories_fts.rowid {_where(where)} "
-            "ORDER BY bm25(memories_fts) LIMIT ?",
-            (*params, k),
+            f"SELECT * FROM (SELECT {_M_COLUMNS}, bm25(memories_fts) AS rank, "
+            f"{matched_sql} AS matched FROM memories_fts "
+            # CROSS JOIN keeps FTS5 as the outer loop: the planner may otherwise walk every row
+            # of the owner and run the full-text match once per row.
+            "CROSS JOIN memories m ON m.seq = memories_fts.rowid "
+            f"{_where(['memories_fts MATCH ?', *where])}) "
+            "WHERE matched >= ? ORDER BY rank LIMIT ?",
+            (*matched_params, match, *params, required, k),
         )
         # bm25 is lower-is-better; callers get higher-is-better.
-        return [(_row(r), -float(r[27]), matched[r[28]]) for r in rows]
+        return [(_row(r), -float(r[27]), int(r[28])) for r in rows]
 
     async def rows_for_keys(
         self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
@@ -465,12 +467,12 @@ class Repo:
         if not keys:
             return {}
         where, params = _filters(reach, layers, include_superseded)
-        where.append("v.key IN (SELECT value FROM json_each(?))")
-        params.append(json.dumps([int(k) for k in keys]))
+        # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
         rows = await self.reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS}, v.key FROM vectors v JOIN memories m ON m.id = v.memory_id "
-            f"{_where(where)}",
-            params,
+            f"SELECT {_M_COLUMNS}, v.key FROM json_each(?) AS j "
+            "CROSS JOIN vectors v ON v.key = j.value "
+            f"CROSS JOIN memories m ON m.id = v.memory_id {_where(where)}",
+            (json.dumps([int(k) for k in keys]), *params),
         )
         return {r[27]: _row(r) for r in rows}
 
