@@ -104,6 +104,8 @@ class VectorIndexes:
             for path in self.folder.glob("*" + SUFFIX):
                 if path.name not in keep:
                     path.unlink()
+            for path in self.folder.glob("*.tmp"):
+                path.unlink()  # a save cut short by a crash
         await self.save()
 
     async def apply(self, changes: IndexChanges) -> None:

@@ -13,8 +13,8 @@ STOP_WORDS = frozenset(
         "should", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they",
         "this", "to", "us", "was", "we", "were", "what", "when", "where", "which", "who", "whom",
         "why", "will", "with", "would", "you", "your",
-        # What contractions and possessives leave behind ("cat's", "don't", "we'll").
-        "d", "ll", "m", "re", "s", "t", "ve",
+        # What contractions leave behind ("we'll", "they're", "I've").
+        "ll", "re", "ve",
     }
 )
 # Letters and digits only: the FTS5 unicode61 tokenizer splits on everything else, underscore too.
@@ -22,8 +22,8 @@ _WORD = re.compile(r"[^\W_]+")
 
 
 def query_terms(query: str) -> list[str]:
-    """The distinct lowercase words of a query, stop words removed, in query order."""
-    words = (w for w in _WORD.findall(query.lower()) if w not in STOP_WORDS)
+    """The distinct lowercase words of a query, stop words and single characters removed."""
+    words = (w for w in _WORD.findall(query.lower()) if len(w) > 1 and w not in STOP_WORDS)
     return list(dict.fromkeys(words))
 
 

@@ -436,6 +436,7 @@ class Repo:
         """Rows matching at least `required` of the terms, best bm25 first, with match counts."""
         phrases = [_phrase(t) for t in terms]
         where, params = _filters(reach, layers, include_superseded)
+        matched_params: list[Any]
         if required == len(terms):
             match = " AND ".join(phrases)
             matched_sql, matched_params = "?", [len(terms)]
