@@ -325,6 +325,16 @@ def test_empty_model_dir_refuses_to_start_naming_what_it_looked_for(tmp_path: Pa
     assert str(folder / "vocab.txt") in result.stderr
 
 
+def test_unloadable_model_in_model_dir_refuses_to_start(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "bge-small-en-v1.5.onnx").write_bytes(b"not onnx")
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    result = start_embedder(tmp_path, HYATLAS_MODEL_DIR=str(folder))
+    assert result.returncode == 2
+    assert f"{folder / 'bge-small-en-v1.5.onnx'} is not a loadable ONNX model" in result.stderr
+
+
 def fake_package(root: Path, name: str, files: dict[str, bytes]) -> None:
     """A package directory that shadows an installed one on PYTHONPATH."""
     package = root / name

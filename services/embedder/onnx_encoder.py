@@ -25,9 +25,14 @@ RUN_OVERHEAD_TOKENS = 12
 
 def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
     """A tokenizer from tokenizer.json or a WordPiece vocab.txt, truncating at max_tokens."""
-    tokenizer = (
-        wordpiece_tokenizer(path) if path.name == "vocab.txt" else Tokenizer.from_file(str(path))
-    )
+    try:
+        tokenizer = (
+            wordpiece_tokenizer(path)
+            if path.name == "vocab.txt"
+            else Tokenizer.from_file(str(path))
+        )
+    except Exception as exc:  # tokenizers raises bare Exception on a bad file
+        raise ConfigError(f"{path} is not a usable tokenizer: {exc}") from exc
     # tokenizer.json files often carry fixed padding to 128 and truncation at 128; this
     # encoder pads each run to its longest text itself, and truncates at the model's limit.
     tokenizer.no_padding()
@@ -83,9 +88,12 @@ class OnnxEncoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(
-            str(files.onnx_path), options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self._session = ort.InferenceSession(
+                str(files.onnx_path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's load errors share no base class
+            raise ConfigError(f"{files.onnx_path} is not a loadable ONNX model: {exc}") from exc
         self._inputs = {item.name for item in self._session.get_inputs()}
         outputs = self._session.get_outputs()
         self._output = (
