@@ -48,7 +48,7 @@ MAX_LIMIT = 1000
 EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
 OVERSAMPLE = 8
-ACTORS_DEFAULT = "api"
+DEFAULT_ACTOR = "api"
 
 
 class Embedder(Protocol):
@@ -128,7 +128,7 @@ class Store:
         self, reach: Reach, ops: Sequence[Op], actor: str = "", reason: str = ""
     ) -> list[MemoryRow | None]:
         """Applies ops in one transaction: every one of them, or none (None for a delete)."""
-        actor = actor or ACTORS_DEFAULT
+        actor = actor or DEFAULT_ACTOR
         ops = self._validated(reach, ops)
         ids = {i: str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
         ops = self._resolved(ops, ids)
@@ -340,7 +340,7 @@ class Store:
     async def delete_many(self, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
         """Erases every row (live or retired) inside a reach and layers; returns how many."""
         _check_layers(layers)
-        actor = actor or ACTORS_DEFAULT
+        actor = actor or DEFAULT_ACTOR
         changes = IndexChanges()
         async with self._write_lock:
             now = time.time()
