@@ -75,7 +75,7 @@ class SearchEngine:
         started = time.perf_counter()
         timings: dict[str, float] = {}
         vector, keyword, newest = await asyncio.gather(
-            self._timed(timings, VECTOR, self._vector(query, timings)),
+            self._vector(query, timings),
             self._timed(timings, KEYWORD, self._keyword(query)),
             self._timed(timings, "now_page", self._newest_summaries(query)),
         )
@@ -124,10 +124,13 @@ class SearchEngine:
             return []
         started = time.perf_counter()
         vector, model_id = await self._backend.embed_query(query.text)
-        timings["embed"] = (time.perf_counter() - started) * 1000.0
-        return await self._backend.vector_search(
+        embedded = time.perf_counter()
+        hits = await self._backend.vector_search(
             query.scope, vector, model_id, query.layers, query.pool
         )
+        timings["embed"] = (embedded - started) * 1000.0
+        timings[VECTOR] = (time.perf_counter() - embedded) * 1000.0
+        return hits
 
     async def _keyword(self, query: SearchQuery) -> list[Candidate]:
         if KEYWORD not in query.sources:
