@@ -53,3 +53,9 @@ $(HERMES_STAMP):
 
 .PHONY: hermes-venv
 hermes-venv: $(HERMES_STAMP)
+
+# Headless Chromium for the dashboard's browser tests (tests/test_dashboard.py): Debian's package,
+# never a browser download (Playwright is pointed at /usr/bin/chromium).
+.PHONY: browser
+browser:
+	test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import api
+from gateway import api, dashboard
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
@@ -38,5 +38,6 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
     app.add_routes(api.routes)
+    dashboard.register(app)
     api.add_placeholder_routes(app)
     return app

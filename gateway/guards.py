@@ -84,7 +84,9 @@ async def guards_middleware(request: web.Request, handler: Handler) -> web.Strea
 async def token_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With HYATLAS_TOKEN set, every route but /healthz needs `Authorization: Bearer <token>`."""
     token = request.app[CONFIG].token
-    if token and request.path not in TOKEN_EXEMPT:
+    # A handler may mark itself public (the dashboard's static shell, which asks for the token).
+    public = getattr(request.match_info.handler, "token_exempt", False)
+    if token and request.path not in TOKEN_EXEMPT and not public:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         # Compared in constant time so the token cannot be guessed byte by byte.
         ok = scheme.lower() == "bearer" and hmac.compare_digest(

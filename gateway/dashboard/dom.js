@@ -1,0 +1,79 @@
+// Small DOM helpers: elements are built from data, never from HTML strings (memory text is untrusted).
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function append(el, children) {
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    if (Array.isArray(child)) append(el, child);
+    else el.append(child instanceof Node ? child : String(child));
+  }
+}
+
+function build(el, attrs, children) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") el.addEventListener(key.slice(2), value);
+    else if (key === "class") el.setAttribute("class", value);
+    // Through the CSSOM: the page's CSP refuses style attributes.
+    else if (key === "style") Object.assign(el.style, value);
+    else if (key in el && !(el instanceof SVGElement) && typeof value !== "string") el[key] = value;
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+/** An HTML element with attributes, listeners (onclick: fn) and children. */
+export function h(tag, attrs, ...children) {
+  return build(document.createElement(tag), attrs, children);
+}
+
+/** An SVG element with attributes and children. */
+export function s(tag, attrs, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+/** "2026-11-30 03:12 UTC" from unix seconds or an RFC3339 string; "" when absent. */
+export function fmtTime(value) {
+  if (value === null || value === undefined || value === "" || value === 0) return "";
+  const date = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+  if (Number.isNaN(date.getTime())) return String(value);
+  return date.toISOString().slice(0, 16).replace("T", " ") + " UTC";
+}
+
+/** "1.2 MiB" from a byte count. */
+export function fmtBytes(bytes) {
+  if (typeof bytes !== "number") return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${unit === 0 ? value : value.toFixed(1)} ${units[unit]}`;
+}
+
+/** A number with thousands separators. */
+export function fmtCount(n) {
+  return typeof n === "number" ? n.toLocaleString("en-US") : String(n ?? "");
+}
+
+/** A box that says what went wrong, with the API's own error text. */
+export function errorBox(error, prefix) {
+  const status = error && error.status ? ` (HTTP ${error.status})` : "";
+  return h("div", { class: "error", role: "alert" }, prefix ? `${prefix}: ` : "", error.message || String(error), status);
+}
+
+/** A muted note for an empty section, saying what would fill it. */
+export function emptyState(...lines) {
+  return h("div", { class: "empty" }, lines.map((line) => h("p", null, line)));
+}
+
+/** A labelled value pair list. */
+export function facts(pairs) {
+  return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", null, k), h("dd", null, v === "" || v === null || v === undefined ? "—" : v)]));
+}
+
+export const LAYERS = ["l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema", "l7_intention", "l8_entity"];

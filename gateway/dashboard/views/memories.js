@@ -1,0 +1,202 @@
+// Memories: a paged list by layer, and one memory's detail with its sources, lineage, history and actions.
+
+import { api } from "../api.js";
+import { h, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS } from "../dom.js";
+
+const PAGE_SIZE = 50;
+
+function listHash(params) {
+  const text = params.toString();
+  return text ? `#/memories?${text}` : "#/memories";
+}
+
+function stateTag(item) {
+  if (!item.invalid_at) return h("span", { class: "state active" }, "active");
+  return h("span", { class: "state retired", title: `retired ${item.invalid_at}` }, item.superseded_how || "retired");
+}
+
+function listControls(ctx, total) {
+  const { params } = ctx;
+  const page = Math.max(1, Number(params.get("page")) || 1);
+  const pages = Math.max(1, Math.ceil(total / PAGE_SIZE));
+  const go = (changes) => {
+    const next = new URLSearchParams(params);
+    for (const [key, value] of Object.entries(changes)) {
+      if (value === "" || value === null) next.delete(key);
+      else next.set(key, value);
+    }
+    ctx.go(listHash(next));
+  };
+  const filters = h("div", { class: "toolbar" },
+    h("label", null, "Layer ", h("select", { id: "list-layer", onchange: (e) => go({ layer: e.target.value, page: "" }) },
+      h("option", { value: "" }, "all layers"),
+      LAYERS.map((name) => h("option", { value: name, selected: params.get("layer") === name }, name)))),
+    h("label", { class: "check" }, h("input", {
+      type: "checkbox", id: "include-superseded", checked: params.get("superseded") === "1",
+      onchange: (e) => go({ superseded: e.target.checked ? "1" : "", page: "" }),
+    }), " include superseded"));
+  const pager = h("nav", { class: "pager", "aria-label": "Pages" },
+    h("button", { type: "button", id: "prev-page", disabled: page <= 1, onclick: () => go({ page: String(page - 1) }) }, "← Newer"),
+    h("span", { id: "page-info" }, `page ${fmtCount(page)} of ${fmtCount(pages)} · ${fmtCount(total)} rows`),
+    h("button", { type: "button", id: "next-page", disabled: page >= pages, onclick: () => go({ page: String(page + 1) }) }, "Older →"));
+  return { filters, pager, page };
+}
+
+function row(item) {
+  return h("tr", { class: "memory-row", "data-memory-id": item.memory_id, "data-layer": item.layer },
+    h("td", { class: "content" }, h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}` }, item.content)),
+    h("td", null, h("span", { class: `layer-tag ${item.layer}` }, item.layer)),
+    h("td", { class: "when" }, fmtTime(item.gmt_created)),
+    h("td", null, stateTag(item)));
+}
+
+async function renderList(root, ctx) {
+  const { owner, params } = ctx;
+  const page = Math.max(1, Number(params.get("page")) || 1);
+  const body = await api("/api/v1/list", {
+    method: "POST",
+    body: {
+      user_id: owner.user_id,
+      agent_id: owner.agent_id,
+      layer: params.get("layer") || "",
+      include_superseded: params.get("superseded") === "1",
+      limit: PAGE_SIZE,
+      offset: (page - 1) * PAGE_SIZE,
+    },
+  });
+  if (ctx.stale()) return;
+  const { filters, pager } = listControls(ctx, body.total);
+  root.append(filters);
+  if (!body.memories.length) {
+    root.append(emptyState(`No memories for ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""} here.`,
+      "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
+    return;
+  }
+  root.append(
+    h("table", { class: "memories", id: "memory-table" },
+      h("thead", null, h("tr", null, h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))),
+      h("tbody", null, body.memories.map(row))),
+    pager);
+}
+
+function miniList(items, empty) {
+  if (!items.length) return h("p", { class: "muted" }, empty);
+  return h("ul", { class: "mini" }, items.map((item) => h("li", { "data-memory-id": item.memory_id },
+    h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}` }, item.content),
+    h("span", { class: "muted" }, ` ${item.layer} · ${fmtTime(item.created_at)}${item.superseded_how ? ` · ${item.superseded_how}` : ""}`))));
+}
+
+function historyTable(entries) {
+  if (!entries.length) return h("p", { class: "muted" }, "No audit entries.");
+  return h("table", { class: "history", id: "history" },
+    h("thead", null, h("tr", null, h("th", null, "When"), h("th", null, "Action"), h("th", null, "By"), h("th", null, "Why"))),
+    h("tbody", null, entries.map((e) => h("tr", { "data-action": e.action },
+      h("td", { class: "when" }, fmtTime(e.at)), h("td", null, e.action), h("td", null, e.actor), h("td", null, e.reason || "")))));
+}
+
+function actions(ctx, memory, say) {
+  const { owner } = ctx;
+  const who = { user_id: owner.user_id, agent_id: owner.agent_id };
+  const run = async (button, call, done) => {
+    button.disabled = true;
+    say(null);
+    try {
+      const body = await call();
+      await ctx.refresh();
+      done(body);
+    } catch (error) {
+      button.disabled = false;
+      say(errorBox(error, `${button.textContent} failed`));
+    }
+  };
+  const box = h("div", { class: "actions", id: "actions" });
+  if (memory.status === "active") {
+    const forget = h("button", { type: "button", id: "forget", class: "warn" }, "Forget");
+    forget.addEventListener("click", () => run(forget,
+      () => api("/api/v1/forget", { method: "POST", body: { id: memory.memory_id, ...who, reason: "forgotten from the dashboard" } }),
+      () => {}));
+    box.append(forget);
+  } else {
+    const restore = h("button", { type: "button", id: "restore" }, "Restore");
+    restore.addEventListener("click", () => run(restore,
+      () => api("/api/v1/restore", { method: "POST", body: { id: memory.memory_id, ...who } }),
+      () => {}));
+    box.append(restore);
+  }
+  const del = h("button", { type: "button", id: "delete", class: "danger" }, "Delete…");
+  const confirmBox = h("span", { class: "confirm", hidden: true },
+    "Erase this memory for good? Its history stays. ",
+    h("button", { type: "button", id: "confirm-delete", class: "danger", onclick: async (e) => {
+      e.target.disabled = true;
+      try {
+        await api("/api/v1/delete_all", { method: "POST", body: { id: memory.memory_id, ...who } });
+        ctx.go("#/memories");
+      } catch (error) {
+        e.target.disabled = false;
+        say(errorBox(error, "Delete failed"));
+      }
+    } }, "Yes, delete"),
+    " ",
+    h("button", { type: "button", id: "cancel-delete", onclick: () => { confirmBox.hidden = true; del.hidden = false; } }, "Cancel"));
+  del.addEventListener("click", () => { del.hidden = true; confirmBox.hidden = false; });
+  box.append(del, confirmBox);
+  return box;
+}
+
+async function renderDetail(root, ctx) {
+  const { owner, arg } = ctx;
+  const query = { id: arg, user_id: owner.user_id, agent_id: owner.agent_id };
+  const [detail, history] = await Promise.allSettled([
+    api("/dashboard/api/memory", { query }),
+    api("/api/v1/history", { query }),
+  ]);
+  if (ctx.stale()) return;
+  root.append(h("p", null, h("a", { href: "#/memories", id: "back" }, "← All memories")));
+  if (detail.status === "rejected") {
+    root.append(errorBox(detail.reason));
+    return;
+  }
+  const { memory, sources, missing_sources: missing, replaced, replaced_by: replacedBy, replaced_scan: scan } = detail.value;
+  const message = h("div", { id: "action-message" });
+  const say = (node) => message.replaceChildren(...(node ? [node] : []));
+  root.append(
+    h("article", { class: "detail", id: "memory-detail", "data-memory-id": memory.memory_id, "data-status": memory.status },
+      h("div", { class: "detail-head" }, h("span", { class: `layer-tag ${memory.layer}` }, memory.layer), " ", stateTag(memory),
+        memory.label ? h("span", { class: "muted" }, ` ${memory.label}`) : null),
+      h("blockquote", { class: "memory-content", id: "memory-content" }, memory.content),
+      actions(ctx, memory, say),
+      message,
+      h("div", { class: "two" },
+        h("section", { class: "panel" }, h("h2", null, "Owner"), facts([
+          ["User", memory.user_id], ["Agent", memory.agent_id], ["Session", memory.session_id], ["Id", h("code", null, memory.memory_id)],
+        ])),
+        h("section", { class: "panel" }, h("h2", null, "Time"), facts([
+          ["Learned (created)", fmtTime(memory.created_at)],
+          ["Last changed", fmtTime(memory.updated_at)],
+          ["True from (event)", fmtTime(memory.event_at)],
+          ["True until", fmtTime(memory.valid_to)],
+          memory.due_at ? ["Due", fmtTime(memory.due_at)] : null,
+          memory.invalid_at ? ["Retired", `${fmtTime(memory.invalid_at)} by ${memory.retired_by || "?"} (${memory.superseded_how})${memory.drop_reason ? `: ${memory.drop_reason}` : ""}`] : null,
+        ]))),
+      h("section", { class: "panel" }, h("h2", null, "Where it came from"),
+        memory.layer === "l2_raw" ? h("p", { class: "muted" }, "This is a raw turn: it is its own source.") : miniList(sources, "No source rows recorded."),
+        missing.length ? h("p", { class: "muted" }, `${missing.length} source row(s) no longer exist.`) : null),
+      h("div", { class: "two" },
+        h("section", { class: "panel", id: "replaced-by" }, h("h2", null, "Replaced by"),
+          replacedBy ? miniList([replacedBy], "") : h("p", { class: "muted" }, memory.status === "active" ? "Nothing: it is current." : "Nothing replaced it (it was retired on its own).")),
+        h("section", { class: "panel", id: "replaced" }, h("h2", null, "What it replaced"),
+          miniList(replaced, "Nothing."),
+          scan.complete ? null : h("p", { class: "muted" }, `Checked the newest ${fmtCount(scan.rows)} older rows only.`))),
+      h("section", { class: "panel" }, h("h2", null, "History"),
+        history.status === "fulfilled" ? historyTable(history.value.history) : errorBox(history.reason)),
+      Object.keys(memory.metadata || {}).length
+        ? h("section", { class: "panel" }, h("h2", null, "Metadata"), h("pre", { class: "mono" }, JSON.stringify(memory.metadata, null, 2)))
+        : null));
+}
+
+export async function render(root, ctx) {
+  const { owner } = ctx;
+  root.append(h("h1", null, ctx.arg ? "Memory" : "Memories", " ", h("small", null, owner.agent_id ? `${owner.user_id} / ${owner.agent_id}` : owner.user_id)));
+  if (ctx.arg) await renderDetail(root, ctx);
+  else await renderList(root, ctx);
+}

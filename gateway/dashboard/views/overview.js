@@ -1,0 +1,85 @@
+// Overview: status, layer composition, writes over time, storage.
+
+import { api } from "../api.js";
+import { h, errorBox, fmtBytes, fmtCount, fmtTime, LAYERS } from "../dom.js";
+import { writesChart } from "../chart.js";
+
+function card(key, label, value, detail) {
+  return h("div", { class: "card", "data-stat": key },
+    h("div", { class: "card-label" }, label),
+    h("div", { class: "card-value" }, value === "" || value === undefined || value === null ? "—" : String(value)),
+    detail ? h("div", { class: "card-detail" }, detail) : null);
+}
+
+function lastConsolidation(status) {
+  if (status.last_consolidated) {
+    const last = status.last_consolidated;
+    return [fmtTime(last.at || last.finished_at || status.last_consolidated_at) || "done", `${fmtCount(status.consolidations)} passes`];
+  }
+  if (status.consolidations === -1) return ["none", `${status.mode} mode has no slow path; ultra consolidates`];
+  return ["never yet", "the ultra consolidation pass has not run"];
+}
+
+function statusCards(status) {
+  const [consolidated, consolidatedDetail] = lastConsolidation(status);
+  return h("div", { class: "cards" },
+    card("mode", "Mode", status.mode, status.mode_detail),
+    card("llm", "LLM", status.llm, [status.llm_model, status.llm_base].filter(Boolean).join(" @ ")),
+    card("embed", "Embedder model", status.embed, status.embed_dims ? `${status.embed_dims} dimensions` : ""),
+    card("unextracted", "Unextracted", fmtCount(status.unextracted), status.extract_sync),
+    card("consolidation", "Last consolidation", consolidated, consolidatedDetail),
+    card("total", "Live memories", fmtCount(status.vdb_points), "all owners"),
+    card("pipeline", "Write pipeline", status.write_pipeline, `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start`),
+  );
+}
+
+function layerBars(layers) {
+  const max = Math.max(1, ...LAYERS.map((name) => layers[name] || 0));
+  return h("table", { class: "layers" },
+    h("tbody", null, LAYERS.map((name) => {
+      const count = layers[name] || 0;
+      return h("tr", { "data-layer": name },
+        h("th", { scope: "row" }, h("a", { href: `#/memories?layer=${name}`, "data-layer-link": name }, name)),
+        h("td", { class: "bar-cell" }, h("span", { class: "bar", style: { width: `${(count / max) * 100}%` } })),
+        h("td", { class: "num count" }, fmtCount(count)));
+    })));
+}
+
+export async function render(root, ctx) {
+  const { owner } = ctx;
+  root.append(h("h1", null, "Overview"));
+  const [status, writes, system] = await Promise.allSettled([
+    api("/api/v1/status"),
+    api("/dashboard/api/writes", { query: { ...owner, days: 28 } }),
+    api("/dashboard/api/system"),
+  ]);
+  if (ctx.stale()) return;
+
+  const statusBox = h("section", { class: "panel", id: "status" }, h("h2", null, "Status"));
+  if (status.status === "fulfilled") statusBox.append(statusCards(status.value));
+  else statusBox.append(errorBox(status.reason));
+
+  const layersBox = h("section", { class: "panel", id: "layers" }, h("h2", null, "Layers ", h("small", null, "live rows, all owners")));
+  if (status.status === "fulfilled") {
+    layersBox.append(layerBars(status.value.layers || {}));
+    const total = Object.values(status.value.layers || {}).reduce((a, b) => a + b, 0);
+    if (total === 0) layersBox.append(h("p", { class: "muted" }, "No memories yet: every POST /api/v1/add stores a raw (L2) row; pro and ultra derive the other layers from it."));
+  }
+
+  const ownerName = owner.agent_id ? `${owner.user_id} / ${owner.agent_id}` : owner.user_id;
+  const writesBox = h("section", { class: "panel", id: "writes" }, h("h2", null, "Writes over time ", h("small", null, `owner ${ownerName}, last 28 days (UTC)`)));
+  if (writes.status === "fulfilled") writesBox.append(writesChart(writes.value.days));
+  else writesBox.append(errorBox(writes.reason));
+
+  const storageBox = h("section", { class: "panel", id: "storage" }, h("h2", null, "Storage"));
+  if (system.status === "fulfilled") {
+    const sys = system.value;
+    storageBox.append(h("dl", { class: "facts" },
+      h("dt", null, "Data directory"), h("dd", { class: "mono" }, sys.data_dir),
+      h("dt", null, "Size on disk"), h("dd", { "data-stat": "data_bytes" }, fmtBytes(sys.data_bytes)),
+      h("dt", null, "Snapshots"), h("dd", null, `${sys.snapshots.files.length} in ${sys.snapshots.dir}`)));
+  } else {
+    storageBox.append(errorBox(system.reason));
+  }
+  root.append(statusBox, h("div", { class: "two" }, layersBox, storageBox), writesBox);
+}

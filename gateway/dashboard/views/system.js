@@ -1,0 +1,38 @@
+// System: service health, settings in force (credentials only as set / not set), data directory, snapshots.
+
+import { api } from "../api.js";
+import { h, emptyState, fmtBytes, fmtTime } from "../dom.js";
+
+function value(v) {
+  if (v === null || v === undefined || v === "") return "—";
+  if (typeof v === "object") return JSON.stringify(v);
+  return String(v);
+}
+
+export async function render(root, ctx) {
+  root.append(h("h1", null, "System"));
+  const sys = await api("/dashboard/api/system");
+  if (ctx.stale()) return;
+  const health = h("section", { class: "panel", id: "health" }, h("h2", null, "Services"),
+    h("table", { class: "services" },
+      h("thead", null, h("tr", null, h("th", null, "Service"), h("th", null, "Health"), h("th", null, "Address"))),
+      h("tbody", null, sys.services.map((svc) => h("tr", { "data-service": svc.name },
+        h("td", null, svc.name),
+        h("td", null, h("span", { class: `health ${svc.status}` }, svc.status)),
+        h("td", { class: "mono" }, svc.address))))),
+    h("p", { class: "muted" }, "Not every mode runs every service: lite needs no extractor, only ultra runs the consolidator."));
+  const storage = h("section", { class: "panel", id: "data" }, h("h2", null, "Data directory"),
+    h("dl", { class: "facts" },
+      h("dt", null, "Path"), h("dd", { class: "mono" }, sys.data_dir),
+      h("dt", null, "Size on disk"), h("dd", null, fmtBytes(sys.data_bytes))));
+  const snaps = sys.snapshots;
+  const snapshots = h("section", { class: "panel", id: "snapshots" }, h("h2", null, "Snapshots"),
+    h("p", { class: "muted" }, snaps.every_s ? `Every ${Math.round(snaps.every_s / 3600)} h, keeping ${snaps.keep}, in ${snaps.dir}` : `Off (HYATLAS_SNAPSHOT_EVERY); folder ${snaps.dir}`),
+    snaps.files.length
+      ? h("table", null, h("tbody", null, snaps.files.map((f) => h("tr", null, h("td", { class: "mono" }, f.name), h("td", { class: "num" }, fmtBytes(f.bytes)), h("td", null, fmtTime(f.modified))))))
+      : emptyState("No snapshots yet."));
+  const settings = h("section", { class: "panel", id: "settings" }, h("h2", null, "Settings in force ", h("small", null, "keys and tokens show only whether they are set")),
+    h("table", { class: "settings" }, h("tbody", null, Object.entries(sys.settings).map(([key, v]) => h("tr", { "data-setting": key },
+      h("th", { scope: "row", class: "mono" }, key), h("td", { class: "mono" }, value(v)))))));
+  root.append(health, h("div", { class: "two" }, storage, snapshots), settings);
+}

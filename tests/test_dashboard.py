@@ -1,0 +1,565 @@
+"""The dashboard in headless Chromium against a real gateway, store, search and extractor."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
+from yarl import URL
+
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.support import Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "dashboard-test-token"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+LAYERS = [
+    "l1_profile",
+    "l2_raw",
+    "l3_fact",
+    "l4_summary",
+    "l5_knowledge",
+    "l6_schema",
+    "l7_intention",
+    "l8_entity",
+]
+# Routes a later issue builds answer 501; the page turns that into an empty state.
+NOT_YET_BUILT = ("/api/v1/graph-as-of",)
+BULK_USER = "bulk-user"
+BULK_ROWS = 10_000
+PAGE_SIZE = 50
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Debian's chromium is not installed: run `make browser`", allow_module_level=True)
+
+
+def _user() -> str:
+    return f"user-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Api:
+    """A REST client for the gateway, with the token."""
+
+    base_url: str
+
+    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, self.base_url + path, headers=headers, **kw) as reply,
+        ):
+            return reply.status, await reply.json()
+
+    async def ok(self, method: str, path: str, **kw: Any) -> Any:
+        status, body = await self.call(method, path, **kw)
+        assert status == 200, body
+        return body
+
+    async def add(self, text: str, user_id: str, **fields: Any) -> str:
+        body = await self.ok(
+            "POST", "/api/v1/add", json={"text": text, "user_id": user_id, **fields}
+        )
+        return str(body["memory_id"])
+
+    async def memory(self, memory_id: str, user_id: str) -> dict[str, Any]:
+        """The row as list shows it, retired or not."""
+        listed = await self.ok(
+            "POST",
+            "/api/v1/list",
+            json={"user_id": user_id, "limit": 1000, "include_superseded": True},
+        )
+        found = [m for m in listed["memories"] if m["memory_id"] == memory_id]
+        assert found, f"{memory_id} not listed"
+        return dict(found[0])
+
+
+@dataclass
+class Session:
+    """One browser page on the dashboard, with every request and console error it caused."""
+
+    page: Page
+    base_url: str
+    shots: Path
+    requests: list[str] = field(default_factory=list)
+    failed: dict[str, int] = field(default_factory=dict)
+    console_errors: list[tuple[str, str]] = field(default_factory=list)
+
+    async def open(self, route: str) -> None:
+        """Loads a view and waits until it finished rendering."""
+        await self.act(self.page.goto(f"{self.base_url}/dashboard/#/{route}"))
+
+    async def act(self, action: Awaitable[Any]) -> None:
+        """Runs an action (click, navigation) and waits for the render it causes to finish."""
+        before = await self._rendered_mark()
+        await action
+        await self.page.wait_for_function(
+            "(before) => (document.documentElement.dataset.rendered || '') !== before", arg=before
+        )
+
+    async def _rendered_mark(self) -> str:
+        if self.page.url == "about:blank":
+            return ""
+        return str(await self.page.evaluate("document.documentElement.dataset.rendered || ''"))
+
+    async def rendered(self) -> None:
+        """Waits until the page has finished a render (after a first load)."""
+        await self.page.wait_for_function("!!document.documentElement.dataset.rendered")
+
+    async def set_owner(self, user_id: str, agent_id: str = "") -> None:
+        await self.page.fill("#owner-user", user_id)
+        await self.page.fill("#owner-agent", agent_id)
+        await self.act(self.page.click("#owner button[type=submit]"))
+
+    async def shot(self, name: str) -> None:
+        """Screenshots the page at desktop and phone width."""
+        for label, size in (("desktop", DESKTOP), ("phone", PHONE)):
+            await self.page.set_viewport_size(size)
+            await self.page.screenshot(path=str(self.shots / f"{name}-{label}.png"), full_page=True)
+        await self.page.set_viewport_size(DESKTOP)
+
+    def unexpected_console_errors(self) -> list[tuple[str, str]]:
+        """Console errors other than the browser's note on a route that is not built yet."""
+        return [
+            (text, url)
+            for text, url in self.console_errors
+            if not (
+                text.startswith("Failed to load resource")
+                and self.failed.get(url) == 501
+                and any(path in url for path in NOT_YET_BUILT)
+            )
+        ]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """A lite stack behind a token; the extractor serves forget."""
+    data_dir: Path = tmp_path_factory.mktemp("dashboard")
+    with running_stack(
+        data_dir,
+        ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_TOKEN=TOKEN,
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the tests leave screenshots of every page."""
+    return tmp_path_factory.mktemp("dashboard-screenshots")
+
+
+@pytest.fixture
+def api(stack: Stack) -> Api:
+    return Api(stack.base_url)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        chromium = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def _session(browser: Browser, stack: Stack, shots: Path, *, token: bool) -> Session:
+    context = await browser.new_context(viewport=DESKTOP)
+    if token:
+        await context.add_init_script(
+            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(TOKEN)});"
+        )
+    page = await context.new_page()
+    session = Session(page, stack.base_url, shots)
+
+    def on_request(request: Request) -> None:
+        session.requests.append(request.url)
+
+    def on_response(response: Response) -> None:
+        if response.status >= 400:
+            session.failed[response.url] = response.status
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            session.console_errors.append((message.text, message.location.get("url", "")))
+
+    def on_page_error(error: Exception) -> None:
+        session.console_errors.append((f"uncaught: {error}", ""))
+
+    page.on("request", on_request)
+    page.on("response", on_response)
+    page.on("console", on_console)
+    page.on("pageerror", on_page_error)
+    return session
+
+
+@pytest.fixture
+async def ui(browser: Browser, stack: Stack, shots: Path) -> AsyncIterator[Session]:
+    """A page whose tab already holds the token."""
+    session = await _session(browser, stack, shots, token=True)
+    yield session
+    assert session.unexpected_console_errors() == []
+    await session.page.context.close()
+
+
+async def _memory_ids(session: Session) -> list[str]:
+    return [
+        str(await row.get_attribute("data-memory-id"))
+        for row in await session.page.locator("tr.memory-row").all()
+    ]
+
+
+# --- overview ----------------------------------------------------------------------------
+
+
+async def test_overview_shows_the_counts_status_reports(ui: Session, api: Api) -> None:
+    user = _user()
+    for text in ("The cat is called Miso.", "Standup is at 9:30.", "I ride a grey bike."):
+        await api.add(text, user)
+
+    await ui.open("overview")
+    status = await api.ok("GET", "/api/v1/status")
+    page = ui.page
+    for layer in LAYERS:
+        count = page.locator(f"#layers tr[data-layer={layer}] .count")
+        assert (await count.inner_text()).replace(",", "") == str(status["layers"][layer])
+    assert status["layers"]["l2_raw"] >= 3
+    assert await page.locator("[data-stat=mode] .card-value").inner_text() == status["mode"]
+    assert await page.locator("[data-stat=llm] .card-value").inner_text() == status["llm"]
+    assert await page.locator("[data-stat=embed] .card-value").inner_text() == status["embed"]
+    unextracted = await page.locator("[data-stat=unextracted] .card-value").inner_text()
+    assert unextracted.replace(",", "") == str(status["unextracted"])
+    total = await page.locator("[data-stat=total] .card-value").inner_text()
+    assert total.replace(",", "") == str(status["vdb_points"])
+    consolidation = page.locator("[data-stat=consolidation]")
+    assert "no slow path" in await consolidation.inner_text()
+    assert await page.locator("[data-stat=data_bytes]").inner_text() != ""
+
+    # The writes chart shows today's three raw rows of the selected owner.
+    await ui.set_owner(user)
+    today = page.locator("#writes g.day").last
+    assert await today.get_attribute("data-total") == "3"
+    await ui.shot("overview")
+
+
+# --- memories and explore ----------------------------------------------------------------
+
+
+async def test_memory_added_through_the_api_appears_in_memories_and_explore(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The boat is moored at Pier 39 in Lisbon.", user)
+    await api.add("Tea, not coffee, after four.", user)
+
+    await ui.open("memories")
+    await ui.set_owner(user)
+    assert memory_id in await _memory_ids(ui)
+    row = ui.page.locator(f"tr.memory-row[data-memory-id='{memory_id}']")
+    assert "Pier 39" in await row.inner_text()
+    await ui.shot("memories")
+
+    await ui.act(ui.page.click("#nav a[data-view=explore]"))
+    await ui.page.fill("#query", "where is the boat moored")
+    await ui.page.select_option("#reader", "semantic")
+    await ui.page.click("#search-form button[type=submit]")
+    hit = ui.page.locator(f"section.channel[data-channel=normal] li[data-memory-id='{memory_id}']")
+    await hit.wait_for()
+    assert "score" in await hit.inner_text()
+    await ui.shot("explore")
+
+    # The keyword reader and a layer filter with no rows in it.
+    await ui.page.fill("#query", "Pier")
+    await ui.page.select_option("#reader", "keyword")
+    await ui.page.select_option("#layer", "l3_fact")
+    await ui.page.click("#search-form button[type=submit]")
+    await ui.page.locator("#explore-results .empty").wait_for()
+    await ui.page.select_option("#layer", "l2_raw")
+    await ui.page.click("#search-form button[type=submit]")
+    await ui.page.locator(f"li[data-memory-id='{memory_id}']").wait_for()
+
+
+async def test_owner_selector_filters_every_view(ui: Session, api: Api) -> None:
+    alice, bob = _user(), _user()
+    alice_id = await api.add("Alice keeps bees on the roof.", alice, agent_id="hermes")
+    alice_other = await api.add("Alice's other note: the roof is flat.", alice, agent_id="cli")
+    bob_id = await api.add("Bob keeps bees in the garden.", bob)
+
+    await ui.open("memories")
+    await ui.set_owner(alice)
+    shown = await _memory_ids(ui)
+    assert alice_id in shown and alice_other in shown and bob_id not in shown
+
+    await ui.set_owner(alice, "hermes")
+    assert await _memory_ids(ui) == [alice_id]
+
+    await ui.set_owner(bob)
+    assert await _memory_ids(ui) == [bob_id]
+
+    # The same owner applies to search.
+    await ui.open("explore?q=who+keeps+bees&reader=semantic")
+    hits = ui.page.locator("li.hit")
+    assert [await h.get_attribute("data-memory-id") for h in await hits.all()] == [bob_id]
+
+
+async def test_forget_then_restore_from_the_detail_view_change_state_through_the_api(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("My locker code is 4417.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.act(ui.page.click(f"tr.memory-row[data-memory-id='{memory_id}'] a"))
+    detail = ui.page.locator("#memory-detail")
+    assert await detail.get_attribute("data-status") == "active"
+    assert await ui.page.locator("#memory-content").inner_text() == "My locker code is 4417."
+    await ui.shot("detail")
+
+    await ui.page.click("#forget")
+    await ui.page.locator("#memory-detail[data-status=retired]").wait_for()
+    row = await api.memory(memory_id, user)
+    assert row["superseded_how"] == "forgotten" and row["invalid_at"]
+    assert "forgotten" in await ui.page.locator(".detail-head").inner_text()
+    assert await ui.page.locator("#history tr[data-action=retire]").count() == 1
+    await ui.shot("detail-forgotten")
+
+    await ui.page.click("#restore")
+    await ui.page.locator("#memory-detail[data-status=active]").wait_for()
+    row = await api.memory(memory_id, user)
+    assert "invalid_at" not in row
+    assert await ui.page.locator("#history tr[data-action=restore]").count() == 1
+
+
+async def test_delete_asks_for_confirmation_then_erases_through_the_api(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("Temporary note to erase.", user)
+    keep_id = await api.add("A note to keep.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{memory_id}")
+
+    await ui.page.click("#delete")
+    assert await ui.page.locator("#confirm-delete").is_visible()
+    await ui.page.click("#cancel-delete")
+    assert not await ui.page.locator("#confirm-delete").is_visible()
+    assert memory_id in [m["memory_id"] for m in (await api.ok(
+        "POST", "/api/v1/list", json={"user_id": user}
+    ))["memories"]]
+
+    await ui.page.click("#delete")
+    await ui.page.click("#confirm-delete")
+    await ui.page.locator("#memory-table").wait_for()
+    assert await _memory_ids(ui) == [keep_id]
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user})
+    assert [m["memory_id"] for m in listed["memories"]] == [keep_id]
+
+
+async def test_detail_shows_what_a_memory_replaced_and_its_sources(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    raw_id = await api.add("USER: I moved from Porto to Lisbon.", user)
+    scope = common_pb2.Scope(user_id=user)
+    owner = common_pb2.Owner(user_id=user)
+    async with open_channel(stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        old = await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=owner, layer=common_pb2.L3_FACT, content="User lives in Porto",
+                    source_ids=[raw_id],
+                ))],
+                actor="extractor",
+            )
+        )
+        new = await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[
+                    store_pb2.Op(insert=store_pb2.NewMemory(
+                        owner=owner, layer=common_pb2.L3_FACT, content="User lives in Lisbon",
+                        source_ids=[raw_id], ref="new",
+                    )),
+                    store_pb2.Op(retire=store_pb2.RetireOp(
+                        id=old.memories[0].id, superseded_how="replaced", superseded_by="$new",
+                    )),
+                ],
+                actor="extractor",
+            )
+        )
+    old_id, new_id = old.memories[0].id, new.memories[0].id
+
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{new_id}")
+    assert await ui.page.locator(f"#replaced li[data-memory-id='{old_id}']").count() == 1
+    assert "Porto to Lisbon" in await ui.page.locator("#memory-detail").inner_text()
+    await ui.shot("detail-lineage")
+
+    await ui.act(ui.page.click(f"#replaced li[data-memory-id='{old_id}'] a"))
+    await ui.page.locator(f"#memory-detail[data-memory-id='{old_id}']").wait_for()
+    assert await ui.page.locator(f"#replaced-by li[data-memory-id='{new_id}']").count() == 1
+
+
+# --- graph, system, network, token -------------------------------------------------------
+
+
+async def test_every_view_talks_only_to_the_gateway_without_console_errors(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("Visited every view of the dashboard.", user)
+    for route in ("overview", "explore", "memories", "graph", "system"):
+        await ui.open(route)
+        await ui.set_owner(user)
+    await ui.open("explore?q=visited+every+view")
+    await ui.open(f"memories/{memory_id}")
+
+    await ui.open("graph")
+    out = ui.page.locator("#graph-out")
+    assert "consolidation" in await out.inner_text()
+    assert "not implemented yet" in await out.locator(".error").inner_text()
+    await ui.shot("graph")
+
+    assert ui.requests
+    outside = [url for url in ui.requests if not url.startswith(ui.base_url + "/")]
+    assert outside == []
+    assert ui.unexpected_console_errors() == []
+
+
+async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> None:
+    await ui.open("system")
+    page = ui.page
+    for service in ("gateway", "store", "search"):
+        health = page.locator(f"tr[data-service={service}] .health")
+        assert await health.inner_text() == "serving"
+    assert await page.locator("tr[data-service=consolidator] .health").inner_text() == (
+        "unreachable"
+    )
+    assert await page.locator("tr[data-setting=token] td").inner_text() == "(set)"
+    assert await page.locator("tr[data-setting=mode] td").inner_text() == "lite"
+    assert TOKEN not in await page.content()
+    await ui.shot("system")
+
+
+async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
+    browser: Browser, stack: Stack, shots: Path
+) -> None:
+    session = await _session(browser, stack, shots, token=False)
+    page = session.page
+    await page.goto(f"{stack.base_url}/dashboard/")
+    dialog = page.locator("#token-dialog")
+    await dialog.wait_for()
+    assert await dialog.is_visible()
+    await page.fill("#token-input", TOKEN)
+    await page.click("#token-submit")
+    await session.rendered()
+    assert await page.locator("[data-stat=mode] .card-value").inner_text() == "lite"
+    assert await page.evaluate("sessionStorage.getItem('hyatlas.token')") == TOKEN
+
+    for view in ("memories", "system", "overview"):
+        await session.act(page.click(f"#nav a[data-view={view}]"))
+        assert not await dialog.is_visible()
+    # The only refusals were the first calls, made before the token was given.
+    assert set(session.failed.values()) == {401}
+    await page.context.close()
+
+    # The shell is public; the data behind it is not.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{stack.base_url}/dashboard/") as reply:
+            assert reply.status == 200
+            assert "default-src 'self'" in reply.headers["Content-Security-Policy"]
+        async with http.get(f"{stack.base_url}/dashboard/api/system") as reply:
+            assert reply.status == 401
+        async with http.get(f"{stack.base_url}/dashboard/../api/v1/status") as reply:
+            assert reply.status == 401
+        escape = URL(f"{stack.base_url}/dashboard/..%2f..%2fpyproject.toml", encoded=True)
+        async with http.get(escape) as reply:
+            assert reply.status == 404
+
+
+# --- many rows ---------------------------------------------------------------------------
+
+
+async def _insert_bulk(stack: Stack, rows: int) -> None:
+    """Stores rows for BULK_USER through the store's Apply, a few hundred per call."""
+    owner = common_pb2.Owner(user_id=BULK_USER, session_id="bulk")
+    async with open_channel(stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        batch = 500
+        for start in range(0, rows, batch):
+            ops = [
+                store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=owner, layer=common_pb2.L2_RAW, content=f"bulk note {n}",
+                    extraction_status="skipped", write_mode="lite",
+                ))
+                for n in range(start, min(rows, start + batch))
+            ]
+            await store.Apply(
+                store_pb2.ApplyRequest(
+                    scope=common_pb2.Scope(user_id=BULK_USER), ops=ops, actor="api"
+                ),
+                timeout=120,
+            )
+
+
+@pytest.mark.timeout(600)
+async def test_ten_thousand_memories_load_one_page_at_a_time(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    await _insert_bulk(stack, BULK_ROWS)
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": BULK_USER, "limit": 1})
+    assert listed["total"] == BULK_ROWS
+
+    await ui.open("memories")
+    await ui.set_owner(BULK_USER)
+    page = ui.page
+    assert await page.locator("tr.memory-row").count() == PAGE_SIZE
+    info = await page.locator("#page-info").inner_text()
+    assert "10,000 rows" in info and "page 1 of 200" in info
+    first = await _memory_ids(ui)
+    assert await page.locator("tr.memory-row").first.inner_text() != ""
+    assert "bulk note 9999" in await page.locator("tr.memory-row").first.inner_text()
+
+    await ui.act(page.click("#next-page"))
+    assert "page 2 of 200" in await page.locator("#page-info").inner_text()
+    second = await _memory_ids(ui)
+    assert len(second) == PAGE_SIZE and not set(first) & set(second)
+    await ui.shot("memories-10k")
+
+    # The overview and the layer counts stay usable with the bulk rows in the store.
+    await ui.open("overview")
+    status = await api.ok("GET", "/api/v1/status")
+    raw = await page.locator("#layers tr[data-layer=l2_raw] .count").inner_text()
+    assert raw.replace(",", "") == str(status["layers"]["l2_raw"])
+    assert await page.locator("#writes g.day").last.get_attribute("data-total") == str(BULK_ROWS)
+
