@@ -421,7 +421,6 @@ NOT_YET: dict[str, str] = {
     "/api/v1/history": "a row's audit history comes in a later issue",
     "/api/v1/export": "JSONL export comes in a later issue",
     "/api/v1/import": "JSONL import comes in a later issue",
-    "/dashboard/": "the dashboard's static files come in a later issue",
 }
 HANDLED = frozenset({"/api/v1/digest", "/api/v1/reprocess"})
 
@@ -439,5 +438,3 @@ def add_placeholder_routes(app: web.Application) -> None:
     """Routes a later issue builds answer 501 and say which one."""
     for path in NOT_YET.keys() - HANDLED:
         app.router.add_route("*", path, _not_yet(path))
-    app.router.add_route("*", "/dashboard", _not_yet("/dashboard/"))
-    app.router.add_route("*", "/dashboard/{tail:.+}", _not_yet("/dashboard/"))

@@ -15,8 +15,10 @@ import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
 from yarl import URL
 
+from gateway.dashboard import public_settings
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
+from shared.settings import Settings
 from tests.support import Stack, running_stack
 
 pytestmark = pytest.mark.slow
@@ -563,3 +565,46 @@ async def test_ten_thousand_memories_load_one_page_at_a_time(
     assert raw.replace(",", "") == str(status["layers"]["l2_raw"])
     assert await page.locator("#writes g.day").last.get_attribute("data-total") == str(BULK_ROWS)
 
+
+
+# --- the dashboard's own JSON ------------------------------------------------------------
+
+
+async def test_dashboard_endpoints_refuse_bad_input_and_other_owners_rows(api: Api) -> None:
+    user = _user()
+    memory_id = await api.add("A row only its owner may open.", user)
+    for path, status in (
+        ("/dashboard/api/writes?days=0", 400),
+        ("/dashboard/api/writes?days=many", 400),
+        ("/dashboard/api/memory", 400),
+        ("/dashboard/api/memory?id=no-such-row", 404),
+        (f"/dashboard/api/memory?id={memory_id}&user_id={_user()}", 404),
+    ):
+        code, body = await api.call("GET", path)
+        assert code == status, (path, body)
+        assert body["error"]
+    detail = await api.ok("GET", f"/dashboard/api/memory?id={memory_id}&user_id={user}")
+    assert detail["memory"]["content"] == "A row only its owner may open."
+    assert detail["memory"]["status"] == "active" and detail["replaced_by"] is None
+    writes = await api.ok("GET", f"/dashboard/api/writes?user_id={user}&days=3")
+    assert [day["raw"] for day in writes["days"]] == [0, 0, 1]
+
+
+def test_settings_in_force_show_whether_credentials_are_set_but_never_their_value() -> None:
+    settings = Settings.from_env(
+        {
+            "HYATLAS_MODE": "pro",
+            "HYATLAS_TOKEN": "tok-123",
+            "HYATLAS_LLM_KEY": "sk-secret",
+            "HYATLAS_LLM_BASE": "http://me:pw-secret@llm.local:8080/v1",
+            "HYATLAS_EMBED_KEY": "emb-secret",
+        }
+    )
+    shown = public_settings(settings)
+    text = json.dumps(shown)
+    for secret in ("tok-123", "sk-secret", "pw-secret", "emb-secret"):
+        assert secret not in text
+    assert shown["token"] == "(set)" and shown["llm_key"] == "(set)"
+    assert shown["llm_fallback_key"] == "(not set)"
+    assert shown["llm_base"] == "http://llm.local:8080/v1"
+    assert shown["mode"] == "pro"

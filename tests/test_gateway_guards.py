@@ -319,9 +319,9 @@ async def test_unbuilt_routes_answer_501_and_say_which_issue(
         assert reply["error"].startswith(f"{path} is not implemented yet: ")
 
 
-async def test_dashboard_subpaths_answer_501(client: TestClient[Any, Any]) -> None:
+async def test_a_file_the_dashboard_lacks_is_a_json_404(client: TestClient[Any, Any]) -> None:
     status, reply = await _status_and_json(client, "GET", "/dashboard/assets/app.js")
-    assert status == 501 and "dashboard" in reply["error"]
+    assert status == 404 and "/dashboard/assets/app.js" in reply["error"]
 
 
 async def test_digest_in_lite_and_pro_says_there_is_no_slow_path(make_client: MakeClient) -> None:
