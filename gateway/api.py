@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import logging
 from typing import Any
 
 import grpc
@@ -12,11 +14,13 @@ from aiohttp import web
 from gateway.config import GatewayConfig
 from gateway.errors import Handler, error_extras
 from gateway.params import Params, read_body
-from gateway.shapes import layer_counts, list_items, search_response
-from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
+from gateway.shapes import layer_counts, list_items, rfc3339, search_response
+from gateway.state import CONFIG, COUNTERS, EXTRACTOR, SEARCH, STORE
 from shared.errors import InvalidArgument, NotFound, PermissionDenied, Unimplemented
 from shared.layers import parse_layer
-from shared.pb import common_pb2, search_pb2, store_pb2
+from shared.pb import common_pb2, extractor_pb2, search_pb2, store_pb2
+
+log = logging.getLogger(__name__)
 
 VERSION = "5.0.0-py"
 DEFAULT_USER = "default"
@@ -64,10 +68,12 @@ def _timeout(request: web.Request) -> float:
 
 
 def llm_state(config: GatewayConfig) -> str:
-    """The status `llm` field: unused in lite, else ok or unconfigured."""
+    """The status `llm` field from the settings alone (when the extractor cannot say)."""
     if config.mode == "lite":
         return "unused"
-    return "ok" if config.llm_configured else "unconfigured"
+    if config.llm_configured:
+        return "ok"
+    return "awaiting_key" if config.llm_endpoint else "unconfigured"
 
 
 def mode_detail(config: GatewayConfig) -> str:
@@ -98,10 +104,44 @@ def extract_sync(config: GatewayConfig) -> str:
 
 
 def extraction_status(config: GatewayConfig) -> str:
-    """The status a new raw row starts with."""
+    """The status a new raw row starts with (a key may still arrive for a pending one)."""
     if config.mode == "lite":
         return "skipped"
-    return "pending" if config.llm_configured else "unconfigured"
+    return "pending" if config.llm_endpoint else "unconfigured"
+
+
+async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusResponse | None:
+    """What the extractor says about the LLM, or None when it cannot be asked."""
+    config = request.app[CONFIG]
+    if config.mode == "lite":
+        return None
+    try:
+        return await request.app[EXTRACTOR].GetLlmStatus(
+            extractor_pb2.GetLlmStatusRequest(), timeout=min(5.0, _timeout(request))
+        )
+    except grpc.aio.AioRpcError as exc:
+        log.warning("extractor status unavailable: %s", exc.details() or exc.code().name)
+        return None
+
+
+async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str) -> str:
+    """Hands a new raw row to the extractor; if it cannot be reached, catch-up takes the row."""
+    config = request.app[CONFIG]
+    wait = config.sync_extract
+    # A waiting write may see a primary and a fallback round, and one retry of each.
+    timeout = 2 * config.extract_timeout_s + 30.0 if wait else _timeout(request)
+    try:
+        reply = await request.app[EXTRACTOR].ExtractMemory(
+            extractor_pb2.ExtractMemoryRequest(scope=scope, id=memory_id, wait=wait),
+            timeout=timeout,
+        )
+    except grpc.aio.AioRpcError as exc:
+        log.warning(
+            "extraction of %s not started (%s); catch-up will take it",
+            memory_id, exc.details() or exc.code().name,
+        )
+        return "pending"
+    return reply.extraction_status
 
 
 @routes.route("*", "/healthz")
@@ -118,6 +158,19 @@ async def status(request: web.Request) -> web.Response:
         store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
     )
     counters = request.app[COUNTERS]
+    llm = await _llm_status(request)
+    if llm is not None:
+        state, pipeline = llm.llm, llm.write_pipeline
+    else:
+        state = llm_state(config)
+        pipeline = "ok" if config.mode == "lite" else "degraded: the extractor is unavailable"
+    extras: dict[str, Any] = {}
+    if llm is not None:
+        extras = {
+            "dropped_ops": llm.dropped_ops,
+            "refused_forgotten": llm.refused_forgotten,
+            "extracting": llm.in_flight,
+        }
     return _json(
         {
             "status": "ok",
@@ -125,14 +178,14 @@ async def status(request: web.Request) -> web.Response:
             "vdb": "ok",
             "embed": stats.model_id,
             "embed_dims": stats.ndim,
-            "llm": llm_state(config),
+            "llm": state,
             "llm_model": config.llm_model,
             "llm_base": config.llm_base,
             "mode": config.mode,
             "mode_detail": mode_detail(config),
             "uses_llm": config.mode != "lite",
             "extract_sync": extract_sync(config),
-            "write_pipeline": "ok",
+            "write_pipeline": pipeline,
             "writes": counters.writes,
             "searches": counters.searches,
             "layers": layer_counts(stats.layers),
@@ -142,6 +195,7 @@ async def status(request: web.Request) -> web.Response:
             "consolidations": 0 if config.mode == "ultra" else -1,
             "vdb_points": stats.total,
             "data_dir": stats.data_dir or str(config.data_dir),
+            **extras,
         }
     )
 
@@ -207,7 +261,10 @@ async def add(request: web.Request) -> web.Response:
         timeout=_timeout(request),
     )
     request.app[COUNTERS].writes += 1
-    return _json({"success": True, "memory_id": reply.memories[0].id, "extraction_status": status_})
+    memory_id = reply.memories[0].id
+    if status_ == "pending":
+        status_ = await _extract(request, _scope(owner.user_id, agent_id), memory_id)
+    return _json({"success": True, "memory_id": memory_id, "extraction_status": status_})
 
 
 def _reader(text: str) -> str:
@@ -377,52 +434,167 @@ async def digest(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/reprocess")
 async def reprocess(request: web.Request) -> web.Response:
-    """Lite never extracts, so there is nothing to reprocess; pro/ultra need the extractor."""
+    """Re-extracts the given raw rows, or up to max unextracted ones, oldest first."""
     config = request.app[CONFIG]
-    if config.mode != "lite":
-        raise Unimplemented(
-            f"/api/v1/reprocess is not implemented yet: {NOT_YET['/api/v1/reprocess']}"
-        )
     params = await _params(request)
     ids = params.strings("ids")
     most = params.integer("max", 0, lo=INT32_MIN)
     most = 200 if most <= 0 else most
-    if ids:
-        skipped = len(ids)
-    else:
-        stats = await request.app[STORE].GetStats(
-            store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
+    if config.mode == "lite":
+        if ids:
+            skipped = len(ids)
+        else:
+            stats = await request.app[STORE].GetStats(
+                store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
+            )
+            skipped = min(most, int(stats.layers.get("l2_raw", 0)))
+        return _json(
+            {
+                "reprocessed": 0,
+                "failed": 0,
+                "skipped": skipped,
+                "note": "mode is lite; extraction is disabled, nothing to reprocess",
+            }
         )
-        skipped = min(most, int(stats.layers.get("l2_raw", 0)))
+    reply = await request.app[EXTRACTOR].Reprocess(
+        extractor_pb2.ReprocessRequest(ids=ids, max=most),
+        timeout=max(_timeout(request), (2 * config.extract_timeout_s + 30.0) * 4),
+    )
+    return _json(
+        {"reprocessed": reply.reprocessed, "failed": reply.failed, "skipped": reply.skipped}
+    )
+
+
+def _loopback(request: web.Request) -> bool:
+    """Whether the client connected from this machine, not through a proxy."""
+    if "Forwarded" in request.headers or "X-Forwarded-For" in request.headers:
+        return False
+    remote = request.remote or ""
+    try:
+        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@routes.post("/api/v1/llm/key")
+async def llm_key(request: web.Request) -> web.Response:
+    """Hands an LLM key to the extractor (kept in memory only); loopback clients only."""
+    if not _loopback(request):
+        raise PermissionDenied("the LLM key is accepted only from this machine")
+    config = request.app[CONFIG]
+    if config.mode == "lite":
+        raise InvalidArgument("mode is lite; no LLM is used, so no key is needed")
+    params = await _params(request)
+    key = params.string("key") or params.string("llm_key")
+    if not key:
+        raise InvalidArgument("key required")
+    reply = await request.app[EXTRACTOR].SetLlmKey(
+        extractor_pb2.SetLlmKeyRequest(key=key), timeout=_timeout(request)
+    )
+    return _json({"ok": True, "llm": reply.llm})
+
+
+@routes.post("/api/v1/forget")
+async def forget(request: web.Request) -> web.Response:
+    """Retires the owner's rows holding a value (by text or id) and tombstones the value."""
+    params = await _params(request)
+    text = params.string("text") or params.string("old_text")
+    memory_id = params.string("id") or params.string("memory_id")
+    if bool(text) == bool(memory_id):
+        raise InvalidArgument("pass exactly one of text and id")
+    metadata = params.obj("metadata")
+    origin = metadata.get("write_origin") or params.string("source") or params.string("origin")
+    actor = "plugin" if isinstance(origin, str) and origin in PLUGIN_ORIGINS else "api"
+    reply = await request.app[EXTRACTOR].ForgetMemories(
+        extractor_pb2.ForgetMemoriesRequest(
+            scope=_scope(params.string("user_id"), params.string("agent_id")),
+            text=text,
+            id=memory_id,
+            reason=params.string("reason"),
+            actor=actor,
+            memory_tool=origin == "memory_tool",
+        ),
+        timeout=_timeout(request),
+    )
     return _json(
         {
-            "reprocessed": 0,
-            "failed": 0,
-            "skipped": skipped,
-            "note": "mode is lite; extraction is disabled, nothing to reprocess",
+            "forgotten": len(reply.memories),
+            "memories": list_items(reply.memories),
+            "evidence_ids": list(reply.evidence_ids),
         }
     )
 
 
-EXTRACTOR = "it arrives with the extractor service (LLM extraction of raw rows)"
+@routes.post("/api/v1/restore")
+async def restore(request: web.Request) -> web.Response:
+    """Brings one of the owner's retired rows back; what replaced it stays as it is."""
+    params = await _params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    if not memory_id:
+        raise InvalidArgument("id required")
+    scope = _scope(params.string("user_id"), params.string("agent_id"))
+    store = request.app[STORE]
+    current = await store.GetMemory(
+        store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
+    )
+    if current.memory.status == "active":
+        return _json({"restored": False, "memory": list_items([current.memory])[0]})
+    reply = await store.Apply(
+        store_pb2.ApplyRequest(
+            scope=scope,
+            ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))],
+            actor="api",
+            reason=params.string("reason") or "restore",
+        ),
+        timeout=_timeout(request),
+    )
+    return _json({"restored": True, "memory": list_items(reply.memories)[0]})
+
+
+@routes.get("/api/v1/history")
+@routes.post("/api/v1/history")
+async def history(request: web.Request) -> web.Response:
+    """The audit trail of one of the owner's rows, oldest first."""
+    params = await _params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    if not memory_id:
+        raise InvalidArgument("id required")
+    scope = _scope(params.string("user_id"), params.string("agent_id"))
+    reply = await request.app[STORE].GetHistory(
+        store_pb2.GetHistoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
+    )
+    return _json(
+        {
+            "memory_id": memory_id,
+            "history": [
+                {
+                    "seq": entry.seq,
+                    "at": rfc3339(entry.at),
+                    "actor": entry.actor,
+                    "action": entry.action,
+                    "reason": entry.reason,
+                    "before": json.loads(entry.before_json) if entry.before_json else None,
+                    "after": json.loads(entry.after_json) if entry.after_json else None,
+                }
+                for entry in reply.entries
+            ],
+        }
+    )
+
+
 GRAPH = "it arrives with the consolidator service (the ultra slow path builds the L5 graph)"
 NOT_YET: dict[str, str] = {
     "/api/v1/digest": "the consolidator service runs the ultra slow path",
-    "/api/v1/reprocess": EXTRACTOR,
-    "/api/v1/forget": "it arrives with the extractor service (retiring forgotten values)",
-    "/api/v1/llm/key": "it arrives with the extractor service (the LLM key hand-over)",
     "/api/v1/graph": GRAPH,
     "/api/v1/edges": GRAPH,
     "/api/v1/learning/graph": GRAPH,
     "/api/v1/graph-as-of": GRAPH,
     "/api/v1/admin/compact_raw": "the admin maintenance routes come in a later issue",
     "/api/v1/admin/dedupe_facts": "the admin maintenance routes come in a later issue",
-    "/api/v1/restore": "restoring retired rows comes in a later issue",
-    "/api/v1/history": "a row's audit history comes in a later issue",
     "/api/v1/export": "JSONL export comes in a later issue",
     "/api/v1/import": "JSONL import comes in a later issue",
 }
-HANDLED = frozenset({"/api/v1/digest", "/api/v1/reprocess"})
+HANDLED = frozenset({"/api/v1/digest"})
 
 
 def _not_yet(path: str) -> Handler:

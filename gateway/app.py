@@ -10,20 +10,22 @@ from gateway import api, dashboard
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
-from gateway.state import CONFIG, COUNTERS, SEARCH, STORE, Counters
-from shared.pb import search_pb2_grpc, store_pb2_grpc
+from gateway.state import CONFIG, COUNTERS, EXTRACTOR, SEARCH, STORE, Counters
+from shared.pb import extractor_pb2_grpc, search_pb2_grpc, store_pb2_grpc
 from shared.rpc import open_channel
 
 
 async def _channels(app: web.Application) -> AsyncIterator[None]:
-    """Opens the store and search channels for the app's lifetime."""
+    """Opens the store, search and extractor channels for the app's lifetime."""
     config = app[CONFIG]
     async with (
         open_channel(config.store_address) as store,
         open_channel(config.search_address) as search,
+        open_channel(config.extractor_address) as extractor,
     ):
         app[STORE] = store_pb2_grpc.StoreStub(store)
         app[SEARCH] = search_pb2_grpc.SearchStub(search)
+        app[EXTRACTOR] = extractor_pb2_grpc.ExtractorStub(extractor)
         yield
 
 

@@ -24,6 +24,8 @@ class GatewayConfig:
     """HYATLAS_STORE_ADDR: the store's gRPC address."""
     search_address: str = "unix:data/run/search.sock"
     """HYATLAS_SEARCH_ADDR: the search service's gRPC address."""
+    extractor_address: str = "unix:data/run/extractor.sock"
+    """HYATLAS_EXTRACTOR_ADDR: the extractor's gRPC address (pro and ultra)."""
     allowed_hosts: frozenset[str] = frozenset()
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
@@ -36,6 +38,10 @@ class GatewayConfig:
     """HYATLAS_SYNC_EXTRACT: whether a write waits for its extraction."""
     llm_configured: bool = False
     """Whether HYATLAS_LLM_BASE, HYATLAS_LLM_MODEL and a key source are all set."""
+    llm_endpoint: bool = False
+    """Whether HYATLAS_LLM_BASE and HYATLAS_LLM_MODEL are set (a key may arrive later)."""
+    extract_timeout_s: float = 300.0
+    """HYATLAS_EXTRACT_TIMEOUT: bounds how long a synchronous write waits for extraction."""
     llm_model: str = ""
     """HYATLAS_LLM_MODEL: reported by status."""
     llm_base: str = ""
@@ -63,12 +69,15 @@ class GatewayConfig:
             http_port=settings.http_port,
             store_address=settings.address("store"),
             search_address=settings.address("search"),
+            extractor_address=settings.address("extractor"),
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
             admin=settings.admin,
             mode=settings.mode,
             sync_extract=settings.sync_extract,
             llm_configured=settings.llm_configured,
+            llm_endpoint=bool(settings.llm_base and settings.llm_model),
+            extract_timeout_s=settings.extract_timeout_s,
             llm_model=settings.llm_model,
             llm_base=settings.llm_base,
             consolidate_graph=settings.consolidate_graph,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.config import GatewayConfig
-from shared.pb import search_pb2_grpc, store_pb2_grpc
+from shared.pb import extractor_pb2_grpc, search_pb2_grpc, store_pb2_grpc
 
 
 @dataclass
@@ -21,4 +21,5 @@ class Counters:
 CONFIG = web.AppKey("config", GatewayConfig)
 STORE = web.AppKey("store", store_pb2_grpc.StoreStub)
 SEARCH = web.AppKey("search", search_pb2_grpc.SearchStub)
+EXTRACTOR = web.AppKey("extractor", extractor_pb2_grpc.ExtractorStub)
 COUNTERS = web.AppKey("counters", Counters)

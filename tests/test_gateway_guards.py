@@ -336,12 +336,14 @@ async def test_digest_in_lite_and_pro_says_there_is_no_slow_path(make_client: Ma
         }
 
 
-async def test_digest_and_reprocess_in_ultra_are_501(make_client: MakeClient) -> None:
+async def test_digest_in_ultra_is_501_and_reprocess_needs_the_extractor(
+    make_client: MakeClient,
+) -> None:
     client = await make_client(mode="ultra")
     status, reply = await _status_and_json(client, "POST", "/api/v1/digest")
     assert status == 501 and reply["digest_ok"] is False and "consolidator" in reply["error"]
     status, reply = await _status_and_json(client, "POST", "/api/v1/reprocess")
-    assert status == 501 and "extractor" in reply["error"]
+    assert status == 503 and "unavailable" in reply["error"]
 
 
 async def test_reprocess_in_lite_notes_extraction_is_off(client: TestClient[Any, Any]) -> None:

@@ -1,0 +1,89 @@
+"""The extractor service's settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shared.settings import Settings, read_duration
+
+
+@dataclass(frozen=True)
+class ExtractorConfig:
+    """What the extractor needs to run."""
+
+    address: str
+    """HYATLAS_EXTRACTOR_ADDR: the gRPC address to serve on."""
+    store_address: str
+    """HYATLAS_STORE_ADDR: the store's gRPC address."""
+    embedder_address: str
+    """HYATLAS_EMBEDDER_ADDR: the embedder's gRPC address (turn and fact vectors)."""
+    mode: str = "ultra"
+    """HYATLAS_MODE: lite never calls the LLM; pro and ultra extract every write."""
+    llm_base: str = ""
+    """HYATLAS_LLM_BASE: the primary OpenAI-compatible endpoint."""
+    llm_model: str = ""
+    """HYATLAS_LLM_MODEL: the primary model."""
+    llm_key: str = ""
+    """HYATLAS_LLM_KEY: the key used when no posted key or key file gives one."""
+    llm_key_file: str = ""
+    """HYATLAS_LLM_KEY_FILE: a plain-text key file, read on every call."""
+    fallback_model: str = ""
+    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails; empty: no fallback."""
+    fallback_base: str = ""
+    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
+    fallback_key: str | None = None
+    """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
+    extract_timeout_s: float = 300.0
+    """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
+    dedupe_score: float = 0.92
+    """HYATLAS_DEDUPE_SCORE: a new fact this similar to a live one retires it as restated."""
+    related_score: float = 0.70
+    """Least cosine similarity of a stored fact shown to the model as related."""
+    related_facts: int = 5
+    """How many related facts the model is shown."""
+    catchup_every_s: float | None = 600.0
+    """HYATLAS_CATCHUP_EVERY: how often unextracted raw rows are caught up; None: never."""
+    catchup_max_age_s: float | None = 168 * 3600.0
+    """HYATLAS_CATCHUP_MAX_AGE: the oldest raw row catch-up takes; None: no limit."""
+    catchup_min_age_s: float = 120.0
+    """HYATLAS_CATCHUP_MIN_AGE: rows younger than this are left to the write that made them."""
+    catchup_batch: int = 20
+    """Most rows one catch-up run extracts."""
+    catchup_tries: int = 3
+    """After this many unparseable replies a row is left alone."""
+    stop_grace_s: float = 10.0
+    """How long a clean stop waits for extractions in flight."""
+    store_wait_s: float = 60.0
+    """How long start-up waits for the store and embedder to serve."""
+
+    @property
+    def uses_llm(self) -> bool:
+        """Whether the mode extracts at all."""
+        return self.mode != "lite"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ExtractorConfig:
+        """Reads the HYATLAS_* settings the extractor uses."""
+        env = os.environ if environ is None else environ
+        settings = Settings.from_env(env)
+        min_age = read_duration(env, "HYATLAS_CATCHUP_MIN_AGE", 120.0)
+        return cls(
+            address=settings.address("extractor"),
+            store_address=settings.address("store"),
+            embedder_address=settings.address("embedder"),
+            mode=settings.mode,
+            llm_base=settings.llm_base,
+            llm_model=settings.llm_model,
+            llm_key=settings.llm_key,
+            llm_key_file=settings.llm_key_file,
+            fallback_model=settings.llm_fallback_model,
+            fallback_base=settings.llm_fallback_base,
+            fallback_key=settings.llm_fallback_key,
+            extract_timeout_s=settings.extract_timeout_s,
+            dedupe_score=settings.dedupe_score,
+            catchup_every_s=settings.catchup_every_s,
+            catchup_max_age_s=settings.catchup_max_age_s,
+            catchup_min_age_s=min_age or 0.0,
+        )

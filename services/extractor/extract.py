@@ -1,0 +1,380 @@
+"""One extraction: gather what the model is shown, call it once, check its ops, apply them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.extractor.llm import LlmClient, LlmMalformed
+from services.extractor.parse import (
+    EXPERIENCE,
+    Candidate,
+    Plan,
+    normalise,
+    read_plan,
+)
+from services.extractor.prompt import cap_utf8, extraction_messages, page_content, page_metadata
+from services.extractor.store_client import StoreClient, retire_op, update_op
+from shared.pb import common_pb2, store_pb2
+
+log = logging.getLogger(__name__)
+
+ACTOR = "extractor"
+PREFERENCES = "user_preferences"
+ENTITY_LABEL = "entity"
+MAX_INTENTIONS = 10
+MAX_PAGES = 5
+TOMBSTONES_KEY = "forgotten"
+DONE, FAILED, SKIPPED = "done", "failed", "skipped"
+MAX_SENTENCES = 8
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def probe_texts(text: str) -> list[str]:
+    """The turn and its first sentences: a fact related to one sentence of a long turn is
+    related to the turn, even when the turn's single vector is pulled elsewhere by the rest."""
+    sentences = [s.strip() for s in _SENTENCE_END.split(text) if len(s.strip()) >= 8]
+    return [text, *[s for s in sentences[:MAX_SENTENCES] if s != text.strip()]]
+
+
+class Embedder(Protocol):
+    """What extraction needs from the embedder."""
+
+    async def embed(
+        self, texts: Sequence[str], *, is_query: bool = False
+    ) -> tuple[np.ndarray, str]: ...
+
+
+@dataclass
+class Counters:
+    """What extraction did since the service started."""
+
+    extracted: int = 0
+    failed: int = 0
+    dropped_ops: int = 0
+    refused_forgotten: int = 0
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one extraction ended."""
+
+    status: str
+    error: str = ""
+
+
+def owner_scope(memory: common_pb2.Memory) -> common_pb2.Scope:
+    """The scope of a row's owner (the store widens the user to its alias group)."""
+    return common_pb2.Scope(user_id=memory.owner.user_id, agent_id=memory.owner.agent_id)
+
+
+def tombstones(memory: common_pb2.Memory) -> list[str]:
+    """The normalised values forgotten on this raw row's evidence."""
+    try:
+        meta = json.loads(memory.metadata_json or "{}")
+    except ValueError:
+        return []
+    values = meta.get(TOMBSTONES_KEY) if isinstance(meta, dict) else None
+    if not isinstance(values, list):
+        return []
+    return [v["value"] for v in values if isinstance(v, dict) and isinstance(v.get("value"), str)]
+
+
+class Extraction:
+    """Extracts raw rows into facts, preferences, intentions, pages and experiences."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        embedder: Embedder,
+        llm: LlmClient,
+        dedupe_score: float = 0.92,
+        related_score: float = 0.70,
+        related_facts: int = 5,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.llm = llm
+        self.dedupe_score = dedupe_score
+        self.related_score = related_score
+        self.related_facts = related_facts
+        self.counters = Counters()
+
+    async def extract(self, raw: common_pb2.Memory, now: datetime | None = None) -> Outcome:
+        """Extracts one live raw row; LlmUnavailable propagates and changes nothing."""
+        if raw.layer != common_pb2.L2_RAW or raw.status != "active":
+            return Outcome(SKIPPED, "not a live raw row")
+        today = now or datetime.now(UTC)
+        scope = owner_scope(raw)
+        text = cap_utf8(raw.content)
+        vectors, model_id = await self.embedder.embed(probe_texts(text))
+        candidates = await self._candidates(scope, text, vectors, model_id)
+        messages = extraction_messages(text, today, candidates)
+        try:
+            reply = await self.llm.json_reply(messages)
+        except LlmMalformed as exc:
+            await self._fail(scope, raw, str(exc.message), count_try=True)
+            return Outcome(FAILED, exc.message)
+        plan = read_plan(reply, {c.number: c for c in candidates})
+        self.counters.dropped_ops += plan.dropped
+        ops = await self._ops(raw, plan, candidates, model_id)
+        ops.append(update_op(raw.id, extraction_status=DONE))
+        await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
+        self.counters.extracted += 1
+        return Outcome(DONE)
+
+    async def fail(self, raw: common_pb2.Memory, error: str) -> None:
+        """Marks a row failed after a model error (which does not count a try)."""
+        await self._fail(owner_scope(raw), raw, error, count_try=False)
+
+    async def _fail(
+        self, scope: common_pb2.Scope, raw: common_pb2.Memory, error: str, *, count_try: bool
+    ) -> None:
+        self.counters.failed += 1
+        self.counters.last_error = error
+        fields: dict[str, Any] = {"extraction_status": FAILED}
+        if count_try:
+            fields["extraction_tries"] = raw.extraction_tries + 1
+        await self.store.apply(
+            scope, [update_op(raw.id, **fields)], ACTOR, f"extraction failed: {error}"[:500]
+        )
+
+    async def _candidates(
+        self, scope: common_pb2.Scope, text: str, vectors: np.ndarray, model_id: str
+    ) -> list[Candidate]:
+        """Related facts, open intentions and touched pages, numbered 1, 2, ..."""
+        best: dict[str, common_pb2.ScoredMemory] = {}
+        for vector in vectors:
+            for hit in await self.store.vector_search(
+                scope, vector, model_id, [common_pb2.L3_FACT], self.related_facts,
+                self.related_score,
+            ):
+                if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
+                    best[hit.memory.id] = hit
+        facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
+        vector = vectors[0]
+        intentions = await self.store.list(
+            store_pb2.ListMemoriesRequest(
+                scope=scope, layers=[common_pb2.L7_INTENTION], limit=MAX_INTENTIONS
+            )
+        )
+        pages = await self._touched_pages(scope, text, vector, model_id)
+        rows: list[tuple[str, common_pb2.Memory]] = [
+            *(("fact", hit.memory) for hit in facts if hit.score >= self.related_score),
+            *(("intention", m) for m in intentions),
+            *(("page", m) for m in pages),
+        ]
+        return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)]
+
+    async def _touched_pages(
+        self, scope: common_pb2.Scope, text: str, vector: np.ndarray, model_id: str
+    ) -> list[common_pb2.Memory]:
+        """Pages whose entity the turn names, then pages close to the turn in meaning."""
+        pages = await self._all_pages(scope)
+        lowered = text.casefold()
+        chosen = {
+            p.id: p
+            for p in pages
+            if (name := _page_name(p))
+            and re.search(r"(?<!\w)" + re.escape(name.casefold()) + r"(?!\w)", lowered)
+        }
+        if len(chosen) < MAX_PAGES and pages:
+            near = await self.store.vector_search(
+                scope, vector, model_id, [common_pb2.L8_ENTITY], MAX_PAGES, self.related_score
+            )
+            for hit in near:
+                chosen.setdefault(hit.memory.id, hit.memory)
+        return list(chosen.values())[:MAX_PAGES]
+
+    async def _all_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
+        return await self.store.list(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L8_ENTITY], limit=1000)
+        )
+
+    async def _ops(
+        self,
+        raw: common_pb2.Memory,
+        plan: Plan,
+        candidates: Sequence[Candidate],
+        model_id: str,
+    ) -> list[store_pb2.Op]:
+        """The store ops a checked plan turns into (inserts first, then retirements)."""
+        scope = owner_scope(raw)
+        refused = set(tombstones(raw))
+        new_texts = [f.text for f in plan.facts] + plan.experiences
+        vectors = (
+            (await self.embedder.embed(new_texts))[0] if new_texts else np.zeros((0, 1))
+        )
+        refused_vectors = (
+            (await self.embedder.embed(sorted(refused)))[0] if refused else np.zeros((0, 1))
+        )
+
+        def forgotten(text: str, vector: np.ndarray) -> bool:
+            if normalise(text) in refused:
+                return True
+            if not refused_vectors.shape[0]:
+                return False
+            return float(np.max(refused_vectors @ vector)) >= max(self.dedupe_score, 0.9)
+
+        ops: list[store_pb2.Op] = []
+        retired: dict[str, store_pb2.Op] = {}
+        mirrors: list[common_pb2.Memory] | None = None
+
+        def base(layer: int, content: str, label: str = "") -> store_pb2.NewMemory:
+            return store_pb2.NewMemory(
+                owner=raw.owner,
+                layer=layer,  # type: ignore[arg-type]
+                content=content,
+                label=label,
+                source_ids=[raw.id],
+                metadata_json=json.dumps({"extracted_from": raw.id}),
+                write_mode=raw.write_mode,
+            )
+
+        async def retire(memory: common_pb2.Memory, how: str, by: str, why: str = "") -> None:
+            nonlocal mirrors
+            if memory.id in retired:
+                return
+            retired[memory.id] = retire_op(memory.id, how, by, why)
+            if memory.layer == common_pb2.L3_FACT and memory.label == PREFERENCES:
+                if mirrors is None:
+                    mirrors = await self.store.list(
+                        store_pb2.ListMemoriesRequest(
+                            scope=scope, layers=[common_pb2.L1_PROFILE], limit=1000
+                        )
+                    )
+                key = normalise(memory.content)
+                for mirror in mirrors:
+                    if normalise(mirror.content) == key and mirror.id not in retired:
+                        retired[mirror.id] = retire_op(mirror.id, how, by, why)
+
+        for i, fact in enumerate(plan.facts):
+            vector = vectors[i]
+            if forgotten(fact.text, vector):
+                self.counters.refused_forgotten += 1
+                log.info("refused a forgotten value from raw row %s", raw.id)
+                continue
+            ref = f"f{i}"
+            row = base(common_pb2.L3_FACT, fact.text, fact.label)
+            row.ref = ref
+            row.count = 1
+            if fact.event_at is not None:
+                row.event_at = fact.event_at
+            if fact.updates is not None:
+                row.count = max(fact.updates.count, 1) + 1
+            ops.append(store_pb2.Op(insert=row))
+            if fact.label == PREFERENCES:
+                mirror = base(common_pb2.L1_PROFILE, fact.text, PREFERENCES)
+                if fact.event_at is not None:
+                    mirror.event_at = fact.event_at
+                ops.append(store_pb2.Op(insert=mirror))
+            for old in fact.replaces:
+                await retire(old, "replaced", f"${ref}")
+            if fact.updates is not None:
+                await retire(fact.updates, "updated", f"${ref}")
+            if self.dedupe_score > 0:
+                same = await self.store.vector_search(
+                    scope, vector, model_id, [common_pb2.L3_FACT], 1, self.dedupe_score
+                )
+                for hit in same:
+                    if hit.memory.label != EXPERIENCE:
+                        await retire(hit.memory, "restated", f"${ref}")
+
+        for j, text in enumerate(plan.experiences, start=len(plan.facts)):
+            if forgotten(text, vectors[j]):
+                self.counters.refused_forgotten += 1
+                continue
+            ops.append(store_pb2.Op(insert=base(common_pb2.L3_FACT, text, EXPERIENCE)))
+
+        open_keys = {normalise(c.memory.content) for c in candidates if c.kind == "intention"}
+        for intention in plan.intentions:
+            key = normalise(intention.text)
+            if key in refused:
+                self.counters.refused_forgotten += 1
+                continue
+            if key in open_keys:
+                continue  # the turn continues an intention that is already open
+            open_keys.add(key)
+            row = base(common_pb2.L7_INTENTION, intention.text)
+            if intention.due_at is not None:
+                row.due_at = intention.due_at
+            ops.append(store_pb2.Op(insert=row))
+        for memory in plan.done:
+            await retire(memory, "done", "", "done")
+        for memory in plan.moved_on:
+            await retire(memory, "dropped", "", "moved on")
+
+        ops.extend(await self._page_ops(raw, plan, refused, base))
+        ops.extend(retired.values())
+        return ops
+
+    async def _page_ops(
+        self, raw: common_pb2.Memory, plan: Plan, refused: set[str], base: Any
+    ) -> list[store_pb2.Op]:
+        """Page inserts and updates: a changed state moves the old one into the history."""
+        if not plan.pages:
+            return []
+        by_name = {_page_name(p).casefold(): p for p in await self._all_pages(owner_scope(raw))}
+        today = datetime.now(UTC).strftime("%Y-%m-%d")
+        ops: list[store_pb2.Op] = []
+        seen: set[str] = set()
+        for page_op in plan.pages:
+            key = page_op.name.casefold()
+            if key in seen or normalise(page_op.state) in refused:
+                continue
+            seen.add(key)
+            page = page_op.page or by_name.get(key)
+            if page is None:
+                row = base(
+                    common_pb2.L8_ENTITY,
+                    page_content(page_op.name, page_op.state, []),
+                    ENTITY_LABEL,
+                )
+                row.metadata_json = page_metadata(page_op.name, page_op.kind, page_op.state, [])
+                ops.append(store_pb2.Op(insert=row))
+                continue
+            meta = _page_meta(page)
+            name = meta.get("entity") or page_op.name
+            state = str(meta.get("state") or "")
+            history = [h for h in meta.get("history", []) if isinstance(h, dict)]
+            if normalise(state) == normalise(page_op.state):
+                continue
+            if state:
+                since = meta.get("since") or datetime.fromtimestamp(
+                    page.updated_at or page.created_at, UTC
+                ).strftime("%Y-%m-%d")
+                history.insert(0, {"date": str(since), "state": state})
+            kind = page_op.kind or str(meta.get("kind") or "")
+            new_meta = json.loads(page_metadata(name, kind, page_op.state, history))
+            new_meta["since"] = today
+            ops.append(
+                update_op(
+                    page.id,
+                    content=page_content(name, page_op.state, history),
+                    metadata_json=json.dumps(new_meta, ensure_ascii=False),
+                )
+            )
+        return ops
+
+
+def _page_meta(page: common_pb2.Memory) -> dict[str, Any]:
+    try:
+        meta = json.loads(page.metadata_json or "{}")
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _page_name(page: common_pb2.Memory) -> str:
+    name = _page_meta(page).get("entity")
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    return page.content.split(":", 1)[0].strip()

@@ -1,0 +1,143 @@
+"""Forgetting: retire the rows that hold a value and tombstone it on their evidence."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from services.extractor.extract import TOMBSTONES_KEY, Embedder
+from services.extractor.parse import normalise
+from services.extractor.store_client import StoreClient, retire_op, update_op
+from shared.errors import InvalidArgument, NotFound
+from shared.pb import common_pb2, store_pb2
+
+# A row this similar to the forgotten text holds the same value (near-exact match).
+NEAR_EXACT = 0.95
+CANDIDATES = 100
+MAX_TOMBSTONES = 200
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What a forget retired and where it left tombstones."""
+
+    memories: list[common_pb2.Memory]
+    evidence_ids: list[str]
+
+
+class Forgetting:
+    """Retires matching rows as forgotten, with a reason, an actor and tombstones."""
+
+    def __init__(self, store: StoreClient, embedder: Embedder) -> None:
+        self.store = store
+        self.embedder = embedder
+
+    async def forget(
+        self,
+        scope: common_pb2.Scope,
+        *,
+        text: str = "",
+        memory_id: str = "",
+        reason: str = "",
+        actor: str = "api",
+        memory_tool: bool = False,
+    ) -> Forgotten:
+        """Retires every live row in scope holding the value; NotFound for an unknown id."""
+        if bool(text.strip()) == bool(memory_id):
+            raise InvalidArgument("forget needs exactly one of text and id")
+        if memory_id:
+            row = await self.store.get(scope, memory_id)
+            if row.status != "active":
+                return Forgotten([], [])
+            text = row.content
+            matches = {row.id: row}
+        else:
+            matches = {}
+        key = normalise(text)
+        if not key:
+            raise InvalidArgument("text has nothing to match")
+        vectors, model_id = await self.embedder.embed([text])
+        hits = await self.store.vector_search(scope, vectors[0], model_id, [], CANDIDATES, 0.5)
+        for hit in hits:
+            memory = hit.memory
+            if memory.status != "active":
+                continue
+            if normalise(memory.content) == key or hit.score >= NEAR_EXACT:
+                matches.setdefault(memory.id, memory)
+        if memory_tool:
+            matches.update(await self._memory_tool_entries(scope, key))
+        if not matches:
+            return Forgotten([], [])
+
+        evidence: dict[str, None] = {}
+        for memory in matches.values():
+            if memory.layer == common_pb2.L2_RAW:
+                evidence[memory.id] = None
+            for source in memory.source_ids:
+                evidence[source] = None
+        values = sorted({key, *(normalise(m.content) for m in matches.values())} - {""})
+        why = reason or "forgotten on request"
+        ops = [retire_op(memory.id, "forgotten", "", why) for memory in matches.values()]
+        now = time.time()
+        tombstoned: list[str] = []
+        for raw_id in evidence:
+            try:
+                raw = await self.store.get(scope, raw_id)
+            except NotFound:
+                continue  # deleted evidence cannot be re-extracted anyway
+            if raw.layer != common_pb2.L2_RAW:
+                continue
+            ops.append(update_op(raw_id, metadata_json=_with_tombstones(raw, values, now)))
+            tombstoned.append(raw_id)
+        applied = await self.store.apply(scope, ops, actor, f"forget: {why}"[:500])
+        return Forgotten(applied[: len(matches)], tombstoned)
+
+
+    async def _memory_tool_entries(
+        self, scope: common_pb2.Scope, key: str
+    ) -> dict[str, common_pb2.Memory]:
+        """Live memory-tool raw rows whose text contains key, and the rows extracted from them."""
+        raws = await self.store.list(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L2_RAW], limit=1000)
+        )
+        entries = {
+            r.id: r for r in raws if _from_memory_tool(r) and key in normalise(r.content)
+        }
+        if not entries:
+            return {}
+        derived = await self.store.list(
+            store_pb2.ListMemoriesRequest(
+                scope=scope,
+                layers=[common_pb2.L1_PROFILE, common_pb2.L3_FACT, common_pb2.L7_INTENTION],
+                limit=1000,
+            )
+        )
+        for row in derived:
+            if entries.keys() & set(row.source_ids):
+                entries[row.id] = row
+        return entries
+
+
+def _from_memory_tool(raw: common_pb2.Memory) -> bool:
+    try:
+        meta = json.loads(raw.metadata_json or "{}")
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and meta.get("write_origin") == "memory_tool"
+
+
+def _with_tombstones(raw: common_pb2.Memory, values: list[str], at: float) -> str:
+    try:
+        meta = json.loads(raw.metadata_json or "{}")
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict):
+        meta = {}
+    stones = meta.get(TOMBSTONES_KEY)
+    stones = [s for s in stones if isinstance(s, dict)] if isinstance(stones, list) else []
+    have = {s.get("value") for s in stones}
+    stones.extend({"value": v, "at": at} for v in values if v not in have)
+    meta[TOMBSTONES_KEY] = stones[-MAX_TOMBSTONES:]
+    return json.dumps(meta, ensure_ascii=False)
+

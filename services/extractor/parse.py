@@ -1,0 +1,235 @@
+"""Reading model output: a tolerant JSON parser and the ops it may name, checked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.pb import common_pb2
+
+log = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*|\s*```$")
+_PREFERENCES = "user_preferences"
+EXPERIENCE = "task_experience"
+# Labels a fact may carry; anything else the model invents is kept as no label.
+FACT_LABELS = frozenset({_PREFERENCES, "user_info", "project", "event", "decision", "other"})
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The first JSON object in text, after code fences; ValueError if there is none."""
+    stripped = _FENCE.sub("", text.strip()).strip()
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        block = _first_object(stripped)
+        if block is None:
+            raise ValueError("no JSON object found") from None
+        value = json.loads(block)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _first_object(text: str) -> str | None:
+    """The first balanced {...} block, skipping braces inside strings."""
+    start = text.find("{")
+    while start != -1:
+        depth, in_string, escaped = 0, False, False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    block = text[start : i + 1]
+                    try:
+                        json.loads(block)
+                    except ValueError:
+                        break
+                    return block
+        start = text.find("{", start + 1)
+    return None
+
+
+def normalise(text: str) -> str:
+    """A value's key: case-folded, punctuation dropped, whitespace collapsed."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    kept = "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in folded)
+    return " ".join(kept.split())
+
+
+def parse_date(value: Any) -> float | None:
+    """Unix seconds from "YYYY-MM-DD" or an ISO date-time (read as UTC); None otherwise."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    raw = value.strip()
+    if raw[-1:] in ("Z", "z"):
+        raw = raw[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if not 1900 <= moment.year <= 9999:
+        return None
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored row shown to the model under a short local number."""
+
+    number: int
+    kind: str  # fact | intention | page
+    memory: common_pb2.Memory
+
+
+@dataclass
+class FactOp:
+    """A new fact, and the shown facts it replaces or updates."""
+
+    text: str
+    event_at: float | None = None
+    label: str = ""
+    replaces: list[common_pb2.Memory] = field(default_factory=list)
+    updates: common_pb2.Memory | None = None
+
+
+@dataclass
+class IntentionOp:
+    """A new open intention."""
+
+    text: str
+    due_at: float | None = None
+
+
+@dataclass
+class PageOp:
+    """The current state of one entity, for its page."""
+
+    name: str
+    state: str
+    kind: str = ""
+    page: common_pb2.Memory | None = None
+
+
+@dataclass
+class Plan:
+    """What one extraction reply asks for, after every number was checked."""
+
+    facts: list[FactOp] = field(default_factory=list)
+    intentions: list[IntentionOp] = field(default_factory=list)
+    done: list[common_pb2.Memory] = field(default_factory=list)
+    moved_on: list[common_pb2.Memory] = field(default_factory=list)
+    pages: list[PageOp] = field(default_factory=list)
+    experiences: list[str] = field(default_factory=list)
+    dropped: int = 0
+    """Ops dropped because they named a number that was not shown (or of another kind)."""
+
+
+class _Unknown(Exception):
+    """An op named a number the model was not shown."""
+
+
+def _items(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return " ".join(value.split()) if isinstance(value, str) else ""
+
+
+def read_plan(data: dict[str, Any], shown: dict[int, Candidate]) -> Plan:
+    """Turns a reply into a Plan; an op naming an unknown number is dropped and counted."""
+    plan = Plan()
+
+    def pick(value: Any, kind: str) -> common_pb2.Memory:
+        if isinstance(value, str) and value.strip().lstrip("[").rstrip("]").isdigit():
+            value = int(value.strip().lstrip("[").rstrip("]"))
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Unknown(value)
+        candidate = shown.get(value)
+        if candidate is None or candidate.kind != kind:
+            raise _Unknown(value)
+        return candidate.memory
+
+    def numbers(value: Any) -> list[Any]:
+        if value is None or value == "":
+            return []
+        return value if isinstance(value, list) else [value]
+
+    def drop(what: str, item: Any) -> None:
+        plan.dropped += 1
+        log.warning("dropped a %s op naming a number that was not shown: %.200r", what, item)
+
+    for item in _items(data, "facts"):
+        if isinstance(item, str):
+            item = {"text": item}
+        if not isinstance(item, dict) or not _text(item.get("text")):
+            continue
+        label = _text(item.get("label"))
+        try:
+            op = FactOp(
+                text=_text(item["text"]),
+                event_at=parse_date(item.get("event_at")),
+                label=label if label in FACT_LABELS else "",
+                replaces=[pick(n, "fact") for n in numbers(item.get("replaces"))],
+                updates=next(iter(pick(n, "fact") for n in numbers(item.get("updates"))), None),
+            )
+        except _Unknown:
+            drop("fact", item)
+            continue
+        plan.facts.append(op)
+
+    for item in _items(data, "intentions"):
+        if isinstance(item, str):
+            item = {"text": item}
+        if isinstance(item, dict) and _text(item.get("text")):
+            plan.intentions.append(
+                IntentionOp(_text(item["text"]), parse_date(item.get("due_at")))
+            )
+
+    for key, target in (("intentions_done", plan.done), ("intentions_moved_on", plan.moved_on)):
+        for value in _items(data, key):
+            try:
+                target.append(pick(value, "intention"))
+            except _Unknown:
+                drop(key, value)
+
+    for item in _items(data, "entities"):
+        if not isinstance(item, dict):
+            continue
+        if not _text(item.get("name")) or not _text(item.get("state")):
+            continue
+        try:
+            page = next(iter(pick(n, "page") for n in numbers(item.get("page"))), None)
+        except _Unknown:
+            drop("entity", item)
+            continue
+        plan.pages.append(
+            PageOp(_text(item["name"]), _text(item["state"]), _text(item.get("kind")), page)
+        )
+
+    for item in _items(data, "experiences"):
+        text = _text(item.get("text")) if isinstance(item, dict) else _text(item)
+        if text:
+            plan.experiences.append(text)
+    return plan

@@ -1,0 +1,110 @@
+"""The extraction prompt, as pure functions of a turn and the rows shown beside it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from services.extractor.parse import Candidate
+
+MAX_TEXT_BYTES = 16_000
+ELLIPSIS = "…"
+TURN_OPEN = "<turn>"
+TURN_CLOSE = "</turn>"
+
+SYSTEM = """You maintain a person's long-term memory. From ONE new conversation turn you extract \
+what is worth remembering, and you say how it changes what is already stored.
+
+Reply with exactly one JSON object and nothing else:
+{
+  "facts": [{"text": "one self-contained statement", "event_at": "YYYY-MM-DD or null",
+             "label": "user_preferences | user_info | project | event | decision | other",
+             "replaces": [numbers of shown facts this one makes untrue],
+             "updates": number of a shown fact this one adds detail to or repeats, or null}],
+  "intentions": [{"text": "a goal or next step", "due_at": "YYYY-MM-DD or null"}],
+  "intentions_done": [numbers of shown open intentions this turn completes],
+  "intentions_moved_on": [numbers of shown open intentions this turn abandons or changes],
+  "entities": [{"name": "a project, tool, person or place", "kind": "project | tool | person | \
+place | other", "state": "its current state in one or two sentences",
+                "page": number of its shown page, or null}],
+  "experiences": [{"text": "a reusable lesson about how a task is done, if the turn shows one"}]
+}
+
+Rules:
+- Stored rows are shown under numbers in [brackets]. Refer to them ONLY by those numbers. Never \
+invent a number; never name anything that is not shown.
+- A fact is one statement about the user or their world that stays useful beyond this turn. \
+Write it with names, not pronouns. Label stable likes, dislikes, style and constraints as \
+user_preferences.
+- event_at is the date the fact was true or the event happened, worked out from today's date \
+(e.g. "yesterday"); null when the turn does not say.
+- If a new fact changes a shown fact's value, list that fact under "replaces". If it adds detail \
+to, or is another occurrence of, a shown fact, give that number as "updates".
+- Write an intention only for a goal that reaches beyond this exchange, and not again for a turn \
+that just continues a shown open intention.
+- Leave a list empty when the turn gives nothing for it. Small talk gives nothing."""
+
+
+def cap_utf8(text: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """At most limit bytes of text in UTF-8, cut at a character boundary, marked with "…"."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    room = limit - len(ELLIPSIS.encode("utf-8"))
+    return data[:room].decode("utf-8", errors="ignore") + ELLIPSIS
+
+
+def _day(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
+
+
+def _line(candidate: Candidate) -> str:
+    memory = candidate.memory
+    notes = []
+    if memory.HasField("event_at"):
+        notes.append(f"event {_day(memory.event_at)}")
+    if memory.HasField("due_at"):
+        notes.append(f"due {_day(memory.due_at)}")
+    if memory.count > 1:
+        notes.append(f"said {memory.count} times")
+    notes.append(f"stored {_day(memory.created_at)}")
+    content = " ".join(memory.content.split()) if candidate.kind != "page" else memory.content
+    return f"[{candidate.number}] {content} ({'; '.join(notes)})"
+
+
+def extraction_messages(
+    text: str, today: datetime, candidates: Sequence[Candidate]
+) -> list[dict[str, str]]:
+    """The chat messages of one extraction call; text must already be capped."""
+    parts = [f"Today is {today.strftime('%Y-%m-%d')} ({today.strftime('%A')})."]
+    for kind, title in (
+        ("fact", "Related stored facts"),
+        ("intention", "Open intentions"),
+        ("page", "Entity pages"),
+    ):
+        lines = [_line(c) for c in candidates if c.kind == kind]
+        parts.append(f"{title}:\n" + ("\n".join(lines) if lines else "(none)"))
+    parts.append(f"The new turn:\n{TURN_OPEN}\n{text}\n{TURN_CLOSE}")
+    parts.append("Reply with the JSON object only.")
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def page_content(name: str, state: str, history: Sequence[dict[str, str]]) -> str:
+    """An entity page: its current state, then the dated history of earlier states."""
+    lines = [f"{name}: {state}"]
+    if history:
+        lines.append("History:")
+        lines.extend(f"- {entry['date']}: {entry['state']}" for entry in history)
+    return "\n".join(lines)
+
+
+def page_metadata(name: str, kind: str, state: str, history: Sequence[dict[str, str]]) -> str:
+    """The page's structured form, kept in its metadata."""
+    return json.dumps(
+        {"entity": name, "kind": kind, "state": state, "history": list(history)},
+        ensure_ascii=False,
+    )

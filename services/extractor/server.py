@@ -1,0 +1,99 @@
+"""Starts and stops the extractor: store and embedder channels, the worker, the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.extractor.config import ExtractorConfig
+from services.extractor.extract import Extraction
+from services.extractor.forget import Forgetting
+from services.extractor.llm import LlmClient, LlmKeys
+from services.extractor.servicer import ExtractorServicer
+from services.extractor.store_client import StoreClient
+from services.extractor.worker import CatchupPolicy, Worker
+from shared.clients import EmbedderClient
+from shared.pb import extractor_pb2, extractor_pb2_grpc
+from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.runtime import until_stopped
+
+log = logging.getLogger(__name__)
+
+
+def make_llm(config: ExtractorConfig) -> LlmClient:
+    """The LLM client the settings describe."""
+    return LlmClient(
+        base=config.llm_base,
+        model=config.llm_model,
+        keys=LlmKeys(config.llm_key, config.llm_key_file),
+        timeout_s=config.extract_timeout_s,
+        fallback_model=config.fallback_model,
+        fallback_base=config.fallback_base,
+        fallback_key=config.fallback_key,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
+    """Serves the Extractor service; yields the bound address.
+
+    On exit the gRPC server stops first, then extractions in flight get up to stop_grace_s.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        store_channel = open_channel(config.store_address)
+        stack.push_async_callback(store_channel.close)
+        embedder_channel = open_channel(config.embedder_address)
+        stack.push_async_callback(embedder_channel.close)
+        await wait_serving(config.store_address, timeout_s=config.store_wait_s)
+        await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
+        store = StoreClient(store_channel)
+        embedder = EmbedderClient(embedder_channel)
+        extraction = Extraction(
+            store,
+            embedder,
+            make_llm(config),
+            dedupe_score=config.dedupe_score,
+            related_score=config.related_score,
+            related_facts=config.related_facts,
+        )
+        worker = Worker(
+            extraction,
+            store,
+            config.mode,
+            CatchupPolicy(
+                every_s=config.catchup_every_s,
+                max_age_s=config.catchup_max_age_s,
+                min_age_s=config.catchup_min_age_s,
+                batch=config.catchup_batch,
+                tries=config.catchup_tries,
+            ),
+        )
+        stack.push_async_callback(worker.drain, config.stop_grace_s)
+        catchup = asyncio.create_task(worker.run_catchup(), name="catch-up")
+
+        async def stop_catchup() -> None:
+            catchup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await catchup
+
+        stack.push_async_callback(stop_catchup)
+        servicer = ExtractorServicer(worker, Forgetting(store, embedder))
+
+        def register(server: grpc.aio.Server) -> list[str]:
+            extractor_pb2_grpc.add_ExtractorServicer_to_server(servicer, server)
+            return [extractor_pb2.DESCRIPTOR.services_by_name["Extractor"].full_name]
+
+        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        log.info("extractor: mode %s, llm %s", config.mode, worker.llm_state())
+        yield bound
+
+
+async def main() -> None:
+    """Runs the extractor until SIGTERM or SIGINT."""
+    config = ExtractorConfig.from_env()
+    async with running_server(config):
+        await until_stopped()

@@ -1,0 +1,260 @@
+"""When extractions run: on a write (waiting or behind it), on reprocess, and in catch-up runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from services.extractor.extract import DONE, FAILED, SKIPPED, Extraction, Outcome
+from services.extractor.llm import LlmUnavailable
+from services.extractor.store_client import StoreClient
+from shared.errors import NotFound
+from shared.pb import common_pb2, store_pb2
+
+log = logging.getLogger(__name__)
+
+PENDING, UNCONFIGURED = "pending", "unconfigured"
+LLM_MODES = ("pro", "ultra")
+REPROCESS_MAX_DEFAULT = 200
+
+
+@dataclass(frozen=True)
+class CatchupPolicy:
+    """Which raw rows a catch-up run takes, and how many."""
+
+    every_s: float | None = 600.0
+    max_age_s: float | None = 168 * 3600.0
+    min_age_s: float = 120.0
+    batch: int = 20
+    tries: int = 3
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a reprocess or catch-up run did."""
+
+    reprocessed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+
+class Worker:
+    """Runs extractions one owner at a time, tracks those in flight, and catches up."""
+
+    def __init__(
+        self, extraction: Extraction, store: StoreClient, mode: str, policy: CatchupPolicy
+    ) -> None:
+        self.extraction = extraction
+        self.store = store
+        self.mode = mode
+        self.policy = policy
+        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._tasks: dict[str, asyncio.Task[Outcome]] = {}
+        self._wake = asyncio.Event()
+        self._catchup_lock = asyncio.Lock()
+
+    # -- state ----------------------------------------------------------------------------
+
+    def llm_state(self) -> str:
+        """unused (lite), unconfigured (no base or model), awaiting_key, or ok."""
+        llm = self.extraction.llm
+        if self.mode not in LLM_MODES:
+            return "unused"
+        if not llm.configured:
+            return "unconfigured"
+        return "ok" if llm.has_key() else "awaiting_key"
+
+    @property
+    def in_flight(self) -> int:
+        """Extractions running now."""
+        return len(self._tasks)
+
+    def key_arrived(self, key: str) -> None:
+        """Keeps a posted key and starts a catch-up run."""
+        self.extraction.llm.keys.post(key)
+        self.trigger()
+
+    def trigger(self) -> None:
+        """Asks the catch-up loop for a run now."""
+        self._wake.set()
+
+    # -- one row --------------------------------------------------------------------------
+
+    async def extract(self, scope: common_pb2.Scope, memory_id: str, wait: bool) -> Outcome:
+        """Extracts a raw row now (wait) or behind the caller (pending)."""
+        raw = await self.store.get(scope, memory_id)
+        if raw.layer != common_pb2.L2_RAW:
+            return Outcome(SKIPPED, "not a raw row")
+        state = self.llm_state()
+        if state == "unused":
+            return Outcome(SKIPPED)
+        if state == "unconfigured":
+            return Outcome(UNCONFIGURED)
+        if state == "awaiting_key":
+            return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
+        task = self._start(raw)
+        if not wait:
+            return Outcome(PENDING)
+        try:
+            return await asyncio.shield(task)
+        except LlmUnavailable as exc:
+            return Outcome(FAILED, exc.message)
+
+    def _start(self, raw: common_pb2.Memory) -> asyncio.Task[Outcome]:
+        running = self._tasks.get(raw.id)
+        if running is not None:
+            return running
+        task = asyncio.create_task(self._run(raw), name=f"extract {raw.id}")
+        self._tasks[raw.id] = task
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Outcome]) -> None:
+        for memory_id, running in list(self._tasks.items()):
+            if running is task:
+                del self._tasks[memory_id]
+        if not task.cancelled():
+            task.exception()  # retrieved here: a background failure is already logged
+
+    async def _run(self, raw: common_pb2.Memory) -> Outcome:
+        """One extraction under its owner's lock; a model error leaves the row failed."""
+        async with self._locks[(raw.owner.user_id, raw.owner.agent_id)]:
+            try:
+                # Re-read under the lock: another extraction may have changed the row.
+                raw = await self.store.get(common_pb2.Scope(all_users=True), raw.id)
+            except NotFound:
+                return Outcome(SKIPPED, "the row is gone")
+            try:
+                return await self.extraction.extract(raw)
+            except LlmUnavailable as exc:
+                log.warning("extraction of %s failed: %s", raw.id, exc.message)
+                self.extraction.counters.last_error = exc.message
+                await self.extraction.fail(raw, exc.message)
+                raise
+            except Exception as exc:
+                log.exception("extraction of %s failed", raw.id)
+                await self.extraction.fail(raw, str(exc) or type(exc).__name__)
+                return Outcome(FAILED, str(exc))
+
+    async def _extract_one(self, raw: common_pb2.Memory) -> Outcome:
+        """Runs (or joins) the extraction of one row; LlmUnavailable propagates."""
+        return await asyncio.shield(self._start(raw))
+
+    # -- many rows ------------------------------------------------------------------------
+
+    async def reprocess(self, ids: list[str], most: int) -> Counts:
+        """Re-extracts the ids (even if done), or up to most unextracted rows, oldest first."""
+        everyone = common_pb2.Scope(all_users=True)
+        if self.llm_state() != "ok":
+            count = len(ids) if ids else len(await self._unextracted(most or 200, aged=False))
+            return Counts(skipped=count)
+        if ids:
+            rows = []
+            skipped = 0
+            for memory_id in ids:
+                try:
+                    rows.append(await self.store.get(everyone, memory_id))
+                except NotFound:
+                    skipped += 1
+        else:
+            rows = await self._unextracted(most or REPROCESS_MAX_DEFAULT, aged=False)
+            skipped = 0
+        done = failed = 0
+        for i, raw in enumerate(rows):
+            try:
+                outcome = await self._extract_one(raw)
+            except LlmUnavailable:
+                failed += 1
+                skipped += len(rows) - i - 1
+                break
+            if outcome.status == DONE:
+                done += 1
+            elif outcome.status == FAILED:
+                failed += 1
+            else:
+                skipped += 1
+        return Counts(done, failed, skipped)
+
+    async def _unextracted(self, most: int, *, aged: bool) -> list[common_pb2.Memory]:
+        """Live raw rows extraction has not reached, oldest first."""
+        now = time.time()
+        request = store_pb2.ListMemoriesRequest(
+            scope=common_pb2.Scope(all_users=True),
+            layers=[common_pb2.L2_RAW],
+            order="oldest",
+            limit=max(most, 1) * 5,
+        )
+        if aged:
+            request.created_before = now - self.policy.min_age_s
+            if self.policy.max_age_s is not None:
+                request.created_after = now - self.policy.max_age_s
+        statuses = (PENDING, FAILED, UNCONFIGURED) if aged else (PENDING, FAILED)
+        rows: list[common_pb2.Memory] = []
+        for status in statuses:
+            request.extraction_status = status
+            rows.extend(await self.store.list(request))
+        if aged:
+            rows = [
+                r
+                for r in rows
+                if r.write_mode in LLM_MODES
+                and r.extraction_tries < self.policy.tries
+                and r.id not in self._tasks
+            ]
+        rows.sort(key=lambda r: r.created_at)
+        return rows[:most]
+
+    async def catch_up(self) -> Counts:
+        """One run: up to batch rows, one at a time; stops at the first model error."""
+        if self.llm_state() != "ok":
+            return Counts()
+        async with self._catchup_lock:
+            rows = await self._unextracted(self.policy.batch, aged=True)
+            done = failed = skipped = 0
+            for raw in rows:
+                try:
+                    outcome = await self._extract_one(raw)
+                except LlmUnavailable:
+                    log.info("catch-up stops at a model error; %d rows left", len(rows) - done)
+                    failed += 1
+                    break
+                if outcome.status == DONE:
+                    done += 1
+                elif outcome.status == FAILED:
+                    failed += 1
+                else:
+                    skipped += 1
+            if rows:
+                log.info("catch-up: %d extracted, %d failed, %d skipped", done, failed, skipped)
+            return Counts(done, failed, skipped)
+
+    async def run_catchup(self) -> None:
+        """Catch-up at start, every `every_s` and whenever triggered, until cancelled."""
+        if self.mode not in LLM_MODES or self.policy.every_s is None:
+            return
+        while True:
+            try:
+                await self.catch_up()
+            except Exception:
+                log.exception("catch-up run failed; the next run retries")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.policy.every_s):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def drain(self, grace_s: float) -> None:
+        """Waits up to grace_s for extractions in flight; the rest are left to catch-up."""
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return
+        log.info("waiting up to %gs for %d extractions in flight", grace_s, len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

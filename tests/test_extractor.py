@@ -1,0 +1,408 @@
+"""Pro-mode writes through the real stack with a scripted LLM: what the model sees, what lands."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.extractor.extract import probe_texts
+from shared.clients import EmbedderClient
+from shared.rpc import open_channel
+from tests.extractor_support import STACK, Api, by_content, new_user
+from tests.llm_fake import HANG, FakeLlm, Recorded, fake_llm_in_thread
+from tests.support import Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+KEY = "primary-key"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeLlm]:
+    with fake_llm_in_thread() as fake:
+        fake.default = {}
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def pro(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
+) -> Iterator[Stack]:
+    """Pro mode, synchronous extraction, a fallback model on the same host, no catch-up."""
+    data_dir: Path = tmp_path_factory.mktemp("extractor-pro")
+    with running_stack(
+        data_dir,
+        STACK,
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="pro",
+        HYATLAS_LLM_BASE=fake.url,
+        HYATLAS_LLM_MODEL="primary",
+        HYATLAS_LLM_KEY=KEY,
+        HYATLAS_LLM_FALLBACK_MODEL="fallback",
+        HYATLAS_EXTRACT_TIMEOUT="3s",
+        HYATLAS_CATCHUP_EVERY="off",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(pro: Stack) -> Api:
+    return Api(pro.base_url, pro.address("store"))
+
+
+async def test_prompt_carries_today_related_facts_and_open_intentions(
+    api: Api, fake: FakeLlm, embedder_address: str
+) -> None:
+    user = new_user()
+    fake.on(
+        "m-setup",
+        {
+            "facts": [
+                {"text": "Alice lives in Lisbon, Portugal"},
+                {"text": "Alice's cat is named Miso"},
+                {"text": "Alice prefers dark roast coffee", "label": "user_preferences"},
+            ],
+            "intentions": [{"text": "Alice plans to learn Portuguese", "due_at": "2026-12-31"}],
+        },
+    )
+    added = await api.add("m-setup I moved to Lisbon. My cat Miso likes it. Dark roast!", user)
+    assert added["extraction_status"] == "done"
+
+    turn = "m-ask Alice still lives in Lisbon, Portugal."
+    added = await api.add(turn, user)
+    assert added["extraction_status"] == "done"
+    request = fake.for_marker("m-ask")[-1]
+    prompt = request.user_message
+    assert datetime.now(UTC).strftime("%Y-%m-%d") in prompt
+    assert "Alice plans to learn Portuguese" in prompt and "due 2026-12-31" in prompt
+    assert request.headers["Authorization"] == f"Bearer {KEY}"
+    assert request.body["response_format"] == {"type": "json_object"}
+
+    # Exactly the stored facts at cosine >= 0.70 to the turn (or one of its sentences) are
+    # shown, none below.
+    facts = await api.rows(user, "l3_fact")
+    probes = probe_texts(turn)
+    async with open_channel(embedder_address) as channel:
+        vectors, _ = await EmbedderClient(channel).embed([*probes, *(f.content for f in facts)])
+    scores = (vectors[len(probes) :] @ vectors[: len(probes)].T).max(axis=1)
+    shown = [f.content for f, s in zip(facts, scores, strict=True) if s >= 0.70]
+    hidden = [f.content for f, s in zip(facts, scores, strict=True) if s < 0.70]
+    assert shown and hidden, list(zip([f.content for f in facts], scores, strict=True))
+    assert all(text in prompt for text in shown)
+    assert not any(text in prompt for text in hidden)
+    for line in prompt.splitlines():
+        if line.startswith("[") and "Alice" in line:
+            assert "-" not in line.split("]", 1)[0]  # short local numbers, never ids
+    assert all(f.id not in prompt for f in facts)
+
+
+async def test_a_long_write_sends_at_most_16000_bytes_and_keeps_the_full_raw_row(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    text = "m-long " + "é" * 12_000  # 24,000 bytes of UTF-8
+    added = await api.add(text, user)
+    assert added["extraction_status"] == "done"
+    sent = fake.for_marker("m-long")[-1].turn
+    assert len(sent.encode("utf-8")) <= 16_000
+    assert sent.startswith("m-long é") and "\ufffd" not in sent
+    raw = await api.row(user, added["memory_id"])
+    assert raw.content == text and raw.extraction_status == "done"
+
+
+async def test_each_op_lands_in_its_layer_with_lifecycle_fields(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on(
+        "m-first",
+        {
+            "facts": [
+                {"text": "Bob drinks coffee every morning", "label": "user_preferences"},
+                {"text": "Bob went hiking in Sintra", "event_at": "2026-11-28"},
+            ],
+            "intentions": [
+                {"text": "Bob wants to migrate Foxtrot to Postgres 16", "due_at": "2026-12-15"}
+            ],
+            "entities": [{"name": "Foxtrot", "kind": "project", "state": "runs on Postgres 15"}],
+            "experiences": [{"text": "Upgrade Postgres with pg_upgrade after a full dump"}],
+        },
+    )
+    first = await api.add("m-first Coffee, hiking in Sintra, Foxtrot on Postgres 15.", user)
+    assert first["extraction_status"] == "done"
+
+    def second(r: Recorded) -> dict[str, Any]:
+        return {
+            "facts": [
+                {
+                    "text": "Bob drinks green tea every morning",
+                    "label": "user_preferences",
+                    "replaces": [r.number_of("Bob drinks coffee")],
+                },
+                {
+                    "text": "Bob went hiking in Sintra again",
+                    "updates": r.number_of("Bob went hiking"),
+                },
+            ],
+            "intentions_done": [r.number_of("migrate Foxtrot")],
+            "entities": [
+                {"name": "Foxtrot", "state": "runs on Postgres 16", "page": r.number_of("Foxtrot:")}
+            ],
+        }
+
+    fake.on("m-second", second)
+    later = await api.add(
+        "m-second Bob drinks green tea every morning, not coffee. "
+        "Bob went hiking in Sintra again. Foxtrot moved to Postgres 16.",
+        user,
+    )
+    assert later["extraction_status"] == "done"
+
+    facts = await api.rows(user, "l3_fact")
+    coffee = by_content(facts, "Bob drinks coffee every morning")
+    tea = by_content(facts, "Bob drinks green tea every morning")
+    assert (coffee.status, coffee.superseded_how, coffee.superseded_by) == (
+        "retired", "replaced", tea.id,
+    )
+    assert coffee.retired_by == "extractor" and coffee.HasField("invalid_at")
+    assert tea.status == "active" and list(tea.source_ids) == [later["memory_id"]]
+    hike = by_content(facts, "Bob went hiking in Sintra")
+    again = by_content(facts, "Bob went hiking in Sintra again")
+    assert (hike.superseded_how, hike.superseded_by) == ("updated", again.id)
+    assert hike.count == 1 and again.count == 2
+    assert datetime.fromtimestamp(hike.event_at, UTC).date().isoformat() == "2026-11-28"
+    lesson = by_content(facts, "Upgrade Postgres with pg_upgrade after a full dump")
+    assert lesson.label == "task_experience" and lesson.status == "active"
+
+    profile = await api.rows(user, "l1_profile")
+    assert by_content(profile, "Bob drinks coffee every morning").superseded_how == "replaced"
+    assert by_content(profile, "Bob drinks green tea every morning").status == "active"
+
+    intention = by_content(
+        await api.rows(user, "l7_intention"), "Bob wants to migrate Foxtrot to Postgres 16"
+    )
+    assert intention.superseded_how == "done" and intention.status == "retired"
+    assert datetime.fromtimestamp(intention.due_at, UTC).date().isoformat() == "2026-12-15"
+
+    (page,) = await api.rows(user, "l8_entity")
+    assert page.content.startswith("Foxtrot: runs on Postgres 16\nHistory:\n- ")
+    assert page.content.endswith(": runs on Postgres 15")
+
+    raws = await api.rows(user, "l2_raw")
+    assert {r.extraction_status for r in raws} == {"done"}
+
+
+async def test_a_restated_fact_retires_the_old_one_as_restated(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on("m-colour", {"facts": [{"text": "Carol's favourite colour is forest green"}]})
+    await api.add("m-colour I love forest green.", user)
+    await api.add("m-colour Did I say? Forest green is my favourite.", user)
+    facts = await api.rows(user, "l3_fact")
+    assert [(f.status, f.superseded_how) for f in facts] == [
+        ("retired", "restated"),
+        ("active", ""),
+    ]
+    assert facts[0].superseded_by == facts[1].id
+
+
+async def test_a_malformed_reply_is_retried_once_then_fails_and_retires_nothing(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-base", {"facts": [{"text": "Dana works as a nurse in Leeds"}]})
+    await api.add("m-base I'm a nurse in Leeds.", user)
+    fake.on("m-bad", "Sure! Here are the facts: none", "still not json {oops")
+    added = await api.add("m-bad Dana now works as a teacher.", user)
+    assert added["extraction_status"] == "failed"
+    calls = fake.for_marker("m-bad")
+    assert len(calls) == 2 and not calls[0].is_retry and calls[1].is_retry
+    raw = await api.row(user, added["memory_id"])
+    assert raw.status == "active" and raw.extraction_status == "failed"
+    assert raw.extraction_tries == 1
+    (fact,) = await api.rows(user, "l3_fact")
+    assert fact.status == "active"
+
+
+async def test_a_reply_in_code_fences_with_prose_is_read(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on(
+        "m-fenced",
+        'Here you go:\n```json\n{"facts": [{"text": "Erik collects vinyl records"}]}\n```',
+    )
+    added = await api.add("m-fenced I collect vinyl.", user)
+    assert added["extraction_status"] == "done"
+    assert [f.content for f in await api.rows(user, "l3_fact")] == ["Erik collects vinyl records"]
+
+
+async def test_a_primary_timeout_falls_back_to_the_second_model(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on("m-slow", HANG, model="primary")
+    fake.on("m-slow", {"facts": [{"text": "Fay keeps bees"}]}, model="fallback")
+    added = await api.add("m-slow I keep bees.", user)
+    assert added["extraction_status"] == "done"
+    calls = fake.for_marker("m-slow")
+    assert [c.model for c in calls] == ["primary", "fallback"]
+    assert calls[1].headers["Authorization"] == f"Bearer {KEY}"  # same host: same key
+    assert [f.content for f in await api.rows(user, "l3_fact")] == ["Fay keeps bees"]
+
+
+async def test_an_op_naming_a_number_not_shown_is_dropped_and_counted(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-keep", {"facts": [{"text": "Gus owns a red bicycle"}]})
+    await api.add("m-keep My bike is red.", user)
+    before = (await api.status())["dropped_ops"]
+    fake.on(
+        "m-rogue",
+        {
+            "facts": [
+                {"text": "Gus owns a blue bicycle", "replaces": [97]},
+                {"text": "Gus rides to work on Mondays"},
+            ],
+            "intentions_done": [98],
+            "entities": [{"name": "Bike", "state": "blue", "page": 99}],
+        },
+    )
+    added = await api.add("m-rogue Gus's bike: red bicycle? Gus rides to work.", user)
+    assert added["extraction_status"] == "done"
+    facts = await api.rows(user, "l3_fact")
+    assert [(f.content, f.status) for f in facts] == [
+        ("Gus owns a red bicycle", "active"),
+        ("Gus rides to work on Mondays", "active"),
+    ]
+    assert await api.rows(user, "l8_entity") == []
+    assert (await api.status())["dropped_ops"] - before == 3
+
+
+async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-drink1", {"facts": [{"text": "Hana drinks black coffee"}]})
+    await api.add("m-drink1 Black coffee for me.", user)
+    fake.on(
+        "m-drink2",
+        lambda r: {
+            "facts": [
+                {"text": "Hana drinks jasmine tea", "replaces": [r.number_of("black coffee")]}
+            ]
+        },
+    )
+    await api.add("m-drink2 Hana switched from black coffee to jasmine tea.", user)
+    facts = await api.rows(user, "l3_fact")
+    tea = by_content(facts, "Hana drinks jasmine tea")
+    await api.ok("POST", "/api/v1/delete_all", json={"id": tea.id, "user_id": user})
+    (coffee,) = await api.rows(user, "l3_fact")
+    assert coffee.content == "Hana drinks black coffee" and coffee.status == "retired"
+    hits = await api.search("What does Hana drink?", user, layer="l3_fact")
+    assert hits == []
+
+
+async def test_a_forgotten_value_stays_forgotten_on_its_evidence_but_not_in_a_new_turn(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on(
+        "m-porto",
+        {"facts": [{"text": "Ines likes oolong tea"}, {"text": "Ines lives in Porto"}]},
+    )
+    first = await api.add("m-porto I like oolong tea and I live in Porto.", user)
+    body = await api.ok(
+        "POST",
+        "/api/v1/forget",
+        json={"text": "Ines likes oolong tea", "user_id": user, "reason": "user asked"},
+    )
+    assert body["forgotten"] == 1 and body["evidence_ids"] == [first["memory_id"]]
+    (gone,) = [f for f in await api.rows(user, "l3_fact") if "oolong" in f.content]
+    assert (gone.status, gone.superseded_how, gone.drop_reason) == (
+        "retired", "forgotten", "user asked",
+    )
+
+    # Re-extracting the same evidence does not bring the value back.
+    counts = await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
+    assert counts == {"reprocessed": 1, "failed": 0, "skipped": 0}
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == ["Ines lives in Porto"]
+    assert (await api.status())["refused_forgotten"] >= 1
+
+    # Said again in a new turn, it is remembered.
+    fake.on("m-again", {"facts": [{"text": "Ines likes oolong tea"}]})
+    await api.add("m-again Honestly, I like oolong tea.", user)
+    live = sorted(f.content for f in await api.rows(user, "l3_fact", retired=False))
+    assert live == ["Ines likes oolong tea", "Ines lives in Porto"]
+
+
+async def test_a_restored_row_is_searchable_again_and_its_history_says_why(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-jazz", {"facts": [{"text": "Jon plays jazz piano on weekends"}]})
+    await api.add("m-jazz I play jazz piano on weekends.", user)
+    (fact,) = await api.rows(user, "l3_fact")
+    forgotten = await api.ok(
+        "POST", "/api/v1/forget", json={"id": fact.id, "user_id": user, "reason": "oops"}
+    )
+    assert forgotten["forgotten"] == 1
+    assert await api.search("jazz piano", user, layer="l3_fact") == []
+
+    restored = await api.ok("POST", "/api/v1/restore", json={"id": fact.id, "user_id": user})
+    assert restored["restored"] is True
+    hits = await api.search("jazz piano", user, layer="l3_fact")
+    assert [h["memory_id"] for h in hits] == [fact.id]
+
+    trail = await api.ok("GET", "/api/v1/history", params={"id": fact.id, "user_id": user})
+    assert [(e["action"], e["actor"]) for e in trail["history"]] == [
+        ("insert", "extractor"),
+        ("retire", "api"),
+        ("restore", "api"),
+    ]
+    assert "oops" in trail["history"][1]["reason"]
+    status, body = await api.call(
+        "GET", "/api/v1/history", params={"id": fact.id, "user_id": new_user()}
+    )
+    assert status == 404
+
+
+async def test_forget_needs_text_or_id_and_an_unknown_id_is_404(api: Api) -> None:
+    status, body = await api.call("POST", "/api/v1/forget", json={"user_id": new_user()})
+    assert status == 400 and "text" in body["error"]
+    status, body = await api.call(
+        "POST", "/api/v1/forget", json={"id": "nope", "user_id": new_user()}
+    )
+    assert status == 404
+
+
+async def test_status_reports_the_llm_and_nothing_unextracted(api: Api) -> None:
+    body = await api.status()
+    assert body["llm"] == "ok" and body["llm_model"] == "primary"
+    assert body["write_pipeline"].startswith(("ok", "degraded"))
+    assert body["extract_sync"].startswith("blocking")
+
+
+
+async def test_a_memory_tool_entry_is_forgotten_by_part_of_its_text_with_what_came_of_it(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("Prefers tea over coffee", {"facts": [{"text": "Kim prefers tea over coffee",
+                                           "label": "user_preferences"}]})
+    note = await api.add(
+        "Prefers tea over coffee", user, metadata={"write_origin": "memory_tool"}
+    )
+    other = await api.add("m-other Kim likes tea over coffee, she says.", user)
+    body = await api.ok(
+        "POST",
+        "/api/v1/forget",
+        json={"text": "tea over coffee", "user_id": user, "source": "memory_tool",
+              "reason": "hermes memory tool replace"},
+    )
+    forgotten = {m["memory_id"]: m for m in body["memories"]}
+    assert note["memory_id"] in forgotten and other["memory_id"] not in forgotten
+    assert {m["layer"] for m in forgotten.values()} >= {"l2_raw", "l3_fact", "l1_profile"}
+    assert all(m["superseded_how"] == "forgotten" for m in forgotten.values())
+    raw = await api.row(user, note["memory_id"])
+    assert raw.retired_by == "plugin" and raw.drop_reason == "hermes memory tool replace"
+    assert (await api.row(user, other["memory_id"])).status == "active"
