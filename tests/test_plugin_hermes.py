@@ -105,8 +105,10 @@ def contents(answer: dict[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
-    """store + search + gateway in lite mode, shared by this module (tests use their own users)."""
-    with running_stack(tmp_path_factory.mktemp("plugin-stack"), ["store", "search", "gateway"],
+    """store + search + extractor + gateway in lite mode, shared by this module (tests use their
+    own users); the extractor serves forget."""
+    with running_stack(tmp_path_factory.mktemp("plugin-stack"),
+                       ["store", "search", "extractor", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="lite") as s:
         yield s
 
@@ -169,14 +171,14 @@ def test_memory_tool_add_is_a_write_and_replace_remove_reach_the_server_as_forge
         ],
     })
     assert all(r["success"] for r in result["results"])
-    stored = contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-tool"}))
-    assert sorted(stored) == ["Prefers green tea over coffee", "Prefers tea over coffee"]
-    # The gateway answers forget with 501 until the pro-mode issue lands: the forgets reached
-    # it and wait, parked, in the durable queue instead of being lost or raising.
-    forgets = [op for op in result["queue"] if op["kind"] == "forget"]
-    assert [op["payload"]["text"] for op in forgets] == ["tea over coffee", "green tea"]
-    assert all(op["parked"] and "HTTP 501" in op["last_error"] for op in forgets)
-    assert [op for op in result["queue"] if op["kind"] == "add"] == []
+    # replace forgets the old note, remove forgets the new one: nothing stays live, both are
+    # kept retired as forgotten (restorable), and the queue is empty.
+    assert contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-tool"})) == []
+    retired = gateway(stack, "POST", "/api/v1/list",
+                      {"user_id": "u-tool", "include_superseded": True})["memories"]
+    assert sorted((m["content"], m["superseded_how"]) for m in retired) == [
+        ("Prefers green tea over coffee", "forgotten"), ("Prefers tea over coffee", "forgotten")]
+    assert result["queue"] == []
 
 
 async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old_text(
@@ -222,7 +224,7 @@ async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old
     assert seen[3][1]["text"] == "Python 3.12"
 
 
-def test_tools_answer_json_and_forget_reports_that_the_server_lacks_it(
+def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):
     home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-tools")
@@ -241,7 +243,8 @@ def test_tools_answer_json_and_forget_reports_that_the_server_lacks_it(
     assert contents(recent) == ["The wifi password is stored in the blue notebook"]
     assert status["mode"] == "lite" and status["plugin_queue"] == 0
     assert "l9_nope" in bad_layer["error"]
-    assert "forget" in forget["error"]
+    # A forget tool call matches whole values (exact or near-exact), not a part of a note.
+    assert forget["forgotten"] == 0 and forget["memories"] == []
     assert no_query == {"error": "query is required"}
 
 
