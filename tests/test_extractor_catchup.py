@@ -1,0 +1,166 @@
+"""Extraction behind the write: catch-up after failures, a crash, and a key that arrives late."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.extractor_support import STACK, Api, new_user
+from tests.llm_fake import HANG, FakeLlm, fake_llm_in_thread
+from tests.support import Stack, assert_eventually, running_stack
+
+pytestmark = pytest.mark.slow
+
+POSTED_KEY = "handed-over-key"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeLlm]:
+    with fake_llm_in_thread() as fake:
+        fake.default = {}
+        yield fake
+
+
+def _env(fake: FakeLlm, embedder_address: str, **extra: str) -> dict[str, str]:
+    return {
+        "HYATLAS_EMBEDDER_ADDR": embedder_address,
+        "HYATLAS_MODE": "ultra",
+        "HYATLAS_SYNC_EXTRACT": "off",
+        "HYATLAS_LLM_BASE": fake.url,
+        "HYATLAS_LLM_MODEL": "primary",
+        "HYATLAS_EXTRACT_TIMEOUT": "30s",
+        "HYATLAS_CATCHUP_EVERY": "1s",
+        "HYATLAS_CATCHUP_MIN_AGE": "0",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def background(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
+) -> Iterator[Stack]:
+    """Ultra mode: writes return pending; catch-up every second takes rows of any age."""
+    data_dir: Path = tmp_path_factory.mktemp("extractor-background")
+    with running_stack(
+        data_dir, STACK, **_env(fake, embedder_address, HYATLAS_LLM_KEY="k")
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(background: Stack) -> Api:
+    return Api(background.base_url, background.address("store"))
+
+
+async def _done(api: Api, user: str, memory_id: str) -> None:
+    raw = await api.row(user, memory_id)
+    assert raw.extraction_status == "done", raw
+
+
+async def test_a_malformed_reply_fails_then_catch_up_extracts_the_row(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-later", "no json here", "nor here", {"facts": [{"text": "Lea grows tomatoes"}]})
+    added = await api.add("m-later I grow tomatoes on my balcony.", user)
+    assert added["extraction_status"] == "pending"
+    await assert_eventually(lambda: _done(api, user, added["memory_id"]), timeout_s=30)
+    raw = await api.row(user, added["memory_id"])
+    assert raw.extraction_tries == 1  # the failed try was counted, the raw row kept
+    assert [f.content for f in await api.rows(user, "l3_fact")] == ["Lea grows tomatoes"]
+    assert len(fake.for_marker("m-later")) == 3
+
+
+async def test_a_row_that_never_parses_is_left_alone_after_three_tries(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-never", "garbage")
+    added = await api.add("m-never Something the model cannot handle.", user)
+
+    async def three_tries() -> None:
+        raw = await api.row(user, added["memory_id"])
+        assert raw.extraction_tries == 3 and raw.extraction_status == "failed"
+
+    await assert_eventually(three_tries, timeout_s=30)
+    asked = len(fake.for_marker("m-never"))
+    assert asked == 6  # each try is one call and one retry with the reminder
+    # Further runs leave it alone: a later row of the same kind is caught up meanwhile.
+    fake.on("m-after", {"facts": [{"text": "Moe fixes clocks"}]})
+    someone = new_user()
+    other = await api.add("m-after I fix old clocks.", someone)
+    await assert_eventually(lambda: _done(api, someone, other["memory_id"]), 30)
+    assert len(fake.for_marker("m-never")) == asked
+
+
+async def test_after_kill_9_of_the_extractor_every_pending_row_is_caught_up(
+    background: Stack, api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-crash", HANG)
+    ids = []
+    for n in range(3):
+        added = await api.add(f"m-crash {n}: I own {n + 2} guitars.", user)
+        assert added["extraction_status"] == "pending"
+        ids.append(added["memory_id"])
+    await assert_eventually(lambda: len(fake.for_marker("m-crash")) >= 1, timeout_s=30)
+    background.procs["extractor"].kill()
+
+    facts = ["Noa owns a red electric guitar", "Noa bakes sourdough bread", "Noa is a pilot"]
+
+    def answer(record: Any) -> dict[str, Any]:
+        return {"facts": [{"text": facts[int(record.turn.split(":")[0].split()[-1])]}]}
+
+    fake.on("m-crash", answer)
+    background.start("extractor")
+    for memory_id in ids:
+        await assert_eventually(lambda m=memory_id: _done(api, user, m), timeout_s=60)
+    contents = sorted(f.content for f in await api.rows(user, "l3_fact", retired=False))
+    assert contents == sorted(facts)
+
+
+async def test_the_key_is_accepted_only_from_this_machine_directly(api: Api) -> None:
+    status, body = await api.call(
+        "POST", "/api/v1/llm/key", json={"key": "x"}, headers={"X-Forwarded-For": "10.1.2.3"}
+    )
+    assert status == 403 and "this machine" in body["error"]
+    status, body = await api.call("POST", "/api/v1/llm/key", json={})
+    assert status == 400
+
+
+@pytest.fixture
+def keyless(tmp_path: Path, embedder_address: str, fake: FakeLlm) -> Iterator[Stack]:
+    """Endpoint and model set, no key anywhere; the key file holds JSON and is refused."""
+    key_file = tmp_path / "creds.json"
+    key_file.write_text('{"access_token": "not-ours"}')
+    with running_stack(
+        tmp_path / "data",
+        STACK,
+        **_env(fake, embedder_address, HYATLAS_LLM_KEY_FILE=str(key_file)),
+    ) as stack:
+        yield stack
+
+
+async def test_writes_wait_for_a_key_and_are_extracted_when_one_is_handed_over(
+    keyless: Stack, fake: FakeLlm
+) -> None:
+    api = Api(keyless.base_url, keyless.address("store"))
+    user = new_user()
+    fake.on("m-key", {"facts": [{"text": "Ola speaks Finnish"}]})
+    added = await api.add("m-key I speak Finnish.", user)
+    assert added["extraction_status"] == "pending"
+    body = await api.status()
+    assert body["llm"] == "awaiting_key" and body["unextracted"] == 1
+    assert fake.for_marker("m-key") == []
+
+    reply = await api.ok("POST", "/api/v1/llm/key", json={"key": POSTED_KEY})
+    assert reply == {"ok": True, "llm": "ok"}
+    await assert_eventually(lambda: _done(api, user, added["memory_id"]), timeout_s=30)
+    (request,) = fake.for_marker("m-key")
+    assert request.headers["Authorization"] == f"Bearer {POSTED_KEY}"
+    assert (await api.status())["llm"] == "ok"
+    log = keyless.procs["extractor"].logs()
+    assert log.count("holds JSON, not a plain-text key") == 1

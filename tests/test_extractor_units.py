@@ -1,0 +1,171 @@
+"""The extractor's pure parts: reply parsing, op checks, the text cap, key sources, endpoints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from services.extractor.llm import LlmClient, LlmKeys
+from services.extractor.parse import Candidate, normalise, parse_json_object, read_plan
+from services.extractor.prompt import cap_utf8, page_content
+from shared.pb import common_pb2
+from tests.llm_fake import ERROR, running_fake_llm
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"facts": []}',
+        '```json\n{"facts": []}\n```',
+        'Sure, here it is: {"facts": []} Hope that helps {not json}',
+        '{"note": "a } brace in a string"} trailing',
+    ],
+)
+def test_the_tolerant_parser_finds_the_first_object(reply: str) -> None:
+    assert isinstance(parse_json_object(reply), dict)
+
+
+@pytest.mark.parametrize("reply", ["", "no braces", "[1, 2]", "{broken", "```\n```"])
+def test_the_tolerant_parser_refuses_what_holds_no_object(reply: str) -> None:
+    with pytest.raises(ValueError):
+        parse_json_object(reply)
+
+
+def _shown() -> dict[int, Candidate]:
+    fact = common_pb2.Memory(id="real-fact-id", content="A drinks coffee", layer=3)
+    intention = common_pb2.Memory(id="real-intention-id", content="A plans a trip", layer=7)
+    return {1: Candidate(1, "fact", fact), 2: Candidate(2, "intention", intention)}
+
+
+def test_ops_naming_unshown_numbers_or_the_wrong_kind_are_dropped_and_counted() -> None:
+    plan = read_plan(
+        {
+            "facts": [
+                {"text": "A drinks tea", "replaces": [1]},
+                {"text": "A drinks milk", "replaces": [2]},  # 2 is an intention
+                {"text": "A drinks water", "updates": "real-fact-id"},  # a real id, never shown
+                {"text": "A drinks juice", "replaces": ["[1]"]},
+            ],
+            "intentions_done": [2, 3],
+            "intentions_moved_on": [1],
+        },
+        _shown(),
+    )
+    assert [f.text for f in plan.facts] == ["A drinks tea", "A drinks juice"]
+    assert [m.id for m in plan.facts[0].replaces] == ["real-fact-id"]
+    assert [m.id for m in plan.done] == ["real-intention-id"]
+    assert plan.moved_on == []
+    assert plan.dropped == 4
+
+
+def test_odd_shapes_are_skipped_without_failing_the_reply() -> None:
+    plan = read_plan(
+        {"facts": ["A likes jazz", 7, {"text": ""}, {"text": "A is 40", "event_at": "soon"}],
+         "intentions": "not a list", "entities": [{"name": "X"}], "experiences": ["Use tabs"]},
+        _shown(),
+    )
+    assert [(f.text, f.event_at) for f in plan.facts] == [("A likes jazz", None), ("A is 40", None)]
+    assert plan.intentions == [] and plan.pages == [] and plan.experiences == ["Use tabs"]
+
+
+def test_the_text_cap_is_utf8_safe_and_marked() -> None:
+    text = "€" * 10_000  # 30,000 bytes
+    capped = cap_utf8(text)
+    assert len(capped.encode("utf-8")) <= 16_000 and capped.endswith("…")
+    assert set(capped[:-1]) == {"€"}
+    assert cap_utf8("short") == "short"
+
+
+def test_normalise_ignores_case_punctuation_and_spacing() -> None:
+    assert normalise("  Ines LIKES  oolong-tea! ") == normalise("ines likes oolong tea")
+
+
+def test_a_page_shows_its_state_then_its_dated_history() -> None:
+    assert page_content("Foxtrot", "on PG 16", [{"date": "2026-11-01", "state": "on PG 15"}]) == (
+        "Foxtrot: on PG 16\nHistory:\n- 2026-11-01: on PG 15"
+    )
+
+
+def test_a_posted_key_wins_over_the_key_file_which_wins_over_the_env_key(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("file-key-1\n")
+    keys = LlmKeys("env-key", str(key_file))
+    assert keys.current() == "file-key-1"
+    key_file.write_text("file-key-2")  # read on every call: a rotated key is used at once
+    assert keys.current() == "file-key-2"
+    keys.post("posted")
+    assert keys.current() == "posted"
+
+
+def test_a_json_key_file_is_refused_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key_file = tmp_path / "auth.json"
+    key_file.write_text('{"token": "someone-elses"}')
+    keys = LlmKeys("env-key", str(key_file))
+    with caplog.at_level(logging.WARNING):
+        assert [keys.current() for _ in range(3)] == ["env-key"] * 3
+    assert sum("holds JSON" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_missing_key_file_falls_back_to_the_env_key(tmp_path: Path) -> None:
+    assert LlmKeys("env-key", str(tmp_path / "missing")).current() == "env-key"
+
+
+def _client(fallback_base: str = "", fallback_key: str | None = None) -> LlmClient:
+    return LlmClient(
+        "http://llm.example:8080/v1", "main", LlmKeys("primary-key", ""), 300.0,
+        fallback_model="backup", fallback_base=fallback_base, fallback_key=fallback_key,
+    )
+
+
+def test_the_fallback_on_the_same_host_reuses_the_key_and_gets_a_third_of_the_time() -> None:
+    primary, fallback = _client().endpoints()
+    assert (primary.model, primary.key, primary.timeout_s) == ("main", "primary-key", 200.0)
+    assert (fallback.model, fallback.key, fallback.base) == (
+        "backup", "primary-key", "http://llm.example:8080/v1",
+    )
+    assert fallback.timeout_s == pytest.approx(100.0)
+
+
+def test_the_primary_key_never_goes_to_another_host() -> None:
+    _, fallback = _client("http://other.example/v1").endpoints()
+    assert fallback.key is None
+    _, fallback = _client("http://other.example/v1", "its-own").endpoints()
+    assert fallback.key == "its-own"
+
+
+def test_without_a_fallback_the_primary_gets_all_the_time() -> None:
+    client = LlmClient("http://h/v1", "m", LlmKeys("k", ""), 30.0)
+    (only,) = client.endpoints()
+    assert only.timeout_s == 30.0
+
+
+async def test_a_server_that_refuses_response_format_is_asked_again_without_it() -> None:
+    async with running_fake_llm() as fake:
+        fake.takes_response_format = False
+        fake.push('Facts: ```{"facts": [{"text": "B swims"}]}```')
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        reply = await client.json_reply([{"role": "user", "content": "<turn>\nx\n</turn>"}])
+        assert reply == {"facts": [{"text": "B swims"}]}
+        assert ["response_format" in r.body for r in fake.requests] == [True, False]
+        fake.push("{}")
+        await client.json_reply([{"role": "user", "content": "again"}])
+        assert "response_format" not in fake.requests[-1].body  # remembered
+
+
+async def test_a_fallback_on_another_host_is_sent_no_key() -> None:
+    async with running_fake_llm() as fake:
+        other_host = fake.url.replace("127.0.0.1", "localhost")
+        fake.on("", ERROR, model="main")
+        fake.on("", {"ok": True}, model="backup")
+        client = LlmClient(
+            fake.url, "main", LlmKeys("secret", ""), 10.0,
+            fallback_model="backup", fallback_base=other_host,
+        )
+        assert await client.json_reply([{"role": "user", "content": "hi"}]) == {"ok": True}
+        main, backup = fake.requests
+        assert main.headers["Authorization"] == "Bearer secret"
+        assert "Authorization" not in backup.headers
