@@ -22,6 +22,11 @@ ERROR = "__error__"  # HTTP 500
 REJECT_FORMAT = "__reject_format__"  # HTTP 400 naming response_format
 
 
+def delayed(seconds: float, answer: Any) -> tuple[str, float, Any]:
+    """An answer sent only after seconds."""
+    return ("__delay__", seconds, answer)
+
+
 @dataclass
 class Recorded:
     """One request the server received."""
@@ -118,6 +123,9 @@ class FakeLlm:
         reply = self._scripted(record)
         if callable(reply):
             reply = reply(record)
+        if isinstance(reply, tuple) and reply and reply[0] == "__delay__":
+            await asyncio.sleep(reply[1])
+            reply = reply[2]
         if reply == HANG:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), 3600)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.extractor_support import STACK, Api, new_user
-from tests.llm_fake import HANG, FakeLlm, fake_llm_in_thread
+from tests.llm_fake import HANG, FakeLlm, delayed, fake_llm_in_thread
 from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
@@ -164,3 +164,20 @@ async def test_writes_wait_for_a_key_and_are_extracted_when_one_is_handed_over(
     assert (await api.status())["llm"] == "ok"
     log = keyless.procs["extractor"].logs()
     assert log.count("holds JSON, not a plain-text key") == 1
+
+
+async def test_a_clean_stop_finishes_the_extraction_in_flight(
+    background: Stack, api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-stop", delayed(1.5, {"facts": [{"text": "Pia restores old boats"}]}))
+    added = await api.add("m-stop I restore old boats.", user)
+    assert added["extraction_status"] == "pending"
+    await assert_eventually(lambda: len(fake.for_marker("m-stop")) == 1, timeout_s=30)
+    try:
+        assert background.procs["extractor"].stop() == 0  # SIGTERM; waits for the reply
+        raw = await api.row(user, added["memory_id"])
+        assert raw.extraction_status == "done"
+        assert [f.content for f in await api.rows(user, "l3_fact")] == ["Pia restores old boats"]
+    finally:
+        background.start("extractor")
