@@ -227,7 +227,7 @@ async def writes(request: web.Request) -> web.Response:
     starts = [today - timedelta(days=back) for back in range(days - 1, -1, -1)]
     store = request.app[STORE]
 
-    async def count(start: datetime, layers: list[int], exclude: list[int]) -> int:
+    async def count(start: datetime, layers: list[Any], exclude: list[Any]) -> int:
         begin = start.timestamp()
         reply = await store.ListMemories(
             store_pb2.ListMemoriesRequest(

@@ -117,18 +117,20 @@ class Session:
         """Runs an action (click, navigation) and waits for the render it causes to finish."""
         before = await self._rendered_mark()
         await action
-        await self.page.wait_for_function(
-            "(before) => (document.documentElement.dataset.rendered || '') !== before", arg=before
-        )
+        # Locators, not wait_for_function: the page's CSP refuses the eval the latter needs.
+        await self.page.locator(
+            f"html[data-rendered]:not([data-rendered='{before}'])"
+        ).wait_for(state="attached")
 
     async def _rendered_mark(self) -> str:
         if self.page.url == "about:blank":
             return ""
-        return str(await self.page.evaluate("document.documentElement.dataset.rendered || ''"))
+        mark = await self.page.locator("html").get_attribute("data-rendered")
+        return mark or ""
 
     async def rendered(self) -> None:
         """Waits until the page has finished a render (after a first load)."""
-        await self.page.wait_for_function("!!document.documentElement.dataset.rendered")
+        await self.page.locator("html[data-rendered]").wait_for(state="attached")
 
     async def set_owner(self, user_id: str, agent_id: str = "") -> None:
         await self.page.fill("#owner-user", user_id)
