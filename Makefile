@@ -8,6 +8,9 @@ PROTOS := $(wildcard protos/*.proto)
 
 .PHONY: run test protos lint bench venv clean
 
+# What the tests need besides the project's virtualenv: Hermes's own venv, a browser, the stubs.
+TEST_DEPS := protos hermes-venv browser
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -26,7 +29,7 @@ run: protos
 	mkdir -p data
 	$(VENV)/bin/supervisord -c deploy/supervisord.conf -n
 
-test: protos
+test: $(TEST_DEPS)
 	$(PY) -m pytest -q
 
 lint: protos
