@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -68,7 +68,7 @@ class Scores:
 def session_time(text: str) -> float:
     """Unix seconds of a LoCoMo session stamp such as '1:56 pm on 8 May, 2023' (read as UTC)."""
     when = datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
-    return when.replace(tzinfo=timezone.utc).timestamp()
+    return when.replace(tzinfo=UTC).timestamp()
 
 
 def load(path: Path) -> tuple[dict[str, list[Turn]], list[Question]]:
@@ -106,8 +106,13 @@ async def ingest(
 
     async def add(owner: str, turn: Turn) -> None:
         async with gate:
-            body = {"text": turn.text, "user_id": owner, "agent_id": "locomo",
-                    "event_at": turn.event_at, "metadata": {"dia_id": turn.dia_id}}
+            body = {
+                "text": turn.text,
+                "user_id": owner,
+                "agent_id": "locomo",
+                "event_at": turn.event_at,
+                "metadata": {"dia_id": turn.dia_id},
+            }
             async with http.post(f"{base}/api/v1/add", json=body) as reply:
                 data = await reply.json()
                 if reply.status != 200:
@@ -119,15 +124,24 @@ async def ingest(
 
 
 async def ask(
-    http: aiohttp.ClientSession, base: str, questions: list[Question], ids: dict[str, str],
-    reader: str, min_score: float | None,
+    http: aiohttp.ClientSession,
+    base: str,
+    questions: list[Question],
+    ids: dict[str, str],
+    reader: str,
+    min_score: float | None,
 ) -> dict[str, object]:
     """Asks every question with one reader; returns the metric table and latencies."""
     groups = {name: Scores() for name in [*CATEGORIES.values(), "overall"]}
     latencies: list[float] = []
     for q in questions:
-        body: dict[str, object] = {"query": q.text, "user_id": q.owner, "agent_id": "locomo",
-                                   "limit": 10, "reader": reader}
+        body: dict[str, object] = {
+            "query": q.text,
+            "user_id": q.owner,
+            "agent_id": "locomo",
+            "limit": 10,
+            "reader": reader,
+        }
         if min_score is not None:
             body["min_score"] = min_score
         started = time.perf_counter()
@@ -138,7 +152,8 @@ async def ask(
             raise RuntimeError(f"search failed: {reply.status} {data}")
         ranked = [
             ids.get(item["memory_id"], "")
-            for channel in data["order"] if channel != "now"
+            for channel in data["order"]
+            if channel != "now"
             for item in data["memories"].get(channel, [])
         ]
         evidence = {f"{q.owner}/{e}" for e in q.evidence}
@@ -157,8 +172,14 @@ async def ask(
 def print_table(reader: str, result: dict[str, object]) -> None:
     metrics = result["metrics"]
     assert isinstance(metrics, dict)
-    cols = ["recall_any@5", "recall_any@10", "recall_all@5", "recall_all@10", "evidence_frac@10",
-            "ndcg@10"]
+    cols = [
+        "recall_any@5",
+        "recall_any@10",
+        "recall_all@5",
+        "recall_all@10",
+        "evidence_frac@10",
+        "ndcg@10",
+    ]
     print(f"\nreader={reader}  latency {result['latency_ms']}")
     print(f"{'group':<12} {'n':>4} " + " ".join(f"{c:>16}" for c in cols))
     for name, m in metrics.items():
@@ -168,9 +189,12 @@ def print_table(reader: str, result: dict[str, object]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, object]:
     turns, questions = load(args.data)
     print(f"{sum(map(len, turns.values()))} turns, {len(questions)} questions", flush=True)
-    with tempfile.TemporaryDirectory(prefix="locomo-") as tmp, running_stack(
-        Path(tmp) / "data", ["embedder", "store", "search", "gateway"], HYATLAS_MODE="lite"
-    ) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="locomo-") as tmp,
+        running_stack(
+            Path(tmp) / "data", ["embedder", "store", "search", "gateway"], HYATLAS_MODE="lite"
+        ) as stack,
+    ):
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             started = time.perf_counter()
@@ -179,20 +203,30 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             print(f"ingested in {ingest_s:.1f}s ({len(ids) / ingest_s:.0f} turns/s)", flush=True)
             results = {}
             for reader in args.readers:
-                results[reader] = await ask(http, stack.base_url, questions, ids, reader,
-                                            args.min_score)
+                results[reader] = await ask(
+                    http, stack.base_url, questions, ids, reader, args.min_score
+                )
                 print_table(reader, results[reader])
-    return {"data": str(args.data), "turns": len(ids), "questions": len(questions),
-            "min_score": args.min_score, "ingest_turns_per_s": round(len(ids) / ingest_s, 1),
-            "readers": results}
+    return {
+        "data": str(args.data),
+        "turns": len(ids),
+        "questions": len(questions),
+        "min_score": args.min_score,
+        "ingest_turns_per_s": round(len(ids) / ingest_s, 1),
+        "readers": results,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--readers", nargs="+", default=["keyword", "vector", "hybrid"])
-    parser.add_argument("--min-score", type=float, default=None,
-                        help="sent with every search; unset: the server's HYATLAS_MIN_SCORE")
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        default=None,
+        help="sent with every search; unset: the server's HYATLAS_MIN_SCORE",
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     if not args.data.exists():

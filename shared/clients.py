@@ -28,7 +28,9 @@ class EmbedderClient:
         self._stub = embedder_pb2_grpc.EmbedderStub(channel)
         self._timeout_s = timeout_s
 
-    async def embed(self, texts: Sequence[str], *, is_query: bool = False) -> tuple[np.ndarray, str]:
+    async def embed(
+        self, texts: Sequence[str], *, is_query: bool = False
+    ) -> tuple[np.ndarray, str]:
         """Unit vectors for texts (float32, one row each) and the model id that made them."""
         try:
             reply = await self._stub.Embed(

@@ -72,7 +72,11 @@ async def running_grpc_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     sock = _unix_path(address)
@@ -112,7 +116,9 @@ async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "")
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                reply = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1.0
+                )
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.aio.AioRpcError:

@@ -326,7 +326,9 @@ class Settings:
         fallback_key = env.get("HYATLAS_LLM_FALLBACK_KEY")
         level = text("HYATLAS_LOG_LEVEL", "INFO").upper()
         if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError(f"HYATLAS_LOG_LEVEL={level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+            raise ConfigError(
+                f"HYATLAS_LOG_LEVEL={level!r} is not one of DEBUG, INFO, WARNING, ERROR"
+            )
 
         return cls(
             data_dir=data_dir,

@@ -13,8 +13,16 @@ from shared.settings import Settings, parse_aliases, parse_go_duration, read_dur
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("15m", 900.0), ("6h", 21600.0), ("1h30m", 5400.0), ("300ms", 0.3), ("2160h", 7776000.0),
-     ("1.5h", 5400.0), ("-2s", -2.0), ("0", 0.0)],
+    [
+        ("15m", 900.0),
+        ("6h", 21600.0),
+        ("1h30m", 5400.0),
+        ("300ms", 0.3),
+        ("2160h", 7776000.0),
+        ("1.5h", 5400.0),
+        ("-2s", -2.0),
+        ("0", 0.0),
+    ],
 )
 def test_go_durations_are_read_as_seconds(text: str, seconds: float) -> None:
     assert parse_go_duration(text) == pytest.approx(seconds)
@@ -56,8 +64,14 @@ def test_defaults_match_the_reference(tmp_path: Path) -> None:
 
 def test_pro_mode_blocks_on_extraction_unless_told_otherwise() -> None:
     assert Settings.from_env({"HYATLAS_MODE": "pro"}).sync_extract is True
-    assert Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_SYNC_EXTRACT": "off"}).sync_extract is False
-    assert Settings.from_env({"HYATLAS_MODE": "ultra", "HYATLAS_SYNC_EXTRACT": "on"}).sync_extract is True
+    assert (
+        Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_SYNC_EXTRACT": "off"}).sync_extract
+        is False
+    )
+    assert (
+        Settings.from_env({"HYATLAS_MODE": "ultra", "HYATLAS_SYNC_EXTRACT": "on"}).sync_extract
+        is True
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,7 +95,9 @@ def test_settings_that_cannot_run_are_fatal_and_name_the_variable(
 
 
 def test_pro_mode_may_turn_consolidation_off() -> None:
-    assert Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_CONSOLIDATE_EVERY": "off"}).mode == "pro"
+    assert (
+        Settings.from_env({"HYATLAS_MODE": "pro", "HYATLAS_CONSOLIDATE_EVERY": "off"}).mode == "pro"
+    )
 
 
 def test_aliases_group_ids_and_ignore_singletons() -> None:
