@@ -201,7 +201,7 @@ class Settings:
     llm_fallback_base: str = ""
     """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (default: the primary's)."""
     llm_fallback_key: str | None = None
-    """HYATLAS_LLM_FALLBACK_KEY: the fallback's key (unset: the primary's, on the same host only)."""
+    """HYATLAS_LLM_FALLBACK_KEY: the fallback's key (unset: the primary's, same host only)."""
     extract_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
     reconcile: bool = False
