@@ -53,6 +53,12 @@ class ExtractorConfig:
     """Most rows one catch-up run extracts."""
     catchup_tries: int = 3
     """After this many unparseable replies a row is left alone."""
+    now_every_s: float | None = 15 * 60.0
+    """HYATLAS_NOW_EVERY: least time between Now page rebuilds; None: after every write."""
+    episode_gap_s: float | None = 30 * 60.0
+    """HYATLAS_EPISODE_GAP: a pause that ends an episode of work; None: no episode summaries."""
+    user_aliases: tuple[tuple[str, ...], ...] = ()
+    """HYATLAS_USER_ALIASES: Now pages and episodes are kept under a group's first id."""
     stop_grace_s: float = 10.0
     """How long a clean stop waits for extractions in flight."""
     store_wait_s: float = 60.0
@@ -86,4 +92,7 @@ class ExtractorConfig:
             catchup_every_s=settings.catchup_every_s,
             catchup_max_age_s=settings.catchup_max_age_s,
             catchup_min_age_s=min_age or 0.0,
+            now_every_s=settings.now_every_s,
+            episode_gap_s=settings.episode_gap_s,
+            user_aliases=settings.user_aliases,
         )

@@ -12,6 +12,7 @@ import grpc
 from services.extractor.config import ExtractorConfig
 from services.extractor.extract import Extraction
 from services.extractor.forget import Forgetting
+from services.extractor.living import Living
 from services.extractor.llm import LlmClient, LlmKeys
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.store_client import StoreClient
@@ -20,6 +21,7 @@ from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import until_stopped
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +74,31 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
                 tries=config.catchup_tries,
             ),
         )
+        living = Living(
+            store,
+            extraction.llm,
+            lambda: worker.llm_state() == "ok",
+            Settings(user_aliases=config.user_aliases).canonical_user,
+            config.now_every_s,
+            config.episode_gap_s,
+            config.mode,
+        )
+        worker.living = living
+        stack.push_async_callback(living.drain)
         stack.push_async_callback(worker.drain, config.stop_grace_s)
-        catchup = asyncio.create_task(worker.run_catchup(), name="catch-up")
+        loops = [
+            asyncio.create_task(worker.run_catchup(), name="catch-up"),
+            asyncio.create_task(living.run_episodes(), name="episodes"),
+        ]
 
-        async def stop_catchup() -> None:
-            catchup.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await catchup
+        async def stop_loops() -> None:
+            for task in loops:
+                task.cancel()
+            for task in loops:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
-        stack.push_async_callback(stop_catchup)
+        stack.push_async_callback(stop_loops)
         servicer = ExtractorServicer(worker, Forgetting(store, embedder))
 
         def register(server: grpc.aio.Server) -> list[str]:

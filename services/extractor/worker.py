@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from services.extractor.extract import DONE, FAILED, SKIPPED, Extraction, Outcome
+from services.extractor.living import Living
 from services.extractor.llm import LlmUnavailable
 from services.extractor.store_client import StoreClient
 from shared.errors import NotFound
@@ -46,9 +47,15 @@ class Worker:
     """Runs extractions one owner at a time, tracks those in flight, and catches up."""
 
     def __init__(
-        self, extraction: Extraction, store: StoreClient, mode: str, policy: CatchupPolicy
+        self,
+        extraction: Extraction,
+        store: StoreClient,
+        mode: str,
+        policy: CatchupPolicy,
+        living: Living | None = None,
     ) -> None:
         self.extraction = extraction
+        self.living = living
         self.store = store
         self.mode = mode
         self.policy = policy
@@ -129,7 +136,10 @@ class Worker:
             except NotFound:
                 return Outcome(SKIPPED, "the row is gone")
             try:
-                return await self.extraction.extract(raw)
+                outcome = await self.extraction.extract(raw)
+                if outcome.status == DONE and self.living is not None:
+                    self.living.after_write(raw)
+                return outcome
             except LlmUnavailable as exc:
                 log.warning("extraction of %s failed: %s", raw.id, exc.message)
                 self.extraction.counters.last_error = exc.message

@@ -1,0 +1,271 @@
+"""Summaries beside extraction: the owner's Now page and one L4 summary per episode of work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from services.extractor.llm import LlmClient, LlmMalformed, LlmUnavailable
+from services.extractor.prompt import cap_utf8
+from services.extractor.store_client import StoreClient, retire_op
+from shared.pb import common_pb2, store_pb2
+
+log = logging.getLogger(__name__)
+
+ACTOR = "extractor"
+NOW_LABEL = "now_page"
+EPISODE_LABEL = "episode"
+LLM_MODES = ("pro", "ultra")
+EPISODE_LOOKBACK_S = 7 * 24 * 3600.0
+TURN_BYTES = 2_000
+MAX_SOURCES = 200
+
+NOW_SYSTEM = """You keep a person's "Now page": a short note of what they are doing and planning \
+right now. From the stored rows below write at most 120 words: current work and projects, open \
+goals with their due dates, and what changed recently. Use names, not pronouns. Reply with \
+exactly one JSON object: {"now": "the page text"}."""
+
+EPISODE_SYSTEM = """You summarise one episode of work: the conversation turns below happened \
+with no long pause between them. In 2 to 4 sentences say what was done, what was decided and \
+what was left open, with names and dates. Reply with exactly one JSON object: \
+{"summary": "the summary"}."""
+
+
+def _day(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
+
+
+def _meta(memory: common_pb2.Memory) -> dict[str, object]:
+    try:
+        value = json.loads(memory.metadata_json or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class Living:
+    """Rebuilds Now pages after writes (at most every now_every_s) and summarises episodes."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        llm: LlmClient,
+        llm_ready: Callable[[], bool],
+        canonical_user: Callable[[str], str],
+        now_every_s: float | None,
+        episode_gap_s: float | None,
+        mode: str,
+    ) -> None:
+        self.store = store
+        self.llm = llm
+        self.llm_ready = llm_ready
+        self.canonical_user = canonical_user
+        self.now_every_s = now_every_s
+        self.episode_gap_s = episode_gap_s
+        self.mode = mode
+        self._last_now: dict[tuple[str, str], float] = {}
+        self._now_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.now_pages = 0
+        self.episodes = 0
+        self._bad_episodes: dict[tuple[str, str, float], int] = {}
+
+    # -- Now page -------------------------------------------------------------------------
+
+    def after_write(self, raw: common_pb2.Memory) -> None:
+        """Schedules the owner's Now page: now if due, else when it next may be rebuilt."""
+        if self.mode not in LLM_MODES:
+            return
+        owner = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
+        if owner in self._now_tasks:
+            return  # a rebuild is already waiting; it will read this write too
+        wait = 0.0
+        if self.now_every_s is not None and owner in self._last_now:
+            wait = max(0.0, self._last_now[owner] + self.now_every_s - time.time())
+        task = asyncio.create_task(self._rebuild_later(owner, wait), name=f"now {owner}")
+        self._now_tasks[owner] = task
+        task.add_done_callback(lambda _: self._now_tasks.pop(owner, None))
+
+    async def _rebuild_later(self, owner: tuple[str, str], wait: float) -> None:
+        await asyncio.sleep(wait)
+        try:
+            await self.rebuild_now(*owner)
+        except (LlmUnavailable, LlmMalformed) as exc:
+            log.warning("now page of %s not rebuilt: %s", owner, exc.message)
+        except Exception:
+            log.exception("now page of %s not rebuilt", owner)
+
+    async def rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
+        """Writes a new Now page for the owner and retires the one it replaces."""
+        self._last_now[(user_id, agent_id)] = time.time()
+        scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
+
+        async def live(layer: int, limit: int) -> list[common_pb2.Memory]:
+            return await self.store.list(
+                store_pb2.ListMemoriesRequest(scope=scope, layers=[layer], limit=limit)
+            )
+
+        intentions = await live(common_pb2.L7_INTENTION, 10)
+        facts = [f for f in await live(common_pb2.L3_FACT, 20) if f.label != "task_experience"]
+        pages = await live(common_pb2.L8_ENTITY, 5)
+        if not intentions and not facts:
+            return None
+        lines = [f"Today is {_day(time.time())}."]
+        lines.append("Open intentions:")
+        lines += [
+            f"- {m.content}" + (f" (due {_day(m.due_at)})" if m.HasField("due_at") else "")
+            for m in intentions
+        ] or ["(none)"]
+        lines.append("Recent facts, newest first:")
+        lines += [f"- {m.content} (stored {_day(m.created_at)})" for m in facts] or ["(none)"]
+        if pages:
+            lines.append("Entity pages:")
+            lines += [f"- {cap_utf8(m.content, 600)}" for m in pages]
+        reply = await self.llm.json_reply(
+            [
+                {"role": "system", "content": NOW_SYSTEM},
+                {"role": "user", "content": cap_utf8("\n".join(lines))},
+            ]
+        )
+        text = reply.get("now")
+        if not isinstance(text, str) or not text.strip():
+            raise LlmMalformed("the Now page reply has no text")
+        summaries = await live(common_pb2.L4_SUMMARY, 200)
+        old = [m for m in summaries if m.label == NOW_LABEL]
+        new = store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user_id, agent_id=agent_id),
+            layer=common_pb2.L4_SUMMARY,
+            content=text.strip(),
+            label=NOW_LABEL,
+            source_ids=[m.id for m in [*intentions, *facts]],
+            metadata_json=json.dumps({"built_at": time.time()}),
+            write_mode=self.mode,
+            ref="now",
+        )
+        ops = [store_pb2.Op(insert=new), *(retire_op(m.id, "replaced", "$now") for m in old)]
+        applied = await self.store.apply(scope, ops, ACTOR, "now page")
+        self.now_pages += 1
+        return applied[0]
+
+    async def drain(self) -> None:
+        """Cancels Now pages still waiting for their turn."""
+        for task in list(self._now_tasks.values()):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- episodes -------------------------------------------------------------------------
+
+    async def sweep_episodes(self) -> int:
+        """Summarises every episode that has ended and has no summary yet; returns how many."""
+        if self.episode_gap_s is None or self.mode not in LLM_MODES or not self.llm_ready():
+            return 0
+        now = time.time()
+        raws = await self.store.list(
+            store_pb2.ListMemoriesRequest(
+                scope=common_pb2.Scope(all_users=True),
+                layers=[common_pb2.L2_RAW],
+                order="oldest",
+                created_after=now - EPISODE_LOOKBACK_S,
+                limit=1000,
+            )
+        )
+        owners: dict[tuple[str, str], list[common_pb2.Memory]] = {}
+        for raw in raws:
+            if raw.write_mode in LLM_MODES:
+                key = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
+                owners.setdefault(key, []).append(raw)
+        written = 0
+        for (user_id, agent_id), rows in owners.items():
+            written += await self._owner_episodes(user_id, agent_id, rows, now)
+        return written
+
+    async def _owner_episodes(
+        self, user_id: str, agent_id: str, rows: list[common_pb2.Memory], now: float
+    ) -> int:
+        assert self.episode_gap_s is not None
+        scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
+        summaries = await self.store.list(
+            store_pb2.ListMemoriesRequest(
+                scope=scope, layers=[common_pb2.L4_SUMMARY], limit=1000, include_superseded=True
+            )
+        )
+        ends = [
+            float(_meta(m).get("episode_end", 0) or 0)  # type: ignore[arg-type]
+            for m in summaries
+            if m.label == EPISODE_LABEL
+        ]
+        after = max(ends, default=0.0)
+        rows = [r for r in rows if r.created_at > after]
+        episodes: list[list[common_pb2.Memory]] = []
+        for row in rows:
+            if episodes and row.created_at - episodes[-1][-1].created_at <= self.episode_gap_s:
+                episodes[-1].append(row)
+            else:
+                episodes.append([row])
+        written = 0
+        for episode in episodes:
+            if now - episode[-1].created_at <= self.episode_gap_s:
+                break  # still going on
+            key = (user_id, agent_id, episode[0].created_at)
+            if self._bad_episodes.get(key, 0) >= 3:
+                continue  # the model cannot summarise it; later episodes still get theirs
+            try:
+                await self._summarise(scope, user_id, agent_id, episode)
+            except LlmMalformed:
+                self._bad_episodes[key] = self._bad_episodes.get(key, 0) + 1
+                raise
+            written += 1
+        return written
+
+    async def _summarise(
+        self, scope: common_pb2.Scope, user_id: str, agent_id: str,
+        episode: list[common_pb2.Memory],
+    ) -> None:
+        turns = "\n\n".join(
+            f"[{datetime.fromtimestamp(r.created_at, UTC):%Y-%m-%d %H:%M}] "
+            + cap_utf8(r.content, TURN_BYTES)
+            for r in episode
+        )
+        reply = await self.llm.json_reply(
+            [
+                {"role": "system", "content": EPISODE_SYSTEM},
+                {"role": "user", "content": "<turns>\n" + cap_utf8(turns) + "\n</turns>"},
+            ]
+        )
+        text = reply.get("summary")
+        if not isinstance(text, str) or not text.strip():
+            raise LlmMalformed("the episode reply has no summary")
+        start, end = episode[0].created_at, episode[-1].created_at
+        row = store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user_id, agent_id=agent_id),
+            layer=common_pb2.L4_SUMMARY,
+            content=text.strip(),
+            label=EPISODE_LABEL,
+            source_ids=[r.id for r in episode[:MAX_SOURCES]],
+            metadata_json=json.dumps(
+                {"episode_start": start, "episode_end": end, "turns": len(episode)}
+            ),
+            write_mode=self.mode,
+            event_at=start,
+        )
+        await self.store.apply(scope, [store_pb2.Op(insert=row)], ACTOR, "episode summary")
+        self.episodes += 1
+
+    async def run_episodes(self) -> None:
+        """Sweeps for ended episodes every so often, until cancelled."""
+        if self.episode_gap_s is None or self.mode not in LLM_MODES:
+            return
+        every = min(60.0, max(0.5, self.episode_gap_s / 3))
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.sweep_episodes()
+            except (LlmUnavailable, LlmMalformed) as exc:
+                log.warning("episode summaries wait for the next sweep: %s", exc.message)
+            except Exception:
+                log.exception("episode sweep failed; the next sweep retries")

@@ -1,0 +1,114 @@
+"""The Now page after writes and one L4 summary per episode of work, over the real stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.extractor_support import STACK, Api, new_user
+from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
+from tests.support import Stack, assert_eventually, running_stack
+
+pytestmark = pytest.mark.slow
+
+
+def _answer(record: Recorded) -> Any:
+    system = str(record.body["messages"][0]["content"])
+    if "Now page" in system:
+        return {"now": f"NOW #{len(record.body['messages'])}: " + record.user_message[-60:]}
+    if "episode of work" in system:
+        return {"summary": "EPISODE: " + record.user_message.count("m-ep").__str__() + " turns"}
+    return {}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeLlm]:
+    with fake_llm_in_thread() as fake:
+        fake.answer = _answer
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def living(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
+) -> Iterator[Stack]:
+    """Pro mode with a Now page after every write and episodes ending after a 2 s pause."""
+    data_dir: Path = tmp_path_factory.mktemp("extractor-living")
+    with running_stack(
+        data_dir,
+        STACK,
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="pro",
+        HYATLAS_LLM_BASE=fake.url,
+        HYATLAS_LLM_MODEL="primary",
+        HYATLAS_LLM_KEY="k",
+        HYATLAS_CATCHUP_EVERY="off",
+        HYATLAS_NOW_EVERY="off",
+        HYATLAS_EPISODE_GAP="2s",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(living: Stack) -> Api:
+    return Api(living.base_url, living.address("store"))
+
+
+async def test_the_now_page_follows_the_writes_and_leads_search(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on(
+        "m-now1",
+        {"intentions": [{"text": "Quinn will ship Foxtrot 2.0", "due_at": "2026-12-20"}]},
+    )
+    await api.add("m-now1 I will ship Foxtrot 2.0 by December 20.", user)
+
+    async def one_page() -> None:
+        pages = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+        assert len(pages) == 1
+
+    await assert_eventually(one_page, timeout_s=30)
+    asked = [r for r in fake.requests if "Now page" in str(r.body["messages"][0]["content"])]
+    assert any("Quinn will ship Foxtrot 2.0 (due 2026-12-20)" in r.user_message for r in asked)
+
+    fake.on("m-now2", {"facts": [{"text": "Quinn moved the Foxtrot launch party to Porto"}]})
+    await api.add("m-now2 The Foxtrot launch party moves to Porto.", user)
+
+    async def replaced() -> None:
+        pages = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+        assert [p.status for p in pages] == ["retired", "active"]
+        assert pages[0].superseded_how == "replaced" and pages[0].superseded_by == pages[1].id
+
+    await assert_eventually(replaced, timeout_s=30)
+    body = await api.ok("POST", "/api/v1/search", json={"query": "Foxtrot", "user_id": user})
+    assert body["order"][0] == "now" and body["now"]["content"].startswith("NOW #")
+
+
+async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> None:
+    user = new_user()
+    first = await api.add("m-ep one: sketching the Foxtrot schema.", user)
+    second = await api.add("m-ep two: the schema has three tables.", user)
+
+    async def summarised() -> Any:
+        episodes = [m for m in await api.rows(user, "l4_summary") if m.label == "episode"]
+        assert len(episodes) == 1
+        return episodes[0]
+
+    episode = await assert_eventually(summarised, timeout_s=30)
+    assert episode.content == "EPISODE: 2 turns"
+    assert list(episode.source_ids) == [first["memory_id"], second["memory_id"]]
+    raw = await api.row(user, first["memory_id"])
+    assert episode.event_at == pytest.approx(raw.created_at)
+
+    third = await api.add("m-ep three: a later session on indexes.", user)
+
+    async def two() -> None:
+        episodes = [m for m in await api.rows(user, "l4_summary") if m.label == "episode"]
+        assert [list(e.source_ids) for e in episodes] == [
+            [first["memory_id"], second["memory_id"]],
+            [third["memory_id"]],
+        ]
+
+    await assert_eventually(two, timeout_s=30)
