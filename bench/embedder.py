@@ -143,6 +143,7 @@ def start_service(
 async def measure(args: argparse.Namespace) -> dict[str, object]:
     """Alternates raw and service passes and returns every figure."""
     texts = sentences(args.texts)
+    load_before = os.getloadavg()[0]
     raw: list[float] = []
     service: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-embedder-") as tmp:
@@ -178,6 +179,8 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
         "ratio_service_over_raw": round(service_mean / raw_mean, 3),
         "ratio_service_over_raw_sorted": round(service_mean / raw_sorted, 3),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, onnxruntime {ort.__version__}",
+        # Other work on the machine skews every figure; the ratio is what stays comparable.
+        "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -204,6 +207,7 @@ def main() -> None:
     print(f"{'raw onnxruntime, batch 1':<44} {result['raw_batch1_texts_per_s']:>9}")
     print(f"{'service, 16 concurrent single-text callers':<44} {result['service_mean']:>9}")
     print(f"service texts per model run: {result['service_texts_per_run']}")
+    print(f"load average (1 min) before/after: {result['load_avg_1m_before_after']}")
     print(
         f"ratio service/raw: {result['ratio_service_over_raw']} "
         f"(against sorted raw: {result['ratio_service_over_raw_sorted']})"
