@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.extractor_support import STACK, Api, new_user
+from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -35,7 +36,7 @@ def fake() -> Iterator[FakeLlm]:
 def living(
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
 ) -> Iterator[Stack]:
-    """Pro mode with a Now page after every write and episodes ending after a 2 s pause."""
+    """Pro mode: a Now page after every write, episodes end after a 2 s pause, reconcile on."""
     data_dir: Path = tmp_path_factory.mktemp("extractor-living")
     with running_stack(
         data_dir,
@@ -48,6 +49,7 @@ def living(
         HYATLAS_CATCHUP_EVERY="off",
         HYATLAS_NOW_EVERY="off",
         HYATLAS_EPISODE_GAP="2s",
+        HYATLAS_RECONCILE="on",
     ) as stack:
         yield stack
 
@@ -112,3 +114,43 @@ async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> N
         ]
 
     await assert_eventually(two, timeout_s=30)
+
+
+async def test_reconcile_updates_supersedes_and_links_only_what_it_was_shown(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on(
+        "m-rec1",
+        {"facts": [{"text": "Rosa swims in the lake every Saturday morning"},
+                   {"text": "Rosa's Saturday lake swims start at the north beach"}]},
+    )
+    await api.add("m-rec1 Lake swim on Saturdays, from the north beach.", user)
+
+    def reconcile(r: Recorded) -> dict[str, Any]:
+        new = r.number_of("Rosa swam in the lake again")
+        return {"ops": [
+            {"op": "UPDATE", "new": new, "old": r.number_of("every Saturday morning")},
+            {"op": "LINK", "new": new, "old": r.number_of("north beach")},
+            {"op": "SUPERSEDE", "new": new, "old": 77},
+        ]}
+
+    fake.on(
+        "m-rec2",
+        {"facts": [{"text": "Rosa swam in the lake again this Saturday morning"}]},
+        reconcile,
+    )
+    before = (await api.status())["dropped_ops"]
+    await api.add("m-rec2 Rosa swam in the lake again this Saturday morning.", user)
+
+    async def reconciled() -> None:
+        facts = await api.rows(user, "l3_fact")
+        weekly = by_content(facts, "Rosa swims in the lake every Saturday morning")
+        again = by_content(facts, "Rosa swam in the lake again this Saturday morning")
+        club = by_content(facts, "Rosa's Saturday lake swims start at the north beach")
+        assert (weekly.superseded_how, weekly.superseded_by) == ("updated", again.id)
+        assert again.count == 2 and club.status == "active"
+        assert json.loads(again.metadata_json)["links"] == [club.id]
+
+    await assert_eventually(reconciled, timeout_s=30)
+    assert (await api.status())["dropped_ops"] - before == 1

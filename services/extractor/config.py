@@ -37,6 +37,8 @@ class ExtractorConfig:
     """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
     extract_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
+    reconcile: bool = False
+    """HYATLAS_RECONCILE: a second call compares new facts with similar stored ones."""
     dedupe_score: float = 0.92
     """HYATLAS_DEDUPE_SCORE: a new fact this similar to a live one retires it as restated."""
     related_score: float = 0.70
@@ -88,6 +90,7 @@ class ExtractorConfig:
             fallback_base=settings.llm_fallback_base,
             fallback_key=settings.llm_fallback_key,
             extract_timeout_s=settings.extract_timeout_s,
+            reconcile=settings.reconcile,
             dedupe_score=settings.dedupe_score,
             catchup_every_s=settings.catchup_every_s,
             catchup_max_age_s=settings.catchup_max_age_s,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.extractor.llm import LlmClient, LlmMalformed
+from services.extractor.llm import LlmClient, LlmMalformed, LlmUnavailable
 from services.extractor.parse import (
     EXPERIENCE,
     Candidate,
@@ -21,6 +21,7 @@ from services.extractor.parse import (
     read_plan,
 )
 from services.extractor.prompt import cap_utf8, extraction_messages, page_content, page_metadata
+from services.extractor.reconcile import Reconciler
 from services.extractor.store_client import StoreClient, retire_op, update_op
 from shared.pb import common_pb2, store_pb2
 
@@ -99,6 +100,7 @@ class Extraction:
         dedupe_score: float = 0.92,
         related_score: float = 0.70,
         related_facts: int = 5,
+        reconciler: Reconciler | None = None,
     ) -> None:
         self.store = store
         self.embedder = embedder
@@ -106,6 +108,7 @@ class Extraction:
         self.dedupe_score = dedupe_score
         self.related_score = related_score
         self.related_facts = related_facts
+        self.reconciler = reconciler
         self.counters = Counters()
 
     async def extract(self, raw: common_pb2.Memory, now: datetime | None = None) -> Outcome:
@@ -127,9 +130,35 @@ class Extraction:
         self.counters.dropped_ops += plan.dropped
         ops = await self._ops(raw, plan, candidates, model_id)
         ops.append(update_op(raw.id, extraction_status=DONE))
-        await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
+        applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
         self.counters.extracted += 1
+        if self.reconciler is not None:
+            await self._reconcile(scope, text, applied, model_id)
         return Outcome(DONE)
+
+    async def _reconcile(
+        self,
+        scope: common_pb2.Scope,
+        text: str,
+        applied: Sequence[common_pb2.Memory],
+        model_id: str,
+    ) -> None:
+        """The second call; the extraction already stands, so a failure here is only logged."""
+        assert self.reconciler is not None
+        facts = [
+            m for m in applied
+            if m.layer == common_pb2.L3_FACT and m.label != EXPERIENCE and m.status == "active"
+        ]
+        if not facts:
+            return
+        try:
+            vectors, _ = await self.embedder.embed([m.content for m in facts])
+            await self.reconciler.reconcile(scope, text, facts, list(vectors), model_id)
+        except (LlmUnavailable, LlmMalformed) as exc:
+            log.warning("reconcile skipped: %s", exc.message)
+        finally:
+            self.counters.dropped_ops += self.reconciler.dropped
+            self.reconciler.dropped = 0
 
     async def fail(self, raw: common_pb2.Memory, error: str) -> None:
         """Marks a row failed after a model error (which does not count a try)."""
@@ -161,7 +190,7 @@ class Extraction:
                     best[hit.memory.id] = hit
         facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
         vector = vectors[0]
-        intentions = await self.store.list(
+        intentions = await self.store.list_rows(
             store_pb2.ListMemoriesRequest(
                 scope=scope, layers=[common_pb2.L7_INTENTION], limit=MAX_INTENTIONS
             )
@@ -195,7 +224,7 @@ class Extraction:
         return list(chosen.values())[:MAX_PAGES]
 
     async def _all_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
-        return await self.store.list(
+        return await self.store.list_rows(
             store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L8_ENTITY], limit=1000)
         )
 
@@ -246,7 +275,7 @@ class Extraction:
             retired[memory.id] = retire_op(memory.id, how, by, why)
             if memory.layer == common_pb2.L3_FACT and memory.label == PREFERENCES:
                 if mirrors is None:
-                    mirrors = await self.store.list(
+                    mirrors = await self.store.list_rows(
                         store_pb2.ListMemoriesRequest(
                             scope=scope, layers=[common_pb2.L1_PROFILE], limit=1000
                         )

@@ -98,7 +98,7 @@ class Forgetting:
         self, scope: common_pb2.Scope, key: str
     ) -> dict[str, common_pb2.Memory]:
         """Live memory-tool raw rows whose text contains key, and the rows extracted from them."""
-        raws = await self.store.list(
+        raws = await self.store.list_rows(
             store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L2_RAW], limit=1000)
         )
         entries = {
@@ -106,7 +106,7 @@ class Forgetting:
         }
         if not entries:
             return {}
-        derived = await self.store.list(
+        derived = await self.store.list_rows(
             store_pb2.ListMemoriesRequest(
                 scope=scope,
                 layers=[common_pb2.L1_PROFILE, common_pb2.L3_FACT, common_pb2.L7_INTENTION],

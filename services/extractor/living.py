@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from services.extractor.llm import LlmClient, LlmMalformed, LlmUnavailable
 from services.extractor.prompt import cap_utf8
@@ -104,8 +105,8 @@ class Living:
         self._last_now[(user_id, agent_id)] = time.time()
         scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
 
-        async def live(layer: int, limit: int) -> list[common_pb2.Memory]:
-            return await self.store.list(
+        async def live(layer: Any, limit: int) -> list[common_pb2.Memory]:
+            return await self.store.list_rows(
                 store_pb2.ListMemoriesRequest(scope=scope, layers=[layer], limit=limit)
             )
 
@@ -165,7 +166,7 @@ class Living:
         if self.episode_gap_s is None or self.mode not in LLM_MODES or not self.llm_ready():
             return 0
         now = time.time()
-        raws = await self.store.list(
+        raws = await self.store.list_rows(
             store_pb2.ListMemoriesRequest(
                 scope=common_pb2.Scope(all_users=True),
                 layers=[common_pb2.L2_RAW],
@@ -189,7 +190,7 @@ class Living:
     ) -> int:
         assert self.episode_gap_s is not None
         scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
-        summaries = await self.store.list(
+        summaries = await self.store.list_rows(
             store_pb2.ListMemoriesRequest(
                 scope=scope, layers=[common_pb2.L4_SUMMARY], limit=1000, include_superseded=True
             )

@@ -14,6 +14,7 @@ from services.extractor.extract import Extraction
 from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.llm import LlmClient, LlmKeys
+from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.store_client import StoreClient
 from services.extractor.worker import CatchupPolicy, Worker
@@ -54,13 +55,15 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
         store = StoreClient(store_channel)
         embedder = EmbedderClient(embedder_channel)
+        llm = make_llm(config)
         extraction = Extraction(
             store,
             embedder,
-            make_llm(config),
+            llm,
             dedupe_score=config.dedupe_score,
             related_score=config.related_score,
             related_facts=config.related_facts,
+            reconciler=Reconciler(store, llm) if config.reconcile else None,
         )
         worker = Worker(
             extraction,

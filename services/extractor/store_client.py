@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -64,7 +64,7 @@ class StoreClient:
         )
         return list(reply.memories)
 
-    async def list(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+    async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
         """A page of rows."""
         reply = await _call(self._stub.ListMemories(request, timeout=self._timeout_s))
         return list(reply.memories)
@@ -72,9 +72,9 @@ class StoreClient:
     async def vector_search(
         self,
         scope: common_pb2.Scope,
-        vector: Sequence[float],
+        vector: Iterable[float],
         model_id: str,
-        layers: Sequence[int],
+        layers: Sequence[Any],
         k: int,
         min_score: float,
     ) -> list[common_pb2.ScoredMemory]:

@@ -206,7 +206,7 @@ class Worker:
         rows: list[common_pb2.Memory] = []
         for status in statuses:
             request.extraction_status = status
-            rows.extend(await self.store.list(request))
+            rows.extend(await self.store.list_rows(request))
         if aged:
             rows = [
                 r
