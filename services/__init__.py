@@ -1,0 +1,1 @@
+"""The HyAtlas services, one package per process."""
