@@ -72,6 +72,7 @@ async def test_a_malformed_reply_fails_then_catch_up_extracts_the_row(
     assert raw.extraction_tries == 1  # the failed try was counted, the raw row kept
     assert [f.content for f in await api.rows(user, "l3_fact")] == ["Lea grows tomatoes"]
     assert len(fake.for_marker("m-later")) == 3
+    assert (await api.status())["write_pipeline"] == "ok"  # degraded only until it worked
 
 
 async def test_a_row_that_never_parses_is_left_alone_after_three_tries(

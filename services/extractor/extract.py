@@ -132,6 +132,7 @@ class Extraction:
         ops.append(update_op(raw.id, extraction_status=DONE))
         applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
         self.counters.extracted += 1
+        self.counters.last_error = ""  # the pipeline works again
         if self.reconciler is not None:
             await self._reconcile(scope, text, applied, model_id)
         return Outcome(DONE)
