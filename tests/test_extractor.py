@@ -45,6 +45,7 @@ def pro(
         HYATLAS_LLM_FALLBACK_MODEL="fallback",
         HYATLAS_EXTRACT_TIMEOUT="3s",
         HYATLAS_CATCHUP_EVERY="off",
+        HYATLAS_USER_ALIASES="alias-one,alias-two",
     ) as stack:
         yield stack
 
@@ -406,3 +407,22 @@ async def test_a_memory_tool_entry_is_forgotten_by_part_of_its_text_with_what_ca
     raw = await api.row(user, note["memory_id"])
     assert raw.retired_by == "plugin" and raw.drop_reason == "hermes memory tool replace"
     assert (await api.row(user, other["memory_id"])).status == "active"
+
+
+async def test_facts_of_the_whole_alias_group_are_shown_and_can_be_replaced(
+    api: Api, fake: FakeLlm
+) -> None:
+    fake.on("m-alias1", {"facts": [{"text": "Uma's phone number ends in 4471"}]})
+    await api.add("m-alias1 My phone number ends in 4471.", "alias-one")
+    fake.on(
+        "m-alias2",
+        lambda r: {"facts": [{"text": "Uma's phone number ends in 9902",
+                              "replaces": [r.number_of("ends in 4471")]}]},
+    )
+    added = await api.add("m-alias2 Uma's phone number now ends in 9902.", "alias-two")
+    assert added["extraction_status"] == "done"
+    facts = await api.rows("alias-two", "l3_fact")
+    old = by_content(facts, "Uma's phone number ends in 4471")
+    new = by_content(facts, "Uma's phone number ends in 9902")
+    assert old.owner.user_id == "alias-one" and new.owner.user_id == "alias-two"
+    assert (old.superseded_how, old.superseded_by) == ("replaced", new.id)
