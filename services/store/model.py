@@ -156,6 +156,8 @@ class Scored:
     memory: MemoryRow
     score: float
     matched_terms: int = 0
+    replaced: tuple[MemoryRow, ...] = ()
+    """Older versions this row replaced, newest first."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ class KeywordResult:
     hits: list[Scored]
     terms: list[str]
     required_terms: int
+    context_hits: list[Scored] = field(default_factory=list)
+    """Rows ranked by their context keys (each turn with its neighbours)."""
 
 
 @dataclass(frozen=True)

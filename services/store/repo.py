@@ -95,7 +95,43 @@ CREATE TABLE IF NOT EXISTS audit (
   reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
+CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
+  WHERE superseded_by != '';
+CREATE INDEX IF NOT EXISTS memories_neighbours
+  ON memories(user_id, agent_id, session_id, layer, seq);
+
+-- Extra search keys that point back to a memory: context (the turn with its neighbours, for
+-- keyword search) and clause (a sentence of a long memory, with a vector).
+CREATE TABLE IF NOT EXISTS memory_keys (
+  key INTEGER PRIMARY KEY AUTOINCREMENT,
+  memory_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+  kind TEXT NOT NULL,
+  text TEXT NOT NULL,
+  model_id TEXT NOT NULL DEFAULT '',
+  vector BLOB
+);
+CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_keys_fts USING fts5(
+  text, content='memory_keys', content_rowid='key', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_insert AFTER INSERT ON memory_keys
+WHEN new.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(rowid, text) VALUES (new.key, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_delete AFTER DELETE ON memory_keys
+WHEN old.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text) VALUES ('delete', old.key, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_update AFTER UPDATE OF text ON memory_keys
+WHEN old.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text) VALUES ('delete', old.key, old.text);
+  INSERT INTO memory_keys_fts(rowid, text) VALUES (new.key, new.text);
+END;
 """
+
+# Vector keys of clause rows live in the same usearch index as memories' own vectors; they are
+# told apart by this offset (the vectors table's keys stay far below it).
+CLAUSE_KEY_OFFSET = 1 << 40
 
 _COLUMNS = (
     "id, user_id, agent_id, session_id, layer, content, label, count, hits, source_ids, "
@@ -250,6 +286,67 @@ class Tx:
         key = await self.vector_key(memory_id)
         await self._conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
         return key
+
+    async def clause_keys(self, memory_id: str) -> list[int]:
+        """The index keys of a row's clause vectors."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT key FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL",
+            (memory_id,),
+        )
+        return [CLAUSE_KEY_OFFSET + r[0] for r in rows]
+
+    async def drop_clause_keys(self, memory_id: str) -> list[int]:
+        """Removes a row's clause keys; returns their index keys."""
+        keys = await self.clause_keys(memory_id)
+        await self._conn.execute(
+            "DELETE FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL", (memory_id,)
+        )
+        return keys
+
+    async def add_clause_key(
+        self, memory_id: str, kind: str, text: str, model_id: str, vector: np.ndarray
+    ) -> int:
+        """Adds one vector key pointing at a row; returns its index key."""
+        cursor = await self._conn.execute(
+            "INSERT INTO memory_keys (memory_id, kind, text, model_id, vector) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (memory_id, kind, text, model_id, _blob(vector)),
+        )
+        assert cursor.lastrowid is not None
+        return CLAUSE_KEY_OFFSET + cursor.lastrowid
+
+    async def previous_turn(self, row: MemoryRow, since: float) -> tuple[str, str] | None:
+        """The id and text of the owner's write before row in the same session and layer.
+
+        Only a write made at or after since counts: an older one belongs to another sitting.
+        """
+        rows = await self._conn.execute_fetchall(
+            "SELECT id, content FROM memories WHERE user_id = ? AND agent_id = ? "
+            "AND session_id = ? AND layer = ? AND id != ? AND created_at >= ? "
+            "ORDER BY seq DESC LIMIT 1",
+            (row.user_id, row.agent_id, row.session_id, row.layer, row.id, since),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    async def context_key(self, memory_id: str) -> str | None:
+        """The text of a row's context key, if it has one."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT text FROM memory_keys WHERE memory_id = ? AND kind = 'context'",
+            (memory_id,),
+        )
+        return rows[0][0] if rows else None
+
+    async def set_context_key(self, memory_id: str, text: str) -> None:
+        """Gives a row its context key text (keyword only), replacing any it had."""
+        cursor = await self._conn.execute(
+            "UPDATE memory_keys SET text = ? WHERE memory_id = ? AND kind = 'context'",
+            (text, memory_id),
+        )
+        if cursor.rowcount == 0:
+            await self._conn.execute(
+                "INSERT INTO memory_keys (memory_id, kind, text) VALUES (?, 'context', ?)",
+                (memory_id, text),
+            )
 
     async def rows_in(self, reach: Reach, layers: Sequence[str]) -> list[MemoryRow]:
         """Every row (live or retired) inside a reach and layers."""
@@ -461,6 +558,56 @@ class Repo:
         # bm25 is lower-is-better; callers get higher-is-better.
         return [(_row(r), -float(r[27]), int(r[28])) for r in rows]
 
+    async def context_keyword_search(
+        self,
+        terms: Sequence[str],
+        required: int,
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        k: int,
+    ) -> list[tuple[MemoryRow, float, int]]:
+        """Rows whose context key holds at least `required` terms, best bm25 first."""
+        phrases = [_phrase(t) for t in terms]
+        where, params = _filters(reach, layers, include_superseded)
+        matched_sql = " + ".join(
+            "(f.rowid IN (SELECT rowid FROM memory_keys_fts WHERE memory_keys_fts MATCH ?))"
+            for _ in phrases
+        )
+        rows = await self.reader.execute_fetchall(
+            f"SELECT * FROM (SELECT {_M_COLUMNS}, bm25(memory_keys_fts) AS rank, "
+            f"{matched_sql} AS matched FROM memory_keys_fts f "
+            "CROSS JOIN memory_keys mk ON mk.key = f.rowid "
+            "CROSS JOIN memories m ON m.id = mk.memory_id "
+            f"{_where(['memory_keys_fts MATCH ?', *where])}) "
+            "WHERE matched >= ? ORDER BY rank LIMIT ?",
+            (*phrases, " OR ".join(phrases), *params, required, k),
+        )
+        return [(_row(r), -float(r[27]), int(r[28])) for r in rows]
+
+    async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
+        """For each id, the rows it replaced (and they in turn replaced), newest first."""
+        chains: dict[str, list[MemoryRow]] = {}
+        frontier = {memory_id: memory_id for memory_id in ids}
+        for _ in range(depth):
+            if not frontier:
+                break
+            rows = await self.reader.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by IN "
+                "(SELECT value FROM json_each(?)) ORDER BY invalid_at DESC, seq DESC",
+                (json.dumps(list(frontier)),),
+            )
+            following: dict[str, str] = {}
+            for r in rows:
+                old = _row(r)
+                root = frontier[old.superseded_by]
+                chain = chains.setdefault(root, [])
+                if all(old.id != seen.id for seen in chain) and old.id != root:
+                    chain.append(old)
+                    following[old.id] = root
+            frontier = following
+        return chains
+
     async def rows_for_keys(
         self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
     ) -> dict[int, MemoryRow]:
@@ -468,14 +615,27 @@ class Repo:
         if not keys:
             return {}
         where, params = _filters(reach, layers, include_superseded)
-        # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
-        rows = await self.reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS}, v.key FROM json_each(?) AS j "
-            "CROSS JOIN vectors v ON v.key = j.value "
-            f"CROSS JOIN memories m ON m.id = v.memory_id {_where(where)}",
-            (json.dumps([int(k) for k in keys]), *params),
-        )
-        return {r[27]: _row(r) for r in rows}
+        own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
+        clause = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+        found: dict[int, MemoryRow] = {}
+        if own:
+            # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
+            rows = await self.reader.execute_fetchall(
+                f"SELECT {_M_COLUMNS}, v.key FROM json_each(?) AS j "
+                "CROSS JOIN vectors v ON v.key = j.value "
+                f"CROSS JOIN memories m ON m.id = v.memory_id {_where(where)}",
+                (json.dumps(own), *params),
+            )
+            found.update((r[27], _row(r)) for r in rows)
+        if clause:
+            rows = await self.reader.execute_fetchall(
+                f"SELECT {_M_COLUMNS}, mk.key FROM json_each(?) AS j "
+                "CROSS JOIN memory_keys mk ON mk.key = j.value "
+                f"CROSS JOIN memories m ON m.id = mk.memory_id {_where(where)}",
+                (json.dumps(clause), *params),
+            )
+            found.update((CLAUSE_KEY_OFFSET + r[27], _row(r)) for r in rows)
+        return found
 
     async def keys_in(
         self, reach: Reach, layers: Sequence[str], include_superseded: bool
@@ -486,7 +646,12 @@ class Repo:
             f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
             params,
         )
-        return [r[0] for r in rows]
+        clause = await self.reader.execute_fetchall(
+            f"SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
+            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
+            params,
+        )
+        return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
 
     async def vector_keys_by_user(self) -> dict[str, set[int]]:
         """Every vector key, grouped by the owning user."""
@@ -496,6 +661,12 @@ class Repo:
         keys: dict[str, set[int]] = {}
         for user_id, key in rows:
             keys.setdefault(user_id, set()).add(key)
+        clause = await self.reader.execute_fetchall(
+            "SELECT m.user_id, mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
+            "WHERE mk.vector IS NOT NULL"
+        )
+        for user_id, key in clause:
+            keys.setdefault(user_id, set()).add(CLAUSE_KEY_OFFSET + key)
         return keys
 
     async def vectors_for_keys(self, keys: Sequence[int], ndim: int) -> np.ndarray:
@@ -505,10 +676,16 @@ class Repo:
             chunk = [int(k) for k in keys[start : start + 5000]]
             rows = await self.reader.execute_fetchall(
                 "SELECT key, vector FROM vectors WHERE key IN (SELECT value FROM json_each(?))",
-                (json.dumps(chunk),),
+                (json.dumps([k for k in chunk if k < CLAUSE_KEY_OFFSET]),),
             )
             for key, blob in rows:
                 found[key] = np.frombuffer(blob, dtype="<f4")
+            rows = await self.reader.execute_fetchall(
+                "SELECT key, vector FROM memory_keys WHERE key IN (SELECT value FROM json_each(?))",
+                (json.dumps([k - CLAUSE_KEY_OFFSET for k in chunk if k >= CLAUSE_KEY_OFFSET]),),
+            )
+            for key, blob in rows:
+                found[CLAUSE_KEY_OFFSET + key] = np.frombuffer(blob, dtype="<f4")
         matrix = np.zeros((len(keys), ndim), dtype=np.float32)
         for i, key in enumerate(keys):
             matrix[i] = found[int(key)]

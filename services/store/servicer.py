@@ -73,7 +73,11 @@ def memory_message(row: MemoryRow) -> common_pb2.Memory:
 
 
 def _scored(hit: Scored) -> common_pb2.ScoredMemory:
-    return common_pb2.ScoredMemory(memory=memory_message(hit.memory), score=hit.score)
+    return common_pb2.ScoredMemory(
+        memory=memory_message(hit.memory),
+        score=hit.score,
+        replaced=[memory_message(old) for old in hit.replaced],
+    )
 
 
 def _op(index: int, message: store_pb2.Op) -> Op:
@@ -196,6 +200,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             _layers(request.layers),
             request.k,
             request.include_superseded,
+            request.min_terms,
+            request.context_keys,
         )
         return store_pb2.KeywordSearchResponse(
             hits=[
@@ -204,6 +210,10 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             ],
             terms=result.terms,
             required_terms=result.required_terms,
+            context_hits=[
+                store_pb2.KeywordHit(hit=_scored(hit), matched_terms=hit.matched_terms)
+                for hit in result.context_hits
+            ],
         )
 
     @grpc_errors

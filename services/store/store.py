@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +16,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.store.index import IndexChanges, VectorIndexes
+from services.store.keys import (
+    CONTEXT_LAYERS,
+    MAX_CLAUSES,
+    NEIGHBOUR_GAP_S,
+    context_text,
+    own_keys,
+)
 from services.store.keywords import query_terms, required_terms
 from services.store.model import (
     ACTIVE,
@@ -132,11 +139,12 @@ class Store:
         ops = self._validated(reach, ops)
         ids = {i: str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
         ops = self._resolved(ops, ids)
-        texts = [
-            op.content
-            for op in ops
-            if isinstance(op, Insert | Update) and op.content is not None
-        ]
+        # Each new text is embedded with the clause keys it is also found by, in one call.
+        texts: list[str] = []
+        for op in ops:
+            if isinstance(op, Insert | Update) and op.content is not None:
+                texts.append(op.content)
+                texts.extend(key.text for key in own_keys(op.content))
         vectors = await self._embed(texts) if texts else np.zeros((0, self.model.ndim))
         changes = IndexChanges()
         results: list[MemoryRow | None] = []
@@ -151,6 +159,7 @@ class Store:
                         vector = next(next_vector)
                         key = await tx.insert(row, vector)
                         changes.add(row.user_id, key, vector)
+                        await self._add_keys(tx, row, next_vector, changes)
                         await tx.audit(
                             actor=actor, action="insert", row=row, before=None, after=row,
                             reason=reason, at=now,
@@ -159,6 +168,8 @@ class Store:
                         continue
                     before = await self._target(tx, reach, op.id)
                     if isinstance(op, Delete):
+                        for clause_key in await tx.clause_keys(op.id):
+                            changes.remove(before.user_id, clause_key)
                         changes.remove(before.user_id, await tx.delete(op.id))
                         await tx.audit(
                             actor=actor, action="delete", row=before, before=before, after=None,
@@ -204,6 +215,10 @@ class Store:
                             )
                             changes.remove(before.user_id, old)
                             changes.add(before.user_id, new, vector)
+                            for clause_key in await tx.drop_clause_keys(op.id):
+                                changes.remove(before.user_id, clause_key)
+                            row = replace(before, content=op.content, created_at=now)
+                            await self._add_keys(tx, row, next_vector, changes, neighbour=False)
                     await tx.update(op.id, fields)
                     after = await tx.get(op.id)
                     await tx.audit(
@@ -214,6 +229,34 @@ class Store:
             if self._indexes is not None:
                 await self._indexes.apply(changes)
         return results
+
+    async def _add_keys(
+        self,
+        tx: Tx,
+        row: MemoryRow,
+        next_vector: Iterator[np.ndarray],
+        changes: IndexChanges,
+        neighbour: bool = True,
+    ) -> None:
+        """Writes a row's extra keys: its clauses, and for a turn its place in the talk."""
+        for key in own_keys(row.content):
+            vector = next(next_vector)
+            changes.add(
+                row.user_id,
+                await tx.add_clause_key(row.id, key.kind, key.text, self.model.model_id, vector),
+                vector,
+            )
+        if row.layer not in CONTEXT_LAYERS:
+            return
+        previous = await tx.previous_turn(row, row.created_at - NEIGHBOUR_GAP_S)
+        before = previous[1] if previous is not None else None
+        await tx.set_context_key(row.id, context_text(before, row.content, None))
+        if previous is not None and neighbour:
+            # The turn before now has a turn after: its key grows by this one.
+            prior = await tx.context_key(previous[0])
+            await tx.set_context_key(
+                previous[0], context_text(None, prior or previous[1], row.content)
+            )
 
     def _validated(self, reach: Reach, ops: Sequence[Op]) -> list[Op]:
         refs: set[str] = set()
@@ -381,18 +424,43 @@ class Store:
         layers: Sequence[str] = (),
         k: int = 0,
         include_superseded: bool = False,
+        min_terms: int = 0,
+        context_keys: bool = False,
     ) -> KeywordResult:
-        """Rows containing enough of the query's terms, best bm25 first."""
+        """Rows containing enough of the query's terms, best bm25 first.
+
+        min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
+        many terms. With context_keys, rows are also ranked by their context keys.
+        """
         _check_layers(layers)
+        if min_terms < 0:
+            raise InvalidArgument("min_terms must not be negative")
         terms = query_terms(query)
         required = required_terms(len(terms))
         if not terms:
             return KeywordResult([], [], 0)
+        least = min(min_terms, len(terms)) if min_terms else required
+        k = _page(k, "k")
         found = await self._repo.keyword_search(
-            terms, required, reach, layers, include_superseded, _page(k, "k")
+            terms, least, reach, layers, include_superseded, k
         )
-        hits = [Scored(row, score, matched) for row, score, matched in found]
-        return KeywordResult(hits, terms, required)
+        hits = await self._with_replaced([Scored(r, s, n) for r, s, n in found])
+        context_hits: list[Scored] = []
+        if context_keys:
+            around = await self._repo.context_keyword_search(
+                terms, least, reach, layers, include_superseded, k
+            )
+            context_hits = await self._with_replaced([Scored(r, s, n) for r, s, n in around])
+        return KeywordResult(hits, terms, required, context_hits)
+
+    async def _with_replaced(self, hits: list[Scored]) -> list[Scored]:
+        """The hits with the older versions each replaced (one query for all of them)."""
+        if not hits:
+            return hits
+        chains = await self._repo.replaced_by([hit.memory.id for hit in hits])
+        if not chains:
+            return hits
+        return [replace(hit, replaced=tuple(chains.get(hit.memory.id, ()))) for hit in hits]
 
     async def vector_search(
         self,
@@ -434,7 +502,7 @@ class Store:
                 await self._search_user(one, query, layers, k, min_score, include_superseded)
             )
         hits.sort(key=lambda hit: hit.score, reverse=True)
-        return hits[:k]
+        return await self._with_replaced(hits[:k])
 
     async def _search_user(
         self,
@@ -455,11 +523,11 @@ class Store:
             user_id, query, count, exact=size <= self._exact_up_to
         )
         rows = await self._repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
-        hits = [
-            Scored(rows[key], float(score))
+        hits = _best_per_memory(
+            (rows[key], float(score))
             for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
             if key in rows and score >= min_score
-        ]
+        )
         # Scope, layer and status filters may leave too few: then score just the rows that pass.
         exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
         if len(hits) >= k or exhausted:
@@ -483,12 +551,13 @@ class Store:
         norms = np.linalg.norm(matrix, axis=1)
         norms[norms == 0] = 1.0
         scores = (matrix @ query) / norms
-        top = np.argsort(-scores)[:k]
+        # A memory may hold several keys (its clauses): take enough to fill k memories.
+        top = np.argsort(-scores)[: k * (1 + MAX_CLAUSES)]
         chosen = [(keys[i], float(scores[i])) for i in top if scores[i] >= min_score]
         rows = await self._repo.rows_for_keys(
             [key for key, _ in chosen], reach, layers, include_superseded
         )
-        return [Scored(rows[key], score) for key, score in chosen if key in rows]
+        return _best_per_memory((rows[key], score) for key, score in chosen if key in rows)[:k]
 
     async def stats(self, reach: Reach) -> Stats:
         """Row counts in a reach and the store's model."""
@@ -534,6 +603,16 @@ class Store:
                     log.exception("saving the vector indexes failed; will retry")
                 else:
                     log.info("saved vector indexes (%d vectors)", count)
+
+
+def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
+    """One hit per memory, at the best score any of its keys got, best first."""
+    best: dict[str, Scored] = {}
+    for row, score in scored:
+        kept = best.get(row.id)
+        if kept is None or score > kept.score:
+            best[row.id] = Scored(row, score)
+    return sorted(best.values(), key=lambda hit: hit.score, reverse=True)
 
 
 async def _vector_model(repo: Repo, model_id: str, ndim: int) -> VectorModel:

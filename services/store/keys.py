@@ -1,0 +1,65 @@
+"""Extra search keys of a memory: its sentences and its place in the conversation.
+
+A key is a text that is embedded and indexed like the memory's own, but a hit on it returns the
+memory itself; the key's text is never shown.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CLAUSE = "clause"
+CONTEXT = "context"
+
+# A memory this long or longer is also indexed under each of its sentences.
+CLAUSE_MIN_CHARS = 160
+CLAUSE_MIN_WORDS = 4
+MAX_CLAUSES = 12
+# A neighbour contributes at most this much text to a context key.
+NEIGHBOUR_CHARS = 400
+# A write this long after the one before starts a new sitting: they are not each other's context.
+NEIGHBOUR_GAP_S = 6 * 3600.0
+# Layers whose rows are turns of a conversation, so their neighbours are context.
+CONTEXT_LAYERS = frozenset({"l2_raw"})
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyText:
+    """One extra key: what kind it is and the text embedded for it."""
+
+    kind: str
+    text: str
+
+
+def clauses(content: str) -> list[str]:
+    """The sentences a long memory is also found by; none for a short one."""
+    text = content.strip()
+    if len(text) < CLAUSE_MIN_CHARS:
+        return []
+    parts = [p.strip() for p in _SENTENCE_END.split(text)]
+    parts = [p for p in parts if len(p.split()) >= CLAUSE_MIN_WORDS]
+    if len(parts) < 2:
+        return []
+    return parts[:MAX_CLAUSES]
+
+
+def _trim(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= NEIGHBOUR_CHARS else text[:NEIGHBOUR_CHARS].rsplit(" ", 1)[0]
+
+
+def context_text(before: str | None, content: str, after: str | None) -> str:
+    """A memory with the turns around it (just its own text while it has none)."""
+    parts = [_trim(before)] if before is not None else []
+    parts.append(" ".join(content.split()))
+    if after is not None:
+        parts.append(_trim(after))
+    return "\n".join(parts)
+
+
+def own_keys(content: str) -> list[KeyText]:
+    """The keys a memory gets from its own text."""
+    return [KeyText(CLAUSE, clause) for clause in clauses(content)]
