@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.extractor.llm import LlmClient, LlmKeys
-from services.extractor.parse import Candidate, normalise, parse_json_object, read_plan
+from services.extractor.parse import Candidate, normalise, read_plan
 from services.extractor.prompt import cap_utf8, page_content
+from shared.llm import LlmClient, LlmKeys, parse_json_object
 from shared.pb import common_pb2
 from tests.llm_fake import ERROR, running_fake_llm
 

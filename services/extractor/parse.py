@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,57 +12,10 @@ from shared.pb import common_pb2
 
 log = logging.getLogger(__name__)
 
-_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*|\s*```$")
 _PREFERENCES = "user_preferences"
 EXPERIENCE = "task_experience"
 # Labels a fact may carry; anything else the model invents is kept as no label.
 FACT_LABELS = frozenset({_PREFERENCES, "user_info", "project", "event", "decision", "other"})
-
-
-def parse_json_object(text: str) -> dict[str, Any]:
-    """The first JSON object in text, after code fences; ValueError if there is none."""
-    stripped = _FENCE.sub("", text.strip()).strip()
-    try:
-        value = json.loads(stripped)
-    except ValueError:
-        block = _first_object(stripped)
-        if block is None:
-            raise ValueError("no JSON object found") from None
-        value = json.loads(block)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _first_object(text: str) -> str | None:
-    """The first balanced {...} block, skipping braces inside strings."""
-    start = text.find("{")
-    while start != -1:
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    block = text[start : i + 1]
-                    try:
-                        json.loads(block)
-                    except ValueError:
-                        break
-                    return block
-        start = text.find("{", start + 1)
-    return None
 
 
 def normalise(text: str) -> str:

@@ -13,12 +13,12 @@ from services.extractor.config import ExtractorConfig
 from services.extractor.extract import Extraction
 from services.extractor.forget import Forgetting
 from services.extractor.living import Living
-from services.extractor.llm import LlmClient, LlmKeys
 from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.store_client import StoreClient
 from services.extractor.worker import CatchupPolicy, Worker
 from shared.clients import EmbedderClient
+from shared.llm import LlmClient, LlmKeys
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import until_stopped

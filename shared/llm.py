@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +14,6 @@ from urllib.parse import urlsplit
 import openai
 from openai import AsyncOpenAI
 
-from services.extractor.parse import parse_json_object
 from shared.errors import ServiceError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ REMINDER = (
     "Your previous reply was not a valid JSON object. Reply again with exactly one JSON object "
     "in the format described, and nothing else: no prose, no code fences."
 )
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*|\s*```$")
 # The primary's share of one call's time when a fallback stands behind it.
 PRIMARY_SHARE = 2 / 3
 
@@ -76,13 +78,17 @@ class LlmKeys:
             with open(self._key_file, encoding="utf-8") as handle:
                 text = handle.read().strip()
         except OSError as exc:
-            self._warn_once("unreadable", "HYATLAS_LLM_KEY_FILE cannot be read (%s); using "
-                            "HYATLAS_LLM_KEY", exc)
+            self._warn_once(
+                "unreadable", "HYATLAS_LLM_KEY_FILE cannot be read (%s); using HYATLAS_LLM_KEY", exc
+            )
             return ""
         if text.startswith("{"):
             # A JSON file is some program's credential store, never a key of ours.
-            self._warn_once("json", "HYATLAS_LLM_KEY_FILE holds JSON, not a plain-text key; "
-                            "refusing it and using HYATLAS_LLM_KEY")
+            self._warn_once(
+                "json",
+                "HYATLAS_LLM_KEY_FILE holds JSON, not a plain-text key; "
+                "refusing it and using HYATLAS_LLM_KEY",
+            )
             return ""
         return text
 
@@ -208,8 +214,10 @@ class LlmClient:
                     if with_format and "response_format" in str(exc):
                         # This server does not take response_format: ask again without it.
                         self._no_response_format.add((endpoint.base, endpoint.model))
-                        log.info("%s does not take response_format; using the tolerant parser",
-                                 endpoint.model)
+                        log.info(
+                            "%s does not take response_format; using the tolerant parser",
+                            endpoint.model,
+                        )
                         continue
                     raise LlmUnavailable(f"bad request: {exc}") from exc
                 except openai.OpenAIError as exc:
@@ -219,3 +227,49 @@ class LlmClient:
                 if not text.strip():
                     raise LlmUnavailable("empty reply")
                 return text
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The first JSON object in text, after code fences; ValueError if there is none."""
+    stripped = _FENCE.sub("", text.strip()).strip()
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        block = _first_object(stripped)
+        if block is None:
+            raise ValueError("no JSON object found") from None
+        value = json.loads(block)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _first_object(text: str) -> str | None:
+    """The first balanced {...} block, skipping braces inside strings."""
+    start = text.find("{")
+    while start != -1:
+        depth, in_string, escaped = 0, False, False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    block = text[start : i + 1]
+                    try:
+                        json.loads(block)
+                    except ValueError:
+                        break
+                    return block
+        start = text.find("{", start + 1)
+    return None
