@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -30,6 +31,7 @@ class Turn:
     dia_id: str
     text: str
     event_at: float
+    session: str
 
 
 @dataclass
@@ -84,7 +86,9 @@ def load(path: Path) -> tuple[dict[str, list[Turn]], list[Question]]:
         while f"session_{n}" in c:
             at = session_time(c[f"session_{n}_date_time"])
             for turn in c[f"session_{n}"]:
-                rows.append(Turn(turn["dia_id"], f"{turn['speaker']}: {turn['text']}", at))
+                rows.append(
+                    Turn(turn["dia_id"], f"{turn['speaker']}: {turn['text']}", at, f"session_{n}")
+                )
             n += 1
         turns[owner] = rows
         known = {t.dia_id for t in rows}
@@ -98,18 +102,19 @@ def load(path: Path) -> tuple[dict[str, list[Turn]], list[Question]]:
 
 
 async def ingest(
-    http: aiohttp.ClientSession, base: str, turns: dict[str, list[Turn]], concurrency: int
+    http: aiohttp.ClientSession, base: str, turns: dict[str, list[Turn]]
 ) -> dict[str, str]:
-    """Writes every turn as one memory; returns memory id -> dia_id."""
+    """Writes every turn as one memory, each conversation in order under its session, as a
+    client would (conversations in parallel); returns memory id -> dia_id."""
     ids: dict[str, str] = {}
-    gate = asyncio.Semaphore(concurrency)
 
-    async def add(owner: str, turn: Turn) -> None:
-        async with gate:
+    async def add_all(owner: str, rows: list[Turn]) -> None:
+        for turn in rows:
             body = {
                 "text": turn.text,
                 "user_id": owner,
                 "agent_id": "locomo",
+                "session_id": turn.session,
                 "event_at": turn.event_at,
                 "metadata": {"dia_id": turn.dia_id},
             }
@@ -119,7 +124,7 @@ async def ingest(
                     raise RuntimeError(f"add failed: {reply.status} {data}")
                 ids[data["memory_id"]] = f"{owner}/{turn.dia_id}"
 
-    await asyncio.gather(*(add(o, t) for o, rows in turns.items() for t in rows))
+    await asyncio.gather(*(add_all(owner, rows) for owner, rows in turns.items()))
     return ids
 
 
@@ -130,6 +135,7 @@ async def ask(
     ids: dict[str, str],
     reader: str,
     min_score: float | None,
+    skip: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """Asks every question with one reader; returns the metric table and latencies."""
     groups = {name: Scores() for name in [*CATEGORIES.values(), "overall"]}
@@ -144,6 +150,8 @@ async def ask(
         }
         if min_score is not None:
             body["min_score"] = min_score
+        if skip:
+            body["skip_stages"] = list(skip)
         started = time.perf_counter()
         async with http.post(f"{base}/api/v1/search", json=body) as reply:
             data = await reply.json()
@@ -167,6 +175,77 @@ async def ask(
             "p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
         },
     }
+
+
+COLUMNS = [
+    "recall_any@5",
+    "recall_any@10",
+    "recall_all@5",
+    "recall_all@10",
+    "evidence_frac@10",
+    "ndcg@10",
+]
+# What the ablation switches off, one at a time: every stage that can change the order.
+ABLATION = (
+    "context_keys",
+    "relaxed_keywords",
+    "dates",
+    "entities",
+    "recency",
+    "usage",
+    "dedupe",
+    "near_duplicates",
+    "mmr",
+)
+
+
+def overall(result: dict[str, Any]) -> dict[str, float]:
+    return result["metrics"]["overall"]
+
+
+def print_checks(results: dict[str, dict[str, Any]]) -> dict[str, object]:
+    """The issue's checks on the hybrid: recall, NDCG, no category under BM25, latency ratio."""
+    if not {"hybrid", "keyword", "rrf"} <= set(results):
+        return {}
+    hybrid, keyword = results["hybrid"]["metrics"], results["keyword"]["metrics"]
+    below = [
+        name
+        for name in CATEGORIES.values()
+        if hybrid[name]["recall_any@10"] < keyword[name]["recall_any@10"]
+    ]
+    ratio = results["hybrid"]["latency_ms"]["p95"] / results["rrf"]["latency_ms"]["p95"]
+    checks = {
+        "recall_any@10": hybrid["overall"]["recall_any@10"],
+        "ndcg@10": hybrid["overall"]["ndcg@10"],
+        "categories_below_bm25": below,
+        "p95_vs_plain_hybrid": round(ratio, 2),
+    }
+    print(
+        f"\nchecks: recall_any@10 {checks['recall_any@10']:.3f} (>= 0.80), ndcg@10 "
+        f"{checks['ndcg@10']:.3f} (>= 0.55), categories below BM25: {below or 'none'}, "
+        f"p95 {ratio:.2f}x the plain hybrid (<= 2)"
+    )
+    return checks
+
+
+def print_ablation(full: dict[str, Any], off: dict[str, dict[str, Any]]) -> None:
+    base = overall(full)
+    print(
+        f"\nablation: hybrid with one stage off at a time (full: recall_any@10 "
+        f"{base['recall_any@10']:.3f}, ndcg@10 {base['ndcg@10']:.3f}, "
+        f"p95 {full['latency_ms']['p95']:.1f} ms)"
+    )
+    print(
+        f"{'stage off':<18} {'recall_any@10':>14} {'delta':>8} {'ndcg@10':>9} {'delta':>8} "
+        f"{'p95 ms':>8}"
+    )
+    for name, result in off.items():
+        m = overall(result)
+        print(
+            f"{name:<18} {m['recall_any@10']:>14.3f} "
+            f"{m['recall_any@10'] - base['recall_any@10']:>+8.3f} {m['ndcg@10']:>9.3f} "
+            f"{m['ndcg@10'] - base['ndcg@10']:>+8.3f} {result['latency_ms']['p95']:>8.1f}"
+        )
 
 
 def print_table(reader: str, result: dict[str, object]) -> None:
@@ -198,15 +277,26 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             started = time.perf_counter()
-            ids = await ingest(http, stack.base_url, turns, args.concurrency)
+            ids = await ingest(http, stack.base_url, turns)
             ingest_s = time.perf_counter() - started
             print(f"ingested in {ingest_s:.1f}s ({len(ids) / ingest_s:.0f} turns/s)", flush=True)
-            results = {}
+            results: dict[str, dict[str, Any]] = {}
             for reader in args.readers:
                 results[reader] = await ask(
                     http, stack.base_url, questions, ids, reader, args.min_score
                 )
                 print_table(reader, results[reader])
+            checks = print_checks(results)
+            ablation: dict[str, dict[str, Any]] = {}
+            if args.ablation:
+                full = results.get("hybrid") or await ask(
+                    http, stack.base_url, questions, ids, "hybrid", args.min_score
+                )
+                for name in ABLATION:
+                    ablation[name] = await ask(
+                        http, stack.base_url, questions, ids, "hybrid", args.min_score, (name,)
+                    )
+                print_ablation(full, ablation)
     return {
         "data": str(args.data),
         "turns": len(ids),
@@ -214,20 +304,34 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "min_score": args.min_score,
         "ingest_turns_per_s": round(len(ids) / ingest_s, 1),
         "readers": results,
+        "checks": checks,
+        "ablation": {
+            name: {"overall": overall(r), "latency_ms": r["latency_ms"]}
+            for name, r in ablation.items()
+        },
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--readers", nargs="+", default=["keyword", "vector", "hybrid"])
+    parser.add_argument(
+        "--readers",
+        nargs="+",
+        default=["keyword", "vector", "rrf", "hybrid"],
+        help="rrf is the plain reciprocal-rank hybrid the latency check compares with",
+    )
     parser.add_argument(
         "--min-score",
         type=float,
         default=None,
         help="sent with every search; unset: the server's HYATLAS_MIN_SCORE",
     )
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also run the hybrid with each stage switched off in turn (skip_stages)",
+    )
     args = parser.parse_args()
     if not args.data.exists():
         print(f"no data at {args.data}", file=sys.stderr)

@@ -51,6 +51,8 @@ def to_candidate(
         session_id=memory.owner.session_id,
         created_at=memory.created_at,
         due_at=memory.due_at if memory.HasField("due_at") else None,
+        event_at=memory.event_at if memory.HasField("event_at") else None,
+        hits=memory.hits,
         cosine=cosine,
         keyword_fraction=keyword_fraction,
         payload=hit,
@@ -102,24 +104,48 @@ class GrpcBackend:
         return [to_candidate(hit, cosine=hit.score) for hit in reply.hits]
 
     async def keyword_search(
-        self, scope: Scope, text: str, layers: Sequence[str], k: int
-    ) -> list[Candidate]:
-        """Up to k live memories holding the query's terms, with the share of terms they hold."""
+        self,
+        scope: Scope,
+        text: str,
+        layers: Sequence[str],
+        k: int,
+        *,
+        relaxed: bool = False,
+        context: bool = False,
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """Memories holding the query's terms, best bm25 first, and those whose context holds them.
+
+        Strict: the reference's rule decides which rows count. Relaxed: any term counts, and each
+        hit says whether it also passes the strict rule.
+        """
         request = store_pb2.KeywordSearchRequest(
-            scope=_scope(scope), query=text, layers=_layers(layers), k=k
+            scope=_scope(scope),
+            query=text,
+            layers=_layers(layers),
+            k=k,
+            min_terms=1 if relaxed else 0,
+            context_keys=context,
         )
         try:
             reply = await self._store.KeywordSearch(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise store_error(exc) from exc
         terms = len(reply.terms)
-        return [
-            to_candidate(
+        own = []
+        for found in reply.hits:
+            candidate = to_candidate(
                 found.hit,
                 keyword_fraction=min(1.0, found.matched_terms / terms) if terms else None,
             )
-            for found in reply.hits
-        ]
+            candidate.bm25 = found.hit.score
+            candidate.strict = found.matched_terms >= reply.required_terms
+            own.append(candidate)
+        around = []
+        for found in reply.context_hits:
+            candidate = to_candidate(found.hit)
+            candidate.context_bm25 = found.hit.score
+            around.append(candidate)
+        return own, around
 
     async def newest(self, scope: Scope, layers: Sequence[str], k: int) -> list[Candidate]:
         """The k newest live memories of the layers."""

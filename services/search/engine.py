@@ -10,13 +10,29 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.search import channels
-from services.search.model import KEYWORD, VECTOR, Candidate, Scope, SearchContext, SearchQuery
-from services.search.pipeline import Pipeline
+from services.search.model import (
+    KEYWORD,
+    VECTOR,
+    Candidate,
+    RankingSettings,
+    Scope,
+    SearchContext,
+    SearchQuery,
+    calibrated_floor,
+)
+from services.search.pipeline import (
+    CONTEXT_KEYS,
+    PLAIN_PIPELINE,
+    RELAXED_KEYWORDS,
+    Pipeline,
+)
 
 log = logging.getLogger(__name__)
 
 # L4 holds episode summaries next to the Now page; this many newest rows are looked through.
 NOW_PAGE_WINDOW = 20
+# How many keyword hits the full ranking asks for.
+KEYWORD_POOL = 100
 
 
 class SearchBackend(Protocol):
@@ -33,9 +49,16 @@ class SearchBackend(Protocol):
         ...
 
     async def keyword_search(
-        self, scope: Scope, text: str, layers: Sequence[str], k: int
-    ) -> list[Candidate]:
-        """Up to k live memories holding the query's terms, best first."""
+        self,
+        scope: Scope,
+        text: str,
+        layers: Sequence[str],
+        k: int,
+        *,
+        relaxed: bool = False,
+        context: bool = False,
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """Live memories holding the query's terms, and those whose context key holds them."""
         ...
 
     async def newest(self, scope: Scope, layers: Sequence[str], k: int) -> list[Candidate]:
@@ -62,10 +85,15 @@ class SearchEngine:
         *,
         intention_ttl_s: float | None,
         now_pages: bool,
+        settings: RankingSettings | None = None,
+        disabled: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._backend = backend
         self._pipeline = pipeline
+        self._settings = settings or RankingSettings()
+        self._disabled = disabled
+        self._model_floor = calibrated_floor("")
         self._intention_ttl_s = intention_ttl_s
         self._now_pages = now_pages
         self._clock = clock
@@ -74,9 +102,10 @@ class SearchEngine:
         """Asks every source the reader names, concurrently, then ranks what they found."""
         started = time.perf_counter()
         timings: dict[str, float] = {}
-        vector, keyword, newest = await asyncio.gather(
+        off = self._disabled | query.skip_stages
+        (vector, model_floor), (keyword, around), newest = await asyncio.gather(
             self._vector(query, timings),
-            self._timed(timings, KEYWORD, self._keyword(query)),
+            self._keyword(query, off, timings),
             self._timed(timings, "now_page", self._newest_summaries(query)),
         )
         retrieved = time.perf_counter()
@@ -86,8 +115,12 @@ class SearchEngine:
             keyword=keyword,
             now=self._clock(),
             intention_ttl_s=self._intention_ttl_s,
+            context=around,
+            settings=self._settings,
+            model_floor=model_floor,
         )
-        ranked, stage_timings = self._pipeline.run(ctx)
+        pipeline = PLAIN_PIPELINE if query.plain else self._pipeline
+        ranked, stage_timings = pipeline.run(ctx)
         now_page = channels.pick_now_page(newest)
         result = SearchResult(
             channels=channels.arrange(ranked),
@@ -119,9 +152,11 @@ class SearchEngine:
         timings[name] = (time.perf_counter() - started) * 1000.0
         return result
 
-    async def _vector(self, query: SearchQuery, timings: dict[str, float]) -> list[Candidate]:
+    async def _vector(
+        self, query: SearchQuery, timings: dict[str, float]
+    ) -> tuple[list[Candidate], float]:
         if VECTOR not in query.sources:
-            return []
+            return [], self._model_floor
         started = time.perf_counter()
         vector, model_id = await self._backend.embed_query(query.text)
         embedded = time.perf_counter()
@@ -130,12 +165,27 @@ class SearchEngine:
         )
         timings["embed"] = (embedded - started) * 1000.0
         timings[VECTOR] = (time.perf_counter() - embedded) * 1000.0
-        return hits
+        return hits, calibrated_floor(model_id)
 
-    async def _keyword(self, query: SearchQuery) -> list[Candidate]:
+    async def _keyword(
+        self, query: SearchQuery, off: frozenset[str], timings: dict[str, float]
+    ) -> tuple[list[Candidate], list[Candidate]]:
         if KEYWORD not in query.sources:
-            return []
-        return await self._backend.keyword_search(query.scope, query.text, query.layers, query.pool)
+            return [], []
+        started = time.perf_counter()
+        full = not query.plain
+        found = await self._backend.keyword_search(
+            query.scope,
+            query.text,
+            query.layers,
+            # Scores are normalised by the best hit, so the relaxed tier looks a little deeper.
+            max(query.pool, KEYWORD_POOL) if full else query.pool,
+            relaxed=full and RELAXED_KEYWORDS not in off,
+            # Context keys serve the hybrid; the keyword reader stays a memory-text baseline.
+            context=full and VECTOR in query.sources and CONTEXT_KEYS not in off,
+        )
+        timings[KEYWORD] = (time.perf_counter() - started) * 1000.0
+        return found
 
     async def _newest_summaries(self, query: SearchQuery) -> list[Candidate]:
         # Only the LLM modes write Now pages; lite skips the store call.

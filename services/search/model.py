@@ -16,9 +16,13 @@ MIN_POOL = 30
 VECTOR = "vector"
 KEYWORD = "keyword"
 
+# The plain reciprocal-rank hybrid, kept as the baseline the full ranking is measured against.
+PLAIN_READER = "rrf"
+
 # Which retrieval sources each reader name turns on.
 READERS: dict[str, tuple[str, ...]] = {
     "": (VECTOR, KEYWORD),
+    PLAIN_READER: (VECTOR, KEYWORD),
     "hybrid": (VECTOR, KEYWORD),
     "hybrid_tag": (VECTOR, KEYWORD),
     "legacy": (VECTOR,),
@@ -45,11 +49,15 @@ class SearchQuery:
     limit: int
     layers: tuple[str, ...]
     """Layer names asked for; empty means every layer."""
-    min_score: float
-    """The cosine floor for vector hits; 0 disables it."""
+    min_score: float | None
+    """The cosine floor for vector hits; 0 disables it; None: the embedding model's own."""
     sources: tuple[str, ...]
     session_id: str = ""
     reference_time: float | None = None
+    plain: bool = False
+    """The plain rank-fusion baseline: strict keywords, no extra keys, no boosts."""
+    skip_stages: frozenset[str] = frozenset()
+    """Stages this request switches off (a debugging and benchmarking option)."""
 
     @property
     def pool(self) -> int:
@@ -65,10 +73,11 @@ class SearchQuery:
         limit: int,
         layers: Sequence[str],
         min_score: float | None,
-        default_min_score: float,
+        default_min_score: float | None,
         reader: str,
         session_id: str = "",
         reference_time: float | None = None,
+        skip_stages: Sequence[str] = (),
     ) -> SearchQuery:
         """Checks and normalises a request; bad input is an InvalidArgument."""
         if not text.strip():
@@ -83,7 +92,7 @@ class SearchQuery:
             if layer not in LAYERS_BY_NAME:
                 raise InvalidArgument(f"unknown layer {layer!r}")
         floor = default_min_score if min_score is None else min_score
-        if not 0.0 <= floor <= 1.0:
+        if floor is not None and not 0.0 <= floor <= 1.0:
             raise InvalidArgument(f"min_score {floor} is outside 0..1")
         if limit <= 0:
             limit = DEFAULT_LIMIT
@@ -96,6 +105,8 @@ class SearchQuery:
             sources=READERS[key],
             session_id=session_id,
             reference_time=reference_time,
+            plain=key == PLAIN_READER,
+            skip_stages=frozenset(name.strip() for name in skip_stages if name.strip()),
         )
 
 
@@ -110,10 +121,19 @@ class Candidate:
     session_id: str = ""
     created_at: float = 0.0
     due_at: float | None = None
+    event_at: float | None = None
+    hits: int = 0
+    """How many times a reply used the memory (usage feedback)."""
     cosine: float | None = None
     """Cosine similarity to the query, when the vector source saw the memory."""
     keyword_fraction: float | None = None
     """Share of the query's terms the memory contains, when the keyword source found it."""
+    bm25: float | None = None
+    """The memory's own bm25 (higher is better), when the keyword source found it."""
+    strict: bool = False
+    """Whether it holds enough of the query's terms for the strict keyword rule."""
+    context_bm25: float | None = None
+    """The bm25 of its context key (the turn with its neighbours), when that matched."""
     fused: float = 0.0
     """The fused rank score that orders candidates."""
     ranks: dict[str, int] = field(default_factory=dict)
@@ -144,3 +164,45 @@ class SearchContext:
     """Wall-clock unix seconds, for the intention rules."""
     intention_ttl_s: float | None
     """How long an intention without a due date is shown; None: forever."""
+    context: list[Candidate] = field(default_factory=list)
+    """Memories found by their context keys, best first."""
+    settings: RankingSettings = field(default_factory=lambda: RankingSettings())
+    """How the ranking stages are tuned."""
+    model_floor: float = 0.60
+    """The embedding model's calibrated floor, for when neither request nor setting sets one."""
+
+    @property
+    def floor(self) -> float:
+        """The cosine floor in force: the request's, else the setting's, else the model's."""
+        return self.query.min_score if self.query.min_score is not None else self.model_floor
+
+    @property
+    def reference_time(self) -> float:
+        """The moment relative dates in the query are read against."""
+        q = self.query.reference_time
+        return q if q is not None else self.now
+
+
+@dataclass(frozen=True, slots=True)
+class RankingSettings:
+    """The ranking's settings (HYATLAS_RECENCY, HYATLAS_MMR_LAMBDA, HYATLAS_USAGE_LEARNING)."""
+
+    recency: bool = True
+    mmr_lambda: float = 0.75
+    usage_learning: bool = True
+
+
+# Cosine floors calibrated per embedding model: the similarity above which about nine in ten
+# relevant passages score. BGE's cosines run high (the reference's 0.60); MiniLM's good
+# matches sit around 0.3-0.6.
+MODEL_FLOORS: dict[str, float] = {
+    "bge-small-en-v1.5": 0.60,
+    "all-MiniLM-L6-v2-int8": 0.30,
+    "all-MiniLM-L6-v2": 0.30,
+}
+DEFAULT_FLOOR = 0.60
+
+
+def calibrated_floor(model_id: str) -> float:
+    """The vector floor for a model when HYATLAS_MIN_SCORE is unset (0.60 for unknown models)."""
+    return MODEL_FLOORS.get(model_id, DEFAULT_FLOOR)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from services.search import stages
+from services.search import ranking, stages
 from services.search.model import Candidate, SearchContext
 
 StageFn = Callable[[list[Candidate], SearchContext], list[Candidate]]
@@ -52,7 +52,10 @@ class Pipeline:
         """Runs every stage in order; returns the final ranking and each stage's timing."""
         ranked: list[Candidate] = []
         timings = []
+        skip = ctx.query.skip_stages
         for stage in self.stages:
+            if stage.name in skip:
+                continue
             started = time.perf_counter()
             ranked = stage.run(ranked, ctx)
             timings.append(
@@ -61,7 +64,7 @@ class Pipeline:
         return ranked, timings
 
 
-LITE_PIPELINE = Pipeline(
+PLAIN_PIPELINE = Pipeline(
     (
         Stage("fuse", stages.fuse),
         Stage("intention_ttl", stages.drop_stale_intentions),
@@ -72,4 +75,34 @@ LITE_PIPELINE = Pipeline(
         Stage("truncate", stages.truncate),
     )
 )
-"""The lite-mode ranking: fusion, the reference's post-processing, then the limit."""
+"""The plain hybrid: reciprocal-rank fusion and the reference's post-processing (reader rrf)."""
+
+LITE_PIPELINE = Pipeline(
+    (
+        Stage("fuse", ranking.fuse_scores),
+        Stage("dates", ranking.boost_dates),
+        Stage("entities", ranking.boost_entities),
+        Stage("recency", ranking.boost_recency),
+        Stage("usage", ranking.boost_usage),
+        Stage("intention_ttl", stages.drop_stale_intentions),
+        Stage("now_apart", stages.drop_now_pages),
+        Stage("dedupe", stages.drop_repeated_text),
+        Stage("near_duplicates", ranking.demote_near_duplicates),
+        Stage("mmr", ranking.mmr),
+        Stage("l5_cap", stages.cap_knowledge),
+        Stage("session_intentions", stages.own_session_intentions_first),
+        Stage("truncate", stages.truncate),
+    )
+)
+"""The full ranking: weighted score fusion, the boosts, demotion and diversity, then the
+reference's post-processing and the limit."""
+
+# Retrieval features that are switched off like stages but act before the ranking runs.
+CONTEXT_KEYS = "context_keys"
+RELAXED_KEYWORDS = "relaxed_keywords"
+RETRIEVAL_SWITCHES = (CONTEXT_KEYS, RELAXED_KEYWORDS)
+
+
+def switchable_names() -> tuple[str, ...]:
+    """Every name HYATLAS_SEARCH_DISABLE_STAGES and a request's skip_stages accept."""
+    return (*LITE_PIPELINE.names, *RETRIEVAL_SWITCHES)

@@ -28,12 +28,14 @@ async def running_server(config: SearchConfig) -> AsyncIterator[str]:
         embedder_channel = await stack.enter_async_context(
             open_channel(config.embedder_address)
         )
-        pipeline = LITE_PIPELINE.without(config.disabled_stages)
+        pipeline = LITE_PIPELINE.without(config.pipeline_stages_off())
         engine = SearchEngine(
             GrpcBackend(store_channel, EmbedderClient(embedder_channel)),
             pipeline,
             intention_ttl_s=config.intention_ttl_s,
             now_pages=config.now_pages,
+            settings=config.ranking,
+            disabled=config.disabled_stages,
         )
         servicer = SearchServicer(engine, config.min_score)
 

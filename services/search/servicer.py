@@ -6,6 +6,7 @@ import grpc
 
 from services.search.engine import SearchEngine
 from services.search.model import Candidate, Scope, SearchQuery
+from services.search.pipeline import switchable_names
 from shared.errors import InvalidArgument
 from shared.layers import LAYER_NAMES
 from shared.pb import common_pb2, search_pb2, search_pb2_grpc
@@ -26,10 +27,20 @@ def _scored(candidate: Candidate, score: float) -> common_pb2.ScoredMemory:
     return common_pb2.ScoredMemory(memory=hit.memory, score=score, replaced=hit.replaced)
 
 
+def _stage_names(names: list[str]) -> list[str]:
+    known = switchable_names()
+    unknown = sorted({n.strip() for n in names if n.strip()} - set(known))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown search stage {', '.join(unknown)}: expected one of {', '.join(known)}"
+        )
+    return names
+
+
 class SearchServicer(search_pb2_grpc.SearchServicer):
     """Translates SearchMemories calls for the search engine."""
 
-    def __init__(self, engine: SearchEngine, default_min_score: float) -> None:
+    def __init__(self, engine: SearchEngine, default_min_score: float | None) -> None:
         self._engine = engine
         self._default_min_score = default_min_score
 
@@ -50,6 +61,7 @@ class SearchServicer(search_pb2_grpc.SearchServicer):
             reference_time=(
                 request.reference_time if request.HasField("reference_time") else None
             ),
+            skip_stages=_stage_names(list(request.skip_stages)),
         )
         result = await self._engine.search(query)
         reply = search_pb2.SearchMemoriesResponse(

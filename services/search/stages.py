@@ -11,7 +11,7 @@ DAY_S = 86400.0
 
 def fuse(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Starts the ranking: reciprocal-rank fusion of the vector and keyword hits."""
-    return fuse_sources(ctx.vector, ctx.keyword, min_score=ctx.query.min_score)
+    return fuse_sources(ctx.vector, ctx.keyword, min_score=ctx.floor)
 
 
 def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> bool:

@@ -1,0 +1,213 @@
+"""Dates in a query ("yesterday", "last week", "in May 2023", "2 days ago") as time ranges."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+MONTHS = {
+    name: number
+    for number, names in enumerate(
+        (
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ),
+        start=1,
+    )
+    for name in names
+}
+WEEKDAYS = {
+    name: number
+    for number, names in enumerate(
+        (
+            ("monday", "mon"),
+            ("tuesday", "tue", "tues"),
+            ("wednesday", "wed"),
+            ("thursday", "thu", "thur", "thurs"),
+            ("friday", "fri"),
+            ("saturday", "sat"),
+            ("sunday", "sun"),
+        )
+    )
+    for name in names
+}
+NUMBER_WORDS = {
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "couple": 2,
+    "few": 3,
+    "several": 3,
+}
+UNIT_DAYS = {"day": 1, "week": 7, "fortnight": 14, "month": 30, "year": 365}
+
+_MONTH = "|".join(sorted(MONTHS, key=len, reverse=True))
+_WEEKDAY = "|".join(sorted((w for w in WEEKDAYS if len(w) > 3), key=len, reverse=True))
+_NUMBER = r"\d+|" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True))
+_UNIT = r"day|week|fortnight|month|year"
+
+_ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
+_DAY_MONTH_YEAR = re.compile(
+    rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTH})\.?,?\s+(\d{{4}})\b"
+)
+_MONTH_DAY_YEAR = re.compile(rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b")
+_MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?,?\s+(\d{{4}})\b")
+_IN_MONTH = re.compile(rf"\b(?:in|during|since|last|this|of)\s+({_MONTH})\b")
+_YEAR = re.compile(r"\b(?:in|during|of|since)\s+((?:19|20)\d{2})\b")
+_AGO = re.compile(rf"\b({_NUMBER})\s+(?:of\s+)?({_UNIT})s?\s+ago\b")
+_RELATIVE = re.compile(r"\b(last|this|next|past|previous)\s+(week|weekend|month|year)\b")
+_WEEKDAY_RE = re.compile(rf"\b(?:(last|this|next|on|past)\s+)?({_WEEKDAY})s?\b")
+_DAY_WORDS = re.compile(r"\b(today|tonight|yesterday|tomorrow|the day before yesterday)\b")
+_RECENTLY = re.compile(r"\b(recently|lately|these days)\b")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRange:
+    """A half-open span [start, end) of unix seconds that a query's date names."""
+
+    start: float
+    end: float
+    text: str
+    """The words it was read from."""
+
+    def contains(self, when: float) -> bool:
+        """Whether a moment falls inside the span."""
+        return self.start <= when < self.end
+
+
+def _ts(day: date) -> float:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+
+
+def _days(first: date, count: int, text: str) -> TimeRange:
+    return TimeRange(_ts(first), _ts(first + timedelta(days=count)), text)
+
+
+def _month(year: int, month: int, text: str) -> TimeRange | None:
+    if not 1 <= month <= 12:
+        return None
+    following = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
+    return TimeRange(_ts(date(year, month, 1)), _ts(following), text)
+
+
+def _day(year: int, month: int, day: int, text: str) -> TimeRange | None:
+    try:
+        return _days(date(year, month, day), 1, text)
+    except ValueError:
+        return None
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else NUMBER_WORDS[word]
+
+
+def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
+    """Every date the query names, read against reference_time (unix seconds, UTC days).
+
+    Deterministic: the same words and reference time give the same ranges. Vague words get
+    generous spans ("2 days ago" is that day give or take one, "recently" the last 30 days).
+    """
+    text = query.lower()
+    today = datetime.fromtimestamp(reference_time, UTC).date()
+    found: list[TimeRange] = []
+    taken: list[tuple[int, int]] = []
+
+    def claim(match: re.Match[str]) -> bool:
+        span = match.span()
+        if any(span[0] < end and start < span[1] for start, end in taken):
+            return False
+        taken.append(span)
+        return True
+
+    def add(match: re.Match[str], found_range: TimeRange | None) -> None:
+        if found_range is not None and claim(match):
+            found.append(found_range)
+
+    for m in _ISO.finditer(text):
+        add(m, _day(int(m[1]), int(m[2]), int(m[3]), m[0]))
+    for m in _DAY_MONTH_YEAR.finditer(text):
+        add(m, _day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0]))
+    for m in _MONTH_DAY_YEAR.finditer(text):
+        add(m, _day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0]))
+    for m in _MONTH_YEAR.finditer(text):
+        add(m, _month(int(m[2]), MONTHS[m[1]], m[0]))
+    for m in _IN_MONTH.finditer(text):
+        month = MONTHS[m[1]]
+        # "in May" without a year is the latest May that has begun by the reference day.
+        year = today.year if month <= today.month else today.year - 1
+        add(m, _month(year, month, m[0]))
+    for m in _YEAR.finditer(text):
+        year = int(m[1])
+        add(m, TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), m[0]))
+    for m in _AGO.finditer(text):
+        days = _count(m[1]) * UNIT_DAYS[m[2]]
+        slack = max(1, days // 7)
+        add(m, _days(today - timedelta(days=days + slack), 2 * slack + 1, m[0]))
+    for m in _RELATIVE.finditer(text):
+        add(m, _relative(m[1], m[2], today, m[0]))
+    for m in _DAY_WORDS.finditer(text):
+        offset = {"today": 0, "tonight": 0, "yesterday": -1, "tomorrow": 1}.get(m[1], -2)
+        add(m, _days(today + timedelta(days=offset), 1, m[0]))
+    for m in _WEEKDAY_RE.finditer(text):
+        add(m, _weekday(m[1] or "", WEEKDAYS[m[2]], today, m[0]))
+    for m in _RECENTLY.finditer(text):
+        add(m, _days(today - timedelta(days=30), 31, m[0]))
+    return found
+
+
+def _relative(which: str, unit: str, today: date, text: str) -> TimeRange | None:
+    step = {"last": -1, "past": -1, "previous": -1, "this": 0, "next": 1}[which]
+    if unit == "week":
+        monday = today - timedelta(days=today.weekday())
+        if which == "past":
+            return _days(today - timedelta(days=7), 8, text)
+        return _days(monday + timedelta(weeks=step), 7, text)
+    if unit == "weekend":
+        saturday = today - timedelta(days=(today.weekday() - 5) % 7)
+        if step > 0 or (step == 0 and today.weekday() < 5):
+            saturday += timedelta(weeks=1)
+        if step < 0 and today.weekday() >= 5:
+            saturday -= timedelta(weeks=1)
+        return _days(saturday, 2, text)
+    if unit == "month":
+        if which == "past":
+            return _days(today - timedelta(days=30), 31, text)
+        month_index = today.year * 12 + today.month - 1 + step
+        return _month(month_index // 12, month_index % 12 + 1, text)
+    if which == "past":
+        return _days(today - timedelta(days=365), 366, text)
+    year = today.year + step
+    return TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), text)
+
+
+def _weekday(which: str, weekday: int, today: date, text: str) -> TimeRange:
+    back = (today.weekday() - weekday) % 7
+    if which == "next":
+        ahead = (weekday - today.weekday()) % 7 or 7
+        return _days(today + timedelta(days=ahead), 1, text)
+    if which == "last" and back == 0:
+        back = 7
+    # A bare or "last" weekday is the latest one on or before the reference day.
+    return _days(today - timedelta(days=back), 1, text)

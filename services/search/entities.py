@@ -1,0 +1,184 @@
+"""Names a query mentions: capitalised words and phrases, quoted strings, and known entities."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# Capitalised words that open or fill a question without naming anything.
+COMMON_CAPITALISED = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "he",
+        "her",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "is",
+        "it",
+        "its",
+        "may",
+        "me",
+        "might",
+        "my",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "our",
+        "she",
+        "should",
+        "so",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "to",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "whether",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "why",
+        "will",
+        "with",
+        "would",
+        "yes",
+        "you",
+        "your",
+        "tell",
+        "list",
+        "name",
+        "give",
+        "show",
+        "find",
+        "remind",
+        "please",
+        "describe",
+        "explain",
+        "recall",
+        "remember",
+        "any",
+        "all",
+        "some",
+        "both",
+        "each",
+        "every",
+        "after",
+        "before",
+        "during",
+        "since",
+        "until",
+        "about",
+        "also",
+        "besides",
+        "other",
+        "ok",
+        "okay",
+        "hi",
+        "hello",
+        "hey",
+        "thanks",
+        "today",
+        "yesterday",
+        "tomorrow",
+        "last",
+        "next",
+        "ever",
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+        "january",
+        "february",
+        "march",
+        "april",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+        "would've",
+        "could've",
+        "should've",
+    }
+)
+_WORD = r"[A-Z][\w&.\-]*(?:'s)?"
+_CAPITALISED_RUN = re.compile(rf"\b{_WORD}(?:\s+(?:of\s+|the\s+|de\s+)?{_WORD})*")
+_QUOTED = re.compile(r"[\"“]([^\"”]{2,60})[\"”]")
+_POSSESSIVE = re.compile(r"'s$")
+
+
+def _clean(name: str) -> str:
+    return _POSSESSIVE.sub("", name.strip().strip(".-")).strip()
+
+
+def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
+    """The names a query mentions, longest first, without repeats.
+
+    A capitalised word counts unless it is a common word (a question word opening the query is
+    not a name); runs of capitalised words count as one name and as each of their words, so
+    "Lake Tahoe" also finds a memory that says only "Tahoe". Known entity names (from L8 pages)
+    count wherever the query holds them, in any case.
+    """
+    names: list[str] = []
+    for match in _QUOTED.finditer(query):
+        names.append(match[1].strip())
+    for match in _CAPITALISED_RUN.finditer(query):
+        words = [_clean(w) for w in match[0].split()]
+        words = [w for w in words if w and w.lower() not in COMMON_CAPITALISED and len(w) > 1]
+        if not words:
+            continue
+        if len(words) > 1:
+            names.append(" ".join(words))
+        names.extend(words)
+    lowered = query.lower()
+    for entity in known:
+        entity = entity.strip()
+        if len(entity) > 1 and re.search(rf"\b{re.escape(entity.lower())}\b", lowered):
+            names.append(entity)
+    unique = list(dict.fromkeys(n for n in names if n))
+    return sorted(unique, key=len, reverse=True)
+
+
+def mentions(text: str, name: str) -> bool:
+    """Whether a text names an entity: a whole-word, case-insensitive match."""
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None

@@ -1,0 +1,231 @@
+"""The full ranking's stages: weighted score fusion, date, entity, recency and usage boosts,
+near-duplicate demotion and MMR diversity."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from services.search.dates import parse_dates
+from services.search.entities import mentions, query_entities
+from services.search.model import VECTOR, Candidate, SearchContext
+
+# Question words that make a query question-like rather than a keyword lookup.
+QUESTION_WORDS = frozenset(
+    {
+        "what",
+        "when",
+        "where",
+        "who",
+        "whom",
+        "whose",
+        "why",
+        "how",
+        "which",
+        "did",
+        "does",
+        "do",
+        "is",
+        "are",
+        "was",
+        "were",
+        "can",
+        "could",
+        "would",
+        "should",
+        "has",
+        "have",
+        "will",
+    }
+)
+_TOKEN = re.compile(r"[^\W_]+")
+
+
+def is_question(text: str) -> bool:
+    """Whether a query reads as a question or sentence rather than a few keywords."""
+    words = _TOKEN.findall(text.lower())
+    return "?" in text or len(words) > 4 or bool(words and words[0] in QUESTION_WORDS)
+
+
+def fusion_weights(text: str) -> tuple[float, float, float]:
+    """(vector, own keywords, context keywords) weights for the kind of query.
+
+    A question leans on meaning and on the talk around a turn; a few keywords lean on the
+    memory's own words. The context key holds the memory's words too, so with both on the own
+    keywords get half weight rather than counting the same words twice.
+    """
+    if is_question(text):
+        return 1.0, 0.5, 1.0
+    return 0.5, 1.0, 0.5
+
+
+STRICT_BONUS = 0.2
+"""Added for holding enough of the query's terms for the strict rule (the reference's tier)."""
+
+
+def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Starts the ranking: a weighted sum of cosine and max-normalised bm25 scores.
+
+    The vector floor keeps a weak cosine from counting; keyword hits are never floored.
+    """
+    merged: dict[str, Candidate] = {}
+    for source in (ctx.vector, ctx.keyword, ctx.context):
+        for candidate in source:
+            kept = merged.setdefault(candidate.memory_id, candidate)
+            if kept is not candidate:
+                if kept.cosine is None:
+                    kept.cosine = candidate.cosine
+                if kept.bm25 is None:
+                    kept.bm25 = candidate.bm25
+                    kept.keyword_fraction = candidate.keyword_fraction
+                    kept.strict = candidate.strict
+                if kept.context_bm25 is None:
+                    kept.context_bm25 = candidate.context_bm25
+    w_vec, w_own, w_context = fusion_weights(ctx.query.text)
+    top_own = max((c.bm25 for c in ctx.keyword if c.bm25), default=0.0) or 1.0
+    top_context = max((c.context_bm25 for c in ctx.context if c.context_bm25), default=0.0) or 1.0
+    floor = ctx.floor
+    keyword_only = VECTOR not in ctx.query.sources
+    for candidate in merged.values():
+        score = 0.0
+        if candidate.cosine is not None and (floor <= 0 or candidate.cosine >= floor):
+            score += w_vec * candidate.cosine
+        if candidate.bm25 is not None:
+            score += w_own * max(candidate.bm25, 0.0) / top_own
+            if candidate.strict:
+                # Alone, keywords keep the reference's strict rule as a tier above the relaxed.
+                score += 1.0 if keyword_only else STRICT_BONUS
+        if candidate.context_bm25 is not None:
+            score += w_context * max(candidate.context_bm25, 0.0) / top_context
+        candidate.fused = score
+    kept = [c for c in merged.values() if c.fused > 0]
+    return sorted(kept, key=lambda c: (-c.fused, -(c.cosine or -1.0)))
+
+
+def _resort(ranked: list[Candidate]) -> list[Candidate]:
+    return sorted(ranked, key=lambda c: -c.fused)
+
+
+DATE_BOOST = 0.5
+"""How much more a memory whose event time falls in a date the query names is worth."""
+
+
+def boost_dates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Favours memories whose event time (else write time) falls in a date the query names."""
+    ranges = parse_dates(ctx.query.text, ctx.reference_time)
+    if not ranges:
+        return ranked
+    for candidate in ranked:
+        when = candidate.event_at if candidate.event_at is not None else candidate.created_at
+        if any(r.contains(when) for r in ranges):
+            candidate.fused *= 1.0 + DATE_BOOST
+    return _resort(ranked)
+
+
+ENTITY_BOOST = 0.1
+"""How much more a memory naming every entity the query names is worth."""
+
+
+def boost_entities(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Favours memories that name the people, places and things the query names."""
+    names = query_entities(ctx.query.text)
+    if not names:
+        return ranked
+    # Single words only: a phrase's words are in the list too, and counting both double-counts.
+    words = [n for n in names if " " not in n] or names
+    for candidate in ranked:
+        share = sum(1 for n in words if mentions(candidate.content, n)) / len(words)
+        candidate.fused *= 1.0 + ENTITY_BOOST * share
+    return _resort(ranked)
+
+
+RECENCY_BOOST = 0.03
+RECENCY_HALF_LIFE_S = 30 * 86400.0
+
+
+def boost_recency(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Lets newer memories win close calls; age counts from the owner's newest candidate.
+
+    Measuring from the newest memory rather than the clock is idle-time recency: an owner back
+    after a month away finds the same order they left.
+    """
+    if not ctx.settings.recency or not ranked:
+        return ranked
+    newest = max(c.created_at for c in ranked)
+    for candidate in ranked:
+        age = max(0.0, newest - candidate.created_at)
+        candidate.fused *= 1.0 + RECENCY_BOOST * 0.5 ** (age / RECENCY_HALF_LIFE_S)
+    return _resort(ranked)
+
+
+USAGE_BOOST = 0.1
+USAGE_SATURATION = 10
+
+
+def boost_usage(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Favours memories replies have used before (HYATLAS_USAGE_LEARNING), with diminishing gain."""
+    if not ctx.settings.usage_learning:
+        return ranked
+    if not any(c.hits for c in ranked):
+        return ranked
+    for candidate in ranked:
+        if candidate.hits > 0:
+            gain = math.log1p(min(candidate.hits, USAGE_SATURATION)) / math.log1p(USAGE_SATURATION)
+            candidate.fused *= 1.0 + USAGE_BOOST * gain
+    return _resort(ranked)
+
+
+def tokens(text: str) -> frozenset[str]:
+    """The distinct lowercase words of a text."""
+    return frozenset(_TOKEN.findall(text.lower()))
+
+
+def similarity(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard overlap of two word sets."""
+    if not a or not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+NEAR_DUPLICATE = 0.8
+NEAR_DUPLICATE_PENALTY = 0.5
+WINDOW = 50
+"""How many of the best candidates the pairwise passes look at."""
+
+
+def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Halves the score of a memory that nearly repeats a better-ranked one."""
+    head, tail = ranked[:WINDOW], ranked[WINDOW:]
+    seen: list[frozenset[str]] = []
+    for candidate in head:
+        words = tokens(candidate.content)
+        if any(similarity(words, other) >= NEAR_DUPLICATE for other in seen):
+            candidate.fused *= NEAR_DUPLICATE_PENALTY
+        else:
+            seen.append(words)
+    return _resort(head) + tail
+
+
+def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Maximal marginal relevance over the best candidates (HYATLAS_MMR_LAMBDA; 1 is off).
+
+    Each next pick maximises lambda * relevance - (1 - lambda) * its overlap with those picked.
+    """
+    lam = ctx.settings.mmr_lambda
+    if lam >= 1.0 or len(ranked) < 3:
+        return ranked
+    head, tail = ranked[:WINDOW], ranked[WINDOW:]
+    top = head[0].fused or 1.0
+    words = [tokens(c.content) for c in head]
+    left = list(range(len(head)))
+    picked: list[int] = []
+    while left:
+
+        def gain(i: int) -> float:
+            overlap = max((similarity(words[i], words[j]) for j in picked), default=0.0)
+            return lam * head[i].fused / top - (1.0 - lam) * overlap
+
+        best = max(left, key=gain)
+        picked.append(best)
+        left.remove(best)
+    return [head[i] for i in picked] + tail

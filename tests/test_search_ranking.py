@@ -1,0 +1,322 @@
+"""The full ranking's stages: query dates, entities, score fusion, boosts, demotion and MMR."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from services.search import ranking
+from services.search.config import SearchConfig
+from services.search.dates import parse_dates
+from services.search.entities import mentions, query_entities
+from services.search.model import (
+    Candidate,
+    RankingSettings,
+    Scope,
+    SearchContext,
+    SearchQuery,
+    calibrated_floor,
+)
+from services.search.pipeline import LITE_PIPELINE, PLAIN_PIPELINE
+from services.store.keys import clauses, context_text, own_keys
+from shared.errors import ConfigError
+
+# Wednesday 2024-05-15 14:30 UTC.
+REF = datetime(2024, 5, 15, 14, 30, tzinfo=UTC).timestamp()
+DAY = 86400.0
+
+
+def spans(query: str) -> list[tuple[str, str]]:
+    """Each range as (first day, last day), ISO dates."""
+    out = []
+    for found in parse_dates(query, REF):
+        first = datetime.fromtimestamp(found.start, UTC).date().isoformat()
+        last = datetime.fromtimestamp(found.end - 1, UTC).date().isoformat()
+        out.append((first, last))
+    return out
+
+
+# Dates
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("what did I do yesterday", [("2024-05-14", "2024-05-14")]),
+        ("plans for today?", [("2024-05-15", "2024-05-15")]),
+        ("what is due tomorrow", [("2024-05-16", "2024-05-16")]),
+        ("what did we decide last week", [("2024-05-06", "2024-05-12")]),
+        ("anything this week", [("2024-05-13", "2024-05-19")]),
+        ("where did we go last month", [("2024-04-01", "2024-04-30")]),
+        ("trips last year", [("2023-01-01", "2023-12-31")]),
+        ("what happened in May 2023", [("2023-05-01", "2023-05-31")]),
+        ("what happened in March", [("2024-03-01", "2024-03-31")]),
+        ("what happened in June", [("2023-06-01", "2023-06-30")]),
+        ("the talk on 8 May, 2023", [("2023-05-08", "2023-05-08")]),
+        ("the talk on May 8th, 2023", [("2023-05-08", "2023-05-08")]),
+        ("the release of 2023-05-08", [("2023-05-08", "2023-05-08")]),
+        ("what did I buy 2 days ago", [("2024-05-12", "2024-05-14")]),
+        ("the call three weeks ago", [("2024-04-21", "2024-04-27")]),
+        ("what did we cook on Monday", [("2024-05-13", "2024-05-13")]),
+        ("last Wednesday's meeting", [("2024-05-08", "2024-05-08")]),
+        ("next Friday", [("2024-05-17", "2024-05-17")]),
+        ("plans last weekend", [("2024-05-11", "2024-05-12")]),
+        ("what did I read in 2022", [("2022-01-01", "2022-12-31")]),
+    ],
+)
+def test_dates_in_a_query_are_read_against_the_reference_time(
+    query: str, expected: list[tuple[str, str]]
+) -> None:
+    assert spans(query) == expected
+
+
+def test_a_query_without_dates_names_no_range() -> None:
+    assert parse_dates("what is my favourite tea", REF) == []
+    # A month name that is also a word is only a date after "in", "last", "this"...
+    assert parse_dates("may I ask about the march of progress", REF) == []
+
+
+def test_date_parsing_is_deterministic_and_follows_the_reference_time() -> None:
+    later = REF + 31 * DAY
+    assert parse_dates("yesterday", REF) == parse_dates("yesterday", REF)
+    assert (
+        parse_dates("yesterday", later)[0].start
+        == parse_dates("yesterday", REF)[0].start + 31 * DAY
+    )
+
+
+def test_a_full_date_is_not_read_twice_as_its_month() -> None:
+    assert spans("in May 2023") == [("2023-05-01", "2023-05-31")]
+
+
+# Entities
+
+
+def test_capitalised_names_are_entities_but_question_words_are_not() -> None:
+    assert query_entities("When did Priya move to Lake Tahoe?") == [
+        "Lake Tahoe",
+        "Priya",
+        "Tahoe",
+        "Lake",
+    ]
+
+
+def test_possessives_and_quoted_names_count() -> None:
+    names = query_entities('What is Jordan\'s plan for "garden app"?')
+    assert "Jordan" in names
+    assert "garden app" in names
+
+
+def test_known_entities_are_found_in_any_case() -> None:
+    assert query_entities("how is the foxtrot project going", known=["Foxtrot"]) == ["Foxtrot"]
+
+
+def test_a_query_in_lower_case_names_no_entity() -> None:
+    assert query_entities("what did i eat for dinner") == []
+
+
+def test_mentions_matches_whole_words_only() -> None:
+    assert mentions("Priya: we went hiking", "priya")
+    assert not mentions("Priyanka went hiking", "Priya")
+
+
+# Fusion and boosts
+
+
+def cand(memory_id: str, content: str = "", **fields: object) -> Candidate:
+    return Candidate(memory_id=memory_id, layer="l2_raw", content=content or memory_id, **fields)  # type: ignore[arg-type]
+
+
+def ctx(
+    text: str = "what did Priya cook",
+    *,
+    vector: list[Candidate] | None = None,
+    keyword: list[Candidate] | None = None,
+    context: list[Candidate] | None = None,
+    settings: RankingSettings | None = None,
+    reader: str = "",
+    reference_time: float | None = REF,
+    limit: int = 10,
+) -> SearchContext:
+    query = SearchQuery.build(
+        scope=Scope("u1"),
+        text=text,
+        limit=limit,
+        layers=(),
+        min_score=None,
+        default_min_score=None,
+        reader=reader,
+        reference_time=reference_time,
+    )
+    return SearchContext(
+        query=query,
+        vector=vector or [],
+        keyword=keyword or [],
+        now=REF,
+        intention_ttl_s=None,
+        context=context or [],
+        settings=settings or RankingSettings(),
+        model_floor=0.3,
+    )
+
+
+def ids(ranked: list[Candidate]) -> list[str]:
+    return [c.memory_id for c in ranked]
+
+
+def test_questions_lean_on_meaning_and_keywords_on_own_words() -> None:
+    assert ranking.is_question("When did we adopt the puppy?")
+    assert not ranking.is_question("HYATLAS_SYNC_EXTRACT staging")
+    vec, own, _ = ranking.fusion_weights("HYATLAS_SYNC_EXTRACT staging")
+    assert own > vec
+
+
+def test_fusion_sums_cosine_and_normalised_bm25_and_floors_weak_cosines() -> None:
+    ranked = ranking.fuse_scores(
+        [],
+        ctx(
+            vector=[cand("a", cosine=0.5), cand("weak", cosine=0.2)],
+            keyword=[cand("a", bm25=4.0, strict=True), cand("b", bm25=2.0)],
+            context=[cand("b", context_bm25=6.0)],
+        ),
+    )
+    scores = {c.memory_id: round(c.fused, 3) for c in ranked}
+    # a: 1.0*0.5 + 0.5*4/4 + 0.2 strict; b: 0.5*2/4 + 1.0*6/6; weak is under the floor.
+    assert scores == {"a": 1.2, "b": 1.25}
+    assert ids(ranked) == ["b", "a"]
+
+
+def test_keyword_reader_ranks_the_strict_tier_above_relaxed_hits() -> None:
+    ranked = ranking.fuse_scores(
+        [],
+        ctx(
+            reader="keyword", keyword=[cand("loose", bm25=9.0), cand("all", bm25=1.0, strict=True)]
+        ),
+    )
+    assert ids(ranked) == ["all", "loose"]
+
+
+def test_memory_dated_in_the_range_the_query_names_is_favoured() -> None:
+    may = datetime(2024, 5, 14, 9, tzinfo=UTC).timestamp()
+    april = datetime(2024, 4, 2, tzinfo=UTC).timestamp()
+    ranked = [cand("april", event_at=april, fused=1.0), cand("may", event_at=may, fused=0.9)]
+    assert ids(ranking.boost_dates(ranked, ctx("what did we cook yesterday"))) == ["may", "april"]
+
+
+def test_memory_naming_the_querys_entity_is_favoured() -> None:
+    ranked = [
+        cand("other", "Sam: I cooked pasta", fused=1.0),
+        cand("hers", "Priya: I made dal", fused=0.95),
+    ]
+    assert ids(ranking.boost_entities(ranked, ctx("what did Priya cook"))) == ["hers", "other"]
+
+
+def test_recency_wins_close_calls_only_and_can_be_switched_off() -> None:
+    old = cand("old", fused=1.0, created_at=REF - 200 * DAY)
+    new = cand("new", fused=0.995, created_at=REF)
+    far = cand("far", fused=0.5, created_at=REF)
+    assert ids(ranking.boost_recency([old, new, far], ctx())) == ["new", "old", "far"]
+    old.fused, new.fused = 1.0, 0.995
+    off = ctx(settings=RankingSettings(recency=False))
+    assert ids(ranking.boost_recency([old, new], off)) == ["old", "new"]
+
+
+def test_used_memories_rise_unless_usage_learning_is_off() -> None:
+    first, used = cand("first", fused=1.0), cand("used", fused=0.95, hits=5)
+    assert ids(ranking.boost_usage([first, used], ctx())) == ["used", "first"]
+    first.fused, used.fused = 1.0, 0.95
+    off = ctx(settings=RankingSettings(usage_learning=False))
+    assert ids(ranking.boost_usage([first, used], off)) == ["first", "used"]
+
+
+def test_near_duplicate_is_demoted_below_a_distinct_memory() -> None:
+    ranked = [
+        cand("a", "we adopted a puppy named Biscuit in May", fused=1.0),
+        cand("a2", "we adopted a puppy named Biscuit in May!!", fused=0.9),
+        cand("b", "the vet visit is on Friday", fused=0.6),
+    ]
+    assert ids(ranking.demote_near_duplicates(ranked, ctx())) == ["a", "b", "a2"]
+
+
+def test_mmr_lifts_a_different_memory_over_a_repeat_of_the_first() -> None:
+    ranked = [
+        cand("a", "golden retriever puppy Biscuit adopted", fused=1.0),
+        cand("a2", "golden retriever puppy Biscuit adopted today", fused=0.95),
+        cand("b", "vet visit booked for Friday", fused=0.85),
+    ]
+    assert ids(ranking.mmr(list(ranked), ctx())) == ["a", "b", "a2"]
+    assert ids(ranking.mmr(list(ranked), ctx(settings=RankingSettings(mmr_lambda=1.0)))) == [
+        "a",
+        "a2",
+        "b",
+    ]
+
+
+def test_a_request_can_switch_stages_off() -> None:
+    ranked = [cand("a", "same words here", cosine=0.9), cand("b", "same words here", cosine=0.8)]
+    query_ctx = ctx(vector=ranked)
+    object.__setattr__(query_ctx.query, "skip_stages", frozenset({"dedupe"}))
+    out, timings = LITE_PIPELINE.run(query_ctx)
+    assert ids(out) == ["a", "b"]
+    assert "dedupe" not in [t.name for t in timings]
+
+
+def test_the_full_ranking_and_the_plain_baseline_keep_the_reference_post_processing() -> None:
+    for pipeline in (LITE_PIPELINE, PLAIN_PIPELINE):
+        names = pipeline.names
+        assert names[0] == "fuse"
+        assert names[-1] == "truncate"
+        assert names.index("intention_ttl") < names.index("session_intentions")
+
+
+# Floors and settings
+
+
+def test_unset_min_score_uses_the_models_calibrated_floor() -> None:
+    assert SearchConfig.from_env({}).min_score is None
+    assert SearchConfig.from_env({"HYATLAS_MIN_SCORE": "0.6"}).min_score == 0.6
+    assert calibrated_floor("bge-small-en-v1.5") == 0.60
+    assert calibrated_floor("all-MiniLM-L6-v2-int8") < 0.5
+    assert calibrated_floor("some-other-model") == 0.60
+
+
+def test_ranking_settings_come_from_the_environment() -> None:
+    config = SearchConfig.from_env(
+        {"HYATLAS_RECENCY": "off", "HYATLAS_MMR_LAMBDA": "0.5", "HYATLAS_USAGE_LEARNING": "no"}
+    )
+    assert config.ranking == RankingSettings(recency=False, mmr_lambda=0.5, usage_learning=False)
+
+
+def test_retrieval_switches_are_accepted_as_disabled_stages() -> None:
+    config = SearchConfig.from_env({"HYATLAS_SEARCH_DISABLE_STAGES": "context_keys,mmr"})
+    assert config.pipeline_stages_off() == {"mmr"}
+    with pytest.raises(ConfigError, match="expected one of"):
+        SearchConfig.from_env({"HYATLAS_SEARCH_DISABLE_STAGES": "contexts"})
+
+
+# Extra keys
+
+
+def test_a_long_memory_is_also_keyed_by_each_sentence() -> None:
+    text = (
+        "We moved the staging box to the new rack last week. The garden app deploys there "
+        "first now. Priya owns the runbook and reviews every single change before Friday."
+    )
+    assert clauses(text) == [
+        "We moved the staging box to the new rack last week.",
+        "The garden app deploys there first now.",
+        "Priya owns the runbook and reviews every single change before Friday.",
+    ]
+    assert [k.kind for k in own_keys(text)] == ["clause"] * 3
+
+
+def test_a_short_memory_has_no_sentence_keys() -> None:
+    assert clauses("I adopted a puppy. Her name is Biscuit.") == []
+
+
+def test_context_key_holds_the_turn_with_its_neighbours() -> None:
+    assert context_text("Sam: any plans?", "Priya: hiking", "Sam: nice") == (
+        "Sam: any plans?\nPriya: hiking\nSam: nice"
+    )
+    assert context_text(None, "Priya: hiking", None) == "Priya: hiking"
