@@ -298,6 +298,8 @@ async def search(request: web.Request) -> web.Response:
         layers=_layers(layer),
         reader=_reader(params.string("reader")),
         session_id=params.string("session_id"),
+        # A debugging option: ranking stages to switch off for this one search.
+        skip_stages=params.strings("skip_stages"),
     )
     if min_score is not None:
         req.min_score = min_score
@@ -580,6 +582,45 @@ async def history(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+MAX_FEEDBACK_IDS = 100
+
+
+@routes.post("/api/v1/feedback")
+async def feedback(request: web.Request) -> web.Response:
+    """A client reports which recalled memories a reply used; search ranks them a little higher.
+
+    Each id must be one of the owner's rows (else 404, nothing counted). With
+    HYATLAS_USAGE_LEARNING off nothing is recorded.
+    """
+    params = await _params(request)
+    memory_ids = list(dict.fromkeys(params.strings("memory_ids") or params.strings("ids")))
+    if not memory_ids:
+        raise InvalidArgument("memory_ids required")
+    if len(memory_ids) > MAX_FEEDBACK_IDS:
+        raise InvalidArgument(f"at most {MAX_FEEDBACK_IDS} memory_ids per call")
+    if not request.app[CONFIG].usage_learning:
+        return _json({"success": True, "recorded": 0, "usage_learning": False})
+    scope = _scope(params.string("user_id"), params.string("agent_id"))
+    timeout = _timeout(request)
+    rows = await asyncio.gather(
+        *(
+            request.app[STORE].GetMemory(
+                store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=timeout
+            )
+            for memory_id in memory_ids
+        )
+    )
+    ops = [
+        store_pb2.Op(update=store_pb2.UpdateOp(id=row.memory.id, hits=row.memory.hits + 1))
+        for row in rows
+    ]
+    await request.app[STORE].Apply(
+        store_pb2.ApplyRequest(scope=scope, ops=ops, actor="api", reason="feedback"),
+        timeout=timeout,
+    )
+    return _json({"success": True, "recorded": len(ops), "usage_learning": True})
 
 
 GRAPH = "it arrives with the consolidator service (the ultra slow path builds the L5 graph)"

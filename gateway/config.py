@@ -46,6 +46,8 @@ class GatewayConfig:
     """HYATLAS_LLM_MODEL: reported by status."""
     llm_base: str = ""
     """HYATLAS_LLM_BASE: reported by status."""
+    usage_learning: bool = True
+    """HYATLAS_USAGE_LEARNING: whether /api/v1/feedback records which memories replies used."""
     consolidate_graph: bool = True
     """HYATLAS_CONSOLIDATE_GRAPH: whether the ultra pass builds the L5 graph (status wording)."""
     data_dir: Path = field(default_factory=lambda: Path("data"))
@@ -73,6 +75,7 @@ class GatewayConfig:
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
             admin=settings.admin,
+            usage_learning=settings.usage_learning,
             mode=settings.mode,
             sync_extract=settings.sync_extract,
             llm_configured=settings.llm_configured,

@@ -1,0 +1,177 @@
+"""Recall through the real stack: replaced versions on hits, turn context keys, usage feedback."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from tests.support import Stack, running_stack
+
+
+@pytest.fixture(scope="module")
+def lite(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    data_dir: Path = tmp_path_factory.mktemp("recall")
+    with running_stack(
+        data_dir, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address
+    ) as stack:
+        yield stack
+
+
+def _user() -> str:
+    return f"user-{uuid.uuid4().hex[:8]}"
+
+
+async def call(stack: Stack, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(stack.base_url + path, json=body) as reply,
+    ):
+        return reply.status, await reply.json()
+
+
+async def search(stack: Stack, user: str, query: str, **fields: Any) -> list[dict[str, Any]]:
+    status, body = await call(
+        stack, "/api/v1/search", {"query": query, "user_id": user, "limit": 10, **fields}
+    )
+    assert status == 200, body
+    return [item for name in body["order"] for item in body["memories"].get(name, [])]
+
+
+def apply(stack: Stack, user: str, ops: list[store_pb2.Op]) -> list[common_pb2.Memory]:
+    with grpc.insecure_channel(stack.address("store")) as channel:
+        reply = store_pb2_grpc.StoreStub(channel).Apply(
+            store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user), ops=ops, actor="api"),
+            timeout=60,
+        )
+    return list(reply.memories)
+
+
+def fact(user: str, text: str) -> store_pb2.Op:
+    return store_pb2.Op(
+        insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user), layer=common_pb2.L3_FACT, content=text
+        )
+    )
+
+
+def retire(old: str, new: str) -> store_pb2.Op:
+    return store_pb2.Op(
+        retire=store_pb2.RetireOp(id=old, superseded_by=new, superseded_how="replaced")
+    )
+
+
+async def test_replaced_fact_shows_its_history_in_results(lite: Stack) -> None:
+    user = _user()
+    first, second, third = apply(
+        lite,
+        user,
+        [
+            fact(user, "User's office is in Leeds."),
+            fact(user, "User's office is in York."),
+            fact(user, "User's office is in Durham."),
+        ],
+    )
+    apply(lite, user, [retire(first.id, second.id)])
+    apply(lite, user, [retire(second.id, third.id)])
+
+    hits = await search(lite, user, "where is the user's office")
+    assert [hit["memory_id"] for hit in hits] == [third.id]
+    replaced = hits[0]["replaced"]
+    assert [old["memory_id"] for old in replaced] == [second.id, first.id]
+    assert [old["content"] for old in replaced] == [
+        "User's office is in York.",
+        "User's office is in Leeds.",
+    ]
+    assert {old["superseded_how"] for old in replaced} == {"replaced"}
+
+
+async def test_a_turn_is_found_by_the_words_of_the_turn_before_it(lite: Stack) -> None:
+    user = _user()
+    turns = [
+        "Sam: did you end up going to the farmers market on Saturday?",
+        "Priya: yes! I came home with a cast iron skillet.",
+        "Sam: the weather has been strange lately.",
+    ]
+    ids = []
+    for text in turns:
+        status, body = await call(
+            lite, "/api/v1/add", {"text": text, "user_id": user, "session_id": "s1"}
+        )
+        assert status == 200, body
+        ids.append(body["memory_id"])
+    # No word of the answer turn is in the query: only its context key (with the turn before)
+    # holds "farmers market".
+    hits = await search(lite, user, "what did Priya get at the farmers market", min_score=0.99)
+    found = [hit["memory_id"] for hit in hits]
+    assert ids[1] in found
+    # The value returned is the memory itself, never the derived key's text.
+    answer = next(hit for hit in hits if hit["memory_id"] == ids[1])
+    assert answer["content"] == turns[1]
+
+
+async def test_context_keys_can_be_switched_off_per_request(lite: Stack) -> None:
+    user = _user()
+    for text in ("Ana: which museum was it?", "Ben: the one with the whale skeleton."):
+        status, body = await call(
+            lite, "/api/v1/add", {"text": text, "user_id": user, "session_id": "s1"}
+        )
+        assert status == 200, body
+    on = await search(lite, user, "museum", reader="hybrid", min_score=0.99)
+    off = await search(
+        lite, user, "museum", reader="hybrid", min_score=0.99, skip_stages=["context_keys"]
+    )
+    assert len(on) == 2
+    assert [hit["content"] for hit in off] == ["Ana: which museum was it?"]
+
+
+async def test_unknown_stage_in_a_request_is_a_400(lite: Stack) -> None:
+    status, body = await call(
+        lite, "/api/v1/search", {"query": "x", "user_id": _user(), "skip_stages": ["nope"]}
+    )
+    assert status == 400
+    assert "unknown search stage nope" in body["error"]
+
+
+async def test_feedback_counts_a_use_and_refuses_another_owners_memory(lite: Stack) -> None:
+    user, other = _user(), _user()
+    status, mine = await call(lite, "/api/v1/add", {"text": "I keep bees.", "user_id": user})
+    assert status == 200
+    status, theirs = await call(lite, "/api/v1/add", {"text": "I keep goats.", "user_id": other})
+    assert status == 200
+
+    status, body = await call(
+        lite, "/api/v1/feedback", {"memory_ids": [mine["memory_id"]], "user_id": user}
+    )
+    assert status == 200, body
+    assert body == {"success": True, "recorded": 1, "usage_learning": True}
+
+    status, body = await call(
+        lite,
+        "/api/v1/feedback",
+        {"memory_ids": [mine["memory_id"], theirs["memory_id"]], "user_id": user},
+    )
+    assert status == 404, body
+    with grpc.insecure_channel(lite.address("store")) as channel:
+        stub = store_pb2_grpc.StoreStub(channel)
+        got = {
+            owner: stub.GetMemory(
+                store_pb2.GetMemoryRequest(scope=common_pb2.Scope(user_id=owner), id=memory_id),
+                timeout=30,
+            ).memory.hits
+            for owner, memory_id in ((user, mine["memory_id"]), (other, theirs["memory_id"]))
+        }
+    # The refused call counted nothing, not even the owner's own memory.
+    assert got == {user: 1, other: 0}
+
+
+async def test_feedback_without_ids_is_a_400(lite: Stack) -> None:
+    status, body = await call(lite, "/api/v1/feedback", {"user_id": _user()})
+    assert status == 400
+    assert "memory_ids required" in body["error"]
