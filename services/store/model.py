@@ -14,7 +14,22 @@ LAYERS = (
     "l7_intention",
     "l8_entity",
 )
-SUPERSEDED_HOW = ("replaced", "updated", "merged", "restated", "dropped", "done", "forgotten")
+SUPERSEDED_HOW = (
+    "replaced",
+    "updated",
+    "merged",
+    "restated",
+    "dropped",
+    "done",
+    "forgotten",
+    "stale",
+    "undone",
+)
+# Retiring evidence this way takes what was derived from it down too (merges and restatements
+# keep the evidence's content alive in their successor).
+KILLS_DERIVED = frozenset({"replaced", "dropped", "done", "forgotten", "stale", "undone"})
+# Layers derived from facts: each row lists its evidence facts in source_ids.
+DERIVED_LAYERS = ("l5_knowledge", "l6_schema")
 ACTIVE = "active"
 RETIRED = "retired"
 
@@ -86,6 +101,7 @@ class Insert:
     write_mode: str = ""
     pass_id: str = ""
     ref: str = ""
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,73 @@ class Delete:
     id: str
 
 
-Op = Insert | Retire | Restore | Update | Delete
+@dataclass(frozen=True)
+class PutEdge:
+    """Adds an L5 edge, or evidence to the live edge with the same owner and triple."""
+
+    user_id: str
+    agent_id: str
+    subject: str
+    relation: str
+    object: str
+    source_ids: tuple[str, ...] = ()
+    fact_ids: tuple[str, ...] = ()
+    memory_id: str = ""
+    valid_from: float | None = None
+    valid_to: float | None = None
+    pass_id: str = ""
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class EndEdge:
+    """Ends an edge: valid until valid_to, invalidated now."""
+
+    id: str
+    valid_to: float | None = None
+    pass_id: str = ""
+
+
+@dataclass(frozen=True)
+class SetState:
+    """Sets one value of the state table; an empty value removes it."""
+
+    key: str
+    value_json: str
+
+
+Op = Insert | Retire | Restore | Update | Delete | PutEdge | EndEdge | SetState
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One stored L5 relation."""
+
+    id: str
+    user_id: str
+    agent_id: str
+    subject: str
+    relation: str
+    object: str
+    weight: float
+    source_ids: tuple[str, ...]
+    fact_ids: tuple[str, ...]
+    memory_id: str
+    recorded_at: float
+    invalidated_at: float | None
+    valid_from: float | None
+    valid_to: float | None
+    stale: bool
+    pass_id: str
+
+
+@dataclass(frozen=True)
+class Undone:
+    """What undoing a pass changed."""
+
+    restored_ids: list[str] = field(default_factory=list)
+    undone_ids: list[str] = field(default_factory=list)
+    edge_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -198,3 +280,5 @@ class Stats:
     model_id: str = ""
     ndim: int = 0
     data_dir: str = ""
+    graph_nodes: int = 0
+    graph_edges: int = 0

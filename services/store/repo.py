@@ -12,7 +12,7 @@ from typing import Any
 import aiosqlite
 import numpy as np
 
-from services.store.model import ACTIVE, RETIRED, AuditEntry, ListQuery, MemoryRow, Reach
+from services.store.model import ACTIVE, RETIRED, AuditEntry, Edge, ListQuery, MemoryRow, Reach
 from shared.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -127,7 +127,53 @@ WHEN old.kind = 'context' BEGIN
   INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text) VALUES ('delete', old.key, old.text);
   INSERT INTO memory_keys_fts(rowid, text) VALUES (new.key, new.text);
 END;
+
+-- The L5 graph: relations with their evidence and both time axes.
+CREATE TABLE IF NOT EXISTS graph_edges (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL DEFAULT '',
+  subject TEXT NOT NULL,
+  relation TEXT NOT NULL,
+  object TEXT NOT NULL,
+  weight REAL NOT NULL DEFAULT 1.0,
+  source_ids TEXT NOT NULL DEFAULT '[]',
+  fact_ids TEXT NOT NULL DEFAULT '[]',
+  memory_id TEXT NOT NULL DEFAULT '',
+  recorded_at REAL NOT NULL,
+  invalidated_at REAL,
+  valid_from REAL,
+  valid_to REAL,
+  stale INTEGER NOT NULL DEFAULT 0,
+  undone INTEGER NOT NULL DEFAULT 0,
+  pass_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS graph_edges_owner ON graph_edges(user_id, agent_id, recorded_at);
+CREATE INDEX IF NOT EXISTS graph_edges_memory ON graph_edges(memory_id);
+
+-- Small values other services keep through the store (the consolidator's clusters, schedule).
+CREATE TABLE IF NOT EXISTS service_state (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL,
+  updated_at REAL NOT NULL
+);
+
+-- What each consolidation pass changed, so one call can revert the whole pass.
+CREATE TABLE IF NOT EXISTS pass_changes (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  pass_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  before_json TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS pass_changes_pass ON pass_changes(pass_id, seq);
 """
+
+_EDGE_COLUMNS = (
+    "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
+    "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
+)
 
 # Vector keys of clause rows live in the same usearch index as memories' own vectors; they are
 # told apart by this offset (the vectors table's keys stay far below it).
@@ -179,6 +225,39 @@ def _row(r: Sequence[Any]) -> MemoryRow:
         extraction_tries=r[25],
         write_mode=r[26],
     )
+
+
+def _edge(r: Sequence[Any]) -> Edge:
+    return Edge(
+        id=r[0],
+        user_id=r[1],
+        agent_id=r[2],
+        subject=r[3],
+        relation=r[4],
+        object=r[5],
+        weight=r[6],
+        source_ids=tuple(json.loads(r[7])),
+        fact_ids=tuple(json.loads(r[8])),
+        memory_id=r[9],
+        recorded_at=r[10],
+        invalidated_at=r[11],
+        valid_from=r[12],
+        valid_to=r[13],
+        stale=bool(r[14]),
+        pass_id=r[15],
+    )
+
+
+def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
+    where = ["undone = 0"]
+    params: list[Any] = []
+    if reach.user_ids is not None:
+        where.append(f"user_id IN ({','.join('?' * len(reach.user_ids))})")
+        params.extend(reach.user_ids)
+    if reach.agent_id:
+        where.append("agent_id = ?")
+        params.append(reach.agent_id)
+    return where, params
 
 
 def _blob(vector: np.ndarray) -> bytes:
@@ -355,6 +434,97 @@ class Tx:
             f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} ORDER BY m.seq", params
         )
         return [_row(r) for r in rows]
+
+    async def derived_from(self, memory_id: str) -> list[MemoryRow]:
+        """Rows of the derived layers (L5, L6) that list memory_id among their evidence."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE layer IN ('l5_knowledge', 'l6_schema') "
+            "AND EXISTS (SELECT 1 FROM json_each(memories.source_ids) WHERE value = ?)",
+            (memory_id,),
+        )
+        return [_row(r) for r in rows]
+
+    async def live_edge(
+        self, user_id: str, agent_id: str, triple: tuple[str, str, str]
+    ) -> Edge | None:
+        """The owner's live edge with this triple (compared case-insensitively), if any."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE user_id = ? AND agent_id = ? "
+            "AND lower(subject) = lower(?) AND lower(relation) = lower(?) "
+            "AND lower(object) = lower(?) AND undone = 0 AND invalidated_at IS NULL "
+            "ORDER BY seq DESC LIMIT 1",
+            (user_id, agent_id, *triple),
+        )
+        return _edge(next(iter(rows))) if rows else None
+
+    async def get_edge(self, edge_id: str) -> Edge | None:
+        """One edge by id."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE id = ?", (edge_id,)
+        )
+        return _edge(next(iter(rows))) if rows else None
+
+    async def insert_edge(self, edge: Edge) -> None:
+        """Adds an edge."""
+        await self._conn.execute(
+            f"INSERT INTO graph_edges ({_EDGE_COLUMNS}) VALUES ({','.join('?' * 16)})",
+            (
+                edge.id, edge.user_id, edge.agent_id, edge.subject, edge.relation, edge.object,
+                edge.weight, json.dumps(list(edge.source_ids)), json.dumps(list(edge.fact_ids)),
+                edge.memory_id, edge.recorded_at, edge.invalidated_at, edge.valid_from,
+                edge.valid_to, int(edge.stale), edge.pass_id,
+            ),
+        )
+
+    async def update_edge(self, edge_id: str, **fields: Any) -> None:
+        """Sets columns of one edge (lists are stored as JSON)."""
+        values = {
+            name: json.dumps(list(value)) if isinstance(value, tuple | list) else value
+            for name, value in fields.items()
+        }
+        assignments = ", ".join(f"{name} = ?" for name in values)
+        await self._conn.execute(
+            f"UPDATE graph_edges SET {assignments} WHERE id = ?", (*values.values(), edge_id)
+        )
+
+    async def edges_of_memories(self, memory_ids: Sequence[str]) -> list[Edge]:
+        """The edges whose searchable memory is one of memory_ids."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE memory_id IN "
+            "(SELECT value FROM json_each(?))",
+            (json.dumps(list(memory_ids)),),
+        )
+        return [_edge(r) for r in rows]
+
+    async def set_state(self, key: str, value: str, at: float) -> None:
+        """Sets one state value; an empty value removes it."""
+        if not value:
+            await self._conn.execute("DELETE FROM service_state WHERE key = ?", (key,))
+            return
+        await self._conn.execute(
+            "INSERT INTO service_state (key, value, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
+            "updated_at = excluded.updated_at",
+            (key, value, at),
+        )
+
+    async def record_pass_change(
+        self, pass_id: str, kind: str, target_id: str, before: str = ""
+    ) -> None:
+        """Remembers one change of a consolidation pass for its undo."""
+        await self._conn.execute(
+            "INSERT INTO pass_changes (pass_id, kind, target_id, before_json) VALUES (?, ?, ?, ?)",
+            (pass_id, kind, target_id, before),
+        )
+
+    async def pass_changes(self, pass_id: str) -> list[tuple[str, str, str]]:
+        """A pass's changes, newest first: (kind, target id, before)."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT kind, target_id, before_json FROM pass_changes WHERE pass_id = ? "
+            "ORDER BY seq DESC",
+            (pass_id,),
+        )
+        return [(r[0], r[1], r[2]) for r in rows]
 
     async def audit(
         self,
@@ -721,6 +891,48 @@ class Repo:
             params,
         )
         return live, retired, next(iter(unextracted))[0], next(iter(vectors))[0]
+
+    async def list_edges(
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int
+    ) -> tuple[list[Edge], int]:
+        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
+        where, params = _edge_filters(reach)
+        if as_of is not None:
+            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
+            params.extend([as_of, as_of])
+        elif not include_stale:
+            where.append("stale = 0 AND invalidated_at IS NULL")
+        clause = "WHERE " + " AND ".join(where)
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ?",
+            (*params, limit),
+        )
+        total = await self.reader.execute_fetchall(
+            f"SELECT count(*) FROM graph_edges {clause}", params
+        )
+        return [_edge(r) for r in rows], next(iter(total))[0]
+
+    async def graph_counts(self, reach: Reach) -> tuple[int, int]:
+        """Live edges in a reach and the distinct entities they join."""
+        where, params = _edge_filters(reach)
+        where.append("stale = 0 AND invalidated_at IS NULL")
+        clause = "WHERE " + " AND ".join(where)
+        rows = await self.reader.execute_fetchall(
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
+            f"{clause} UNION SELECT lower(object) FROM graph_edges {clause})) "
+            f"FROM graph_edges {clause}",
+            (*params, *params, *params),
+        )
+        edges, nodes = next(iter(rows))
+        return nodes, edges
+
+    async def get_state(self, prefix: str) -> list[tuple[str, str]]:
+        """State values whose key starts with prefix."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT key, value FROM service_state WHERE substr(key, 1, ?) = ? ORDER BY key",
+            (len(prefix), prefix),
+        )
+        return [(r[0], r[1]) for r in rows]
 
     def db_bytes(self) -> int:
         """The size of the database with its WAL."""

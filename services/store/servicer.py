@@ -8,14 +8,18 @@ import grpc
 
 from services.store.model import (
     Delete,
+    Edge,
+    EndEdge,
     Insert,
     ListQuery,
     MemoryRow,
     Op,
+    PutEdge,
     Reach,
     Restore,
     Retire,
     Scored,
+    SetState,
     Update,
 )
 from services.store.store import Store
@@ -101,6 +105,7 @@ def _op(index: int, message: store_pb2.Op) -> Op:
             write_mode=new.write_mode,
             pass_id=new.pass_id,
             ref=new.ref,
+            id=new.id,
         )
     if kind == "retire":
         r = message.retire
@@ -122,7 +127,52 @@ def _op(index: int, message: store_pb2.Op) -> Op:
                 if u.HasField(name)
             },
         )
+    if kind == "put_edge":
+        e = message.put_edge
+        return PutEdge(
+            user_id=e.owner.user_id,
+            agent_id=e.owner.agent_id,
+            subject=e.subject.strip(),
+            relation=e.relation.strip(),
+            object=e.object.strip(),
+            source_ids=tuple(e.source_ids),
+            fact_ids=tuple(e.fact_ids),
+            memory_id=e.memory_id,
+            valid_from=_optional(e, "valid_from"),
+            valid_to=_optional(e, "valid_to"),
+            pass_id=e.pass_id,
+            weight=e.weight,
+        )
+    if kind == "end_edge":
+        return EndEdge(
+            message.end_edge.id, _optional(message.end_edge, "valid_to"), message.end_edge.pass_id
+        )
+    if kind == "set_state":
+        return SetState(message.set_state.key, message.set_state.value_json)
     raise InvalidArgument(f"op {index}: no operation set")
+
+
+def edge_message(edge: Edge) -> store_pb2.Edge:
+    """A stored edge as the proto Edge."""
+    message = store_pb2.Edge(
+        id=edge.id,
+        owner=common_pb2.Owner(user_id=edge.user_id, agent_id=edge.agent_id),
+        subject=edge.subject,
+        relation=edge.relation,
+        object=edge.object,
+        weight=edge.weight,
+        source_ids=list(edge.source_ids),
+        fact_ids=list(edge.fact_ids),
+        memory_id=edge.memory_id,
+        recorded_at=edge.recorded_at,
+        stale=edge.stale,
+        pass_id=edge.pass_id,
+    )
+    for name in ("invalidated_at", "valid_from", "valid_to"):
+        value = getattr(edge, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
 
 
 class StoreServicer(store_pb2_grpc.StoreServicer):
@@ -240,6 +290,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             model_id=stats.model_id,
             ndim=stats.ndim,
             data_dir=stats.data_dir,
+            graph_nodes=stats.graph_nodes,
+            graph_edges=stats.graph_edges,
         )
 
     @grpc_errors
@@ -268,3 +320,35 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.FlushRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.FlushResponse:
         return store_pb2.FlushResponse(vectors=await self._store.flush())
+
+    @grpc_errors
+    async def ListEdges(
+        self, request: store_pb2.ListEdgesRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ListEdgesResponse:
+        edges, total = await self._store.list_edges(
+            self._reach(request.scope),
+            _optional(request, "as_of"),
+            request.include_stale,
+            request.limit,
+        )
+        return store_pb2.ListEdgesResponse(edges=[edge_message(e) for e in edges], total=total)
+
+    @grpc_errors
+    async def GetState(
+        self, request: store_pb2.GetStateRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.GetStateResponse:
+        values = await self._store.get_state(request.prefix)
+        return store_pb2.GetStateResponse(
+            values=[store_pb2.StateValue(key=k, value_json=v) for k, v in values]
+        )
+
+    @grpc_errors
+    async def UndoPass(
+        self, request: store_pb2.UndoPassRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.UndoPassResponse:
+        undone = await self._store.undo_pass(request.pass_id, request.actor)
+        return store_pb2.UndoPassResponse(
+            restored_ids=undone.restored_ids,
+            undone_ids=undone.undone_ids,
+            edge_ids=undone.edge_ids,
+        )

@@ -26,21 +26,27 @@ from services.store.keys import (
 from services.store.keywords import query_terms, required_terms
 from services.store.model import (
     ACTIVE,
+    KILLS_DERIVED,
     LAYERS,
     RETIRED,
     SUPERSEDED_HOW,
     AuditEntry,
     Delete,
+    Edge,
+    EndEdge,
     Insert,
     KeywordResult,
     ListQuery,
     MemoryRow,
     Op,
+    PutEdge,
     Reach,
     Restore,
     Retire,
     Scored,
+    SetState,
     Stats,
+    Undone,
     Update,
 )
 from services.store.repo import Repo, Tx
@@ -137,7 +143,9 @@ class Store:
         """Applies ops in one transaction: every one of them, or none (None for a delete)."""
         actor = actor or DEFAULT_ACTOR
         ops = self._validated(reach, ops)
-        ids = {i: str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
+        ids = {
+            i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)
+        }
         ops = self._resolved(ops, ids)
         # Each new text is embedded with the clause keys it is also found by, in one call.
         texts: list[str] = []
@@ -155,6 +163,8 @@ class Store:
                 for i, op in enumerate(ops):
                     where = f"op {i}"
                     if isinstance(op, Insert):
+                        if op.id and await tx.get(op.id) is not None:
+                            raise Conflict(f"{where}: memory {op.id!r} already exists")
                         row = self._new_row(ids[i], op, now)
                         vector = next(next_vector)
                         key = await tx.insert(row, vector)
@@ -164,7 +174,21 @@ class Store:
                             actor=actor, action="insert", row=row, before=None, after=row,
                             reason=reason, at=now,
                         )
+                        if op.pass_id:
+                            await tx.record_pass_change(op.pass_id, "insert", row.id)
                         results.append(row)
+                        continue
+                    if isinstance(op, SetState):
+                        await tx.set_state(op.key, op.value_json, now)
+                        results.append(None)
+                        continue
+                    if isinstance(op, PutEdge):
+                        await self._put_edge(tx, reach, op, now, where)
+                        results.append(None)
+                        continue
+                    if isinstance(op, EndEdge):
+                        await self._end_edge(tx, reach, op, now, where)
+                        results.append(None)
                         continue
                     before = await self._target(tx, reach, op.id)
                     if isinstance(op, Delete):
@@ -175,6 +199,7 @@ class Store:
                             actor=actor, action="delete", row=before, before=before, after=None,
                             reason=reason, at=now,
                         )
+                        await self._retire_derived(tx, op.id, actor, now)
                         results.append(None)
                         continue
                     fields: dict[str, Any] = {"updated_at": now}
@@ -225,10 +250,185 @@ class Store:
                         actor=actor, action=action, row=before, before=before, after=after,
                         reason=reason, at=now,
                     )
+                    if isinstance(op, Retire):
+                        if op.pass_id:
+                            await tx.record_pass_change(op.pass_id, "retire", op.id)
+                        if op.superseded_how in KILLS_DERIVED or not op.superseded_how:
+                            await self._retire_derived(tx, op.id, actor, now)
+                    elif isinstance(op, Restore):
+                        await self._restore_derived(tx, op.id, actor, now)
                     results.append(after)
             if self._indexes is not None:
                 await self._indexes.apply(changes)
         return results
+
+    async def _retire_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> None:
+        """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges."""
+        for row in await tx.derived_from(memory_id):
+            if row.status != ACTIVE:
+                continue
+            await tx.update(
+                row.id,
+                {
+                    "updated_at": now, "status": RETIRED, "invalid_at": now,
+                    "superseded_by": "", "superseded_how": "stale",
+                    "drop_reason": f"evidence {memory_id} was retired", "retired_by": actor,
+                },
+            )
+            after = await tx.get(row.id)
+            await tx.audit(
+                actor=actor, action="retire", row=row, before=row, after=after,
+                reason=f"evidence {memory_id} was retired", at=now,
+            )
+            for edge in await tx.edges_of_memories([row.id]):
+                await tx.update_edge(edge.id, stale=1)
+
+    async def _restore_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> None:
+        """Restores the stale rows resting on memory_id once all their evidence is live again."""
+        for row in await tx.derived_from(memory_id):
+            if row.status != RETIRED or row.superseded_how != "stale":
+                continue
+            evidence = [await tx.get(source) for source in row.source_ids]
+            if any(e is None or (e.status == RETIRED and e.superseded_how in KILLS_DERIVED)
+                   for e in evidence):
+                continue
+            await tx.update(
+                row.id,
+                {
+                    "updated_at": now, "status": ACTIVE, "invalid_at": None,
+                    "superseded_by": "", "superseded_how": "", "drop_reason": "",
+                    "retired_by": "",
+                },
+            )
+            after = await tx.get(row.id)
+            await tx.audit(
+                actor=actor, action="restore", row=row, before=row, after=after,
+                reason=f"evidence {memory_id} was restored", at=now,
+            )
+            for edge in await tx.edges_of_memories([row.id]):
+                await tx.update_edge(edge.id, stale=0)
+
+    async def _put_edge(
+        self, tx: Tx, reach: Reach, op: PutEdge, now: float, where: str
+    ) -> None:
+        triple = (op.subject, op.relation, op.object)
+        if op.memory_id:
+            await self._target(tx, reach, op.memory_id)
+        existing = await tx.live_edge(op.user_id, op.agent_id, triple)
+        if existing is not None:
+            sources = tuple(dict.fromkeys((*existing.source_ids, *op.source_ids)))
+            facts = tuple(dict.fromkeys((*existing.fact_ids, *op.fact_ids)))
+            if sources != existing.source_ids or facts != existing.fact_ids:
+                await tx.update_edge(existing.id, source_ids=sources, fact_ids=facts)
+                if op.pass_id:
+                    before = json.dumps(
+                        {"source_ids": existing.source_ids, "fact_ids": existing.fact_ids}
+                    )
+                    await tx.record_pass_change(op.pass_id, "edge_evidence", existing.id, before)
+            return
+        if len(set(op.source_ids)) < 2:
+            raise InvalidArgument(
+                f"{where}: a new edge needs at least two distinct evidence turns"
+            )
+        edge = Edge(
+            id=str(uuid.uuid4()),
+            user_id=op.user_id,
+            agent_id=op.agent_id,
+            subject=op.subject,
+            relation=op.relation,
+            object=op.object,
+            weight=op.weight or 1.0,
+            source_ids=tuple(dict.fromkeys(op.source_ids)),
+            fact_ids=tuple(dict.fromkeys(op.fact_ids)),
+            memory_id=op.memory_id,
+            recorded_at=now,
+            invalidated_at=None,
+            valid_from=op.valid_from,
+            valid_to=op.valid_to,
+            stale=False,
+            pass_id=op.pass_id,
+        )
+        await tx.insert_edge(edge)
+        if op.pass_id:
+            await tx.record_pass_change(op.pass_id, "edge_new", edge.id)
+
+    async def _end_edge(self, tx: Tx, reach: Reach, op: EndEdge, now: float, where: str) -> None:
+        edge = await tx.get_edge(op.id)
+        if edge is None or not reach.contains(edge.user_id, edge.agent_id):
+            raise NotFound(f"{where}: edge {op.id!r} not found")
+        if edge.invalidated_at is not None:
+            return
+        await tx.update_edge(
+            edge.id, invalidated_at=now, valid_to=op.valid_to if op.valid_to else now
+        )
+        if op.pass_id:
+            before = json.dumps({"valid_to": edge.valid_to, "invalidated_at": None})
+            await tx.record_pass_change(op.pass_id, "edge_end", edge.id, before)
+
+    async def undo_pass(self, pass_id: str, actor: str = "") -> Undone:
+        """Reverts every change a consolidation pass made, newest first, in one transaction."""
+        if not pass_id:
+            raise InvalidArgument("pass_id is required")
+        actor = actor or DEFAULT_ACTOR
+        undone = Undone()
+        why = f"undo of pass {pass_id}"
+        async with self._write_lock:
+            now = time.time()
+            async with self._repo.transaction() as tx:
+                changes = await tx.pass_changes(pass_id)
+                if not changes:
+                    raise NotFound(f"pass {pass_id!r} not found (or it changed nothing)")
+                for kind, target, before_json in changes:
+                    if kind in ("insert", "retire"):
+                        row = await tx.get(target)
+                        if row is None:
+                            continue
+                        if kind == "insert" and row.status == ACTIVE:
+                            fields = {
+                                "updated_at": now, "status": RETIRED, "invalid_at": now,
+                                "superseded_by": "", "superseded_how": "undone",
+                                "drop_reason": why, "retired_by": actor,
+                            }
+                            action = "retire"
+                            undone.undone_ids.append(target)
+                        elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
+                            fields = {
+                                "updated_at": now, "status": ACTIVE, "invalid_at": None,
+                                "superseded_by": "", "superseded_how": "", "drop_reason": "",
+                                "retired_by": "",
+                            }
+                            action = "restore"
+                            undone.restored_ids.append(target)
+                        else:
+                            continue
+                        await tx.update(target, fields)
+                        await tx.audit(
+                            actor=actor, action=action, row=row, before=row,
+                            after=await tx.get(target), reason=why, at=now,
+                        )
+                        if action == "retire":
+                            await self._retire_derived(tx, target, actor, now)
+                            for edge in await tx.edges_of_memories([target]):
+                                await tx.update_edge(edge.id, undone=1)
+                        else:
+                            await self._restore_derived(tx, target, actor, now)
+                        continue
+                    if await tx.get_edge(target) is None:
+                        continue
+                    undone.edge_ids.append(target)
+                    if kind == "edge_new":
+                        await tx.update_edge(target, undone=1)
+                    elif kind == "edge_evidence":
+                        before = json.loads(before_json)
+                        await tx.update_edge(
+                            target, source_ids=before["source_ids"], fact_ids=before["fact_ids"]
+                        )
+                    elif kind == "edge_end":
+                        before = json.loads(before_json)
+                        await tx.update_edge(
+                            target, valid_to=before["valid_to"], invalidated_at=None
+                        )
+        return undone
 
     async def _add_keys(
         self,
@@ -278,7 +478,26 @@ class Store:
                     if op.ref in refs:
                         raise InvalidArgument(f"{where}: ref {op.ref!r} is used twice")
                     refs.add(op.ref)
+                if op.id and (op.id.startswith("$") or len(op.id) > 128 or not op.id.strip()):
+                    raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
                 op = replace(op, metadata_json=_metadata(op.metadata_json, where))
+            elif isinstance(op, PutEdge):
+                if not op.user_id:
+                    raise InvalidArgument(f"{where}: an edge needs owner.user_id")
+                if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
+                    raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
+                if not reach.contains(op.user_id, op.agent_id):
+                    raise PermissionDenied(
+                        f"{where}: owner {op.user_id!r} is outside the request scope"
+                    )
+            elif isinstance(op, SetState):
+                if not op.key:
+                    raise InvalidArgument(f"{where}: set_state needs a key")
+                if op.value_json:
+                    try:
+                        json.loads(op.value_json)
+                    except json.JSONDecodeError as exc:
+                        raise InvalidArgument(f"{where}: value_json is not JSON: {exc}") from None
             elif not op.id:
                 raise InvalidArgument(f"{where}: id is required")
             elif isinstance(op, Retire):
@@ -319,6 +538,10 @@ class Store:
                     id=resolve(op.id, where),
                     superseded_by=resolve(op.superseded_by, where),
                 )
+            elif isinstance(op, PutEdge):
+                op = replace(op, memory_id=resolve(op.memory_id, where))
+            elif isinstance(op, SetState | EndEdge):
+                pass
             else:
                 op = replace(op, id=resolve(op.id, where))
             out.append(op)
@@ -562,6 +785,7 @@ class Store:
     async def stats(self, reach: Reach) -> Stats:
         """Row counts in a reach and the store's model."""
         live, retired, unextracted, vectors = await self._repo.counts(reach)
+        nodes, edges = await self._repo.graph_counts(reach)
         return Stats(
             layers={layer: live.get(layer, 0) for layer in LAYERS},
             total=sum(live.values()),
@@ -572,7 +796,19 @@ class Store:
             model_id=self.model.model_id,
             ndim=self.model.ndim,
             data_dir=str(self._data_dir),
+            graph_nodes=nodes,
+            graph_edges=edges,
         )
+
+    async def list_edges(
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int
+    ) -> tuple[list[Edge], int]:
+        """Edges of a reach: the live graph now, or as it stood at as_of."""
+        return await self._repo.list_edges(reach, as_of, include_stale, _page(limit))
+
+    async def get_state(self, prefix: str) -> list[tuple[str, str]]:
+        """State values under a key prefix."""
+        return await self._repo.get_state(prefix)
 
     async def history(self, reach: Reach, memory_id: str) -> list[AuditEntry]:
         """The audit trail of one row; still there after a delete, for the row's owner."""

@@ -1,0 +1,192 @@
+"""The store's part of ultra mode: graph edges, derived rows going stale, pass undo, state."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from tests.test_store import apply, insert, scope, serving_store
+
+L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
+L5, L6 = common_pb2.L5_KNOWLEDGE, common_pb2.L6_SCHEMA
+
+
+@pytest.fixture
+async def store(tmp_path: Path, embedder_address: str) -> AsyncIterator[store_pb2_grpc.StoreStub]:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        yield stub
+
+
+def edge(memory_id: str, sources: list[str], facts: list[str], **fields: Any) -> store_pb2.Op:
+    return store_pb2.Op(
+        put_edge=store_pb2.PutEdgeOp(
+            owner=common_pb2.Owner(user_id="alice"),
+            subject="Foxtrot",
+            relation="uses",
+            object="Postgres 16",
+            source_ids=sources,
+            fact_ids=facts,
+            memory_id=memory_id,
+            **fields,
+        )
+    )
+
+
+async def edges(stub: store_pb2_grpc.StoreStub, **kw: Any) -> list[store_pb2.Edge]:
+    reply = await stub.ListEdges(store_pb2.ListEdgesRequest(scope=scope(), **kw))
+    return list(reply.edges)
+
+
+async def two_turns_two_facts(stub: store_pb2_grpc.StoreStub) -> tuple[list[str], list[str]]:
+    raws = await apply(stub, insert("turn one", layer=L2), insert("turn two", layer=L2))
+    raw_ids = [r.id for r in raws]
+    facts = await apply(
+        stub,
+        insert("Foxtrot runs on Postgres", source_ids=[raw_ids[0]]),
+        insert("Foxtrot moved to Postgres 16", source_ids=[raw_ids[1]]),
+    )
+    return raw_ids, [f.id for f in facts]
+
+
+async def test_an_edge_needs_two_distinct_turns_and_nothing_of_the_apply_lands_otherwise(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await apply(
+            store,
+            insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+            edge("$k", [raw_ids[0], raw_ids[0]], fact_ids),
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await edges(store) == []
+    listed = await store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(), layers=[L5]))
+    assert list(listed.memories) == []
+
+
+async def test_retiring_evidence_makes_the_edge_and_schema_stale_and_restoring_brings_them_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    rows = await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+        edge("$k", raw_ids, fact_ids),
+        insert("Projects move to newer databases", layer=L6, source_ids=fact_ids),
+    )
+    knowledge, schema = rows[0], rows[2]
+    assert [e.memory_id for e in await edges(store)] == [knowledge.id]
+
+    await apply(
+        store,
+        store_pb2.Op(retire=store_pb2.RetireOp(id=fact_ids[0], superseded_how="forgotten")),
+    )
+    assert await edges(store) == []
+    stale = await edges(store, include_stale=True)
+    assert [e.stale for e in stale] == [True]
+    for memory_id in (knowledge.id, schema.id):
+        got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=memory_id))
+        assert (got.memory.status, got.memory.superseded_how) == ("retired", "stale")
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+    assert [e.stale for e in await edges(store)] == [False]
+    for memory_id in (knowledge.id, schema.id):
+        got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=memory_id))
+        assert got.memory.status == "active"
+
+
+async def test_a_merge_of_evidence_leaves_the_edge_live(store: store_pb2_grpc.StoreStub) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+        edge("$k", raw_ids, fact_ids),
+    )
+    await apply(
+        store,
+        insert("Foxtrot is on Postgres 16", ref="m"),
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(id=fact_ids[0], superseded_how="merged", superseded_by="$m")
+        ),
+    )
+    assert len(await edges(store)) == 1
+
+
+async def test_graph_as_of_shows_an_ended_edge_before_its_end_only(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await apply(store, edge("", raw_ids, fact_ids))
+    (made,) = await edges(store)
+    await apply(store, store_pb2.Op(end_edge=store_pb2.EndEdgeOp(id=made.id)))
+    assert await edges(store) == []
+    (ended,) = await edges(store, include_stale=True)
+    assert ended.invalidated_at >= made.recorded_at
+    before = await edges(store, as_of=made.recorded_at)
+    after = await edges(store, as_of=ended.invalidated_at + 1)
+    assert [e.id for e in before] == [made.id]
+    assert after == []
+
+
+async def test_undo_reverts_every_change_of_a_pass_and_nothing_else(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    (other,) = await apply(store, insert("Alice likes tea"))
+    rows = await apply(
+        store,
+        insert("Foxtrot runs Postgres 16", source_ids=raw_ids, ref="m", pass_id="p1"),
+        *[
+            store_pb2.Op(
+                retire=store_pb2.RetireOp(
+                    id=f, superseded_how="merged", superseded_by="$m", pass_id="p1"
+                )
+            )
+            for f in fact_ids
+        ],
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k", pass_id="p1"),
+        edge("$k", raw_ids, fact_ids, pass_id="p1"),
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(
+                id=other.id, superseded_how="dropped", drop_reason="small talk", pass_id="p1"
+            )
+        ),
+    )
+    merged = rows[0]
+    assert len(await edges(store)) == 1
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p1", actor="api"))
+    assert set(reply.restored_ids) == {*fact_ids, other.id}
+    assert merged.id in reply.undone_ids
+    assert await edges(store) == []
+    live = await store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(), layers=[L3]))
+    assert sorted(m.id for m in live.memories) == sorted([*fact_ids, other.id])
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await store.UndoPass(store_pb2.UndoPassRequest(pass_id="never"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
+    (row,) = await apply(
+        store,
+        insert("Alice likes tea", id="fact-1"),
+    )
+    assert row.id == "fact-1"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await apply(
+            store,
+            insert("again", id="fact-1"),
+            store_pb2.Op(set_state=store_pb2.SetStateOp(key="c/x", value_json='{"a": 1}')),
+        )
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    reply = await store.GetState(store_pb2.GetStateRequest(prefix="c/"))
+    assert list(reply.values) == []
+    await apply(store, store_pb2.Op(set_state=store_pb2.SetStateOp(key="c/x", value_json="[1]")))
+    reply = await store.GetState(store_pb2.GetStateRequest(prefix="c/"))
+    assert [(v.key, v.value_json) for v in reply.values] == [("c/x", "[1]")]
