@@ -21,9 +21,9 @@ from services.extractor.parse import (
 )
 from services.extractor.prompt import cap_utf8, extraction_messages, page_content, page_metadata
 from services.extractor.reconcile import Reconciler
-from services.extractor.store_client import StoreClient, retire_op, update_op
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
+from shared.store_client import StoreClient, retire_op, update_op
 
 log = logging.getLogger(__name__)
 

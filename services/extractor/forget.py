@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from services.extractor.extract import TOMBSTONES_KEY, Embedder
 from services.extractor.parse import normalise
-from services.extractor.store_client import StoreClient, retire_op, update_op
 from shared.errors import InvalidArgument, NotFound
 from shared.pb import common_pb2, store_pb2
+from shared.store_client import StoreClient, retire_op, update_op
 
 # A row this similar to the forgotten text holds the same value (near-exact match).
 NEAR_EXACT = 0.95

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.prompt import cap_utf8
-from services.extractor.store_client import StoreClient, retire_op
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
+from shared.store_client import StoreClient, retire_op
 
 log = logging.getLogger(__name__)
 

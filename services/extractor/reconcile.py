@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.extractor.prompt import TURN_CLOSE, TURN_OPEN
-from services.extractor.store_client import StoreClient, retire_op, update_op
 from shared.llm import LlmClient
 from shared.pb import common_pb2, store_pb2
+from shared.store_client import StoreClient, retire_op, update_op
 
 log = logging.getLogger(__name__)
 

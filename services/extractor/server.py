@@ -15,7 +15,6 @@ from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
-from services.extractor.store_client import StoreClient
 from services.extractor.worker import CatchupPolicy, Worker
 from shared.clients import EmbedderClient
 from shared.llm import LlmClient, LlmKeys
@@ -23,6 +22,7 @@ from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import until_stopped
 from shared.settings import Settings
+from shared.store_client import StoreClient
 
 log = logging.getLogger(__name__)
 

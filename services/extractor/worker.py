@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from services.extractor.extract import DONE, FAILED, SKIPPED, Extraction, Outcome
 from services.extractor.living import Living
-from services.extractor.store_client import StoreClient
 from shared.errors import NotFound
 from shared.llm import LlmUnavailable
 from shared.pb import common_pb2, store_pb2
+from shared.store_client import StoreClient
 
 log = logging.getLogger(__name__)
 

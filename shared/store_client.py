@@ -1,4 +1,4 @@
-"""The calls the extractor makes to the store, with gRPC errors turned into ServiceErrors."""
+"""Typed calls to the store, with gRPC errors turned into ServiceErrors."""
 
 from __future__ import annotations
 
