@@ -50,13 +50,14 @@ def is_question(text: str) -> bool:
 def fusion_weights(text: str) -> tuple[float, float, float]:
     """(vector, own keywords, context keywords) weights for the kind of query.
 
-    A question leans on meaning and on the talk around a turn; a few keywords lean on the
-    memory's own words. The context key holds the memory's words too, so with both on the own
-    keywords get half weight rather than counting the same words twice.
+    A question leans on meaning and on the talk around a turn; a few keywords (an identifier,
+    a name) ask for the memories that hold them, so neighbours do not count. The context key
+    holds the memory's own words too, so for a question the own keywords get half weight
+    rather than counting the same words twice.
     """
     if is_question(text):
         return 1.0, 0.5, 1.0
-    return 0.5, 1.0, 0.5
+    return 0.5, 1.0, 0.0
 
 
 STRICT_BONUS = 0.2
