@@ -12,6 +12,7 @@ import grpc
 from aiohttp import web
 
 from gateway.config import GatewayConfig
+from gateway.consolidation import consolidation_status
 from gateway.errors import Handler, error_extras
 from gateway.params import Params, read_body
 from gateway.shapes import layer_counts, list_items, rfc3339, search_response
@@ -35,7 +36,6 @@ READER_ALIASES = {"hybrid_v2": "hybrid"}
 UNSCOPED_DELETE = (
     "unscoped delete refused: pass layer/user_id/agent_id/id, or all=true to wipe the entire store"
 )
-NO_SLOW_PATH = "this mode has no slow path; consolidation runs only in ultra"
 
 routes = web.RouteTableDef()
 
@@ -189,10 +189,10 @@ async def status(request: web.Request) -> web.Response:
             "writes": counters.writes,
             "searches": counters.searches,
             "layers": layer_counts(stats.layers),
-            "graph_nodes": 0,
-            "graph_edges": 0,
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
             "unextracted": 0 if config.mode == "lite" else stats.unextracted,
-            "consolidations": 0 if config.mode == "ultra" else -1,
+            **await consolidation_status(request),
             "vdb_points": stats.total,
             "data_dir": stats.data_dir or str(config.data_dir),
             **extras,
@@ -210,8 +210,8 @@ async def metrics(request: web.Request) -> web.Response:
         {
             "layers": layer_counts(stats.layers),
             "total": stats.total,
-            "graph_nodes": 0,
-            "graph_edges": 0,
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
         }
     )
 
@@ -346,8 +346,8 @@ async def list_memories(request: web.Request) -> web.Response:
             "limit": limit,
             "memories": list_items(listed.memories),
             "layers": layer_counts(stats.layers),
-            "graph_nodes": 0,
-            "graph_edges": 0,
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
         }
     )
 
@@ -422,16 +422,6 @@ async def flush(request: web.Request) -> web.Response:
     """Persists the store's vector indexes now (before a hard stop)."""
     reply = await request.app[STORE].Flush(store_pb2.FlushRequest(), timeout=_timeout(request))
     return _json({"flushed": True, "vectors": reply.vectors})
-
-
-@routes.route("*", "/api/v1/digest")
-@error_extras(digest_ok=False)
-async def digest(request: web.Request) -> web.Response:
-    """Lite and pro have no slow path; ultra's consolidation pass is not built yet."""
-    config = request.app[CONFIG]
-    if config.mode != "ultra":
-        return _json({"digest_ok": False, "mode": config.mode, "reason": NO_SLOW_PATH})
-    raise Unimplemented(f"/api/v1/digest is not implemented yet: {NOT_YET['/api/v1/digest']}")
 
 
 @routes.post("/api/v1/reprocess")
@@ -623,19 +613,11 @@ async def feedback(request: web.Request) -> web.Response:
     return _json({"success": True, "recorded": len(ops), "usage_learning": True})
 
 
-GRAPH = "it arrives with the consolidator service (the ultra slow path builds the L5 graph)"
 NOT_YET: dict[str, str] = {
-    "/api/v1/digest": "the consolidator service runs the ultra slow path",
-    "/api/v1/graph": GRAPH,
-    "/api/v1/edges": GRAPH,
-    "/api/v1/learning/graph": GRAPH,
-    "/api/v1/graph-as-of": GRAPH,
-    "/api/v1/admin/compact_raw": "the admin maintenance routes come in a later issue",
-    "/api/v1/admin/dedupe_facts": "the admin maintenance routes come in a later issue",
     "/api/v1/export": "JSONL export comes in a later issue",
     "/api/v1/import": "JSONL import comes in a later issue",
 }
-HANDLED = frozenset({"/api/v1/digest"})
+HANDLED: frozenset[str] = frozenset()
 
 
 def _not_yet(path: str) -> Handler:

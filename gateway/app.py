@@ -6,26 +6,33 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import api, dashboard
+from gateway import api, consolidation, dashboard
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
-from gateway.state import CONFIG, COUNTERS, EXTRACTOR, SEARCH, STORE, Counters
-from shared.pb import extractor_pb2_grpc, search_pb2_grpc, store_pb2_grpc
+from gateway.state import CONFIG, CONSOLIDATOR, COUNTERS, EXTRACTOR, SEARCH, STORE, Counters
+from shared.pb import (
+    consolidator_pb2_grpc,
+    extractor_pb2_grpc,
+    search_pb2_grpc,
+    store_pb2_grpc,
+)
 from shared.rpc import open_channel
 
 
 async def _channels(app: web.Application) -> AsyncIterator[None]:
-    """Opens the store, search and extractor channels for the app's lifetime."""
+    """Opens the channels to the other services for the app's lifetime."""
     config = app[CONFIG]
     async with (
         open_channel(config.store_address) as store,
         open_channel(config.search_address) as search,
         open_channel(config.extractor_address) as extractor,
+        open_channel(config.consolidator_address) as consolidator,
     ):
         app[STORE] = store_pb2_grpc.StoreStub(store)
         app[SEARCH] = search_pb2_grpc.SearchStub(search)
         app[EXTRACTOR] = extractor_pb2_grpc.ExtractorStub(extractor)
+        app[CONSOLIDATOR] = consolidator_pb2_grpc.ConsolidatorStub(consolidator)
         yield
 
 
@@ -40,6 +47,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
     app.add_routes(api.routes)
+    app.add_routes(consolidation.routes)
     dashboard.register(app)
     api.add_placeholder_routes(app)
     return app

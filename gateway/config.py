@@ -26,12 +26,14 @@ class GatewayConfig:
     """HYATLAS_SEARCH_ADDR: the search service's gRPC address."""
     extractor_address: str = "unix:data/run/extractor.sock"
     """HYATLAS_EXTRACTOR_ADDR: the extractor's gRPC address (pro and ultra)."""
+    consolidator_address: str = "unix:data/run/consolidator.sock"
+    """HYATLAS_CONSOLIDATOR_ADDR: the consolidator's gRPC address (ultra)."""
     allowed_hosts: frozenset[str] = frozenset()
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
     """HYATLAS_TOKEN: when set, every route but /healthz needs `Authorization: Bearer <token>`."""
     admin: bool = False
-    """HYATLAS_ADMIN: enables bulk delete."""
+    """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     mode: str = "ultra"
     """HYATLAS_MODE: lite | pro | ultra."""
     sync_extract: bool = False
@@ -72,6 +74,7 @@ class GatewayConfig:
             store_address=settings.address("store"),
             search_address=settings.address("search"),
             extractor_address=settings.address("extractor"),
+            consolidator_address=settings.address("consolidator"),
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
             admin=settings.admin,

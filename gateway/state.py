@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.config import GatewayConfig
-from shared.pb import extractor_pb2_grpc, search_pb2_grpc, store_pb2_grpc
+from shared.pb import (
+    consolidator_pb2_grpc,
+    extractor_pb2_grpc,
+    search_pb2_grpc,
+    store_pb2_grpc,
+)
 
 
 @dataclass
@@ -22,4 +27,5 @@ CONFIG = web.AppKey("config", GatewayConfig)
 STORE = web.AppKey("store", store_pb2_grpc.StoreStub)
 SEARCH = web.AppKey("search", search_pb2_grpc.SearchStub)
 EXTRACTOR = web.AppKey("extractor", extractor_pb2_grpc.ExtractorStub)
+CONSOLIDATOR = web.AppKey("consolidator", consolidator_pb2_grpc.ConsolidatorStub)
 COUNTERS = web.AppKey("counters", Counters)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -100,12 +101,60 @@ def update_op(memory_id: str, **fields: object) -> store_pb2.Op:
     return store_pb2.Op(update=store_pb2.UpdateOp(id=memory_id, **fields))  # type: ignore[arg-type]
 
 
-def retire_op(
-    memory_id: str, how: str, by: str = "", reason: str = ""
-) -> store_pb2.Op:
+def retire_op(memory_id: str, how: str, by: str = "", reason: str = "") -> store_pb2.Op:
     """A Retire op."""
     return store_pb2.Op(
         retire=store_pb2.RetireOp(
             id=memory_id, superseded_how=how, superseded_by=by, drop_reason=reason
         )
     )
+
+
+class GraphStoreClient(StoreClient):
+    """The store calls of the slow path: state values, graph edges, pass undo."""
+
+    async def state(self, prefix: str) -> dict[str, str]:
+        """State values under a key prefix."""
+        reply = await _call(
+            self._stub.GetState(store_pb2.GetStateRequest(prefix=prefix), timeout=self._timeout_s)
+        )
+        return {v.key: v.value_json for v in reply.values}
+
+    async def edges(
+        self, scope: common_pb2.Scope, limit: int = 1000, include_stale: bool = False
+    ) -> list[store_pb2.Edge]:
+        """The live edges of a scope (with stale and ended ones if asked), newest first."""
+        reply = await _call(
+            self._stub.ListEdges(
+                store_pb2.ListEdgesRequest(scope=scope, limit=limit, include_stale=include_stale),
+                timeout=self._timeout_s,
+            )
+        )
+        return list(reply.edges)
+
+    async def undo_pass(self, pass_id: str, actor: str) -> store_pb2.UndoPassResponse:
+        """Reverts one consolidation pass."""
+        return await _call(
+            self._stub.UndoPass(
+                store_pb2.UndoPassRequest(pass_id=pass_id, actor=actor), timeout=self._timeout_s
+            )
+        )
+
+    async def all_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+        """Every row a list request matches, page by page."""
+        rows: list[common_pb2.Memory] = []
+        page = store_pb2.ListMemoriesRequest()
+        page.CopyFrom(request)
+        page.limit = 1000
+        while True:
+            page.offset = len(rows)
+            got = await self.list_rows(page)
+            rows.extend(got)
+            if len(got) < page.limit:
+                return rows
+
+
+def state_op(key: str, value: object) -> store_pb2.Op:
+    """A SetState op holding value as JSON (None removes the key)."""
+    text = "" if value is None else json.dumps(value, separators=(",", ":"))
+    return store_pb2.Op(set_state=store_pb2.SetStateOp(key=key, value_json=text))

@@ -450,8 +450,9 @@ async def test_every_view_talks_only_to_the_gateway_without_console_errors(
 
     await ui.open("graph")
     out = ui.page.locator("#graph-out")
+    # No consolidation ran in this lite stack: the graph view says how the graph gets filled.
+    assert "No graph for" in await out.inner_text()
     assert "consolidation" in await out.inner_text()
-    assert "not implemented yet" in await out.locator(".error").inner_text()
     await ui.shot("graph")
 
     assert ui.requests

@@ -167,7 +167,7 @@ async def test_token_is_required_on_every_route_but_healthz(make_client: MakeCli
 async def test_right_token_is_accepted(make_client: MakeClient) -> None:
     client = await make_client(token="s3cret-token")
     auth = {"Authorization": "Bearer s3cret-token"}
-    status, body = await _status_and_json(client, "GET", "/api/v1/graph", headers=auth)
+    status, body = await _status_and_json(client, "GET", "/api/v1/export", headers=auth)
     assert status == 501 and "not implemented yet" in body["error"]
     status, body = await _status_and_json(client, "POST", "/api/v1/add", json={}, headers=auth)
     assert (status, body) == (400, {"error": "text required", "success": False})
@@ -336,12 +336,12 @@ async def test_digest_in_lite_and_pro_says_there_is_no_slow_path(make_client: Ma
         }
 
 
-async def test_digest_in_ultra_is_501_and_reprocess_needs_the_extractor(
+async def test_digest_in_ultra_needs_the_consolidator_and_reprocess_the_extractor(
     make_client: MakeClient,
 ) -> None:
     client = await make_client(mode="ultra")
     status, reply = await _status_and_json(client, "POST", "/api/v1/digest")
-    assert status == 501 and reply["digest_ok"] is False and "consolidator" in reply["error"]
+    assert status == 503 and reply["digest_ok"] is False and "unavailable" in reply["error"]
     status, reply = await _status_and_json(client, "POST", "/api/v1/reprocess")
     assert status == 503 and "unavailable" in reply["error"]
 

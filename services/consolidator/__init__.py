@@ -1,0 +1,1 @@
+"""The consolidator service: the ultra slow path."""

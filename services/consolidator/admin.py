@@ -1,0 +1,135 @@
+"""The two admin maintenance jobs: cap long raw turns, supersede near-duplicate facts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.consolidator.passes import ACTOR, Embedder
+from shared.pb import common_pb2, store_pb2
+from shared.store_client import GraphStoreClient, retire_op, update_op
+
+MESSAGE_BYTES = 4000
+TURN_BYTES = 12000
+SAMPLES = 5
+_ROLE = re.compile(r"^([A-Z][A-Z_]{1,20}):\s?", re.M)
+_KEPT_ROLES = ("USER", "ASSISTANT")
+
+
+def _cap(text: str, limit: int) -> str:
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors="ignore") + "…"
+
+
+def compact_turn(text: str) -> str:
+    """A turn with only its USER and ASSISTANT messages, each and the whole capped."""
+    starts = list(_ROLE.finditer(text))
+    if not starts:
+        return _cap(text, TURN_BYTES)
+    messages = []
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        if match.group(1) in _KEPT_ROLES:
+            body = text[match.end() : end].strip()
+            messages.append(f"{match.group(1)}: {_cap(body, MESSAGE_BYTES)}")
+    return _cap("\n\n".join(messages), TURN_BYTES) if messages else _cap(text, TURN_BYTES)
+
+
+@dataclass
+class CompactResult:
+    """What compact_raw found and changed."""
+
+    dry_run: bool
+    rows_checked: int = 0
+    rows_changed: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    sample: list[str] = field(default_factory=list)
+    rows_rewritten: int = 0
+
+
+@dataclass
+class DedupeResult:
+    """What dedupe_facts found and changed."""
+
+    dry_run: bool
+    threshold: float
+    owners: int = 0
+    facts: int = 0
+    duplicates: int = 0
+    sample: list[str] = field(default_factory=list)
+    rows_superseded: int = 0
+
+
+async def compact_raw(store: GraphStoreClient, dry_run: bool) -> CompactResult:
+    """Caps every raw turn; rewrites them unless dry_run (the audit log keeps the old text)."""
+    result = CompactResult(dry_run)
+    everyone = common_pb2.Scope(all_users=True)
+    rows = await store.all_rows(
+        store_pb2.ListMemoriesRequest(scope=everyone, layers=[common_pb2.L2_RAW])
+    )
+    ops = []
+    for row in rows:
+        result.rows_checked += 1
+        compacted = compact_turn(row.content)
+        result.bytes_before += len(row.content.encode())
+        result.bytes_after += len(compacted.encode())
+        if compacted != row.content:
+            result.rows_changed += 1
+            if len(result.sample) < SAMPLES:
+                result.sample.append(row.id)
+            ops.append(update_op(row.id, content=compacted))
+    if not dry_run:
+        for start in range(0, len(ops), 200):
+            chunk = ops[start : start + 200]
+            await store.apply(everyone, chunk, ACTOR, "admin compact_raw")
+            result.rows_rewritten += len(chunk)
+    return result
+
+
+async def dedupe_facts(
+    store: GraphStoreClient,
+    embedder: Embedder,
+    canonical_user: Callable[[str], str],
+    threshold: float,
+    dry_run: bool,
+) -> DedupeResult:
+    """Supersedes each live fact by a newer one of the same person at >= threshold."""
+    result = DedupeResult(dry_run, threshold)
+    everyone = common_pb2.Scope(all_users=True)
+    facts = await store.all_rows(
+        store_pb2.ListMemoriesRequest(scope=everyone, layers=[common_pb2.L3_FACT], order="oldest")
+    )
+    by_owner: dict[str, list[common_pb2.Memory]] = {}
+    for fact in facts:
+        by_owner.setdefault(canonical_user(fact.owner.user_id), []).append(fact)
+    result.owners = len(by_owner)
+    result.facts = len(facts)
+    for owner, rows in by_owner.items():
+        if len(rows) < 2:
+            continue
+        vectors, _ = await embedder.embed([r.content for r in rows])
+        scores = vectors @ vectors.T
+        np.fill_diagonal(scores, -1.0)
+        ops = []
+        gone: set[int] = set()
+        for i in range(len(rows)):
+            newer = [
+                j for j in range(i + 1, len(rows)) if j not in gone and scores[i, j] >= threshold
+            ]
+            if not newer:
+                continue
+            gone.add(i)
+            result.duplicates += 1
+            if len(result.sample) < SAMPLES:
+                result.sample.append(f"{rows[i].content[:80]} -> {rows[newer[-1]].content[:80]}")
+            ops.append(retire_op(rows[i].id, "restated", rows[newer[-1]].id, "admin dedupe_facts"))
+        if ops and not dry_run:
+            await store.apply(common_pb2.Scope(user_id=owner), ops, ACTOR, "admin dedupe_facts")
+            result.rows_superseded += len(ops)
+    return result

@@ -1,0 +1,241 @@
+"""Reading a consolidation reply: its shape checked whole, each op against what was shown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.errors import ServiceError
+
+TEXT_CHARS = 2000
+NAME_CHARS = 200
+
+
+class PartialReply(ServiceError):
+    """The reply lacks a key or has one of the wrong type: nothing of it is applied."""
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Facts (0-based) that one statement replaces."""
+
+    facts: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A fact (0-based) retired with a reason."""
+
+    fact: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A pattern and the facts (0-based) that show it."""
+
+    text: str
+    facts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EdgeOp:
+    """A relation and the facts (0-based) behind it."""
+
+    subject: str
+    relation: str
+    object: str
+    facts: tuple[int, ...]
+    valid_from: float | None = None
+
+
+@dataclass(frozen=True)
+class EndEdge:
+    """An existing edge (0-based) that stopped being true."""
+
+    edge: int
+    valid_to: float | None = None
+
+
+@dataclass
+class Plan:
+    """The ops of one reply that survived the checks, and why the others did not."""
+
+    merges: list[Merge] = field(default_factory=list)
+    drops: list[Drop] = field(default_factory=list)
+    schemas: list[Schema] = field(default_factory=list)
+    edges: list[EdgeOp] = field(default_factory=list)
+    end_edges: list[EndEdge] = field(default_factory=list)
+    arc: str = ""
+    refused: list[str] = field(default_factory=list)
+
+
+def number(value: Any) -> int | None:
+    """A local number the model wrote (3, "3", "[3]"); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip().strip("[]").strip()
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def _edge_number(value: Any) -> int | None:
+    if isinstance(value, str) and value.strip().strip("[]").upper().startswith("E"):
+        return number(value.strip().strip("[]")[1:])
+    return number(value)
+
+
+def parse_date(value: Any) -> float | None:
+    """Unix seconds of a "YYYY-MM-DD" (or ISO date-time, read as UTC); None otherwise."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _text(value: Any, limit: int) -> str:
+    return " ".join(value.split())[:limit] if isinstance(value, str) else ""
+
+
+def read_plan(
+    reply: dict[str, Any],
+    keys: Sequence[str],
+    sources: Sequence[Sequence[str]],
+    edges_shown: int,
+) -> Plan:
+    """Checks a reply against the facts shown (sources[i]: the turns behind fact i+1).
+
+    A missing key or a key of the wrong type is a PartialReply; an op naming a number that was
+    not shown, reusing a fact, or lacking what it needs is refused and listed.
+    """
+    for key in keys:
+        if key not in reply:
+            raise PartialReply(f"the reply lacks {key!r}")
+        wanted = str if key == "arc" else list
+        if not isinstance(reply[key], wanted):
+            raise PartialReply(f"{key!r} is not a {wanted.__name__}")
+    plan = Plan()
+    used: set[int] = set()
+    shown = len(sources)
+
+    def facts_of(item: dict[str, Any], what: str, least: int) -> tuple[int, ...] | None:
+        raw = item.get("facts")
+        if not isinstance(raw, list):
+            plan.refused.append(f"{what}: no facts listed")
+            return None
+        numbers = [number(v) for v in raw]
+        if any(n is None or not 1 <= n <= shown for n in numbers):
+            plan.refused.append(f"{what}: names a fact number that was not shown: {raw!r:.80}")
+            return None
+        picked = tuple(dict.fromkeys(n - 1 for n in numbers if n is not None))
+        if len(picked) < least:
+            plan.refused.append(f"{what}: needs at least {least} facts")
+            return None
+        return picked
+
+    for item in reply.get("merges", []):
+        if not isinstance(item, dict):
+            plan.refused.append("merge: not an object")
+            continue
+        facts = facts_of(item, "merge", 2)
+        if facts is None:
+            continue
+        if used & set(facts):
+            plan.refused.append("merge: a fact is already used by another op")
+            continue
+        used |= set(facts)
+        plan.merges.append(Merge(facts, _text(item.get("text"), TEXT_CHARS)))
+    for item in reply.get("drops", []):
+        n = number(item.get("fact")) if isinstance(item, dict) else None
+        if n is None or not 1 <= n <= shown:
+            plan.refused.append(f"drop: names a fact number that was not shown: {item!r:.80}")
+            continue
+        reason = _text(item.get("reason"), TEXT_CHARS)
+        if not reason:
+            plan.refused.append("drop: no reason given")
+            continue
+        if n - 1 in used:
+            plan.refused.append("drop: the fact is already used by another op")
+            continue
+        used.add(n - 1)
+        plan.drops.append(Drop(n - 1, reason))
+    dropped = {d.fact for d in plan.drops}
+    for item in reply.get("schemas", []):
+        if not isinstance(item, dict) or not _text(item.get("text"), TEXT_CHARS):
+            plan.refused.append("schema: no text")
+            continue
+        facts = facts_of(item, "schema", 2)
+        if facts is None:
+            continue
+        if dropped & set(facts):
+            plan.refused.append("schema: rests on a fact this pass drops")
+            continue
+        plan.schemas.append(Schema(_text(item["text"], TEXT_CHARS), facts))
+    for item in reply.get("edges", []):
+        if not isinstance(item, dict):
+            plan.refused.append("edge: not an object")
+            continue
+        names = [_text(item.get(k), NAME_CHARS) for k in ("subject", "relation", "object")]
+        if not all(names):
+            plan.refused.append("edge: needs subject, relation and object")
+            continue
+        facts = facts_of(item, "edge", 1)
+        if facts is None:
+            continue
+        if dropped & set(facts):
+            plan.refused.append("edge: rests on a fact this pass drops")
+            continue
+        turns = {turn for i in facts for turn in sources[i]}
+        if len(turns) < 2:
+            plan.refused.append(
+                f"edge {names[0]} {names[1]} {names[2]}: corroborated by one turn only"
+            )
+            continue
+        plan.edges.append(
+            EdgeOp(names[0], names[1], names[2], facts, parse_date(item.get("valid_from")))
+        )
+    for item in reply.get("end_edges", []):
+        n = _edge_number(item.get("edge")) if isinstance(item, dict) else None
+        if n is None or not 1 <= n <= edges_shown:
+            plan.refused.append(f"end_edge: names an edge that was not shown: {item!r:.80}")
+            continue
+        plan.end_edges.append(EndEdge(n - 1, parse_date(item.get("valid_to"))))
+    plan.arc = _text(reply.get("arc"), TEXT_CHARS)
+    return plan
+
+
+Pattern = tuple[str, tuple[int, ...]]
+
+
+def read_patterns(reply: dict[str, Any], shown: int) -> tuple[list[Pattern], list[str]]:
+    """The cross-topic patterns (text, 0-based schemas) of a reply, and the refused ones."""
+    patterns = reply.get("patterns")
+    if not isinstance(patterns, list):
+        raise PartialReply("the reply lacks a 'patterns' list")
+    kept: list[Pattern] = []
+    refused: list[str] = []
+    for item in patterns[:3]:
+        text = _text(item.get("text"), TEXT_CHARS) if isinstance(item, dict) else ""
+        raw = item.get("schemas") if isinstance(item, dict) else None
+        numbers = [number(v) for v in raw] if isinstance(raw, list) else []
+        if not text or not numbers or any(n is None or not 1 <= n <= shown for n in numbers):
+            refused.append(f"cross pattern: names a pattern that was not shown: {item!r:.80}")
+            continue
+        picked = tuple(dict.fromkeys(n - 1 for n in numbers if n is not None))
+        if len(picked) < 2:
+            refused.append("cross pattern: needs two or more patterns")
+            continue
+        kept.append((text, picked))
+    return kept, refused

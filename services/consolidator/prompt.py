@@ -1,0 +1,94 @@
+"""What one consolidation call shows the model: facts, schemas and edges under local numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from shared.pb import common_pb2, store_pb2
+
+FACT_CHARS = 400
+SCHEMA_CHARS = 200
+SCHEMAS_SHOWN = 20
+EDGES_SHOWN = 30
+CROSS_SCHEMA_CHARS = 300
+CROSS_SCHEMAS_SHOWN = 40
+
+_BASE = """You maintain one person's long-term memory. You are shown a topic cluster of stored \
+FACTS, each under a number in [brackets], with the date it was learned. Reconcile them:
+- merges: facts that say the same thing or one updates another; give the one statement that \
+replaces them all ("facts": numbers, "text": the merged statement);
+- drops: facts that are no longer true, trivial, or contradicted by newer ones ("fact": number, \
+"reason": why, required);
+- schemas: recurring patterns that two or more facts show ("text": the pattern, "facts": numbers). \
+Do not repeat an existing pattern."""
+_GRAPH = """
+- edges: relations between named things that the facts support ("subject", "relation", "object", \
+"facts": the numbers behind it, "valid_from": "YYYY-MM-DD" if known). Only relations that \
+facts from different conversations support;
+- end_edges: existing relations (numbers like E1) that the facts show stopped being true \
+("edge": "E1", "valid_to": "YYYY-MM-DD" if known)."""
+_ARC = """
+- arc: two or three sentences on where this person is heading across sessions (a string), \
+building on the current arc if one is shown."""
+_REPLY = """
+Refer to facts only by their numbers. Leave a list empty when there is nothing to do. \
+Reply with exactly one JSON object with every key: {KEYS}"""
+
+CROSS_SYSTEM = """You are shown PATTERNS already found in separate topics of one person's memory, \
+each under a number in [brackets]. Find up to 3 broader patterns that hold across two or more of \
+them. Refer to patterns only by their numbers. Reply with exactly one JSON object: \
+{"patterns": [{"text": "the broader pattern", "schemas": [numbers]}]}"""
+
+
+def reply_keys(graph: bool, arc: bool) -> list[str]:
+    """The keys a complete reply carries."""
+    keys = ["merges", "drops", "schemas"]
+    if graph:
+        keys += ["edges", "end_edges"]
+    if arc:
+        keys.append("arc")
+    return keys
+
+
+def _date(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
+
+
+def consolidation_messages(
+    facts: Sequence[common_pb2.Memory],
+    schemas: Sequence[common_pb2.Memory],
+    edges: Sequence[store_pb2.Edge],
+    arc: str | None,
+    graph: bool,
+) -> list[dict[str, str]]:
+    """The chat messages of one cluster's call; fact n is facts[n-1], edge En is edges[n-1]."""
+    asks_arc = graph and arc is not None
+    system = _BASE + (_GRAPH if graph else "") + (_ARC if asks_arc else "")
+    system += _REPLY.replace("{KEYS}", ", ".join(f'"{k}"' for k in reply_keys(graph, asks_arc)))
+    lines = ["FACTS:"]
+    for n, fact in enumerate(facts, start=1):
+        when = _date(fact.event_at if fact.HasField("event_at") else fact.created_at)
+        lines.append(f"[{n}] ({when}) {fact.content[:FACT_CHARS]}")
+    if schemas:
+        lines.append("EXISTING PATTERNS:")
+        lines += [f"- {s.content[:SCHEMA_CHARS]}" for s in schemas[:SCHEMAS_SHOWN]]
+    if graph and edges:
+        lines.append("EXISTING RELATIONS:")
+        lines += [
+            f"[E{n}] {e.subject} | {e.relation} | {e.object}"
+            for n, e in enumerate(edges[:EDGES_SHOWN], start=1)
+        ]
+    if asks_arc:
+        lines.append(f"CURRENT ARC: {arc or '(none yet)'}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+
+
+def cross_messages(schemas: Sequence[common_pb2.Memory]) -> list[dict[str, str]]:
+    """The cross-topic call: pattern n is schemas[n-1]."""
+    lines = ["PATTERNS:"]
+    lines += [f"[{n}] {s.content[:CROSS_SCHEMA_CHARS]}" for n, s in enumerate(schemas, start=1)]
+    return [
+        {"role": "system", "content": CROSS_SYSTEM},
+        {"role": "user", "content": "\n".join(lines)},
+    ]

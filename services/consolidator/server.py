@@ -1,0 +1,106 @@
+"""Starts and stops the consolidator: store and embedder channels, the pass loop, gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.consolidator.config import ConsolidatorConfig
+from services.consolidator.passes import Busy, Consolidator
+from services.consolidator.servicer import ConsolidatorServicer
+from shared.clients import EmbedderClient
+from shared.errors import ServiceError
+from shared.llm import LlmClient, LlmKeys
+from shared.pb import consolidator_pb2, consolidator_pb2_grpc
+from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.runtime import until_stopped
+from shared.settings import Settings
+from shared.store_client import GraphStoreClient
+
+log = logging.getLogger(__name__)
+
+
+def make_llm(config: ConsolidatorConfig) -> LlmClient:
+    """The LLM client the settings describe."""
+    return LlmClient(
+        base=config.llm_base,
+        model=config.llm_model,
+        keys=LlmKeys(config.llm_key, config.llm_key_file),
+        timeout_s=config.call_timeout_s,
+        fallback_model=config.fallback_model,
+        fallback_base=config.fallback_base,
+        fallback_key=config.fallback_key,
+    )
+
+
+async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -> None:
+    """A catch-up pass at start when clusters are due, then one every EVERY (CATCHUP while due)."""
+    try:
+        due = await consolidator.pending()
+    except ServiceError as exc:
+        log.warning("could not survey the clusters at start: %s", exc.message)
+        due = 0
+    wait = 0.0 if due else config.every_s
+    if due:
+        log.info("%d clusters are due: starting with a catch-up pass", due)
+    while True:
+        await asyncio.sleep(wait)
+        try:
+            report = await consolidator.run_pass()
+        except Busy:
+            wait = config.catchup_s or config.every_s
+            continue
+        except ServiceError as exc:
+            log.warning("consolidation pass failed: %s", exc.message)
+            wait = config.catchup_s or config.every_s
+            continue
+        pending = report.clusters_pending > 0
+        wait = (config.catchup_s or config.every_s) if pending else config.every_s
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
+    """Serves the Consolidator service; yields the bound address."""
+    async with contextlib.AsyncExitStack() as stack:
+        store_channel = open_channel(config.store_address)
+        stack.push_async_callback(store_channel.close)
+        embedder_channel = open_channel(config.embedder_address)
+        stack.push_async_callback(embedder_channel.close)
+        await wait_serving(config.store_address, timeout_s=config.store_wait_s)
+        await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
+        consolidator = Consolidator(
+            config,
+            GraphStoreClient(store_channel, timeout_s=120.0),
+            EmbedderClient(embedder_channel),
+            make_llm(config),
+            Settings(user_aliases=config.user_aliases).canonical_user,
+        )
+        servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")
+
+        def register(server: grpc.aio.Server) -> list[str]:
+            consolidator_pb2_grpc.add_ConsolidatorServicer_to_server(servicer, server)
+            return [consolidator_pb2.DESCRIPTOR.services_by_name["Consolidator"].full_name]
+
+        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        if config.mode == "ultra":
+            loop = asyncio.create_task(run_schedule(consolidator, config), name="passes")
+
+            async def stop_loop() -> None:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+
+            stack.push_async_callback(stop_loop)
+        log.info("consolidator: mode %s, every %ss", config.mode, config.every_s)
+        yield bound
+
+
+async def main() -> None:
+    """Runs the consolidator until SIGTERM or SIGINT."""
+    config = ConsolidatorConfig.from_env()
+    async with running_server(config):
+        await until_stopped()

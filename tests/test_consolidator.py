@@ -1,0 +1,425 @@
+"""Ultra passes through the real stack with a scripted LLM: what the model sees, what lands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.extractor_support import Api
+from tests.llm_fake import ERROR, HANG, FakeLlm, Recorded, fake_llm_in_thread
+from tests.support import Stack, assert_eventually, running_stack
+
+pytestmark = pytest.mark.slow
+
+STACK = ["store", "consolidator", "gateway"]
+EMPTY = {"merges": [], "drops": [], "schemas": [], "edges": [], "end_edges": [], "arc": ""}
+L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
+
+
+class Script:
+    """Answers consolidation calls by the test marker their facts carry; others get EMPTY."""
+
+    def __init__(self, fake: FakeLlm) -> None:
+        self.fake = fake
+        self.handlers: dict[str, Callable[[Recorded], Any]] = {}
+        fake.answer = self._answer
+
+    def _answer(self, record: Recorded) -> Any:
+        for marker, handler in list(self.handlers.items()):
+            if marker in record.user_message:
+                return handler(record)
+        return EMPTY
+
+    def calls(self, marker: str) -> list[Recorded]:
+        """The requests whose prompt showed a fact carrying marker."""
+        return [r for r in self.fake.requests if marker in r.user_message]
+
+
+def ultra_env(fake: FakeLlm, embedder_address: str, **extra: str) -> dict[str, str]:
+    return {
+        "HYATLAS_EMBEDDER_ADDR": embedder_address,
+        "HYATLAS_MODE": "ultra",
+        "HYATLAS_LLM_BASE": fake.url,
+        "HYATLAS_LLM_MODEL": "scripted",
+        "HYATLAS_LLM_KEY": "key",
+        "HYATLAS_EXTRACT_TIMEOUT": "20s",
+        "HYATLAS_CONSOLIDATE_BATCH": "4",
+        "HYATLAS_CROSS_SCHEMA_EVERY": "off",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeLlm]:
+    with fake_llm_in_thread() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def script(fake: FakeLlm) -> Script:
+    return Script(fake)
+
+
+@pytest.fixture(scope="module")
+def ultra(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
+) -> Iterator[Stack]:
+    data_dir: Path = tmp_path_factory.mktemp("consolidator")
+    with running_stack(data_dir, STACK, **ultra_env(fake, embedder_address)) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(ultra: Stack) -> Api:
+    return Api(ultra.base_url, ultra.address("store"))
+
+
+async def store_apply(address: str, user: str, *ops: store_pb2.Op) -> list[common_pb2.Memory]:
+    async with open_channel(address) as channel:
+        reply = await store_pb2_grpc.StoreStub(channel).Apply(
+            store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user), ops=ops), timeout=30
+        )
+    return list(reply.memories)
+
+
+def new(user: str, layer: int, content: str, sources: list[str] | None = None) -> store_pb2.Op:
+    return store_pb2.Op(
+        insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user),
+            layer=layer,  # type: ignore[arg-type]
+            content=content,
+            source_ids=sources or [],
+        )
+    )
+
+
+async def facts_from_turns(
+    api: Api, user: str, facts: list[tuple[str, int]], turns: int
+) -> tuple[list[str], dict[str, common_pb2.Memory]]:
+    """Writes `turns` raw turns and the facts (text, turn index) extracted from them."""
+    raws = await store_apply(
+        api.store_address, user, *[new(user, L2, f"{user} turn {n}") for n in range(turns)]
+    )
+    raw_ids = [r.id for r in raws]
+    rows = await store_apply(
+        api.store_address, user, *[new(user, L3, text, [raw_ids[t]]) for text, t in facts]
+    )
+    return raw_ids, {r.content: r for r in rows}
+
+
+async def digest(api: Api) -> dict[str, Any]:
+    body = await api.ok("POST", "/api/v1/digest", timeout=120)
+    assert body["digest_ok"] is True, body
+    return body["report"]  # type: ignore[no-any-return]
+
+
+async def settle(api: Api) -> None:
+    """Runs passes until no cluster anywhere is due (other tests' leftovers answer EMPTY)."""
+    await assert_eventually(lambda: _nothing_pending(api), timeout_s=60, interval_s=0.1)
+
+
+async def _nothing_pending(api: Api) -> bool:
+    report = await digest(api)
+    return report["clusters_pending"] == 0 and report["clusters_run"] == 0
+
+
+async def state_of(api: Api, user: str) -> list[dict[str, Any]]:
+    async with open_channel(api.store_address) as channel:
+        reply = await store_pb2_grpc.StoreStub(channel).GetState(
+            store_pb2.GetStateRequest(prefix=f"consolidator/cluster/{user}/"), timeout=10
+        )
+    return [json.loads(v.value_json) for v in reply.values]
+
+
+def marker() -> str:
+    return f"m{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_pass_merges_drops_and_builds_schemas_and_edges_with_evidence_and_undoes(
+    api: Api, script: Script
+) -> None:
+    user = marker()
+    a = f"{user} project Foxtrot uses Postgres 15 for storage"
+    b = f"{user} project Foxtrot stores its data in Postgres 15"
+    c = f"{user} said good morning"
+    d = f"{user} project Foxtrot deploys every Friday"
+    raw_ids, rows = await facts_from_turns(api, user, [(a, 0), (b, 1), (c, 2), (d, 1)], 3)
+    merged_text = f"{user} project Foxtrot stores its data in Postgres 15"
+
+    def answer(r: Recorded) -> dict[str, Any]:
+        return {
+            "merges": [{"facts": [r.number_of(a), r.number_of(b)], "text": merged_text}],
+            "drops": [
+                {"fact": r.number_of(c), "reason": "small talk"},
+                {"fact": 99, "reason": "x"},
+            ],
+            "schemas": [
+                {
+                    "text": "Foxtrot ships on a weekly rhythm",
+                    "facts": [r.number_of(a), r.number_of(d)],
+                }
+            ],
+            "edges": [
+                {
+                    "subject": "Foxtrot",
+                    "relation": "uses",
+                    "object": "Postgres 15",
+                    "facts": [r.number_of(a), r.number_of(b)],
+                },
+                {
+                    "subject": "Foxtrot",
+                    "relation": "deploys on",
+                    "object": "Friday",
+                    "facts": [r.number_of(d)],
+                },
+            ],
+            "end_edges": [],
+            "arc": f"{user} is building Foxtrot on Postgres.",
+        }
+
+    script.handlers[user] = answer
+    report = await digest(api)
+    (call,) = script.calls(user)
+    assert "[E" not in call.user_message and user in call.user_message
+    assert all(row.id not in call.prompt for row in rows.values())  # local numbers only
+    assert (report["merged"], report["dropped"], report["schemas"], report["edges"]) == (2, 1, 1, 1)
+    assert report["arc"] is True
+    assert report["dropped_ops"] >= 2
+    assert any("one turn only" in e for e in report["errors"])
+    assert any("not shown" in e for e in report["errors"])
+
+    facts = await api.rows(user, "l3_fact")
+    by_text = {f.content: f for f in facts if f.status == "active"}
+    merged = by_text[merged_text]
+    assert merged.id not in (rows[a].id, rows[b].id)
+    assert set(merged.source_ids) == {raw_ids[0], raw_ids[1]}
+    for old in (a, b):
+        row = await api.row(user, rows[old].id)
+        assert (row.status, row.superseded_how, row.superseded_by) == (
+            "retired",
+            "merged",
+            merged.id,
+        )
+        assert row.pass_id == report["pass_id"]
+    dropped = await api.row(user, rows[c].id)
+    assert (dropped.superseded_how, dropped.drop_reason) == ("dropped", "small talk")
+    (schema,) = [s for s in await api.rows(user, "l6_schema") if s.status == "active"]
+    assert set(schema.source_ids) == {merged.id, rows[d].id}
+    (knowledge,) = await api.rows(user, "l5_knowledge")
+    assert knowledge.content == "Foxtrot uses Postgres 15"
+
+    edges = await api.ok("GET", "/api/v1/edges", params={"user_id": user})
+    (edge,) = edges["knowledge"]
+    assert (edge["from"], edge["relation"], edge["to"]) == ("foxtrot", "uses", "postgres 15")
+    assert set(edge["sources"]) == {raw_ids[0], raw_ids[1]}
+    graph = await api.ok("GET", "/api/v1/graph", params={"node": "Foxtrot", "user_id": user})
+    assert graph["neighbors"] == [{"label": "Postgres 15", "relation": "uses", "incoming": False}]
+    status = await api.status()
+    assert status["consolidations"] >= 1 and "last_consolidated" in status
+    assert status["graph_edges"] >= 1
+
+    # Nothing changed: the next pass sends this owner's cluster nowhere.
+    await digest(api)
+    assert len(script.calls(user)) == 1
+
+    # Retiring the fact behind the edge hides it; restoring brings it back.
+    forget = store_pb2.Op(retire=store_pb2.RetireOp(id=merged.id, superseded_how="forgotten"))
+    await store_apply(api.store_address, user, forget)
+    assert (await api.ok("GET", "/api/v1/edges", params={"user_id": user}))["knowledge"] == []
+    await store_apply(
+        api.store_address, user, store_pb2.Op(restore=store_pb2.RestoreOp(id=merged.id))
+    )
+    edges = await api.ok("GET", "/api/v1/edges", params={"user_id": user})
+    assert [e["id"] for e in edges["knowledge"]] == [edge["id"]]
+
+    # One call reverts the whole pass.
+    undone = await api.ok("POST", "/api/v1/digest/undo", json={"pass_id": report["pass_id"]})
+    assert set(undone["restored"]) >= {rows[a].id, rows[b].id, rows[c].id}
+    live = {f.content for f in await api.rows(user, "l3_fact", retired=False)}
+    assert live == {a, b, c, d}
+    assert [s for s in await api.rows(user, "l6_schema") if s.status == "active"] == []
+    assert [k for k in await api.rows(user, "l5_knowledge") if k.status == "active"] == []
+    assert (await api.ok("GET", "/api/v1/edges", params={"user_id": user}))["knowledge"] == []
+    arcs = [s for s in await api.rows(user, "l4_summary") if s.status == "active"]
+    assert arcs == []
+    # The undone cluster is not sent again until its facts change.
+    await digest(api)
+    assert len(script.calls(user)) == 1
+    del script.handlers[user]
+
+
+async def test_malformed_or_partial_replies_retire_nothing(api: Api, script: Script) -> None:
+    user = marker()
+    a, b = f"{user} likes green tea", f"{user} enjoys green tea a lot"
+    _, rows = await facts_from_turns(api, user, [(a, 0), (b, 1)], 2)
+    script.handlers[user] = lambda r: "this is not json {"
+    report = await digest(api)
+    assert report["failed_calls"] >= 1 and report["clusters_pending"] >= 1
+    assert any(user in e and "nothing was applied" in e for e in report["errors"])
+
+    # A reply that merges but lacks the other keys is partial: its merge is not applied.
+    script.handlers[user] = lambda r: {"merges": [{"facts": [1, 2], "text": a}]}
+    report = await digest(api)
+    assert any("lacks" in e for e in report["errors"])
+    for row in await api.rows(user, "l3_fact"):
+        assert row.status == "active"
+    assert len(await api.rows(user, "l3_fact")) == 2
+    del script.handlers[user]
+    await settle(api)
+
+
+async def test_failed_clusters_are_charged_skipped_after_three_and_a_down_provider_charges_none(
+    api: Api, script: Script
+) -> None:
+    await settle(api)
+    user = marker()
+    texts = [f"{user} topic {word} note" for word in ("alpha", "beta", "gamma", "delta")]
+    texts += [f"{user} cooking {word} recipe" for word in ("soup", "bread", "pie", "stew")]
+    await facts_from_turns(api, user, [(t, i) for i, t in enumerate(texts)], len(texts))
+    script.handlers[user] = lambda r: ERROR
+    report = await digest(api)
+    assert report["clusters_run"] == 2 and report["provider_down"] is True
+    clusters = await state_of(api, user)
+    assert len(clusters) == 2 and all(c["fails"] == 0 for c in clusters)
+
+    bad = set(clusters[1]["members"])
+    bad_texts = [r.content for r in await api.rows(user, "l3_fact") if r.id in bad]
+    script.handlers[user] = lambda r: (
+        ERROR if any(t in r.user_message for t in bad_texts) else EMPTY
+    )
+    for fails in (1, 2, 3):
+        report = await digest(api)
+        assert report["provider_down"] is False
+        state = {c["id"]: c for c in await state_of(api, user)}
+        assert state[clusters[1]["id"]]["fails"] == fails
+    assert any("skipped for 24h" in e for e in report["errors"])
+    before = len(script.calls(user))
+    report = await digest(api)
+    assert len(script.calls(user)) == before
+    assert any("skipped after 3 failed passes" in e for e in report["errors"])
+    del script.handlers[user]
+
+
+async def test_graph_as_of_shows_the_edge_before_its_invalidation_and_not_after(
+    api: Api, script: Script
+) -> None:
+    user = marker()
+    a, b = f"{user} Foxtrot runs on Postgres 15", f"{user} Foxtrot database is Postgres 15"
+    raw_ids, rows = await facts_from_turns(api, user, [(a, 0), (b, 1)], 3)
+    script.handlers[user] = lambda r: {
+        **EMPTY,
+        "edges": [
+            {
+                "subject": "Foxtrot",
+                "relation": "uses",
+                "object": "Postgres 15",
+                "facts": [r.number_of(a), r.number_of(b)],
+                "valid_from": "2026-01-05",
+            }
+        ],
+    }
+    await digest(api)
+    (old,) = (await api.ok("GET", "/api/v1/edges", params={"user_id": user}))["knowledge"]
+    assert old["valid_from"] == 1767571200
+    between = time.time()
+
+    c = f"{user} Foxtrot moved to Postgres 16"
+    await store_apply(api.store_address, user, new(user, L3, c, [raw_ids[2]]))
+    script.handlers[user] = lambda r: {
+        **EMPTY,
+        "end_edges": [{"edge": "E1", "valid_to": "2026-03-01"}],
+        "edges": [
+            {
+                "subject": "Foxtrot",
+                "relation": "uses",
+                "object": "Postgres 16",
+                "facts": [r.number_of(a), r.number_of(c)],
+            }
+        ],
+    }
+    await digest(api)
+    assert "[E1] Foxtrot | uses | Postgres 15" in script.calls(user)[-1].user_message
+
+    then = await api.ok("GET", "/api/v1/graph-as-of", params={"user_id": user, "ts": between})
+    now = await api.ok("GET", "/api/v1/graph-as-of", params={"user_id": user})
+    assert [e["to"] for e in then["relations"]] == ["postgres 15"]
+    assert [e["to"] for e in now["relations"]] == ["postgres 16"]
+    assert {n["id"] for n in now["nodes"]} == {"foxtrot", "postgres 16"}
+    every = await api.ok("GET", "/api/v1/graph-as-of", params={"user_id": user, "ts": 0})
+    assert every["relations"] == []
+    del script.handlers[user]
+
+
+async def test_admin_routes_need_hyatlas_admin(api: Api) -> None:
+    status, body = await api.call("POST", "/api/v1/admin/dedupe_facts", json={})
+    assert status == 403 and "HYATLAS_ADMIN=on" in body["error"]
+
+
+async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
+    tmp_path: Path, embedder_address: str, fake: FakeLlm, script: Script
+) -> None:
+    env = ultra_env(fake, embedder_address, HYATLAS_CONSOLIDATE_PARALLEL="1")
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        texts = [f"{user} garden {w} plan" for w in ("tomato", "basil", "mint", "chili")]
+        texts += [f"{user} travel {w} trip" for w in ("rome", "oslo", "lima", "kyoto")]
+        await facts_from_turns(api, user, [(t, i) for i, t in enumerate(texts)], len(texts))
+        first_calls = len(script.calls(user))
+        seen: list[str] = []
+
+        def answer(r: Recorded) -> Any:
+            # The first cluster of the pass drops one fact; the second one hangs.
+            shown = [t for t in texts if t in r.user_message]
+            if not seen or seen[0] in shown:
+                seen[:] = seen or shown
+                return {**EMPTY, "drops": [{"fact": r.number_of(shown[0]), "reason": "stale"}]}
+            return HANG
+
+        script.handlers[user] = answer
+        pass_task = asyncio.create_task(api.call("POST", "/api/v1/digest", timeout=120))
+        await assert_eventually(lambda: len(script.calls(user)) >= first_calls + 2, timeout_s=30)
+        stack.procs["consolidator"].kill()
+        await asyncio.gather(pass_task, return_exceptions=True)
+
+        rows = {r.content: r for r in await api.rows(user, "l3_fact")}
+        done_text = seen[0]
+        hung = [t for t in texts if t not in seen]
+        assert rows[done_text].superseded_how == "dropped"
+        assert all(rows[t].status == "active" for t in texts if t != done_text)
+        clusters = await state_of(api, user)
+        assert sorted(len(c["members"]) for c in clusters) == [3, 4]
+        done_cluster = next(c for c in clusters if len(c["members"]) == 3)
+        assert rows[done_text].id not in done_cluster["members"] and done_cluster["done"]
+        hung_cluster = next(c for c in clusters if len(c["members"]) == 4)
+        assert hung_cluster["done"] == ""
+
+        # The hung cluster is due; a restart begins with a catch-up pass that finishes it.
+        script.handlers[user] = lambda r: {
+            **EMPTY,
+            "drops": [{"fact": r.number_of(hung[0]), "reason": "stale"}],
+        }
+        stack.start("consolidator")
+
+        async def hung_cluster_done() -> None:
+            row = {r.content: r for r in await api.rows(user, "l3_fact")}[hung[0]]
+            assert row.superseded_how == "dropped"
+
+        await assert_eventually(hung_cluster_done, timeout_s=30)
+        rows = {r.content: r for r in await api.rows(user, "l3_fact")}
+        assert rows[done_text].superseded_how == "dropped"
+        assert [t for t in texts if rows[t].status != "active"] == sorted(
+            [done_text, hung[0]], key=texts.index
+        )
+        # The finished cluster was not sent again.
+        assert sum(1 for r in script.calls(user) if done_text in r.user_message) == 1
+        del script.handlers[user]
