@@ -423,3 +423,56 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
         # The finished cluster was not sent again.
         assert sum(1 for r in script.calls(user) if done_text in r.user_message) == 1
         del script.handlers[user]
+
+
+async def test_admin_dedupe_and_compact_dry_run_first_then_change(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    env = {
+        "HYATLAS_EMBEDDER_ADDR": embedder_address,
+        "HYATLAS_MODE": "ultra",
+        "HYATLAS_ADMIN": "on",
+    }
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        older, newer = f"{user} lives in Lisbon", f"{user} lives in Lisbon."
+        await facts_from_turns(api, user, [(older, 0), (newer, 1)], 2)
+        long_turn = "USER: hello\n\nTOOL: " + "x" * 50 + "\n\nASSISTANT: " + "y" * 5000
+        await store_apply(api.store_address, user, new(user, L2, long_turn))
+
+        dry = await api.ok("POST", "/api/v1/admin/dedupe_facts", json={})
+        assert dry["dry_run"] is True and dry["duplicates"] == 1 and dry["rows_superseded"] == 0
+        assert all(r.status == "active" for r in await api.rows(user, "l3_fact"))
+        done = await api.ok("POST", "/api/v1/admin/dedupe_facts", json={"dry_run": False})
+        assert done["rows_superseded"] == 1
+        rows = {r.content: r for r in await api.rows(user, "l3_fact")}
+        assert (rows[older].superseded_how, rows[older].superseded_by) == (
+            "restated",
+            rows[newer].id,
+        )
+
+        compact = await api.ok("POST", "/api/v1/admin/compact_raw", json={})
+        assert compact["dry_run"] is True and compact["rows_changed"] == 1
+        assert compact["bytes_after"] < compact["bytes_before"]
+        status, body = await api.call("GET", "/api/v1/admin/compact_raw")
+        assert status == 405
+
+
+async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
+    tmp_path: Path, embedder_address: str, fake: FakeLlm
+) -> None:
+    env = ultra_env(fake, embedder_address, HYATLAS_RAW_RETENTION="1s")
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        raw_ids, _ = await facts_from_turns(api, user, [(f"{user} owns a red bike", 0)], 2)
+        cited, uncited = raw_ids
+
+        async def pruned() -> None:
+            report = await digest(api)
+            assert report["pruned_raw"] == 1 and report["protected_raw"] == 1
+
+        await assert_eventually(pruned, timeout_s=20, interval_s=0.3)
+        assert [r.id for r in await api.rows(user, "l2_raw")] == [cited]
+        assert uncited not in {r.id for r in await api.rows(user, "l2_raw")}

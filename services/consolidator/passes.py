@@ -235,7 +235,8 @@ class Consolidator:
     async def pending(self) -> int:
         """How many clusters are due now (used at start to decide on a catch-up pass)."""
         now = time.time()
-        owners = await self.survey(now)
+        async with self._lock:
+            owners = await self.survey(now)
         return sum(1 for o in owners for c in o.clusters if c.due() and not c.skipped(now))
 
     # -- the pass -------------------------------------------------------------------------
