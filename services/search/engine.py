@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 
 # L4 holds episode summaries next to the Now page; this many newest rows are looked through.
 NOW_PAGE_WINDOW = 20
-# How many keyword hits the full ranking asks for.
-KEYWORD_POOL = 100
+# How many hits of each source the full ranking asks for: scores are summed, so a memory
+# one source ranks well should have its score from the others too.
+FULL_POOL = 50
 
 
 class SearchBackend(Protocol):
@@ -160,9 +161,8 @@ class SearchEngine:
         started = time.perf_counter()
         vector, model_id = await self._backend.embed_query(query.text)
         embedded = time.perf_counter()
-        hits = await self._backend.vector_search(
-            query.scope, vector, model_id, query.layers, query.pool
-        )
+        pool = query.pool if query.plain else max(query.pool, FULL_POOL)
+        hits = await self._backend.vector_search(query.scope, vector, model_id, query.layers, pool)
         timings["embed"] = (embedded - started) * 1000.0
         timings[VECTOR] = (time.perf_counter() - embedded) * 1000.0
         return hits, calibrated_floor(model_id)
@@ -178,8 +178,7 @@ class SearchEngine:
             query.scope,
             query.text,
             query.layers,
-            # Scores are normalised by the best hit, so the relaxed tier looks a little deeper.
-            max(query.pool, KEYWORD_POOL) if full else query.pool,
+            max(query.pool, FULL_POOL) if full else query.pool,
             relaxed=full and RELAXED_KEYWORDS not in off,
             # Context keys serve the hybrid; the keyword reader stays a memory-text baseline.
             context=full and VECTOR in query.sources and CONTEXT_KEYS not in off,

@@ -179,6 +179,11 @@ def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
     return sorted(unique, key=len, reverse=True)
 
 
+def mention_pattern(name: str) -> re.Pattern[str]:
+    """The pattern that finds a name in a text: whole words, any case."""
+    return re.compile(rf"(?<!\w){re.escape(name)}(?!\w)", re.IGNORECASE)
+
+
 def mentions(text: str, name: str) -> bool:
     """Whether a text names an entity: a whole-word, case-insensitive match."""
-    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
+    return mention_pattern(name).search(text) is not None

@@ -7,7 +7,7 @@ import math
 import re
 
 from services.search.dates import parse_dates
-from services.search.entities import mentions, query_entities
+from services.search.entities import mention_pattern, query_entities
 from services.search.model import VECTOR, Candidate, SearchContext
 
 # Question words that make a query question-like rather than a keyword lookup.
@@ -99,8 +99,8 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
         if candidate.context_bm25 is not None:
             score += w_context * max(candidate.context_bm25, 0.0) / top_context
         candidate.fused = score
-    kept = [c for c in merged.values() if c.fused > 0]
-    return sorted(kept, key=lambda c: (-c.fused, -(c.cosine or -1.0)))
+    found = [c for c in merged.values() if c.fused > 0]
+    return sorted(found, key=lambda c: (-c.fused, -(c.cosine or -1.0)))
 
 
 def _resort(ranked: list[Candidate]) -> list[Candidate]:
@@ -134,8 +134,9 @@ def boost_entities(ranked: list[Candidate], ctx: SearchContext) -> list[Candidat
         return ranked
     # Single words only: a phrase's words are in the list too, and counting both double-counts.
     words = [n for n in names if " " not in n] or names
+    patterns = [mention_pattern(n) for n in words]
     for candidate in ranked:
-        share = sum(1 for n in words if mentions(candidate.content, n)) / len(words)
+        share = sum(1 for p in patterns if p.search(candidate.content)) / len(words)
         candidate.fused *= 1.0 + ENTITY_BOOST * share
     return _resort(ranked)
 
@@ -191,7 +192,8 @@ def similarity(a: frozenset[str], b: frozenset[str]) -> float:
 NEAR_DUPLICATE = 0.8
 NEAR_DUPLICATE_PENALTY = 0.5
 WINDOW = 50
-"""How many of the best candidates the pairwise passes look at."""
+"""How many of the best candidates the near-duplicate pass looks at."""
+MMR_MIN_WINDOW = 20
 
 
 def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
@@ -211,22 +213,23 @@ def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Maximal marginal relevance over the best candidates (HYATLAS_MMR_LAMBDA; 1 is off).
 
     Each next pick maximises lambda * relevance - (1 - lambda) * its overlap with those picked.
+    Only the head of the ranking (three times the limit) is reordered.
     """
     lam = ctx.settings.mmr_lambda
     if lam >= 1.0 or len(ranked) < 3:
         return ranked
-    head, tail = ranked[:WINDOW], ranked[WINDOW:]
+    size = max(3 * ctx.query.limit, MMR_MIN_WINDOW)
+    head, tail = ranked[:size], ranked[size:]
     top = head[0].fused or 1.0
     words = [tokens(c.content) for c in head]
     left = list(range(len(head)))
+    # The greatest overlap of each candidate with anything picked so far, kept up to date.
+    overlap = [0.0] * len(head)
     picked: list[int] = []
     while left:
-
-        def gain(i: int) -> float:
-            overlap = max((similarity(words[i], words[j]) for j in picked), default=0.0)
-            return lam * head[i].fused / top - (1.0 - lam) * overlap
-
-        best = max(left, key=gain)
+        best = max(left, key=lambda i: lam * head[i].fused / top - (1.0 - lam) * overlap[i])
         picked.append(best)
         left.remove(best)
+        for i in left:
+            overlap[i] = max(overlap[i], similarity(words[i], words[best]))
     return [head[i] for i in picked] + tail

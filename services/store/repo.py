@@ -405,7 +405,8 @@ class Tx:
             "ORDER BY seq DESC LIMIT 1",
             (row.user_id, row.agent_id, row.session_id, row.layer, row.id, since),
         )
-        return (rows[0][0], rows[0][1]) if rows else None
+        found = next(iter(rows), None)
+        return (found[0], found[1]) if found is not None else None
 
     async def context_key(self, memory_id: str) -> str | None:
         """The text of a row's context key, if it has one."""
@@ -413,7 +414,8 @@ class Tx:
             "SELECT text FROM memory_keys WHERE memory_id = ? AND kind = 'context'",
             (memory_id,),
         )
-        return rows[0][0] if rows else None
+        found = next(iter(rows), None)
+        return found[0] if found is not None else None
 
     async def set_context_key(self, memory_id: str, text: str) -> None:
         """Gives a row its context key text (keyword only), replacing any it had."""
