@@ -136,6 +136,8 @@ class Candidate:
     """The bm25 of its context key (the turn with its neighbours), when that matched."""
     fused: float = 0.0
     """The fused rank score that orders candidates."""
+    words: frozenset[str] | None = None
+    """Its distinct lowercase words, once a pairwise stage has needed them."""
     ranks: dict[str, int] = field(default_factory=dict)
     """1-based rank per source that ranked it."""
     payload: Any = None

@@ -100,7 +100,14 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
             score += w_context * max(candidate.context_bm25, 0.0) / top_context
         candidate.fused = score
     found = [c for c in merged.values() if c.fused > 0]
-    return sorted(found, key=lambda c: (-c.fused, -(c.cosine or -1.0)))
+    found.sort(key=lambda c: (-c.fused, -(c.cosine or -1.0)))
+    # The boosts are modest (at most half again), so what fusion leaves far down never reaches
+    # the results; dropping it keeps every later stage cheap.
+    return found[: max(HEAD_PER_RESULT * ctx.query.limit, MIN_HEAD)]
+
+
+HEAD_PER_RESULT = 5
+MIN_HEAD = 50
 
 
 def _resort(ranked: list[Candidate]) -> list[Candidate]:
@@ -182,6 +189,13 @@ def tokens(text: str) -> frozenset[str]:
     return frozenset(_TOKEN.findall(text.lower()))
 
 
+def words_of(candidate: Candidate) -> frozenset[str]:
+    """A candidate's words, worked out once for the pairwise passes."""
+    if candidate.words is None:
+        candidate.words = tokens(candidate.content)
+    return candidate.words
+
+
 def similarity(a: frozenset[str], b: frozenset[str]) -> float:
     """Jaccard overlap of two word sets."""
     if not a or not b:
@@ -191,17 +205,17 @@ def similarity(a: frozenset[str], b: frozenset[str]) -> float:
 
 NEAR_DUPLICATE = 0.8
 NEAR_DUPLICATE_PENALTY = 0.5
-WINDOW = 50
-"""How many of the best candidates the near-duplicate pass looks at."""
-MMR_MIN_WINDOW = 20
+PAIRWISE_MIN_WINDOW = 20
+"""The pairwise passes look at the best three times the limit, and at least this many."""
 
 
 def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Halves the score of a memory that nearly repeats a better-ranked one."""
-    head, tail = ranked[:WINDOW], ranked[WINDOW:]
+    size = max(3 * ctx.query.limit, PAIRWISE_MIN_WINDOW)
+    head, tail = ranked[:size], ranked[size:]
     seen: list[frozenset[str]] = []
     for candidate in head:
-        words = tokens(candidate.content)
+        words = words_of(candidate)
         if any(similarity(words, other) >= NEAR_DUPLICATE for other in seen):
             candidate.fused *= NEAR_DUPLICATE_PENALTY
         else:
@@ -218,10 +232,10 @@ def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     lam = ctx.settings.mmr_lambda
     if lam >= 1.0 or len(ranked) < 3:
         return ranked
-    size = max(3 * ctx.query.limit, MMR_MIN_WINDOW)
+    size = max(3 * ctx.query.limit, PAIRWISE_MIN_WINDOW)
     head, tail = ranked[:size], ranked[size:]
     top = head[0].fused or 1.0
-    words = [tokens(c.content) for c in head]
+    words = [words_of(c) for c in head]
     left = list(range(len(head)))
     # The greatest overlap of each candidate with anything picked so far, kept up to date.
     overlap = [0.0] * len(head)
