@@ -1,0 +1,92 @@
+"""Pro mode against a real model (SmolLM2-135M via llama-cpp-python): the pipeline survives it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.extractor_support import STACK, Api, new_user
+from tests.real_model_support import LlamaServer, ensure_llm_venv, running_llama_server
+from tests.support import Stack, running_stack
+
+# The first run on a fresh machine builds llama-cpp-python (minutes); later runs reuse its wheel.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+CONVERSATION = [
+    "Hi! I'm Dana Whitfield and I work as a nurse at St. Mary's Hospital in Leeds.",
+    "Big news: last month I moved from Leeds to Bristol, into a flat near the harbour.",
+    "I started a new job at Bristol Royal Infirmary as a senior nurse in the children's ward.",
+    "By the way, I really prefer tea to coffee, and I can't stand loud restaurants.",
+    "I plan to run the Bristol half marathon on 14 September 2026, so I'm training three "
+    "times a week.",
+    "Can you remind me to book a physio appointment before the end of August 2026?",
+]
+# Where the extractor puts what it derives from a turn (the raw turn itself stays in l2_raw).
+DERIVED_LAYERS = ("l1_profile", "l3_fact", "l5_knowledge", "l7_intention", "l8_entity")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """The real model served on loopback; a venv that cannot be built fails the test."""
+    try:
+        ensure_llm_venv()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    with running_llama_server(tmp_path_factory.mktemp("llama") / "llama.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pro(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, llama: LlamaServer
+) -> Iterator[Stack]:
+    """Pro mode with synchronous extraction by the real model."""
+    data_dir: Path = tmp_path_factory.mktemp("real-model")
+    with running_stack(
+        data_dir,
+        STACK,
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="pro",
+        HYATLAS_SYNC_EXTRACT="on",
+        HYATLAS_LLM_BASE=llama.base_url,
+        HYATLAS_LLM_MODEL=llama.model,
+        HYATLAS_LLM_KEY="local",
+        HYATLAS_EXTRACT_TIMEOUT="120s",
+    ) as stack:
+        yield stack
+
+
+async def test_a_real_model_conversation_ends_extracted_and_searchable(pro: Stack) -> None:
+    api = Api(pro.base_url, pro.address("store"))
+    user = new_user()
+
+    written = {}
+    for turn in CONVERSATION:
+        added = await api.add(turn, user)
+        # A synchronous write waits for its extraction: done or failed, never left pending.
+        assert added["extraction_status"] in ("done", "failed"), added
+        written[added["memory_id"]] = added["extraction_status"]
+    # The model's facts are poor, but it answers in JSON, so some extractions must succeed.
+    assert "done" in written.values(), written
+
+    raw = await api.ok("GET", "/api/v1/list", params={"user_id": user, "layer": "l2_raw"})
+    assert raw["total"] == len(CONVERSATION)
+    assert {m["memory_id"]: m["extraction_status"] for m in raw["memories"]} == written
+    assert {m["content"] for m in raw["memories"]} == set(CONVERSATION)
+
+    # Whatever it derived, each live row is found by a search for its own text (of rows with
+    # the very same text, such as a lesson the model repeats, search shows one).
+    for layer in DERIVED_LAYERS:
+        listed = await api.ok("GET", "/api/v1/list", params={"user_id": user, "layer": layer})
+        for memory in listed["memories"]:
+            hits = await api.search(memory["content"], user, layer=layer, limit=50)
+            found = {(hit["memory_id"], hit["content"]) for hit in hits}
+            assert any(
+                memory_id == memory["memory_id"] or content == memory["content"]
+                for memory_id, content in found
+            ), (memory, hits)
+
+    status = await api.status()
+    assert status["llm"] == "ok", status
