@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,7 +148,8 @@ class Extraction:
         """The second call; the extraction already stands, so a failure here is only logged."""
         assert self.reconciler is not None
         facts = [
-            m for m in applied
+            m
+            for m in applied
             if m.layer == common_pb2.L3_FACT and m.label != EXPERIENCE and m.status == "active"
         ]
         if not facts:
@@ -184,7 +186,11 @@ class Extraction:
         best: dict[str, common_pb2.ScoredMemory] = {}
         for vector in vectors:
             for hit in await self.store.vector_search(
-                scope, vector, model_id, [common_pb2.L3_FACT], self.related_facts,
+                scope,
+                vector,
+                model_id,
+                [common_pb2.L3_FACT],
+                self.related_facts,
                 self.related_score,
             ):
                 if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
@@ -240,9 +246,7 @@ class Extraction:
         scope = owner_scope(raw)
         refused = set(tombstones(raw))
         new_texts = [f.text for f in plan.facts] + plan.experiences
-        vectors = (
-            (await self.embedder.embed(new_texts))[0] if new_texts else np.zeros((0, 1))
-        )
+        vectors = (await self.embedder.embed(new_texts))[0] if new_texts else np.zeros((0, 1))
         refused_vectors = (
             (await self.embedder.embed(sorted(refused)))[0] if refused else np.zeros((0, 1))
         )
@@ -257,6 +261,8 @@ class Extraction:
         ops: list[store_pb2.Op] = []
         retired: dict[str, store_pb2.Op] = {}
         mirrors: list[common_pb2.Memory] | None = None
+        # The facts this turn gave, by id: the page lines of the same turn cite them.
+        fed: list[tuple[str, str]] = []
 
         def base(layer: int, content: str, label: str = "") -> store_pb2.NewMemory:
             return store_pb2.NewMemory(
@@ -295,6 +301,8 @@ class Extraction:
             ref = f"f{i}"
             row = base(common_pb2.L3_FACT, fact.text, fact.label)
             row.ref = ref
+            row.id = str(uuid.uuid4())
+            fed.append((fact.text, row.id))
             row.count = 1
             if fact.event_at is not None:
                 row.event_at = fact.event_at
@@ -342,14 +350,23 @@ class Extraction:
         for memory in plan.moved_on:
             await retire(memory, "dropped", "", "moved on")
 
-        ops.extend(await self._page_ops(raw, plan, refused, base))
+        ops.extend(await self._page_ops(raw, plan, refused, base, fed))
         ops.extend(retired.values())
         return ops
 
     async def _page_ops(
-        self, raw: common_pb2.Memory, plan: Plan, refused: set[str], base: Any
+        self,
+        raw: common_pb2.Memory,
+        plan: Plan,
+        refused: set[str],
+        base: Any,
+        fed: Sequence[tuple[str, str]],
     ) -> list[store_pb2.Op]:
-        """Page inserts and updates: a changed state moves the old one into the history."""
+        """Page inserts and updates: a changed state moves the old one into the history.
+
+        Each line cites the facts of its turn that name the entity, so the store can mark the
+        line stale when they are retired (a line no such fact backs never goes stale).
+        """
         if not plan.pages:
             return []
         by_name = {_page_name(p).casefold(): p for p in await self._all_pages(owner_scope(raw))}
@@ -361,6 +378,7 @@ class Extraction:
             if key in seen or normalise(page_op.state) in refused:
                 continue
             seen.add(key)
+            facts = [i for text, i in fed if key in text.casefold()]
             page = page_op.page or by_name.get(key)
             if page is None:
                 row = base(
@@ -368,7 +386,9 @@ class Extraction:
                     page_content(page_op.name, page_op.state, []),
                     ENTITY_LABEL,
                 )
-                row.metadata_json = page_metadata(page_op.name, page_op.kind, page_op.state, [])
+                row.metadata_json = page_metadata(
+                    page_op.name, page_op.kind, page_op.state, [], facts
+                )
                 ops.append(store_pb2.Op(insert=row))
                 continue
             meta = _page_meta(page)
@@ -381,9 +401,14 @@ class Extraction:
                 since = meta.get("since") or datetime.fromtimestamp(
                     page.updated_at or page.created_at, UTC
                 ).strftime("%Y-%m-%d")
-                history.insert(0, {"date": str(since), "state": state})
+                entry: dict[str, Any] = {"date": str(since), "state": state}
+                if isinstance(meta.get("facts"), list):
+                    entry["facts"] = meta["facts"]
+                if meta.get("stale"):
+                    entry["stale"] = True
+                history.insert(0, entry)
             kind = page_op.kind or str(meta.get("kind") or "")
-            new_meta = json.loads(page_metadata(name, kind, page_op.state, history))
+            new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts))
             new_meta["since"] = today
             ops.append(
                 update_op(

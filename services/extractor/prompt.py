@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from services.extractor.parse import Candidate
+from shared.pages import page_text
 
 MAX_TEXT_BYTES = 16_000
 ELLIPSIS = "…"
@@ -93,18 +95,28 @@ def extraction_messages(
     ]
 
 
-def page_content(name: str, state: str, history: Sequence[dict[str, str]]) -> str:
+def page_content(
+    name: str, state: str, history: Sequence[dict[str, Any]], state_stale: bool = False
+) -> str:
     """An entity page: its current state, then the dated history of earlier states."""
-    lines = [f"{name}: {state}"]
-    if history:
-        lines.append("History:")
-        lines.extend(f"- {entry['date']}: {entry['state']}" for entry in history)
-    return "\n".join(lines)
+    return page_text(name, state, history, state_stale)
 
 
-def page_metadata(name: str, kind: str, state: str, history: Sequence[dict[str, str]]) -> str:
-    """The page's structured form, kept in its metadata."""
+def page_metadata(
+    name: str,
+    kind: str,
+    state: str,
+    history: Sequence[dict[str, Any]],
+    facts: Sequence[str] = (),
+) -> str:
+    """The page's structured form, kept in its metadata; facts: the facts that fed the state."""
     return json.dumps(
-        {"entity": name, "kind": kind, "state": state, "history": list(history)},
+        {
+            "entity": name,
+            "kind": kind,
+            "state": state,
+            "history": list(history),
+            "facts": list(facts),
+        },
         ensure_ascii=False,
     )

@@ -446,6 +446,15 @@ class Tx:
         )
         return [_row(r) for r in rows]
 
+    async def pages_citing(self, memory_id: str) -> list[MemoryRow]:
+        """Entity pages (L8) whose metadata names memory_id (a line cites it as a fact)."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE layer = 'l8_entity' "
+            "AND instr(metadata, ?) > 0",
+            (json.dumps(memory_id),),
+        )
+        return [_row(r) for r in rows]
+
     async def live_edge(
         self, user_id: str, agent_id: str, triple: tuple[str, str, str]
     ) -> Edge | None:

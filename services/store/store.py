@@ -51,6 +51,7 @@ from services.store.model import (
 )
 from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from shared.pages import mark_lines, page_text_of
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class Store:
         vectors = await self._embed(texts) if texts else np.zeros((0, self.model.ndim))
         changes = IndexChanges()
         results: list[MemoryRow | None] = []
+        pages: set[str] = set()
         async with self._write_lock:
             now = time.time()
             next_vector = iter(vectors)
@@ -199,7 +201,7 @@ class Store:
                             actor=actor, action="delete", row=before, before=before, after=None,
                             reason=reason, at=now,
                         )
-                        await self._retire_derived(tx, op.id, actor, now)
+                        pages |= await self._retire_derived(tx, op.id, actor, now)
                         results.append(None)
                         continue
                     fields: dict[str, Any] = {"updated_at": now}
@@ -254,16 +256,64 @@ class Store:
                         if op.pass_id:
                             await tx.record_pass_change(op.pass_id, "retire", op.id)
                         if op.superseded_how in KILLS_DERIVED or not op.superseded_how:
-                            await self._retire_derived(tx, op.id, actor, now)
+                            pages |= await self._retire_derived(tx, op.id, actor, now)
                     elif isinstance(op, Restore):
-                        await self._restore_derived(tx, op.id, actor, now)
+                        pages |= await self._restore_derived(tx, op.id, actor, now)
                     results.append(after)
             if self._indexes is not None:
                 await self._indexes.apply(changes)
+        await self._render_pages(pages, actor)
         return results
 
-    async def _retire_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> None:
-        """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges."""
+    async def _mark_pages(self, tx: Tx, memory_id: str, actor: str, now: float) -> set[str]:
+        """Marks the entity page lines memory_id fed stale while any fact behind them is dead.
+
+        Returns the pages whose marks changed; their text is rendered again after the commit.
+        """
+        touched: set[str] = set()
+        for page in await tx.pages_citing(memory_id):
+            meta = json.loads(page.metadata_json or "{}")
+            lines = [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]
+            cited = {
+                f for line in lines if memory_id in (line.get("facts") or []) for f in line["facts"]
+            }
+            dead: set[str] = set()
+            for fact_id in cited:
+                fact = await tx.get(fact_id)
+                if fact is None or (
+                    fact.status == RETIRED
+                    and (fact.superseded_how in KILLS_DERIVED or not fact.superseded_how)
+                ):
+                    dead.add(fact_id)
+            if not mark_lines(meta, memory_id, dead):
+                continue
+            after = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
+            await tx.update(page.id, {"updated_at": now, "metadata": after})
+            await tx.audit(
+                actor=actor, action="update", row=page, before=page, after=await tx.get(page.id),
+                reason=f"page lines fed by {memory_id} marked", at=now,
+            )
+            touched.add(page.id)
+        return touched
+
+    async def _render_pages(self, pages: set[str], actor: str) -> None:
+        """Renders each page again from its metadata, leaving out its stale lines."""
+        for page_id in sorted(pages):
+            page = await self._repo.get(page_id)
+            if page is None:
+                continue
+            text = page_text_of(json.loads(page.metadata_json or "{}"))
+            if text != page.content:
+                await self.apply(
+                    Reach(None), [Update(id=page_id, content=text)], actor, "page re-rendered"
+                )
+
+    async def _retire_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> set[str]:
+        """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges.
+
+        Also marks the entity page lines memory_id fed; returns those pages.
+        """
+        pages = await self._mark_pages(tx, memory_id, actor, now)
         for row in await tx.derived_from(memory_id):
             if row.status != ACTIVE:
                 continue
@@ -282,9 +332,14 @@ class Store:
             )
             for edge in await tx.edges_of_memories([row.id]):
                 await tx.update_edge(edge.id, stale=1)
+        return pages
 
-    async def _restore_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> None:
-        """Restores the stale rows resting on memory_id once all their evidence is live again."""
+    async def _restore_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> set[str]:
+        """Restores the stale rows resting on memory_id once all their evidence is live again.
+
+        Also clears the stale mark of page lines whose facts are all live; returns those pages.
+        """
+        pages = await self._mark_pages(tx, memory_id, actor, now)
         for row in await tx.derived_from(memory_id):
             if row.status != RETIRED or row.superseded_how != "stale":
                 continue
@@ -307,6 +362,7 @@ class Store:
             )
             for edge in await tx.edges_of_memories([row.id]):
                 await tx.update_edge(edge.id, stale=0)
+        return pages
 
     async def _put_edge(
         self, tx: Tx, reach: Reach, op: PutEdge, now: float, where: str
@@ -372,6 +428,7 @@ class Store:
         actor = actor or DEFAULT_ACTOR
         undone = Undone()
         why = f"undo of pass {pass_id}"
+        pages: set[str] = set()
         async with self._write_lock:
             now = time.time()
             async with self._repo.transaction() as tx:
@@ -407,11 +464,11 @@ class Store:
                             after=await tx.get(target), reason=why, at=now,
                         )
                         if action == "retire":
-                            await self._retire_derived(tx, target, actor, now)
+                            pages |= await self._retire_derived(tx, target, actor, now)
                             for edge in await tx.edges_of_memories([target]):
                                 await tx.update_edge(edge.id, undone=1)
                         else:
-                            await self._restore_derived(tx, target, actor, now)
+                            pages |= await self._restore_derived(tx, target, actor, now)
                         continue
                     if await tx.get_edge(target) is None:
                         continue
@@ -428,6 +485,7 @@ class Store:
                         await tx.update_edge(
                             target, valid_to=before["valid_to"], invalidated_at=None
                         )
+        await self._render_pages(pages, actor)
         return undone
 
     async def _add_keys(
