@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/*.proto)
 .PHONY: run test protos lint bench venv clean
 
 # What the tests need besides the project's virtualenv: Hermes's own venv, a browser, the stubs.
-TEST_DEPS := protos hermes-venv browser
+TEST_DEPS := protos hermes-venv browser llm-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
