@@ -15,6 +15,7 @@ from gateway.params import Params, read_body
 from gateway.shapes import rfc3339
 from gateway.state import CONFIG, CONSOLIDATOR, STORE
 from shared.errors import InvalidArgument, PermissionDenied
+from shared.layers import layer_name
 from shared.pb import common_pb2, consolidator_pb2, store_pb2
 
 routes = web.RouteTableDef()
@@ -23,6 +24,8 @@ NO_SLOW_PATH = "this mode has no slow path; consolidation runs only in ultra"
 ADMIN_OFF = "maintenance endpoints are off: restart the server with HYATLAS_ADMIN=on"
 PASS_TIMEOUT_S = 11 * 60.0
 GRAPH_LIMIT = 500
+# The store lists at most this many rows at once: the memory nodes of /api/v1/edges.
+MEMORY_NODES = 1000
 ZERO_TIME = "0001-01-01T00:00:00Z"
 # Report fields the reference leaves out when empty.
 _OMIT_EMPTY = ("skipped_owners", "errors")
@@ -277,17 +280,65 @@ async def graph_as_of(request: web.Request) -> web.Response:
 
 @routes.get("/api/v1/edges")
 async def edges_view(request: web.Request) -> web.Response:
-    """The L5 relations with their evidence turns."""
+    """The L5 relations with their evidence turns, and links between the newest n live memories.
+
+    co_session links each memory to the next one of its session (a chain per session, oldest
+    first); semantic links each memory to its k_semantic nearest among those memories by their
+    stored vectors. Raw turns (L2) are left out of both; memory nodes have type "memory".
+    """
     params = Params(request.query, {})
     limit = params.integer("n", GRAPH_LIMIT, lo=1, hi=100_000)
-    params.integer("k_semantic", 3, lo=0, hi=50)
-    edges, total = await _edges(request, _owner_scope(params), limit)
+    k = params.integer("k_semantic", 3, lo=0, hi=50)
+    scope = _owner_scope(params)
+    edges, total = await _edges(request, scope, limit)
+    timeout = request.app[CONFIG].rpc_timeout_s
+    listed = await request.app[STORE].ListMemories(
+        store_pb2.ListMemoriesRequest(
+            scope=scope, exclude_layers=[common_pb2.L2_RAW], limit=min(limit, MEMORY_NODES)
+        ),
+        timeout=timeout,
+    )
+    memories = list(listed.memories)
+    sessions: dict[str, list[common_pb2.Memory]] = {}
+    for memory in reversed(memories):  # the store lists newest first (ties by write order)
+        if memory.owner.session_id:
+            sessions.setdefault(memory.owner.session_id, []).append(memory)
+    co_session = [
+        {"from": a.id, "to": b.id, "relation": "co_session", "weight": 1.0, "session_id": sid}
+        for sid, rows in sessions.items()
+        for a, b in zip(rows, rows[1:], strict=False)
+    ]
+    semantic: list[dict[str, Any]] = []
+    if k and len(memories) > 1:
+        reply = await request.app[STORE].Neighbours(
+            store_pb2.NeighboursRequest(scope=scope, ids=[m.id for m in memories], k=k),
+            timeout=timeout,
+        )
+        semantic = [
+            {
+                "from": link.from_id,
+                "to": link.to_id,
+                "relation": "semantic",
+                "weight": round(link.score, 4),
+            }
+            for link in reply.links
+        ]
+    memory_nodes = [
+        {
+            "id": m.id,
+            "label": m.content[:80],
+            "type": "memory",
+            "layer": layer_name(m.layer),
+            **_owner_fields(m.owner),
+        }
+        for m in memories
+    ]
     return _json(
         {
-            "nodes": nodes_json(edges),
+            "nodes": nodes_json(edges) + memory_nodes,
             "knowledge": [edge_json(e) for e in edges],
-            "co_session": [],
-            "semantic": [],
+            "co_session": co_session,
+            "semantic": semantic,
             "total_edges": total,
         }
     )

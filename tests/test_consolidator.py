@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
@@ -476,3 +477,44 @@ async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
         await assert_eventually(pruned, timeout_s=20, interval_s=0.3)
         assert [r.id for r in await api.rows(user, "l2_raw")] == [cited]
         assert uncited not in {r.id for r in await api.rows(user, "l2_raw")}
+
+
+async def test_edges_link_memories_of_one_session_and_each_to_its_nearest(api: Api) -> None:
+    user, other = marker(), marker()
+
+    def fact(text: str, session: str) -> store_pb2.Op:
+        op = new(user, L3, f"{user} {text}")
+        op.insert.owner.session_id = session
+        return op
+
+    rows = await store_apply(
+        api.store_address,
+        user,
+        fact("drinks green tea every morning", "s1"),
+        fact("repairs old road bikes in the garage", "s1"),
+        fact("prefers green tea to coffee", "s1"),
+        fact("fixes bicycles for neighbours", "s2"),
+    )
+    tea, bikes, tea_again, fixes = (r.id for r in rows)
+    (raw,) = await store_apply(api.store_address, user, new(user, L2, f"{user} a raw turn"))
+    body = await api.ok("GET", "/api/v1/edges", params={"user_id": user, "k_semantic": 1})
+    pairs = [(e["from"], e["to"], e["session_id"]) for e in body["co_session"]]
+    assert pairs == [(tea, bikes, "s1"), (bikes, tea_again, "s1")]
+    nearest = {e["from"]: e["to"] for e in body["semantic"]}
+    assert nearest == {tea: tea_again, tea_again: tea, bikes: fixes, fixes: bikes}
+    assert all(e["relation"] == "semantic" and 0 < e["weight"] <= 1 for e in body["semantic"])
+    memory_nodes = {n["id"] for n in body["nodes"] if n["type"] == "memory"}
+    assert memory_nodes == {tea, bikes, tea_again, fixes} and raw.id not in memory_nodes
+
+    none = await api.ok("GET", "/api/v1/edges", params={"user_id": user, "k_semantic": 0})
+    assert none["semantic"] == [] and len(none["co_session"]) == 2
+    # The store refuses to link memories outside the scope.
+    async with open_channel(api.store_address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await store_pb2_grpc.StoreStub(channel).Neighbours(
+                store_pb2.NeighboursRequest(
+                    scope=common_pb2.Scope(user_id=other), ids=[tea, bikes], k=1
+                ),
+                timeout=10,
+            )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND

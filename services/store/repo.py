@@ -660,6 +660,17 @@ class Repo:
             (key, value),
         )
 
+    async def memory_vectors(
+        self, memory_ids: Sequence[str], model_id: str
+    ) -> dict[str, np.ndarray]:
+        """The stored vectors (of model_id) of memories, by memory id."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT memory_id, vector FROM vectors WHERE model_id = ? "
+            "AND memory_id IN (SELECT value FROM json_each(?))",
+            (model_id, json.dumps(list(memory_ids))),
+        )
+        return {memory_id: np.frombuffer(blob, dtype="<f4") for memory_id, blob in rows}
+
     async def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model made."""
         rows = await self.reader.execute_fetchall(

@@ -343,6 +343,17 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         )
 
     @grpc_errors
+    async def Neighbours(
+        self, request: store_pb2.NeighboursRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.NeighboursResponse:
+        links = await self._store.neighbours(
+            self._reach(request.scope), list(request.ids), request.k
+        )
+        return store_pb2.NeighboursResponse(
+            links=[store_pb2.Neighbour(from_id=a, to_id=b, score=s) for a, b, s in links]
+        )
+
+    @grpc_errors
     async def UndoPass(
         self, request: store_pb2.UndoPassRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.UndoPassResponse:

@@ -864,6 +864,30 @@ class Store:
         """Edges of a reach: the live graph now, or as it stood at as_of."""
         return await self._repo.list_edges(reach, as_of, include_stale, _page(limit))
 
+    async def neighbours(
+        self, reach: Reach, memory_ids: Sequence[str], k: int
+    ) -> list[tuple[str, str, float]]:
+        """Each memory's k nearest among the given ones: (from, to, cosine), nearest first."""
+        if k < 0:
+            raise InvalidArgument("k must not be negative")
+        ids = list(dict.fromkeys(memory_ids))
+        if len(ids) > MAX_LIMIT:
+            raise InvalidArgument(f"at most {MAX_LIMIT} ids at once, got {len(ids)}")
+        for memory_id in ids:
+            await self.get(reach, memory_id)
+        vectors = await self._repo.memory_vectors(ids, self.model.model_id)
+        kept = [i for i in ids if i in vectors]
+        if k == 0 or len(kept) < 2:
+            return []
+        matrix = np.stack([vectors[i] for i in kept])
+        scores = matrix @ matrix.T
+        np.fill_diagonal(scores, -np.inf)
+        links: list[tuple[str, str, float]] = []
+        for a, memory_id in enumerate(kept):
+            for b in np.argsort(-scores[a], kind="stable")[: min(k, len(kept) - 1)]:
+                links.append((memory_id, kept[b], float(scores[a, b])))
+        return links
+
     async def get_state(self, prefix: str) -> list[tuple[str, str]]:
         """State values under a key prefix."""
         return await self._repo.get_state(prefix)
