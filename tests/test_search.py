@@ -360,6 +360,11 @@ def test_config_refuses_an_unknown_stage_and_names_the_variable() -> None:
         SearchConfig.from_env({"HYATLAS_SEARCH_DISABLE_STAGES": "dedupe,nope"})
 
 
+def test_fusion_cannot_be_switched_off() -> None:
+    with pytest.raises(ConfigError, match="unknown search stage fuse"):
+        SearchConfig.from_env({"HYATLAS_SEARCH_DISABLE_STAGES": "fuse"})
+
+
 def test_config_looks_for_now_pages_only_in_llm_modes() -> None:
     assert SearchConfig.from_env({"HYATLAS_MODE": "lite"}).now_pages is False
     pro = SearchConfig.from_env({"HYATLAS_MODE": "pro", "HYATLAS_SEARCH_DISABLE_STAGES": "l5_cap"})

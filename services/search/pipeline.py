@@ -103,6 +103,10 @@ RELAXED_KEYWORDS = "relaxed_keywords"
 RETRIEVAL_SWITCHES = (CONTEXT_KEYS, RELAXED_KEYWORDS)
 
 
+# Fusion makes the ranking; without it there is nothing for the other stages to order.
+ALWAYS_ON = frozenset({"fuse"})
+
+
 def switchable_names() -> tuple[str, ...]:
     """Every name HYATLAS_SEARCH_DISABLE_STAGES and a request's skip_stages accept."""
-    return (*LITE_PIPELINE.names, *RETRIEVAL_SWITCHES)
+    return (*(n for n in LITE_PIPELINE.names if n not in ALWAYS_ON), *RETRIEVAL_SWITCHES)
