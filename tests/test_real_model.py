@@ -73,7 +73,9 @@ async def test_a_real_model_conversation_ends_extracted_and_searchable(pro: Stac
 
     raw = await api.ok("GET", "/api/v1/list", params={"user_id": user, "layer": "l2_raw"})
     assert raw["total"] == len(CONVERSATION)
-    assert {m["memory_id"]: m["extraction_status"] for m in raw["memories"]} == written
+    assert {m["memory_id"] for m in raw["memories"]} == set(written)
+    # Catch-up may have extracted a failed row since; none is left pending.
+    assert {m["extraction_status"] for m in raw["memories"]} <= {"done", "failed"}, raw
     assert {m["content"] for m in raw["memories"]} == set(CONVERSATION)
 
     # Whatever it derived, each live row is found by a search for its own text (of rows with
