@@ -25,6 +25,11 @@ REMINDER = (
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*|\s*```$")
 # The primary's share of one call's time when a fallback stands behind it.
 PRIMARY_SHARE = 2 / 3
+DEFAULT_MAX_TOKENS = 1024
+# How a call asks for JSON, most specific first; a server that refuses one form gets the next.
+JSON_SCHEMA, OBJECT_WITH_SCHEMA, JSON_OBJECT, NO_FORMAT = range(4)
+# Words in an error that show the server refused the reply format rather than failed.
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "'text'")
 
 
 class LlmUnavailable(Unavailable):
@@ -33,6 +38,51 @@ class LlmUnavailable(Unavailable):
 
 class LlmMalformed(ServiceError):
     """The model's reply was not a JSON object, even after the reminder."""
+
+
+@dataclass(frozen=True)
+class ReplySchema:
+    """The JSON schema one kind of reply is asked to follow, under a short name."""
+
+    name: str
+    schema: dict[str, Any]
+
+
+def object_schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """An object schema of these properties; all are required unless required names some."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else required,
+    }
+
+
+def array_of(items: dict[str, Any]) -> dict[str, Any]:
+    """An array schema whose items follow items."""
+    return {"type": "array", "items": items}
+
+
+def response_format(form: int, reply: ReplySchema) -> dict[str, Any] | None:
+    """The response_format of one form (None: send none)."""
+    if form == JSON_SCHEMA:
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": reply.name, "schema": reply.schema, "strict": False},
+        }
+    if form == OBJECT_WITH_SCHEMA:
+        # llama-cpp-python's own form: it turns the schema into a grammar.
+        return {"type": "json_object", "schema": reply.schema}
+    if form == JSON_OBJECT:
+        return {"type": "json_object"}
+    return None
+
+
+def refuses_format(exc: openai.APIStatusError) -> bool:
+    """Whether an error answer refuses the reply format (as opposed to the model failing)."""
+    if exc.status_code == 400:
+        return True
+    text = str(exc).lower()
+    return exc.status_code in (422, 500) and any(word in text for word in _FORMAT_WORDS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +160,7 @@ class LlmClient:
         fallback_model: str = "",
         fallback_base: str = "",
         fallback_key: str | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         self.base = base
         self.model = model
@@ -118,7 +169,9 @@ class LlmClient:
         self.fallback_model = fallback_model
         self.fallback_base = fallback_base or base
         self.fallback_key = fallback_key
-        self._no_response_format: set[tuple[str, str]] = set()
+        self.max_tokens = max_tokens
+        # The form each endpoint last answered in; one not listed starts at JSON_SCHEMA.
+        self._forms: dict[tuple[str, str], int] = {}
 
     @property
     def configured(self) -> bool:
@@ -147,9 +200,19 @@ class LlmClient:
             Endpoint(self.fallback_base, self.fallback_model, fallback_key, self.timeout_s - share),
         ]
 
-    async def json_reply(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """The model's reply as a JSON object; one retry with a reminder when it is malformed."""
-        reply = await self.complete(messages)
+    def form_of(self, endpoint: Endpoint) -> int:
+        """The reply format an endpoint is asked for next (JSON_SCHEMA .. NO_FORMAT)."""
+        return self._forms.get((endpoint.base, endpoint.model), JSON_SCHEMA)
+
+    async def json_reply(
+        self, messages: list[dict[str, str]], schema: ReplySchema
+    ) -> dict[str, Any]:
+        """The model's reply as a JSON object; one retry with a reminder when it is malformed.
+
+        The schema guides the model where the server takes one; the reply is still checked by
+        its caller, since no server is relied on to enforce it.
+        """
+        reply = await self.complete(messages, schema)
         try:
             return parse_json_object(reply)
         except ValueError as exc:
@@ -159,29 +222,32 @@ class LlmClient:
             {"role": "assistant", "content": reply[:4000]},
             {"role": "user", "content": REMINDER},
         ]
-        reply = await self.complete(retry)
+        reply = await self.complete(retry, schema)
         try:
             return parse_json_object(reply)
         except ValueError as exc:
             raise LlmMalformed(f"the model's reply is not a JSON object: {exc}") from None
 
-    async def complete(self, messages: list[dict[str, str]]) -> str:
+    async def complete(self, messages: list[dict[str, str]], schema: ReplySchema) -> str:
         """One completion: each endpoint in turn, and the whole round once more if all fail."""
         errors: list[str] = []
         for _round in range(2):
             for endpoint in self.endpoints():
                 try:
-                    return await self._call(endpoint, messages)
+                    return await self._call(endpoint, messages, schema)
                 except LlmUnavailable as exc:
                     log.warning("llm %s at %s failed: %s", endpoint.model, endpoint.base, exc)
                     errors.append(f"{endpoint.model}: {exc.message}")
         raise LlmUnavailable("; ".join(errors[-2:]))
 
-    async def _call(self, endpoint: Endpoint, messages: list[dict[str, str]]) -> str:
+    async def _call(
+        self, endpoint: Endpoint, messages: list[dict[str, str]], schema: ReplySchema
+    ) -> str:
         deadline = time.monotonic() + endpoint.timeout_s
         headers: dict[str, Any] = {}
         if endpoint.key is None or not endpoint.key:
             headers["Authorization"] = openai.Omit()
+        form = self.form_of(endpoint)
         async with AsyncOpenAI(
             base_url=endpoint.base,
             api_key=endpoint.key or "none",
@@ -189,10 +255,10 @@ class LlmClient:
             timeout=endpoint.timeout_s,
         ) as client:
             while True:
-                with_format = (endpoint.base, endpoint.model) not in self._no_response_format
                 extra: dict[str, Any] = {}
-                if with_format:
-                    extra["response_format"] = {"type": "json_object"}
+                wanted = response_format(form, schema)
+                if wanted is not None:
+                    extra["response_format"] = wanted
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise LlmUnavailable(f"timed out after {endpoint.timeout_s:g}s")
@@ -202,6 +268,8 @@ class LlmClient:
                             model=endpoint.model,
                             messages=messages,  # type: ignore[arg-type]
                             temperature=0,
+                            # Without a cap a small model under a JSON grammar may never stop.
+                            max_tokens=self.max_tokens,
                             extra_headers=headers,
                             timeout=left,
                             **extra,
@@ -210,23 +278,30 @@ class LlmClient:
                     raise LlmUnavailable(f"timed out after {endpoint.timeout_s:g}s") from None
                 except openai.APITimeoutError:
                     raise LlmUnavailable(f"timed out after {endpoint.timeout_s:g}s") from None
-                except openai.BadRequestError as exc:
-                    if with_format and "response_format" in str(exc):
-                        # This server does not take response_format: ask again without it.
-                        self._no_response_format.add((endpoint.base, endpoint.model))
+                except openai.APIStatusError as exc:
+                    if form != NO_FORMAT and refuses_format(exc):
+                        # The server does not take this format: ask again in the next one.
                         log.info(
-                            "%s does not take response_format; using the tolerant parser",
-                            endpoint.model,
+                            "%s at %s refuses response_format form %d (%s); trying the next",
+                            endpoint.model, endpoint.base, form, _short(exc),
                         )
+                        form += 1
                         continue
-                    raise LlmUnavailable(f"bad request: {exc}") from exc
+                    raise LlmUnavailable(f"HTTP {exc.status_code}: {_short(exc)}") from exc
                 except openai.OpenAIError as exc:
                     raise LlmUnavailable(str(exc) or type(exc).__name__) from exc
+                # Only a form that got an answer is remembered, so a 400 for another reason
+                # (a prompt too long, say) never downgrades the endpoint for later calls.
+                self._forms[(endpoint.base, endpoint.model)] = form
                 choices = answer.choices or []
                 text = (choices[0].message.content or "") if choices else ""
                 if not text.strip():
                     raise LlmUnavailable("empty reply")
                 return text
+
+
+def _short(exc: openai.APIStatusError) -> str:
+    return str(exc)[:300]
 
 
 def parse_json_object(text: str) -> dict[str, Any]:

@@ -27,6 +27,11 @@ def delayed(seconds: float, answer: Any) -> tuple[str, float, Any]:
     return ("__delay__", seconds, answer)
 
 
+def failing(status: int, message: str) -> tuple[str, int, str]:
+    """An error answer with this HTTP status and message."""
+    return ("__status__", status, message)
+
+
 @dataclass
 class Recorded:
     """One request the server received."""
@@ -126,6 +131,8 @@ class FakeLlm:
         if isinstance(reply, tuple) and reply and reply[0] == "__delay__":
             await asyncio.sleep(reply[1])
             reply = reply[2]
+        if isinstance(reply, tuple) and reply and reply[0] == "__status__":
+            return _error(reply[1], reply[2])
         if reply == HANG:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), 3600)

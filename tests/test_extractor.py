@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from services.extractor.extract import probe_texts
+from services.extractor.prompt import EXTRACTION_SCHEMA
 from shared.clients import EmbedderClient
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
@@ -81,7 +82,8 @@ async def test_prompt_carries_today_related_facts_and_open_intentions(
     assert datetime.now(UTC).strftime("%Y-%m-%d") in prompt
     assert "Alice plans to learn Portuguese" in prompt and "due 2026-12-31" in prompt
     assert request.headers["Authorization"] == f"Bearer {KEY}"
-    assert request.body["response_format"] == {"type": "json_object"}
+    assert request.body["response_format"]["json_schema"]["schema"] == EXTRACTION_SCHEMA.schema
+    assert request.body["max_tokens"] == 1024
 
     # Exactly the stored facts at cosine >= 0.70 to the turn (or one of its sentences) are
     # shown, none below.

@@ -9,9 +9,16 @@ import pytest
 
 from services.extractor.parse import Candidate, normalise, read_plan
 from services.extractor.prompt import cap_utf8, page_content
-from shared.llm import LlmClient, LlmKeys, parse_json_object
+from shared.llm import (
+    LlmClient,
+    LlmKeys,
+    LlmUnavailable,
+    ReplySchema,
+    object_schema,
+    parse_json_object,
+)
 from shared.pb import common_pb2
-from tests.llm_fake import ERROR, running_fake_llm
+from tests.llm_fake import ERROR, Recorded, failing, running_fake_llm
 
 
 @pytest.mark.parametrize(
@@ -143,17 +150,84 @@ def test_without_a_fallback_the_primary_gets_all_the_time() -> None:
     assert only.timeout_s == 30.0
 
 
+FACTS = ReplySchema("facts", object_schema({"facts": {"type": "array"}}))
+LLAMA_REFUSAL = "Input should be 'text' or 'json_object'"
+
+
+def _format_type(record: Recorded) -> str:
+    return str(record.body.get("response_format", {}).get("type", "none"))
+
+
+async def test_the_first_request_asks_for_the_schema_with_a_token_cap() -> None:
+    async with running_fake_llm() as fake:
+        fake.push({"facts": []})
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0, max_tokens=333)
+        assert await client.json_reply([{"role": "user", "content": "hi"}], FACTS) == {"facts": []}
+        (request,) = fake.requests
+        assert request.body["max_tokens"] == 333
+        assert request.body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "facts", "schema": FACTS.schema, "strict": False},
+        }
+
+
+async def test_a_server_refusing_json_schema_gets_json_object_with_the_schema_and_keeps_it() -> (
+    None
+):
+    async with running_fake_llm() as fake:
+        # llama-cpp-python's answer to OpenAI's json_schema form.
+        fake.answer = lambda r: (
+            failing(500, LLAMA_REFUSAL) if _format_type(r) == "json_schema" else {"facts": ["x"]}
+        )
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        reply = await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
+        assert reply == {"facts": ["x"]}
+        refused, taken = fake.requests
+        assert _format_type(refused) == "json_schema"
+        assert taken.body["response_format"] == {"type": "json_object", "schema": FACTS.schema}
+        assert taken.body["max_tokens"] == 1024
+        await client.json_reply([{"role": "user", "content": "again"}], FACTS)
+        assert len(fake.requests) == 3  # remembered: straight to the form that worked
+        assert fake.requests[-1].body["response_format"]["type"] == "json_object"
+
+
 async def test_a_server_that_refuses_response_format_is_asked_again_without_it() -> None:
     async with running_fake_llm() as fake:
         fake.takes_response_format = False
         fake.push('Facts: ```{"facts": [{"text": "B swims"}]}```')
         client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
-        reply = await client.json_reply([{"role": "user", "content": "<turn>\nx\n</turn>"}])
+        reply = await client.json_reply(
+            [{"role": "user", "content": "<turn>\nx\n</turn>"}], FACTS
+        )
         assert reply == {"facts": [{"text": "B swims"}]}
-        assert ["response_format" in r.body for r in fake.requests] == [True, False]
+        assert [_format_type(r) for r in fake.requests] == [
+            "json_schema", "json_object", "json_object", "none",
+        ]
+        assert "schema" not in fake.requests[2].body["response_format"]
         fake.push("{}")
-        await client.json_reply([{"role": "user", "content": "again"}])
+        await client.json_reply([{"role": "user", "content": "again"}], FACTS)
+        assert len(fake.requests) == 5
         assert "response_format" not in fake.requests[-1].body  # remembered
+
+
+async def test_a_server_error_that_is_no_format_refusal_counts_as_the_model_failing() -> None:
+    async with running_fake_llm() as fake:
+        fake.default = failing(500, "CUDA out of memory")
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        with pytest.raises(LlmUnavailable, match="out of memory"):
+            await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
+        # Two rounds, each at the first form: nothing was taken for a refusal.
+        assert [_format_type(r) for r in fake.requests] == ["json_schema", "json_schema"]
+
+
+async def test_a_bad_request_in_every_form_is_not_remembered_as_a_refusal() -> None:
+    async with running_fake_llm() as fake:
+        fake.push(*[failing(400, "the prompt is too long")] * 8, {"facts": []})
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        with pytest.raises(LlmUnavailable, match="too long"):
+            await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
+        await client.json_reply([{"role": "user", "content": "short"}], FACTS)
+        assert _format_type(fake.requests[-1]) == "json_schema"
 
 
 async def test_a_fallback_on_another_host_is_sent_no_key() -> None:
@@ -165,7 +239,7 @@ async def test_a_fallback_on_another_host_is_sent_no_key() -> None:
             fake.url, "main", LlmKeys("secret", ""), 10.0,
             fallback_model="backup", fallback_base=other_host,
         )
-        assert await client.json_reply([{"role": "user", "content": "hi"}]) == {"ok": True}
+        assert await client.json_reply([{"role": "user", "content": "hi"}], FACTS) == {"ok": True}
         main, backup = fake.requests
         assert main.headers["Authorization"] == "Bearer secret"
         assert "Authorization" not in backup.headers

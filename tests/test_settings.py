@@ -85,6 +85,7 @@ def test_pro_mode_blocks_on_extraction_unless_told_otherwise() -> None:
         ({"HYATLAS_MIN_SCORE": "high"}, "HYATLAS_MIN_SCORE='high' is not a number"),
         ({"HYATLAS_MMR_LAMBDA": "0"}, "HYATLAS_MMR_LAMBDA"),
         ({"HYATLAS_GO_PORT": "70000"}, "HYATLAS_GO_PORT"),
+        ({"HYATLAS_LLM_MAX_TOKENS": "0"}, "HYATLAS_LLM_MAX_TOKENS='0' is outside 16"),
     ],
 )
 def test_settings_that_cannot_run_are_fatal_and_name_the_variable(

@@ -35,6 +35,8 @@ class ConsolidatorConfig:
     """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
     fallback_key: str | None = None
     """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
+    max_tokens: int = 1024
+    """HYATLAS_LLM_MAX_TOKENS: the most tokens one reply may take."""
     call_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: how long one consolidation call may take."""
     every_s: float = 6 * 3600.0
@@ -78,6 +80,7 @@ class ConsolidatorConfig:
             fallback_model=settings.llm_fallback_model,
             fallback_base=settings.llm_fallback_base,
             fallback_key=settings.llm_fallback_key,
+            max_tokens=settings.llm_max_tokens,
             call_timeout_s=settings.extract_timeout_s,
             every_s=settings.consolidate_every_s or 6 * 3600.0,
             catchup_s=settings.consolidate_catchup_s,

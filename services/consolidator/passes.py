@@ -19,10 +19,12 @@ from services.consolidator.clusters import Cluster, assign, median, members_hash
 from services.consolidator.config import ConsolidatorConfig
 from services.consolidator.plan import PartialReply, Plan, read_patterns, read_plan
 from services.consolidator.prompt import (
+    CROSS_SCHEMA,
     CROSS_SCHEMAS_SHOWN,
     EDGES_SHOWN,
     SCHEMAS_SHOWN,
     consolidation_messages,
+    consolidation_schema,
     cross_messages,
     reply_keys,
 )
@@ -377,7 +379,9 @@ class Consolidator:
             self.config.graph,
         )
         try:
-            reply = await self.llm.json_reply(messages)
+            reply = await self.llm.json_reply(
+                messages, consolidation_schema(self.config.graph, ask_arc)
+            )
             report.llm_calls += 1
             plan = read_plan(
                 reply,
@@ -656,7 +660,7 @@ class Consolidator:
             if len(schemas) < 4 or len(topics) < 2:
                 continue
             try:
-                reply = await self.llm.json_reply(cross_messages(schemas))
+                reply = await self.llm.json_reply(cross_messages(schemas), CROSS_SCHEMA)
                 report.llm_calls += 1
                 patterns, refused = read_patterns(reply, len(schemas))
             except (LlmUnavailable, LlmMalformed, PartialReply) as exc:

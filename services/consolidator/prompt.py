@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from shared.llm import ReplySchema, array_of, object_schema
 from shared.pb import common_pb2, store_pb2
 
 FACT_CHARS = 400
@@ -49,6 +50,44 @@ def reply_keys(graph: bool, arc: bool) -> list[str]:
     if arc:
         keys.append("arc")
     return keys
+
+
+_NUMBERS = array_of({"type": "integer"})
+_DATE = {"type": ["string", "null"]}
+# What read_plan takes under each key; inside an op only what it cannot do without is required.
+_KEY_SCHEMAS = {
+    "merges": array_of(object_schema({"facts": _NUMBERS, "text": {"type": "string"}})),
+    "drops": array_of(object_schema({"fact": {"type": "integer"}, "reason": {"type": "string"}})),
+    "schemas": array_of(object_schema({"text": {"type": "string"}, "facts": _NUMBERS})),
+    "edges": array_of(
+        object_schema(
+            {
+                "subject": {"type": "string"},
+                "relation": {"type": "string"},
+                "object": {"type": "string"},
+                "facts": _NUMBERS,
+                "valid_from": _DATE,
+            },
+            ["subject", "relation", "object", "facts"],
+        )
+    ),
+    "end_edges": array_of(
+        object_schema({"edge": {"type": "string"}, "valid_to": _DATE}, ["edge"])
+    ),
+    "arc": {"type": "string"},
+}
+CROSS_SCHEMA = ReplySchema(
+    "cross_topic_patterns",
+    object_schema(
+        {"patterns": array_of(object_schema({"text": {"type": "string"}, "schemas": _NUMBERS}))}
+    ),
+)
+
+
+def consolidation_schema(graph: bool, arc: bool) -> ReplySchema:
+    """The schema of a reply carrying exactly reply_keys(graph, arc)."""
+    keys = reply_keys(graph, arc)
+    return ReplySchema("consolidation", object_schema({k: _KEY_SCHEMAS[k] for k in keys}))
 
 
 def _date(seconds: float) -> str:

@@ -35,6 +35,8 @@ class ExtractorConfig:
     """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
     fallback_key: str | None = None
     """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
+    max_tokens: int = 1024
+    """HYATLAS_LLM_MAX_TOKENS: the most tokens one reply may take."""
     extract_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
     reconcile: bool = False
@@ -89,6 +91,7 @@ class ExtractorConfig:
             fallback_model=settings.llm_fallback_model,
             fallback_base=settings.llm_fallback_base,
             fallback_key=settings.llm_fallback_key,
+            max_tokens=settings.llm_max_tokens,
             extract_timeout_s=settings.extract_timeout_s,
             reconcile=settings.reconcile,
             dedupe_score=settings.dedupe_score,

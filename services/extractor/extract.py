@@ -20,7 +20,13 @@ from services.extractor.parse import (
     normalise,
     read_plan,
 )
-from services.extractor.prompt import cap_utf8, extraction_messages, page_content, page_metadata
+from services.extractor.prompt import (
+    EXTRACTION_SCHEMA,
+    cap_utf8,
+    extraction_messages,
+    page_content,
+    page_metadata,
+)
 from services.extractor.reconcile import Reconciler
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
@@ -123,7 +129,7 @@ class Extraction:
         candidates = await self._candidates(scope, text, vectors, model_id)
         messages = extraction_messages(text, today, candidates)
         try:
-            reply = await self.llm.json_reply(messages)
+            reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
         except LlmMalformed as exc:
             await self._fail(scope, raw, str(exc.message), count_try=True)
             return Outcome(FAILED, exc.message)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.prompt import cap_utf8
-from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
+from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op
 
@@ -35,6 +35,8 @@ EPISODE_SYSTEM = """You summarise one episode of work: the conversation turns be
 with no long pause between them. In 2 to 4 sentences say what was done, what was decided and \
 what was left open, with names and dates. Reply with exactly one JSON object: \
 {"summary": "the summary"}."""
+NOW_SCHEMA = ReplySchema("now_page", object_schema({"now": {"type": "string"}}))
+EPISODE_SCHEMA = ReplySchema("episode_summary", object_schema({"summary": {"type": "string"}}))
 
 
 def _day(seconds: float) -> str:
@@ -130,7 +132,8 @@ class Living:
             [
                 {"role": "system", "content": NOW_SYSTEM},
                 {"role": "user", "content": cap_utf8("\n".join(lines))},
-            ]
+            ],
+            NOW_SCHEMA,
         )
         text = reply.get("now")
         if not isinstance(text, str) or not text.strip():
@@ -236,7 +239,8 @@ class Living:
             [
                 {"role": "system", "content": EPISODE_SYSTEM},
                 {"role": "user", "content": "<turns>\n" + cap_utf8(turns) + "\n</turns>"},
-            ]
+            ],
+            EPISODE_SCHEMA,
         )
         text = reply.get("summary")
         if not isinstance(text, str) or not text.strip():

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.parse import Candidate
+from shared.llm import ReplySchema, array_of, object_schema
 from shared.pages import page_text
 
 MAX_TEXT_BYTES = 16_000
@@ -46,6 +47,48 @@ to, or is another occurrence of, a shown fact, give that number as "updates".
 - Write an intention only for a goal that reaches beyond this exchange, and not again for a turn \
 that just continues a shown open intention.
 - Leave a list empty when the turn gives nothing for it. Small talk gives nothing."""
+
+_NUMBER = {"type": "integer"}
+_DATE = {"type": ["string", "null"]}
+_TEXT_ITEM = object_schema({"text": {"type": "string"}})
+# What read_plan takes: every list is required so a grammar-bound model writes each one;
+# only an item's text (an entity's name and state) is required inside it.
+EXTRACTION_SCHEMA = ReplySchema(
+    "extraction",
+    object_schema(
+        {
+            "facts": array_of(
+                object_schema(
+                    {
+                        "text": {"type": "string"},
+                        "event_at": _DATE,
+                        "label": {"type": "string"},
+                        "replaces": array_of(_NUMBER),
+                        "updates": {"type": ["integer", "null"]},
+                    },
+                    ["text"],
+                )
+            ),
+            "intentions": array_of(
+                object_schema({"text": {"type": "string"}, "due_at": _DATE}, ["text"])
+            ),
+            "intentions_done": array_of(_NUMBER),
+            "intentions_moved_on": array_of(_NUMBER),
+            "entities": array_of(
+                object_schema(
+                    {
+                        "name": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "state": {"type": "string"},
+                        "page": {"type": ["integer", "null"]},
+                    },
+                    ["name", "state"],
+                )
+            ),
+            "experiences": array_of(_TEXT_ITEM),
+        }
+    ),
+)
 
 
 def cap_utf8(text: str, limit: int = MAX_TEXT_BYTES) -> str:

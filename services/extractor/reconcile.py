@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.extractor.prompt import TURN_CLOSE, TURN_OPEN
-from shared.llm import LlmClient
+from shared.llm import LlmClient, ReplySchema, array_of, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
 
@@ -25,6 +25,23 @@ one series);
 Leave unrelated pairs out. Refer to facts only by their numbers in [brackets].
 Reply with exactly one JSON object: {"ops": [{"op": "UPDATE | SUPERSEDE | LINK", "new": number, \
 "old": number}]}"""
+# What reconcile reads: a list of ops, each naming a kind and two shown numbers.
+RECONCILE_SCHEMA = ReplySchema(
+    "reconcile",
+    object_schema(
+        {
+            "ops": array_of(
+                object_schema(
+                    {
+                        "op": {"type": "string", "enum": ["UPDATE", "SUPERSEDE", "LINK"]},
+                        "new": {"type": "integer"},
+                        "old": {"type": "integer"},
+                    }
+                )
+            )
+        }
+    ),
+)
 
 
 def _number(value: Any) -> int | None:
@@ -72,7 +89,8 @@ class Reconciler:
         lines += [f"[{n}] {m.content}" for n, m in old_numbers.items()]
         lines.append(f"The turn they came from:\n{TURN_OPEN}\n{turn}\n{TURN_CLOSE}")
         reply = await self.llm.json_reply(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines)}],
+            RECONCILE_SCHEMA,
         )
         ops: list[store_pb2.Op] = []
         touched: set[str] = set()

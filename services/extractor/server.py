@@ -37,6 +37,7 @@ def make_llm(config: ExtractorConfig) -> LlmClient:
         fallback_model=config.fallback_model,
         fallback_base=config.fallback_base,
         fallback_key=config.fallback_key,
+        max_tokens=config.max_tokens,
     )
 
 
