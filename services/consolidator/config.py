@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.llm import LlmSettings
 from shared.settings import Settings
 
 
@@ -21,24 +22,8 @@ class ConsolidatorConfig:
     """HYATLAS_EMBEDDER_ADDR: the embedder's gRPC address (clusters and guards)."""
     mode: str = "ultra"
     """HYATLAS_MODE: only ultra runs passes."""
-    llm_base: str = ""
-    """HYATLAS_LLM_BASE: the primary OpenAI-compatible endpoint."""
-    llm_model: str = ""
-    """HYATLAS_LLM_MODEL: the primary model."""
-    llm_key: str = ""
-    """HYATLAS_LLM_KEY: the key used when the key file gives none."""
-    llm_key_file: str = ""
-    """HYATLAS_LLM_KEY_FILE: a plain-text key file, read on every call."""
-    fallback_model: str = ""
-    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails."""
-    fallback_base: str = ""
-    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
-    fallback_key: str | None = None
-    """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
-    max_tokens: int = 1024
-    """HYATLAS_LLM_MAX_TOKENS: the most tokens one reply may take."""
-    call_timeout_s: float = 300.0
-    """HYATLAS_EXTRACT_TIMEOUT: how long one consolidation call may take."""
+    llm: LlmSettings = LlmSettings()
+    """HYATLAS_LLM_*: the model, its key and fallback, call timeout and reply cap."""
     every_s: float = 6 * 3600.0
     """HYATLAS_CONSOLIDATE_EVERY: interval between passes."""
     catchup_s: float | None = 20 * 60.0
@@ -73,15 +58,7 @@ class ConsolidatorConfig:
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,
-            llm_base=settings.llm_base,
-            llm_model=settings.llm_model,
-            llm_key=settings.llm_key,
-            llm_key_file=settings.llm_key_file,
-            fallback_model=settings.llm_fallback_model,
-            fallback_base=settings.llm_fallback_base,
-            fallback_key=settings.llm_fallback_key,
-            max_tokens=settings.llm_max_tokens,
-            call_timeout_s=settings.extract_timeout_s,
+            llm=LlmSettings.from_settings(settings),
             every_s=settings.consolidate_every_s or 6 * 3600.0,
             catchup_s=settings.consolidate_catchup_s,
             batch=settings.consolidate_batch,

@@ -14,7 +14,6 @@ from services.consolidator.passes import Busy, Consolidator
 from services.consolidator.servicer import ConsolidatorServicer
 from shared.clients import EmbedderClient
 from shared.errors import ServiceError
-from shared.llm import LlmClient, LlmKeys
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import until_stopped
@@ -22,20 +21,6 @@ from shared.settings import Settings
 from shared.store_client import GraphStoreClient
 
 log = logging.getLogger(__name__)
-
-
-def make_llm(config: ConsolidatorConfig) -> LlmClient:
-    """The LLM client the settings describe."""
-    return LlmClient(
-        base=config.llm_base,
-        model=config.llm_model,
-        keys=LlmKeys(config.llm_key, config.llm_key_file),
-        timeout_s=config.call_timeout_s,
-        fallback_model=config.fallback_model,
-        fallback_base=config.fallback_base,
-        fallback_key=config.fallback_key,
-        max_tokens=config.max_tokens,
-    )
 
 
 async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -> None:
@@ -77,7 +62,7 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             config,
             GraphStoreClient(store_channel, timeout_s=120.0),
             EmbedderClient(embedder_channel),
-            make_llm(config),
+            config.llm.client(),
             Settings(user_aliases=config.user_aliases).canonical_user,
         )
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.llm import LlmSettings
 from shared.settings import Settings, read_duration
 
 
@@ -21,24 +22,8 @@ class ExtractorConfig:
     """HYATLAS_EMBEDDER_ADDR: the embedder's gRPC address (turn and fact vectors)."""
     mode: str = "ultra"
     """HYATLAS_MODE: lite never calls the LLM; pro and ultra extract every write."""
-    llm_base: str = ""
-    """HYATLAS_LLM_BASE: the primary OpenAI-compatible endpoint."""
-    llm_model: str = ""
-    """HYATLAS_LLM_MODEL: the primary model."""
-    llm_key: str = ""
-    """HYATLAS_LLM_KEY: the key used when no posted key or key file gives one."""
-    llm_key_file: str = ""
-    """HYATLAS_LLM_KEY_FILE: a plain-text key file, read on every call."""
-    fallback_model: str = ""
-    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails; empty: no fallback."""
-    fallback_base: str = ""
-    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
-    fallback_key: str | None = None
-    """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
-    max_tokens: int = 1024
-    """HYATLAS_LLM_MAX_TOKENS: the most tokens one reply may take."""
-    extract_timeout_s: float = 300.0
-    """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
+    llm: LlmSettings = LlmSettings()
+    """HYATLAS_LLM_*: the extraction model, its key and fallback, timeout and reply cap."""
     reconcile: bool = False
     """HYATLAS_RECONCILE: a second call compares new facts with similar stored ones."""
     dedupe_score: float = 0.92
@@ -84,15 +69,7 @@ class ExtractorConfig:
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,
-            llm_base=settings.llm_base,
-            llm_model=settings.llm_model,
-            llm_key=settings.llm_key,
-            llm_key_file=settings.llm_key_file,
-            fallback_model=settings.llm_fallback_model,
-            fallback_base=settings.llm_fallback_base,
-            fallback_key=settings.llm_fallback_key,
-            max_tokens=settings.llm_max_tokens,
-            extract_timeout_s=settings.extract_timeout_s,
+            llm=LlmSettings.from_settings(settings),
             reconcile=settings.reconcile,
             dedupe_score=settings.dedupe_score,
             catchup_every_s=settings.catchup_every_s,

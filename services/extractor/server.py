@@ -17,7 +17,6 @@ from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.worker import CatchupPolicy, Worker
 from shared.clients import EmbedderClient
-from shared.llm import LlmClient, LlmKeys
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import until_stopped
@@ -25,20 +24,6 @@ from shared.settings import Settings
 from shared.store_client import StoreClient
 
 log = logging.getLogger(__name__)
-
-
-def make_llm(config: ExtractorConfig) -> LlmClient:
-    """The LLM client the settings describe."""
-    return LlmClient(
-        base=config.llm_base,
-        model=config.llm_model,
-        keys=LlmKeys(config.llm_key, config.llm_key_file),
-        timeout_s=config.extract_timeout_s,
-        fallback_model=config.fallback_model,
-        fallback_base=config.fallback_base,
-        fallback_key=config.fallback_key,
-        max_tokens=config.max_tokens,
-    )
 
 
 @contextlib.asynccontextmanager
@@ -56,7 +41,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
         store = StoreClient(store_channel)
         embedder = EmbedderClient(embedder_channel)
-        llm = make_llm(config)
+        llm = config.llm.client()
         extraction = Extraction(
             store,
             embedder,
