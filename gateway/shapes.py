@@ -23,7 +23,8 @@ def layer_counts(counts: Mapping[str, int]) -> dict[str, int]:
 
 
 def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
-    """One search hit: id, content, cosine score, layer, owner, dates, what it replaced."""
+    """One search hit: id, content, cosine score, layer, owner, dates, what it replaced, and
+    for a schema the facts behind it."""
     memory = scored.memory
     item: dict[str, Any] = {
         "memory_id": memory.id,
@@ -50,6 +51,8 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
             }
             for old in scored.replaced
         ]
+    if scored.evidence:
+        item["evidence"] = [{"memory_id": e.id, "content": e.content} for e in scored.evidence]
     return item
 
 

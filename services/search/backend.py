@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import cast
 
 import grpc
 
+from services.search.graph import GraphEdge
 from services.search.model import Candidate, Scope
 from shared.clients import EmbedderClient
 from shared.errors import (
@@ -52,6 +54,7 @@ def to_candidate(
         created_at=memory.created_at,
         due_at=memory.due_at if memory.HasField("due_at") else None,
         event_at=memory.event_at if memory.HasField("event_at") else None,
+        source_ids=tuple(memory.source_ids),
         hits=memory.hits,
         cosine=cosine,
         keyword_fraction=keyword_fraction,
@@ -159,3 +162,31 @@ class GrpcBackend:
         return [
             to_candidate(common_pb2.ScoredMemory(memory=memory)) for memory in reply.memories
         ]
+
+    async def live_edges(self, scope: Scope, limit: int) -> list[GraphEdge]:
+        """The scope's live L5 edges (not stale, not ended)."""
+        request = store_pb2.ListEdgesRequest(scope=_scope(scope), limit=limit)
+        try:
+            reply = await self._store.ListEdges(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise store_error(exc) from exc
+        return [
+            GraphEdge(e.subject, e.object, tuple(e.fact_ids), e.memory_id) for e in reply.edges
+        ]
+
+    async def memories(self, scope: Scope, ids: Sequence[str]) -> list[Candidate]:
+        """The live memories with these ids, in order; missing or retired ones left out."""
+        found = await asyncio.gather(*(self._live_memory(scope, i) for i in ids))
+        return [to_candidate(common_pb2.ScoredMemory(memory=m)) for m in found if m is not None]
+
+    async def _live_memory(self, scope: Scope, memory_id: str) -> common_pb2.Memory | None:
+        request = store_pb2.GetMemoryRequest(scope=_scope(scope), id=memory_id)
+        try:
+            reply = await self._store.GetMemory(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            # Evidence may have been deleted since; it is simply not shown.
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise store_error(exc) from exc
+        memory = reply.memory
+        return memory if memory.status in ("", "active") else None

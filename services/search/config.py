@@ -29,6 +29,8 @@ class SearchConfig:
     """HYATLAS_INTENTION_TTL: how long an undated intention is shown; None: forever."""
     now_pages: bool = True
     """Whether to look for a Now page (only the LLM modes write one; lite does not)."""
+    graph_recall: bool = True
+    """Whether to ask the store for L5 edges (only the LLM modes write them; lite does not)."""
     disabled_stages: frozenset[str] = frozenset()
     """HYATLAS_SEARCH_DISABLE_STAGES: comma-separated ranking stages to switch off."""
     ranking: RankingSettings = RankingSettings()
@@ -61,6 +63,7 @@ class SearchConfig:
             min_score=settings.min_score if set_floor else None,
             intention_ttl_s=settings.intention_ttl_s,
             now_pages=settings.uses_llm,
+            graph_recall=settings.uses_llm,
             disabled_stages=disabled,
             ranking=RankingSettings(
                 recency=settings.recency,

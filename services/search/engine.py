@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.search import channels
+from services.search.graph import GRAPH, GraphEdge, graph_names, linked_memory_ids
 from services.search.model import (
     KEYWORD,
     VECTOR,
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 # L4 holds episode summaries next to the Now page; this many newest rows are looked through.
 NOW_PAGE_WINDOW = 20
+# The most live edges graph-assisted recall looks through for one query.
+GRAPH_EDGE_WINDOW = 1000
+# The most facts shown behind one schema.
+MAX_EVIDENCE = 10
 # How many hits of each source the full ranking asks for: scores are summed, so a memory
 # one source ranks well should have its score from the others too.
 FULL_POOL = 50
@@ -66,6 +71,14 @@ class SearchBackend(Protocol):
         """The k newest live memories of the layers."""
         ...
 
+    async def live_edges(self, scope: Scope, limit: int) -> list[GraphEdge]:
+        """The scope's live L5 edges."""
+        ...
+
+    async def memories(self, scope: Scope, ids: Sequence[str]) -> list[Candidate]:
+        """The live memories with these ids, in order; missing or retired ones left out."""
+        ...
+
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -86,6 +99,7 @@ class SearchEngine:
         *,
         intention_ttl_s: float | None,
         now_pages: bool,
+        graph_recall: bool = False,
         settings: RankingSettings | None = None,
         disabled: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.time,
@@ -97,6 +111,7 @@ class SearchEngine:
         self._model_floor = calibrated_floor("")
         self._intention_ttl_s = intention_ttl_s
         self._now_pages = now_pages
+        self._graph_recall = graph_recall
         self._clock = clock
 
     async def search(self, query: SearchQuery) -> SearchResult:
@@ -104,10 +119,11 @@ class SearchEngine:
         started = time.perf_counter()
         timings: dict[str, float] = {}
         off = self._disabled | query.skip_stages
-        (vector, model_floor), (keyword, around), newest = await asyncio.gather(
+        (vector, model_floor), (keyword, around), newest, graph = await asyncio.gather(
             self._vector(query, timings),
             self._keyword(query, off, timings),
             self._timed(timings, "now_page", self._newest_summaries(query)),
+            self._timed(timings, GRAPH, self._graph(query, off)),
         )
         retrieved = time.perf_counter()
         ctx = SearchContext(
@@ -119,12 +135,15 @@ class SearchEngine:
             context=around,
             settings=self._settings,
             model_floor=model_floor,
+            graph=graph,
         )
         pipeline = PLAIN_PIPELINE if query.plain else self._pipeline
         ranked, stage_timings = pipeline.run(ctx)
         now_page = channels.pick_now_page(newest)
+        arranged = channels.arrange(ranked)
+        await self._timed(timings, "evidence", self._add_evidence(query, arranged))
         result = SearchResult(
-            channels=channels.arrange(ranked),
+            channels=arranged,
             order=channels.display_order(now_page is not None),
             now=now_page,
         )
@@ -185,6 +204,32 @@ class SearchEngine:
         )
         timings[KEYWORD] = (time.perf_counter() - started) * 1000.0
         return found
+
+    async def _graph(self, query: SearchQuery, off: frozenset[str]) -> list[Candidate]:
+        # Lite mode writes no edges, so it makes no store call.
+        if not self._graph_recall or query.plain or GRAPH in off:
+            return []
+        edges = await self._backend.live_edges(query.scope, GRAPH_EDGE_WINDOW)
+        if not edges:
+            return []
+        ids = linked_memory_ids(edges, graph_names(query.text, edges))
+        if not ids:
+            return []
+        return await self._backend.memories(query.scope, ids)
+
+    async def _add_evidence(
+        self, query: SearchQuery, arranged: dict[str, list[Candidate]]
+    ) -> list[Candidate]:
+        """Gives each L6 schema of the profile channel the live facts it was drawn from."""
+        schemas = [c for c in arranged[channels.PROFILE] if c.layer == "l6_schema"]
+        wanted = {c.memory_id: c.source_ids[:MAX_EVIDENCE] for c in schemas if c.source_ids}
+        if not wanted:
+            return []
+        every = list(dict.fromkeys(i for ids in wanted.values() for i in ids))
+        found = {c.memory_id: c for c in await self._backend.memories(query.scope, every)}
+        for schema in schemas:
+            schema.evidence = [found[i] for i in wanted.get(schema.memory_id, []) if i in found]
+        return schemas
 
     async def _newest_summaries(self, query: SearchQuery) -> list[Candidate]:
         # Only the LLM modes write Now pages; lite skips the store call.

@@ -122,6 +122,8 @@ class Candidate:
     created_at: float = 0.0
     due_at: float | None = None
     event_at: float | None = None
+    source_ids: tuple[str, ...] = ()
+    """The rows it was derived from (for an L6 schema: its evidence facts)."""
     hits: int = 0
     """How many times a reply used the memory (usage feedback)."""
     cosine: float | None = None
@@ -140,6 +142,10 @@ class Candidate:
     """Its distinct lowercase words, once a pairwise stage has needed them."""
     ranks: dict[str, int] = field(default_factory=dict)
     """1-based rank per source that ranked it."""
+    graph: bool = False
+    """Whether only graph-assisted recall found it (an evidence fact or edge memory)."""
+    evidence: list[Candidate] = field(default_factory=list)
+    """For an L6 schema in the results: the live facts it was drawn from."""
     payload: Any = None
     """What the store returned for it, handed back to the caller untouched."""
 
@@ -172,6 +178,8 @@ class SearchContext:
     """How the ranking stages are tuned."""
     model_floor: float = 0.60
     """The embedding model's calibrated floor, for when neither request nor setting sets one."""
+    graph: list[Candidate] = field(default_factory=list)
+    """Memories behind the L5 edges of entities the query names (graph-assisted recall)."""
 
     @property
     def floor(self) -> float:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from services.search import ranking, stages
+from services.search.graph import GRAPH, join_graph
 from services.search.model import Candidate, SearchContext
 
 StageFn = Callable[[list[Candidate], SearchContext], list[Candidate]]
@@ -80,6 +81,7 @@ PLAIN_PIPELINE = Pipeline(
 LITE_PIPELINE = Pipeline(
     (
         Stage("fuse", ranking.fuse_scores),
+        Stage(GRAPH, join_graph),
         Stage("dates", ranking.boost_dates),
         Stage("entities", ranking.boost_entities),
         Stage("recency", ranking.boost_recency),

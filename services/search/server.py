@@ -34,6 +34,7 @@ async def running_server(config: SearchConfig) -> AsyncIterator[str]:
             pipeline,
             intention_ttl_s=config.intention_ttl_s,
             now_pages=config.now_pages,
+            graph_recall=config.graph_recall,
             settings=config.ranking,
             disabled=config.disabled_stages,
         )

@@ -24,7 +24,12 @@ def _layer_names(values: list[int]) -> list[str]:
 
 def _scored(candidate: Candidate, score: float) -> common_pb2.ScoredMemory:
     hit: common_pb2.ScoredMemory = candidate.payload
-    return common_pb2.ScoredMemory(memory=hit.memory, score=score, replaced=hit.replaced)
+    return common_pb2.ScoredMemory(
+        memory=hit.memory,
+        score=score,
+        replaced=hit.replaced,
+        evidence=[e.payload.memory for e in candidate.evidence],
+    )
 
 
 def _stage_names(names: list[str]) -> list[str]:
