@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCOMO = ROOT.parent / "shared" / "data" / "locomo" / "locomo-dev.json"
 RESULTS = ROOT / "bench" / "results"
 
-_SUBJECTS = ["I", "My sister", "Caroline", "The team", "Our neighbour", "Melanie", "My manager"]
+_SUBJECTS = ["I", "My sister", "Priya", "The team", "Our neighbour", "Tomas", "My manager"]
 _VERBS = ["finally finished", "started", "talked about", "signed up for", "gave up on", "loved"]
 _OBJECTS = [
     "the pottery class",

@@ -42,7 +42,7 @@ SENTENCES = [
     "before work even when it rains, which I find both inspiring and slightly alarming.",
     "ok",
     "",
-    "Caroline said the support group meeting helped her feel less alone after the move.",
+    "Priya said the support group meeting helped her feel less alone after the move.",
     "Remind me to renew the car insurance before the policy lapses at the end of the month.",
 ]
 
@@ -125,8 +125,8 @@ async def test_paraphrase_is_closer_than_unrelated_text(embedder_address: str) -
 async def test_query_flag_changes_nothing_without_a_query_prefix(embedder_address: str) -> None:
     async with open_channel(embedder_address) as channel:
         stub = embedder_pb2_grpc.EmbedderStub(channel)
-        doc = await embed(stub, ["where does Caroline work"])
-        query = await embed(stub, ["where does Caroline work"], is_query=True)
+        doc = await embed(stub, ["where does Priya work"])
+        query = await embed(stub, ["where does Priya work"], is_query=True)
     np.testing.assert_allclose(doc, query, atol=1e-6)
 
 

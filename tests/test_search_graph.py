@@ -52,17 +52,17 @@ def memory(
 
 def test_edges_touching_a_named_node_give_their_memory_and_evidence_ids_ignoring_case() -> None:
     edges = [
-        GraphEdge("Caroline", "Melanie", ("f1", "f2"), "e1"),
-        GraphEdge("Bob", "caroline", ("f3",), "e2"),
+        GraphEdge("Priya", "Tomas", ("f1", "f2"), "e1"),
+        GraphEdge("Bob", "priya", ("f3",), "e2"),
         GraphEdge("Bob", "Paris", ("f4",), "e3"),
     ]
-    assert linked_memory_ids(edges, ["CAROLINE"]) == ["e1", "f1", "f2", "e2", "f3"]
+    assert linked_memory_ids(edges, ["PRIYA"]) == ["e1", "f1", "f2", "e2", "f3"]
     assert linked_memory_ids(edges, ["Nobody"]) == []
     assert linked_memory_ids(edges, []) == []
 
 
 def test_node_labels_count_as_names_in_any_case() -> None:
-    edges = [GraphEdge("Lake Tahoe", "Caroline")]
+    edges = [GraphEdge("Lake Tahoe", "Priya")]
     assert set(graph_names("trips to lake tahoe?", edges)) >= {"Lake Tahoe"}
     assert graph_names("what about lunch", edges) == []
 
@@ -85,7 +85,7 @@ def ctx(text: str, graph: list[Candidate], **query_args: object) -> SearchContex
 
 def test_graph_memories_join_below_the_best_direct_hit_and_boost_ones_already_found() -> None:
     ranked = [memory("a", fused=1.0), memory("b", fused=0.4)]
-    out = join_graph(ranked, ctx("Caroline?", [memory("new"), memory("b")]))
+    out = join_graph(ranked, ctx("Priya?", [memory("new"), memory("b")]))
     assert [c.memory_id for c in out] == ["a", "new", "b"]
     assert out[1].fused == pytest.approx(GRAPH_SHARE)
     assert out[1].graph
@@ -94,7 +94,7 @@ def test_graph_memories_join_below_the_best_direct_hit_and_boost_ones_already_fo
 
 def test_graph_memories_outside_the_asked_layers_stay_out() -> None:
     found = join_graph(
-        [], ctx("Caroline?", [memory("edge", layer="l5_knowledge")], layers=["l3_fact"])
+        [], ctx("Priya?", [memory("edge", layer="l5_knowledge")], layers=["l3_fact"])
     )
     assert found == []
 
@@ -149,26 +149,26 @@ def ids(result_channels: dict[str, list[Candidate]]) -> list[str]:
 
 async def test_engine_finds_a_fact_only_the_graph_connects_to_the_named_entity() -> None:
     backend = FakeBackend(
-        [GraphEdge("Caroline", "Melanie", ("f1",), "")], [memory("f1")], [memory("hit")]
+        [GraphEdge("Priya", "Tomas", ("f1",), "")], [memory("f1")], [memory("hit")]
     )
-    result = await engine(backend).search(query("what does Caroline like"))
+    result = await engine(backend).search(query("what does Priya like"))
     assert ids(result.channels) == ["hit", "f1"]
-    skipped = await engine(backend).search(query("what does Caroline like", skip=["graph"]))
+    skipped = await engine(backend).search(query("what does Priya like", skip=["graph"]))
     assert ids(skipped.channels) == ["hit"]
 
 
 async def test_lite_mode_and_a_skipped_graph_stage_make_no_edge_call() -> None:
-    backend = FakeBackend([GraphEdge("Caroline", "Melanie", ("f1",), "")], [memory("f1")], [])
-    await engine(backend, graph_recall=False).search(query("what does Caroline like"))
-    await engine(backend).search(query("what does Caroline like", skip=["graph"]))
+    backend = FakeBackend([GraphEdge("Priya", "Tomas", ("f1",), "")], [memory("f1")], [])
+    await engine(backend, graph_recall=False).search(query("what does Priya like"))
+    await engine(backend).search(query("what does Priya like", skip=["graph"]))
     assert backend.edge_calls == 0
 
 
 async def test_a_node_label_counts_in_any_case_and_an_unnamed_node_adds_nothing() -> None:
     backend = FakeBackend(
-        [GraphEdge("Caroline", "Melanie", ("f1",), "")], [memory("f1")], [memory("hit")]
+        [GraphEdge("Priya", "Tomas", ("f1",), "")], [memory("f1")], [memory("hit")]
     )
-    lower = await engine(backend).search(query("what does caroline like"))
+    lower = await engine(backend).search(query("what does priya like"))
     assert ids(lower.channels) == ["hit", "f1"]
     other = await engine(backend).search(query("what does Bob like"))
     assert ids(other.channels) == ["hit"]
@@ -241,23 +241,23 @@ def graph_stack(
         turn1, turn2, painting, pottery, other = apply(
             stack,
             [
-                insert(common_pb2.L2_RAW, "Caroline said Melanie is her closest friend."),
-                insert(common_pb2.L2_RAW, "Melanie told me she paints sunsets in watercolour."),
-                insert(common_pb2.L3_FACT, "Melanie paints sunsets in watercolour every weekend."),
-                insert(common_pb2.L3_FACT, "Melanie throws pottery bowls at a studio."),
+                insert(common_pb2.L2_RAW, "Priya said Tomas is her closest friend."),
+                insert(common_pb2.L2_RAW, "Tomas told me she paints sunsets in watercolour."),
+                insert(common_pb2.L3_FACT, "Tomas paints sunsets in watercolour every weekend."),
+                insert(common_pb2.L3_FACT, "Tomas throws pottery bowls at a studio."),
                 insert(common_pb2.L3_FACT, "The office printer jams on Mondays."),
             ],
         )
         edge_memory, _ = apply(
             stack,
             [
-                insert(common_pb2.L5_KNOWLEDGE, "Caroline is close friends with Melanie.", ref="e"),
+                insert(common_pb2.L5_KNOWLEDGE, "Priya is close friends with Tomas.", ref="e"),
                 store_pb2.Op(
                     put_edge=store_pb2.PutEdgeOp(
                         owner=owner(),
-                        subject="Caroline",
+                        subject="Priya",
                         relation="friend_of",
-                        object="Melanie",
+                        object="Tomas",
                         source_ids=[turn1.id, turn2.id],
                         fact_ids=[painting.id],
                         memory_id="$e",
@@ -292,15 +292,15 @@ def test_a_fact_sharing_no_words_with_the_query_is_found_through_the_named_entit
     graph_stack: tuple[Stack, dict[str, str]],
 ) -> None:
     stack, ids = graph_stack
-    # A cosine floor no hit reaches leaves keywords as the only direct source: "Caroline" is in
+    # A cosine floor no hit reaches leaves keywords as the only direct source: "Priya" is in
     # the edge memory, nowhere in the painting fact.
-    reply = search(stack, "What does caroline enjoy?", min_score=0.99, limit=10)
+    reply = search(stack, "What does priya enjoy?", min_score=0.99, limit=10)
     shown = [item.memory.id for item in found(reply)]
     assert ids["painting"] in shown
     assert ids["edge"] in shown
     assert ids["other"] not in shown
     skipped = search(
-        stack, "What does caroline enjoy?", min_score=0.99, limit=10, skip_stages=["graph"]
+        stack, "What does priya enjoy?", min_score=0.99, limit=10, skip_stages=["graph"]
     )
     assert ids["painting"] not in [item.memory.id for item in found(skipped)]
 
@@ -313,7 +313,7 @@ def test_a_schema_in_the_profile_channel_carries_its_evidence_facts(
     [profile] = [c for c in reply.channels if c.name == "profile"]
     [item] = [i for i in profile.items if i.memory.id == ids["schema"]]
     assert [(e.id, e.content) for e in item.evidence] == [
-        (ids["painting"], "Melanie paints sunsets in watercolour every weekend."),
-        (ids["pottery"], "Melanie throws pottery bowls at a studio."),
+        (ids["painting"], "Tomas paints sunsets in watercolour every weekend."),
+        (ids["pottery"], "Tomas throws pottery bowls at a studio."),
     ]
     assert not any(i.evidence for i in found(reply) if i.memory.id != ids["schema"])

@@ -558,7 +558,7 @@ async def test_a_store_built_with_another_model_refuses_vector_search(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
     async with serving_store(tmp_path, embedder_address) as stub:
-        await apply(stub, insert("Gina speaks Italian"))
+        await apply(stub, insert("Ines speaks Italian"))
     with sqlite3.connect(tmp_path / "hyatlas.db") as db:
         db.execute("UPDATE vectors SET model_id = 'old-model'")
         db.execute("UPDATE store_meta SET value = 'old-model' WHERE key = 'model_id'")
@@ -569,7 +569,7 @@ async def test_a_store_built_with_another_model_refuses_vector_search(
         details = info.value.details() or ""
         _, model_id = await embedder.embed(["x"])
         assert "old-model" in details and model_id in details
-        assert await listed(stub) == ["Gina speaks Italian"]
+        assert await listed(stub) == ["Ines speaks Italian"]
 
 
 async def test_acknowledged_writes_survive_kill_9(
