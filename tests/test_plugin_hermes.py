@@ -128,7 +128,10 @@ def test_hermes_discovery_finds_and_loads_the_provider(tmp_path: Path, hermes_py
 def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):
-    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-turns")
+    # The recall is what is checked here, not its budget (the gateway-down test checks that):
+    # a loaded machine gets the most time Hermes allows, so the answer is never the cached one.
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-turns",
+                     prefetch_budget_s=7.5)
     turns = [
         ["My dog is called Biscuit and he is a beagle.", "Biscuit the beagle, noted."],
         ["I work as a marine biologist studying coral reefs.", "Coral reef research, great."],
