@@ -1,4 +1,4 @@
-"""Pro mode against a real model (SmolLM2-135M via llama-cpp-python): the pipeline survives it."""
+"""A real model (SmolLM2-135M, llama-cpp-python) writes and consolidates: the pipeline survives."""
 
 from __future__ import annotations
 
@@ -38,17 +38,24 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
         yield server
 
 
+# Every service of ultra mode: extraction on each write (as in pro) plus the consolidation pass.
+ULTRA_STACK = [*STACK[:-1], "consolidator", STACK[-1]]
+# What a consolidation report carries (the reference's digest fields).
+REPORT_FIELDS = {"facts_in", "owners_run", "owners_unchanged", "merged", "edges", "dropped",
+                 "schemas", "arc", "pruned_raw", "protected_raw", "duration_ms"}
+
+
 @pytest.fixture(scope="module")
-def pro(
+def ultra(
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, llama: LlamaServer
 ) -> Iterator[Stack]:
-    """Pro mode with synchronous extraction by the real model."""
+    """Ultra mode with synchronous extraction by the real model (the writes are pro's)."""
     data_dir: Path = tmp_path_factory.mktemp("real-model")
     with running_stack(
         data_dir,
-        STACK,
+        ULTRA_STACK,
         HYATLAS_EMBEDDER_ADDR=embedder_address,
-        HYATLAS_MODE="pro",
+        HYATLAS_MODE="ultra",
         HYATLAS_SYNC_EXTRACT="on",
         HYATLAS_LLM_BASE=llama.base_url,
         HYATLAS_LLM_MODEL=llama.model,
@@ -58,8 +65,10 @@ def pro(
         yield stack
 
 
-async def test_a_real_model_conversation_ends_extracted_and_searchable(pro: Stack) -> None:
-    api = Api(pro.base_url, pro.address("store"))
+async def test_a_real_model_conversation_ends_extracted_searchable_and_digested(
+    ultra: Stack,
+) -> None:
+    api = Api(ultra.base_url, ultra.address("store"))
     user = new_user()
 
     written = {}
@@ -92,3 +101,24 @@ async def test_a_real_model_conversation_ends_extracted_and_searchable(pro: Stac
 
     status = await api.status()
     assert status["llm"] == "ok", status
+
+    # One consolidation pass by the same model ends with a report, and leaves the store
+    # unchanged or validly changed: every row is still there, the raw turns untouched, and
+    # whatever the pass retired is retired with a known reason and restorable.
+    before = await api.ok("GET", "/api/v1/list", params={
+        "user_id": user, "limit": 1000, "include_superseded": "true"})
+    digest = await api.ok("POST", "/api/v1/digest", json={"user_id": user})
+    assert digest["digest_ok"] is True, digest
+    assert set(digest["report"]) >= REPORT_FIELDS, digest
+    after = await api.ok("GET", "/api/v1/list", params={
+        "user_id": user, "limit": 1000, "include_superseded": "true"})
+    assert {m["memory_id"] for m in before["memories"]} <= {
+        m["memory_id"] for m in after["memories"]}
+    raw_after = await api.ok("GET", "/api/v1/list", params={"user_id": user, "layer": "l2_raw"})
+    assert {m["content"] for m in raw_after["memories"]} == set(CONVERSATION)
+    for memory in after["memories"]:
+        if memory.get("invalid_at"):
+            assert memory["superseded_how"] in {
+                "replaced", "updated", "merged", "restated", "dropped", "done", "forgotten",
+                "stale"}, memory
+    assert (await api.status())["consolidations"] == 1
