@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-LAYERS = (
-    "l1_profile",
-    "l2_raw",
-    "l3_fact",
-    "l4_summary",
-    "l5_knowledge",
-    "l6_schema",
-    "l7_intention",
-    "l8_entity",
-)
+from shared.layers import LAYER_NAMES
+
+LAYERS = tuple(LAYER_NAMES.values())
 SUPERSEDED_HOW = (
     "replaced",
     "updated",
