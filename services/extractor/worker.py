@@ -173,21 +173,25 @@ class Worker:
         else:
             rows = await self._unextracted(most or REPROCESS_MAX_DEFAULT, aged=False)
             skipped = 0
-        done = failed = 0
+        counts, untried = await self._extract_in_order(rows)
+        return Counts(counts.reprocessed, counts.failed, counts.skipped + skipped + untried)
+
+    async def _extract_in_order(self, rows: list[common_pb2.Memory]) -> tuple[Counts, int]:
+        """Extracts rows one at a time until the first model error (a failure); the tally and
+        how many rows were never tried."""
+        done = failed = skipped = 0
         for i, raw in enumerate(rows):
             try:
                 outcome = await self._extract_one(raw)
             except LlmUnavailable:
-                failed += 1
-                skipped += len(rows) - i - 1
-                break
+                return Counts(done, failed + 1, skipped), len(rows) - i - 1
             if outcome.status == DONE:
                 done += 1
             elif outcome.status == FAILED:
                 failed += 1
             else:
                 skipped += 1
-        return Counts(done, failed, skipped)
+        return Counts(done, failed, skipped), 0
 
     async def _unextracted(self, most: int, *, aged: bool) -> list[common_pb2.Memory]:
         """Live raw rows extraction has not reached, oldest first."""
@@ -224,23 +228,15 @@ class Worker:
             return Counts()
         async with self._catchup_lock:
             rows = await self._unextracted(self.policy.batch, aged=True)
-            done = failed = skipped = 0
-            for raw in rows:
-                try:
-                    outcome = await self._extract_one(raw)
-                except LlmUnavailable:
-                    log.info("catch-up stops at a model error; %d rows left", len(rows) - done)
-                    failed += 1
-                    break
-                if outcome.status == DONE:
-                    done += 1
-                elif outcome.status == FAILED:
-                    failed += 1
-                else:
-                    skipped += 1
+            counts, untried = await self._extract_in_order(rows)
+            if untried:
+                log.info("catch-up stops at a model error; %d rows left", untried)
             if rows:
-                log.info("catch-up: %d extracted, %d failed, %d skipped", done, failed, skipped)
-            return Counts(done, failed, skipped)
+                log.info(
+                    "catch-up: %d extracted, %d failed, %d skipped",
+                    counts.reprocessed, counts.failed, counts.skipped,
+                )
+            return counts
 
     async def run_catchup(self) -> None:
         """Catch-up at start, every `every_s` and whenever triggered, until cancelled."""
