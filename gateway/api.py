@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.consolidation import consolidation_status
 from gateway.errors import Handler, error_extras
 from gateway.params import Params, read_body
+from gateway.readiness import is_ready, service_states, wait_for_store
 from gateway.shapes import layer_counts, list_items, rfc3339, search_response
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, SEARCH, STORE
 from shared.errors import InvalidArgument, NotFound, PermissionDenied, Unimplemented
@@ -144,12 +145,6 @@ async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str
     return reply.extraction_status
 
 
-@routes.route("*", "/healthz")
-async def healthz(request: web.Request) -> web.Response:
-    """Liveness: answers without touching any other service."""
-    return _json({"status": "ok"})
-
-
 @routes.route("*", "/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
@@ -158,6 +153,7 @@ async def status(request: web.Request) -> web.Response:
         store_pb2.GetStatsRequest(scope=_all_users()), timeout=_timeout(request)
     )
     counters = request.app[COUNTERS]
+    services = await service_states(request.app)
     llm = await _llm_status(request)
     if llm is not None:
         state, pipeline = llm.llm, llm.write_pipeline
@@ -174,6 +170,8 @@ async def status(request: web.Request) -> web.Response:
     return _json(
         {
             "status": "ok",
+            "ready": is_ready(services, config.mode),
+            "services": services,
             "version": VERSION,
             "vdb": "ok",
             "embed": stats.model_id,
@@ -251,6 +249,7 @@ async def add(request: web.Request) -> web.Response:
     )
     if event_at is not None:
         row.event_at = event_at
+    await wait_for_store(request.app)
     reply = await request.app[STORE].Apply(
         store_pb2.ApplyRequest(
             scope=_scope(owner.user_id, agent_id),

@@ -6,11 +6,20 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import api, consolidation, dashboard
+from gateway import api, consolidation, dashboard, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
-from gateway.state import CONFIG, CONSOLIDATOR, COUNTERS, EXTRACTOR, SEARCH, STORE, Counters
+from gateway.state import (
+    CHANNELS,
+    CONFIG,
+    CONSOLIDATOR,
+    COUNTERS,
+    EXTRACTOR,
+    SEARCH,
+    STORE,
+    Counters,
+)
 from shared.pb import (
     consolidator_pb2_grpc,
     extractor_pb2_grpc,
@@ -24,11 +33,19 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     """Opens the channels to the other services for the app's lifetime."""
     config = app[CONFIG]
     async with (
+        open_channel(config.embedder_address) as embedder,
         open_channel(config.store_address) as store,
         open_channel(config.search_address) as search,
         open_channel(config.extractor_address) as extractor,
         open_channel(config.consolidator_address) as consolidator,
     ):
+        app[CHANNELS] = {
+            "embedder": embedder,
+            "store": store,
+            "search": search,
+            "extractor": extractor,
+            "consolidator": consolidator,
+        }
         app[STORE] = store_pb2_grpc.StoreStub(store)
         app[SEARCH] = search_pb2_grpc.SearchStub(search)
         app[EXTRACTOR] = extractor_pb2_grpc.ExtractorStub(extractor)
@@ -46,6 +63,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[CONFIG] = config
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
+    app.add_routes(readiness.routes)
     app.add_routes(api.routes)
     app.add_routes(consolidation.routes)
     dashboard.register(app)

@@ -20,6 +20,8 @@ class GatewayConfig:
     """HYATLAS_GO_HOST: the bind address."""
     http_port: int = 19528
     """HYATLAS_GO_PORT: the port (0 picks a free one)."""
+    embedder_address: str = "unix:data/run/embedder.sock"
+    """HYATLAS_EMBEDDER_ADDR: the embedder's gRPC address (readiness only: the store calls it)."""
     store_address: str = "unix:data/run/store.sock"
     """HYATLAS_STORE_ADDR: the store's gRPC address."""
     search_address: str = "unix:data/run/search.sock"
@@ -31,7 +33,7 @@ class GatewayConfig:
     allowed_hosts: frozenset[str] = frozenset()
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
-    """HYATLAS_TOKEN: when set, every route but /healthz needs `Authorization: Bearer <token>`."""
+    """HYATLAS_TOKEN: when set, every route but /healthz and /readyz needs a bearer token."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     mode: str = "ultra"
@@ -42,6 +44,8 @@ class GatewayConfig:
     """Whether HYATLAS_LLM_BASE, HYATLAS_LLM_MODEL and a key source are all set."""
     llm_endpoint: bool = False
     """Whether HYATLAS_LLM_BASE and HYATLAS_LLM_MODEL are set (a key may arrive later)."""
+    startup_wait_s: float = 10.0
+    """HYATLAS_STARTUP_WAIT: how long a write waits for a store that is not answering yet."""
     extract_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: bounds how long a synchronous write waits for extraction."""
     llm_model: str = ""
@@ -71,6 +75,7 @@ class GatewayConfig:
         return cls(
             http_host=settings.http_host,
             http_port=settings.http_port,
+            embedder_address=settings.address("embedder"),
             store_address=settings.address("store"),
             search_address=settings.address("search"),
             extractor_address=settings.address("extractor"),
@@ -83,6 +88,7 @@ class GatewayConfig:
             sync_extract=settings.sync_extract,
             llm_configured=settings.llm_configured,
             llm_endpoint=bool(settings.llm_base and settings.llm_model),
+            startup_wait_s=settings.startup_wait_s,
             extract_timeout_s=settings.extract_timeout_s,
             llm_model=settings.llm_model,
             llm_base=settings.llm_base,

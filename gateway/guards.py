@@ -13,8 +13,8 @@ from gateway.errors import Handler, Unauthenticated
 from gateway.state import CONFIG
 from shared.errors import PermissionDenied
 
-# Liveness must be reachable by a supervisor that holds no token.
-TOKEN_EXEMPT = frozenset({"/healthz"})
+# Liveness and readiness must be reachable by a supervisor that holds no token.
+TOKEN_EXEMPT = frozenset({"/healthz", "/readyz"})
 
 
 def _is_ip(host: str) -> bool:
@@ -82,7 +82,7 @@ async def guards_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def token_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With HYATLAS_TOKEN set, every route but /healthz needs `Authorization: Bearer <token>`."""
+    """With HYATLAS_TOKEN set, every route but /healthz and /readyz needs a bearer token."""
     token = request.app[CONFIG].token
     # A handler may mark itself public (the dashboard's static shell, which asks for the token).
     public = getattr(request.match_info.handler, "token_exempt", False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
 from aiohttp import web
 
 from gateway.config import GatewayConfig
@@ -29,3 +30,5 @@ SEARCH = web.AppKey("search", search_pb2_grpc.SearchStub)
 EXTRACTOR = web.AppKey("extractor", extractor_pb2_grpc.ExtractorStub)
 CONSOLIDATOR = web.AppKey("consolidator", consolidator_pb2_grpc.ConsolidatorStub)
 COUNTERS = web.AppKey("counters", Counters)
+CHANNELS = web.AppKey("channels", dict[str, grpc.aio.Channel])
+"""The open channel to each backing service, by service name (for health and readiness)."""

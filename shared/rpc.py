@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +22,11 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Services start in any order: a channel retries a peer that is not up yet within a second,
+    # not after gRPC's default backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -109,26 +113,24 @@ def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
+async def health_state(channel: grpc.aio.Channel, timeout_s: float = 1.0, service: str = "") -> str:
+    """What gRPC health says of the server behind channel: serving, not_serving or unavailable."""
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+        )
+    except grpc.aio.AioRpcError:
+        return "unavailable"
+    return "serving" if reply.status == health_pb2.HealthCheckResponse.SERVING else "not_serving"
+
+
 async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "") -> None:
     """Waits until the service at address reports SERVING on gRPC health."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with open_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
         while True:
-            try:
-                reply = await stub.Check(
-                    health_pb2.HealthCheckRequest(service=service), timeout=1.0
-                )
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
+            if await health_state(channel, service=service) == "serving":
+                return
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"{address} did not report SERVING within {timeout_s}s")
             await asyncio.sleep(0.05)
-
-
-def socket_ready(address: str) -> bool:
-    """Whether a unix socket file exists for address (TCP addresses count as ready)."""
-    sock = _unix_path(address)
-    return sock is None or os.path.exists(sock)

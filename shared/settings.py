@@ -204,6 +204,8 @@ class Settings:
     """HYATLAS_LLM_FALLBACK_KEY: the fallback's key (unset: the primary's, same host only)."""
     llm_max_tokens: int = 1024
     """HYATLAS_LLM_MAX_TOKENS: the most tokens one LLM reply may take."""
+    startup_wait_s: float = 10.0
+    """HYATLAS_STARTUP_WAIT: how long a request waits for a store that is not answering yet."""
     extract_timeout_s: float = 300.0
     """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
     reconcile: bool = False
@@ -358,6 +360,7 @@ class Settings:
             llm_fallback_base=text("HYATLAS_LLM_FALLBACK_BASE"),
             llm_fallback_key=fallback_key.strip() if fallback_key is not None else None,
             llm_max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
+            startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,
             extract_timeout_s=read_duration(env, "HYATLAS_EXTRACT_TIMEOUT", 300.0) or 300.0,
             reconcile=read_switch(env, "HYATLAS_RECONCILE", False),
             consolidate_every_s=consolidate_every,

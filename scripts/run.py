@@ -1,0 +1,81 @@
+"""`make run`: every service under supervisord, and one line once the whole stack is ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from shared.errors import ConfigError
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "deploy" / "supervisord.conf"
+POLL_S = 0.25
+
+
+def supervisor_env(settings: Settings) -> dict[str, str]:
+    """This environment with the data and run directories resolved and supervisord's own dir."""
+    env = dict(os.environ)
+    env["HYATLAS_GO_DATA"] = str(settings.data_dir)
+    env["HYATLAS_RUN_DIR"] = str(settings.run_dir)
+    env["HYATLAS_SUPERVISOR_DIR"] = str(settings.run_dir / "supervisor")
+    return env
+
+
+def readyz_url(settings: Settings) -> str:
+    """Where this machine reaches the gateway's readiness route."""
+    host = settings.http_host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.http_port}/readyz"
+
+
+def is_ready(url: str) -> bool:
+    """Whether the gateway answers that every backing service is serving."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return bool(json.load(reply).get("ready"))
+    except (OSError, ValueError):  # not listening yet, 503 while starting, or a half answer
+        return False
+
+
+def main() -> int:
+    """Runs supervisord until it exits; SIGINT and SIGTERM stop it (and every service) cleanly."""
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"hyatlas: {exc}", file=sys.stderr)
+        return 2
+    env = supervisor_env(settings)
+    for folder in (settings.data_dir, settings.run_dir, Path(env["HYATLAS_SUPERVISOR_DIR"])):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    supervisord = Path(sys.executable).parent / "supervisord"
+    proc = subprocess.Popen([str(supervisord), "-c", str(CONFIG), "-n"], cwd=ROOT, env=env)
+
+    def stop(signum: int, _frame: object) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    url = readyz_url(settings)
+    # With HYATLAS_GO_PORT=0 the gateway picks its port and only its log says which.
+    while settings.http_port and proc.poll() is None and not is_ready(url):
+        time.sleep(POLL_S)
+    if settings.http_port and proc.poll() is None:
+        print(f"hyatlas: ready on {url.removesuffix('/readyz')} (mode {settings.mode}, "
+              f"data in {settings.data_dir})", flush=True)
+    return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Readiness: /readyz and status say whether every backing service answers; start-up writes wait;
+`make run`'s launcher prints one line when ready and keeps its files under the data it was given."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.extractor_support import Api, new_user
+from tests.support import (
+    ROOT,
+    WAIT_CEILING_S,
+    assert_eventually,
+    base_env,
+    free_port,
+    running_stack,
+)
+
+pytestmark = pytest.mark.slow
+
+
+async def test_readyz_is_503_until_every_backing_service_answers(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(tmp_path, ["gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        assert await api.call("GET", "/healthz") == (200, {"status": "ok"})
+        status, body = await api.call("GET", "/readyz")
+        assert status == 503 and body["ready"] is False, body
+        assert body["services"]["embedder"] == "serving"
+        assert body["services"]["store"] == "unavailable"
+
+        for service in ("store", "search", "extractor"):
+            await asyncio.to_thread(stack.start, service)
+
+        async def ready() -> dict:
+            status, body = await api.call("GET", "/readyz")
+            assert status == 200, body
+            return body
+
+        body = await assert_eventually(ready)
+        assert body["status"] == "ready"
+        # Lite mode does not need the consolidator, which this stack does not run.
+        assert body["services"] == {"embedder": "serving", "store": "serving",
+                                    "search": "serving", "extractor": "serving",
+                                    "consolidator": "unavailable"}
+        status_body = await api.status()
+        assert status_body["ready"] is True
+        assert status_body["services"] == body["services"]
+
+
+async def test_a_write_sent_before_the_store_is_up_waits_for_it(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(
+        tmp_path, ["gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STARTUP_WAIT=f"{WAIT_CEILING_S:g}s",
+    ) as stack:
+        user = new_user()
+        body = json.dumps({"text": "Written while the store was starting", "user_id": user})
+        port = int(stack.env["HYATLAS_GO_PORT"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /api/v1/add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}".encode()
+        )
+        await writer.drain()
+        # The request is in the gateway before the store process even exists.
+        await asyncio.to_thread(stack.start, "store")
+        reply = await reader.read()
+        writer.close()
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), reply
+        assert json.loads(payload)["success"] is True
+        rows = await Api(stack.base_url, stack.address("store")).rows(user, "l2_raw")
+        assert [r.content for r in rows] == ["Written while the store was starting"]
+
+
+async def test_a_write_with_no_store_answers_503_that_says_so(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(tmp_path, ["gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+                       HYATLAS_STARTUP_WAIT="off") as stack:
+        status, body = await Api(stack.base_url, "").call(
+            "POST", "/api/v1/add", json={"text": "nowhere to go", "user_id": new_user()})
+    assert status == 503
+    assert "store did not answer" in body["error"], body
+
+
+def _launch(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """`make run`'s launcher, lite mode, with its own data directory and port."""
+    env = base_env(data_dir, HYATLAS_GO_PORT=str(port))
+    del env["HYATLAS_RUN_DIR"]  # the default: <data>/run
+    with log_path.open("wb") as log:
+        return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")], cwd=ROOT,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready(
+    tmp_path: Path,
+) -> None:
+    launches = []
+    for name in ("a", "b"):
+        port, log_path = free_port(), tmp_path / f"{name}.log"
+        launches.append((tmp_path / name, port, log_path,
+                         _launch(tmp_path / name, port, log_path)))
+    try:
+        for data_dir, port, log_path, proc in launches:
+
+            def ready_line(log_path: Path = log_path, proc: subprocess.Popen = proc) -> str:
+                assert proc.poll() is None, log_path.read_text()[-4000:]
+                lines = [line for line in log_path.read_text().splitlines()
+                         if line.startswith("hyatlas: ready")]
+                assert len(lines) == 1
+                return lines[0]
+
+            line = await assert_eventually(ready_line, interval_s=0.2)
+            assert f"http://127.0.0.1:{port}" in line and str(data_dir) in line
+            # Ready means a write made at once is stored.
+            api = Api(f"http://127.0.0.1:{port}", "")
+            added = await api.add(f"written to {data_dir.name}", new_user())
+            assert added["success"] is True
+            supervisor_dir = data_dir / "run" / "supervisor"
+            assert (supervisor_dir / "supervisord.pid").exists()
+            assert (supervisor_dir / "supervisor.sock").exists()
+    finally:
+        for _, _, _, proc in launches:
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(WAIT_CEILING_S) for _, _, _, proc in launches]
+    assert codes == [0, 0]
