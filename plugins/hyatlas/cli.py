@@ -80,7 +80,7 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
     elif command == "start":
         result = ServerLauncher(settings, client, home).ensure_running()
         print(result.message)
-        return 0 if result.healthy else 1
+        return 0 if result.ready else 1
     elif command == "stop":
         print(ServerLauncher(settings, client, home).stop())
     return 0

@@ -84,6 +84,17 @@ class HyAtlasClient:
             return False
         return isinstance(reply, dict) and reply.get("status") == "ok"
 
+    def ready(self, timeout_s: float = 2.0) -> bool:
+        """Whether /readyz says every backing service answers (/healthz on a server without it)."""
+        try:
+            reply = self.request("GET", "/readyz", timeout_s=timeout_s)
+        except HttpError as exc:
+            # A server that predates /readyz (the reference's own) only tells liveness.
+            return exc.status == 404 and self.healthy(timeout_s)
+        except ClientError:
+            return False
+        return isinstance(reply, dict) and reply.get("ready") is True
+
     def status(self) -> dict[str, Any]:
         """GET /api/v1/status."""
         return self.request("GET", "/api/v1/status")

@@ -64,8 +64,8 @@ class StartResult:
     """True when this call spawned the server."""
     pid: int | None
     """The server's pid from the pid file, if any."""
-    healthy: bool
-    """Whether the gateway answered at the end."""
+    ready: bool
+    """Whether the gateway said at the end that every backing service answers."""
     message: str
 
 
@@ -123,28 +123,26 @@ class ServerLauncher:
         return pid
 
     def ensure_running(self) -> StartResult:
-        """Starts the server if the gateway does not answer; waits until it does or times out."""
-        if self.client.healthy():
-            return StartResult(False, self.read_pid(), True, "server already answering")
+        """Starts the server if the gateway does not answer; waits until it is ready."""
+        if self.client.ready():
+            return StartResult(False, self.read_pid(), True, "server ready")
         wait_s = self.settings.start_timeout_s
         with self._locked(wait_s + 5.0) as got_lock:
             if not got_lock:
-                return StartResult(False, self.read_pid(), self.client.healthy(),
+                return StartResult(False, self.read_pid(), self.client.ready(),
                                    "another agent is starting the server")
-            # Another agent may have started it while this one waited for the lock.
-            if self.client.healthy():
-                return StartResult(False, self.read_pid(), True, "server already answering")
             pid = self.read_pid()
             started = False
-            if pid is None:
+            # A gateway that is alive but not ready is a server still starting: wait for it.
+            if pid is None and not self.client.healthy():
                 pid = self._spawn()
                 started = True
-            healthy = self._wait_healthy(pid, wait_s)
-        if healthy:
+            ready = self._wait_ready(pid, wait_s)
+        if ready:
             self._hand_over_key()
-            return StartResult(started, pid, True, f"server running (pid {pid})")
+            return StartResult(started, pid, True, f"server ready (pid {pid})")
         return StartResult(started, pid, False,
-                           f"server did not answer within {wait_s:g}s; see {self.log_path}")
+                           f"server not ready within {wait_s:g}s; see {self.log_path}")
 
     def _spawn(self) -> int:
         argv = self.settings.command_argv()
@@ -166,10 +164,10 @@ class ServerLauncher:
         log.info("hyatlas server started: %s (pid %d)", argv, proc.pid)
         return proc.pid
 
-    def _wait_healthy(self, pid: int | None, wait_s: float) -> bool:
+    def _wait_ready(self, pid: int | None, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if self.client.healthy(timeout_s=1.0):
+            if self.client.ready():
                 return True
             if pid is not None and not _alive(pid):
                 log.warning("hyatlas server exited during start; see %s", self.log_path)

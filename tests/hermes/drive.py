@@ -14,6 +14,9 @@ import threading
 import time
 from typing import Any
 
+# The longest a scenario waits for a condition; it returns as soon as the condition holds.
+WAIT_CEILING_S = 120.0
+
 
 def _provider() -> Any:
     from plugins.memory import load_memory_provider
@@ -49,27 +52,40 @@ def discover(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _settle_recall(provider: Any, session_id: str) -> None:
+    """Waits for the session's recall in flight, if any (the ceiling only guards a hang)."""
+    thread = provider._inflight.get(session_id)
+    if thread is not None:
+        thread.join(WAIT_CEILING_S)
+
+
 def turns(params: dict[str, Any]) -> dict[str, Any]:
     """MemoryManager: initialize -> (prefetch, sync_turn, queue_prefetch) per turn -> shutdown."""
     provider = _provider()
     session = params["session_id"]
     manager = _manager(provider, session, agent_context="primary",
                        **params.get("init", {}))
-    recalls = []
+    recalls, flushed = [], []
     for user, assistant in params["turns"]:
         recalls.append(manager.prefetch_all(user, session_id=session))
         manager.sync_all(user, assistant, session_id=session,
                          messages=[{"role": "user", "content": user},
                                    {"role": "assistant", "content": assistant}])
         manager.queue_prefetch_all(user, session_id=session)
-        manager.flush_pending(timeout=10)
-        provider.outbox.flush(10.0)
+        manager.flush_pending(timeout=WAIT_CEILING_S)
+        flushed.append(provider.outbox.flush(WAIT_CEILING_S))
+    # As Hermes does before a turn: queue the recall, then prefetch. Waiting for the recall in
+    # flight (not for a clock) makes the answer the same on an idle or a loaded machine.
+    _settle_recall(provider, session)
+    manager.queue_prefetch_all(params["final_query"], session_id=session)
+    _settle_recall(provider, session)
     final = manager.prefetch_all(params["final_query"], session_id=session)
     system_prompt = manager.build_system_prompt()
     ids = {"user_id": provider.user_id, "agent_id": provider.agent_id}
     manager.on_session_end([])
     manager.shutdown_all()
-    return {"recalls": recalls, "final": final, "ids": ids, "system_prompt": system_prompt}
+    return {"recalls": recalls, "final": final, "ids": ids, "system_prompt": system_prompt,
+            "flushed": flushed}
 
 
 def memory_tool(params: dict[str, Any]) -> dict[str, Any]:
@@ -141,8 +157,7 @@ def down(params: dict[str, Any]) -> dict[str, Any]:
     pending = provider.outbox.pending()
     provider.on_session_end([])
     provider.shutdown()
-    return {"prefetch_s": prefetch_s, "errors": errors, "pending": pending,
-            "budget_s": provider.settings.prefetch_budget_s}
+    return {"prefetch_s": prefetch_s, "errors": errors, "pending": pending}
 
 
 def resume(params: dict[str, Any]) -> dict[str, Any]:
@@ -168,11 +183,11 @@ def autostart(params: dict[str, Any]) -> dict[str, Any]:
     for p in (first, second):
         p.start_thread.join(60)
     pid = first.launcher.read_pid()
-    healthy = first.client.healthy()
+    ready = first.client.ready()
     stopped = first.launcher.stop() if params.get("stop") else ""
     for p in (first, second):
         p.shutdown()
-    return {"pid": pid, "healthy": healthy, "stopped": stopped,
+    return {"pid": pid, "ready": ready, "stopped": stopped,
             "alive_after_stop": first.launcher.read_pid() is not None}
 
 

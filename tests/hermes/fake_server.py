@@ -1,6 +1,7 @@
 """A stand-in for `make run` in auto-start tests: records its environment and what it is sent.
 
-Usage: fake_server.py OUT_DIR. Answers every route on $HYATLAS_GO_HOST:$HYATLAS_GO_PORT.
+Usage: fake_server.py OUT_DIR. Answers every route on $HYATLAS_GO_HOST:$HYATLAS_GO_PORT; like a
+real stack starting up, it is alive at once but /readyz says 503 to its first NOT_READY_POLLS polls.
 """
 
 from __future__ import annotations
@@ -12,19 +13,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 OUT = Path(sys.argv[1])
+NOT_READY_POLLS = 3
 
 
 class Handler(BaseHTTPRequestHandler):
-    def _reply(self, body: dict) -> None:
+    readyz_polls = 0
+
+    def _reply(self, body: dict, status: int = 200) -> None:
         data = json.dumps(body).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        self._reply({"status": "ok"})
+        if self.path != "/readyz":
+            self._reply({"status": "ok"})
+            return
+        Handler.readyz_polls += 1
+        with (OUT / "readyz.txt").open("a") as log:
+            log.write(f"{Handler.readyz_polls}\n")
+        ready = Handler.readyz_polls > NOT_READY_POLLS
+        self._reply({"ready": ready}, 200 if ready else 503)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
