@@ -22,9 +22,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The longest a test waits for a condition. A ceiling, not a budget: waits end as soon as the
+# condition holds, so it is generous for a machine loaded by other work.
+WAIT_CEILING_S = 120.0
+
+
 async def assert_eventually(
     check: Callable[[], Awaitable[Any]] | Callable[[], Any],
-    timeout_s: float = 10.0,
+    timeout_s: float = WAIT_CEILING_S,
     interval_s: float = 0.05,
 ) -> Any:
     """Calls check until it returns without AssertionError (and not False), or fails at timeout."""
@@ -82,7 +87,7 @@ class ServiceProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+    def start(self, timeout_s: float = WAIT_CEILING_S) -> ServiceProcess:
         """Starts the process and waits until it is ready."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -107,7 +112,7 @@ class ServiceProcess:
         """What the process printed so far."""
         return self.log_path.read_text(errors="replace")[-8000:]
 
-    def stop(self, timeout_s: float = 15.0) -> int | None:
+    def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, then wait; kills if it does not stop in time. Returns the exit code."""
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
@@ -159,7 +164,7 @@ class Stack:
         """The gateway's base URL."""
         return f"http://127.0.0.1:{self.env['HYATLAS_GO_PORT']}"
 
-    def start(self, service: str, timeout_s: float = 60.0) -> ServiceProcess:
+    def start(self, service: str, timeout_s: float = WAIT_CEILING_S) -> ServiceProcess:
         """Starts one service (embedder, store, search, extractor, consolidator or gateway)."""
         if service == "gateway":
             module = "gateway"

@@ -125,7 +125,7 @@ async def digest(api: Api) -> dict[str, Any]:
 
 async def settle(api: Api) -> None:
     """Runs passes until no cluster anywhere is due (other tests' leftovers answer EMPTY)."""
-    await assert_eventually(lambda: _nothing_pending(api), timeout_s=60, interval_s=0.1)
+    await assert_eventually(lambda: _nothing_pending(api), interval_s=0.1)
 
 
 async def _nothing_pending(api: Api) -> bool:
@@ -388,7 +388,7 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
 
         script.handlers[user] = answer
         pass_task = asyncio.create_task(api.call("POST", "/api/v1/digest", timeout=120))
-        await assert_eventually(lambda: len(script.calls(user)) >= first_calls + 2, timeout_s=30)
+        await assert_eventually(lambda: len(script.calls(user)) >= first_calls + 2)
         stack.procs["consolidator"].kill()
         await asyncio.gather(pass_task, return_exceptions=True)
 
@@ -415,7 +415,7 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
             row = {r.content: r for r in await api.rows(user, "l3_fact")}[hung[0]]
             assert row.superseded_how == "dropped"
 
-        await assert_eventually(hung_cluster_done, timeout_s=30)
+        await assert_eventually(hung_cluster_done)
         rows = {r.content: r for r in await api.rows(user, "l3_fact")}
         assert rows[done_text].superseded_how == "dropped"
         assert [t for t in texts if rows[t].status != "active"] == sorted(
@@ -474,7 +474,7 @@ async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
             report = await digest(api)
             assert report["pruned_raw"] == 1 and report["protected_raw"] == 1
 
-        await assert_eventually(pruned, timeout_s=20, interval_s=0.3)
+        await assert_eventually(pruned, interval_s=0.3)
         assert [r.id for r in await api.rows(user, "l2_raw")] == [cited]
         assert uncited not in {r.id for r in await api.rows(user, "l2_raw")}
 

@@ -67,7 +67,7 @@ async def test_a_malformed_reply_fails_then_catch_up_extracts_the_row(
     fake.on("m-later", "no json here", "nor here", {"facts": [{"text": "Lea grows tomatoes"}]})
     added = await api.add("m-later I grow tomatoes on my balcony.", user)
     assert added["extraction_status"] == "pending"
-    await assert_eventually(lambda: _done(api, user, added["memory_id"]), timeout_s=30)
+    await assert_eventually(lambda: _done(api, user, added["memory_id"]))
     raw = await api.row(user, added["memory_id"])
     assert raw.extraction_tries == 1  # the failed try was counted, the raw row kept
     assert [f.content for f in await api.rows(user, "l3_fact")] == ["Lea grows tomatoes"]
@@ -86,7 +86,7 @@ async def test_a_row_that_never_parses_is_left_alone_after_three_tries(
         raw = await api.row(user, added["memory_id"])
         assert raw.extraction_tries == 3 and raw.extraction_status == "failed"
 
-    await assert_eventually(three_tries, timeout_s=30)
+    await assert_eventually(three_tries)
     asked = len(fake.for_marker("m-never"))
     assert asked == 6  # each try is one call and one retry with the reminder
     # Further runs leave it alone: a later row of the same kind is caught up meanwhile.
@@ -107,7 +107,7 @@ async def test_after_kill_9_of_the_extractor_every_pending_row_is_caught_up(
         added = await api.add(f"m-crash {n}: I own {n + 2} guitars.", user)
         assert added["extraction_status"] == "pending"
         ids.append(added["memory_id"])
-    await assert_eventually(lambda: len(fake.for_marker("m-crash")) >= 1, timeout_s=30)
+    await assert_eventually(lambda: len(fake.for_marker("m-crash")) >= 1)
     background.procs["extractor"].kill()
 
     facts = ["Noa owns a red electric guitar", "Noa bakes sourdough bread", "Noa is a pilot"]
@@ -118,7 +118,7 @@ async def test_after_kill_9_of_the_extractor_every_pending_row_is_caught_up(
     fake.on("m-crash", answer)
     background.start("extractor")
     for memory_id in ids:
-        await assert_eventually(lambda m=memory_id: _done(api, user, m), timeout_s=60)
+        await assert_eventually(lambda m=memory_id: _done(api, user, m))
     contents = sorted(f.content for f in await api.rows(user, "l3_fact", retired=False))
     assert contents == sorted(facts)
 
@@ -159,7 +159,7 @@ async def test_writes_wait_for_a_key_and_are_extracted_when_one_is_handed_over(
 
     reply = await api.ok("POST", "/api/v1/llm/key", json={"key": POSTED_KEY})
     assert reply == {"ok": True, "llm": "ok"}
-    await assert_eventually(lambda: _done(api, user, added["memory_id"]), timeout_s=30)
+    await assert_eventually(lambda: _done(api, user, added["memory_id"]))
     (request,) = fake.for_marker("m-key")
     assert request.headers["Authorization"] == f"Bearer {POSTED_KEY}"
     assert (await api.status())["llm"] == "ok"
@@ -174,7 +174,7 @@ async def test_a_clean_stop_finishes_the_extraction_in_flight(
     fake.on("m-stop", delayed(1.5, {"facts": [{"text": "Pia restores old boats"}]}))
     added = await api.add("m-stop I restore old boats.", user)
     assert added["extraction_status"] == "pending"
-    await assert_eventually(lambda: len(fake.for_marker("m-stop")) == 1, timeout_s=30)
+    await assert_eventually(lambda: len(fake.for_marker("m-stop")) == 1)
     try:
         assert background.procs["extractor"].stop() == 0  # SIGTERM; waits for the reply
         raw = await api.row(user, added["memory_id"])

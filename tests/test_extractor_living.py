@@ -71,7 +71,7 @@ async def test_the_now_page_follows_the_writes_and_leads_search(api: Api, fake: 
         pages = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
         assert len(pages) == 1
 
-    await assert_eventually(one_page, timeout_s=30)
+    await assert_eventually(one_page)
     asked = [r for r in fake.requests if "Now page" in str(r.body["messages"][0]["content"])]
     assert any("Quinn will ship Foxtrot 2.0 (due 2026-12-20)" in r.user_message for r in asked)
 
@@ -83,7 +83,7 @@ async def test_the_now_page_follows_the_writes_and_leads_search(api: Api, fake: 
         assert [p.status for p in pages] == ["retired", "active"]
         assert pages[0].superseded_how == "replaced" and pages[0].superseded_by == pages[1].id
 
-    await assert_eventually(replaced, timeout_s=30)
+    await assert_eventually(replaced)
     body = await api.ok("POST", "/api/v1/search", json={"query": "Foxtrot", "user_id": user})
     assert body["order"][0] == "now" and body["now"]["content"].startswith("NOW #")
 
@@ -98,7 +98,7 @@ async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> N
         assert len(episodes) == 1
         return episodes[0]
 
-    episode = await assert_eventually(summarised, timeout_s=30)
+    episode = await assert_eventually(summarised)
     assert episode.content == "EPISODE: 2 turns"
     assert list(episode.source_ids) == [first["memory_id"], second["memory_id"]]
     raw = await api.row(user, first["memory_id"])
@@ -113,7 +113,7 @@ async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> N
             [third["memory_id"]],
         ]
 
-    await assert_eventually(two, timeout_s=30)
+    await assert_eventually(two)
 
 
 async def test_reconcile_updates_supersedes_and_links_only_what_it_was_shown(
@@ -152,5 +152,5 @@ async def test_reconcile_updates_supersedes_and_links_only_what_it_was_shown(
         assert again.count == 2 and club.status == "active"
         assert json.loads(again.metadata_json)["links"] == [club.id]
 
-    await assert_eventually(reconciled, timeout_s=30)
+    await assert_eventually(reconciled)
     assert (await api.status())["dropped_ops"] - before == 1
