@@ -9,14 +9,16 @@ from aiohttp import web
 from gateway.app import make_app
 from gateway.config import GatewayConfig
 from shared.runtime import run_service, until_stopped
+from shared.settings import Settings
 
 log = logging.getLogger("gateway")
 
 
 async def main() -> None:
     """Serves until SIGTERM, then finishes requests in flight and closes the channels."""
-    config = GatewayConfig.from_env()
-    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=10.0)
+    settings = Settings.from_env()
+    config = GatewayConfig.from_settings(settings)
+    runner = web.AppRunner(make_app(config, settings), access_log=None, shutdown_timeout=10.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.http_host, config.http_port)

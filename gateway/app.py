@@ -26,7 +26,8 @@ from shared.pb import (
     search_pb2_grpc,
     store_pb2_grpc,
 )
-from shared.rpc import open_channel
+from shared.rpc import ServiceClient, open_channel
+from shared.settings import Settings
 
 
 async def _channels(app: web.Application) -> AsyncIterator[None]:
@@ -46,14 +47,16 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
             "extractor": extractor,
             "consolidator": consolidator,
         }
-        app[STORE] = store_pb2_grpc.StoreStub(store)
-        app[SEARCH] = search_pb2_grpc.SearchStub(search)
-        app[EXTRACTOR] = extractor_pb2_grpc.ExtractorStub(extractor)
-        app[CONSOLIDATOR] = consolidator_pb2_grpc.ConsolidatorStub(consolidator)
+        app[STORE] = ServiceClient(store_pb2_grpc.StoreStub(store), "store")
+        app[SEARCH] = ServiceClient(search_pb2_grpc.SearchStub(search), "search")
+        app[EXTRACTOR] = ServiceClient(extractor_pb2_grpc.ExtractorStub(extractor), "extractor")
+        app[CONSOLIDATOR] = ServiceClient(
+            consolidator_pb2_grpc.ConsolidatorStub(consolidator), "consolidator"
+        )
         yield
 
 
-def make_app(config: GatewayConfig) -> web.Application:
+def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     """The REST application: guards and token checks around every route, JSON errors outside."""
     app = web.Application(
         # errors first so that guard refusals and aiohttp's own 404/405/413 become JSON too.
@@ -66,6 +69,6 @@ def make_app(config: GatewayConfig) -> web.Application:
     app.add_routes(readiness.routes)
     app.add_routes(api.routes)
     app.add_routes(consolidation.routes)
-    dashboard.register(app)
+    dashboard.register(app, settings)
     api.add_placeholder_routes(app)
     return app

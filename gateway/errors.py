@@ -4,39 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from gateway.state import CONFIG
-from shared.errors import ServiceError
+from shared.errors import Internal, ServiceError, Unauthenticated, Unavailable
 
 log = logging.getLogger(__name__)
 
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 409,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 503,
-}
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class Unauthenticated(ServiceError):
-    """The request lacks the bearer token the server requires (HTTP 401)."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 def error_extras(**extras: Any) -> Callable[[Handler], Handler]:
@@ -71,21 +50,11 @@ _AIOHTTP_MESSAGES = {
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Maps ServiceError, gRPC errors and aiohttp's own HTTP errors to JSON."""
+    """Maps ServiceErrors (of this process or a backing service) and aiohttp's errors to JSON."""
     try:
         return await handler(request)
     except ServiceError as exc:
-        status = HTTP_STATUS.get(exc.code, 500)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return error_response(request, status, exc.message, headers)
-    except grpc.aio.AioRpcError as exc:
-        status = HTTP_STATUS.get(exc.code(), 500)
-        if status == 500:
-            log.error("%s %s: %s %s", request.method, request.path, exc.code().name, exc.details())
-        message = exc.details() or exc.code().name.lower()
-        if status == 503:
-            message = f"a backing service is unavailable: {message}"
-        return error_response(request, status, message)
+        return _service_error(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -96,5 +65,16 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(request, exc.status, message, headers)
     except Exception:
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(request, 500, "internal error")
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("%s %s failed (error id %s)", request.method, request.path, error_id)
+        return error_response(request, 500, f"internal error (id {error_id})")
+
+
+def _service_error(request: web.Request, exc: ServiceError) -> web.Response:
+    message = exc.message
+    if isinstance(exc, Unavailable):
+        message = f"a backing service is unavailable: {message}"
+    elif isinstance(exc, Internal):
+        log.error("%s %s: %s", request.method, request.path, message)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+    return error_response(request, exc.http_status, message, headers)

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.errors import Handler, Unauthenticated
+from gateway.errors import Handler
 from gateway.state import CONFIG
-from shared.errors import PermissionDenied
+from shared.errors import PermissionDenied, Unauthenticated
 
 # Liveness and readiness must be reachable by a supervisor that holds no token.
 TOKEN_EXEMPT = frozenset({"/healthz", "/readyz"})

@@ -24,7 +24,7 @@ def required_services(mode: str) -> tuple[str, ...]:
 
 
 async def service_states(app: web.Application) -> dict[str, str]:
-    """gRPC health of every backing service, asked at once: serving, not_serving, unavailable."""
+    """gRPC health of every backing service, asked at once: serving, not_serving, unreachable."""
     channels = app[CHANNELS]
     states = await asyncio.gather(
         *(health_state(channel, HEALTH_TIMEOUT_S) for channel in channels.values())

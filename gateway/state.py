@@ -1,4 +1,4 @@
-"""What the gateway keeps on its web.Application: config, gRPC stubs, counters."""
+"""What the gateway keeps on its web.Application: config, service clients, counters."""
 
 from __future__ import annotations
 
@@ -8,12 +8,7 @@ import grpc
 from aiohttp import web
 
 from gateway.config import GatewayConfig
-from shared.pb import (
-    consolidator_pb2_grpc,
-    extractor_pb2_grpc,
-    search_pb2_grpc,
-    store_pb2_grpc,
-)
+from shared.rpc import ServiceClient
 
 
 @dataclass
@@ -25,10 +20,11 @@ class Counters:
 
 
 CONFIG = web.AppKey("config", GatewayConfig)
-STORE = web.AppKey("store", store_pb2_grpc.StoreStub)
-SEARCH = web.AppKey("search", search_pb2_grpc.SearchStub)
-EXTRACTOR = web.AppKey("extractor", extractor_pb2_grpc.ExtractorStub)
-CONSOLIDATOR = web.AppKey("consolidator", consolidator_pb2_grpc.ConsolidatorStub)
+# Each backing service's stub; its calls raise ServiceErrors (shared.rpc is the one boundary).
+STORE = web.AppKey("store", ServiceClient)
+SEARCH = web.AppKey("search", ServiceClient)
+EXTRACTOR = web.AppKey("extractor", ServiceClient)
+CONSOLIDATOR = web.AppKey("consolidator", ServiceClient)
 COUNTERS = web.AppKey("counters", Counters)
 CHANNELS = web.AppKey("channels", dict[str, grpc.aio.Channel])
 """The open channel to each backing service, by service name (for health and readiness)."""

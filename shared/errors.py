@@ -1,4 +1,13 @@
-"""One error tree for the whole project, each error carrying its gRPC status."""
+"""One error tree for the whole project, each error carrying its gRPC status and HTTP status.
+
+    ServiceError (500)
+    ├── InvalidArgument (400)      ├── Unauthenticated (401)   ├── PermissionDenied (403)
+    ├── NotFound (404)             ├── Conflict (409)          ├── TooLarge (413)
+    ├── Internal (500)             ├── Unimplemented (501)     └── Unavailable (503)
+
+Domain code raises these; `shared.rpc.grpc_errors` sends them as gRPC statuses;
+`shared.rpc.rpc_errors` turns a failed call back into one; the gateway answers `http_status`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +15,10 @@ import grpc
 
 
 class ServiceError(Exception):
-    """A failure a caller should see, with the gRPC status that describes it."""
+    """A failure a caller should see, with the gRPC and HTTP statuses that describe it."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    http_status: int = 500
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -16,35 +26,85 @@ class ServiceError(Exception):
 
 
 class InvalidArgument(ServiceError):
+    """The request itself is wrong; sending it again will not help."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
 
 
-class NotFound(ServiceError):
-    code = grpc.StatusCode.NOT_FOUND
+class Unauthenticated(ServiceError):
+    """The request lacks the credentials the server requires."""
 
-
-class Conflict(ServiceError):
-    """The request clashes with the current state (HTTP 409)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
 
 
 class PermissionDenied(ServiceError):
+    """The caller may not do this."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+
+
+class NotFound(ServiceError):
+    """What the request names does not exist (in the caller's scope)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+
+
+class Conflict(ServiceError):
+    """The request clashes with the current state."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 409
 
 
 class TooLarge(ServiceError):
-    """The request is over a size limit (HTTP 413)."""
+    """The request is over a size limit."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 413
 
 
-class Unavailable(ServiceError):
-    code = grpc.StatusCode.UNAVAILABLE
+class Internal(ServiceError):
+    """A bug or an unexpected failure; the message names an id to find it in the logs."""
 
 
 class Unimplemented(ServiceError):
+    """Not built yet; the message says what."""
+
     code = grpc.StatusCode.UNIMPLEMENTED
+    http_status = 501
+
+
+class Unavailable(ServiceError):
+    """A backing service or dependency does not answer now; a retry later may succeed."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+
+
+_BY_STATUS: dict[grpc.StatusCode, type[ServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
+    grpc.StatusCode.ALREADY_EXISTS: Conflict,
+    grpc.StatusCode.ABORTED: Conflict,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: TooLarge,
+    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.CANCELLED: Unavailable,
+}
+
+
+def error_for_status(code: grpc.StatusCode, message: str) -> ServiceError:
+    """The ServiceError a gRPC status stands for (Internal for any status not listed)."""
+    return _BY_STATUS.get(code, Internal)(message)
 
 
 class ConfigError(Exception):

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.errors import ServiceError
+from shared.errors import ServiceError, error_for_status
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,10 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 def grpc_errors(method: F) -> F:
-    """Turns a ServiceError raised by a servicer method into the matching gRPC status."""
+    """Sends a ServiceError raised by a servicer method as its gRPC status.
+
+    Any other exception is a bug: it is logged with an id, and the caller gets only that id.
+    """
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -43,11 +47,40 @@ def grpc_errors(method: F) -> F:
             await context.abort(exc.code, exc.message)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:
-            log.exception("%s failed", method.__qualname__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("%s failed (error id %s)", method.__qualname__, error_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (id {error_id})")
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def rpc_errors(service: str) -> Iterator[None]:
+    """The one boundary for calls out: a failed call raises the ServiceError of its status."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        detail = exc.details() or exc.code().name.lower()
+        raise error_for_status(exc.code(), f"{service}: {detail}") from exc
+
+
+class ServiceClient:
+    """A service's gRPC stub whose calls raise ServiceErrors, never AioRpcError."""
+
+    def __init__(self, stub: Any, service: str) -> None:
+        self._stub = stub
+        self._service = service
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._stub, name)
+        service = self._service
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            with rpc_errors(service):
+                return await method(*args, **kwargs)
+
+        return call
 
 
 def _unix_path(address: str) -> Path | None:
@@ -114,13 +147,13 @@ def open_channel(address: str) -> grpc.aio.Channel:
 
 
 async def health_state(channel: grpc.aio.Channel, timeout_s: float = 1.0, service: str = "") -> str:
-    """What gRPC health says of the server behind channel: serving, not_serving or unavailable."""
+    """What gRPC health says of the server behind channel: serving, not_serving or unreachable."""
     try:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
         )
     except grpc.aio.AioRpcError:
-        return "unavailable"
+        return "unreachable"
     return "serving" if reply.status == health_pb2.HealthCheckResponse.SERVING else "not_serving"
 
 

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.api import NOT_YET, UNSCOPED_DELETE
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from shared.settings import Settings
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
 
@@ -33,7 +34,8 @@ async def make_client(tmp_path: Path) -> AsyncIterator[MakeClient]:
             rpc_timeout_s=5.0,
             **overrides,
         )
-        client = TestClient(TestServer(make_app(config), host="127.0.0.1"))
+        settings = Settings(data_dir=tmp_path, run_dir=tmp_path / "run")
+        client = TestClient(TestServer(make_app(config, settings), host="127.0.0.1"))
         await client.start_server()
         clients.append(client)
         return client

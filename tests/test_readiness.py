@@ -34,7 +34,7 @@ async def test_readyz_is_503_until_every_backing_service_answers(
         status, body = await api.call("GET", "/readyz")
         assert status == 503 and body["ready"] is False, body
         assert body["services"]["embedder"] == "serving"
-        assert body["services"]["store"] == "unavailable"
+        assert body["services"]["store"] == "unreachable"
 
         for service in ("store", "search", "extractor"):
             await asyncio.to_thread(stack.start, service)
@@ -49,7 +49,7 @@ async def test_readyz_is_503_until_every_backing_service_answers(
         # Lite mode does not need the consolidator, which this stack does not run.
         assert body["services"] == {"embedder": "serving", "store": "serving",
                                     "search": "serving", "extractor": "serving",
-                                    "consolidator": "unavailable"}
+                                    "consolidator": "unreachable"}
         status_body = await api.status()
         assert status_body["ready"] is True
         assert status_body["services"] == body["services"]

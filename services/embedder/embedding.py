@@ -16,11 +16,11 @@ from services.embedder.hash_encoder import HASH_MODEL_ID, HashEncoder
 from services.embedder.models import find_model_files
 from services.embedder.onnx_encoder import OnnxEncoder
 from services.embedder.remote_encoder import opened_remote_encoder
+from shared.clients import MAX_TEXTS
 from shared.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
-MAX_TEXTS = 1024
 MAX_TEXT_CHARS = 100_000
 
 
