@@ -8,7 +8,6 @@ import json
 import logging
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from gateway.config import GatewayConfig
@@ -18,7 +17,14 @@ from gateway.params import Params, read_body
 from gateway.readiness import is_ready, service_states, wait_for_store
 from gateway.shapes import layer_counts, list_items, rfc3339, search_response
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, SEARCH, STORE
-from shared.errors import InvalidArgument, NotFound, PermissionDenied, Unimplemented
+from shared.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ServiceError,
+    Unimplemented,
+)
 from shared.layers import parse_layer
 from shared.pb import common_pb2, extractor_pb2, search_pb2, store_pb2
 
@@ -120,8 +126,8 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return await request.app[EXTRACTOR].GetLlmStatus(
             extractor_pb2.GetLlmStatusRequest(), timeout=min(5.0, _timeout(request))
         )
-    except grpc.aio.AioRpcError as exc:
-        log.warning("extractor status unavailable: %s", exc.details() or exc.code().name)
+    except ServiceError as exc:
+        log.warning("extractor status unavailable: %s", exc.message)
         return None
 
 
@@ -136,11 +142,8 @@ async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str
             extractor_pb2.ExtractMemoryRequest(scope=scope, id=memory_id, wait=wait),
             timeout=timeout,
         )
-    except grpc.aio.AioRpcError as exc:
-        log.warning(
-            "extraction of %s not started (%s); catch-up will take it",
-            memory_id, exc.details() or exc.code().name,
-        )
+    except ServiceError as exc:
+        log.warning("extraction of %s not started (%s); catch-up will take it", memory_id, exc)
         return "pending"
     return reply.extraction_status
 
@@ -396,10 +399,7 @@ async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Sc
     store = request.app[STORE]
     timeout = _timeout(request)
     try:
-        # Checked first so another owner's id is refused even if the delete op were lenient.
-        await store.GetMemory(
-            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=timeout
-        )
+        # The store checks the scope in the delete's own transaction.
         await store.Apply(
             store_pb2.ApplyRequest(
                 scope=scope,
@@ -409,11 +409,9 @@ async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Sc
             ),
             timeout=timeout,
         )
-    except grpc.aio.AioRpcError as exc:
+    except (NotFound, PermissionDenied):
         # Another owner's row is reported exactly like a missing one, so ids do not leak.
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
-            raise NotFound(f"memory {memory_id!r} not found") from None
-        raise
+        raise NotFound(f"memory {memory_id!r} not found") from None
 
 
 @routes.post("/api/v1/flush")
@@ -525,20 +523,22 @@ async def restore(request: web.Request) -> web.Response:
         raise InvalidArgument("id required")
     scope = _scope(params.string("user_id"), params.string("agent_id"))
     store = request.app[STORE]
-    current = await store.GetMemory(
-        store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
-    )
-    if current.memory.status == "active":
+    try:
+        # The store decides in the same transaction whether there is anything to restore.
+        reply = await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))],
+                actor="api",
+                reason=params.string("reason") or "restore",
+            ),
+            timeout=_timeout(request),
+        )
+    except Conflict:  # already live: nothing to do, the row as it is
+        current = await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
+        )
         return _json({"restored": False, "memory": list_items([current.memory])[0]})
-    reply = await store.Apply(
-        store_pb2.ApplyRequest(
-            scope=scope,
-            ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))],
-            actor="api",
-            reason=params.string("reason") or "restore",
-        ),
-        timeout=_timeout(request),
-    )
     return _json({"restored": True, "memory": list_items(reply.memories)[0]})
 
 
@@ -592,22 +592,15 @@ async def feedback(request: web.Request) -> web.Response:
     if not request.app[CONFIG].usage_learning:
         return _json({"success": True, "recorded": 0, "usage_learning": False})
     scope = _scope(params.string("user_id"), params.string("agent_id"))
-    timeout = _timeout(request)
-    rows = await asyncio.gather(
-        *(
-            request.app[STORE].GetMemory(
-                store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=timeout
-            )
-            for memory_id in memory_ids
-        )
-    )
+    # One transaction that adds to hits: concurrent feedback never loses a count, and an id
+    # outside the owner's rows refuses the whole call (404, nothing counted).
     ops = [
-        store_pb2.Op(update=store_pb2.UpdateOp(id=row.memory.id, hits=row.memory.hits + 1))
-        for row in rows
+        store_pb2.Op(update=store_pb2.UpdateOp(id=memory_id, hits_delta=1))
+        for memory_id in memory_ids
     ]
     await request.app[STORE].Apply(
         store_pb2.ApplyRequest(scope=scope, ops=ops, actor="api", reason="feedback"),
-        timeout=timeout,
+        timeout=_timeout(request),
     )
     return _json({"success": True, "recorded": len(ops), "usage_learning": True})
 

@@ -7,16 +7,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from gateway.errors import error_extras
 from gateway.params import Params, read_body
 from gateway.shapes import rfc3339
 from gateway.state import CONFIG, CONSOLIDATOR, STORE
-from shared.errors import InvalidArgument, PermissionDenied
+from shared.errors import InvalidArgument, PermissionDenied, ServiceError
 from shared.layers import layer_name
 from shared.pb import common_pb2, consolidator_pb2, store_pb2
+from shared.store_client import PAGE
 
 routes = web.RouteTableDef()
 
@@ -88,7 +88,7 @@ async def consolidation_status(request: web.Request) -> dict[str, Any]:
         reply = await request.app[CONSOLIDATOR].GetDigest(
             consolidator_pb2.GetDigestRequest(), timeout=5.0
         )
-    except grpc.aio.AioRpcError:  # status answers while the consolidator is down
+    except ServiceError:  # status answers while the consolidator is down or failing
         return {"consolidations": 0}
     fields: dict[str, Any] = {"consolidations": reply.runs}
     if reply.HasField("last"):
@@ -173,13 +173,27 @@ def _owner_scope(params: Params) -> common_pb2.Scope:
 
 
 async def _edges(
-    request: web.Request, scope: common_pb2.Scope, limit: int, as_of: float | None = None
+    request: web.Request,
+    scope: common_pb2.Scope,
+    limit: int | None,
+    as_of: float | None = None,
 ) -> tuple[list[store_pb2.Edge], int]:
-    query = store_pb2.ListEdgesRequest(scope=scope, limit=limit)
-    if as_of is not None:
-        query.as_of = as_of
-    reply = await request.app[STORE].ListEdges(query, timeout=request.app[CONFIG].rpc_timeout_s)
-    return list(reply.edges), reply.total
+    """Up to limit edges (None: all of them), newest first, page by page; and how many match."""
+    edges: list[store_pb2.Edge] = []
+    total = 0
+    while limit is None or len(edges) < limit:
+        page = PAGE if limit is None else min(PAGE, limit - len(edges))
+        query = store_pb2.ListEdgesRequest(scope=scope, limit=page, offset=len(edges))
+        if as_of is not None:
+            query.as_of = as_of
+        reply = await request.app[STORE].ListEdges(
+            query, timeout=request.app[CONFIG].rpc_timeout_s
+        )
+        edges.extend(reply.edges)
+        total = reply.total
+        if not reply.edges or len(edges) >= total:
+            break
+    return edges, total
 
 
 def node_id(label: str) -> str:
@@ -241,7 +255,7 @@ async def graph(request: web.Request) -> web.Response:
     """One node's neighbours, and the size of the owner's graph."""
     params = await _params(request)
     node = params.string("node")
-    edges, _ = await _edges(request, _owner_scope(params), 100_000 if not node else 100_000)
+    edges, _ = await _edges(request, _owner_scope(params), None)
     key = node_id(node)
     neighbors = []
     for edge in edges:

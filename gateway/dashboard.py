@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import grpc
 from aiohttp import web
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.readiness import service_states
 from gateway.shapes import list_item, rfc3339
 from gateway.state import CONFIG, STORE
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import InvalidArgument, NotFound, PermissionDenied
 from shared.pb import common_pb2, store_pb2
-from shared.rpc import open_channel
-from shared.settings import SERVICES, Settings
+from shared.settings import Settings
+from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
 DEFAULT_USER = "default"
@@ -34,8 +33,6 @@ SECRET_SETTINGS = frozenset(
 # Settings holding a URL, which may carry user:password before the host.
 URL_SETTINGS = frozenset({"llm_base", "llm_fallback_base", "embed_base"})
 # How many of an owner's rows a detail view scans for the rows a memory replaced.
-REPLACED_SCAN_MAX = 5000
-REPLACED_SCAN_PAGE = 500
 WRITES_DAYS_DEFAULT = 14
 WRITES_DAYS_MAX = 90
 HEALTH_TIMEOUT_S = 1.0
@@ -144,38 +141,9 @@ async def _get(
         reply = await request.app[STORE].GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
         )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
-            return None
-        raise
+    except (NotFound, PermissionDenied):
+        return None
     return reply.memory
-
-
-async def _replaced(
-    request: web.Request, scope: common_pb2.Scope, memory: common_pb2.Memory
-) -> tuple[list[common_pb2.Memory], int, bool]:
-    """Rows this one superseded, the rows scanned, and whether the scan saw every candidate."""
-    found: list[common_pb2.Memory] = []
-    scanned = 0
-    while scanned < REPLACED_SCAN_MAX:
-        reply = await request.app[STORE].ListMemories(
-            store_pb2.ListMemoriesRequest(
-                scope=scope,
-                include_superseded=True,
-                limit=REPLACED_SCAN_PAGE,
-                offset=scanned,
-                # What a row replaced was stored before the row itself changed last.
-                created_before=max(memory.created_at, memory.updated_at) + 1.0,
-            ),
-            timeout=_timeout(request),
-        )
-        found.extend(
-            m for m in reply.memories if m.status != "active" and m.superseded_by == memory.id
-        )
-        scanned += len(reply.memories)
-        if scanned >= reply.total or not reply.memories:
-            return found, scanned, True
-    return found, scanned, False
 
 
 async def memory_detail(request: web.Request) -> web.Response:
@@ -187,21 +155,21 @@ async def memory_detail(request: web.Request) -> web.Response:
     memory = await _get(request, scope, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id!r} not found")
-    sources = await asyncio.gather(*(_get(request, scope, sid) for sid in memory.source_ids))
-    successor = (
-        await _get(request, scope, memory.superseded_by) if memory.superseded_by else None
+    store, timeout = request.app[STORE], _timeout(request)
+    sources, successor, replaced = await asyncio.gather(
+        get_many(store, scope, memory.source_ids, timeout),
+        get_many(store, scope, [memory.superseded_by] if memory.superseded_by else [], timeout),
+        all_rows(store, store_pb2.ListMemoriesRequest(
+            scope=scope, include_superseded=True, superseded_by=memory.id), timeout),
     )
-    replaced, scanned, complete = await _replaced(request, scope, memory)
+    found = {m.id for m in sources}
     return _json(
         {
             "memory": _full_item(memory),
-            "sources": [_full_item(m) for m in sources if m is not None],
-            "missing_sources": [
-                sid for sid, m in zip(memory.source_ids, sources, strict=True) if m is None
-            ],
-            "replaced_by": _full_item(successor) if successor is not None else None,
+            "sources": [_full_item(m) for m in sources],
+            "missing_sources": [sid for sid in memory.source_ids if sid not in found],
+            "replaced_by": _full_item(successor[0]) if successor else None,
             "replaced": [_full_item(m) for m in replaced],
-            "replaced_scan": {"rows": scanned, "complete": complete},
         }
     )
 
@@ -227,53 +195,33 @@ async def writes(request: web.Request) -> web.Response:
     starts = [today - timedelta(days=back) for back in range(days - 1, -1, -1)]
     store = request.app[STORE]
 
-    async def count(start: datetime, layers: list[Any], exclude: list[Any]) -> int:
-        begin = start.timestamp()
-        reply = await store.ListMemories(
-            store_pb2.ListMemoriesRequest(
+    async def count(layers: list[Any], exclude: list[Any]) -> list[int]:
+        reply = await store.CountMemories(
+            store_pb2.CountMemoriesRequest(
                 scope=scope,
                 layers=layers,
                 exclude_layers=exclude,
                 include_superseded=True,
-                limit=0,
-                created_after=begin - 1e-6,  # created_after is exclusive
-                created_before=begin + 86400.0,
+                start=starts[0].timestamp(),
+                bucket_s=86400.0,
+                buckets=days,
             ),
             timeout=_timeout(request),
         )
-        return int(reply.total)
+        return list(reply.counts)
 
     raw = common_pb2.L2_RAW
-    counts = await asyncio.gather(
-        *(count(start, [raw], []) for start in starts),
-        *(count(start, [], [raw]) for start in starts),
-    )
+    raw_counts, derived_counts = await asyncio.gather(count([raw], []), count([], [raw]))
     return _json(
         {
             "user_id": scope.user_id,
             "agent_id": scope.agent_id,
             "days": [
-                {"date": start.strftime("%Y-%m-%d"), "raw": counts[i], "derived": counts[days + i]}
-                for i, start in enumerate(starts)
+                {"date": start.strftime("%Y-%m-%d"), "raw": raw_n, "derived": derived_n}
+                for start, raw_n, derived_n in zip(starts, raw_counts, derived_counts, strict=True)
             ],
         }
     )
-
-
-async def _health(name: str, address: str) -> dict[str, str]:
-    """What a service's gRPC health check answers, or why it could not be asked."""
-    try:
-        async with open_channel(address) as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S
-            )
-    except grpc.aio.AioRpcError as exc:
-        state = "unreachable" if exc.code() in (
-            grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
-        ) else exc.code().name.lower()
-        return {"name": name, "address": address, "status": state}
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status).lower()
-    return {"name": name, "address": address, "status": status}
 
 
 def _tree_bytes(root: Path) -> int:
@@ -307,8 +255,9 @@ def _snapshots(folder: Path) -> list[dict[str, Any]]:
 async def system(request: web.Request) -> web.Response:
     """Service health, settings in force (no secrets), data directory size and snapshots."""
     settings = request.app[SETTINGS]
-    addresses = dict(settings.addresses)
-    health = await asyncio.gather(*(_health(name, addresses[name]) for name in SERVICES))
+    states = await service_states(request.app)
+    health = [{"name": name, "address": settings.addresses[name], "status": state}
+              for name, state in states.items()]
     data_bytes, snapshots = await asyncio.gather(
         asyncio.to_thread(_tree_bytes, settings.data_dir),
         asyncio.to_thread(_snapshots, settings.snapshot_dir),
@@ -316,7 +265,7 @@ async def system(request: web.Request) -> web.Response:
     return _json(
         {
             "services": [{"name": "gateway", "address": "(this process)", "status": "serving"}]
-            + list(health),
+            + health,
             "settings": public_settings(settings),
             "data_dir": str(settings.data_dir),
             "data_bytes": data_bytes,
@@ -363,9 +312,9 @@ async def to_index(request: web.Request) -> web.StreamResponse:
 to_index.token_exempt = True  # type: ignore[attr-defined]
 
 
-def register(app: web.Application, settings: Settings | None = None) -> None:
+def register(app: web.Application, settings: Settings) -> None:
     """Adds the dashboard's routes; call before the API's placeholder routes."""
-    app[SETTINGS] = settings if settings is not None else Settings.from_env()
+    app[SETTINGS] = settings
     app.router.add_get("/dashboard/api/memory", memory_detail)
     app.router.add_get("/dashboard/api/writes", writes)
     app.router.add_get("/dashboard/api/system", system)

@@ -1,4 +1,4 @@
-"""Layer names as the REST API spells them, and their proto enum values."""
+"""Layer names as the REST API spells them, their proto enum values, and the labels rules use."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ LAYER_NAMES: dict[int, str] = {
     common_pb2.L8_ENTITY: "l8_entity",
 }
 LAYERS_BY_NAME: dict[str, int] = {name: value for value, name in LAYER_NAMES.items()}
+# Fact labels that rules act on: the profile mirrors preferences; experiences are never restated.
+PREFERENCES = "user_preferences"
+EXPERIENCE = "task_experience"
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}
 _WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}
 

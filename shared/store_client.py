@@ -1,55 +1,59 @@
-"""Typed calls to the store, with gRPC errors turned into ServiceErrors."""
+"""Typed calls to the store (errors as ServiceErrors) and pagers for callers that want every row."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import grpc
 
-from shared.errors import (
-    Conflict,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ServiceError,
-    Unavailable,
-)
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import ServiceClient
 
-T = TypeVar("T")
-_ERRORS: dict[grpc.StatusCode, type[ServiceError]] = {
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
-}
+# The store's largest page (ListMemories, ListEdges, GetMemories): a larger limit is refused.
+PAGE = 1000
 
 
-async def _call(call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        error = _ERRORS.get(exc.code(), ServiceError)
-        raise error(f"store: {exc.details() or exc.code().name}") from exc
+async def all_rows(
+    store: ServiceClient, request: store_pb2.ListMemoriesRequest, timeout_s: float
+) -> list[common_pb2.Memory]:
+    """Every row a list request matches, page by page (its limit and offset are ignored)."""
+    rows: list[common_pb2.Memory] = []
+    page = store_pb2.ListMemoriesRequest()
+    page.CopyFrom(request)
+    page.limit = PAGE
+    while True:
+        page.offset = len(rows)
+        reply = await store.ListMemories(page, timeout=timeout_s)
+        rows.extend(reply.memories)
+        if not reply.memories or len(rows) >= reply.total:
+            return rows
+
+
+async def get_many(
+    store: ServiceClient, scope: common_pb2.Scope, memory_ids: Sequence[str], timeout_s: float
+) -> list[common_pb2.Memory]:
+    """The rows with these ids in scope, in the order asked; missing ones are left out."""
+    ids = list(dict.fromkeys(memory_ids))
+    rows: list[common_pb2.Memory] = []
+    for start in range(0, len(ids), PAGE):
+        request = store_pb2.GetMemoriesRequest(scope=scope, ids=ids[start : start + PAGE])
+        rows.extend((await store.GetMemories(request, timeout=timeout_s)).memories)
+    return rows
 
 
 class StoreClient:
     """Typed store calls over an open channel."""
 
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 60.0) -> None:
-        self._stub = store_pb2_grpc.StoreStub(channel)
+        self._stub = ServiceClient(store_pb2_grpc.StoreStub(channel), "store")
         self._timeout_s = timeout_s
 
     async def get(self, scope: common_pb2.Scope, memory_id: str) -> common_pb2.Memory:
         """One row in scope; NotFound otherwise."""
-        reply = await _call(
-            self._stub.GetMemory(
-                store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=self._timeout_s
-            )
+        reply = await self._stub.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=self._timeout_s
         )
         return reply.memory
 
@@ -57,18 +61,26 @@ class StoreClient:
         self, scope: common_pb2.Scope, ops: Sequence[store_pb2.Op], actor: str, reason: str
     ) -> list[common_pb2.Memory]:
         """Applies ops in one store transaction."""
-        reply = await _call(
-            self._stub.Apply(
-                store_pb2.ApplyRequest(scope=scope, ops=list(ops), actor=actor, reason=reason),
-                timeout=self._timeout_s,
-            )
+        reply = await self._stub.Apply(
+            store_pb2.ApplyRequest(scope=scope, ops=list(ops), actor=actor, reason=reason),
+            timeout=self._timeout_s,
         )
         return list(reply.memories)
 
+    async def get_many(
+        self, scope: common_pb2.Scope, memory_ids: Sequence[str]
+    ) -> list[common_pb2.Memory]:
+        """The rows with these ids in scope, in order; missing ones left out."""
+        return await get_many(self._stub, scope, memory_ids, self._timeout_s)
+
     async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
-        """A page of rows."""
-        reply = await _call(self._stub.ListMemories(request, timeout=self._timeout_s))
+        """One page of rows (at most PAGE; use all_rows for every match)."""
+        reply = await self._stub.ListMemories(request, timeout=self._timeout_s)
         return list(reply.memories)
+
+    async def all_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+        """Every row a list request matches, page by page."""
+        return await all_rows(self._stub, request, self._timeout_s)
 
     async def vector_search(
         self,
@@ -80,18 +92,16 @@ class StoreClient:
         min_score: float,
     ) -> list[common_pb2.ScoredMemory]:
         """Live rows nearest to vector, none below min_score."""
-        reply = await _call(
-            self._stub.VectorSearch(
-                store_pb2.VectorSearchRequest(
-                    scope=scope,
-                    vector=list(map(float, vector)),
-                    model_id=model_id,
-                    layers=list(layers),
-                    k=k,
-                    min_score=min_score,
-                ),
-                timeout=self._timeout_s,
-            )
+        reply = await self._stub.VectorSearch(
+            store_pb2.VectorSearchRequest(
+                scope=scope,
+                vector=list(map(float, vector)),
+                model_id=model_id,
+                layers=list(layers),
+                k=k,
+                min_score=min_score,
+            ),
+            timeout=self._timeout_s,
         )
         return list(reply.hits)
 
@@ -115,43 +125,34 @@ class GraphStoreClient(StoreClient):
 
     async def state(self, prefix: str) -> dict[str, str]:
         """State values under a key prefix."""
-        reply = await _call(
-            self._stub.GetState(store_pb2.GetStateRequest(prefix=prefix), timeout=self._timeout_s)
+        reply = await self._stub.GetState(
+            store_pb2.GetStateRequest(prefix=prefix), timeout=self._timeout_s
         )
         return {v.key: v.value_json for v in reply.values}
 
     async def edges(
-        self, scope: common_pb2.Scope, limit: int = 1000, include_stale: bool = False
+        self, scope: common_pb2.Scope, include_stale: bool = False
     ) -> list[store_pb2.Edge]:
-        """The live edges of a scope (with stale and ended ones if asked), newest first."""
-        reply = await _call(
-            self._stub.ListEdges(
-                store_pb2.ListEdgesRequest(scope=scope, limit=limit, include_stale=include_stale),
+        """Every live edge of a scope (with stale and ended ones if asked), newest first."""
+        edges: list[store_pb2.Edge] = []
+        while True:
+            reply = await self._stub.ListEdges(
+                store_pb2.ListEdgesRequest(
+                    scope=scope, limit=PAGE, offset=len(edges), include_stale=include_stale
+                ),
                 timeout=self._timeout_s,
             )
-        )
-        return list(reply.edges)
+            edges.extend(reply.edges)
+            if not reply.edges or len(edges) >= reply.total:
+                return edges
 
     async def undo_pass(self, pass_id: str, actor: str) -> store_pb2.UndoPassResponse:
         """Reverts one consolidation pass."""
-        return await _call(
-            self._stub.UndoPass(
-                store_pb2.UndoPassRequest(pass_id=pass_id, actor=actor), timeout=self._timeout_s
-            )
+        reply: store_pb2.UndoPassResponse = await self._stub.UndoPass(
+            store_pb2.UndoPassRequest(pass_id=pass_id, actor=actor), timeout=self._timeout_s
         )
+        return reply
 
-    async def all_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
-        """Every row a list request matches, page by page."""
-        rows: list[common_pb2.Memory] = []
-        page = store_pb2.ListMemoriesRequest()
-        page.CopyFrom(request)
-        page.limit = 1000
-        while True:
-            page.offset = len(rows)
-            got = await self.list_rows(page)
-            rows.extend(got)
-            if len(got) < page.limit:
-                return rows
 
 
 def state_op(key: str, value: object) -> store_pb2.Op:

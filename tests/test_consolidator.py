@@ -460,6 +460,29 @@ async def test_admin_dedupe_and_compact_dry_run_first_then_change(
         assert status == 405
 
 
+async def test_admin_dedupe_retires_the_profile_mirror_of_the_fact_it_retires(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    env = {"HYATLAS_EMBEDDER_ADDR": embedder_address, "HYATLAS_MODE": "ultra",
+           "HYATLAS_ADMIN": "on"}
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        older, newer = f"{user} prefers tea to coffee", f"{user} prefers tea over coffee"
+        for text in (older, newer):
+            op = new(user, L3, text)
+            op.insert.label = "user_preferences"
+            await store_apply(api.store_address, user, op)
+        assert sorted(m.content for m in await api.rows(user, "l1_profile")) == sorted(
+            [older, newer])
+
+        done = await api.ok("POST", "/api/v1/admin/dedupe_facts", json={"dry_run": False})
+        assert done["rows_superseded"] == 1
+        mirrors = {m.content: m for m in await api.rows(user, "l1_profile")}
+        assert (mirrors[older].status, mirrors[older].superseded_how) == ("retired", "restated")
+        assert mirrors[newer].status == "active"
+
+
 async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
     tmp_path: Path, embedder_address: str, fake: FakeLlm
 ) -> None:
@@ -477,6 +500,39 @@ async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
         await assert_eventually(pruned, interval_s=0.3)
         assert [r.id for r in await api.rows(user, "l2_raw")] == [cited]
         assert uncited not in {r.id for r in await api.rows(user, "l2_raw")}
+
+
+async def test_raw_retention_keeps_rows_cited_only_by_edges_past_the_newest_thousand(
+    tmp_path: Path, embedder_address: str, fake: FakeLlm
+) -> None:
+    env = ultra_env(fake, embedder_address, HYATLAS_RAW_RETENTION="1s")
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        rows = await store_apply(
+            api.store_address, user, *(new(user, L2, f"{user} turn {n}") for n in range(5))
+        )
+        first_a, first_b, later_a, later_b, uncited = (r.id for r in rows)
+
+        def edge(n: int, sources: list[str]) -> store_pb2.Op:
+            return store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+                owner=common_pb2.Owner(user_id=user), subject=f"thing {n}",
+                relation="relates to", object=f"other {n}", source_ids=sources))
+
+        # The first edge is the only one citing first_a and first_b; 1,001 newer edges follow,
+        # so it lies beyond the newest 1,000 that one page of ListEdges holds.
+        await store_apply(api.store_address, user, edge(0, [first_a, first_b]))
+        await store_apply(
+            api.store_address, user, *(edge(n, [later_a, later_b]) for n in range(1, 1002))
+        )
+
+        async def pruned() -> None:
+            report = await digest(api)
+            assert report["pruned_raw"] == 1 and report["protected_raw"] == 4, report
+
+        await assert_eventually(pruned, interval_s=0.3)
+        kept = {r.id for r in await api.rows(user, "l2_raw")}
+        assert kept == {first_a, first_b, later_a, later_b} and uncited not in kept
 
 
 async def test_edges_link_memories_of_one_session_and_each_to_its_nearest(api: Api) -> None:

@@ -12,6 +12,7 @@ import pytest
 from services.extractor.extract import probe_texts
 from services.extractor.prompt import EXTRACTION_SCHEMA
 from shared.clients import EmbedderClient
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import HANG, FakeLlm, Recorded, fake_llm_in_thread
@@ -44,7 +45,7 @@ def pro(
         HYATLAS_LLM_MODEL="primary",
         HYATLAS_LLM_KEY=KEY,
         HYATLAS_LLM_FALLBACK_MODEL="fallback",
-        HYATLAS_EXTRACT_TIMEOUT="3s",
+        HYATLAS_EXTRACT_TIMEOUT="10s",  # the hang test waits 2/3 of it; ample for a loaded machine
         HYATLAS_CATCHUP_EVERY="off",
         HYATLAS_USER_ALIASES="alias-one,alias-two",
     ) as stack:
@@ -409,6 +410,27 @@ async def test_a_memory_tool_entry_is_forgotten_by_part_of_its_text_with_what_ca
     raw = await api.row(user, note["memory_id"])
     assert raw.retired_by == "plugin" and raw.drop_reason == "hermes memory tool replace"
     assert (await api.row(user, other["memory_id"])).status == "active"
+
+
+async def test_forget_by_text_reaches_a_note_older_than_a_thousand_newer_turns(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    note = await api.add("m-old-note Keeps the spare key under the blue pot", user,
+                         metadata={"write_origin": "memory_tool"})
+    # 1,001 newer raw turns straight into the store (no extraction): the note is no longer among
+    # the newest 1,000 raw rows, which is all one page of the store holds.
+    turns = [store_pb2.Op(insert=store_pb2.NewMemory(
+        owner=common_pb2.Owner(user_id=user), layer=common_pb2.L2_RAW,
+        content=f"turn {n} about the weather", extraction_status="skipped"))
+        for n in range(1001)]
+    async with open_channel(api.store_address) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(
+            store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user), ops=turns), timeout=600)
+    body = await api.ok("POST", "/api/v1/forget", json={
+        "text": "spare key under the blue pot", "user_id": user, "source": "memory_tool"})
+    assert note["memory_id"] in {m["memory_id"] for m in body["memories"]}, body
+    assert (await api.row(user, note["memory_id"])).superseded_how == "forgotten"
 
 
 async def test_facts_of_the_whole_alias_group_are_shown_and_can_be_replaced(

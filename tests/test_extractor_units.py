@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.extractor.parse import Candidate, normalise, read_plan
+from services.extractor.parse import Candidate, read_plan
 from services.extractor.prompt import cap_utf8, page_content
 from shared.llm import (
     LlmClient,
@@ -18,6 +18,7 @@ from shared.llm import (
     parse_json_object,
 )
 from shared.pb import common_pb2
+from shared.text import value_key
 from tests.llm_fake import ERROR, Recorded, failing, running_fake_llm
 
 
@@ -86,7 +87,7 @@ def test_the_text_cap_is_utf8_safe_and_marked() -> None:
 
 
 def test_normalise_ignores_case_punctuation_and_spacing() -> None:
-    assert normalise("  Ines LIKES  oolong-tea! ") == normalise("ines likes oolong tea")
+    assert value_key("  Ines LIKES  oolong-tea! ") == value_key("ines likes oolong tea")
 
 
 def test_a_page_shows_its_state_then_its_dated_history() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,30 @@ async def test_feedback_counts_a_use_and_refuses_another_owners_memory(lite: Sta
         }
     # The refused call counted nothing, not even the owner's own memory.
     assert got == {user: 1, other: 0}
+
+
+async def test_concurrent_feedback_loses_no_count(lite: Stack) -> None:
+    user = _user()
+    added = [
+        (await call(lite, "/api/v1/add", {"text": f"I keep {animal}.", "user_id": user}))[1]
+        for animal in ("bees", "goats")
+    ]
+    ids = [a["memory_id"] for a in added]
+    # 2 x 10 calls at once, each counting both memories: read-then-write would lose some.
+    replies = await asyncio.gather(*(
+        call(lite, "/api/v1/feedback", {"memory_ids": ids, "user_id": user}) for _ in range(20)
+    ))
+    assert [status for status, _ in replies] == [200] * 20
+    with grpc.insecure_channel(lite.address("store")) as channel:
+        stub = store_pb2_grpc.StoreStub(channel)
+        hits = [
+            stub.GetMemory(
+                store_pb2.GetMemoryRequest(scope=common_pb2.Scope(user_id=user), id=memory_id),
+                timeout=30,
+            ).memory.hits
+            for memory_id in ids
+        ]
+    assert hits == [20, 20]
 
 
 async def test_feedback_without_ids_is_a_400(lite: Stack) -> None:

@@ -21,7 +21,13 @@ ALICE_ROWS = [
     ("flag", common_pb2.L2_RAW, "Keep HYATLAS_SYNC_EXTRACT off on the staging box.", ""),
     ("pasta", common_pb2.L2_RAW, "We had pasta with pesto for dinner on Friday.", ""),
     ("tea_fact", common_pb2.L3_FACT, "User prefers green tea over coffee.", "user_preferences"),
-    ("tea_profile", common_pb2.L1_PROFILE, "user prefers green tea  over coffee.", ""),
+    # The fact's profile mirror (the store makes none while one with its value is live).
+    (
+        "tea_profile",
+        common_pb2.L1_PROFILE,
+        "user prefers green tea  over coffee.",
+        "user_preferences",
+    ),
     (
         "exp",
         common_pb2.L3_FACT,

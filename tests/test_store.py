@@ -108,7 +108,7 @@ async def test_inserted_row_is_listed_got_and_found_by_keyword_and_vector_search
         insert(
             "Alice adopted a grey cat named Miso",
             session="s1",
-            label="user_preferences",
+            label="user_info",
             metadata_json='{"source": "chat"}',
             source_ids=["raw-1"],
             event_at=1700000000.0,
@@ -591,3 +591,121 @@ async def test_acknowledged_writes_survive_kill_9(
             for memory_id, text in zip(ids, texts, strict=True):
                 hits = await vector_hits(stub, embedder, text, k=1)
                 assert [h.memory.id for h in hits] == [memory_id]
+
+
+# --- the contract: batch reads, pages, counts ----------------------------------------------
+
+
+async def test_get_memories_answers_in_order_and_lists_missing_or_foreign_ids(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    first, second = await apply(store, insert("first fact"), insert("second fact"))
+    (foreign,) = await apply(store, insert("bob's fact", user="bob"), user="bob")
+    reply = await store.GetMemories(store_pb2.GetMemoriesRequest(
+        scope=scope(), ids=[second.id, "no-such-id", first.id, foreign.id, second.id]))
+    assert [m.content for m in reply.memories] == ["second fact", "first fact"]
+    # Another owner's id is reported exactly like one that does not exist.
+    assert list(reply.missing) == ["no-such-id", foreign.id]
+
+
+async def test_a_limit_over_the_maximum_is_refused_never_cut(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    for call in (
+        store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(), limit=1001)),
+        store.ListEdges(store_pb2.ListEdgesRequest(scope=scope(), limit=1001)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "over the maximum of 1000" in (caught.value.details() or "")
+
+
+async def test_edges_page_with_offset_and_total(store: store_pb2_grpc.StoreStub) -> None:
+    raws = await apply(store, *(insert(f"turn {n}", layer=L2) for n in range(2)))
+    owner = common_pb2.Owner(user_id="alice")
+    await apply(store, *(
+        store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=owner, subject=f"s{n}", relation="r", object=f"o{n}",
+            source_ids=[r.id for r in raws]))
+        for n in range(5)
+    ))
+    pages = [
+        await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope(), limit=2, offset=offset))
+        for offset in (0, 2, 4)
+    ]
+    assert [p.total for p in pages] == [5, 5, 5]
+    subjects = [e.subject for p in pages for e in p.edges]
+    assert subjects == ["s4", "s3", "s2", "s1", "s0"]
+
+
+async def test_count_memories_counts_rows_per_time_bucket(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    rows = await apply(store, insert("a raw turn", layer=L2), insert("a fact"), insert("another"))
+    created = min(r.created_at for r in rows)
+    start = created - 100.0
+
+    async def counts(**kw: Any) -> list[int]:
+        reply = await store.CountMemories(store_pb2.CountMemoriesRequest(
+            scope=scope(), start=start, bucket_s=100.0, buckets=3, **kw))
+        return list(reply.counts)
+
+    assert await counts() == [0, 3, 0]
+    assert await counts(layers=[L2]) == [0, 1, 0]
+    assert await counts(exclude_layers=[L2]) == [0, 2, 0]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await store.CountMemories(store_pb2.CountMemoriesRequest(scope=scope(), buckets=0))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_list_by_superseded_by_finds_what_a_row_replaced(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    old, new, other = await apply(
+        store, insert("lives in Leeds"), insert("lives in Bristol"), insert("likes tea"))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=old.id, superseded_how="replaced", superseded_by=new.id)))
+    replaced = await listed(store, include_superseded=True, superseded_by=new.id)
+    assert replaced == ["lives in Leeds"]
+    assert await listed(store, include_superseded=True, superseded_by=other.id) == []
+
+
+# --- the L1 profile mirror of preference facts, kept by the store ----------------------------
+
+L1 = common_pb2.L1_PROFILE
+
+
+async def profile(stub: store_pb2_grpc.StoreStub) -> list[tuple[str, str, str]]:
+    """(content, status, superseded_how) of every L1 row of alice, oldest first."""
+    reply = await stub.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L1], include_superseded=True, order="oldest"))
+    return [(m.content, m.status, m.superseded_how) for m in reply.memories]
+
+
+async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (tea,) = await apply(store, insert("Prefers tea over coffee", label="user_preferences"))
+    await apply(store, insert("Works in Leeds", label="user_info"))
+    assert await profile(store) == [("Prefers tea over coffee", "active", "")]
+
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=tea.id, superseded_how="forgotten", drop_reason="user asked")))
+    assert await profile(store) == [("Prefers tea over coffee", "retired", "forgotten")]
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=tea.id)))
+    assert await profile(store) == [("Prefers tea over coffee", "active", "")]
+
+    # Restated by a fact of the same value in one change: one mirror, still live.
+    again, _ = await apply(
+        store,
+        insert("prefers tea over coffee.", label="user_preferences", ref="again"),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=tea.id, superseded_how="restated", superseded_by="$again")),
+    )
+    assert await profile(store) == [("Prefers tea over coffee", "active", "")]
+
+    await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=again.id)))
+    # Erased with the last fact of its value: no copy of the text is left behind.
+    assert await profile(store) == []

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.consolidator.passes import ACTOR, Embedder
+from shared.layers import EXPERIENCE
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import GraphStoreClient, retire_op, update_op
 
@@ -106,7 +107,8 @@ async def dedupe_facts(
         store_pb2.ListMemoriesRequest(scope=everyone, layers=[common_pb2.L3_FACT], order="oldest")
     )
     by_owner: dict[str, list[common_pb2.Memory]] = {}
-    for fact in facts:
+    # The restatement rule of the store's writes: experiences neither restate nor are restated.
+    for fact in (f for f in facts if f.label != EXPERIENCE):
         by_owner.setdefault(canonical_user(fact.owner.user_id), []).append(fact)
     result.owners = len(by_owner)
     result.facts = len(facts)

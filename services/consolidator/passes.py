@@ -43,7 +43,6 @@ SCHEMA_DUPLICATE = 0.92
 SKIP_AFTER_FAILS = 3
 SKIP_S = 24 * 3600.0
 DURATIONS_KEPT = 20
-PREFERENCES = "user_preferences"
 ARC = "arc"
 
 
@@ -365,10 +364,8 @@ class Consolidator:
         owner.arc_asked = True
         arcs: list[common_pb2.Memory] = []
         if ask_arc:
-            summaries = await self.store.list_rows(
-                store_pb2.ListMemoriesRequest(
-                    scope=owner.scope, layers=[common_pb2.L4_SUMMARY], limit=1000
-                )
+            summaries = await self.store.all_rows(
+                store_pb2.ListMemoriesRequest(scope=owner.scope, layers=[common_pb2.L4_SUMMARY])
             )
             arcs = [s for s in summaries if s.label == ARC]
         messages = consolidation_messages(
@@ -468,21 +465,6 @@ class Consolidator:
         inserted: list[str] = []
         successor: dict[int, str] = {}
         fact_vectors = await self._vectors_of(facts)
-        mirrors: list[common_pb2.Memory] | None = None
-
-        async def mirrors_of(fact: common_pb2.Memory) -> list[common_pb2.Memory]:
-            nonlocal mirrors
-            if fact.label != PREFERENCES:
-                return []
-            if mirrors is None:
-                mirrors = await self.store.list_rows(
-                    store_pb2.ListMemoriesRequest(
-                        scope=owner.scope, layers=[common_pb2.L1_PROFILE], limit=1000
-                    )
-                )
-            key = " ".join(fact.content.lower().split())
-            return [m for m in mirrors if " ".join(m.content.lower().split()) == key]
-
         texts = [m.text or "" for m in plan.merges] + [s.text for s in plan.schemas]
         vectors = await self._embed_texts([t for t in texts if t])
         by_text = {t: v for t, v in zip([t for t in texts if t], vectors, strict=True)}
@@ -525,29 +507,12 @@ class Consolidator:
                 retired.append(fact.id)
                 members.remove(fact.id)
                 successor[i] = new_id
-                for mirror in await mirrors_of(fact):
-                    extra.append(_retire(mirror.id, "merged", new_id, "", pass_id))
-            if newest.label == PREFERENCES and await mirrors_of(newest):
-                extra.append(
-                    store_pb2.Op(
-                        insert=store_pb2.NewMemory(
-                            owner=newest.owner,
-                            layer=common_pb2.L1_PROFILE,
-                            content=text,
-                            label=PREFERENCES,
-                            source_ids=list(row.source_ids),
-                            pass_id=pass_id,
-                        )
-                    )
-                )
             counts.merged += len(group)
         for drop in plan.drops:
             fact = facts[drop.fact]
             core.append(_retire(fact.id, "dropped", "", drop.reason, pass_id))
             retired.append(fact.id)
             members.remove(fact.id)
-            for mirror in await mirrors_of(fact):
-                extra.append(_retire(mirror.id, "dropped", "", drop.reason, pass_id))
             counts.dropped += 1
         if plan.schemas:
             known = await self._vectors_of(list(schemas))
@@ -723,7 +688,7 @@ class Consolidator:
             store_pb2.ListMemoriesRequest(scope=everyone, exclude_layers=[common_pb2.L2_RAW])
         ):
             cited.update(row.source_ids)
-        for edge in await self.store.edges(everyone, limit=1000, include_stale=True):
+        for edge in await self.store.edges(everyone, include_stale=True):
             cited.update(edge.source_ids)
         doomed = [r.id for r in old if r.id not in cited]
         report.protected_raw += len(old) - len(doomed)

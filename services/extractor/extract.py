@@ -14,10 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.extractor.parse import (
-    EXPERIENCE,
     Candidate,
     Plan,
-    normalise,
     read_plan,
 )
 from services.extractor.prompt import (
@@ -28,14 +26,15 @@ from services.extractor.prompt import (
     page_metadata,
 )
 from services.extractor.reconcile import Reconciler
+from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
+from shared.text import value_key
 
 log = logging.getLogger(__name__)
 
 ACTOR = "extractor"
-PREFERENCES = "user_preferences"
 ENTITY_LABEL = "entity"
 MAX_INTENTIONS = 10
 MAX_PAGES = 5
@@ -237,8 +236,8 @@ class Extraction:
         return list(chosen.values())[:MAX_PAGES]
 
     async def _all_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
-        return await self.store.list_rows(
-            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L8_ENTITY], limit=1000)
+        return await self.store.all_rows(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L8_ENTITY])
         )
 
     async def _ops(
@@ -249,7 +248,6 @@ class Extraction:
         model_id: str,
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
-        scope = owner_scope(raw)
         refused = set(tombstones(raw))
         new_texts = [f.text for f in plan.facts] + plan.experiences
         vectors = (await self.embedder.embed(new_texts))[0] if new_texts else np.zeros((0, 1))
@@ -258,7 +256,7 @@ class Extraction:
         )
 
         def forgotten(text: str, vector: np.ndarray) -> bool:
-            if normalise(text) in refused:
+            if value_key(text) in refused:
                 return True
             if not refused_vectors.shape[0]:
                 return False
@@ -266,7 +264,6 @@ class Extraction:
 
         ops: list[store_pb2.Op] = []
         retired: dict[str, store_pb2.Op] = {}
-        mirrors: list[common_pb2.Memory] | None = None
         # The facts this turn gave, by id: the page lines of the same turn cite them.
         fed: list[tuple[str, str]] = []
 
@@ -282,21 +279,9 @@ class Extraction:
             )
 
         async def retire(memory: common_pb2.Memory, how: str, by: str, why: str = "") -> None:
-            nonlocal mirrors
-            if memory.id in retired:
-                return
-            retired[memory.id] = retire_op(memory.id, how, by, why)
-            if memory.layer == common_pb2.L3_FACT and memory.label == PREFERENCES:
-                if mirrors is None:
-                    mirrors = await self.store.list_rows(
-                        store_pb2.ListMemoriesRequest(
-                            scope=scope, layers=[common_pb2.L1_PROFILE], limit=1000
-                        )
-                    )
-                key = normalise(memory.content)
-                for mirror in mirrors:
-                    if normalise(mirror.content) == key and mirror.id not in retired:
-                        retired[mirror.id] = retire_op(mirror.id, how, by, why)
+            # The store keeps the L1 mirror of a preference fact in step with the fact.
+            if memory.id not in retired:
+                retired[memory.id] = retire_op(memory.id, how, by, why)
 
         for i, fact in enumerate(plan.facts):
             vector = vectors[i]
@@ -314,23 +299,13 @@ class Extraction:
                 row.event_at = fact.event_at
             if fact.updates is not None:
                 row.count = max(fact.updates.count, 1) + 1
+            # The store retires the live fact this one restates (HYATLAS_DEDUPE_SCORE).
+            row.restates_at = self.dedupe_score
             ops.append(store_pb2.Op(insert=row))
-            if fact.label == PREFERENCES:
-                mirror = base(common_pb2.L1_PROFILE, fact.text, PREFERENCES)
-                if fact.event_at is not None:
-                    mirror.event_at = fact.event_at
-                ops.append(store_pb2.Op(insert=mirror))
             for old in fact.replaces:
                 await retire(old, "replaced", f"${ref}")
             if fact.updates is not None:
                 await retire(fact.updates, "updated", f"${ref}")
-            if self.dedupe_score > 0:
-                same = await self.store.vector_search(
-                    scope, vector, model_id, [common_pb2.L3_FACT], 1, self.dedupe_score
-                )
-                for hit in same:
-                    if hit.memory.label != EXPERIENCE:
-                        await retire(hit.memory, "restated", f"${ref}")
 
         for j, text in enumerate(plan.experiences, start=len(plan.facts)):
             if forgotten(text, vectors[j]):
@@ -338,9 +313,9 @@ class Extraction:
                 continue
             ops.append(store_pb2.Op(insert=base(common_pb2.L3_FACT, text, EXPERIENCE)))
 
-        open_keys = {normalise(c.memory.content) for c in candidates if c.kind == "intention"}
+        open_keys = {value_key(c.memory.content) for c in candidates if c.kind == "intention"}
         for intention in plan.intentions:
-            key = normalise(intention.text)
+            key = value_key(intention.text)
             if key in refused:
                 self.counters.refused_forgotten += 1
                 continue
@@ -381,7 +356,7 @@ class Extraction:
         seen: set[str] = set()
         for page_op in plan.pages:
             key = page_op.name.casefold()
-            if key in seen or normalise(page_op.state) in refused:
+            if key in seen or value_key(page_op.state) in refused:
                 continue
             seen.add(key)
             facts = [i for text, i in fed if key in text.casefold()]
@@ -401,7 +376,7 @@ class Extraction:
             name = meta.get("entity") or page_op.name
             state = str(meta.get("state") or "")
             history = [h for h in meta.get("history", []) if isinstance(h, dict)]
-            if normalise(state) == normalise(page_op.state):
+            if value_key(state) == value_key(page_op.state):
                 continue
             if state:
                 since = meta.get("since") or datetime.fromtimestamp(

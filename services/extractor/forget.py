@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass
 
 from services.extractor.extract import TOMBSTONES_KEY, Embedder
-from services.extractor.parse import normalise
 from shared.errors import InvalidArgument, NotFound
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
+from shared.text import value_key
 
 # A row this similar to the forgotten text holds the same value (near-exact match).
 NEAR_EXACT = 0.95
@@ -54,7 +54,7 @@ class Forgetting:
             matches = {row.id: row}
         else:
             matches = {}
-        key = normalise(text)
+        key = value_key(text)
         if not key:
             raise InvalidArgument("text has nothing to match")
         vectors, model_id = await self.embedder.embed([text])
@@ -63,7 +63,7 @@ class Forgetting:
             memory = hit.memory
             if memory.status != "active":
                 continue
-            if normalise(memory.content) == key or hit.score >= NEAR_EXACT:
+            if value_key(memory.content) == key or hit.score >= NEAR_EXACT:
                 matches.setdefault(memory.id, memory)
         if memory_tool:
             matches.update(await self._memory_tool_entries(scope, key))
@@ -76,7 +76,7 @@ class Forgetting:
                 evidence[memory.id] = None
             for source in memory.source_ids:
                 evidence[source] = None
-        values = sorted({key, *(normalise(m.content) for m in matches.values())} - {""})
+        values = sorted({key, *(value_key(m.content) for m in matches.values())} - {""})
         why = reason or "forgotten on request"
         ops = [retire_op(memory.id, "forgotten", "", why) for memory in matches.values()]
         now = time.time()
@@ -98,19 +98,18 @@ class Forgetting:
         self, scope: common_pb2.Scope, key: str
     ) -> dict[str, common_pb2.Memory]:
         """Live memory-tool raw rows whose text contains key, and the rows extracted from them."""
-        raws = await self.store.list_rows(
-            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L2_RAW], limit=1000)
+        raws = await self.store.all_rows(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L2_RAW])
         )
         entries = {
-            r.id: r for r in raws if _from_memory_tool(r) and key in normalise(r.content)
+            r.id: r for r in raws if _from_memory_tool(r) and key in value_key(r.content)
         }
         if not entries:
             return {}
-        derived = await self.store.list_rows(
+        derived = await self.store.all_rows(
             store_pb2.ListMemoriesRequest(
                 scope=scope,
                 layers=[common_pb2.L1_PROFILE, common_pb2.L3_FACT, common_pb2.L7_INTENTION],
-                limit=1000,
             )
         )
         for row in derived:

@@ -138,7 +138,9 @@ class Living:
         text = reply.get("now")
         if not isinstance(text, str) or not text.strip():
             raise LlmMalformed("the Now page reply has no text")
-        summaries = await live(common_pb2.L4_SUMMARY, 200)
+        summaries = await self.store.all_rows(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L4_SUMMARY])
+        )
         old = [m for m in summaries if m.label == NOW_LABEL]
         new = store_pb2.NewMemory(
             owner=common_pb2.Owner(user_id=user_id, agent_id=agent_id),
@@ -169,13 +171,12 @@ class Living:
         if self.episode_gap_s is None or self.mode not in LLM_MODES or not self.llm_ready():
             return 0
         now = time.time()
-        raws = await self.store.list_rows(
+        raws = await self.store.all_rows(
             store_pb2.ListMemoriesRequest(
                 scope=common_pb2.Scope(all_users=True),
                 layers=[common_pb2.L2_RAW],
                 order="oldest",
                 created_after=now - EPISODE_LOOKBACK_S,
-                limit=1000,
             )
         )
         owners: dict[tuple[str, str], list[common_pb2.Memory]] = {}
@@ -193,9 +194,9 @@ class Living:
     ) -> int:
         assert self.episode_gap_s is not None
         scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
-        summaries = await self.store.list_rows(
+        summaries = await self.store.all_rows(
             store_pb2.ListMemoriesRequest(
-                scope=scope, layers=[common_pb2.L4_SUMMARY], limit=1000, include_superseded=True
+                scope=scope, layers=[common_pb2.L4_SUMMARY], include_superseded=True
             )
         )
         ends = [

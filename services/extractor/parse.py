@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -13,16 +12,8 @@ from shared.pb import common_pb2
 log = logging.getLogger(__name__)
 
 _PREFERENCES = "user_preferences"
-EXPERIENCE = "task_experience"
 # Labels a fact may carry; anything else the model invents is kept as no label.
 FACT_LABELS = frozenset({_PREFERENCES, "user_info", "project", "event", "decision", "other"})
-
-
-def normalise(text: str) -> str:
-    """A value's key: case-folded, punctuation dropped, whitespace collapsed."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    kept = "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in folded)
-    return " ".join(kept.split())
 
 
 def parse_date(value: Any) -> float | None:

@@ -14,7 +14,7 @@ from services.extractor.living import Living
 from shared.errors import NotFound
 from shared.llm import LlmUnavailable
 from shared.pb import common_pb2, store_pb2
-from shared.store_client import StoreClient
+from shared.store_client import PAGE, StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ class Worker:
             scope=common_pb2.Scope(all_users=True),
             layers=[common_pb2.L2_RAW],
             order="oldest",
-            limit=max(most, 1) * 5,
+            # Candidates for at most `most` rows; what is left waits for the next round.
+            limit=min(max(most, 1) * 5, PAGE),
         )
         if aged:
             request.created_before = now - self.policy.min_age_s

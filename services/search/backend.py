@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import cast
 
@@ -11,30 +10,10 @@ import grpc
 from services.search.graph import GraphEdge
 from services.search.model import Candidate, Scope
 from shared.clients import EmbedderClient
-from shared.errors import (
-    Conflict,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ServiceError,
-    Unavailable,
-)
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
-
-# Store answers that describe the request rather than the store's health keep their meaning.
-_STORE_ERRORS: dict[grpc.StatusCode, type[ServiceError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: Conflict,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-}
-
-
-def store_error(exc: grpc.aio.AioRpcError) -> ServiceError:
-    """The ServiceError a failed store call becomes."""
-    kind = _STORE_ERRORS.get(exc.code(), Unavailable)
-    return kind(f"store: {exc.details() or exc.code().name}")
+from shared.rpc import ServiceClient
+from shared.store_client import get_many
 
 
 def to_candidate(
@@ -79,7 +58,7 @@ class GrpcBackend:
         embedder: EmbedderClient,
         timeout_s: float = 30.0,
     ) -> None:
-        self._store = store_pb2_grpc.StoreStub(store_channel)
+        self._store = ServiceClient(store_pb2_grpc.StoreStub(store_channel), "store")
         self._embedder = embedder
         self._timeout_s = timeout_s
 
@@ -100,10 +79,7 @@ class GrpcBackend:
             k=k,
             min_score=0.0,
         )
-        try:
-            reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc) from exc
+        reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
         return [to_candidate(hit, cosine=hit.score) for hit in reply.hits]
 
     async def keyword_search(
@@ -129,10 +105,7 @@ class GrpcBackend:
             min_terms=1 if relaxed else 0,
             context_keys=context,
         )
-        try:
-            reply = await self._store.KeywordSearch(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc) from exc
+        reply = await self._store.KeywordSearch(request, timeout=self._timeout_s)
         terms = len(reply.terms)
         own = []
         for found in reply.hits:
@@ -155,10 +128,7 @@ class GrpcBackend:
         request = store_pb2.ListMemoriesRequest(
             scope=_scope(scope), layers=_layers(layers), limit=k, order="newest"
         )
-        try:
-            reply = await self._store.ListMemories(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc) from exc
+        reply = await self._store.ListMemories(request, timeout=self._timeout_s)
         return [
             to_candidate(common_pb2.ScoredMemory(memory=memory)) for memory in reply.memories
         ]
@@ -166,27 +136,16 @@ class GrpcBackend:
     async def live_edges(self, scope: Scope, limit: int) -> list[GraphEdge]:
         """The scope's live L5 edges (not stale, not ended)."""
         request = store_pb2.ListEdgesRequest(scope=_scope(scope), limit=limit)
-        try:
-            reply = await self._store.ListEdges(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise store_error(exc) from exc
+        reply = await self._store.ListEdges(request, timeout=self._timeout_s)
         return [
             GraphEdge(e.subject, e.object, tuple(e.fact_ids), e.memory_id) for e in reply.edges
         ]
 
     async def memories(self, scope: Scope, ids: Sequence[str]) -> list[Candidate]:
         """The live memories with these ids, in order; missing or retired ones left out."""
-        found = await asyncio.gather(*(self._live_memory(scope, i) for i in ids))
-        return [to_candidate(common_pb2.ScoredMemory(memory=m)) for m in found if m is not None]
-
-    async def _live_memory(self, scope: Scope, memory_id: str) -> common_pb2.Memory | None:
-        request = store_pb2.GetMemoryRequest(scope=_scope(scope), id=memory_id)
-        try:
-            reply = await self._store.GetMemory(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            # Evidence may have been deleted since; it is simply not shown.
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise store_error(exc) from exc
-        memory = reply.memory
-        return memory if memory.status in ("", "active") else None
+        found = await get_many(self._store, _scope(scope), ids, self._timeout_s)
+        return [
+            to_candidate(common_pb2.ScoredMemory(memory=m))
+            for m in found
+            if m.status in ("", "active")
+        ]

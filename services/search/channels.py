@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from services.search.model import Candidate
+from shared.layers import EXPERIENCE
 
 PAGES = "pages"
 PROFILE = "profile"
@@ -15,7 +16,6 @@ NOW = "now"
 CHANNELS = (PAGES, PROFILE, PROACTIVE, EXPERIENCES, NORMAL)
 
 NOW_PAGE_LABEL = "now_page"
-TASK_EXPERIENCE_LABEL = "task_experience"
 
 _BY_LAYER = {
     "l8_entity": PAGES,
@@ -27,7 +27,7 @@ _BY_LAYER = {
 
 def channel_of(candidate: Candidate) -> str:
     """The channel a result is shown in."""
-    if candidate.layer == "l3_fact" and candidate.label == TASK_EXPERIENCE_LABEL:
+    if candidate.layer == "l3_fact" and candidate.label == EXPERIENCE:
         return EXPERIENCES
     return _BY_LAYER.get(candidate.layer, NORMAL)
 

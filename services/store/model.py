@@ -95,6 +95,8 @@ class Insert:
     pass_id: str = ""
     ref: str = ""
     id: str = ""
+    restates_at: float = 0.0
+    """Above 0: retire the owner's nearest live fact at this cosine or more as restated."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class Update:
     valid_to: float | None = None
     due_at: float | None = None
     label: str | None = None
+    hits_delta: int = 0
+    """Added to the row's hits in the same transaction (instead of setting hits)."""
 
 
 @dataclass(frozen=True)
@@ -220,8 +224,21 @@ class ListQuery:
     created_after: float | None = None
     created_before: float | None = None
     newest_first: bool = True
+    superseded_by: str = ""
     limit: int = 20
     offset: int = 0
+
+
+@dataclass(frozen=True)
+class CountQuery:
+    """Which rows CountMemories counts, in buckets of creation time."""
+
+    layers: tuple[str, ...] = ()
+    exclude_layers: tuple[str, ...] = ()
+    include_superseded: bool = False
+    start: float = 0.0
+    bucket_s: float = 86400.0
+    buckets: int = 1
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,16 @@ from typing import Any
 import aiosqlite
 import numpy as np
 
-from services.store.model import ACTIVE, RETIRED, AuditEntry, Edge, ListQuery, MemoryRow, Reach
+from services.store.model import (
+    ACTIVE,
+    RETIRED,
+    AuditEntry,
+    CountQuery,
+    Edge,
+    ListQuery,
+    MemoryRow,
+    Reach,
+)
 from shared.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -309,6 +318,24 @@ class Tx:
             f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,)
         )
         return _row(next(iter(rows))) if rows else None
+
+    async def owner_rows(
+        self, user_id: str, agent_id: str, layer: str, label: str
+    ) -> list[MemoryRow]:
+        """Every row (live or retired) of one owner, layer and label, oldest first."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_COLUMNS} FROM memories WHERE user_id = ? AND agent_id = ? AND layer = ? "
+            "AND label = ? ORDER BY created_at, seq",
+            (user_id, agent_id, layer, label),
+        )
+        return [_row(r) for r in rows]
+
+    async def vector(self, memory_id: str) -> np.ndarray:
+        """A row's stored vector."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT vector FROM vectors WHERE memory_id = ?", (memory_id,)
+        )
+        return np.frombuffer(next(iter(rows))[0], dtype="<f4")
 
     async def insert(self, row: MemoryRow, vector: np.ndarray) -> int:
         """Adds a row and its vector; returns the vector's key."""
@@ -685,6 +712,36 @@ class Repo:
         )
         return _row(next(iter(rows))) if rows else None
 
+    async def get_many(self, reach: Reach, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
+        """The rows with these ids that lie inside the reach, by id."""
+        if not memory_ids:
+            return {}
+        where, params = _filters(reach)
+        where.append(f"m.id IN ({','.join('?' * len(memory_ids))})")
+        rows = await self.reader.execute_fetchall(
+            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)}", (*params, *memory_ids)
+        )
+        found = (_row(r) for r in rows)
+        return {row.id: row for row in found}
+
+    async def count_buckets(self, reach: Reach, query: CountQuery) -> list[int]:
+        """Rows created in each of query.buckets consecutive windows of query.bucket_s."""
+        where, params = _filters(
+            reach, query.layers, query.include_superseded, query.exclude_layers
+        )
+        end = query.start + query.bucket_s * query.buckets
+        where.append("m.created_at >= ? AND m.created_at < ?")
+        params.extend([query.start, end])
+        rows = await self.reader.execute_fetchall(
+            f"SELECT CAST((m.created_at - ?) / ? AS INTEGER) AS bucket, count(*) "
+            f"FROM memories m {_where(where)} GROUP BY bucket",
+            (query.start, query.bucket_s, *params),
+        )
+        counts = [0] * query.buckets
+        for bucket, count in rows:
+            counts[min(int(bucket), query.buckets - 1)] += count
+        return counts
+
     async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
         """A page of rows inside a reach, and how many rows match in all."""
         where, params = _filters(
@@ -702,6 +759,9 @@ class Repo:
         if query.created_before is not None:
             where.append("m.created_at < ?")
             params.append(query.created_before)
+        if query.superseded_by:
+            where.append("m.superseded_by = ?")
+            params.append(query.superseded_by)
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(
             f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
@@ -915,7 +975,7 @@ class Repo:
         return live, retired, next(iter(unextracted))[0], next(iter(vectors))[0]
 
     async def list_edges(
-        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
     ) -> tuple[list[Edge], int]:
         """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
         where, params = _edge_filters(reach)
@@ -926,8 +986,8 @@ class Repo:
             where.append("stale = 0 AND invalidated_at IS NULL")
         clause = "WHERE " + " AND ".join(where)
         rows = await self.reader.execute_fetchall(
-            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ?",
-            (*params, limit),
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
         )
         total = await self.reader.execute_fetchall(
             f"SELECT count(*) FROM graph_edges {clause}", params

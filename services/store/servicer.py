@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import grpc
 
 from services.store.model import (
+    CountQuery,
     Delete,
     Edge,
     EndEdge,
@@ -106,6 +107,7 @@ def _op(index: int, message: store_pb2.Op) -> Op:
             pass_id=new.pass_id,
             ref=new.ref,
             id=new.id,
+            restates_at=new.restates_at,
         )
     if kind == "retire":
         r = message.retire
@@ -118,6 +120,7 @@ def _op(index: int, message: store_pb2.Op) -> Op:
         u = message.update
         return Update(
             id=u.id,
+            hits_delta=u.hits_delta,
             **{
                 name: getattr(u, name)
                 for name in (
@@ -203,6 +206,30 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         return store_pb2.GetMemoryResponse(memory=memory_message(row))
 
     @grpc_errors
+    async def GetMemories(
+        self, request: store_pb2.GetMemoriesRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.GetMemoriesResponse:
+        rows, missing = await self._store.get_many(self._reach(request.scope), request.ids)
+        return store_pb2.GetMemoriesResponse(
+            memories=[memory_message(r) for r in rows], missing=missing
+        )
+
+    @grpc_errors
+    async def CountMemories(
+        self, request: store_pb2.CountMemoriesRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.CountMemoriesResponse:
+        query = CountQuery(
+            layers=_layers(request.layers),
+            exclude_layers=_layers(request.exclude_layers),
+            include_superseded=request.include_superseded,
+            start=request.start,
+            bucket_s=request.bucket_s,
+            buckets=request.buckets,
+        )
+        counts = await self._store.count(self._reach(request.scope), query)
+        return store_pb2.CountMemoriesResponse(counts=counts)
+
+    @grpc_errors
     async def ListMemories(
         self, request: store_pb2.ListMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ListMemoriesResponse:
@@ -217,6 +244,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             created_after=_optional(request, "created_after"),
             created_before=_optional(request, "created_before"),
             newest_first=request.order != "oldest",
+            superseded_by=request.superseded_by,
             limit=request.limit,
             offset=request.offset,
         )
@@ -330,6 +358,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             _optional(request, "as_of"),
             request.include_stale,
             request.limit,
+            request.offset,
         )
         return store_pb2.ListEdgesResponse(edges=[edge_message(e) for e in edges], total=total)
 

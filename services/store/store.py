@@ -24,6 +24,7 @@ from services.store.keys import (
     own_keys,
 )
 from services.store.keywords import query_terms, required_terms
+from services.store.mirrors import ERASED, FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
     KILLS_DERIVED,
@@ -31,6 +32,7 @@ from services.store.model import (
     RETIRED,
     SUPERSEDED_HOW,
     AuditEntry,
+    CountQuery,
     Delete,
     Edge,
     EndEdge,
@@ -51,6 +53,7 @@ from services.store.model import (
 )
 from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from shared.layers import EXPERIENCE
 from shared.pages import mark_lines, page_text_of
 
 log = logging.getLogger(__name__)
@@ -95,9 +98,34 @@ def _metadata(text: str, where: str) -> str:
 
 
 def _page(limit: int, what: str = "limit") -> int:
+    """The page size to use: 0 is the default; above MAX_LIMIT is refused, never cut."""
     if limit < 0:
         raise InvalidArgument(f"{what} must not be negative")
-    return min(limit or DEFAULT_LIMIT, MAX_LIMIT)
+    if limit > MAX_LIMIT:
+        raise InvalidArgument(
+            f"{what} {limit} is over the maximum of {MAX_LIMIT}; page with offset"
+        )
+    return limit or DEFAULT_LIMIT
+
+
+def _offset(offset: int) -> int:
+    if offset < 0:
+        raise InvalidArgument("offset must not be negative")
+    return offset
+
+
+def _fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
+    """What a retire, restore or update did to the preference facts the profile mirrors."""
+    was = is_preference_fact(before) and before.status == ACTIVE
+    now_is = is_preference_fact(after) and after is not None and after.status == ACTIVE
+    if isinstance(op, Retire) and was:
+        return [FactChange(before, False, op.superseded_how, op.superseded_by, op.drop_reason)]
+    if isinstance(op, Restore) and now_is and after is not None:
+        return [FactChange(after, True)]
+    if not isinstance(op, Update) or after is None or (was and now_is and op.content is None):
+        return []
+    gone = [FactChange(before, False, "updated", after.id)] if was else []
+    return gone + ([FactChange(after, True)] if now_is else [])
 
 
 def _check_layers(layers: Sequence[str]) -> None:
@@ -158,6 +186,8 @@ class Store:
         changes = IndexChanges()
         results: list[MemoryRow | None] = []
         pages: set[str] = set()
+        facts_changed: list[FactChange] = []
+        restating: list[tuple[MemoryRow, np.ndarray, float]] = []
         async with self._write_lock:
             now = time.time()
             next_vector = iter(vectors)
@@ -178,6 +208,10 @@ class Store:
                         )
                         if op.pass_id:
                             await tx.record_pass_change(op.pass_id, "insert", row.id)
+                        if is_preference_fact(row):
+                            facts_changed.append(FactChange(row, live=True))
+                        if op.restates_at > 0:
+                            restating.append((row, vector, op.restates_at))
                         results.append(row)
                         continue
                     if isinstance(op, SetState):
@@ -202,6 +236,8 @@ class Store:
                             reason=reason, at=now,
                         )
                         pages |= await self._retire_derived(tx, op.id, actor, now)
+                        if is_preference_fact(before):
+                            facts_changed.append(FactChange(before, live=False, how=ERASED))
                         results.append(None)
                         continue
                     fields: dict[str, Any] = {"updated_at": now}
@@ -222,6 +258,8 @@ class Store:
                         if op.pass_id:
                             fields["pass_id"] = op.pass_id
                     elif isinstance(op, Restore):
+                        if before.status == ACTIVE:
+                            raise Conflict(f"{where}: memory {op.id!r} is not retired")
                         action = "restore"
                         fields.update(
                             status=ACTIVE,
@@ -234,6 +272,8 @@ class Store:
                     else:
                         action = "update"
                         fields.update(self._update_fields(op))
+                        if op.hits_delta:
+                            fields["hits"] = before.hits + op.hits_delta
                         if op.content is not None:
                             vector = next(next_vector)
                             fields["model_id"] = self.model.model_id
@@ -259,11 +299,39 @@ class Store:
                             pages |= await self._retire_derived(tx, op.id, actor, now)
                     elif isinstance(op, Restore):
                         pages |= await self._restore_derived(tx, op.id, actor, now)
+                    facts_changed += _fact_changes(op, before, after)
                     results.append(after)
+                spared = {op.id for op in ops if isinstance(op, Retire)} | set(ids.values())
+                for row, vector, at in restating:
+                    facts_changed += await self._restate(tx, row, vector, at, spared, actor, now)
+                await Mirrors(tx, actor, now, changes).follow(facts_changed)
             if self._indexes is not None:
                 await self._indexes.apply(changes)
         await self._render_pages(pages, actor)
         return results
+
+    async def _restate(
+        self, tx: Tx, new: MemoryRow, vector: np.ndarray, at: float, spared: set[str],
+        actor: str, now: float,
+    ) -> list[FactChange]:
+        """The restatement rule: the owner's live fact nearest to a new one, at cosine >= at,
+        is retired as restated by it (experiences never; nor rows this Apply names itself)."""
+        if new.layer != "l3_fact" or new.label == EXPERIENCE:
+            return []
+        reach = self.reach(new.user_id, new.agent_id)
+        hits = await self.vector_search(
+            reach, vector.tolist(), self.model.model_id, ["l3_fact"], 1, at
+        )
+        old = await tx.get(hits[0].memory.id) if hits else None
+        if old is None or old.id in spared or old.status != ACTIVE or old.label == EXPERIENCE:
+            return []
+        await tx.update(old.id, {
+            "updated_at": now, "status": RETIRED, "invalid_at": now, "superseded_by": new.id,
+            "superseded_how": "restated", "drop_reason": "", "retired_by": actor,
+        })
+        await tx.audit(actor=actor, action="retire", row=old, before=old,
+                       after=await tx.get(old.id), reason=f"restated by {new.id}", at=now)
+        return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
 
     async def _mark_pages(self, tx: Tx, memory_id: str, actor: str, now: float) -> set[str]:
         """Marks the entity page lines memory_id fed stale while any fact behind them is dead.
@@ -429,6 +497,8 @@ class Store:
         undone = Undone()
         why = f"undo of pass {pass_id}"
         pages: set[str] = set()
+        facts_changed: list[FactChange] = []
+        index_changes = IndexChanges()
         async with self._write_lock:
             now = time.time()
             async with self._repo.transaction() as tx:
@@ -469,6 +539,8 @@ class Store:
                                 await tx.update_edge(edge.id, undone=1)
                         else:
                             pages |= await self._restore_derived(tx, target, actor, now)
+                        if is_preference_fact(row):
+                            facts_changed.append(FactChange(row, action == "restore", "undone"))
                         continue
                     if await tx.get_edge(target) is None:
                         continue
@@ -485,6 +557,9 @@ class Store:
                         await tx.update_edge(
                             target, valid_to=before["valid_to"], invalidated_at=None
                         )
+                await Mirrors(tx, actor, now, index_changes).follow(facts_changed)
+            if self._indexes is not None:
+                await self._indexes.apply(index_changes)
         await self._render_pages(pages, actor)
         return undone
 
@@ -567,6 +642,8 @@ class Store:
             elif isinstance(op, Update):
                 if op.content is not None and not op.content.strip():
                     raise InvalidArgument(f"{where}: content cannot be emptied")
+                if op.hits is not None and op.hits_delta:
+                    raise InvalidArgument(f"{where}: set hits or add hits_delta, not both")
                 if op.metadata_json is not None:
                     op = replace(op, metadata_json=_metadata(op.metadata_json, where))
             checked.append(op)
@@ -693,10 +770,28 @@ class Store:
         """A page of rows inside the reach, and the total that match."""
         _check_layers(query.layers)
         _check_layers(query.exclude_layers)
-        if query.offset < 0:
-            raise InvalidArgument("offset must not be negative")
-        query = replace(query, limit=_page(query.limit))
+        query = replace(query, limit=_page(query.limit), offset=_offset(query.offset))
         return await self._repo.list_rows(reach, query)
+
+    async def get_many(
+        self, reach: Reach, memory_ids: Sequence[str]
+    ) -> tuple[list[MemoryRow], list[str]]:
+        """The rows the reach owns, in the order asked (each once), and the ids it does not."""
+        ids = list(dict.fromkeys(memory_ids))
+        if len(ids) > MAX_LIMIT:
+            raise InvalidArgument(f"at most {MAX_LIMIT} ids at once, got {len(ids)}")
+        found = await self._repo.get_many(reach, ids)
+        return [found[i] for i in ids if i in found], [i for i in ids if i not in found]
+
+    async def count(self, reach: Reach, query: CountQuery) -> list[int]:
+        """Rows created in each bucket of time the query names."""
+        _check_layers(query.layers)
+        _check_layers(query.exclude_layers)
+        if not 1 <= query.buckets <= MAX_LIMIT:
+            raise InvalidArgument(f"buckets must be between 1 and {MAX_LIMIT}")
+        if not query.bucket_s > 0:
+            raise InvalidArgument("bucket_s must be positive")
+        return await self._repo.count_buckets(reach, query)
 
     async def keyword_search(
         self,
@@ -859,10 +954,12 @@ class Store:
         )
 
     async def list_edges(
-        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int = 0
     ) -> tuple[list[Edge], int]:
-        """Edges of a reach: the live graph now, or as it stood at as_of."""
-        return await self._repo.list_edges(reach, as_of, include_stale, _page(limit))
+        """A page of a reach's edges: the live graph now, or as it stood at as_of."""
+        return await self._repo.list_edges(
+            reach, as_of, include_stale, _page(limit), _offset(offset)
+        )
 
     async def neighbours(
         self, reach: Reach, memory_ids: Sequence[str], k: int

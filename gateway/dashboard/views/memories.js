@@ -156,7 +156,7 @@ async function renderDetail(root, ctx) {
     root.append(errorBox(detail.reason));
     return;
   }
-  const { memory, sources, missing_sources: missing, replaced, replaced_by: replacedBy, replaced_scan: scan } = detail.value;
+  const { memory, sources, missing_sources: missing, replaced, replaced_by: replacedBy } = detail.value;
   const message = h("div", { id: "action-message" });
   const say = (node) => message.replaceChildren(...(node ? [node] : []));
   root.append(
@@ -185,8 +185,7 @@ async function renderDetail(root, ctx) {
         h("section", { class: "panel", id: "replaced-by" }, h("h2", null, "Replaced by"),
           replacedBy ? miniList([replacedBy], "") : h("p", { class: "muted" }, memory.status === "active" ? "Nothing: it is current." : "Nothing replaced it (it was retired on its own).")),
         h("section", { class: "panel", id: "replaced" }, h("h2", null, "What it replaced"),
-          miniList(replaced, "Nothing."),
-          scan.complete ? null : h("p", { class: "muted" }, `Checked the newest ${fmtCount(scan.rows)} older rows only.`))),
+          miniList(replaced, "Nothing."))),
       h("section", { class: "panel" }, h("h2", null, "History"),
         history.status === "fulfilled" ? historyTable(history.value.history) : errorBox(history.reason)),
       Object.keys(memory.metadata || {}).length
