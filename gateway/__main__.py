@@ -8,7 +8,7 @@ from aiohttp import web
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
-from shared.runtime import run_service, until_stopped
+from shared.runtime import apply_log_level, run_service, until_stopped
 
 log = logging.getLogger("gateway")
 
@@ -16,6 +16,7 @@ log = logging.getLogger("gateway")
 async def main() -> None:
     """Serves until SIGTERM, then finishes requests in flight and closes the channels."""
     config = GatewayConfig.from_env()
+    apply_log_level(config.log_level)
     runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=10.0)
     await runner.setup()
     try:

@@ -43,6 +43,14 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level)
 
 
+def apply_log_level(level: str) -> None:
+    """Applies HYATLAS_LOG_LEVEL; every service's main() calls it right after reading its config."""
+    logging.getLogger().setLevel(level)
+    # gRPC's own debug lines would bury the ones DEBUG is asked for (search's per-stage timings).
+    grpc_level = max(logging.INFO, logging.getLevelNamesMapping()[level])
+    logging.getLogger("grpc").setLevel(grpc_level)
+
+
 async def until_stopped() -> None:
     """Returns when SIGTERM or SIGINT arrives."""
     stop = asyncio.Event()

@@ -16,7 +16,7 @@ from shared.clients import EmbedderClient
 from shared.errors import ServiceError
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, until_stopped
 from shared.settings import Settings
 from shared.store_client import GraphStoreClient
 
@@ -88,5 +88,6 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
 async def main() -> None:
     """Runs the consolidator until SIGTERM or SIGINT."""
     config = ConsolidatorConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()

@@ -19,7 +19,7 @@ from services.extractor.worker import CatchupPolicy, Worker
 from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, until_stopped
 from shared.settings import Settings
 from shared.store_client import StoreClient
 
@@ -102,5 +102,6 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
 async def main() -> None:
     """Runs the extractor until SIGTERM or SIGINT."""
     config = ExtractorConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()
