@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from services.extractor.worker import CatchupPolicy, Worker
 from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import apply_log_level, until_stopped
+from shared.runtime import apply_log_level, background, until_stopped
 from shared.settings import Settings
 from shared.store_client import StoreClient
 
@@ -30,7 +29,8 @@ log = logging.getLogger(__name__)
 async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
     """Serves the Extractor service; yields the bound address.
 
-    On exit the gRPC server stops first, then extractions in flight get up to stop_grace_s.
+    On exit the gRPC server stops first, then the catch-up and episode loops, then extractions
+    in flight get up to stop_grace_s, then Now pages still waiting are dropped.
     """
     async with contextlib.AsyncExitStack() as stack:
         store_channel = open_channel(config.store_address)
@@ -75,19 +75,8 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         worker.living = living
         stack.push_async_callback(living.drain)
         stack.push_async_callback(worker.drain, config.stop_grace_s)
-        loops = [
-            asyncio.create_task(worker.run_catchup(), name="catch-up"),
-            asyncio.create_task(living.run_episodes(), name="episodes"),
-        ]
-
-        async def stop_loops() -> None:
-            for task in loops:
-                task.cancel()
-            for task in loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-        stack.push_async_callback(stop_loops)
+        background(stack, worker.run_catchup(), "catch-up")
+        background(stack, living.run_episodes(), "episodes")
         servicer = ExtractorServicer(worker, Forgetting(store, embedder))
 
         def register(server: grpc.aio.Server) -> list[str]:
