@@ -14,7 +14,7 @@ from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
-from services.extractor.worker import CatchupPolicy, Worker
+from services.extractor.worker import CatchupPolicy, Worker, llm_state
 from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
@@ -51,6 +51,15 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             related_facts=config.related_facts,
             reconciler=Reconciler(store, llm) if config.reconcile else None,
         )
+        living = Living(
+            store,
+            extraction.llm,
+            lambda: llm_state(config.mode, extraction.llm) == "ok",
+            Settings(user_aliases=config.user_aliases).canonical_user,
+            config.now_every_s,
+            config.episode_gap_s,
+            config.mode,
+        )
         worker = Worker(
             extraction,
             store,
@@ -62,17 +71,8 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
                 batch=config.catchup_batch,
                 tries=config.catchup_tries,
             ),
+            living,
         )
-        living = Living(
-            store,
-            extraction.llm,
-            lambda: worker.llm_state() == "ok",
-            Settings(user_aliases=config.user_aliases).canonical_user,
-            config.now_every_s,
-            config.episode_gap_s,
-            config.mode,
-        )
-        worker.living = living
         stack.push_async_callback(living.drain)
         stack.push_async_callback(worker.drain, config.stop_grace_s)
         background(stack, worker.run_catchup(), "catch-up")
