@@ -11,7 +11,7 @@ import pytest
 
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
-from tests.support import Stack, assert_eventually, running_stack
+from tests.support import Stack, assert_eventually, running_stack, value_eventually
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> N
         assert len(episodes) == 1
         return episodes[0]
 
-    episode = await assert_eventually(summarised)
+    episode = await value_eventually(summarised)
     assert episode.content == "EPISODE: 2 turns"
     assert list(episode.source_ids) == [first["memory_id"], second["memory_id"]]
     raw = await api.row(user, first["memory_id"])
