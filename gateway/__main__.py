@@ -8,7 +8,7 @@ from aiohttp import web
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
-from shared.runtime import run_service, until_stopped
+from shared.runtime import apply_log_level, run_service, until_stopped
 from shared.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -18,6 +18,7 @@ async def main() -> None:
     """Serves until SIGTERM, then finishes requests in flight and closes the channels."""
     settings = Settings.from_env()
     config = GatewayConfig.from_settings(settings)
+    apply_log_level(config.log_level)
     runner = web.AppRunner(make_app(config, settings), access_log=None, shutdown_timeout=10.0)
     await runner.setup()
     try:

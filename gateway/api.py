@@ -609,7 +609,6 @@ NOT_YET: dict[str, str] = {
     "/api/v1/export": "JSONL export comes in a later issue",
     "/api/v1/import": "JSONL import comes in a later issue",
 }
-HANDLED: frozenset[str] = frozenset()
 
 
 def _not_yet(path: str) -> Handler:
@@ -623,5 +622,5 @@ def _not_yet(path: str) -> Handler:
 
 def add_placeholder_routes(app: web.Application) -> None:
     """Routes a later issue builds answer 501 and say which one."""
-    for path in NOT_YET.keys() - HANDLED:
+    for path in NOT_YET:
         app.router.add_route("*", path, _not_yet(path))

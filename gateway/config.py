@@ -62,6 +62,8 @@ class GatewayConfig:
     """Largest request body accepted; larger ones get 413."""
     rpc_timeout_s: float = 60.0
     """Deadline of one call to the store or search service."""
+    log_level: str = "INFO"
+    """HYATLAS_LOG_LEVEL: the process's log level."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -94,4 +96,5 @@ class GatewayConfig:
             llm_base=settings.llm_base,
             consolidate_graph=settings.consolidate_graph,
             data_dir=settings.data_dir,
+            log_level=settings.log_level,
         )

@@ -1,16 +1,20 @@
-"""Process entry points: structured logging, SIGTERM handling, config errors."""
+"""Process entry points: structured logging, SIGTERM handling, background tasks, config errors."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from shared.errors import ConfigError
+
+T = TypeVar("T")
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -41,6 +45,38 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def apply_log_level(level: str) -> None:
+    """Applies HYATLAS_LOG_LEVEL; every service's main() calls it right after reading its config."""
+    logging.getLogger().setLevel(level)
+    # gRPC's own debug lines would bury the ones DEBUG is asked for (search's per-stage timings).
+    grpc_level = max(logging.INFO, logging.getLevelNamesMapping()[level])
+    logging.getLogger("grpc").setLevel(grpc_level)
+
+
+def background(
+    stack: contextlib.AsyncExitStack, coro: Coroutine[Any, Any, T], name: str
+) -> asyncio.Task[T]:
+    """Runs coro as a task the stack owns: unwinding the stack cancels the task and awaits it.
+
+    Every server stops in this order on SIGTERM: gRPC health turns NOT_SERVING and the server
+    stops taking calls, then background loops stop, then work in flight drains, then channels
+    close. A stack unwinds last in first out, so a server enters them the other way round:
+    channels, the drains, background tasks, and the gRPC server last.
+    """
+    task = asyncio.create_task(coro, name=name)
+    stack.push_async_callback(_cancel_and_wait, task)
+    return task
+
+
+async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    # wait() instead of awaiting the task: were the stopping code itself cancelled, that
+    # cancellation must propagate, not be taken for the task's own and swallowed.
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.result()  # a loop that died of an error says so instead of vanishing
 
 
 async def until_stopped() -> None:

@@ -14,12 +14,13 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 # The longest a test waits for a condition. A ceiling, not a budget: waits end as soon as the
@@ -28,20 +29,59 @@ WAIT_CEILING_S = 120.0
 
 
 async def assert_eventually(
-    check: Callable[[], Awaitable[Any]] | Callable[[], Any],
+    check: Callable[[], Awaitable[bool | None]] | Callable[[], bool | None],
+    timeout_s: float = WAIT_CEILING_S,
+    interval_s: float = 0.05,
+) -> None:
+    """Calls check until it passes, or raises its last failure at timeout.
+
+    A check passes only by returning True or None (a check that asserts and returns nothing)
+    without AssertionError. Any other value, such as False, 0, [] or a dict, is a failure: a
+    check that forgot its comparison must not pass at once. A check whose value the test needs
+    goes to value_eventually.
+    """
+    await _poll(check, lambda result: result is True or result is None, timeout_s, interval_s)
+
+
+@overload
+async def value_eventually(
+    produce: Callable[[], Awaitable[T]], timeout_s: float = ..., interval_s: float = ...
+) -> T: ...
+
+
+@overload
+async def value_eventually(
+    produce: Callable[[], T], timeout_s: float = ..., interval_s: float = ...
+) -> T: ...
+
+
+async def value_eventually(
+    produce: Callable[[], Any],
     timeout_s: float = WAIT_CEILING_S,
     interval_s: float = 0.05,
 ) -> Any:
-    """Calls check until it returns without AssertionError (and not False), or fails at timeout."""
+    """Calls produce until it returns without AssertionError, and returns what it returned.
+
+    produce's own asserts are the condition; its value is handed back, not judged.
+    """
+    return await _poll(produce, lambda _: True, timeout_s, interval_s)
+
+
+async def _poll(
+    check: Callable[[], Any],
+    accept: Callable[[Any], bool],
+    timeout_s: float,
+    interval_s: float,
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             result = check()
             if asyncio.iscoroutine(result):
                 result = await result
-            if result is not False:
+            if accept(result):
                 return result
-            error: BaseException = AssertionError("check returned False")
+            error: BaseException = AssertionError(f"check returned {result!r}, not True or None")
         except AssertionError as exc:
             error = exc
         if time.monotonic() > deadline:

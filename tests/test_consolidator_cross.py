@@ -145,7 +145,10 @@ async def test_cross_topic_pass_generalises_schemas_once_per_interval_across_res
         stack.procs["consolidator"].stop()
         stack.start("consolidator")
         # A start-up catch-up pass may hold the lock for a moment.
-        await assert_eventually(lambda: digest(api), interval_s=0.2)
+        async def digested() -> None:
+            await digest(api)
+
+        await assert_eventually(digested, interval_s=0.2)
         assert len(cross_calls(script, user)) == 1
         assert [r.content for r in await api.rows(user, "l6_schema")].count(broader) == 1
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
-from tests.support import Stack, assert_eventually, running_stack
+from tests.support import Stack, assert_eventually, running_stack, value_eventually
 
 pytestmark = pytest.mark.slow
 
@@ -108,13 +108,13 @@ async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> N
         assert [list(e.source_ids) for e in episodes] == want
         return episodes
 
-    episode = (await assert_eventually(lambda: episodes_are(expected)))[0]
+    episode = (await value_eventually(lambda: episodes_are(expected)))[0]
     assert episode.content == f"EPISODE: {len(expected[0])} turns"
     assert episode.event_at == pytest.approx(raws[0].created_at)
 
     # Written after the last episode was summarised, so after its pause: an episode of its own.
     third = await api.add("m-ep three: a later session on indexes.", user)
-    await assert_eventually(lambda: episodes_are([*expected, [third["memory_id"]]]))
+    await value_eventually(lambda: episodes_are([*expected, [third["memory_id"]]]))
 
 
 async def test_reconcile_updates_supersedes_and_links_only_what_it_was_shown(

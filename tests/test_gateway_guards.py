@@ -311,14 +311,16 @@ async def test_bulk_delete_needs_admin(client: TestClient[Any, Any]) -> None:
 # --- routes a later issue builds -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", sorted(set(NOT_YET) - {"/api/v1/digest", "/api/v1/reprocess"}))
 async def test_unbuilt_routes_answer_501_and_say_which_issue(
-    client: TestClient[Any, Any], path: str
+    client: TestClient[Any, Any],
 ) -> None:
-    for method in ("GET", "POST"):
-        status, reply = await _status_and_json(client, method, path)
-        assert status == 501
-        assert reply["error"].startswith(f"{path} is not implemented yet: ")
+    # A parametrised test over an empty NOT_YET would be skipped in silence; this one fails.
+    assert NOT_YET, "every placeholder route is built: delete this test and NOT_YET"
+    for path in NOT_YET:
+        for method in ("GET", "POST"):
+            status, reply = await _status_and_json(client, method, path)
+            assert status == 501, (method, path)
+            assert reply["error"].startswith(f"{path} is not implemented yet: ")
 
 
 async def test_a_file_the_dashboard_lacks_is_a_json_404(client: TestClient[Any, Any]) -> None:

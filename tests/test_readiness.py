@@ -16,10 +16,10 @@ from tests.extractor_support import Api, new_user
 from tests.support import (
     ROOT,
     WAIT_CEILING_S,
-    assert_eventually,
     base_env,
     free_port,
     running_stack,
+    value_eventually,
 )
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ async def test_readyz_is_503_until_every_backing_service_answers(
             assert status == 200, body
             return body
 
-        body = await assert_eventually(ready)
+        body = await value_eventually(ready)
         assert body["status"] == "ready"
         # Lite mode does not need the consolidator, which this stack does not run.
         assert body["services"] == {"embedder": "serving", "store": "serving",
@@ -120,7 +120,7 @@ async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready
                 assert len(lines) == 1
                 return lines[0]
 
-            line = await assert_eventually(ready_line, interval_s=0.2)
+            line = await value_eventually(ready_line, interval_s=0.2)
             assert f"http://127.0.0.1:{port}" in line and str(data_dir) in line
             # Ready means a write made at once is stored.
             api = Api(f"http://127.0.0.1:{port}", "")

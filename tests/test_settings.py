@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config import GatewayConfig
+from services.consolidator.config import ConsolidatorConfig
+from services.embedder.config import EmbedderConfig
+from services.extractor.config import ExtractorConfig
+from services.search.config import SearchConfig
+from services.store.config import StoreConfig
 from shared.errors import ConfigError
+from shared.runtime import apply_log_level
 from shared.settings import Settings, parse_aliases, parse_go_duration, read_duration
 
 
@@ -120,3 +127,29 @@ def test_llm_is_configured_only_with_base_model_and_a_key() -> None:
     assert not Settings.from_env(base).llm_configured
     assert Settings.from_env({**base, "HYATLAS_LLM_KEY": "k"}).llm_configured
     assert Settings.from_env({**base, "HYATLAS_LLM_KEY_FILE": "/tmp/k"}).llm_configured
+
+
+def test_every_service_takes_the_log_level(tmp_path: Path) -> None:
+    env = {"HYATLAS_GO_DATA": str(tmp_path), "HYATLAS_LOG_LEVEL": "debug"}
+    configs = [
+        EmbedderConfig.from_env(env),
+        StoreConfig.from_env(env),
+        SearchConfig.from_env(env),
+        ExtractorConfig.from_env(env),
+        ConsolidatorConfig.from_env(env),
+        GatewayConfig.from_env(env),
+    ]
+    assert [config.log_level for config in configs] == ["DEBUG"] * len(configs)
+
+
+def test_debug_reaches_the_services_own_lines_but_not_grpcs() -> None:
+    root, grpc_logger = logging.getLogger(), logging.getLogger("grpc")
+    saved = (root.level, grpc_logger.level)
+    try:
+        apply_log_level("DEBUG")
+        assert (root.level, grpc_logger.level) == (logging.DEBUG, logging.INFO)
+        apply_log_level("WARNING")
+        assert (root.level, grpc_logger.level) == (logging.WARNING, logging.WARNING)
+    finally:
+        root.setLevel(saved[0])
+        grpc_logger.setLevel(saved[1])

@@ -48,6 +48,8 @@ class ConsolidatorConfig:
     """The least time a call is expected to take when deciding whether to start one."""
     store_wait_s: float = 60.0
     """How long start-up waits for the store and embedder to serve."""
+    log_level: str = "INFO"
+    """HYATLAS_LOG_LEVEL: the process's log level."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConsolidatorConfig:
@@ -68,4 +70,5 @@ class ConsolidatorConfig:
             cross_schema_every_s=settings.cross_schema_every_s,
             raw_retention_s=settings.raw_retention_s,
             user_aliases=settings.user_aliases,
+            log_level=settings.log_level,
         )

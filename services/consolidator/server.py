@@ -16,7 +16,7 @@ from shared.clients import EmbedderClient
 from shared.errors import ServiceError
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, background, until_stopped
 from shared.settings import Settings
 from shared.store_client import GraphStoreClient
 
@@ -71,16 +71,10 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             consolidator_pb2_grpc.add_ConsolidatorServicer_to_server(servicer, server)
             return [consolidator_pb2.DESCRIPTOR.services_by_name["Consolidator"].full_name]
 
-        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        # Started before the gRPC server is entered, so that on exit the server stops first.
         if config.mode == "ultra":
-            loop = asyncio.create_task(run_schedule(consolidator, config), name="passes")
-
-            async def stop_loop() -> None:
-                loop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
-
-            stack.push_async_callback(stop_loop)
+            background(stack, run_schedule(consolidator, config), "passes")
+        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
         log.info("consolidator: mode %s, every %ss", config.mode, config.every_s)
         yield bound
 
@@ -88,5 +82,6 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
 async def main() -> None:
     """Runs the consolidator until SIGTERM or SIGINT."""
     config = ConsolidatorConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()

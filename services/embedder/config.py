@@ -36,6 +36,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
     max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
+    log_level: str = "INFO"
+    """HYATLAS_LOG_LEVEL: the process's log level."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EmbedderConfig:
@@ -61,6 +63,7 @@ class EmbedderConfig:
             remote_key=settings.embed_key,
             threads=settings.embed_threads,
             max_batch=settings.embed_max_batch,
+            log_level=settings.log_level,
         )
 
     @classmethod

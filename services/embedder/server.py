@@ -14,7 +14,7 @@ from services.embedder.embedding import Embedder, opened_embedder
 from services.embedder.servicer import EmbedderServicer
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import running_grpc_server
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -47,5 +47,6 @@ async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedde
 async def main() -> None:
     """Runs the embedder until SIGTERM or SIGINT."""
     config = EmbedderConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -15,11 +14,11 @@ from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
-from services.extractor.worker import CatchupPolicy, Worker
+from services.extractor.worker import CatchupPolicy, Worker, llm_state
 from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, background, until_stopped
 from shared.settings import Settings
 from shared.store_client import StoreClient
 
@@ -30,7 +29,8 @@ log = logging.getLogger(__name__)
 async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
     """Serves the Extractor service; yields the bound address.
 
-    On exit the gRPC server stops first, then extractions in flight get up to stop_grace_s.
+    On exit the gRPC server stops first, then the catch-up and episode loops, then extractions
+    in flight get up to stop_grace_s, then Now pages still waiting are dropped.
     """
     async with contextlib.AsyncExitStack() as stack:
         store_channel = open_channel(config.store_address)
@@ -51,6 +51,15 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             related_facts=config.related_facts,
             reconciler=Reconciler(store, llm) if config.reconcile else None,
         )
+        living = Living(
+            store,
+            extraction.llm,
+            lambda: llm_state(config.mode, extraction.llm) == "ok",
+            Settings(user_aliases=config.user_aliases).canonical_user,
+            config.now_every_s,
+            config.episode_gap_s,
+            config.mode,
+        )
         worker = Worker(
             extraction,
             store,
@@ -62,32 +71,12 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
                 batch=config.catchup_batch,
                 tries=config.catchup_tries,
             ),
+            living,
         )
-        living = Living(
-            store,
-            extraction.llm,
-            lambda: worker.llm_state() == "ok",
-            Settings(user_aliases=config.user_aliases).canonical_user,
-            config.now_every_s,
-            config.episode_gap_s,
-            config.mode,
-        )
-        worker.living = living
         stack.push_async_callback(living.drain)
         stack.push_async_callback(worker.drain, config.stop_grace_s)
-        loops = [
-            asyncio.create_task(worker.run_catchup(), name="catch-up"),
-            asyncio.create_task(living.run_episodes(), name="episodes"),
-        ]
-
-        async def stop_loops() -> None:
-            for task in loops:
-                task.cancel()
-            for task in loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-        stack.push_async_callback(stop_loops)
+        background(stack, worker.run_catchup(), "catch-up")
+        background(stack, living.run_episodes(), "episodes")
         servicer = ExtractorServicer(worker, Forgetting(store, embedder))
 
         def register(server: grpc.aio.Server) -> list[str]:
@@ -102,5 +91,6 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
 async def main() -> None:
     """Runs the extractor until SIGTERM or SIGINT."""
     config = ExtractorConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()

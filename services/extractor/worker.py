@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from services.extractor.extract import DONE, FAILED, SKIPPED, Extraction, Outcome
 from services.extractor.living import Living
 from shared.errors import NotFound
-from shared.llm import LlmUnavailable
+from shared.llm import LlmClient, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import PAGE, StoreClient
 
@@ -21,6 +21,15 @@ log = logging.getLogger(__name__)
 PENDING, UNCONFIGURED = "pending", "unconfigured"
 LLM_MODES = ("pro", "ultra")
 REPROCESS_MAX_DEFAULT = 200
+
+
+def llm_state(mode: str, llm: LlmClient) -> str:
+    """unused (lite), unconfigured (no base or model), awaiting_key, or ok."""
+    if mode not in LLM_MODES:
+        return "unused"
+    if not llm.configured:
+        return "unconfigured"
+    return "ok" if llm.has_key() else "awaiting_key"
 
 
 @dataclass(frozen=True)
@@ -68,12 +77,7 @@ class Worker:
 
     def llm_state(self) -> str:
         """unused (lite), unconfigured (no base or model), awaiting_key, or ok."""
-        llm = self.extraction.llm
-        if self.mode not in LLM_MODES:
-            return "unused"
-        if not llm.configured:
-            return "unconfigured"
-        return "ok" if llm.has_key() else "awaiting_key"
+        return llm_state(self.mode, self.extraction.llm)
 
     @property
     def in_flight(self) -> int:

@@ -28,6 +28,8 @@ class StoreConfig:
     """An owner's index up to this size is searched by brute force, larger ones by HNSW."""
     embedder_wait_s: float = 60.0
     """How long start-up waits for the embedder to serve."""
+    log_level: str = "INFO"
+    """HYATLAS_LOG_LEVEL: the process's log level."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
@@ -40,4 +42,5 @@ class StoreConfig:
             embedder_address=settings.address("embedder"),
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
+            log_level=settings.log_level,
         )

@@ -14,7 +14,7 @@ from services.store.store import Store, open_store
 from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import until_stopped
+from shared.runtime import apply_log_level, until_stopped
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,5 +61,6 @@ async def running_server(config: StoreConfig) -> AsyncIterator[str]:
 async def main() -> None:
     """Runs the store until SIGTERM or SIGINT."""
     config = StoreConfig.from_env()
+    apply_log_level(config.log_level)
     async with running_server(config):
         await until_stopped()

@@ -55,6 +55,7 @@ from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from shared.layers import EXPERIENCE
 from shared.pages import mark_lines, page_text_of
+from shared.runtime import background
 
 log = logging.getLogger(__name__)
 
@@ -1080,14 +1081,7 @@ async def open_store(
             stack.push_async_callback(indexes.save)
         store = Store(repo, indexes, embedder, model, alias_group, data_dir, exact_up_to)
         if save_every_s and indexes is not None:
-            saver = asyncio.create_task(store.save_periodically(save_every_s))
-
-            async def stop_saver() -> None:
-                saver.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await saver
-
-            stack.push_async_callback(stop_saver)
+            background(stack, store.save_periodically(save_every_s), "index saver")
         log.info(
             "store open at %s: model %s (%d-d), %d vectors indexed",
             data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,
