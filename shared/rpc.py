@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -16,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from shared.errors import ServiceError, error_for_status
+from shared.pb import introspect_pb2, introspect_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +26,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Services start in any order: a channel retries a peer that is not up yet within a second,
-    # not after gRPC's default backoff of up to two minutes.
+    # not after gRPC's default backoff of up to two minutes. (Not min_reconnect_backoff_ms: gRPC
+    # also takes it as the time one connection attempt may take, 20 s by default; a short one
+    # fails connections to a busy process on a loaded machine.)
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
@@ -83,6 +86,35 @@ class ServiceClient:
         return call
 
 
+class _RpcCounter(grpc.aio.ServerInterceptor):
+    """Counts the calls a server answers, per method (its own plumbing left out)."""
+
+    PLUMBING = ("/grpc.health.", "/grpc.reflection.", "/hyatlas.v1.Introspect/")
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method  # type: ignore[attr-defined]
+        if not method.startswith(self.PLUMBING):
+            self.counts[method] += 1
+        return await continuation(handler_call_details)
+
+
+class _Introspect(introspect_pb2_grpc.IntrospectServicer):
+    def __init__(self, counter: _RpcCounter) -> None:
+        self._counter = counter
+
+    async def GetRpcCounts(
+        self, request: introspect_pb2.GetRpcCountsRequest, context: grpc.aio.ServicerContext
+    ) -> introspect_pb2.GetRpcCountsResponse:
+        return introspect_pb2.GetRpcCountsResponse(counts=dict(self._counter.counts))
+
+
 def _unix_path(address: str) -> Path | None:
     if not address.startswith("unix:"):
         return None
@@ -104,14 +136,17 @@ async def running_grpc_server(
     Yields the server and the bound address (a TCP port of 0 is replaced by the real one).
     On exit gRPC health turns NOT_SERVING first, then the server stops with a grace period.
     """
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    counter = _RpcCounter()
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[counter])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    introspect_pb2_grpc.add_IntrospectServicer_to_server(_Introspect(counter), server)
     reflection.enable_server_reflection(
         [
             *names,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            introspect_pb2.DESCRIPTOR.services_by_name["Introspect"].full_name,
             reflection.SERVICE_NAME,
         ],
         server,
