@@ -709,3 +709,26 @@ async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
     await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=again.id)))
     # Erased with the last fact of its value: no copy of the text is left behind.
     assert await profile(store) == []
+
+
+async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    vectors, model_id = await embedder.embed(["Keeps bees on the roof"])
+    op = insert("Keeps bees on the roof")
+    op.insert.vector.extend(vectors[0].tolist())
+    op.insert.vector_model_id = model_id
+    (row,) = await apply(store, op)
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id,
+                                                           with_vector=True))
+    assert got.memory.model_id == model_id
+    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-6)
+
+    wrong = insert("Keeps goats")
+    wrong.insert.vector.extend(vectors[0].tolist())
+    wrong.insert.vector_model_id = "another-model"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await apply(store, wrong)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "another-model" in (caught.value.details() or "")
+    assert await listed(store) == ["Keeps bees on the roof"]

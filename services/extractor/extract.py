@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -117,14 +118,22 @@ class Extraction:
         self.reconciler = reconciler
         self.counters = Counters()
 
-    async def extract(self, raw: common_pb2.Memory, now: datetime | None = None) -> Outcome:
-        """Extracts one live raw row; LlmUnavailable propagates and changes nothing."""
+    async def extract(
+        self,
+        raw: common_pb2.Memory,
+        now: datetime | None = None,
+        vector: np.ndarray | None = None,
+    ) -> Outcome:
+        """Extracts one live raw row; LlmUnavailable propagates and changes nothing.
+
+        vector: the row's stored vector, if the caller has it (only its sentences are embedded).
+        """
         if raw.layer != common_pb2.L2_RAW or raw.status != "active":
             return Outcome(SKIPPED, "not a live raw row")
         today = now or datetime.now(UTC)
         scope = owner_scope(raw)
         text = cap_utf8(raw.content)
-        vectors, model_id = await self.embedder.embed(probe_texts(text))
+        vectors, model_id = await self._probe_vectors(raw, text, vector)
         candidates = await self._candidates(scope, text, vectors, model_id)
         messages = extraction_messages(text, today, candidates)
         try:
@@ -142,6 +151,20 @@ class Extraction:
         if self.reconciler is not None:
             await self._reconcile(scope, text, applied, model_id)
         return Outcome(DONE)
+
+    async def _probe_vectors(
+        self, raw: common_pb2.Memory, text: str, vector: np.ndarray | None
+    ) -> tuple[np.ndarray, str]:
+        """The probes' vectors: the turn's own from the store when it came along, else embedded."""
+        probes = probe_texts(text)
+        if vector is None or text != raw.content:
+            return await self.embedder.embed(probes)
+        if len(probes) == 1:
+            return vector[None, :], raw.model_id
+        sentences, model_id = await self.embedder.embed(probes[1:])
+        if model_id != raw.model_id:  # the embedder moved on: one model for every probe
+            return await self.embedder.embed(probes)
+        return np.vstack([vector[None, :], sentences]), model_id
 
     async def _reconcile(
         self,
@@ -187,27 +210,31 @@ class Extraction:
     async def _candidates(
         self, scope: common_pb2.Scope, text: str, vectors: np.ndarray, model_id: str
     ) -> list[Candidate]:
-        """Related facts, open intentions and touched pages, numbered 1, 2, ..."""
-        best: dict[str, common_pb2.ScoredMemory] = {}
-        for vector in vectors:
-            for hit in await self.store.vector_search(
-                scope,
-                vector,
-                model_id,
-                [common_pb2.L3_FACT],
-                self.related_facts,
-                self.related_score,
-            ):
-                if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
-                    best[hit.memory.id] = hit
-        facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
-        vector = vectors[0]
-        intentions = await self.store.list_rows(
-            store_pb2.ListMemoriesRequest(
-                scope=scope, layers=[common_pb2.L7_INTENTION], limit=MAX_INTENTIONS
+        """Related facts, open intentions and touched pages, numbered 1, 2, ...
+
+        The look-ups are independent, so they run at once.
+        """
+        searches = [
+            self.store.vector_search(
+                scope, v, model_id, [common_pb2.L3_FACT], self.related_facts, self.related_score
             )
+            for v in vectors
+        ]
+        intentions_request = store_pb2.ListMemoriesRequest(
+            scope=scope, layers=[common_pb2.L7_INTENTION], limit=MAX_INTENTIONS
         )
-        pages = await self._touched_pages(scope, text, vector, model_id)
+        (intentions, pages), per_probe = await asyncio.gather(
+            asyncio.gather(
+                self.store.list_rows(intentions_request),
+                self._touched_pages(scope, text, vectors[0], model_id),
+            ),
+            asyncio.gather(*searches),
+        )
+        best: dict[str, common_pb2.ScoredMemory] = {}
+        for hit in (h for hits in per_probe for h in hits):
+            if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
+                best[hit.memory.id] = hit
+        facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
         rows: list[tuple[str, common_pb2.Memory]] = [
             *(("fact", hit.memory) for hit in facts if hit.score >= self.related_score),
             *(("intention", m) for m in intentions),
@@ -250,7 +277,16 @@ class Extraction:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
         refused = set(tombstones(raw))
         new_texts = [f.text for f in plan.facts] + plan.experiences
-        vectors = (await self.embedder.embed(new_texts))[0] if new_texts else np.zeros((0, 1))
+        vectors, vectors_model = (
+            await self.embedder.embed(new_texts) if new_texts else (np.zeros((0, 1)), "")
+        )
+
+        def with_vector(row: store_pb2.NewMemory, vector: np.ndarray) -> store_pb2.NewMemory:
+            # Embedded here for the forgotten-value check: the store takes it as it is.
+            row.vector.extend(vector.tolist())
+            row.vector_model_id = vectors_model
+            return row
+
         refused_vectors = (
             (await self.embedder.embed(sorted(refused)))[0] if refused else np.zeros((0, 1))
         )
@@ -301,7 +337,7 @@ class Extraction:
                 row.count = max(fact.updates.count, 1) + 1
             # The store retires the live fact this one restates (HYATLAS_DEDUPE_SCORE).
             row.restates_at = self.dedupe_score
-            ops.append(store_pb2.Op(insert=row))
+            ops.append(store_pb2.Op(insert=with_vector(row, vector)))
             for old in fact.replaces:
                 await retire(old, "replaced", f"${ref}")
             if fact.updates is not None:
@@ -311,7 +347,8 @@ class Extraction:
             if forgotten(text, vectors[j]):
                 self.counters.refused_forgotten += 1
                 continue
-            ops.append(store_pb2.Op(insert=base(common_pb2.L3_FACT, text, EXPERIENCE)))
+            experience = base(common_pb2.L3_FACT, text, EXPERIENCE)
+            ops.append(store_pb2.Op(insert=with_vector(experience, vectors[j])))
 
         open_keys = {value_key(c.memory.content) for c in candidates if c.kind == "intention"}
         for intention in plan.intentions:

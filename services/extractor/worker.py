@@ -135,12 +135,15 @@ class Worker:
         """One extraction under its owner's lock; a model error leaves the row failed."""
         async with self._locks[(raw.owner.user_id, raw.owner.agent_id)]:
             try:
-                # Re-read under the lock: another extraction may have changed the row.
-                raw = await self.store.get(common_pb2.Scope(all_users=True), raw.id)
+                # Re-read under the lock: another extraction may have changed the row. Its
+                # stored vector comes along, so the turn is not embedded a second time.
+                raw, vector = await self.store.get_with_vector(
+                    common_pb2.Scope(all_users=True), raw.id
+                )
             except NotFound:
                 return Outcome(SKIPPED, "the row is gone")
             try:
-                outcome = await self.extraction.extract(raw)
+                outcome = await self.extraction.extract(raw, vector=vector)
                 if outcome.status == DONE and self.living is not None:
                     self.living.after_write(raw)
                 return outcome

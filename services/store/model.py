@@ -97,6 +97,9 @@ class Insert:
     id: str = ""
     restates_at: float = 0.0
     """Above 0: retire the owner's nearest live fact at this cosine or more as restated."""
+    vector: tuple[float, ...] = ()
+    """The content's vector if the caller made it (vector_model_id says with which model)."""
+    vector_model_id: str = ""
 
 
 @dataclass(frozen=True)

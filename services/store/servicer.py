@@ -108,6 +108,8 @@ def _op(index: int, message: store_pb2.Op) -> Op:
             ref=new.ref,
             id=new.id,
             restates_at=new.restates_at,
+            vector=tuple(new.vector),
+            vector_model_id=new.vector_model_id,
         )
     if kind == "retire":
         r = message.retire
@@ -203,7 +205,10 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.GetMemoryRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetMemoryResponse:
         row = await self._store.get(self._reach(request.scope), request.id)
-        return store_pb2.GetMemoryResponse(memory=memory_message(row))
+        reply = store_pb2.GetMemoryResponse(memory=memory_message(row))
+        if request.with_vector:
+            reply.vector.extend(await self._store.stored_vector(row.id))
+        return reply
 
     @grpc_errors
     async def GetMemories(

@@ -178,10 +178,12 @@ class Store:
         }
         ops = self._resolved(ops, ids)
         # Each new text is embedded with the clause keys it is also found by, in one call.
+        # A text whose vector came with its op is not embedded again.
         texts: list[str] = []
         for op in ops:
             if isinstance(op, Insert | Update) and op.content is not None:
-                texts.append(op.content)
+                if not (isinstance(op, Insert) and op.vector):
+                    texts.append(op.content)
                 texts.extend(key.text for key in own_keys(op.content))
         vectors = await self._embed(texts) if texts else np.zeros((0, self.model.ndim))
         changes = IndexChanges()
@@ -199,7 +201,7 @@ class Store:
                         if op.id and await tx.get(op.id) is not None:
                             raise Conflict(f"{where}: memory {op.id!r} already exists")
                         row = self._new_row(ids[i], op, now)
-                        vector = next(next_vector)
+                        vector = self._given_vector(op, where) if op.vector else next(next_vector)
                         key = await tx.insert(row, vector)
                         changes.add(row.user_id, key, vector)
                         await self._add_keys(tx, row, next_vector, changes)
@@ -276,17 +278,10 @@ class Store:
                         if op.hits_delta:
                             fields["hits"] = before.hits + op.hits_delta
                         if op.content is not None:
-                            vector = next(next_vector)
                             fields["model_id"] = self.model.model_id
-                            old, new = await tx.replace_vector(
-                                op.id, self.model.model_id, vector
+                            await self._new_content(
+                                tx, before, op.content, next_vector, changes, now
                             )
-                            changes.remove(before.user_id, old)
-                            changes.add(before.user_id, new, vector)
-                            for clause_key in await tx.drop_clause_keys(op.id):
-                                changes.remove(before.user_id, clause_key)
-                            row = replace(before, content=op.content, created_at=now)
-                            await self._add_keys(tx, row, next_vector, changes, neighbour=False)
                     await tx.update(op.id, fields)
                     after = await tx.get(op.id)
                     await tx.audit(
@@ -306,9 +301,9 @@ class Store:
                 for row, vector, at in restating:
                     facts_changed += await self._restate(tx, row, vector, at, spared, actor, now)
                 await Mirrors(tx, actor, now, changes).follow(facts_changed)
+                await self._render_pages(tx, pages, actor, now, changes)
             if self._indexes is not None:
                 await self._indexes.apply(changes)
-        await self._render_pages(pages, actor)
         return results
 
     async def _restate(
@@ -365,17 +360,38 @@ class Store:
             touched.add(page.id)
         return touched
 
-    async def _render_pages(self, pages: set[str], actor: str) -> None:
-        """Renders each page again from its metadata, leaving out its stale lines."""
+    async def _render_pages(
+        self, tx: Tx, pages: set[str], actor: str, now: float, changes: IndexChanges
+    ) -> None:
+        """Renders each page again from its metadata, leaving out its stale lines, in the same
+        transaction as the change that marked them (the new text is embedded here)."""
         for page_id in sorted(pages):
-            page = await self._repo.get(page_id)
+            page = await tx.get(page_id)
             if page is None:
                 continue
             text = page_text_of(json.loads(page.metadata_json or "{}"))
-            if text != page.content:
-                await self.apply(
-                    Reach(None), [Update(id=page_id, content=text)], actor, "page re-rendered"
-                )
+            if text == page.content:
+                continue
+            vectors = iter(await self._embed([text, *(k.text for k in own_keys(text))]))
+            await self._new_content(tx, page, text, vectors, changes, now)
+            await tx.update(page_id, {"content": text, "model_id": self.model.model_id,
+                                      "updated_at": now})
+            await tx.audit(actor=actor, action="update", row=page, before=page,
+                           after=await tx.get(page_id), reason="page re-rendered", at=now)
+
+    async def _new_content(
+        self, tx: Tx, before: MemoryRow, content: str, vectors: Iterator[np.ndarray],
+        changes: IndexChanges, now: float,
+    ) -> None:
+        """A row's new text takes the next vectors: its own, then its clause keys'."""
+        vector = next(vectors)
+        old, new = await tx.replace_vector(before.id, self.model.model_id, vector)
+        changes.remove(before.user_id, old)
+        changes.add(before.user_id, new, vector)
+        for clause_key in await tx.drop_clause_keys(before.id):
+            changes.remove(before.user_id, clause_key)
+        row = replace(before, content=content, created_at=now)
+        await self._add_keys(tx, row, vectors, changes, neighbour=False)
 
     async def _retire_derived(self, tx: Tx, memory_id: str, actor: str, now: float) -> set[str]:
         """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges.
@@ -559,9 +575,9 @@ class Store:
                             target, valid_to=before["valid_to"], invalidated_at=None
                         )
                 await Mirrors(tx, actor, now, index_changes).follow(facts_changed)
+                await self._render_pages(tx, pages, actor, now, index_changes)
             if self._indexes is not None:
                 await self._indexes.apply(index_changes)
-        await self._render_pages(pages, actor)
         return undone
 
     async def _add_keys(
@@ -689,6 +705,19 @@ class Store:
             raise NotFound(f"memory {memory_id!r} not found")
         return row
 
+    def _given_vector(self, op: Insert, where: str) -> np.ndarray:
+        """The vector an insert brought, checked against the store's model, unit length."""
+        if op.vector_model_id != self.model.model_id:
+            raise InvalidArgument(
+                f"{where}: the vector comes from model {op.vector_model_id!r} but the store "
+                f"holds {self.model.model_id!r} vectors"
+            )
+        vector = np.asarray(op.vector, dtype=np.float32)
+        norm = float(np.linalg.norm(vector))
+        if vector.shape != (self.model.ndim,) or not np.isfinite(norm) or norm == 0.0:
+            raise InvalidArgument(f"{where}: the vector must be {self.model.ndim} finite numbers")
+        return vector / norm
+
     def _new_row(self, memory_id: str, op: Insert, now: float) -> MemoryRow:
         return MemoryRow(
             id=memory_id,
@@ -766,6 +795,11 @@ class Store:
         if row is None or not reach.contains(row.user_id, row.agent_id):
             raise NotFound(f"memory {memory_id!r} not found")
         return row
+
+    async def stored_vector(self, memory_id: str) -> list[float]:
+        """A row's stored vector of the store's model (empty when it has none)."""
+        found = await self._repo.memory_vectors([memory_id], self.model.model_id)
+        return found[memory_id].tolist() if memory_id in found else []
 
     async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
         """A page of rows inside the reach, and the total that match."""
