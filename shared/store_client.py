@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import ServiceClient
@@ -56,6 +57,17 @@ class StoreClient:
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=self._timeout_s
         )
         return reply.memory
+
+    async def get_with_vector(
+        self, scope: common_pb2.Scope, memory_id: str
+    ) -> tuple[common_pb2.Memory, np.ndarray | None]:
+        """One row in scope and its stored vector (None when it has none); NotFound otherwise."""
+        reply = await self._stub.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id, with_vector=True),
+            timeout=self._timeout_s,
+        )
+        vector = np.asarray(reply.vector, dtype=np.float32) if reply.vector else None
+        return reply.memory, vector
 
     async def apply(
         self, scope: common_pb2.Scope, ops: Sequence[store_pb2.Op], actor: str, reason: str
