@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from services.extractor.parse import Candidate, read_plan
+from services.extractor.fact_ops import OpBuilder, Turn
+from services.extractor.parse import Candidate, FactOp, IntentionOp, Plan, read_plan
 from services.extractor.prompt import cap_utf8, page_content
 from shared.llm import (
     LlmClient,
@@ -244,3 +246,48 @@ async def test_a_fallback_on_another_host_is_sent_no_key() -> None:
         main, backup = fake.requests
         assert main.headers["Authorization"] == "Bearer secret"
         assert "Authorization" not in backup.headers
+
+
+# --- the ops a plan turns into (pure: no store, no model) ---------------------------------
+
+
+def _turn(
+    refused: set[str], *vectors: list[float], refused_vectors: list[list[float]] | None = None
+) -> Turn:
+
+    raw = common_pb2.Memory(id="raw-1", owner=common_pb2.Owner(user_id="u"), write_mode="pro")
+    return Turn(raw, refused, np.array(refused_vectors or [], dtype=np.float32).reshape(-1, 2),
+                np.array(vectors, dtype=np.float32).reshape(-1, 2), "model-x", 0.92)
+
+
+def test_a_plan_inserts_before_it_retires_and_retires_each_row_once() -> None:
+
+    old = common_pb2.Memory(id="old-fact", content="Lives in Leeds")
+    plan = Plan(facts=[FactOp("Lives in Bristol", replaces=[old], updates=old)])
+    builder = OpBuilder(_turn(set(), [1.0, 0.0]))
+    builder.add_facts(plan)
+    ops = builder.all_ops()
+    assert [op.WhichOneof("op") for op in ops] == ["insert", "retire"]
+    new = ops[0].insert
+    assert (new.content, new.vector_model_id, list(new.vector)) == (
+        "Lives in Bristol", "model-x", [1.0, 0.0])
+    assert new.restates_at == pytest.approx(0.92) and list(new.source_ids) == ["raw-1"]
+    # Replaced first: the update of the same row does not retire it a second time.
+    assert (ops[1].retire.id, ops[1].retire.superseded_how, ops[1].retire.superseded_by) == (
+        "old-fact", "replaced", f"${new.ref}")
+
+
+def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -> None:
+
+    plan = Plan(
+        facts=[FactOp("Prefers tea!"), FactOp("Drinks oolong"), FactOp("Owns a bike")],
+        intentions=[IntentionOp("prefers tea")],
+    )
+    # By its key; by a vector as close as the forgotten one; not at all (orthogonal).
+    turn = _turn({value_key("prefers tea")}, [0.0, 1.0], [0.0, 1.0], [1.0, 0.0],
+                 refused_vectors=[[0.0, 1.0]])
+    builder = OpBuilder(turn)
+    builder.add_facts(plan)
+    builder.add_intentions(plan, [])
+    assert [op.insert.content for op in builder.ops] == ["Owns a bike"]
+    assert builder.refused_count == 3  # two facts and the intention

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import re
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.extractor.fact_ops import OpBuilder, Turn, page_name, page_ops
 from services.extractor.parse import (
     Candidate,
     Plan,
@@ -23,20 +23,16 @@ from services.extractor.prompt import (
     EXTRACTION_SCHEMA,
     cap_utf8,
     extraction_messages,
-    page_content,
-    page_metadata,
 )
 from services.extractor.reconcile import Reconciler
 from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
-from shared.store_client import StoreClient, retire_op, update_op
-from shared.text import value_key
+from shared.store_client import StoreClient, update_op
 
 log = logging.getLogger(__name__)
 
 ACTOR = "extractor"
-ENTITY_LABEL = "entity"
 MAX_INTENTIONS = 10
 MAX_PAGES = 5
 TOMBSTONES_KEY = "forgotten"
@@ -143,7 +139,7 @@ class Extraction:
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
-        ops = await self._ops(raw, plan, candidates, model_id)
+        ops = await self._ops(raw, plan, candidates)
         ops.append(update_op(raw.id, extraction_status=DONE))
         applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
         self.counters.extracted += 1
@@ -251,7 +247,7 @@ class Extraction:
         chosen = {
             p.id: p
             for p in pages
-            if (name := _page_name(p))
+            if (name := page_name(p))
             and re.search(r"(?<!\w)" + re.escape(name.casefold()) + r"(?!\w)", lowered)
         }
         if len(chosen) < MAX_PAGES and pages:
@@ -268,186 +264,30 @@ class Extraction:
         )
 
     async def _ops(
-        self,
-        raw: common_pb2.Memory,
-        plan: Plan,
-        candidates: Sequence[Candidate],
-        model_id: str,
+        self, raw: common_pb2.Memory, plan: Plan, candidates: Sequence[Candidate]
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
         refused = set(tombstones(raw))
         new_texts = [f.text for f in plan.facts] + plan.experiences
-        vectors, vectors_model = (
-            await self.embedder.embed(new_texts) if new_texts else (np.zeros((0, 1)), "")
+        (vectors, vectors_model), (refused_vectors, _) = await asyncio.gather(
+            self._embed(new_texts), self._embed(sorted(refused))
         )
-
-        def with_vector(row: store_pb2.NewMemory, vector: np.ndarray) -> store_pb2.NewMemory:
-            # Embedded here for the forgotten-value check: the store takes it as it is.
-            row.vector.extend(vector.tolist())
-            row.vector_model_id = vectors_model
-            return row
-
-        refused_vectors = (
-            (await self.embedder.embed(sorted(refused)))[0] if refused else np.zeros((0, 1))
+        builder = OpBuilder(
+            Turn(raw, refused, refused_vectors, vectors, vectors_model, self.dedupe_score)
         )
+        builder.add_facts(plan)
+        builder.add_experiences(plan)
+        builder.add_intentions(plan, candidates)
+        if builder.refused_count:
+            self.counters.refused_forgotten += builder.refused_count
+            log.info("refused %d forgotten values from raw row %s", builder.refused_count, raw.id)
+        pages: list[store_pb2.Op] = []
+        if plan.pages:
+            known = {page_name(p).casefold(): p for p in await self._all_pages(owner_scope(raw))}
+            pages = page_ops(builder, plan.pages, known)
+        return builder.all_ops(pages)
 
-        def forgotten(text: str, vector: np.ndarray) -> bool:
-            if value_key(text) in refused:
-                return True
-            if not refused_vectors.shape[0]:
-                return False
-            return float(np.max(refused_vectors @ vector)) >= max(self.dedupe_score, 0.9)
-
-        ops: list[store_pb2.Op] = []
-        retired: dict[str, store_pb2.Op] = {}
-        # The facts this turn gave, by id: the page lines of the same turn cite them.
-        fed: list[tuple[str, str]] = []
-
-        def base(layer: int, content: str, label: str = "") -> store_pb2.NewMemory:
-            return store_pb2.NewMemory(
-                owner=raw.owner,
-                layer=layer,  # type: ignore[arg-type]
-                content=content,
-                label=label,
-                source_ids=[raw.id],
-                metadata_json=json.dumps({"extracted_from": raw.id}),
-                write_mode=raw.write_mode,
-            )
-
-        async def retire(memory: common_pb2.Memory, how: str, by: str, why: str = "") -> None:
-            # The store keeps the L1 mirror of a preference fact in step with the fact.
-            if memory.id not in retired:
-                retired[memory.id] = retire_op(memory.id, how, by, why)
-
-        for i, fact in enumerate(plan.facts):
-            vector = vectors[i]
-            if forgotten(fact.text, vector):
-                self.counters.refused_forgotten += 1
-                log.info("refused a forgotten value from raw row %s", raw.id)
-                continue
-            ref = f"f{i}"
-            row = base(common_pb2.L3_FACT, fact.text, fact.label)
-            row.ref = ref
-            row.id = str(uuid.uuid4())
-            fed.append((fact.text, row.id))
-            row.count = 1
-            if fact.event_at is not None:
-                row.event_at = fact.event_at
-            if fact.updates is not None:
-                row.count = max(fact.updates.count, 1) + 1
-            # The store retires the live fact this one restates (HYATLAS_DEDUPE_SCORE).
-            row.restates_at = self.dedupe_score
-            ops.append(store_pb2.Op(insert=with_vector(row, vector)))
-            for old in fact.replaces:
-                await retire(old, "replaced", f"${ref}")
-            if fact.updates is not None:
-                await retire(fact.updates, "updated", f"${ref}")
-
-        for j, text in enumerate(plan.experiences, start=len(plan.facts)):
-            if forgotten(text, vectors[j]):
-                self.counters.refused_forgotten += 1
-                continue
-            experience = base(common_pb2.L3_FACT, text, EXPERIENCE)
-            ops.append(store_pb2.Op(insert=with_vector(experience, vectors[j])))
-
-        open_keys = {value_key(c.memory.content) for c in candidates if c.kind == "intention"}
-        for intention in plan.intentions:
-            key = value_key(intention.text)
-            if key in refused:
-                self.counters.refused_forgotten += 1
-                continue
-            if key in open_keys:
-                continue  # the turn continues an intention that is already open
-            open_keys.add(key)
-            row = base(common_pb2.L7_INTENTION, intention.text)
-            if intention.due_at is not None:
-                row.due_at = intention.due_at
-            ops.append(store_pb2.Op(insert=row))
-        for memory in plan.done:
-            await retire(memory, "done", "", "done")
-        for memory in plan.moved_on:
-            await retire(memory, "dropped", "", "moved on")
-
-        ops.extend(await self._page_ops(raw, plan, refused, base, fed))
-        ops.extend(retired.values())
-        return ops
-
-    async def _page_ops(
-        self,
-        raw: common_pb2.Memory,
-        plan: Plan,
-        refused: set[str],
-        base: Any,
-        fed: Sequence[tuple[str, str]],
-    ) -> list[store_pb2.Op]:
-        """Page inserts and updates: a changed state moves the old one into the history.
-
-        Each line cites the facts of its turn that name the entity, so the store can mark the
-        line stale when they are retired (a line no such fact backs never goes stale).
-        """
-        if not plan.pages:
-            return []
-        by_name = {_page_name(p).casefold(): p for p in await self._all_pages(owner_scope(raw))}
-        today = datetime.now(UTC).strftime("%Y-%m-%d")
-        ops: list[store_pb2.Op] = []
-        seen: set[str] = set()
-        for page_op in plan.pages:
-            key = page_op.name.casefold()
-            if key in seen or value_key(page_op.state) in refused:
-                continue
-            seen.add(key)
-            facts = [i for text, i in fed if key in text.casefold()]
-            page = page_op.page or by_name.get(key)
-            if page is None:
-                row = base(
-                    common_pb2.L8_ENTITY,
-                    page_content(page_op.name, page_op.state, []),
-                    ENTITY_LABEL,
-                )
-                row.metadata_json = page_metadata(
-                    page_op.name, page_op.kind, page_op.state, [], facts
-                )
-                ops.append(store_pb2.Op(insert=row))
-                continue
-            meta = _page_meta(page)
-            name = meta.get("entity") or page_op.name
-            state = str(meta.get("state") or "")
-            history = [h for h in meta.get("history", []) if isinstance(h, dict)]
-            if value_key(state) == value_key(page_op.state):
-                continue
-            if state:
-                since = meta.get("since") or datetime.fromtimestamp(
-                    page.updated_at or page.created_at, UTC
-                ).strftime("%Y-%m-%d")
-                entry: dict[str, Any] = {"date": str(since), "state": state}
-                if isinstance(meta.get("facts"), list):
-                    entry["facts"] = meta["facts"]
-                if meta.get("stale"):
-                    entry["stale"] = True
-                history.insert(0, entry)
-            kind = page_op.kind or str(meta.get("kind") or "")
-            new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts))
-            new_meta["since"] = today
-            ops.append(
-                update_op(
-                    page.id,
-                    content=page_content(name, page_op.state, history),
-                    metadata_json=json.dumps(new_meta, ensure_ascii=False),
-                )
-            )
-        return ops
+    async def _embed(self, texts: Sequence[str]) -> tuple[np.ndarray, str]:
+        return await self.embedder.embed(texts) if texts else (np.zeros((0, 1)), "")
 
 
-def _page_meta(page: common_pb2.Memory) -> dict[str, Any]:
-    try:
-        meta = json.loads(page.metadata_json or "{}")
-    except ValueError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _page_name(page: common_pb2.Memory) -> str:
-    name = _page_meta(page).get("entity")
-    if isinstance(name, str) and name.strip():
-        return name.strip()
-    return page.content.split(":", 1)[0].strip()

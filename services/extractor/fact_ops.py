@@ -1,0 +1,215 @@
+"""The store ops a checked extraction plan turns into: pure, over what was fetched beforehand."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from services.extractor.parse import Candidate, PageOp, Plan
+from services.extractor.prompt import page_content, page_metadata
+from shared.layers import EXPERIENCE
+from shared.pb import common_pb2, store_pb2
+from shared.store_client import retire_op, update_op
+from shared.text import value_key
+
+# A new value this close to a forgotten one counts as the forgotten one said again.
+FORGOTTEN_NEAR = 0.9
+ENTITY_LABEL = "entity"
+
+
+@dataclass
+class Turn:
+    """What building the ops of one raw row needs, fetched before."""
+
+    raw: common_pb2.Memory
+    refused: set[str]
+    """Value keys forgotten on this row's evidence (tombstones)."""
+    refused_vectors: np.ndarray
+    vectors: np.ndarray
+    """One per new fact, then one per experience, in plan order."""
+    vectors_model: str
+    dedupe_score: float
+
+
+@dataclass
+class OpBuilder:
+    """Collects inserts first and retirements last, each retirement once."""
+
+    turn: Turn
+    ops: list[store_pb2.Op] = field(default_factory=list)
+    retired: dict[str, store_pb2.Op] = field(default_factory=dict)
+    fed: list[tuple[str, str]] = field(default_factory=list)
+    """(text, id) of this turn's new facts: the page lines of the same turn cite them."""
+    refused_count: int = 0
+
+    def all_ops(self, page_ops: Sequence[store_pb2.Op] = ()) -> list[store_pb2.Op]:
+        """Inserts, then page changes, then retirements."""
+        return [*self.ops, *page_ops, *self.retired.values()]
+
+    def base(self, layer: int, content: str, label: str = "") -> store_pb2.NewMemory:
+        """A new row of the turn's owner that cites the turn."""
+        raw = self.turn.raw
+        return store_pb2.NewMemory(
+            owner=raw.owner,
+            layer=layer,  # type: ignore[arg-type]
+            content=content,
+            label=label,
+            source_ids=[raw.id],
+            metadata_json=json.dumps({"extracted_from": raw.id}),
+            write_mode=raw.write_mode,
+        )
+
+    def forgotten(self, text: str, vector: np.ndarray) -> bool:
+        """Whether a new value is one the user had forgotten on this evidence."""
+        if value_key(text) in self.turn.refused:
+            return True
+        refused = self.turn.refused_vectors
+        if not refused.shape[0]:
+            return False
+        return float(np.max(refused @ vector)) >= max(self.turn.dedupe_score, FORGOTTEN_NEAR)
+
+    def retire(self, memory: common_pb2.Memory, how: str, by: str = "", why: str = "") -> None:
+        """Retires a row once (the store keeps a preference fact's L1 mirror in step)."""
+        if memory.id not in self.retired:
+            self.retired[memory.id] = retire_op(memory.id, how, by, why)
+
+    def _with_vector(self, row: store_pb2.NewMemory, vector: np.ndarray) -> store_pb2.Op:
+        # Embedded here for the forgotten-value check: the store takes it as it is.
+        row.vector.extend(vector.tolist())
+        row.vector_model_id = self.turn.vectors_model
+        return store_pb2.Op(insert=row)
+
+    def add_facts(self, plan: Plan) -> None:
+        """New facts (the store retires what each restates), and what they replace or update."""
+        for i, fact in enumerate(plan.facts):
+            vector = self.turn.vectors[i]
+            if self.forgotten(fact.text, vector):
+                self.refused_count += 1
+                continue
+            row = self.base(common_pb2.L3_FACT, fact.text, fact.label)
+            row.ref, row.id, row.count = f"f{i}", str(uuid.uuid4()), 1
+            self.fed.append((fact.text, row.id))
+            if fact.event_at is not None:
+                row.event_at = fact.event_at
+            if fact.updates is not None:
+                row.count = max(fact.updates.count, 1) + 1
+            row.restates_at = self.turn.dedupe_score
+            self.ops.append(self._with_vector(row, vector))
+            for old in fact.replaces:
+                self.retire(old, "replaced", f"${row.ref}")
+            if fact.updates is not None:
+                self.retire(fact.updates, "updated", f"${row.ref}")
+
+    def add_experiences(self, plan: Plan) -> None:
+        """Lessons learned, kept apart from the facts about the user."""
+        for j, text in enumerate(plan.experiences, start=len(plan.facts)):
+            if self.forgotten(text, self.turn.vectors[j]):
+                self.refused_count += 1
+                continue
+            row = self.base(common_pb2.L3_FACT, text, EXPERIENCE)
+            self.ops.append(self._with_vector(row, self.turn.vectors[j]))
+
+    def add_intentions(self, plan: Plan, candidates: Sequence[Candidate]) -> None:
+        """New intentions (not one already open), and the ones the turn closed."""
+        open_keys = {value_key(c.memory.content) for c in candidates if c.kind == "intention"}
+        for intention in plan.intentions:
+            key = value_key(intention.text)
+            if key in self.turn.refused:
+                self.refused_count += 1
+                continue
+            if key in open_keys:
+                continue  # the turn continues an intention that is already open
+            open_keys.add(key)
+            row = self.base(common_pb2.L7_INTENTION, intention.text)
+            if intention.due_at is not None:
+                row.due_at = intention.due_at
+            self.ops.append(store_pb2.Op(insert=row))
+        for memory in plan.done:
+            self.retire(memory, "done", "", "done")
+        for memory in plan.moved_on:
+            self.retire(memory, "dropped", "", "moved on")
+
+
+def page_ops(
+    builder: OpBuilder, pages: Sequence[PageOp], known: dict[str, common_pb2.Memory]
+) -> list[store_pb2.Op]:
+    """Page inserts and updates: a changed state moves the old one into the history.
+
+    Each line cites the facts of its turn that name the entity, so the store can mark the line
+    stale when they are retired (a line no such fact backs never goes stale). known: the
+    owner's pages by case-folded entity name.
+    """
+    ops: list[store_pb2.Op] = []
+    seen: set[str] = set()
+    for page_op in pages:
+        key = page_op.name.casefold()
+        if key in seen or value_key(page_op.state) in builder.turn.refused:
+            continue
+        seen.add(key)
+        facts = [i for text, i in builder.fed if key in text.casefold()]
+        page = page_op.page or known.get(key)
+        if page is None:
+            row = builder.base(common_pb2.L8_ENTITY,
+                               page_content(page_op.name, page_op.state, []), ENTITY_LABEL)
+            row.metadata_json = page_metadata(page_op.name, page_op.kind, page_op.state, [], facts)
+            ops.append(store_pb2.Op(insert=row))
+        elif (op := _page_update(page, page_op, facts)) is not None:
+            ops.append(op)
+    return ops
+
+
+def _page_update(
+    page: common_pb2.Memory, page_op: PageOp, facts: list[str]
+) -> store_pb2.Op | None:
+    """The update of a known page whose state changed (None when it did not)."""
+    meta = page_meta(page)
+    name = meta.get("entity") or page_op.name
+    state = str(meta.get("state") or "")
+    if value_key(state) == value_key(page_op.state):
+        return None
+    history = [h for h in meta.get("history", []) if isinstance(h, dict)]
+    if state:
+        history.insert(0, _history_entry(page, meta, state))
+    kind = page_op.kind or str(meta.get("kind") or "")
+    new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts))
+    new_meta["since"] = datetime.now(UTC).strftime("%Y-%m-%d")
+    return update_op(
+        page.id,
+        content=page_content(name, page_op.state, history),
+        metadata_json=json.dumps(new_meta, ensure_ascii=False),
+    )
+
+
+def _history_entry(page: common_pb2.Memory, meta: dict[str, Any], state: str) -> dict[str, Any]:
+    since = meta.get("since") or datetime.fromtimestamp(
+        page.updated_at or page.created_at, UTC
+    ).strftime("%Y-%m-%d")
+    entry: dict[str, Any] = {"date": str(since), "state": state}
+    if isinstance(meta.get("facts"), list):
+        entry["facts"] = meta["facts"]
+    if meta.get("stale"):
+        entry["stale"] = True
+    return entry
+
+
+def page_meta(page: common_pb2.Memory) -> dict[str, Any]:
+    """A page's metadata object ({} when unreadable)."""
+    try:
+        meta = json.loads(page.metadata_json or "{}")
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def page_name(page: common_pb2.Memory) -> str:
+    """The entity a page is about."""
+    name = page_meta(page).get("entity")
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    return page.content.split(":", 1)[0].strip()
