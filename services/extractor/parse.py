@@ -101,77 +101,93 @@ def _text(value: Any) -> str:
 
 def read_plan(data: dict[str, Any], shown: dict[int, Candidate]) -> Plan:
     """Turns a reply into a Plan; an op naming an unknown number is dropped and counted."""
-    plan = Plan()
+    reader = _PlanReader(shown)
+    reader.facts(data)
+    reader.intentions(data)
+    reader.entities(data)
+    for item in _items(data, "experiences"):
+        text = _text(item.get("text")) if isinstance(item, dict) else _text(item)
+        if text:
+            reader.plan.experiences.append(text)
+    return reader.plan
 
-    def pick(value: Any, kind: str) -> common_pb2.Memory:
+
+def _numbers(value: Any) -> list[Any]:
+    if value is None or value == "":
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+class _PlanReader:
+    """Reads one reply's ops; only numbers that were shown, of the right kind, pass."""
+
+    def __init__(self, shown: dict[int, Candidate]) -> None:
+        self.shown = shown
+        self.plan = Plan()
+
+    def pick(self, value: Any, kind: str) -> common_pb2.Memory:
         if isinstance(value, str) and value.strip().lstrip("[").rstrip("]").isdigit():
             value = int(value.strip().lstrip("[").rstrip("]"))
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Unknown(value)
-        candidate = shown.get(value)
+        candidate = self.shown.get(value)
         if candidate is None or candidate.kind != kind:
             raise _Unknown(value)
         return candidate.memory
 
-    def numbers(value: Any) -> list[Any]:
-        if value is None or value == "":
-            return []
-        return value if isinstance(value, list) else [value]
-
-    def drop(what: str, item: Any) -> None:
-        plan.dropped += 1
+    def drop(self, what: str, item: Any) -> None:
+        self.plan.dropped += 1
         log.warning("dropped a %s op naming a number that was not shown: %.200r", what, item)
 
-    for item in _items(data, "facts"):
-        if isinstance(item, str):
-            item = {"text": item}
-        if not isinstance(item, dict) or not _text(item.get("text")):
-            continue
-        label = _text(item.get("label"))
-        try:
-            op = FactOp(
-                text=_text(item["text"]),
-                event_at=parse_date(item.get("event_at")),
-                label=label if label in FACT_LABELS else "",
-                replaces=[pick(n, "fact") for n in numbers(item.get("replaces"))],
-                updates=next(iter(pick(n, "fact") for n in numbers(item.get("updates"))), None),
-            )
-        except _Unknown:
-            drop("fact", item)
-            continue
-        plan.facts.append(op)
-
-    for item in _items(data, "intentions"):
-        if isinstance(item, str):
-            item = {"text": item}
-        if isinstance(item, dict) and _text(item.get("text")):
-            plan.intentions.append(
-                IntentionOp(_text(item["text"]), parse_date(item.get("due_at")))
-            )
-
-    for key, target in (("intentions_done", plan.done), ("intentions_moved_on", plan.moved_on)):
-        for value in _items(data, key):
+    def facts(self, data: dict[str, Any]) -> None:
+        for item in _items(data, "facts"):
+            if isinstance(item, str):
+                item = {"text": item}
+            if not isinstance(item, dict) or not _text(item.get("text")):
+                continue
+            label = _text(item.get("label"))
             try:
-                target.append(pick(value, "intention"))
+                op = FactOp(
+                    text=_text(item["text"]),
+                    event_at=parse_date(item.get("event_at")),
+                    label=label if label in FACT_LABELS else "",
+                    replaces=[self.pick(n, "fact") for n in _numbers(item.get("replaces"))],
+                    updates=next(
+                        iter(self.pick(n, "fact") for n in _numbers(item.get("updates"))), None
+                    ),
+                )
             except _Unknown:
-                drop(key, value)
+                self.drop("fact", item)
+                continue
+            self.plan.facts.append(op)
 
-    for item in _items(data, "entities"):
-        if not isinstance(item, dict):
-            continue
-        if not _text(item.get("name")) or not _text(item.get("state")):
-            continue
-        try:
-            page = next(iter(pick(n, "page") for n in numbers(item.get("page"))), None)
-        except _Unknown:
-            drop("entity", item)
-            continue
-        plan.pages.append(
-            PageOp(_text(item["name"]), _text(item["state"]), _text(item.get("kind")), page)
-        )
+    def intentions(self, data: dict[str, Any]) -> None:
+        for item in _items(data, "intentions"):
+            if isinstance(item, str):
+                item = {"text": item}
+            if isinstance(item, dict) and _text(item.get("text")):
+                self.plan.intentions.append(
+                    IntentionOp(_text(item["text"]), parse_date(item.get("due_at")))
+                )
+        closed = (("intentions_done", self.plan.done), ("intentions_moved_on", self.plan.moved_on))
+        for key, target in closed:
+            for value in _items(data, key):
+                try:
+                    target.append(self.pick(value, "intention"))
+                except _Unknown:
+                    self.drop(key, value)
 
-    for item in _items(data, "experiences"):
-        text = _text(item.get("text")) if isinstance(item, dict) else _text(item)
-        if text:
-            plan.experiences.append(text)
-    return plan
+    def entities(self, data: dict[str, Any]) -> None:
+        for item in _items(data, "entities"):
+            if not isinstance(item, dict):
+                continue
+            if not _text(item.get("name")) or not _text(item.get("state")):
+                continue
+            try:
+                page = next(iter(self.pick(n, "page") for n in _numbers(item.get("page"))), None)
+            except _Unknown:
+                self.drop("entity", item)
+                continue
+            self.plan.pages.append(
+                PageOp(_text(item["name"]), _text(item["state"]), _text(item.get("kind")), page)
+            )
