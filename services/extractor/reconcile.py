@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from services.extractor.prompt import TURN_CLOSE, TURN_OPEN
+from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, ReplySchema, array_of, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
@@ -71,18 +73,11 @@ class Reconciler:
         model_id: str,
     ) -> int:
         """Compares new facts with stored ones at >= 0.70; returns how many ops were applied."""
-        fresh = {m.id for m in new_facts}
-        stored: dict[str, common_pb2.Memory] = {}
-        for vector in vectors:
-            for hit in await self.store.vector_search(
-                scope, vector, model_id, [common_pb2.L3_FACT], PER_FACT + len(fresh), SIMILAR
-            ):
-                if hit.memory.id not in fresh and hit.memory.label != "task_experience":
-                    stored.setdefault(hit.memory.id, hit.memory)
+        stored = await self._stored_near(scope, new_facts, vectors, model_id)
         if not stored:
             return 0
         new_numbers = {i: m for i, m in enumerate(new_facts, start=1)}
-        old_numbers = {i: m for i, m in enumerate(stored.values(), start=len(new_facts) + 1)}
+        old_numbers = {i: m for i, m in enumerate(stored, start=len(new_facts) + 1)}
         lines = ["New facts:"]
         lines += [f"[{n}] {m.content}" for n, m in new_numbers.items()]
         lines.append("Stored facts:")
@@ -92,10 +87,42 @@ class Reconciler:
             [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines)}],
             RECONCILE_SCHEMA,
         )
+        ops = self._ops(reply.get("ops"), new_numbers, old_numbers)
+        if ops:
+            await self.store.apply(scope, ops, "extractor", "reconcile")
+        return len(ops)
+
+    async def _stored_near(
+        self,
+        scope: common_pb2.Scope,
+        new_facts: Sequence[common_pb2.Memory],
+        vectors: Sequence[Any],
+        model_id: str,
+    ) -> list[common_pb2.Memory]:
+        """Stored facts (not experiences, not the new ones) near any new fact, each once."""
+        fresh = {m.id for m in new_facts}
+        found = await asyncio.gather(*(
+            self.store.vector_search(
+                scope, v, model_id, [common_pb2.L3_FACT], PER_FACT + len(fresh), SIMILAR
+            )
+            for v in vectors
+        ))
+        stored: dict[str, common_pb2.Memory] = {}
+        for hit in (h for hits in found for h in hits):
+            if hit.memory.id not in fresh and hit.memory.label != EXPERIENCE:
+                stored.setdefault(hit.memory.id, hit.memory)
+        return list(stored.values())
+
+    def _ops(
+        self,
+        raw_ops: Any,
+        new_numbers: dict[int, common_pb2.Memory],
+        old_numbers: dict[int, common_pb2.Memory],
+    ) -> list[store_pb2.Op]:
+        """The checked ops of a reply: numbers not shown are dropped and counted."""
         ops: list[store_pb2.Op] = []
         touched: set[str] = set()
         links: dict[str, list[str]] = {}
-        raw_ops = reply.get("ops")
         for item in raw_ops if isinstance(raw_ops, list) else []:
             if not isinstance(item, dict):
                 continue
@@ -107,22 +134,25 @@ class Reconciler:
                 self.dropped += 1
                 log.warning("dropped a reconcile op naming numbers that were not shown: %.200r",
                             item)
-                continue
-            if kind == "LINK":
+            elif kind == "LINK":
                 links.setdefault(new.id, []).append(old.id)
-                continue
-            if old.id in touched:
-                continue
-            touched.add(old.id)
-            how = "updated" if kind == "UPDATE" else "replaced"
-            ops.append(retire_op(old.id, how, new.id, "reconcile"))
-            if kind == "UPDATE":
-                ops.append(update_op(new.id, count=max(old.count, 1) + max(new.count, 1)))
-        for new_id, old_ids in links.items():
-            memory = next(m for m in new_facts if m.id == new_id)
-            meta = json.loads(memory.metadata_json or "{}")
-            meta["links"] = sorted(set(meta.get("links", [])) | set(old_ids))
-            ops.append(update_op(new_id, metadata_json=json.dumps(meta)))
-        if ops:
-            await self.store.apply(scope, ops, "extractor", "reconcile")
-        return len(ops)
+            elif old.id not in touched:
+                touched.add(old.id)
+                how = "updated" if kind == "UPDATE" else "replaced"
+                ops.append(retire_op(old.id, how, new.id, "reconcile"))
+                if kind == "UPDATE":
+                    ops.append(update_op(new.id, count=max(old.count, 1) + max(new.count, 1)))
+        return ops + _link_ops(links, new_numbers.values())
+
+
+def _link_ops(
+    links: dict[str, list[str]], new_facts: Iterable[common_pb2.Memory]
+) -> list[store_pb2.Op]:
+    """Each new fact's metadata gains the stored facts it was linked to."""
+    by_id = {m.id: m for m in new_facts}
+    ops = []
+    for new_id, old_ids in links.items():
+        meta = json.loads(by_id[new_id].metadata_json or "{}")
+        meta["links"] = sorted(set(meta.get("links", [])) | set(old_ids))
+        ops.append(update_op(new_id, metadata_json=json.dumps(meta)))
+    return ops
