@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.readiness import service_states
 from gateway.shapes import list_item, rfc3339
 from gateway.state import CONFIG, STORE
+from shared.aliases import Aliases
 from shared.errors import InvalidArgument, NotFound, PermissionDenied
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
@@ -84,6 +85,8 @@ def _plain(value: Any) -> Any:
     """A setting value as JSON: paths and sets as text, durations in seconds."""
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, Aliases):
+        return _plain(value.groups)
     if isinstance(value, frozenset | set):
         return sorted(value)
     if isinstance(value, tuple):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.aliases import Aliases
 from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -124,16 +125,6 @@ def read_int(environ: Mapping[str, str], name: str, default: int, lo: int, hi: i
     return value
 
 
-def parse_aliases(raw: str) -> tuple[tuple[str, ...], ...]:
-    """HYATLAS_USER_ALIASES: groups split by ';', ids in a group by ','."""
-    groups = []
-    for chunk in raw.split(";"):
-        ids = tuple(dict.fromkeys(part.strip() for part in chunk.split(",") if part.strip()))
-        if len(ids) > 1:
-            groups.append(ids)
-    return tuple(groups)
-
-
 def _host_entries(raw: str) -> frozenset[str]:
     hosts = set()
     for entry in raw.split(","):
@@ -228,7 +219,7 @@ class Settings:
     raw_retention_s: float | None = None
     """HYATLAS_RAW_RETENTION: age after which uncited raw rows are deleted (ultra, opt-in)."""
 
-    user_aliases: tuple[tuple[str, ...], ...] = ()
+    user_aliases: Aliases = Aliases()
     """HYATLAS_USER_ALIASES: groups of user ids that are one person."""
     min_score: float = 0.60
     """HYATLAS_MIN_SCORE: vector hits below this cosine are dropped; 0 disables the floor."""
@@ -272,20 +263,6 @@ class Settings:
     def address(self, service: str) -> str:
         """The gRPC address of one service."""
         return self.addresses[service]
-
-    def alias_group(self, user_id: str) -> tuple[str, ...]:
-        """Every user id that is the same person as user_id, user_id first."""
-        for group in self.user_aliases:
-            if user_id in group:
-                return (user_id, *[other for other in group if other != user_id])
-        return (user_id,)
-
-    def canonical_user(self, user_id: str) -> str:
-        """The first id of user_id's alias group (where episodes and Now pages are kept)."""
-        for group in self.user_aliases:
-            if user_id in group:
-                return group[0]
-        return user_id
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -371,7 +348,7 @@ class Settings:
             consolidate_recluster_s=read_duration(env, "HYATLAS_CONSOLIDATE_RECLUSTER", None),
             cross_schema_every_s=read_duration(env, "HYATLAS_CROSS_SCHEMA_EVERY", 24 * 3600.0),
             raw_retention_s=read_duration(env, "HYATLAS_RAW_RETENTION", None),
-            user_aliases=parse_aliases(text("HYATLAS_USER_ALIASES")),
+            user_aliases=Aliases.parse(text("HYATLAS_USER_ALIASES")),
             min_score=read_float(env, "HYATLAS_MIN_SCORE", 0.60, 0.0, 1.0),
             dedupe_score=read_float(env, "HYATLAS_DEDUPE_SCORE", 0.92, 0.0, 1.0),
             catchup_every_s=read_duration(env, "HYATLAS_CATCHUP_EVERY", 600.0),

@@ -13,9 +13,10 @@ from services.embedder.config import EmbedderConfig
 from services.extractor.config import ExtractorConfig
 from services.search.config import SearchConfig
 from services.store.config import StoreConfig
+from shared.aliases import Aliases
 from shared.errors import ConfigError
 from shared.runtime import apply_log_level
-from shared.settings import Settings, parse_aliases, parse_go_duration, read_duration
+from shared.settings import Settings, parse_go_duration, read_duration
 
 
 @pytest.mark.parametrize(
@@ -109,12 +110,13 @@ def test_pro_mode_may_turn_consolidation_off() -> None:
 
 
 def test_aliases_group_ids_and_ignore_singletons() -> None:
-    groups = parse_aliases(" 221727702992945152, default ,hermes-memory-archive; solo ;a,b,a")
-    assert groups == (("221727702992945152", "default", "hermes-memory-archive"), ("a", "b"))
+    groups = Aliases.parse(" 221727702992945152, default ,hermes-memory-archive; solo ;a,b,a")
+    assert groups.groups == (
+        ("221727702992945152", "default", "hermes-memory-archive"), ("a", "b"))
     s = Settings.from_env({"HYATLAS_USER_ALIASES": "alice,al;bob,robert"})
-    assert s.alias_group("al") == ("al", "alice")
-    assert s.alias_group("carol") == ("carol",)
-    assert s.canonical_user("robert") == "bob"
+    assert s.user_aliases.group("al") == ("al", "alice")
+    assert s.user_aliases.group("carol") == ("carol",)
+    assert s.user_aliases.canonical("robert") == "bob"
 
 
 def test_allowed_hosts_drop_ports_and_lowercase() -> None:

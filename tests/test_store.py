@@ -14,6 +14,7 @@ import pytest
 
 from services.store.config import StoreConfig
 from services.store.server import running_server
+from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
@@ -307,7 +308,7 @@ async def test_a_scope_reaches_every_user_of_its_alias_group(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
     async with serving_store(
-        tmp_path, embedder_address, user_aliases=(("alice", "alice-discord"),)
+        tmp_path, embedder_address, user_aliases=Aliases((("alice", "alice-discord"),))
     ) as stub:
         (a,) = await apply(stub, insert("Alice plays the violin"))
         (b,) = await apply(

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.aliases import Aliases
 from shared.llm import LlmSettings
 from shared.settings import Settings
 
@@ -40,7 +41,7 @@ class ConsolidatorConfig:
     """HYATLAS_CROSS_SCHEMA_EVERY: least time between cross-topic passes of one owner."""
     raw_retention_s: float | None = None
     """HYATLAS_RAW_RETENTION: age after which uncited raw rows are deleted (None: never)."""
-    user_aliases: tuple[tuple[str, ...], ...] = ()
+    user_aliases: Aliases = Aliases()
     """HYATLAS_USER_ALIASES: ids of one person are consolidated together."""
     budget_s: float = 600.0
     """How long one pass may keep starting calls."""

@@ -17,7 +17,6 @@ from shared.errors import ServiceError
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
-from shared.settings import Settings
 from shared.store_client import GraphStoreClient
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             GraphStoreClient(store_channel, timeout_s=120.0),
             EmbedderClient(embedder_channel),
             config.llm.client(),
-            Settings(user_aliases=config.user_aliases).canonical_user,
+            config.user_aliases.canonical,
         )
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")
 

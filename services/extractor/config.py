@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shared.aliases import Aliases
 from shared.llm import LlmSettings
 from shared.settings import Settings, read_duration
 
@@ -46,7 +47,7 @@ class ExtractorConfig:
     """HYATLAS_NOW_EVERY: least time between Now page rebuilds; None: after every write."""
     episode_gap_s: float | None = 30 * 60.0
     """HYATLAS_EPISODE_GAP: a pause that ends an episode of work; None: no episode summaries."""
-    user_aliases: tuple[tuple[str, ...], ...] = ()
+    user_aliases: Aliases = Aliases()
     """HYATLAS_USER_ALIASES: Now pages and episodes are kept under a group's first id."""
     stop_grace_s: float = 10.0
     """How long a clean stop waits for extractions in flight."""

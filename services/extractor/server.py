@@ -19,7 +19,6 @@ from shared.clients import EmbedderClient
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
-from shared.settings import Settings
 from shared.store_client import StoreClient
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             store,
             extraction.llm,
             lambda: llm_state(config.mode, extraction.llm) == "ok",
-            Settings(user_aliases=config.user_aliases).canonical_user,
+            config.user_aliases.canonical,
             config.now_every_s,
             config.episode_gap_s,
             config.mode,

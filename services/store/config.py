@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.aliases import Aliases
 from shared.settings import Settings, read_duration
 
 
@@ -20,7 +21,7 @@ class StoreConfig:
     """The store's gRPC listen address."""
     embedder_address: str
     """The embedder's gRPC address; every stored text is embedded there."""
-    user_aliases: tuple[tuple[str, ...], ...] = ()
+    user_aliases: Aliases = Aliases()
     """Groups of user ids that are one person: a scope reaches the whole group."""
     save_every_s: float | None = 30.0
     """How often changed vector indexes are saved (None: only on Flush and shutdown)."""

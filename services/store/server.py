@@ -15,7 +15,6 @@ from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, until_stopped
-from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +28,13 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
         await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
         embedder = EmbedderClient(channel)
         info = await embedder.describe()
-        aliases = Settings(user_aliases=config.user_aliases)
         store = await stack.enter_async_context(
             open_store(
                 config.data_dir,
                 embedder,
                 info.model_id,
                 info.ndim,
-                aliases.alias_group,
+                config.user_aliases.group,
                 config.save_every_s,
                 config.exact_search_up_to,
             )
