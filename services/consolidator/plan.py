@@ -126,94 +126,108 @@ def read_plan(
         wanted = str if key == "arc" else list
         if not isinstance(reply[key], wanted):
             raise PartialReply(f"{key!r} is not a {wanted.__name__}")
-    plan = Plan()
-    used: set[int] = set()
-    shown = len(sources)
+    reader = _PlanReader(sources, edges_shown)
+    reader.merges(reply.get("merges", []))
+    reader.drops(reply.get("drops", []))
+    reader.schemas(reply.get("schemas", []))
+    reader.edges(reply.get("edges", []))
+    reader.end_edges(reply.get("end_edges", []))
+    reader.plan.arc = _text(reply.get("arc"), TEXT_CHARS)
+    return reader.plan
 
-    def facts_of(item: dict[str, Any], what: str, least: int) -> tuple[int, ...] | None:
+
+class _PlanReader:
+    """Checks each op of one reply; a fact serves one merge or drop at most."""
+
+    def __init__(self, sources: Sequence[Sequence[str]], edges_shown: int) -> None:
+        self.plan = Plan()
+        self.sources = sources
+        self.edges_shown = edges_shown
+        self.used: set[int] = set()
+
+    def refuse(self, why: str) -> None:
+        self.plan.refused.append(why)
+
+    def facts_of(self, item: dict[str, Any], what: str, least: int) -> tuple[int, ...] | None:
         raw = item.get("facts")
         if not isinstance(raw, list):
-            plan.refused.append(f"{what}: no facts listed")
+            self.refuse(f"{what}: no facts listed")
             return None
         numbers = [number(v) for v in raw]
-        if any(n is None or not 1 <= n <= shown for n in numbers):
-            plan.refused.append(f"{what}: names a fact number that was not shown: {raw!r:.80}")
+        if any(n is None or not 1 <= n <= len(self.sources) for n in numbers):
+            self.refuse(f"{what}: names a fact number that was not shown: {raw!r:.80}")
             return None
         picked = tuple(dict.fromkeys(n - 1 for n in numbers if n is not None))
         if len(picked) < least:
-            plan.refused.append(f"{what}: needs at least {least} facts")
+            self.refuse(f"{what}: needs at least {least} facts")
             return None
         return picked
 
-    for item in reply.get("merges", []):
-        if not isinstance(item, dict):
-            plan.refused.append("merge: not an object")
-            continue
-        facts = facts_of(item, "merge", 2)
-        if facts is None:
-            continue
-        if used & set(facts):
-            plan.refused.append("merge: a fact is already used by another op")
-            continue
-        used |= set(facts)
-        plan.merges.append(Merge(facts, _text(item.get("text"), TEXT_CHARS)))
-    for item in reply.get("drops", []):
-        n = number(item.get("fact")) if isinstance(item, dict) else None
-        if n is None or not 1 <= n <= shown:
-            plan.refused.append(f"drop: names a fact number that was not shown: {item!r:.80}")
-            continue
-        reason = _text(item.get("reason"), TEXT_CHARS)
-        if not reason:
-            plan.refused.append("drop: no reason given")
-            continue
-        if n - 1 in used:
-            plan.refused.append("drop: the fact is already used by another op")
-            continue
-        used.add(n - 1)
-        plan.drops.append(Drop(n - 1, reason))
-    dropped = {d.fact for d in plan.drops}
-    for item in reply.get("schemas", []):
-        if not isinstance(item, dict) or not _text(item.get("text"), TEXT_CHARS):
-            plan.refused.append("schema: no text")
-            continue
-        facts = facts_of(item, "schema", 2)
-        if facts is None:
-            continue
-        if dropped & set(facts):
-            plan.refused.append("schema: rests on a fact this pass drops")
-            continue
-        plan.schemas.append(Schema(_text(item["text"], TEXT_CHARS), facts))
-    for item in reply.get("edges", []):
-        if not isinstance(item, dict):
-            plan.refused.append("edge: not an object")
-            continue
-        names = [_text(item.get(k), NAME_CHARS) for k in ("subject", "relation", "object")]
-        if not all(names):
-            plan.refused.append("edge: needs subject, relation and object")
-            continue
-        facts = facts_of(item, "edge", 1)
-        if facts is None:
-            continue
-        if dropped & set(facts):
-            plan.refused.append("edge: rests on a fact this pass drops")
-            continue
-        turns = {turn for i in facts for turn in sources[i]}
-        if len(turns) < 2:
-            plan.refused.append(
-                f"edge {names[0]} {names[1]} {names[2]}: corroborated by one turn only"
-            )
-            continue
-        plan.edges.append(
-            EdgeOp(names[0], names[1], names[2], facts, parse_date(item.get("valid_from")))
-        )
-    for item in reply.get("end_edges", []):
-        n = _edge_number(item.get("edge")) if isinstance(item, dict) else None
-        if n is None or not 1 <= n <= edges_shown:
-            plan.refused.append(f"end_edge: names an edge that was not shown: {item!r:.80}")
-            continue
-        plan.end_edges.append(EndEdge(n - 1, parse_date(item.get("valid_to"))))
-    plan.arc = _text(reply.get("arc"), TEXT_CHARS)
-    return plan
+    def merges(self, items: list[Any]) -> None:
+        for item in items:
+            if not isinstance(item, dict):
+                self.refuse("merge: not an object")
+            elif (facts := self.facts_of(item, "merge", 2)) is None:
+                continue
+            elif self.used & set(facts):
+                self.refuse("merge: a fact is already used by another op")
+            else:
+                self.used |= set(facts)
+                self.plan.merges.append(Merge(facts, _text(item.get("text"), TEXT_CHARS)))
+
+    def drops(self, items: list[Any]) -> None:
+        for item in items:
+            n = number(item.get("fact")) if isinstance(item, dict) else None
+            reason = _text(item.get("reason"), TEXT_CHARS) if isinstance(item, dict) else ""
+            if n is None or not 1 <= n <= len(self.sources):
+                self.refuse(f"drop: names a fact number that was not shown: {item!r:.80}")
+            elif not reason:
+                self.refuse("drop: no reason given")
+            elif n - 1 in self.used:
+                self.refuse("drop: the fact is already used by another op")
+            else:
+                self.used.add(n - 1)
+                self.plan.drops.append(Drop(n - 1, reason))
+
+    def _dropped(self) -> set[int]:
+        return {d.fact for d in self.plan.drops}
+
+    def schemas(self, items: list[Any]) -> None:
+        for item in items:
+            if not isinstance(item, dict) or not _text(item.get("text"), TEXT_CHARS):
+                self.refuse("schema: no text")
+            elif (facts := self.facts_of(item, "schema", 2)) is None:
+                continue
+            elif self._dropped() & set(facts):
+                self.refuse("schema: rests on a fact this pass drops")
+            else:
+                self.plan.schemas.append(Schema(_text(item["text"], TEXT_CHARS), facts))
+
+    def edges(self, items: list[Any]) -> None:
+        for item in items:
+            if not isinstance(item, dict):
+                self.refuse("edge: not an object")
+                continue
+            names = [_text(item.get(k), NAME_CHARS) for k in ("subject", "relation", "object")]
+            if not all(names):
+                self.refuse("edge: needs subject, relation and object")
+            elif (facts := self.facts_of(item, "edge", 1)) is None:
+                continue
+            elif self._dropped() & set(facts):
+                self.refuse("edge: rests on a fact this pass drops")
+            elif len({turn for i in facts for turn in self.sources[i]}) < 2:
+                self.refuse(f"edge {names[0]} {names[1]} {names[2]}: corroborated by one turn only")
+            else:
+                self.plan.edges.append(EdgeOp(
+                    names[0], names[1], names[2], facts, parse_date(item.get("valid_from"))))
+
+    def end_edges(self, items: list[Any]) -> None:
+        for item in items:
+            n = _edge_number(item.get("edge")) if isinstance(item, dict) else None
+            if n is None or not 1 <= n <= self.edges_shown:
+                self.refuse(f"end_edge: names an edge that was not shown: {item!r:.80}")
+            else:
+                self.plan.end_edges.append(EndEdge(n - 1, parse_date(item.get("valid_to"))))
 
 
 Pattern = tuple[str, tuple[int, ...]]
