@@ -96,17 +96,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _flat_settings(settings: Settings) -> dict[str, Any]:
+    """Every setting by name; the LLM's as llm_<name> (llm_base, llm_key, ...)."""
+    flat = {spec.name: getattr(settings, spec.name) for spec in fields(settings)}
+    llm = flat.pop("llm")
+    flat.update({f"llm_{spec.name}": getattr(llm, spec.name) for spec in fields(llm)})
+    return flat
+
+
 def public_settings(settings: Settings) -> dict[str, Any]:
     """Every setting in force, credentials replaced by whether they are set."""
     shown: dict[str, Any] = {}
-    for spec in fields(settings):
-        value = getattr(settings, spec.name)
-        if spec.name in SECRET_SETTINGS:
-            shown[spec.name] = "(set)" if value else "(not set)"
-        elif spec.name in URL_SETTINGS and isinstance(value, str):
-            shown[spec.name] = _without_userinfo(value)
+    for name, value in _flat_settings(settings).items():
+        if name in SECRET_SETTINGS:
+            shown[name] = "(set)" if value else "(not set)"
+        elif name in URL_SETTINGS and isinstance(value, str):
+            shown[name] = _without_userinfo(value)
         else:
-            shown[spec.name] = _plain(value)
+            shown[name] = _plain(value)
     return shown
 
 

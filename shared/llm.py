@@ -15,7 +15,7 @@ import openai
 from openai import AsyncOpenAI
 
 from shared.errors import ServiceError, Unavailable
-from shared.settings import Settings
+from shared.settings import LlmSettings
 
 log = logging.getLogger(__name__)
 
@@ -351,53 +351,15 @@ def _first_object(text: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class LlmSettings:
-    """Where and how a service calls the LLM: the HYATLAS_LLM_* settings in one place."""
-
-    base: str = ""
-    """HYATLAS_LLM_BASE: the primary OpenAI-compatible endpoint."""
-    model: str = ""
-    """HYATLAS_LLM_MODEL: the primary model."""
-    key: str = ""
-    """HYATLAS_LLM_KEY: the key used when no posted key or key file gives one."""
-    key_file: str = ""
-    """HYATLAS_LLM_KEY_FILE: a plain-text key file, read on every call."""
-    fallback_model: str = ""
-    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails; empty: no fallback."""
-    fallback_base: str = ""
-    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
-    fallback_key: str | None = None
-    """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
-    timeout_s: float = 300.0
-    """HYATLAS_EXTRACT_TIMEOUT: how long one call may take."""
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    """HYATLAS_LLM_MAX_TOKENS: the longest reply a call may ask for."""
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LlmSettings:
-        """The LLM part of the server's settings."""
-        return cls(
-            base=settings.llm_base,
-            model=settings.llm_model,
-            key=settings.llm_key,
-            key_file=settings.llm_key_file,
-            fallback_model=settings.llm_fallback_model,
-            fallback_base=settings.llm_fallback_base,
-            fallback_key=settings.llm_fallback_key,
-            timeout_s=settings.extract_timeout_s,
-            max_tokens=settings.llm_max_tokens,
-        )
-
-    def client(self) -> LlmClient:
-        """A client for these settings."""
-        return LlmClient(
-            base=self.base,
-            model=self.model,
-            keys=LlmKeys(self.key, self.key_file),
-            timeout_s=self.timeout_s,
-            fallback_model=self.fallback_model,
-            fallback_base=self.fallback_base,
-            fallback_key=self.fallback_key,
-            max_tokens=self.max_tokens,
-        )
+def llm_client(settings: LlmSettings) -> LlmClient:
+    """A client for the LLM settings in force."""
+    return LlmClient(
+        base=settings.base,
+        model=settings.model,
+        keys=LlmKeys(settings.key, settings.key_file),
+        timeout_s=settings.timeout_s,
+        fallback_model=settings.fallback_model,
+        fallback_base=settings.fallback_base,
+        fallback_key=settings.fallback_key,
+        max_tokens=settings.max_tokens,
+    )

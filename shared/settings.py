@@ -140,6 +140,40 @@ def _host_entries(raw: str) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class LlmSettings:
+    """Where and how a service calls the LLM: the HYATLAS_LLM_* settings in one place."""
+
+    base: str = ""
+    """HYATLAS_LLM_BASE: the primary OpenAI-compatible endpoint."""
+    model: str = ""
+    """HYATLAS_LLM_MODEL: the primary model."""
+    key: str = ""
+    """HYATLAS_LLM_KEY: the key used when no posted key or key file gives one."""
+    key_file: str = ""
+    """HYATLAS_LLM_KEY_FILE: a plain-text key file, read on every call."""
+    fallback_model: str = ""
+    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails; empty: no fallback."""
+    fallback_base: str = ""
+    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (empty: the primary's)."""
+    fallback_key: str | None = None
+    """HYATLAS_LLM_FALLBACK_KEY: None reuses the primary's key on the primary's host only."""
+    timeout_s: float = 300.0
+    """HYATLAS_EXTRACT_TIMEOUT: how long one call may take."""
+    max_tokens: int = 1024
+    """HYATLAS_LLM_MAX_TOKENS: the longest reply a call may ask for."""
+
+    @property
+    def endpoint(self) -> bool:
+        """Whether base and model are set (a key may still arrive)."""
+        return bool(self.base and self.model)
+
+    @property
+    def configured(self) -> bool:
+        """Whether base, model and a key source are all set."""
+        return self.endpoint and bool(self.key or self.key_file)
+
+
+@dataclass(frozen=True)
 class Settings:
     """The server's settings, as HYATLAS_* variables give them."""
 
@@ -179,26 +213,10 @@ class Settings:
     """HYATLAS_MODE: lite | pro | ultra."""
     sync_extract: bool = False
     """HYATLAS_SYNC_EXTRACT: whether a write waits for extraction (default: pro on, ultra off)."""
-    llm_base: str = ""
-    """HYATLAS_LLM_BASE: OpenAI-compatible endpoint for extraction."""
-    llm_model: str = ""
-    """HYATLAS_LLM_MODEL: the extraction model."""
-    llm_key: str = ""
-    """HYATLAS_LLM_KEY: the extraction key."""
-    llm_key_file: str = ""
-    """HYATLAS_LLM_KEY_FILE: a plain-text key file read on every call."""
-    llm_fallback_model: str = ""
-    """HYATLAS_LLM_FALLBACK_MODEL: tried when the primary fails."""
-    llm_fallback_base: str = ""
-    """HYATLAS_LLM_FALLBACK_BASE: the fallback's endpoint (default: the primary's)."""
-    llm_fallback_key: str | None = None
-    """HYATLAS_LLM_FALLBACK_KEY: the fallback's key (unset: the primary's, same host only)."""
-    llm_max_tokens: int = 1024
-    """HYATLAS_LLM_MAX_TOKENS: the most tokens one LLM reply may take."""
+    llm: LlmSettings = LlmSettings()
+    """The HYATLAS_LLM_* settings and HYATLAS_EXTRACT_TIMEOUT."""
     startup_wait_s: float = 10.0
     """HYATLAS_STARTUP_WAIT: how long a request waits for a store that is not answering yet."""
-    extract_timeout_s: float = 300.0
-    """HYATLAS_EXTRACT_TIMEOUT: how long one extraction call may take."""
     reconcile: bool = False
     """HYATLAS_RECONCILE: a second LLM call on similar facts after extraction."""
 
@@ -254,11 +272,6 @@ class Settings:
     def uses_llm(self) -> bool:
         """Whether the mode makes LLM calls at all."""
         return self.mode != "lite"
-
-    @property
-    def llm_configured(self) -> bool:
-        """Whether base, model and a key source are all set."""
-        return bool(self.llm_base and self.llm_model and (self.llm_key or self.llm_key_file))
 
     def address(self, service: str) -> str:
         """The gRPC address of one service."""
@@ -329,16 +342,18 @@ class Settings:
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
             mode=mode,
             sync_extract=sync_extract,
-            llm_base=text("HYATLAS_LLM_BASE"),
-            llm_model=text("HYATLAS_LLM_MODEL"),
-            llm_key=text("HYATLAS_LLM_KEY"),
-            llm_key_file=text("HYATLAS_LLM_KEY_FILE"),
-            llm_fallback_model=text("HYATLAS_LLM_FALLBACK_MODEL"),
-            llm_fallback_base=text("HYATLAS_LLM_FALLBACK_BASE"),
-            llm_fallback_key=fallback_key.strip() if fallback_key is not None else None,
-            llm_max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
+            llm=LlmSettings(
+                base=text("HYATLAS_LLM_BASE"),
+                model=text("HYATLAS_LLM_MODEL"),
+                key=text("HYATLAS_LLM_KEY"),
+                key_file=text("HYATLAS_LLM_KEY_FILE"),
+                fallback_model=text("HYATLAS_LLM_FALLBACK_MODEL"),
+                fallback_base=text("HYATLAS_LLM_FALLBACK_BASE"),
+                fallback_key=fallback_key.strip() if fallback_key is not None else None,
+                timeout_s=read_duration(env, "HYATLAS_EXTRACT_TIMEOUT", 300.0) or 300.0,
+                max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
+            ),
             startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,
-            extract_timeout_s=read_duration(env, "HYATLAS_EXTRACT_TIMEOUT", 300.0) or 300.0,
             reconcile=read_switch(env, "HYATLAS_RECONCILE", False),
             consolidate_every_s=consolidate_every,
             consolidate_batch=read_int(env, "HYATLAS_CONSOLIDATE_BATCH", 50, 2, 1000),

@@ -65,7 +65,7 @@ def test_defaults_match_the_reference(tmp_path: Path) -> None:
     assert s.episode_gap_s == 1800 and s.now_every_s == 900
     assert s.raw_retention_s is None and s.consolidate_recluster_s is None
     assert s.admin is False and s.recency is True and s.usage_learning is True
-    assert s.extract_timeout_s == 300
+    assert s.llm.timeout_s == 300
     assert s.snapshot_dir == Path(str(tmp_path) + "-snapshots")
     assert s.address("store") == f"unix:{tmp_path / 'run' / 'store.sock'}"
 
@@ -126,9 +126,9 @@ def test_allowed_hosts_drop_ports_and_lowercase() -> None:
 
 def test_llm_is_configured_only_with_base_model_and_a_key() -> None:
     base = {"HYATLAS_LLM_BASE": "http://127.0.0.1:1/v1", "HYATLAS_LLM_MODEL": "m"}
-    assert not Settings.from_env(base).llm_configured
-    assert Settings.from_env({**base, "HYATLAS_LLM_KEY": "k"}).llm_configured
-    assert Settings.from_env({**base, "HYATLAS_LLM_KEY_FILE": "/tmp/k"}).llm_configured
+    assert not Settings.from_env(base).llm.configured
+    assert Settings.from_env({**base, "HYATLAS_LLM_KEY": "k"}).llm.configured
+    assert Settings.from_env({**base, "HYATLAS_LLM_KEY_FILE": "/tmp/k"}).llm.configured
 
 
 def test_every_service_takes_the_log_level(tmp_path: Path) -> None:

@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
-from shared.llm import LlmSettings
-from shared.settings import Settings
+from shared.settings import LlmSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class ConsolidatorConfig:
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,
-            llm=LlmSettings.from_settings(settings),
+            llm=settings.llm,
             every_s=settings.consolidate_every_s or 6 * 3600.0,
             catchup_s=settings.consolidate_catchup_s,
             batch=settings.consolidate_batch,

@@ -14,6 +14,7 @@ from services.consolidator.passes import Busy, Consolidator
 from services.consolidator.servicer import ConsolidatorServicer
 from shared.clients import EmbedderClient
 from shared.errors import ServiceError
+from shared.llm import llm_client
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
@@ -61,7 +62,7 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             config,
             GraphStoreClient(store_channel, timeout_s=120.0),
             EmbedderClient(embedder_channel),
-            config.llm.client(),
+            llm_client(config.llm),
             config.user_aliases.canonical,
         )
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")

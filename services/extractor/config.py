@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
-from shared.llm import LlmSettings
-from shared.settings import Settings, read_duration
+from shared.settings import LlmSettings, Settings, read_duration
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class ExtractorConfig:
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,
-            llm=LlmSettings.from_settings(settings),
+            llm=settings.llm,
             reconcile=settings.reconcile,
             dedupe_score=settings.dedupe_score,
             catchup_every_s=settings.catchup_every_s,

@@ -16,6 +16,7 @@ from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.worker import CatchupPolicy, Worker, llm_state
 from shared.clients import EmbedderClient
+from shared.llm import llm_client
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
@@ -40,7 +41,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
         store = StoreClient(store_channel)
         embedder = EmbedderClient(embedder_channel)
-        llm = config.llm.client()
+        llm = llm_client(config.llm)
         extraction = Extraction(
             store,
             embedder,
