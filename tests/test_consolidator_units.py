@@ -158,14 +158,14 @@ def fetched(**changes: object) -> Fetched:
 
 
 def test_a_merge_of_facts_far_apart_is_refused_under_the_similarity_guard() -> None:
-    ops = merge_ops([Merge((0, 2), "")], FACTS, VECTORS, {}, 7, "p1")
+    ops = merge_ops([Merge((0, 2), "")], fetched())
     assert ops.core == [] and ops.retired == [] and ops.counts.merged == 0
     assert ops.refused == [f"merge of 2 facts: similarity 0.00 is under the {MERGE_GUARD} guard"]
 
 
 def test_a_merge_inserts_one_fact_and_retires_its_group_in_favour_of_it() -> None:
     text = {"A and B": unit(1, 0.1, 0)}
-    ops = merge_ops([Merge((0, 1), "A and B")], FACTS, VECTORS, text, 7, "p1")
+    ops = merge_ops([Merge((0, 1), "A and B")], fetched(text_vectors=text))
     insert, *retires = ops.core
     row = insert.insert
     assert row.content == "A and B" and row.layer == common_pb2.L3_FACT and row.pass_id == "p1"
@@ -180,7 +180,7 @@ def test_a_merge_inserts_one_fact_and_retires_its_group_in_favour_of_it() -> Non
 
 
 def test_a_drop_retires_the_named_fact_with_the_reason() -> None:
-    ops = drop_ops([Drop(1, "no longer true")], FACTS, "p1")
+    ops = drop_ops([Drop(1, "no longer true")], fetched())
     (op,) = ops.core
     assert (op.retire.id, op.retire.superseded_how, op.retire.drop_reason) == (
         "b",
@@ -231,7 +231,7 @@ def test_an_edge_new_to_the_owner_gets_a_knowledge_row_and_a_known_one_only_the_
 
 def test_an_arc_replaces_the_owners_old_arcs() -> None:
     old = common_pb2.Memory(id="old-arc", label="arc")
-    ops = arc_ops("the story so far", [old], "alice", "p1")
+    ops = arc_ops("the story so far", fetched(arcs=[old]))
     insert, retire = ops.extra
     assert insert.insert.layer == common_pb2.L4_SUMMARY and insert.insert.ref == "arc"
     assert (retire.retire.id, retire.retire.superseded_by) == ("old-arc", "$arc")

@@ -91,49 +91,39 @@ class Fetched:
     """The owner's arc summaries, or None when this call did not ask for the arc."""
 
 
-def cluster_ops(plan: Plan, seen: Fetched, *, graph: bool) -> ClusterOps:
+def cluster_ops(plan: Plan, data: Fetched, *, graph: bool) -> ClusterOps:
     """The store ops of a checked plan after the similarity guards: core first, then extras."""
-    merged = merge_ops(
-        plan.merges, seen.facts, seen.fact_vectors, seen.text_vectors, seen.cluster_id, seen.pass_id
-    )
-    ops = merged + drop_ops(plan.drops, seen.facts, seen.pass_id)
-    ops += schema_ops(plan.schemas, seen, merged.merged_into)
+    merged = merge_ops(plan.merges, data)
+    ops = merged + drop_ops(plan.drops, data)
+    ops += schema_ops(plan.schemas, data, merged.merged_into)
     if graph:
-        ops += edge_ops(plan.edges, plan.end_edges, seen, merged.merged_into)
-        if plan.arc and seen.arcs is not None:
-            ops += arc_ops(plan.arc, seen.arcs, seen.owner_id, seen.pass_id)
+        ops += edge_ops(plan.edges, plan.end_edges, data, merged.merged_into)
+        ops += arc_ops(plan.arc, data)
     return ops
 
 
-def merge_ops(
-    merges: Sequence[Merge],
-    facts: Sequence[common_pb2.Memory],
-    fact_vectors: Mapping[str, np.ndarray],
-    text_vectors: Mapping[str, np.ndarray],
-    cluster_id: int,
-    pass_id: str,
-) -> ClusterOps:
+def merge_ops(merges: Sequence[Merge], data: Fetched) -> ClusterOps:
     """Each merge as one new fact retiring its group, unless a member is too far from it."""
     ops = ClusterOps()
     for merge in merges:
-        group = [facts[i] for i in merge.facts]
+        group = [data.facts[i] for i in merge.facts]
         newest = max(group, key=lambda f: f.created_at)
         text = merge.text or newest.content
-        target = text_vectors.get(text)
+        target = data.text_vectors.get(text)
         if target is None:
-            target = fact_vectors[newest.id]
-        score = min(float(fact_vectors[f.id] @ target) for f in group)
+            target = data.fact_vectors[newest.id]
+        score = min(float(data.fact_vectors[f.id] @ target) for f in group)
         if score < MERGE_GUARD:
             ops.refused.append(
                 f"merge of {len(group)} facts: similarity {score:.2f} is under the "
                 f"{MERGE_GUARD} guard"
             )
             continue
-        row = _merged_row(group, newest, text, cluster_id, pass_id)
+        row = _merged_row(group, newest, text, data.cluster_id, data.pass_id)
         ops.core.append(store_pb2.Op(insert=row))
         ops.inserted.append(row.id)
         for fact in group:
-            ops.core.append(pass_retire(fact.id, "merged", row.id, "", pass_id))
+            ops.core.append(pass_retire(fact.id, "merged", row.id, "", data.pass_id))
             ops.retired.append(fact.id)
             ops.merged_into[fact.id] = row.id
         ops.counts.merged += len(group)
@@ -164,37 +154,37 @@ def _merged_row(
     return row
 
 
-def drop_ops(drops: Sequence[Drop], facts: Sequence[common_pb2.Memory], pass_id: str) -> ClusterOps:
+def drop_ops(drops: Sequence[Drop], data: Fetched) -> ClusterOps:
     """Each drop retires its fact with the model's reason."""
     ops = ClusterOps()
     for drop in drops:
-        fact = facts[drop.fact]
-        ops.core.append(pass_retire(fact.id, "dropped", "", drop.reason, pass_id))
+        fact = data.facts[drop.fact]
+        ops.core.append(pass_retire(fact.id, "dropped", "", drop.reason, data.pass_id))
         ops.retired.append(fact.id)
         ops.counts.dropped += 1
     return ops
 
 
 def schema_ops(
-    schemas: Sequence[Schema], seen: Fetched, merged_into: Mapping[str, str]
+    schemas: Sequence[Schema], data: Fetched, merged_into: Mapping[str, str]
 ) -> ClusterOps:
     """Each schema as an L6 row citing its facts (or their merges), unless it repeats one."""
     ops = ClusterOps()
-    known = list(seen.schema_vectors)
+    known = list(data.schema_vectors)
     for schema in schemas:
-        vector = seen.text_vectors[schema.text]
+        vector = data.text_vectors[schema.text]
         if known and max(float(v @ vector) for v in known) >= SCHEMA_DUPLICATE:
             ops.refused.append(f"schema {schema.text[:60]!r}: repeats a known pattern")
             continue
         known.append(vector)
-        shown = [seen.facts[i] for i in schema.facts]
+        shown = [data.facts[i] for i in schema.facts]
         row = store_pb2.NewMemory(
-            owner=common_pb2.Owner(user_id=seen.owner_id, agent_id=shown[0].owner.agent_id),
+            owner=common_pb2.Owner(user_id=data.owner_id, agent_id=shown[0].owner.agent_id),
             layer=common_pb2.L6_SCHEMA,
             content=schema.text,
             source_ids=_evidence(shown, merged_into),
-            metadata_json=json.dumps({"cluster": seen.cluster_id, "turns": _turns(shown)}),
-            pass_id=seen.pass_id,
+            metadata_json=json.dumps({"cluster": data.cluster_id, "turns": _turns(shown)}),
+            pass_id=data.pass_id,
         )
         ops.extra.append(store_pb2.Op(insert=row))
         ops.counts.schemas += 1
@@ -204,14 +194,14 @@ def schema_ops(
 def edge_ops(
     edges: Sequence[EdgeOp],
     end_edges: Sequence[EndEdge],
-    seen: Fetched,
+    data: Fetched,
     merged_into: Mapping[str, str],
 ) -> ClusterOps:
     """Each edge put (with an L5 row when its triple is new to the owner); each end applied."""
     ops = ClusterOps()
-    live = {_triple(e.subject, e.relation, e.object) for e in seen.owner_edges}
+    live = {_triple(e.subject, e.relation, e.object) for e in data.owner_edges}
     for n, edge in enumerate(edges):
-        shown = [seen.facts[i] for i in edge.facts]
+        shown = [data.facts[i] for i in edge.facts]
         put = store_pb2.PutEdgeOp(
             owner=common_pb2.Owner(
                 user_id=shown[0].owner.user_id, agent_id=shown[0].owner.agent_id
@@ -221,7 +211,7 @@ def edge_ops(
             object=edge.object,
             source_ids=_turns(shown),
             fact_ids=_evidence(shown, merged_into),
-            pass_id=seen.pass_id,
+            pass_id=data.pass_id,
             weight=float(len(_turns(shown))),
         )
         if edge.valid_from is not None:
@@ -234,7 +224,7 @@ def edge_ops(
             ops.counts.edges += 1
         ops.extra.append(store_pb2.Op(put_edge=put))
     for end in end_edges:
-        op = store_pb2.EndEdgeOp(id=seen.edges[end.edge].id, pass_id=seen.pass_id)
+        op = store_pb2.EndEdgeOp(id=data.edges[end.edge].id, pass_id=data.pass_id)
         if end.valid_to is not None:
             op.valid_to = end.valid_to
         ops.extra.append(store_pb2.Op(end_edge=op))
@@ -261,19 +251,21 @@ def _knowledge_row(put: store_pb2.PutEdgeOp, ref: str) -> store_pb2.NewMemory:
     )
 
 
-def arc_ops(arc: str, arcs: Sequence[common_pb2.Memory], owner_id: str, pass_id: str) -> ClusterOps:
-    """The new arc summary, replacing the owner's old ones."""
+def arc_ops(arc: str, data: Fetched) -> ClusterOps:
+    """The new arc summary replacing the owner's old ones, if this call asked for it."""
+    if not arc or data.arcs is None:
+        return ClusterOps()
     row = store_pb2.NewMemory(
-        owner=common_pb2.Owner(user_id=owner_id),
+        owner=common_pb2.Owner(user_id=data.owner_id),
         layer=common_pb2.L4_SUMMARY,
         content=arc,
         label=ARC,
-        pass_id=pass_id,
+        pass_id=data.pass_id,
         ref="arc",
     )
     ops = ClusterOps(counts=Counts(arc=True))
     ops.extra.append(store_pb2.Op(insert=row))
-    ops.extra += [pass_retire(a.id, "replaced", "$arc", "", pass_id) for a in arcs]
+    ops.extra += [pass_retire(a.id, "replaced", "$arc", "", data.pass_id) for a in data.arcs]
     return ops
 
 
