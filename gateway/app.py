@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import api, consolidation, dashboard, readiness
+from gateway import dashboard, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
+from gateway.routes import admin, digest, extraction, graph, memories, placeholders, search, status
 from gateway.state import (
     CHANNELS,
     CONFIG,
@@ -66,9 +67,8 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app[CONFIG] = config
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
-    app.add_routes(readiness.routes)
-    app.add_routes(api.routes)
-    app.add_routes(consolidation.routes)
+    for module in (readiness, status, memories, search, extraction, digest, graph, admin):
+        app.add_routes(module.routes)
     dashboard.register(app, settings)
-    api.add_placeholder_routes(app)
+    placeholders.add_placeholder_routes(app)
     return app

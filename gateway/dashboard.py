@@ -17,8 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 from aiohttp import web
 
 from gateway.readiness import service_states
+from gateway.respond import json_response, owner_scope, rpc_timeout
 from gateway.shapes import list_item, rfc3339
-from gateway.state import CONFIG, STORE
+from gateway.state import STORE
 from shared.aliases import Aliases
 from shared.errors import InvalidArgument, NotFound, PermissionDenied
 from shared.pb import common_pb2, store_pb2
@@ -26,7 +27,6 @@ from shared.settings import Settings
 from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
-DEFAULT_USER = "default"
 # Settings whose value is a credential: the dashboard says only whether each is set.
 SECRET_SETTINGS = frozenset(
     {"token", "embed_key", "llm_key", "llm_key_file", "llm_fallback_key"}
@@ -53,21 +53,10 @@ STATIC_HEADERS = {
 SETTINGS = web.AppKey("dashboard_settings", Settings)
 
 
-def _json(body: Any) -> web.Response:
-    return web.json_response(body, dumps=lambda v: json.dumps(v, ensure_ascii=False))
-
-
-def _timeout(request: web.Request) -> float:
-    return request.app[CONFIG].rpc_timeout_s
-
-
 def _scope(request: web.Request) -> common_pb2.Scope:
     """The owner the page selected (user_id defaults like the API's)."""
     query = request.query
-    return common_pb2.Scope(
-        user_id=query.get("user_id", "").strip() or DEFAULT_USER,
-        agent_id=query.get("agent_id", "").strip(),
-    )
+    return owner_scope(query.get("user_id", "").strip(), query.get("agent_id", "").strip())
 
 
 def _without_userinfo(url: str) -> str:
@@ -149,7 +138,7 @@ async def _get(
     """One of the owner's rows, or None when it is missing or another owner's."""
     try:
         reply = await request.app[STORE].GetMemory(
-            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=_timeout(request)
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
     except (NotFound, PermissionDenied):
         return None
@@ -165,7 +154,7 @@ async def memory_detail(request: web.Request) -> web.Response:
     memory = await _get(request, scope, memory_id)
     if memory is None:
         raise NotFound(f"memory {memory_id!r} not found")
-    store, timeout = request.app[STORE], _timeout(request)
+    store, timeout = request.app[STORE], rpc_timeout(request)
     sources, successor, replaced = await asyncio.gather(
         get_many(store, scope, memory.source_ids, timeout),
         get_many(store, scope, [memory.superseded_by] if memory.superseded_by else [], timeout),
@@ -173,7 +162,7 @@ async def memory_detail(request: web.Request) -> web.Response:
             scope=scope, include_superseded=True, superseded_by=memory.id), timeout),
     )
     found = {m.id for m in sources}
-    return _json(
+    return json_response(
         {
             "memory": _full_item(memory),
             "sources": [_full_item(m) for m in sources],
@@ -216,13 +205,13 @@ async def writes(request: web.Request) -> web.Response:
                 bucket_s=86400.0,
                 buckets=days,
             ),
-            timeout=_timeout(request),
+            timeout=rpc_timeout(request),
         )
         return list(reply.counts)
 
     raw = common_pb2.L2_RAW
     raw_counts, derived_counts = await asyncio.gather(count([raw], []), count([], [raw]))
-    return _json(
+    return json_response(
         {
             "user_id": scope.user_id,
             "agent_id": scope.agent_id,
@@ -272,7 +261,7 @@ async def system(request: web.Request) -> web.Response:
         asyncio.to_thread(_tree_bytes, settings.data_dir),
         asyncio.to_thread(_snapshots, settings.snapshot_dir),
     )
-    return _json(
+    return json_response(
         {
             "services": [{"name": "gateway", "address": "(this process)", "status": "serving"}]
             + health,

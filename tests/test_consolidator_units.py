@@ -1,15 +1,37 @@
-"""The consolidator's pure parts: clusters, the reply checks, the prompt with the graph off."""
+"""The consolidator's pure parts: clusters, reply checks, the prompt, a plan's decided ops."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 from services.consolidator.admin import compact_turn
+from services.consolidator.cluster_ops import (
+    MERGE_GUARD,
+    Fetched,
+    arc_ops,
+    cluster_ops,
+    drop_ops,
+    edge_ops,
+    merge_ops,
+    schema_ops,
+)
 from services.consolidator.clusters import Cluster, assign, rebuilt
-from services.consolidator.plan import PartialReply, read_patterns, read_plan
+from services.consolidator.plan import (
+    Drop,
+    EdgeOp,
+    EndEdge,
+    Merge,
+    PartialReply,
+    Plan,
+    Schema,
+    read_patterns,
+    read_plan,
+)
 from services.consolidator.prompt import consolidation_messages, reply_keys
-from shared.pb import common_pb2
+from shared.pb import common_pb2, store_pb2
 
 KEYS = reply_keys(graph=True, arc=False)
 FULL = {"merges": [], "drops": [], "schemas": [], "edges": [], "end_edges": []}
@@ -101,3 +123,133 @@ def test_compacting_a_turn_keeps_user_and_assistant_capped() -> None:
     compacted = compact_turn(turn)
     assert "TOOL" not in compacted and compacted.startswith("USER: hi")
     assert len(compacted.encode()) < 4100
+
+
+def fact(memory_id: str, created_at: float, *turns: str) -> common_pb2.Memory:
+    return common_pb2.Memory(
+        id=memory_id,
+        content=f"fact {memory_id}",
+        created_at=created_at,
+        owner=common_pb2.Owner(user_id="alice", agent_id="bot"),
+        source_ids=list(turns),
+    )
+
+
+FACTS = [fact("a", 1, "t1"), fact("b", 2, "t2"), fact("c", 3, "t2", "t3")]
+VECTORS = {"a": unit(1, 0, 0), "b": unit(1, 0.2, 0), "c": unit(0, 0, 1)}
+
+
+BASE = Fetched(
+    pass_id="p1",
+    owner_id="alice",
+    cluster_id=7,
+    facts=FACTS,
+    fact_vectors=VECTORS,
+    text_vectors={},
+    schema_vectors=[],
+    edges=[],
+    owner_edges=[],
+    arcs=None,
+)
+
+
+def fetched(**changes: object) -> Fetched:
+    return dataclasses.replace(BASE, **changes)
+
+
+def test_a_merge_of_facts_far_apart_is_refused_under_the_similarity_guard() -> None:
+    ops = merge_ops([Merge((0, 2), "")], fetched())
+    assert ops.core == [] and ops.retired == [] and ops.counts.merged == 0
+    assert ops.refused == [f"merge of 2 facts: similarity 0.00 is under the {MERGE_GUARD} guard"]
+
+
+def test_a_merge_inserts_one_fact_and_retires_its_group_in_favour_of_it() -> None:
+    text = {"A and B": unit(1, 0.1, 0)}
+    ops = merge_ops([Merge((0, 1), "A and B")], fetched(text_vectors=text))
+    insert, *retires = ops.core
+    row = insert.insert
+    assert row.content == "A and B" and row.layer == common_pb2.L3_FACT and row.pass_id == "p1"
+    assert list(row.source_ids) == ["t1", "t2"] and row.count == 2
+    assert [(r.retire.id, r.retire.superseded_how, r.retire.superseded_by) for r in retires] == [
+        ("a", "merged", row.id),
+        ("b", "merged", row.id),
+    ]
+    assert all(r.retire.pass_id == "p1" for r in retires)
+    assert ops.merged_into == {"a": row.id, "b": row.id} and ops.counts.merged == 2
+    assert ops.members(["a", "b", "c"]) == ["c", row.id]
+
+
+def test_a_drop_retires_the_named_fact_with_the_reason() -> None:
+    ops = drop_ops([Drop(1, "no longer true")], fetched())
+    (op,) = ops.core
+    assert (op.retire.id, op.retire.superseded_how, op.retire.drop_reason) == (
+        "b",
+        "dropped",
+        "no longer true",
+    )
+    assert ops.retired == ["b"] and ops.counts.dropped == 1
+    assert ops.members(["a", "b", "c"]) == ["a", "c"]
+
+
+def test_a_schema_repeating_a_known_one_is_refused_and_a_new_one_cites_merged_facts() -> None:
+    known = unit(0, 1, 0)
+    text = {"same old": unit(0, 1, 0.01), "new pattern": unit(0, 0, 1)}
+    seen = fetched(text_vectors=text, schema_vectors=[known])
+    schemas = [Schema("same old", (0, 1)), Schema("new pattern", (0, 2))]
+    ops = schema_ops(schemas, seen, {"a": "merged-a"})
+    assert ops.refused == ["schema 'same old': repeats a known pattern"]
+    (op,) = ops.extra
+    assert op.insert.layer == common_pb2.L6_SCHEMA and op.insert.content == "new pattern"
+    assert list(op.insert.source_ids) == ["merged-a", "c"]
+    assert op.insert.owner.agent_id == "bot" and ops.counts.schemas == 1
+    assert ops.core == []
+
+
+def test_a_schema_repeating_one_of_the_same_reply_is_refused() -> None:
+    text = {"x": unit(1, 0, 0), "x again": unit(1, 0.01, 0)}
+    ops = schema_ops(
+        [Schema("x", (0, 1)), Schema("x again", (0, 1))], fetched(text_vectors=text), {}
+    )
+    assert len(ops.extra) == 1 and len(ops.refused) == 1
+
+
+def test_an_edge_new_to_the_owner_gets_a_knowledge_row_and_a_known_one_only_the_edge() -> None:
+    known = store_pb2.Edge(id="e1", subject="Alice", relation="uses", object="Postgres")
+    seen = fetched(owner_edges=[known], edges=[known])
+    edges = [EdgeOp("alice", "USES", "postgres", (0, 1)), EdgeOp("Alice", "likes", "tea", (1, 2))]
+    ops = edge_ops(edges, [EndEdge(0, valid_to=5.0)], seen, {})
+    kinds = [op.WhichOneof("op") for op in ops.extra]
+    assert kinds == ["put_edge", "insert", "put_edge", "end_edge"]
+    knowledge, put = ops.extra[1].insert, ops.extra[2].put_edge
+    assert knowledge.layer == common_pb2.L5_KNOWLEDGE and knowledge.ref == "k1"
+    assert knowledge.content == "Alice likes tea" and put.memory_id == "$k1"
+    assert list(put.source_ids) == ["t2", "t3"] and put.weight == 2.0
+    assert ops.extra[0].put_edge.memory_id == ""
+    assert ops.extra[3].end_edge.id == "e1" and ops.extra[3].end_edge.valid_to == 5.0
+    assert ops.counts.edges == 1
+
+
+def test_an_arc_replaces_the_owners_old_arcs() -> None:
+    old = common_pb2.Memory(id="old-arc", label="arc")
+    ops = arc_ops("the story so far", fetched(arcs=[old]))
+    insert, retire = ops.extra
+    assert insert.insert.layer == common_pb2.L4_SUMMARY and insert.insert.ref == "arc"
+    assert (retire.retire.id, retire.retire.superseded_by) == ("old-arc", "$arc")
+    assert ops.counts.arc
+
+
+def test_with_the_graph_off_a_plan_writes_no_edges_and_no_arc() -> None:
+    plan = Plan(
+        drops=[Drop(2, "stale")],
+        edges=[EdgeOp("Alice", "likes", "tea", (0, 1))],
+        arc="the story so far",
+    )
+    ops = cluster_ops(plan, fetched(arcs=[]), graph=False)
+    assert ops.extra == [] and ops.retired == ["c"]
+    with_graph = cluster_ops(plan, fetched(arcs=[]), graph=True)
+    assert with_graph.counts.edges == 1 and with_graph.counts.arc
+
+
+def test_an_arc_is_written_only_by_the_call_that_asked_for_it() -> None:
+    plan = Plan(arc="the story so far")
+    assert cluster_ops(plan, fetched(arcs=None), graph=True).extra == []

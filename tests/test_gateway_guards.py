@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.api import NOT_YET, UNSCOPED_DELETE
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from gateway.routes.memories import UNSCOPED_DELETE
+from gateway.routes.placeholders import NOT_YET
 from shared.settings import Settings
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]

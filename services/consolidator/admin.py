@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.consolidator.passes import ACTOR, Embedder
+from services.consolidator.survey import ACTOR
+from services.consolidator.vectors import Embedder
 from shared.layers import EXPERIENCE
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import GraphStoreClient, retire_op, update_op

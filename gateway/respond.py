@@ -1,0 +1,58 @@
+"""What the routes share: JSON out, parameters in, the owner's scope and the RPC timeout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from gateway.params import Params, read_body
+from gateway.state import CONFIG
+from shared.layers import parse_layer
+from shared.pb import common_pb2
+
+DEFAULT_USER = "default"
+LIMIT_MAX = 1000
+INT32_MIN = -(2**31)
+# metadata.write_origin values the Hermes plugin sets; such writes are audited as the plugin's.
+PLUGIN_ORIGINS = frozenset({"plugin", "memory_tool", "sync_turn"})
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A JSON response that keeps non-ASCII text as it is."""
+    return web.json_response(
+        body, status=status, headers=headers, dumps=lambda v: json.dumps(v, ensure_ascii=False)
+    )
+
+
+async def request_params(request: web.Request, *, query_wins: bool = False) -> Params:
+    """The query string and the JSON body as one set of parameters."""
+    return Params(request.query, await read_body(request), query_wins=query_wins)
+
+
+def owner_scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
+    """One owner's scope; no user_id means the default user."""
+    return common_pb2.Scope(user_id=user_id or DEFAULT_USER, agent_id=agent_id)
+
+
+def all_users() -> common_pb2.Scope:
+    """The scope of every owner."""
+    return common_pb2.Scope(all_users=True)
+
+
+def layer_filter(text: str) -> list[Any]:
+    """The layer filter a `layer` parameter names; empty or "*" means every layer."""
+    return [] if text in ("", "*") else [parse_layer(text)]
+
+
+def rpc_timeout(request: web.Request) -> float:
+    """How long a route waits for one call to a backing service."""
+    return request.app[CONFIG].rpc_timeout_s
+
+
+def write_actor(origin: object) -> str:
+    """Who a write is audited as: the plugin when its metadata says it sent it, else the API."""
+    return "plugin" if isinstance(origin, str) and origin in PLUGIN_ORIGINS else "api"

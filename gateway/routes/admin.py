@@ -1,0 +1,69 @@
+"""The admin maintenance jobs (HYATLAS_ADMIN=on, POST only): compact raw turns, dedupe facts."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.params import Params
+from gateway.respond import json_response, request_params
+from gateway.routes.digest import PASS_TIMEOUT_S
+from gateway.state import CONFIG, CONSOLIDATOR
+from shared.errors import PermissionDenied
+from shared.pb import consolidator_pb2
+
+ADMIN_OFF = "maintenance endpoints are off: restart the server with HYATLAS_ADMIN=on"
+
+routes = web.RouteTableDef()
+
+
+async def _admin_params(request: web.Request) -> Params:
+    if not request.app[CONFIG].admin:
+        raise PermissionDenied(ADMIN_OFF)
+    if request.method != "POST":
+        raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+    return await request_params(request)
+
+
+@routes.route("*", "/api/v1/admin/compact_raw")
+async def compact_raw(request: web.Request) -> web.Response:
+    """Caps raw turns (USER/ASSISTANT only, 4000 bytes a message, 12000 a turn); dry run first."""
+    params = await _admin_params(request)
+    reply = await request.app[CONSOLIDATOR].CompactRaw(
+        consolidator_pb2.CompactRawRequest(dry_run=params.boolean("dry_run", True)),
+        timeout=PASS_TIMEOUT_S,
+    )
+    return json_response(
+        {
+            "dry_run": reply.dry_run,
+            "rows_checked": reply.rows_checked,
+            "rows_changed": reply.rows_changed,
+            "bytes_before": reply.bytes_before,
+            "bytes_after": reply.bytes_after,
+            "sample": list(reply.sample),
+            "rows_rewritten": reply.rows_rewritten,
+        }
+    )
+
+
+@routes.route("*", "/api/v1/admin/dedupe_facts")
+async def dedupe_facts(request: web.Request) -> web.Response:
+    """Supersedes near-duplicate live facts of each person by the newer one; dry run first."""
+    params = await _admin_params(request)
+    threshold = params.number("threshold", lo=0.0, hi=1.0)
+    reply = await request.app[CONSOLIDATOR].DedupeFacts(
+        consolidator_pb2.DedupeFactsRequest(
+            dry_run=params.boolean("dry_run", True), threshold=threshold or 0.0
+        ),
+        timeout=PASS_TIMEOUT_S,
+    )
+    return json_response(
+        {
+            "dry_run": reply.dry_run,
+            "threshold": reply.threshold,
+            "owners": reply.owners,
+            "facts": reply.facts,
+            "duplicates": reply.duplicates,
+            "sample": list(reply.sample),
+            "rows_superseded": reply.rows_superseded,
+        }
+    )

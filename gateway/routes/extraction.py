@@ -1,0 +1,116 @@
+"""The extractor's routes: reprocess raw rows, hand over an LLM key, forget a value."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from aiohttp import web
+
+from gateway.respond import (
+    INT32_MIN,
+    all_users,
+    json_response,
+    owner_scope,
+    request_params,
+    rpc_timeout,
+    write_actor,
+)
+from gateway.shapes import list_items
+from gateway.state import CONFIG, EXTRACTOR, STORE
+from shared.errors import InvalidArgument, PermissionDenied
+from shared.pb import extractor_pb2, store_pb2
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/api/v1/reprocess")
+async def reprocess(request: web.Request) -> web.Response:
+    """Re-extracts the given raw rows, or up to max unextracted ones, oldest first."""
+    config = request.app[CONFIG]
+    params = await request_params(request)
+    ids = params.strings("ids")
+    most = params.integer("max", 0, lo=INT32_MIN)
+    most = 200 if most <= 0 else most
+    if config.mode == "lite":
+        if ids:
+            skipped = len(ids)
+        else:
+            stats = await request.app[STORE].GetStats(
+                store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
+            )
+            skipped = min(most, int(stats.layers.get("l2_raw", 0)))
+        return json_response(
+            {
+                "reprocessed": 0,
+                "failed": 0,
+                "skipped": skipped,
+                "note": "mode is lite; extraction is disabled, nothing to reprocess",
+            }
+        )
+    reply = await request.app[EXTRACTOR].Reprocess(
+        extractor_pb2.ReprocessRequest(ids=ids, max=most),
+        timeout=max(rpc_timeout(request), (2 * config.extract_timeout_s + 30.0) * 4),
+    )
+    return json_response(
+        {"reprocessed": reply.reprocessed, "failed": reply.failed, "skipped": reply.skipped}
+    )
+
+
+def _loopback(request: web.Request) -> bool:
+    """Whether the client connected from this machine, not through a proxy."""
+    if "Forwarded" in request.headers or "X-Forwarded-For" in request.headers:
+        return False
+    remote = request.remote or ""
+    try:
+        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@routes.post("/api/v1/llm/key")
+async def llm_key(request: web.Request) -> web.Response:
+    """Hands an LLM key to the extractor (kept in memory only); loopback clients only."""
+    if not _loopback(request):
+        raise PermissionDenied("the LLM key is accepted only from this machine")
+    config = request.app[CONFIG]
+    if config.mode == "lite":
+        raise InvalidArgument("mode is lite; no LLM is used, so no key is needed")
+    params = await request_params(request)
+    key = params.string("key") or params.string("llm_key")
+    if not key:
+        raise InvalidArgument("key required")
+    reply = await request.app[EXTRACTOR].SetLlmKey(
+        extractor_pb2.SetLlmKeyRequest(key=key), timeout=rpc_timeout(request)
+    )
+    return json_response({"ok": True, "llm": reply.llm})
+
+
+@routes.post("/api/v1/forget")
+async def forget(request: web.Request) -> web.Response:
+    """Retires the owner's rows holding a value (by text or id) and tombstones the value."""
+    params = await request_params(request)
+    text = params.string("text") or params.string("old_text")
+    memory_id = params.string("id") or params.string("memory_id")
+    if bool(text) == bool(memory_id):
+        raise InvalidArgument("pass exactly one of text and id")
+    metadata = params.obj("metadata")
+    origin = metadata.get("write_origin") or params.string("source") or params.string("origin")
+    actor = write_actor(origin)
+    reply = await request.app[EXTRACTOR].ForgetMemories(
+        extractor_pb2.ForgetMemoriesRequest(
+            scope=owner_scope(params.string("user_id"), params.string("agent_id")),
+            text=text,
+            id=memory_id,
+            reason=params.string("reason"),
+            actor=actor,
+            memory_tool=origin == "memory_tool",
+        ),
+        timeout=rpc_timeout(request),
+    )
+    return json_response(
+        {
+            "forgotten": len(reply.memories),
+            "memories": list_items(reply.memories),
+            "evidence_ids": list(reply.evidence_ids),
+        }
+    )

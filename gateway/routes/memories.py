@@ -1,0 +1,274 @@
+"""One owner's rows: add, list, delete, restore, history, and flushing the indexes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from aiohttp import web
+
+from gateway.errors import error_extras
+from gateway.readiness import wait_for_store
+from gateway.respond import (
+    DEFAULT_USER,
+    INT32_MIN,
+    LIMIT_MAX,
+    json_response,
+    layer_filter,
+    owner_scope,
+    request_params,
+    rpc_timeout,
+    write_actor,
+)
+from gateway.shapes import layer_counts, list_items, rfc3339
+from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
+from gateway.wording import extraction_status
+from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.pb import common_pb2, extractor_pb2, store_pb2
+
+log = logging.getLogger(__name__)
+
+LIST_LIMIT_DEFAULT = 20
+UNSCOPED_DELETE = (
+    "unscoped delete refused: pass layer/user_id/agent_id/id, or all=true to wipe the entire store"
+)
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/api/v1/add")
+@error_extras(success=False)
+async def add(request: web.Request) -> web.Response:
+    """Stores one raw (L2) row for the owner and reports how its extraction will go."""
+    config = request.app[CONFIG]
+    params = await request_params(request)
+    text = params.string("text", strip=False)
+    if not text.strip():
+        text = params.string("data", strip=False)
+    if not text.strip():
+        raise InvalidArgument("text required")
+    user_id = params.string("user_id")
+    agent_id = params.string("agent_id")
+    metadata = params.obj("metadata")
+    session_id = params.string("session_id")
+    if not session_id and isinstance(metadata.get("session_id"), str):
+        session_id = metadata["session_id"].strip()
+    event_at = params.timestamp("event_at")
+    origin = metadata.get("write_origin")
+    actor = write_actor(origin)
+    status_ = extraction_status(config)
+
+    owner = common_pb2.Owner(
+        user_id=user_id or DEFAULT_USER, agent_id=agent_id, session_id=session_id
+    )
+    row = store_pb2.NewMemory(
+        owner=owner,
+        layer=common_pb2.L2_RAW,
+        content=text,
+        metadata_json=json.dumps(metadata, ensure_ascii=False),
+        extraction_status=status_,
+        write_mode=config.mode,
+    )
+    if event_at is not None:
+        row.event_at = event_at
+    await wait_for_store(request.app)
+    reply = await request.app[STORE].Apply(
+        store_pb2.ApplyRequest(
+            scope=owner_scope(owner.user_id, agent_id),
+            ops=[store_pb2.Op(insert=row)],
+            actor=actor,
+            reason="add",
+        ),
+        timeout=rpc_timeout(request),
+    )
+    request.app[COUNTERS].writes += 1
+    memory_id = reply.memories[0].id
+    if status_ == "pending":
+        status_ = await _extract(request, owner_scope(owner.user_id, agent_id), memory_id)
+    return json_response({"success": True, "memory_id": memory_id, "extraction_status": status_})
+
+
+async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str) -> str:
+    """Hands a new raw row to the extractor; if it cannot be reached, catch-up takes the row."""
+    config = request.app[CONFIG]
+    wait = config.sync_extract
+    # A waiting write may see a primary and a fallback round, and one retry of each.
+    timeout = 2 * config.extract_timeout_s + 30.0 if wait else rpc_timeout(request)
+    try:
+        reply = await request.app[EXTRACTOR].ExtractMemory(
+            extractor_pb2.ExtractMemoryRequest(scope=scope, id=memory_id, wait=wait),
+            timeout=timeout,
+        )
+    except ServiceError as exc:
+        log.warning("extraction of %s not started (%s); catch-up will take it", memory_id, exc)
+        return "pending"
+    return reply.extraction_status
+
+
+@routes.get("/api/v1/list")
+@routes.post("/api/v1/list")
+async def list_memories(request: web.Request) -> web.Response:
+    """One owner's rows, newest first, with paging and per-layer counts."""
+    params = await request_params(request)
+    limit = params.integer("limit", 0, lo=INT32_MIN)
+    limit = LIST_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    offset = params.integer("offset", 0)
+    layer = params.string("layer")
+    layers = layer_filter(layer)
+    include_raw = params.boolean("include_raw", True)
+    include_superseded = params.boolean("include_superseded", False)
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+
+    store = request.app[STORE]
+    listed, stats = await asyncio.gather(
+        store.ListMemories(
+            store_pb2.ListMemoriesRequest(
+                scope=scope,
+                layers=layers,
+                include_superseded=include_superseded,
+                limit=limit,
+                offset=offset,
+                exclude_layers=[] if include_raw or layers else [common_pb2.L2_RAW],
+            ),
+            timeout=rpc_timeout(request),
+        ),
+        store.GetStats(store_pb2.GetStatsRequest(scope=scope), timeout=rpc_timeout(request)),
+    )
+    return json_response(
+        {
+            "total": listed.total,
+            "offset": offset,
+            "limit": limit,
+            "memories": list_items(listed.memories),
+            "layers": layer_counts(stats.layers),
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
+        }
+    )
+
+
+@routes.route("*", "/api/v1/delete_all")
+@error_extras(deleted_count=0)
+async def delete_all(request: web.Request) -> web.Response:
+    """Deletes one of the caller's rows by id, or (with HYATLAS_ADMIN=on) rows in a scope."""
+    if request.method not in ("POST", "DELETE"):
+        return json_response(
+            {"deleted_count": 0, "error": "method not allowed: use POST or DELETE"},
+            status=405,
+            headers={"Allow": "POST, DELETE"},
+        )
+    params = await request_params(request, query_wins=True)
+    memory_id = params.string("id")
+    user_id = params.string("user_id")
+    agent_id = params.string("agent_id")
+    if memory_id:
+        await _delete_one(request, memory_id, owner_scope(user_id, agent_id))
+        return json_response({"deleted_count": 1, "error": ""})
+
+    layer = params.string("layer")
+    layers = layer_filter(layer)
+    wipe = params.boolean("all", False) or params.string("confirm") == "wipe-all"
+    if not (layers or user_id or agent_id or wipe):
+        raise InvalidArgument(UNSCOPED_DELETE)
+    if not request.app[CONFIG].admin:
+        raise PermissionDenied(
+            "bulk delete is off: restart the server with HYATLAS_ADMIN=on "
+            "(deleting one memory by id needs no switch)"
+        )
+    scope = (
+        common_pb2.Scope(user_id=user_id, agent_id=agent_id)
+        if user_id
+        else common_pb2.Scope(all_users=True, agent_id=agent_id)
+    )
+    reply = await request.app[STORE].DeleteMemories(
+        store_pb2.DeleteMemoriesRequest(scope=scope, layers=layers, actor="api"),
+        timeout=rpc_timeout(request),
+    )
+    return json_response({"deleted_count": reply.deleted, "error": ""})
+
+
+async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Scope) -> None:
+    """Erases one row, but only when it lies in the caller's scope."""
+    store = request.app[STORE]
+    timeout = rpc_timeout(request)
+    try:
+        # The store checks the scope in the delete's own transaction.
+        await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))],
+                actor="api",
+                reason="delete_all by id",
+            ),
+            timeout=timeout,
+        )
+    except (NotFound, PermissionDenied):
+        # Another owner's row is reported exactly like a missing one, so ids do not leak.
+        raise NotFound(f"memory {memory_id!r} not found") from None
+
+
+@routes.post("/api/v1/restore")
+async def restore(request: web.Request) -> web.Response:
+    """Brings one of the owner's retired rows back; what replaced it stays as it is."""
+    params = await request_params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    if not memory_id:
+        raise InvalidArgument("id required")
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+    store = request.app[STORE]
+    try:
+        # The store decides in the same transaction whether there is anything to restore.
+        reply = await store.Apply(
+            store_pb2.ApplyRequest(
+                scope=scope,
+                ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))],
+                actor="api",
+                reason=params.string("reason") or "restore",
+            ),
+            timeout=rpc_timeout(request),
+        )
+    except Conflict:  # already live: nothing to do, the row as it is
+        current = await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
+        )
+        return json_response({"restored": False, "memory": list_items([current.memory])[0]})
+    return json_response({"restored": True, "memory": list_items(reply.memories)[0]})
+
+
+@routes.get("/api/v1/history")
+@routes.post("/api/v1/history")
+async def history(request: web.Request) -> web.Response:
+    """The audit trail of one of the owner's rows, oldest first."""
+    params = await request_params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    if not memory_id:
+        raise InvalidArgument("id required")
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+    reply = await request.app[STORE].GetHistory(
+        store_pb2.GetHistoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
+    )
+    return json_response(
+        {
+            "memory_id": memory_id,
+            "history": [
+                {
+                    "seq": entry.seq,
+                    "at": rfc3339(entry.at),
+                    "actor": entry.actor,
+                    "action": entry.action,
+                    "reason": entry.reason,
+                    "before": json.loads(entry.before_json) if entry.before_json else None,
+                    "after": json.loads(entry.after_json) if entry.after_json else None,
+                }
+                for entry in reply.entries
+            ],
+        }
+    )
+
+
+@routes.post("/api/v1/flush")
+async def flush(request: web.Request) -> web.Response:
+    """Persists the store's vector indexes now (before a hard stop)."""
+    reply = await request.app[STORE].Flush(store_pb2.FlushRequest(), timeout=rpc_timeout(request))
+    return json_response({"flushed": True, "vectors": reply.vectors})

@@ -1,0 +1,98 @@
+"""Search and the feedback that ranks used memories a little higher."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.respond import (
+    INT32_MIN,
+    LIMIT_MAX,
+    json_response,
+    layer_filter,
+    owner_scope,
+    request_params,
+    rpc_timeout,
+)
+from gateway.shapes import search_response
+from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
+from shared.errors import InvalidArgument
+from shared.pb import search_pb2, store_pb2
+
+SEARCH_LIMIT_DEFAULT = 5
+# The reference reads every reader it does not know as hybrid; hybrid_v2 is one it once had.
+READER_ALIASES = {"hybrid_v2": "hybrid"}
+MAX_FEEDBACK_IDS = 100
+
+routes = web.RouteTableDef()
+
+
+def _reader(text: str) -> str:
+    """The reader name for the search service, which validates it (unknown names are a 400)."""
+    key = text.lower()
+    return READER_ALIASES.get(key, key)
+
+
+@routes.route("GET", "/api/v1/search")
+@routes.post("/api/v1/search")
+async def search(request: web.Request) -> web.Response:
+    """Ranked memories of one owner in the reference's channels."""
+    params = await request_params(request)
+    query = params.string("query")
+    if not query:
+        raise InvalidArgument("query required")
+    limit = params.integer("limit", 0, lo=INT32_MIN)
+    limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    layer = params.string("layer")
+    user_ids = params.strings("user_ids")
+    agent_ids = params.strings("agent_ids")
+    user_id = params.string("user_id") or (user_ids[0] if user_ids else "")
+    agent_id = params.string("agent_id") or (agent_ids[0] if agent_ids else "")
+    min_score = params.number("min_score", lo=0.0, hi=1.0)
+    reference_time = params.timestamp("reference_time")
+
+    req = search_pb2.SearchMemoriesRequest(
+        scope=owner_scope(user_id, agent_id),
+        query=query,
+        limit=limit,
+        layers=layer_filter(layer),
+        reader=_reader(params.string("reader")),
+        session_id=params.string("session_id"),
+        # A debugging option: ranking stages to switch off for this one search.
+        skip_stages=params.strings("skip_stages"),
+    )
+    if min_score is not None:
+        req.min_score = min_score
+    if reference_time is not None:
+        req.reference_time = reference_time
+    reply = await request.app[SEARCH].SearchMemories(req, timeout=rpc_timeout(request))
+    request.app[COUNTERS].searches += 1
+    return json_response(search_response(reply))
+
+
+@routes.post("/api/v1/feedback")
+async def feedback(request: web.Request) -> web.Response:
+    """A client reports which recalled memories a reply used; search ranks them a little higher.
+
+    Each id must be one of the owner's rows (else 404, nothing counted). With
+    HYATLAS_USAGE_LEARNING off nothing is recorded.
+    """
+    params = await request_params(request)
+    memory_ids = list(dict.fromkeys(params.strings("memory_ids") or params.strings("ids")))
+    if not memory_ids:
+        raise InvalidArgument("memory_ids required")
+    if len(memory_ids) > MAX_FEEDBACK_IDS:
+        raise InvalidArgument(f"at most {MAX_FEEDBACK_IDS} memory_ids per call")
+    if not request.app[CONFIG].usage_learning:
+        return json_response({"success": True, "recorded": 0, "usage_learning": False})
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+    # One transaction that adds to hits: concurrent feedback never loses a count, and an id
+    # outside the owner's rows refuses the whole call (404, nothing counted).
+    ops = [
+        store_pb2.Op(update=store_pb2.UpdateOp(id=memory_id, hits_delta=1))
+        for memory_id in memory_ids
+    ]
+    await request.app[STORE].Apply(
+        store_pb2.ApplyRequest(scope=scope, ops=ops, actor="api", reason="feedback"),
+        timeout=rpc_timeout(request),
+    )
+    return json_response({"success": True, "recorded": len(ops), "usage_learning": True})

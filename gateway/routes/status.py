@@ -1,0 +1,106 @@
+"""Status and metrics: what runs, how it is configured, and how much is stored."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gateway.readiness import is_ready, service_states
+from gateway.respond import all_users, json_response, rpc_timeout
+from gateway.routes.digest import consolidation_status
+from gateway.shapes import layer_counts
+from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
+from gateway.wording import extract_sync, llm_state, mode_detail
+from shared.errors import ServiceError
+from shared.pb import extractor_pb2, store_pb2
+
+log = logging.getLogger(__name__)
+
+VERSION = "5.0.0-py"
+
+routes = web.RouteTableDef()
+
+
+async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusResponse | None:
+    """What the extractor says about the LLM, or None when it cannot be asked."""
+    config = request.app[CONFIG]
+    if config.mode == "lite":
+        return None
+    try:
+        return await request.app[EXTRACTOR].GetLlmStatus(
+            extractor_pb2.GetLlmStatusRequest(), timeout=min(5.0, rpc_timeout(request))
+        )
+    except ServiceError as exc:
+        log.warning("extractor status unavailable: %s", exc.message)
+        return None
+
+
+@routes.route("*", "/api/v1/status")
+async def status(request: web.Request) -> web.Response:
+    """Server, model, mode and per-layer counts; writes and searches count since this start."""
+    config = request.app[CONFIG]
+    stats = await request.app[STORE].GetStats(
+        store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
+    )
+    counters = request.app[COUNTERS]
+    services = await service_states(request.app)
+    llm = await _llm_status(request)
+    if llm is not None:
+        state, pipeline = llm.llm, llm.write_pipeline
+    else:
+        state = llm_state(config)
+        pipeline = "ok" if config.mode == "lite" else "degraded: the extractor is unavailable"
+    extras: dict[str, Any] = {}
+    if llm is not None:
+        extras = {
+            "dropped_ops": llm.dropped_ops,
+            "refused_forgotten": llm.refused_forgotten,
+            "extracting": llm.in_flight,
+        }
+    return json_response(
+        {
+            "status": "ok",
+            "ready": is_ready(services, config.mode),
+            "services": services,
+            "version": VERSION,
+            "vdb": "ok",
+            "embed": stats.model_id,
+            "embed_dims": stats.ndim,
+            "llm": state,
+            "llm_model": config.llm_model,
+            "llm_base": config.llm_base,
+            "mode": config.mode,
+            "mode_detail": mode_detail(config),
+            "uses_llm": config.mode != "lite",
+            "extract_sync": extract_sync(config),
+            "write_pipeline": pipeline,
+            "writes": counters.writes,
+            "searches": counters.searches,
+            "layers": layer_counts(stats.layers),
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
+            "unextracted": 0 if config.mode == "lite" else stats.unextracted,
+            **await consolidation_status(request),
+            "vdb_points": stats.total,
+            "data_dir": stats.data_dir or str(config.data_dir),
+            **extras,
+        }
+    )
+
+
+@routes.route("*", "/api/v1/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Live rows per layer and in total, and the graph's size."""
+    stats = await request.app[STORE].GetStats(
+        store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
+    )
+    return json_response(
+        {
+            "layers": layer_counts(stats.layers),
+            "total": stats.total,
+            "graph_nodes": stats.graph_nodes,
+            "graph_edges": stats.graph_edges,
+        }
+    )

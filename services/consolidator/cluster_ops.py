@@ -1,0 +1,288 @@
+"""The decisions of one cluster's plan: store ops after the similarity guards, without I/O."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.consolidator.plan import Drop, EdgeOp, EndEdge, Merge, Plan, Schema
+from shared.pb import common_pb2, store_pb2
+from shared.store_client import retire_op
+
+MERGE_GUARD = 0.65
+SCHEMA_DUPLICATE = 0.92
+ARC = "arc"
+
+
+@dataclass
+class Counts:
+    """What one cluster's ops will change, added to the report once they are applied."""
+
+    merged: int = 0
+    dropped: int = 0
+    schemas: int = 0
+    edges: int = 0
+    arc: bool = False
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.merged + other.merged,
+            self.dropped + other.dropped,
+            self.schemas + other.schemas,
+            self.edges + other.edges,
+            self.arc or other.arc,
+        )
+
+
+@dataclass
+class ClusterOps:
+    """A cluster's store ops and what they retire, insert and refuse."""
+
+    core: list[store_pb2.Op] = field(default_factory=list)
+    """Merges and drops: they land whole or the cluster counts as failed."""
+    extra: list[store_pb2.Op] = field(default_factory=list)
+    """Schemas, edges and the arc: left out when the store refuses them."""
+    counts: Counts = field(default_factory=Counts)
+    retired: list[str] = field(default_factory=list)
+    inserted: list[str] = field(default_factory=list)
+    merged_into: dict[str, str] = field(default_factory=dict)
+    """The new fact that replaced each merged fact, by id."""
+    refused: list[str] = field(default_factory=list)
+
+    def __add__(self, other: ClusterOps) -> ClusterOps:
+        return ClusterOps(
+            [*self.core, *other.core],
+            [*self.extra, *other.extra],
+            self.counts + other.counts,
+            [*self.retired, *other.retired],
+            [*self.inserted, *other.inserted],
+            {**self.merged_into, **other.merged_into},
+            [*self.refused, *other.refused],
+        )
+
+    def members(self, before: Sequence[str]) -> list[str]:
+        """The cluster's members once these ops are applied."""
+        gone = set(self.retired)
+        return [m for m in before if m not in gone] + self.inserted
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What the decisions about one cluster read, fetched before they run."""
+
+    pass_id: str
+    owner_id: str
+    cluster_id: int
+    facts: Sequence[common_pb2.Memory]
+    """The cluster's facts as shown to the model (plan numbers index them)."""
+    fact_vectors: Mapping[str, np.ndarray]
+    text_vectors: Mapping[str, np.ndarray]
+    """The vectors of the plan's merge and schema texts."""
+    schema_vectors: Sequence[np.ndarray]
+    """The vectors of the known schemas shown to the model."""
+    edges: Sequence[store_pb2.Edge]
+    """The edges shown to the model (end_edges index them)."""
+    owner_edges: Sequence[store_pb2.Edge]
+    arcs: Sequence[common_pb2.Memory] | None
+    """The owner's arc summaries, or None when this call did not ask for the arc."""
+
+
+def cluster_ops(plan: Plan, data: Fetched, *, graph: bool) -> ClusterOps:
+    """The store ops of a checked plan after the similarity guards: core first, then extras."""
+    merged = merge_ops(plan.merges, data)
+    ops = merged + drop_ops(plan.drops, data)
+    ops += schema_ops(plan.schemas, data, merged.merged_into)
+    if graph:
+        ops += edge_ops(plan.edges, plan.end_edges, data, merged.merged_into)
+        ops += arc_ops(plan.arc, data)
+    return ops
+
+
+def merge_ops(merges: Sequence[Merge], data: Fetched) -> ClusterOps:
+    """Each merge as one new fact retiring its group, unless a member is too far from it."""
+    ops = ClusterOps()
+    for merge in merges:
+        group = [data.facts[i] for i in merge.facts]
+        newest = max(group, key=lambda f: f.created_at)
+        text = merge.text or newest.content
+        target = data.text_vectors.get(text)
+        if target is None:
+            target = data.fact_vectors[newest.id]
+        score = min(float(data.fact_vectors[f.id] @ target) for f in group)
+        if score < MERGE_GUARD:
+            ops.refused.append(
+                f"merge of {len(group)} facts: similarity {score:.2f} is under the "
+                f"{MERGE_GUARD} guard"
+            )
+            continue
+        row = _merged_row(group, newest, text, data.cluster_id, data.pass_id)
+        ops.core.append(store_pb2.Op(insert=row))
+        ops.inserted.append(row.id)
+        for fact in group:
+            ops.core.append(pass_retire(fact.id, "merged", row.id, "", data.pass_id))
+            ops.retired.append(fact.id)
+            ops.merged_into[fact.id] = row.id
+        ops.counts.merged += len(group)
+    return ops
+
+
+def _merged_row(
+    group: Sequence[common_pb2.Memory],
+    newest: common_pb2.Memory,
+    text: str,
+    cluster_id: int,
+    pass_id: str,
+) -> store_pb2.NewMemory:
+    row = store_pb2.NewMemory(
+        id=str(uuid.uuid4()),
+        owner=newest.owner,
+        layer=common_pb2.L3_FACT,
+        content=text,
+        label=newest.label,
+        source_ids=list(dict.fromkeys(s for f in group for s in f.source_ids)),
+        metadata_json=json.dumps({"merged_from": [f.id for f in group], "cluster": cluster_id}),
+        count=sum(max(f.count, 1) for f in group),
+        write_mode=newest.write_mode,
+        pass_id=pass_id,
+    )
+    if newest.HasField("event_at"):
+        row.event_at = newest.event_at
+    return row
+
+
+def drop_ops(drops: Sequence[Drop], data: Fetched) -> ClusterOps:
+    """Each drop retires its fact with the model's reason."""
+    ops = ClusterOps()
+    for drop in drops:
+        fact = data.facts[drop.fact]
+        ops.core.append(pass_retire(fact.id, "dropped", "", drop.reason, data.pass_id))
+        ops.retired.append(fact.id)
+        ops.counts.dropped += 1
+    return ops
+
+
+def schema_ops(
+    schemas: Sequence[Schema], data: Fetched, merged_into: Mapping[str, str]
+) -> ClusterOps:
+    """Each schema as an L6 row citing its facts (or their merges), unless it repeats one."""
+    ops = ClusterOps()
+    known = list(data.schema_vectors)
+    for schema in schemas:
+        vector = data.text_vectors[schema.text]
+        if known and max(float(v @ vector) for v in known) >= SCHEMA_DUPLICATE:
+            ops.refused.append(f"schema {schema.text[:60]!r}: repeats a known pattern")
+            continue
+        known.append(vector)
+        shown = [data.facts[i] for i in schema.facts]
+        row = store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=data.owner_id, agent_id=shown[0].owner.agent_id),
+            layer=common_pb2.L6_SCHEMA,
+            content=schema.text,
+            source_ids=_evidence(shown, merged_into),
+            metadata_json=json.dumps({"cluster": data.cluster_id, "turns": _turns(shown)}),
+            pass_id=data.pass_id,
+        )
+        ops.extra.append(store_pb2.Op(insert=row))
+        ops.counts.schemas += 1
+    return ops
+
+
+def edge_ops(
+    edges: Sequence[EdgeOp],
+    end_edges: Sequence[EndEdge],
+    data: Fetched,
+    merged_into: Mapping[str, str],
+) -> ClusterOps:
+    """Each edge put (with an L5 row when its triple is new to the owner); each end applied."""
+    ops = ClusterOps()
+    live = {_triple(e.subject, e.relation, e.object) for e in data.owner_edges}
+    for n, edge in enumerate(edges):
+        shown = [data.facts[i] for i in edge.facts]
+        put = store_pb2.PutEdgeOp(
+            owner=common_pb2.Owner(
+                user_id=shown[0].owner.user_id, agent_id=shown[0].owner.agent_id
+            ),
+            subject=edge.subject,
+            relation=edge.relation,
+            object=edge.object,
+            source_ids=_turns(shown),
+            fact_ids=_evidence(shown, merged_into),
+            pass_id=data.pass_id,
+            weight=float(len(_turns(shown))),
+        )
+        if edge.valid_from is not None:
+            put.valid_from = edge.valid_from
+        triple = _triple(edge.subject, edge.relation, edge.object)
+        if triple not in live:
+            live.add(triple)
+            ops.extra.append(store_pb2.Op(insert=_knowledge_row(put, f"k{n}")))
+            put.memory_id = f"$k{n}"
+            ops.counts.edges += 1
+        ops.extra.append(store_pb2.Op(put_edge=put))
+    for end in end_edges:
+        op = store_pb2.EndEdgeOp(id=data.edges[end.edge].id, pass_id=data.pass_id)
+        if end.valid_to is not None:
+            op.valid_to = end.valid_to
+        ops.extra.append(store_pb2.Op(end_edge=op))
+    return ops
+
+
+def _knowledge_row(put: store_pb2.PutEdgeOp, ref: str) -> store_pb2.NewMemory:
+    """The L5 row stating an edge's triple, which the edge then points at by ref."""
+    return store_pb2.NewMemory(
+        owner=put.owner,
+        layer=common_pb2.L5_KNOWLEDGE,
+        content=f"{put.subject} {put.relation} {put.object}",
+        source_ids=list(put.fact_ids),
+        metadata_json=json.dumps(
+            {
+                "subject": put.subject,
+                "relation": put.relation,
+                "object": put.object,
+                "sources": list(put.source_ids),
+            }
+        ),
+        pass_id=put.pass_id,
+        ref=ref,
+    )
+
+
+def arc_ops(arc: str, data: Fetched) -> ClusterOps:
+    """The new arc summary replacing the owner's old ones, if this call asked for it."""
+    if not arc or data.arcs is None:
+        return ClusterOps()
+    row = store_pb2.NewMemory(
+        owner=common_pb2.Owner(user_id=data.owner_id),
+        layer=common_pb2.L4_SUMMARY,
+        content=arc,
+        label=ARC,
+        pass_id=data.pass_id,
+        ref="arc",
+    )
+    ops = ClusterOps(counts=Counts(arc=True))
+    ops.extra.append(store_pb2.Op(insert=row))
+    ops.extra += [pass_retire(a.id, "replaced", "$arc", "", data.pass_id) for a in data.arcs]
+    return ops
+
+
+def pass_retire(memory_id: str, how: str, by: str, reason: str, pass_id: str) -> store_pb2.Op:
+    """A Retire op that undo of the pass can find."""
+    op = retire_op(memory_id, how, by, reason)
+    op.retire.pass_id = pass_id
+    return op
+
+
+def _evidence(facts: Sequence[common_pb2.Memory], merged_into: Mapping[str, str]) -> list[str]:
+    return list(dict.fromkeys(merged_into.get(f.id, f.id) for f in facts))
+
+
+def _turns(facts: Sequence[common_pb2.Memory]) -> list[str]:
+    return list(dict.fromkeys(s for f in facts for s in f.source_ids))
+
+
+def _triple(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
+    return subject.lower(), relation.lower(), obj.lower()
