@@ -40,10 +40,6 @@ class GatewayConfig:
     """HYATLAS_MODE: lite | pro | ultra."""
     sync_extract: bool = False
     """HYATLAS_SYNC_EXTRACT: whether a write waits for its extraction."""
-    llm_configured: bool = False
-    """Whether HYATLAS_LLM_BASE, HYATLAS_LLM_MODEL and a key source are all set."""
-    llm_endpoint: bool = False
-    """Whether HYATLAS_LLM_BASE and HYATLAS_LLM_MODEL are set (a key may arrive later)."""
     startup_wait_s: float = 10.0
     """HYATLAS_STARTUP_WAIT: how long a write waits for a store that is not answering yet."""
     extract_timeout_s: float = 300.0
@@ -88,8 +84,6 @@ class GatewayConfig:
             usage_learning=settings.usage_learning,
             mode=settings.mode,
             sync_extract=settings.sync_extract,
-            llm_configured=settings.llm.configured,
-            llm_endpoint=settings.llm.endpoint,
             startup_wait_s=settings.startup_wait_s,
             extract_timeout_s=settings.llm.timeout_s,
             llm_model=settings.llm.model,

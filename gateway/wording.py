@@ -5,15 +5,6 @@ from __future__ import annotations
 from gateway.config import GatewayConfig
 
 
-def llm_state(config: GatewayConfig) -> str:
-    """The status `llm` field from the settings alone (when the extractor cannot say)."""
-    if config.mode == "lite":
-        return "unused"
-    if config.llm_configured:
-        return "ok"
-    return "awaiting_key" if config.llm_endpoint else "unconfigured"
-
-
 def mode_detail(config: GatewayConfig) -> str:
     """What the mode does, in words."""
     if config.mode == "lite":
@@ -42,7 +33,5 @@ def extract_sync(config: GatewayConfig) -> str:
 
 
 def extraction_status(config: GatewayConfig) -> str:
-    """The status a new raw row starts with (a key may still arrive for a pending one)."""
-    if config.mode == "lite":
-        return "skipped"
-    return "pending" if config.llm_endpoint else "unconfigured"
+    """The status a new raw row starts with; in pro and ultra the extractor then says more."""
+    return "skipped" if config.mode == "lite" else "pending"

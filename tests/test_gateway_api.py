@@ -461,7 +461,9 @@ async def test_ultra_with_llm_configured_queues_extraction(admin_api: Api) -> No
     assert added["extraction_status"] == "pending"
     status, body = await admin_api.call("GET", "/api/v1/status")
     assert body["mode"] == "ultra" and body["uses_llm"] is True
-    assert body["llm"] == "ok" and body["llm_model"] == "scripted"
+    # This stack runs no extractor, which alone knows the LLM's state: the gateway does not guess.
+    assert body["llm"] == "unknown" and body["write_pipeline"].startswith("degraded")
+    assert body["llm_model"] == "scripted"
     assert body["llm_base"] == "http://127.0.0.1:9/v1"
     assert body["extract_sync"].startswith("background")
     assert body["consolidations"] == 0 and body["unextracted"] >= 1
@@ -497,13 +499,17 @@ async def test_admin_bulk_delete_removes_only_the_named_scope(admin_api: Api) ->
 async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_address: str) -> None:
     with running_stack(
         tmp_path,
-        ["store", "search", "gateway"],
+        ["store", "search", "extractor", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_MODE="pro",
     ) as stack:
         api = Api(stack.base_url)
-        added = await api.add("No model is configured here.", _user())
+        user = _user()
+        added = await api.add("No model is configured here.", user)
         assert added["extraction_status"] == "unconfigured"
+        # The extractor said so, and wrote it on the row.
+        (row,) = (await api.listing(user))["memories"]
+        assert row["extraction_status"] == "unconfigured"
         status, body = await api.call("GET", "/api/v1/status")
         assert body["llm"] == "unconfigured" and body["consolidations"] == -1
         assert body["extract_sync"].startswith("blocking")

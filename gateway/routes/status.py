@@ -12,13 +12,15 @@ from gateway.respond import all_users, json_response, rpc_timeout
 from gateway.routes.digest import consolidation_status
 from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
-from gateway.wording import extract_sync, llm_state, mode_detail
+from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
 from shared.pb import extractor_pb2, store_pb2
 
 log = logging.getLogger(__name__)
 
 VERSION = "5.0.0-py"
+# Status answers even when the extractor is slow to say how the LLM is.
+LLM_STATUS_TIMEOUT_S = 10.0
 
 routes = web.RouteTableDef()
 
@@ -30,7 +32,8 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return None
     try:
         return await request.app[EXTRACTOR].GetLlmStatus(
-            extractor_pb2.GetLlmStatusRequest(), timeout=min(5.0, rpc_timeout(request))
+            extractor_pb2.GetLlmStatusRequest(),
+            timeout=min(LLM_STATUS_TIMEOUT_S, rpc_timeout(request)),
         )
     except ServiceError as exc:
         log.warning("extractor status unavailable: %s", exc.message)
@@ -49,9 +52,10 @@ async def status(request: web.Request) -> web.Response:
     llm = await _llm_status(request)
     if llm is not None:
         state, pipeline = llm.llm, llm.write_pipeline
-    else:
-        state = llm_state(config)
-        pipeline = "ok" if config.mode == "lite" else "degraded: the extractor is unavailable"
+    elif config.mode == "lite":
+        state, pipeline = "unused", "ok"
+    else:  # the extractor owns the LLM's state; the gateway does not guess it
+        state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
     if llm is not None:
         extras = {

@@ -9,12 +9,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from services.extractor.extract import DONE, FAILED, SKIPPED, Extraction, Outcome
+from services.extractor.extract import ACTOR, DONE, FAILED, SKIPPED, Extraction, Outcome
 from services.extractor.living import Living
 from shared.errors import NotFound
 from shared.llm import LlmClient, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
-from shared.store_client import PAGE, StoreClient
+from shared.store_client import PAGE, StoreClient, update_op
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,10 @@ class Worker:
         if state == "unused":
             return Outcome(SKIPPED)
         if state == "unconfigured":
+            await self.store.apply(
+                scope, [update_op(raw.id, extraction_status=UNCONFIGURED)], ACTOR,
+                "no LLM is configured",
+            )
             return Outcome(UNCONFIGURED)
         if state == "awaiting_key":
             return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
