@@ -69,16 +69,17 @@ def stack_in(mode: str, tmp: Path) -> Iterator[Stack]:
 
 
 async def measure(tmp: Path) -> dict[str, dict[str, int]]:
-    """The RPCs of a lite write, a lite search and a pro write (each after a warm-up)."""
+    """The RPCs of a write and a search in lite and pro, each after a warm-up of the same owner
+    (an owner's first write in pro also rebuilds its Now page, at most once per 15 minutes)."""
     turn = {"text": "I moved to Porto last spring and I drink tea, never coffee.",
             "user_id": "bench"}
     search = {"query": "where do I live?", "user_id": "bench", "limit": 5}
     found: dict[str, dict[str, int]] = {}
     for mode in ("lite", "pro"):
         with stack_in(mode, tmp) as stack:
-            await cost(stack, "/api/v1/add", {**turn, "user_id": "warm-up"})
+            await cost(stack, "/api/v1/add", {**turn, "text": "I read a lot of history books."})
             found[f"{mode} write"] = await cost(stack, "/api/v1/add", turn)
-            await cost(stack, "/api/v1/search", {**search, "user_id": "warm-up"})
+            await cost(stack, "/api/v1/search", {**search, "query": "books"})
             found[f"{mode} search"] = await cost(stack, "/api/v1/search", search)
     return found
 

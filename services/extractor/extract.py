@@ -130,7 +130,7 @@ class Extraction:
         scope = owner_scope(raw)
         text = cap_utf8(raw.content)
         vectors, model_id = await self._probe_vectors(raw, text, vector)
-        candidates = await self._candidates(scope, text, vectors, model_id)
+        candidates, pages = await self._candidates(scope, text, vectors, model_id)
         messages = extraction_messages(text, today, candidates)
         try:
             reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
@@ -139,7 +139,7 @@ class Extraction:
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
-        ops = await self._ops(raw, plan, candidates)
+        ops = await self._ops(raw, plan, candidates, pages)
         ops.append(update_op(raw.id, extraction_status=DONE))
         applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
         self.counters.extracted += 1
@@ -205,8 +205,8 @@ class Extraction:
 
     async def _candidates(
         self, scope: common_pb2.Scope, text: str, vectors: np.ndarray, model_id: str
-    ) -> list[Candidate]:
-        """Related facts, open intentions and touched pages, numbered 1, 2, ...
+    ) -> tuple[list[Candidate], list[common_pb2.Memory]]:
+        """Related facts, open intentions and touched pages, numbered 1, 2, ...; and every page.
 
         The look-ups are independent, so they run at once.
         """
@@ -216,15 +216,8 @@ class Extraction:
             )
             for v in vectors
         ]
-        intentions_request = store_pb2.ListMemoriesRequest(
-            scope=scope, layers=[common_pb2.L7_INTENTION], limit=MAX_INTENTIONS
-        )
-        (intentions, pages), per_probe = await asyncio.gather(
-            asyncio.gather(
-                self.store.list_rows(intentions_request),
-                self._touched_pages(scope, text, vectors[0], model_id),
-            ),
-            asyncio.gather(*searches),
+        (intentions, all_pages, pages), per_probe = await asyncio.gather(
+            self._open_rows(scope, text, vectors[0], model_id), asyncio.gather(*searches)
         )
         best: dict[str, common_pb2.ScoredMemory] = {}
         for hit in (h for hits in per_probe for h in hits):
@@ -236,13 +229,28 @@ class Extraction:
             *(("intention", m) for m in intentions),
             *(("page", m) for m in pages),
         ]
-        return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)]
+        return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)], all_pages
+
+    async def _open_rows(
+        self, scope: common_pb2.Scope, text: str, vector: np.ndarray, model_id: str
+    ) -> tuple[list[common_pb2.Memory], list[common_pb2.Memory], list[common_pb2.Memory]]:
+        """The newest open intentions, every entity page, and the pages the turn touches (one
+        read for both layers)."""
+        rows = await self.store.all_rows(store_pb2.ListMemoriesRequest(
+            scope=scope, layers=[common_pb2.L7_INTENTION, common_pb2.L8_ENTITY]))
+        intentions = [r for r in rows if r.layer == common_pb2.L7_INTENTION][:MAX_INTENTIONS]
+        pages = [r for r in rows if r.layer == common_pb2.L8_ENTITY]
+        return intentions, pages, await self._touched_pages(pages, scope, text, vector, model_id)
 
     async def _touched_pages(
-        self, scope: common_pb2.Scope, text: str, vector: np.ndarray, model_id: str
+        self,
+        pages: list[common_pb2.Memory],
+        scope: common_pb2.Scope,
+        text: str,
+        vector: np.ndarray,
+        model_id: str,
     ) -> list[common_pb2.Memory]:
         """Pages whose entity the turn names, then pages close to the turn in meaning."""
-        pages = await self._all_pages(scope)
         lowered = text.casefold()
         chosen = {
             p.id: p
@@ -258,13 +266,12 @@ class Extraction:
                 chosen.setdefault(hit.memory.id, hit.memory)
         return list(chosen.values())[:MAX_PAGES]
 
-    async def _all_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
-        return await self.store.all_rows(
-            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L8_ENTITY])
-        )
-
     async def _ops(
-        self, raw: common_pb2.Memory, plan: Plan, candidates: Sequence[Candidate]
+        self,
+        raw: common_pb2.Memory,
+        plan: Plan,
+        candidates: Sequence[Candidate],
+        pages: Sequence[common_pb2.Memory],
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
         refused = set(tombstones(raw))
@@ -281,11 +288,8 @@ class Extraction:
         if builder.refused_count:
             self.counters.refused_forgotten += builder.refused_count
             log.info("refused %d forgotten values from raw row %s", builder.refused_count, raw.id)
-        pages: list[store_pb2.Op] = []
-        if plan.pages:
-            known = {page_name(p).casefold(): p for p in await self._all_pages(owner_scope(raw))}
-            pages = page_ops(builder, plan.pages, known)
-        return builder.all_ops(pages)
+        known = {page_name(p).casefold(): p for p in pages}
+        return builder.all_ops(page_ops(builder, plan.pages, known))
 
     async def _embed(self, texts: Sequence[str]) -> tuple[np.ndarray, str]:
         return await self.embedder.embed(texts) if texts else (np.zeros((0, 1)), "")

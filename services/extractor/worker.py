@@ -9,6 +9,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from services.extractor.extract import ACTOR, DONE, FAILED, SKIPPED, Extraction, Outcome
 from services.extractor.living import Living
 from shared.errors import NotFound
@@ -97,7 +99,7 @@ class Worker:
 
     async def extract(self, scope: common_pb2.Scope, memory_id: str, wait: bool) -> Outcome:
         """Extracts a raw row now (wait) or behind the caller (pending)."""
-        raw = await self.store.get(scope, memory_id)
+        raw, vector = await self.store.get_with_vector(scope, memory_id)
         if raw.layer != common_pb2.L2_RAW:
             return Outcome(SKIPPED, "not a raw row")
         state = self.llm_state()
@@ -111,7 +113,7 @@ class Worker:
             return Outcome(UNCONFIGURED)
         if state == "awaiting_key":
             return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
-        task = self._start(raw)
+        task = self._start(raw, vector)
         if not wait:
             return Outcome(PENDING)
         try:
@@ -119,11 +121,13 @@ class Worker:
         except LlmUnavailable as exc:
             return Outcome(FAILED, exc.message)
 
-    def _start(self, raw: common_pb2.Memory) -> asyncio.Task[Outcome]:
+    def _start(
+        self, raw: common_pb2.Memory, vector: np.ndarray | None = None
+    ) -> asyncio.Task[Outcome]:
         running = self._tasks.get(raw.id)
         if running is not None:
             return running
-        task = asyncio.create_task(self._run(raw), name=f"extract {raw.id}")
+        task = asyncio.create_task(self._run(raw, vector), name=f"extract {raw.id}")
         self._tasks[raw.id] = task
         task.add_done_callback(self._finished)
         return task
@@ -135,15 +139,18 @@ class Worker:
         if not task.cancelled():
             task.exception()  # retrieved here: a background failure is already logged
 
-    async def _run(self, raw: common_pb2.Memory) -> Outcome:
+    async def _run(self, raw: common_pb2.Memory, vector: np.ndarray | None) -> Outcome:
         """One extraction under its owner's lock; a model error leaves the row failed."""
-        async with self._locks[(raw.owner.user_id, raw.owner.agent_id)]:
+        lock = self._locks[(raw.owner.user_id, raw.owner.agent_id)]
+        # A row read before waiting for the lock (or read without its vector) is read again:
+        # another extraction may have changed it meanwhile.
+        stale = lock.locked() or vector is None
+        async with lock:
             try:
-                # Re-read under the lock: another extraction may have changed the row. Its
-                # stored vector comes along, so the turn is not embedded a second time.
-                raw, vector = await self.store.get_with_vector(
-                    common_pb2.Scope(all_users=True), raw.id
-                )
+                if stale:
+                    raw, vector = await self.store.get_with_vector(
+                        common_pb2.Scope(all_users=True), raw.id
+                    )
             except NotFound:
                 return Outcome(SKIPPED, "the row is gone")
             try:
