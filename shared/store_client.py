@@ -7,7 +7,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import ServiceClient
@@ -58,17 +57,6 @@ class StoreClient:
         )
         return reply.memory
 
-    async def get_with_vector(
-        self, scope: common_pb2.Scope, memory_id: str
-    ) -> tuple[common_pb2.Memory, np.ndarray | None]:
-        """One row in scope and its stored vector (None when it has none); NotFound otherwise."""
-        reply = await self._stub.GetMemory(
-            store_pb2.GetMemoryRequest(scope=scope, id=memory_id, with_vector=True),
-            timeout=self._timeout_s,
-        )
-        vector = np.asarray(reply.vector, dtype=np.float32) if reply.vector else None
-        return reply.memory, vector
-
     async def apply(
         self, scope: common_pb2.Scope, ops: Sequence[store_pb2.Op], actor: str, reason: str
     ) -> list[common_pb2.Memory]:
@@ -84,6 +72,13 @@ class StoreClient:
     ) -> list[common_pb2.Memory]:
         """The rows with these ids in scope, in order; missing ones left out."""
         return await get_many(self._stub, scope, memory_ids, self._timeout_s)
+
+    async def read_many(self, reads: Sequence[store_pb2.Read]) -> list[store_pb2.ReadResult]:
+        """Independent reads in one round trip, answered in order."""
+        reply = await self._stub.ReadMany(
+            store_pb2.ReadManyRequest(reads=list(reads)), timeout=self._timeout_s
+        )
+        return list(reply.results)
 
     async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
         """One page of rows (at most PAGE; use all_rows for every match)."""

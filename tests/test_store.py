@@ -733,3 +733,35 @@ async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "another-model" in (caught.value.details() or "")
     assert await listed(store) == ["Keeps bees on the roof"]
+
+
+async def test_read_many_answers_independent_reads_in_order_and_searches_near_a_row(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    turn, tea, bikes = await apply(
+        store, insert("I drink green tea every morning", layer=L2),
+        insert("Drinks green tea in the morning"), insert("Repairs old road bikes"))
+    reply = await store.ReadMany(store_pb2.ReadManyRequest(reads=[
+        store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope(), id=turn.id,
+                                                      with_vector=True)),
+        store_pb2.Read(vector_search=store_pb2.VectorSearchRequest(
+            scope=scope(), near_id=turn.id, layers=[L3], k=1, min_score=0.3)),
+        store_pb2.Read(list=store_pb2.ListMemoriesRequest(scope=scope(), layers=[L3])),
+    ]))
+    got, near, listed = reply.results
+    assert got.get.memory.id == turn.id and len(got.get.vector) == 384
+    assert [h.memory.id for h in near.vector_search.hits] == [tea.id]
+    assert {m.id for m in listed.list.memories} == {tea.id, bikes.id}
+
+    # One read that fails fails them all, with its own status.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await store.ReadMany(store_pb2.ReadManyRequest(reads=[
+            store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope(), id=turn.id)),
+            store_pb2.Read(vector_search=store_pb2.VectorSearchRequest(
+                scope=scope("bob"), near_id=turn.id, layers=[L3], k=1)),
+        ]))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await store.ReadMany(store_pb2.ReadManyRequest(reads=[
+            store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope(), id=turn.id))] * 65))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.extractor.context import Context, read_context
 from services.extractor.fact_ops import OpBuilder, Turn, page_name, page_ops
 from services.extractor.parse import (
     Candidate,
@@ -114,23 +115,22 @@ class Extraction:
         self.reconciler = reconciler
         self.counters = Counters()
 
-    async def extract(
-        self,
-        raw: common_pb2.Memory,
-        now: datetime | None = None,
-        vector: np.ndarray | None = None,
-    ) -> Outcome:
-        """Extracts one live raw row; LlmUnavailable propagates and changes nothing.
+    async def read_context(self, scope: common_pb2.Scope, memory_id: str) -> Context:
+        """The row and everything its extraction is shown, in one store read."""
+        return await read_context(
+            self.store, scope, memory_id, self.related_facts, MAX_PAGES, self.related_score
+        )
 
-        vector: the row's stored vector, if the caller has it (only its sentences are embedded).
-        """
+    async def extract(self, context: Context, now: datetime | None = None) -> Outcome:
+        """Extracts one live raw row; LlmUnavailable propagates and changes nothing."""
+        raw = context.raw
         if raw.layer != common_pb2.L2_RAW or raw.status != "active":
             return Outcome(SKIPPED, "not a live raw row")
         today = now or datetime.now(UTC)
         scope = owner_scope(raw)
         text = cap_utf8(raw.content)
-        vectors, model_id = await self._probe_vectors(raw, text, vector)
-        candidates, pages = await self._candidates(scope, text, vectors, model_id)
+        _, model_id, sentence_hits = await self._sentence_probes(context, text)
+        candidates = self._candidates(context, text, sentence_hits)
         messages = extraction_messages(text, today, candidates)
         try:
             reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
@@ -139,6 +139,7 @@ class Extraction:
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
+        pages = [r for r in context.open_rows if r.layer == common_pb2.L8_ENTITY]
         ops = await self._ops(raw, plan, candidates, pages)
         ops.append(update_op(raw.id, extraction_status=DONE))
         applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
@@ -148,19 +149,25 @@ class Extraction:
             await self._reconcile(scope, text, applied, model_id)
         return Outcome(DONE)
 
-    async def _probe_vectors(
-        self, raw: common_pb2.Memory, text: str, vector: np.ndarray | None
-    ) -> tuple[np.ndarray, str]:
-        """The probes' vectors: the turn's own from the store when it came along, else embedded."""
-        probes = probe_texts(text)
-        if vector is None or text != raw.content:
-            return await self.embedder.embed(probes)
+    async def _sentence_probes(
+        self, context: Context, text: str
+    ) -> tuple[np.ndarray, str, list[common_pb2.ScoredMemory]]:
+        """The turn's vector (stored, or embedded when the store has none) and, for a turn of
+        several sentences, the facts near each sentence."""
+        raw, probes = context.raw, probe_texts(text)
+        if context.vector is not None:
+            own, model_id = context.vector[None, :], raw.model_id
+        else:
+            own, model_id = await self.embedder.embed(probes[:1])
         if len(probes) == 1:
-            return vector[None, :], raw.model_id
+            return own, model_id, []
         sentences, model_id = await self.embedder.embed(probes[1:])
-        if model_id != raw.model_id:  # the embedder moved on: one model for every probe
-            return await self.embedder.embed(probes)
-        return np.vstack([vector[None, :], sentences]), model_id
+        found = await asyncio.gather(*(
+            self.store.vector_search(owner_scope(raw), v, model_id, [common_pb2.L3_FACT],
+                                     self.related_facts, self.related_score)
+            for v in sentences
+        ))
+        return own, model_id, [hit for hits in found for hit in hits]
 
     async def _reconcile(
         self,
@@ -203,68 +210,25 @@ class Extraction:
             scope, [update_op(raw.id, **fields)], ACTOR, f"extraction failed: {error}"[:500]
         )
 
-    async def _candidates(
-        self, scope: common_pb2.Scope, text: str, vectors: np.ndarray, model_id: str
-    ) -> tuple[list[Candidate], list[common_pb2.Memory]]:
-        """Related facts, open intentions and touched pages, numbered 1, 2, ...; and every page.
-
-        The look-ups are independent, so they run at once.
-        """
-        searches = [
-            self.store.vector_search(
-                scope, v, model_id, [common_pb2.L3_FACT], self.related_facts, self.related_score
-            )
-            for v in vectors
-        ]
-        (intentions, all_pages, pages), per_probe = await asyncio.gather(
-            self._open_rows(scope, text, vectors[0], model_id), asyncio.gather(*searches)
-        )
+    def _candidates(
+        self,
+        context: Context,
+        text: str,
+        sentence_hits: Sequence[common_pb2.ScoredMemory],
+    ) -> list[Candidate]:
+        """Related facts, open intentions and touched pages, numbered 1, 2, ..."""
         best: dict[str, common_pb2.ScoredMemory] = {}
-        for hit in (h for hits in per_probe for h in hits):
+        for hit in (*context.facts, *sentence_hits):
             if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
                 best[hit.memory.id] = hit
         facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
+        intentions = [r for r in context.open_rows if r.layer == common_pb2.L7_INTENTION]
         rows: list[tuple[str, common_pb2.Memory]] = [
             *(("fact", hit.memory) for hit in facts if hit.score >= self.related_score),
-            *(("intention", m) for m in intentions),
-            *(("page", m) for m in pages),
+            *(("intention", m) for m in intentions[:MAX_INTENTIONS]),
+            *(("page", m) for m in _touched_pages(context, text)),
         ]
-        return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)], all_pages
-
-    async def _open_rows(
-        self, scope: common_pb2.Scope, text: str, vector: np.ndarray, model_id: str
-    ) -> tuple[list[common_pb2.Memory], list[common_pb2.Memory], list[common_pb2.Memory]]:
-        """The newest open intentions, every entity page, and the pages the turn touches (one
-        read for both layers)."""
-        rows = await self.store.all_rows(store_pb2.ListMemoriesRequest(
-            scope=scope, layers=[common_pb2.L7_INTENTION, common_pb2.L8_ENTITY]))
-        intentions = [r for r in rows if r.layer == common_pb2.L7_INTENTION][:MAX_INTENTIONS]
-        pages = [r for r in rows if r.layer == common_pb2.L8_ENTITY]
-        return intentions, pages, await self._touched_pages(pages, scope, text, vector, model_id)
-
-    async def _touched_pages(
-        self,
-        pages: list[common_pb2.Memory],
-        scope: common_pb2.Scope,
-        text: str,
-        vector: np.ndarray,
-        model_id: str,
-    ) -> list[common_pb2.Memory]:
-        """Pages whose entity the turn names, then pages close to the turn in meaning."""
-        lowered = text.casefold()
-        chosen = {
-            p.id: p
-            for p in pages
-            if (name := page_name(p))
-            and re.search(r"(?<!\w)" + re.escape(name.casefold()) + r"(?!\w)", lowered)
-        }
-        if len(chosen) < MAX_PAGES and pages:
-            near = await self.store.vector_search(
-                scope, vector, model_id, [common_pb2.L8_ENTITY], MAX_PAGES, self.related_score
-            )
-            for hit in near:
-                chosen.setdefault(hit.memory.id, hit.memory)
-        return list(chosen.values())[:MAX_PAGES]
+        return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)]
 
     async def _ops(
         self,
@@ -294,4 +258,18 @@ class Extraction:
     async def _embed(self, texts: Sequence[str]) -> tuple[np.ndarray, str]:
         return await self.embedder.embed(texts) if texts else (np.zeros((0, 1)), "")
 
+
+def _touched_pages(context: Context, text: str) -> list[common_pb2.Memory]:
+    """Pages whose entity the turn names, then pages close to the turn in meaning."""
+    lowered = text.casefold()
+    pages = [r for r in context.open_rows if r.layer == common_pb2.L8_ENTITY]
+    chosen = {
+        p.id: p
+        for p in pages
+        if (name := page_name(p))
+        and re.search(r"(?<!\w)" + re.escape(name.casefold()) + r"(?!\w)", lowered)
+    }
+    for hit in context.near_pages:
+        chosen.setdefault(hit.memory.id, hit.memory)
+    return list(chosen.values())[:MAX_PAGES]
 

@@ -9,9 +9,16 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import numpy as np
-
-from services.extractor.extract import ACTOR, DONE, FAILED, SKIPPED, Extraction, Outcome
+from services.extractor.context import Context
+from services.extractor.extract import (
+    ACTOR,
+    DONE,
+    FAILED,
+    SKIPPED,
+    Extraction,
+    Outcome,
+    owner_scope,
+)
 from services.extractor.living import Living
 from shared.errors import NotFound
 from shared.llm import LlmClient, LlmUnavailable
@@ -99,7 +106,10 @@ class Worker:
 
     async def extract(self, scope: common_pb2.Scope, memory_id: str, wait: bool) -> Outcome:
         """Extracts a raw row now (wait) or behind the caller (pending)."""
-        raw, vector = await self.store.get_with_vector(scope, memory_id)
+        if scope.all_users or not scope.user_id:  # the searches need the owner's own scope
+            scope = owner_scope(await self.store.get(scope, memory_id))
+        context = await self.extraction.read_context(scope, memory_id)
+        raw = context.raw
         if raw.layer != common_pb2.L2_RAW:
             return Outcome(SKIPPED, "not a raw row")
         state = self.llm_state()
@@ -113,7 +123,7 @@ class Worker:
             return Outcome(UNCONFIGURED)
         if state == "awaiting_key":
             return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
-        task = self._start(raw, vector)
+        task = self._start(raw, context)
         if not wait:
             return Outcome(PENDING)
         try:
@@ -122,12 +132,12 @@ class Worker:
             return Outcome(FAILED, exc.message)
 
     def _start(
-        self, raw: common_pb2.Memory, vector: np.ndarray | None = None
+        self, raw: common_pb2.Memory, context: Context | None = None
     ) -> asyncio.Task[Outcome]:
         running = self._tasks.get(raw.id)
         if running is not None:
             return running
-        task = asyncio.create_task(self._run(raw, vector), name=f"extract {raw.id}")
+        task = asyncio.create_task(self._run(raw, context), name=f"extract {raw.id}")
         self._tasks[raw.id] = task
         task.add_done_callback(self._finished)
         return task
@@ -139,22 +149,22 @@ class Worker:
         if not task.cancelled():
             task.exception()  # retrieved here: a background failure is already logged
 
-    async def _run(self, raw: common_pb2.Memory, vector: np.ndarray | None) -> Outcome:
+    async def _run(self, raw: common_pb2.Memory, context: Context | None) -> Outcome:
         """One extraction under its owner's lock; a model error leaves the row failed."""
         lock = self._locks[(raw.owner.user_id, raw.owner.agent_id)]
-        # A row read before waiting for the lock (or read without its vector) is read again:
-        # another extraction may have changed it meanwhile.
-        stale = lock.locked() or vector is None
+        # What was read before waiting for the lock is read again: another extraction of the
+        # owner may have changed it meanwhile.
+        if context is None or lock.locked():
+            context = None
         async with lock:
             try:
-                if stale:
-                    raw, vector = await self.store.get_with_vector(
-                        common_pb2.Scope(all_users=True), raw.id
-                    )
+                if context is None:
+                    context = await self.extraction.read_context(owner_scope(raw), raw.id)
             except NotFound:
                 return Outcome(SKIPPED, "the row is gone")
+            raw = context.raw
             try:
-                outcome = await self.extraction.extract(raw, vector=vector)
+                outcome = await self.extraction.extract(context)
                 if outcome.status == DONE and self.living is not None:
                     self.living.after_write(raw)
                 return outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import grpc
@@ -24,10 +25,13 @@ from services.store.model import (
     Update,
 )
 from services.store.store import Store
-from shared.errors import InvalidArgument
+from shared.errors import Conflict, InvalidArgument
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import grpc_errors
+
+# The most reads one ReadMany may carry.
+MAX_READS = 64
 
 
 def _layers(values: Iterable[int]) -> tuple[str, ...]:
@@ -262,10 +266,17 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def VectorSearch(
         self, request: store_pb2.VectorSearchRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.VectorSearchResponse:
+        reach = self._reach(request.scope)
+        vector, model_id = list(request.vector), request.model_id
+        if request.near_id:
+            await self._store.get(reach, request.near_id)  # in scope, or NotFound
+            vector, model_id = await self._store.stored_vector(request.near_id), self._model_id()
+            if not vector:
+                raise Conflict(f"memory {request.near_id!r} has no vector of the store's model")
         hits = await self._store.vector_search(
-            self._reach(request.scope),
-            request.vector,
-            request.model_id,
+            reach,
+            vector,
+            model_id,
             _layers(request.layers),
             request.k,
             request.min_score,
@@ -397,3 +408,29 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
         )
+
+    def _model_id(self) -> str:
+        return self._store.model.model_id
+
+    @grpc_errors
+    async def ReadMany(
+        self, request: store_pb2.ReadManyRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ReadManyResponse:
+        if len(request.reads) > MAX_READS:
+            raise InvalidArgument(f"at most {MAX_READS} reads at once, got {len(request.reads)}")
+        answers = await asyncio.gather(*(self._read(read, context) for read in request.reads))
+        return store_pb2.ReadManyResponse(results=answers)
+
+    async def _read(
+        self, read: store_pb2.Read, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ReadResult:
+        kind = read.WhichOneof("read")
+        if kind == "get":
+            return store_pb2.ReadResult(get=await self.GetMemory(read.get, context))
+        if kind == "list":
+            return store_pb2.ReadResult(list=await self.ListMemories(read.list, context))
+        if kind == "vector_search":
+            found = await self.VectorSearch(read.vector_search, context)
+            return store_pb2.ReadResult(vector_search=found)
+        raise InvalidArgument("a read names none of get, list, vector_search")
+
