@@ -15,8 +15,6 @@ from shared.pb import common_pb2
 DEFAULT_USER = "default"
 LIMIT_MAX = 1000
 INT32_MIN = -(2**31)
-# metadata.write_origin values the Hermes plugin sets; such writes are audited as the plugin's.
-PLUGIN_ORIGINS = frozenset({"plugin", "memory_tool", "sync_turn"})
 
 
 def json_response(
@@ -51,8 +49,3 @@ def layer_filter(text: str) -> list[Any]:
 def rpc_timeout(request: web.Request) -> float:
     """How long a route waits for one call to a backing service."""
     return request.app[CONFIG].rpc_timeout_s
-
-
-def write_actor(origin: object) -> str:
-    """Who a write is audited as: the plugin when its metadata says it sent it, else the API."""
-    return "plugin" if isinstance(origin, str) and origin in PLUGIN_ORIGINS else "api"

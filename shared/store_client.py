@@ -58,11 +58,18 @@ class StoreClient:
         return reply.memory
 
     async def apply(
-        self, scope: common_pb2.Scope, ops: Sequence[store_pb2.Op], actor: str, reason: str
+        self,
+        scope: common_pb2.Scope,
+        ops: Sequence[store_pb2.Op],
+        actor: str,
+        reason: str,
+        origin: str = "",
     ) -> list[common_pb2.Memory]:
-        """Applies ops in one store transaction."""
+        """Applies ops in one store transaction (origin: the client's write_origin, if any)."""
         reply = await self._stub.Apply(
-            store_pb2.ApplyRequest(scope=scope, ops=list(ops), actor=actor, reason=reason),
+            store_pb2.ApplyRequest(
+                scope=scope, ops=list(ops), actor=actor, reason=reason, origin=origin
+            ),
             timeout=self._timeout_s,
         )
         return list(reply.memories)

@@ -13,7 +13,6 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
-    write_actor,
 )
 from gateway.shapes import list_items
 from gateway.state import CONFIG, EXTRACTOR, STORE
@@ -95,14 +94,14 @@ async def forget(request: web.Request) -> web.Response:
         raise InvalidArgument("pass exactly one of text and id")
     metadata = params.obj("metadata")
     origin = metadata.get("write_origin") or params.string("source") or params.string("origin")
-    actor = write_actor(origin)
+    origin = origin if isinstance(origin, str) else ""
     reply = await request.app[EXTRACTOR].ForgetMemories(
         extractor_pb2.ForgetMemoriesRequest(
             scope=owner_scope(params.string("user_id"), params.string("agent_id")),
             text=text,
             id=memory_id,
             reason=params.string("reason"),
-            actor=actor,
+            origin=origin,
             memory_tool=origin == "memory_tool",
         ),
         timeout=rpc_timeout(request),

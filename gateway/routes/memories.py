@@ -19,7 +19,6 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
-    write_actor,
 )
 from gateway.shapes import layer_counts, list_items, rfc3339
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
@@ -56,7 +55,6 @@ async def add(request: web.Request) -> web.Response:
         session_id = metadata["session_id"].strip()
     event_at = params.timestamp("event_at")
     origin = metadata.get("write_origin")
-    actor = write_actor(origin)
     status_ = extraction_status(config)
 
     owner = common_pb2.Owner(
@@ -77,7 +75,8 @@ async def add(request: web.Request) -> web.Response:
         store_pb2.ApplyRequest(
             scope=owner_scope(owner.user_id, agent_id),
             ops=[store_pb2.Op(insert=row)],
-            actor=actor,
+            actor="api",
+            origin=origin if isinstance(origin, str) else "",
             reason="add",
         ),
         timeout=rpc_timeout(request),

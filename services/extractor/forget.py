@@ -27,7 +27,7 @@ class Forgotten:
 
 
 class Forgetting:
-    """Retires matching rows as forgotten, with a reason, an actor and tombstones."""
+    """Retires matching rows as forgotten, with a reason, an origin and tombstones."""
 
     def __init__(self, store: StoreClient, embedder: Embedder) -> None:
         self.store = store
@@ -40,7 +40,7 @@ class Forgetting:
         text: str = "",
         memory_id: str = "",
         reason: str = "",
-        actor: str = "api",
+        origin: str = "",
         memory_tool: bool = False,
     ) -> Forgotten:
         """Retires every live row in scope holding the value; NotFound for an unknown id."""
@@ -90,7 +90,8 @@ class Forgetting:
                 continue
             ops.append(update_op(raw_id, metadata_json=_with_tombstones(raw, values, now)))
             tombstoned.append(raw_id)
-        applied = await self.store.apply(scope, ops, actor, f"forget: {why}"[:500])
+        # The caller is the API; the store decides from origin whether the plugin asked.
+        applied = await self.store.apply(scope, ops, "api", f"forget: {why}"[:500], origin)
         return Forgotten(applied[: len(matches)], tombstoned)
 
 

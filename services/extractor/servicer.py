@@ -10,8 +10,6 @@ from shared.errors import InvalidArgument
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import grpc_errors
 
-ACTORS = frozenset({"api", "plugin"})
-
 
 class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
     """Serves the Extractor contract."""
@@ -77,15 +75,12 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
     async def ForgetMemories(
         self, request: extractor_pb2.ForgetMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> extractor_pb2.ForgetMemoriesResponse:
-        actor = request.actor or "api"
-        if actor not in ACTORS:
-            raise InvalidArgument(f"actor {actor!r} is not one of api, plugin")
         result = await self._forgetting.forget(
             request.scope,
             text=request.text,
             memory_id=request.id,
             reason=request.reason,
-            actor=actor,
+            origin=request.origin,
             memory_tool=request.memory_tool,
         )
         return extractor_pb2.ForgetMemoriesResponse(

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import grpc
 
+from services.store.actors import actor_for
 from services.store.model import (
     CountQuery,
     Delete,
@@ -199,7 +200,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ApplyResponse:
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
-        rows = await self._store.apply(reach, ops, request.actor, request.reason)
+        actor = actor_for(request.actor, request.origin)
+        rows = await self._store.apply(reach, ops, actor, request.reason)
         return store_pb2.ApplyResponse(
             memories=[memory_message(r) if r is not None else common_pb2.Memory() for r in rows]
         )

@@ -1,0 +1,14 @@
+"""Who a change is recorded as: the calling service, or for the API the client it came from."""
+
+from __future__ import annotations
+
+# A client's write_origin values that mean the Hermes plugin wrote (sync_turn, its memory tool).
+PLUGIN_ORIGINS = frozenset({"plugin", "memory_tool", "sync_turn"})
+API = "api"
+
+
+def actor_for(caller: str, origin: str) -> str:
+    """The audit actor of a change: the calling service (api, extractor, consolidator), except
+    that an API write the plugin made is the plugin's."""
+    caller = caller or API
+    return "plugin" if caller == API and origin in PLUGIN_ORIGINS else caller
