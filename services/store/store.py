@@ -30,7 +30,6 @@ from services.store.model import (
     KILLS_DERIVED,
     LAYERS,
     RETIRED,
-    SUPERSEDED_HOW,
     AuditEntry,
     CountQuery,
     Delete,
@@ -52,15 +51,22 @@ from services.store.model import (
     Update,
 )
 from services.store.repo import Repo, Tx
-from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from services.store.validate import (
+    MAX_LIMIT,
+    check_ids,
+    check_layers,
+    page_offset,
+    page_size,
+    resolved,
+    validated,
+)
+from shared.errors import Conflict, InvalidArgument, NotFound
 from shared.layers import EXPERIENCE
 from shared.pages import mark_lines, page_text_of
 from shared.runtime import background
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 1000
 # Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
 # cannot miss a row that near-duplicates crowd out of the graph.
 EXACT_UP_TO = 20_000
@@ -86,35 +92,6 @@ class VectorModel:
     mismatch: str = ""
 
 
-def _metadata(text: str, where: str) -> str:
-    if not text.strip():
-        return "{}"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"{where}: metadata_json is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{where}: metadata_json must be a JSON object")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _page(limit: int, what: str = "limit") -> int:
-    """The page size to use: 0 is the default; above MAX_LIMIT is refused, never cut."""
-    if limit < 0:
-        raise InvalidArgument(f"{what} must not be negative")
-    if limit > MAX_LIMIT:
-        raise InvalidArgument(
-            f"{what} {limit} is over the maximum of {MAX_LIMIT}; page with offset"
-        )
-    return limit or DEFAULT_LIMIT
-
-
-def _offset(offset: int) -> int:
-    if offset < 0:
-        raise InvalidArgument("offset must not be negative")
-    return offset
-
-
 def _fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
     """What a retire, restore or update did to the preference facts the profile mirrors."""
     was = is_preference_fact(before) and before.status == ACTIVE
@@ -127,12 +104,6 @@ def _fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[Fa
         return []
     gone = [FactChange(before, False, "updated", after.id)] if was else []
     return gone + ([FactChange(after, True)] if now_is else [])
-
-
-def _check_layers(layers: Sequence[str]) -> None:
-    for layer in layers:
-        if layer not in LAYERS:
-            raise InvalidArgument(f"unknown layer {layer!r}")
 
 
 class Store:
@@ -172,11 +143,11 @@ class Store:
     ) -> list[MemoryRow | None]:
         """Applies ops in one transaction: every one of them, or none (None for a delete)."""
         actor = actor or DEFAULT_ACTOR
-        ops = self._validated(reach, ops)
+        ops = validated(reach, ops)
         ids = {
             i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)
         }
-        ops = self._resolved(ops, ids)
+        ops = resolved(ops, ids)
         # Each new text is embedded with the clause keys it is also found by, in one call.
         # A text whose vector came with its op is not embedded again.
         texts: list[str] = []
@@ -608,97 +579,6 @@ class Store:
                 previous[0], context_text(None, prior or previous[1], row.content)
             )
 
-    def _validated(self, reach: Reach, ops: Sequence[Op]) -> list[Op]:
-        refs: set[str] = set()
-        checked: list[Op] = []
-        for i, op in enumerate(ops):
-            where = f"op {i}"
-            if isinstance(op, Insert):
-                if not op.user_id:
-                    raise InvalidArgument(f"{where}: insert needs owner.user_id")
-                if op.layer not in LAYERS:
-                    raise InvalidArgument(f"{where}: insert needs a layer (l1_profile..l8_entity)")
-                if not op.content.strip():
-                    raise InvalidArgument(f"{where}: insert needs non-empty content")
-                if not reach.contains(op.user_id, op.agent_id):
-                    raise PermissionDenied(
-                        f"{where}: owner {op.user_id!r} is outside the request scope"
-                    )
-                if op.ref:
-                    if op.ref in refs:
-                        raise InvalidArgument(f"{where}: ref {op.ref!r} is used twice")
-                    refs.add(op.ref)
-                if op.id and (op.id.startswith("$") or len(op.id) > 128 or not op.id.strip()):
-                    raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
-                op = replace(op, metadata_json=_metadata(op.metadata_json, where))
-            elif isinstance(op, PutEdge):
-                if not op.user_id:
-                    raise InvalidArgument(f"{where}: an edge needs owner.user_id")
-                if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
-                    raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
-                if not reach.contains(op.user_id, op.agent_id):
-                    raise PermissionDenied(
-                        f"{where}: owner {op.user_id!r} is outside the request scope"
-                    )
-            elif isinstance(op, SetState):
-                if not op.key:
-                    raise InvalidArgument(f"{where}: set_state needs a key")
-                if op.value_json:
-                    try:
-                        json.loads(op.value_json)
-                    except json.JSONDecodeError as exc:
-                        raise InvalidArgument(f"{where}: value_json is not JSON: {exc}") from None
-            elif not op.id:
-                raise InvalidArgument(f"{where}: id is required")
-            elif isinstance(op, Retire):
-                if op.superseded_how and op.superseded_how not in SUPERSEDED_HOW:
-                    raise InvalidArgument(
-                        f"{where}: superseded_how {op.superseded_how!r} is not one of "
-                        + ", ".join(SUPERSEDED_HOW)
-                    )
-            elif isinstance(op, Update):
-                if op.content is not None and not op.content.strip():
-                    raise InvalidArgument(f"{where}: content cannot be emptied")
-                if op.hits is not None and op.hits_delta:
-                    raise InvalidArgument(f"{where}: set hits or add hits_delta, not both")
-                if op.metadata_json is not None:
-                    op = replace(op, metadata_json=_metadata(op.metadata_json, where))
-            checked.append(op)
-        return checked
-
-    @staticmethod
-    def _resolved(ops: list[Op], ids: dict[int, str]) -> list[Op]:
-        """Replaces "$ref" names with the ids of inserts made earlier in the same Apply."""
-        known: dict[str, str] = {}
-
-        def resolve(value: str, where: str) -> str:
-            if not value.startswith("$"):
-                return value
-            if value[1:] not in known:
-                raise InvalidArgument(f"{where}: {value!r} names no earlier insert of this Apply")
-            return known[value[1:]]
-
-        out: list[Op] = []
-        for i, op in enumerate(ops):
-            where = f"op {i}"
-            if isinstance(op, Insert):
-                if op.ref:
-                    known[op.ref] = ids[i]
-            elif isinstance(op, Retire):
-                op = replace(
-                    op,
-                    id=resolve(op.id, where),
-                    superseded_by=resolve(op.superseded_by, where),
-                )
-            elif isinstance(op, PutEdge):
-                op = replace(op, memory_id=resolve(op.memory_id, where))
-            elif isinstance(op, SetState | EndEdge):
-                pass
-            else:
-                op = replace(op, id=resolve(op.id, where))
-            out.append(op)
-        return out
-
     async def _target(self, tx: Tx, reach: Reach, memory_id: str) -> MemoryRow:
         row = await tx.get(memory_id)
         if row is None or not reach.contains(row.user_id, row.agent_id):
@@ -770,7 +650,7 @@ class Store:
 
     async def delete_many(self, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
         """Erases every row (live or retired) inside a reach and layers; returns how many."""
-        _check_layers(layers)
+        check_layers(layers)
         actor = actor or DEFAULT_ACTOR
         changes = IndexChanges()
         async with self._write_lock:
@@ -803,9 +683,9 @@ class Store:
 
     async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
         """A page of rows inside the reach, and the total that match."""
-        _check_layers(query.layers)
-        _check_layers(query.exclude_layers)
-        query = replace(query, limit=_page(query.limit), offset=_offset(query.offset))
+        check_layers(query.layers)
+        check_layers(query.exclude_layers)
+        query = replace(query, limit=page_size(query.limit), offset=page_offset(query.offset))
         return await self._repo.list_rows(reach, query)
 
     async def get_many(
@@ -813,15 +693,14 @@ class Store:
     ) -> tuple[list[MemoryRow], list[str]]:
         """The rows the reach owns, in the order asked (each once), and the ids it does not."""
         ids = list(dict.fromkeys(memory_ids))
-        if len(ids) > MAX_LIMIT:
-            raise InvalidArgument(f"at most {MAX_LIMIT} ids at once, got {len(ids)}")
+        check_ids(ids)
         found = await self._repo.get_many(reach, ids)
         return [found[i] for i in ids if i in found], [i for i in ids if i not in found]
 
     async def count(self, reach: Reach, query: CountQuery) -> list[int]:
         """Rows created in each bucket of time the query names."""
-        _check_layers(query.layers)
-        _check_layers(query.exclude_layers)
+        check_layers(query.layers)
+        check_layers(query.exclude_layers)
         if not 1 <= query.buckets <= MAX_LIMIT:
             raise InvalidArgument(f"buckets must be between 1 and {MAX_LIMIT}")
         if not query.bucket_s > 0:
@@ -843,7 +722,7 @@ class Store:
         min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
         many terms. With context_keys, rows are also ranked by their context keys.
         """
-        _check_layers(layers)
+        check_layers(layers)
         if min_terms < 0:
             raise InvalidArgument("min_terms must not be negative")
         terms = query_terms(query)
@@ -851,7 +730,7 @@ class Store:
         if not terms:
             return KeywordResult([], [], 0)
         least = min(min_terms, len(terms)) if min_terms else required
-        k = _page(k, "k")
+        k = page_size(k, "k")
         found = await self._repo.keyword_search(
             terms, least, reach, layers, include_superseded, k
         )
@@ -891,7 +770,7 @@ class Store:
                 f"the query vector comes from model {model_id!r} but the store holds "
                 f"{self.model.model_id!r} vectors"
             )
-        _check_layers(layers)
+        check_layers(layers)
         query = np.asarray(vector, dtype=np.float32)
         if query.shape != (self.model.ndim,):
             raise InvalidArgument(
@@ -901,7 +780,7 @@ class Store:
         if norm == 0.0 or not np.isfinite(norm):
             raise InvalidArgument("vector must be finite and non-zero")
         query = query / norm
-        k = _page(k, "k")
+        k = page_size(k, "k")
         # 0 means no floor at all, negative cosines included.
         min_score = min_score if min_score > 0 else -np.inf
         assert self._indexes is not None
@@ -993,7 +872,7 @@ class Store:
     ) -> tuple[list[Edge], int]:
         """A page of a reach's edges: the live graph now, or as it stood at as_of."""
         return await self._repo.list_edges(
-            reach, as_of, include_stale, _page(limit), _offset(offset)
+            reach, as_of, include_stale, page_size(limit), page_offset(offset)
         )
 
     async def neighbours(
@@ -1003,8 +882,7 @@ class Store:
         if k < 0:
             raise InvalidArgument("k must not be negative")
         ids = list(dict.fromkeys(memory_ids))
-        if len(ids) > MAX_LIMIT:
-            raise InvalidArgument(f"at most {MAX_LIMIT} ids at once, got {len(ids)}")
+        check_ids(ids)
         for memory_id in ids:
             await self.get(reach, memory_id)
         vectors = await self._repo.memory_vectors(ids, self.model.model_id)
