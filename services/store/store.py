@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,7 +62,6 @@ from services.store.validate import (
 from shared.errors import Conflict, InvalidArgument, NotFound
 from shared.layers import EXPERIENCE
 from shared.pages import mark_lines, page_text_of
-from shared.runtime import background
 
 log = logging.getLogger(__name__)
 
@@ -920,18 +918,6 @@ class Store:
             return 0
         return await self._indexes.save()
 
-    async def save_periodically(self, every_s: float) -> None:
-        """Saves changed indexes every every_s seconds, until cancelled."""
-        while True:
-            await asyncio.sleep(every_s)
-            if self._indexes is not None and self._indexes.dirty:
-                try:
-                    count = await self._indexes.save()
-                except Exception:
-                    log.exception("saving the vector indexes failed; will retry")
-                else:
-                    log.info("saved vector indexes (%d vectors)", count)
-
 
 def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
     """One hit per memory, at the best score any of its keys got, best first."""
@@ -941,61 +927,3 @@ def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
         if kept is None or score > kept.score:
             best[row.id] = Scored(row, score)
     return sorted(best.values(), key=lambda hit: hit.score, reverse=True)
-
-
-async def _vector_model(repo: Repo, model_id: str, ndim: int) -> VectorModel:
-    """Which model the store is built with; a mismatch with the embedder's refuses searches."""
-    counts = await repo.vector_models()
-    if not counts:
-        await repo.set_meta("model_id", model_id)
-        await repo.set_meta("ndim", str(ndim))
-        return VectorModel(model_id, ndim)
-    built = await repo.get_meta("model_id") or max(counts, key=lambda m: counts[m])
-    built_ndim = int(await repo.get_meta("ndim") or ndim)
-    if len(counts) > 1:
-        log.warning("the store holds vectors of several models: %s", counts)
-    if built != model_id:
-        # TODO: a re-embed command that moves the store over to the embedder's model.
-        return VectorModel(
-            built,
-            built_ndim,
-            mismatch=(
-                f"the store was built with model {built!r} but the embedder runs "
-                f"{model_id!r}; re-embed the store before searching or writing it"
-            ),
-        )
-    return VectorModel(model_id, ndim)
-
-
-@contextlib.asynccontextmanager
-async def open_store(
-    data_dir: Path,
-    embedder: Embedder,
-    model_id: str,
-    ndim: int,
-    alias_group: Callable[[str], tuple[str, ...]],
-    save_every_s: float | None = 30.0,
-    exact_up_to: int = EXACT_UP_TO,
-) -> AsyncIterator[Store]:
-    """Opens the database and the vector indexes (catching them up), and saves them on exit."""
-    async with contextlib.AsyncExitStack() as stack:
-        repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
-        model = await _vector_model(repo, model_id, ndim)
-        indexes: VectorIndexes | None = None
-        if model.mismatch:
-            log.error("%s", model.mismatch)
-        else:
-            indexes = VectorIndexes(data_dir / "vectors", model.ndim)
-            await indexes.load(
-                await repo.vector_keys_by_user(),
-                lambda keys: repo.vectors_for_keys(keys, model.ndim),
-            )
-            stack.push_async_callback(indexes.save)
-        store = Store(repo, indexes, embedder, model, alias_group, data_dir, exact_up_to)
-        if save_every_s and indexes is not None:
-            background(stack, store.save_periodically(save_every_s), "index saver")
-        log.info(
-            "store open at %s: model %s (%d-d), %d vectors indexed",
-            data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,
-        )
-        yield store
