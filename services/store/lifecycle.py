@@ -8,9 +8,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from services.store.core import Embedder, VectorModel
 from services.store.index import VectorIndexes
 from services.store.repo import Repo
-from services.store.store import EXACT_UP_TO, Embedder, Store, VectorModel
+from services.store.retrieval import EXACT_UP_TO
+from services.store.store import Store
 from shared.runtime import background
 
 log = logging.getLogger(__name__)

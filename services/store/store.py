@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from services.store import retrieval
+from services.store.core import Core, Embedder, VectorModel
 from services.store.index import IndexChanges, VectorIndexes
 from services.store.keys import (
     CONTEXT_LAYERS,
-    MAX_CLAUSES,
     NEIGHBOUR_GAP_S,
     context_text,
     own_keys,
 )
-from services.store.keywords import query_terms, required_terms
 from services.store.mirrors import ERASED, FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
@@ -50,6 +49,7 @@ from services.store.model import (
     Update,
 )
 from services.store.repo import Repo, Tx
+from services.store.retrieval import EXACT_UP_TO
 from services.store.validate import (
     MAX_LIMIT,
     check_ids,
@@ -65,29 +65,7 @@ from shared.pages import mark_lines, page_text_of
 
 log = logging.getLogger(__name__)
 
-# Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
-# cannot miss a row that near-duplicates crowd out of the graph.
-EXACT_UP_TO = 20_000
-# An approximate search fetches this many times k before filtering by scope, layer and status.
-OVERSAMPLE = 8
 DEFAULT_ACTOR = "api"
-
-
-class Embedder(Protocol):
-    """What the store needs from the embedder service."""
-
-    async def embed(
-        self, texts: Sequence[str], *, is_query: bool = False
-    ) -> tuple[np.ndarray, str]: ...
-
-
-@dataclass(frozen=True)
-class VectorModel:
-    """The embedding model the store's vectors come from, and why searching may be refused."""
-
-    model_id: str
-    ndim: int
-    mismatch: str = ""
 
 
 def _fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
@@ -117,22 +95,16 @@ class Store:
         data_dir: Path,
         exact_up_to: int = EXACT_UP_TO,
     ) -> None:
+        self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
-        self._exact_up_to = exact_up_to
         self._indexes = indexes
-        self._embedder = embedder
         self.model = model
-        self._alias_group = alias_group
         self._data_dir = data_dir
-        self._write_lock = asyncio.Lock()
+        self._write_lock = self._core.write_lock
 
     def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
         """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
-        if all_users:
-            return Reach(None, agent_id)
-        if not user_id:
-            raise InvalidArgument("scope.user_id is required (or scope.all_users)")
-        return Reach(self._alias_group(user_id), agent_id)
+        return self._core.reach(user_id, agent_id, all_users)
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -154,7 +126,7 @@ class Store:
                 if not (isinstance(op, Insert) and op.vector):
                     texts.append(op.content)
                 texts.extend(key.text for key in own_keys(op.content))
-        vectors = await self._embed(texts) if texts else np.zeros((0, self.model.ndim))
+        vectors = await self._core.embed(texts) if texts else np.zeros((0, self.model.ndim))
         changes = IndexChanges()
         results: list[MemoryRow | None] = []
         pages: set[str] = set()
@@ -341,7 +313,7 @@ class Store:
             text = page_text_of(json.loads(page.metadata_json or "{}"))
             if text == page.content:
                 continue
-            vectors = iter(await self._embed([text, *(k.text for k in own_keys(text))]))
+            vectors = iter(await self._core.embed([text, *(k.text for k in own_keys(text))]))
             await self._new_content(tx, page, text, vectors, changes, now)
             await tx.update(page_id, {"content": text, "model_id": self.model.model_id,
                                       "updated_at": now})
@@ -635,17 +607,6 @@ class Store:
         }
         return {name: value for name, value in fields.items() if value is not None}
 
-    async def _embed(self, texts: list[str]) -> np.ndarray:
-        if self.model.mismatch:
-            raise Conflict(self.model.mismatch)
-        vectors, model_id = await self._embedder.embed(texts)
-        if model_id != self.model.model_id:
-            raise Conflict(
-                f"the embedder now runs {model_id!r} but the store holds "
-                f"{self.model.model_id!r} vectors; restart the store to re-check"
-            )
-        return vectors
-
     async def delete_many(self, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
         """Erases every row (live or retired) inside a reach and layers; returns how many."""
         check_layers(layers)
@@ -669,10 +630,7 @@ class Store:
 
     async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
         """One row, if the reach owns it."""
-        row = await self._repo.get(memory_id) if memory_id else None
-        if row is None or not reach.contains(row.user_id, row.agent_id):
-            raise NotFound(f"memory {memory_id!r} not found")
-        return row
+        return await self._core.get(reach, memory_id)
 
     async def stored_vector(self, memory_id: str) -> list[float]:
         """A row's stored vector of the store's model (empty when it has none)."""
@@ -715,40 +673,10 @@ class Store:
         min_terms: int = 0,
         context_keys: bool = False,
     ) -> KeywordResult:
-        """Rows containing enough of the query's terms, best bm25 first.
-
-        min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
-        many terms. With context_keys, rows are also ranked by their context keys.
-        """
-        check_layers(layers)
-        if min_terms < 0:
-            raise InvalidArgument("min_terms must not be negative")
-        terms = query_terms(query)
-        required = required_terms(len(terms))
-        if not terms:
-            return KeywordResult([], [], 0)
-        least = min(min_terms, len(terms)) if min_terms else required
-        k = page_size(k, "k")
-        found = await self._repo.keyword_search(
-            terms, least, reach, layers, include_superseded, k
+        """Rows containing enough of the query's terms, best bm25 first (see retrieval)."""
+        return await retrieval.keyword_search(
+            self._repo, reach, query, layers, k, include_superseded, min_terms, context_keys
         )
-        hits = await self._with_replaced([Scored(r, s, n) for r, s, n in found])
-        context_hits: list[Scored] = []
-        if context_keys:
-            around = await self._repo.context_keyword_search(
-                terms, least, reach, layers, include_superseded, k
-            )
-            context_hits = await self._with_replaced([Scored(r, s, n) for r, s, n in around])
-        return KeywordResult(hits, terms, required, context_hits)
-
-    async def _with_replaced(self, hits: list[Scored]) -> list[Scored]:
-        """The hits with the older versions each replaced (one query for all of them)."""
-        if not hits:
-            return hits
-        chains = await self._repo.replaced_by([hit.memory.id for hit in hits])
-        if not chains:
-            return hits
-        return [replace(hit, replaced=tuple(chains.get(hit.memory.id, ()))) for hit in hits]
 
     async def vector_search(
         self,
@@ -761,91 +689,9 @@ class Store:
         include_superseded: bool = False,
     ) -> list[Scored]:
         """The k rows in reach most similar to vector (cosine), none below min_score."""
-        if self.model.mismatch:
-            raise Conflict(self.model.mismatch)
-        if model_id != self.model.model_id:
-            raise Conflict(
-                f"the query vector comes from model {model_id!r} but the store holds "
-                f"{self.model.model_id!r} vectors"
-            )
-        check_layers(layers)
-        query = np.asarray(vector, dtype=np.float32)
-        if query.shape != (self.model.ndim,):
-            raise InvalidArgument(
-                f"vector has {query.size} dimensions; the store's model has {self.model.ndim}"
-            )
-        norm = float(np.linalg.norm(query))
-        if norm == 0.0 or not np.isfinite(norm):
-            raise InvalidArgument("vector must be finite and non-zero")
-        query = query / norm
-        k = page_size(k, "k")
-        # 0 means no floor at all, negative cosines included.
-        min_score = min_score if min_score > 0 else -np.inf
-        assert self._indexes is not None
-        users = reach.user_ids if reach.user_ids is not None else self._indexes.users()
-        hits: list[Scored] = []
-        for user_id in users:
-            one = Reach((user_id,), reach.agent_id)
-            hits.extend(
-                await self._search_user(one, query, layers, k, min_score, include_superseded)
-            )
-        hits.sort(key=lambda hit: hit.score, reverse=True)
-        return await self._with_replaced(hits[:k])
-
-    async def _search_user(
-        self,
-        reach: Reach,
-        query: np.ndarray,
-        layers: Sequence[str],
-        k: int,
-        min_score: float,
-        include_superseded: bool,
-    ) -> list[Scored]:
-        assert self._indexes is not None and reach.user_ids is not None
-        user_id = reach.user_ids[0]
-        size = self._indexes.size(user_id)
-        if size == 0:
-            return []
-        count = min(size, max(k * OVERSAMPLE, 64))
-        keys, scores = await self._indexes.search(
-            user_id, query, count, exact=size <= self._exact_up_to
+        return await retrieval.vector_search(
+            self._core, reach, vector, model_id, layers, k, min_score, include_superseded
         )
-        rows = await self._repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
-        hits = _best_per_memory(
-            (rows[key], float(score))
-            for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
-            if key in rows and score >= min_score
-        )
-        # Scope, layer and status filters may leave too few: then score just the rows that pass.
-        exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
-        if len(hits) >= k or exhausted:
-            return hits[:k]
-        return await self._exact(reach, query, layers, k, min_score, include_superseded)
-
-    async def _exact(
-        self,
-        reach: Reach,
-        query: np.ndarray,
-        layers: Sequence[str],
-        k: int,
-        min_score: float,
-        include_superseded: bool,
-    ) -> list[Scored]:
-        assert self._indexes is not None and reach.user_ids is not None
-        candidates = await self._repo.keys_in(reach, layers, include_superseded)
-        keys, matrix = await self._indexes.vectors(reach.user_ids[0], candidates)
-        if not keys:
-            return []
-        norms = np.linalg.norm(matrix, axis=1)
-        norms[norms == 0] = 1.0
-        scores = (matrix @ query) / norms
-        # A memory may hold several keys (its clauses): take enough to fill k memories.
-        top = np.argsort(-scores)[: k * (1 + MAX_CLAUSES)]
-        chosen = [(keys[i], float(scores[i])) for i in top if scores[i] >= min_score]
-        rows = await self._repo.rows_for_keys(
-            [key for key, _ in chosen], reach, layers, include_superseded
-        )
-        return _best_per_memory((rows[key], score) for key, score in chosen if key in rows)[:k]
 
     async def stats(self, reach: Reach) -> Stats:
         """Row counts in a reach and the store's model."""
@@ -917,13 +763,3 @@ class Store:
         if self._indexes is None:
             return 0
         return await self._indexes.save()
-
-
-def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
-    """One hit per memory, at the best score any of its keys got, best first."""
-    best: dict[str, Scored] = {}
-    for row, score in scored:
-        kept = best.get(row.id)
-        if kept is None or score > kept.score:
-            best[row.id] = Scored(row, score)
-    return sorted(best.values(), key=lambda hit: hit.score, reverse=True)
