@@ -7,6 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
+from services.store.core import VectorModel
 from services.store.model import (
     LAYERS,
     SUPERSEDED_HOW,
@@ -193,3 +196,17 @@ def resolved(ops: list[Op], ids: dict[int, str]) -> list[Op]:
             op = replace(op, id=resolve(op.id, where))
         out.append(op)
     return out
+
+
+def given_vector(op: Insert, model: VectorModel, where: str) -> np.ndarray:
+    """The vector an insert brought, checked against the store's model, unit length."""
+    if op.vector_model_id != model.model_id:
+        raise InvalidArgument(
+            f"{where}: the vector comes from model {op.vector_model_id!r} but the store "
+            f"holds {model.model_id!r} vectors"
+        )
+    vector = np.asarray(op.vector, dtype=np.float32)
+    norm = float(np.linalg.norm(vector))
+    if vector.shape != (model.ndim,) or not np.isfinite(norm) or norm == 0.0:
+        raise InvalidArgument(f"{where}: the vector must be {model.ndim} finite numbers")
+    return vector / norm
