@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.store.config import StoreConfig
+from services.store.lifecycle import open_store
 from services.store.servicer import StoreServicer
-from services.store.store import Store, open_store
+from services.store.store import Store
 from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving

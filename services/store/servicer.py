@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 
@@ -90,76 +91,89 @@ def _scored(hit: Scored) -> common_pb2.ScoredMemory:
     )
 
 
+def _insert(new: store_pb2.NewMemory) -> Op:
+    return Insert(
+        user_id=new.owner.user_id,
+        agent_id=new.owner.agent_id,
+        session_id=new.owner.session_id,
+        layer=LAYER_NAMES.get(new.layer, ""),
+        content=new.content,
+        label=new.label,
+        source_ids=tuple(new.source_ids),
+        metadata_json=new.metadata_json,
+        event_at=_optional(new, "event_at"),
+        valid_to=_optional(new, "valid_to"),
+        due_at=_optional(new, "due_at"),
+        count=new.count,
+        extraction_status=new.extraction_status,
+        write_mode=new.write_mode,
+        pass_id=new.pass_id,
+        ref=new.ref,
+        id=new.id,
+        restates_at=new.restates_at,
+        vector=tuple(new.vector),
+        vector_model_id=new.vector_model_id,
+    )
+
+
+def _retire(r: store_pb2.RetireOp) -> Op:
+    return Retire(r.id, r.superseded_how, r.superseded_by, r.drop_reason, r.pass_id)
+
+
+def _update(u: store_pb2.UpdateOp) -> Op:
+    return Update(
+        id=u.id,
+        hits_delta=u.hits_delta,
+        **{
+            name: getattr(u, name)
+            for name in (
+                "content", "extraction_status", "extraction_tries", "count", "hits",
+                "metadata_json", "event_at", "valid_to", "due_at", "label",
+            )
+            if u.HasField(name)
+        },
+    )
+
+
+def _put_edge(e: store_pb2.PutEdgeOp) -> Op:
+    return PutEdge(
+        user_id=e.owner.user_id,
+        agent_id=e.owner.agent_id,
+        subject=e.subject.strip(),
+        relation=e.relation.strip(),
+        object=e.object.strip(),
+        source_ids=tuple(e.source_ids),
+        fact_ids=tuple(e.fact_ids),
+        memory_id=e.memory_id,
+        valid_from=_optional(e, "valid_from"),
+        valid_to=_optional(e, "valid_to"),
+        pass_id=e.pass_id,
+        weight=e.weight,
+    )
+
+
+def _end_edge(e: store_pb2.EndEdgeOp) -> Op:
+    return EndEdge(e.id, _optional(e, "valid_to"), e.pass_id)
+
+
+# Each converter gets the message set in the Op's oneof, under that field's name.
+_OPS: dict[str, Callable[[Any], Op]] = {
+    "insert": _insert,
+    "retire": _retire,
+    "restore": lambda r: Restore(r.id),
+    "update": _update,
+    "delete": lambda d: Delete(d.id),
+    "put_edge": _put_edge,
+    "end_edge": _end_edge,
+    "set_state": lambda s: SetState(s.key, s.value_json),
+}
+
+
 def _op(index: int, message: store_pb2.Op) -> Op:
     kind = message.WhichOneof("op")
-    if kind == "insert":
-        new = message.insert
-        return Insert(
-            user_id=new.owner.user_id,
-            agent_id=new.owner.agent_id,
-            session_id=new.owner.session_id,
-            layer=LAYER_NAMES.get(new.layer, ""),
-            content=new.content,
-            label=new.label,
-            source_ids=tuple(new.source_ids),
-            metadata_json=new.metadata_json,
-            event_at=_optional(new, "event_at"),
-            valid_to=_optional(new, "valid_to"),
-            due_at=_optional(new, "due_at"),
-            count=new.count,
-            extraction_status=new.extraction_status,
-            write_mode=new.write_mode,
-            pass_id=new.pass_id,
-            ref=new.ref,
-            id=new.id,
-            restates_at=new.restates_at,
-            vector=tuple(new.vector),
-            vector_model_id=new.vector_model_id,
-        )
-    if kind == "retire":
-        r = message.retire
-        return Retire(r.id, r.superseded_how, r.superseded_by, r.drop_reason, r.pass_id)
-    if kind == "restore":
-        return Restore(message.restore.id)
-    if kind == "delete":
-        return Delete(message.delete.id)
-    if kind == "update":
-        u = message.update
-        return Update(
-            id=u.id,
-            hits_delta=u.hits_delta,
-            **{
-                name: getattr(u, name)
-                for name in (
-                    "content", "extraction_status", "extraction_tries", "count", "hits",
-                    "metadata_json", "event_at", "valid_to", "due_at", "label",
-                )
-                if u.HasField(name)
-            },
-        )
-    if kind == "put_edge":
-        e = message.put_edge
-        return PutEdge(
-            user_id=e.owner.user_id,
-            agent_id=e.owner.agent_id,
-            subject=e.subject.strip(),
-            relation=e.relation.strip(),
-            object=e.object.strip(),
-            source_ids=tuple(e.source_ids),
-            fact_ids=tuple(e.fact_ids),
-            memory_id=e.memory_id,
-            valid_from=_optional(e, "valid_from"),
-            valid_to=_optional(e, "valid_to"),
-            pass_id=e.pass_id,
-            weight=e.weight,
-        )
-    if kind == "end_edge":
-        return EndEdge(
-            message.end_edge.id, _optional(message.end_edge, "valid_to"), message.end_edge.pass_id
-        )
-    if kind == "set_state":
-        return SetState(message.set_state.key, message.set_state.value_json)
-    raise InvalidArgument(f"op {index}: no operation set")
+    if kind is None or kind not in _OPS:
+        raise InvalidArgument(f"op {index}: no operation set")
+    return _OPS[kind](getattr(message, kind))
 
 
 def edge_message(edge: Edge) -> store_pb2.Edge:

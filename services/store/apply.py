@@ -1,0 +1,258 @@
+"""The Apply transaction: ops checked and embedded, then run by one handler per kind."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from services.store.cascade import (
+    fact_changes,
+    restate,
+    restore_derived,
+    retire_derived,
+    settle,
+)
+from services.store.core import (
+    DEFAULT_ACTOR,
+    Core,
+    Write,
+    live_fields,
+    retired_fields,
+    target,
+)
+from services.store.graph import end_edge, put_edge
+from services.store.keys import own_keys
+from services.store.mirrors import ERASED, FactChange, is_preference_fact
+from services.store.model import (
+    ACTIVE,
+    KILLS_DERIVED,
+    Delete,
+    EndEdge,
+    Insert,
+    MemoryRow,
+    Op,
+    PutEdge,
+    Reach,
+    Restore,
+    Retire,
+    SetState,
+    Update,
+)
+from services.store.validate import check_layers, given_vector, resolved, validated
+from shared.errors import Conflict, InvalidArgument
+
+
+@dataclass
+class _Apply:
+    """One Apply in progress: its write, and what its ops hand on to the ones after them."""
+
+    write: Write
+    reach: Reach
+    reason: str
+    ids: dict[int, str]
+    vectors: Iterator[np.ndarray]
+    restating: list[tuple[MemoryRow, np.ndarray, float]] = field(default_factory=list)
+
+
+async def apply_ops(
+    core: Core, reach: Reach, ops: Sequence[Op], actor: str = "", reason: str = ""
+) -> list[MemoryRow | None]:
+    """Applies ops in one transaction: every one of them, or none (None for a delete)."""
+    ops = validated(reach, ops)
+    ids = {i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
+    ops = resolved(ops, ids)
+    texts = _texts(ops)
+    vectors = await core.embed(texts) if texts else np.zeros((0, core.model.ndim))
+    results: list[MemoryRow | None] = []
+    async with core.writing(actor or DEFAULT_ACTOR) as w:
+        run = _Apply(w, reach, reason, ids, iter(vectors))
+        for i, op in enumerate(ops):
+            results.append(await _HANDLERS[type(op)](run, i, op))
+        spared = {op.id for op in ops if isinstance(op, Retire)} | set(ids.values())
+        for row, vector, at in run.restating:
+            w.facts_changed += await restate(w, row, vector, at, spared)
+        await settle(w)
+    return results
+
+
+def _texts(ops: Sequence[Op]) -> list[str]:
+    """The new texts to embed, each with the clause keys it is also found by, for one call.
+
+    A text whose vector came with its op is not embedded again.
+    """
+    texts: list[str] = []
+    for op in ops:
+        if isinstance(op, Insert | Update) and op.content is not None:
+            if not (isinstance(op, Insert) and op.vector):
+                texts.append(op.content)
+            texts.extend(key.text for key in own_keys(op.content))
+    return texts
+
+
+async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:
+    w = run.write
+    if op.id and await w.tx.get(op.id) is not None:
+        raise Conflict(f"op {i}: memory {op.id!r} already exists")
+    row = _new_row(run.ids[i], op, w.now, w.core.model.model_id)
+    vector = given_vector(op, w.core.model, f"op {i}") if op.vector else next(run.vectors)
+    key = await w.tx.insert(row, vector)
+    w.changes.add(row.user_id, key, vector)
+    await w.add_keys(row, run.vectors)
+    await w.tx.audit(
+        actor=w.actor, action="insert", row=row, before=None, after=row,
+        reason=run.reason, at=w.now,
+    )
+    if op.pass_id:
+        await w.tx.record_pass_change(op.pass_id, "insert", row.id)
+    if is_preference_fact(row):
+        w.facts_changed.append(FactChange(row, live=True))
+    if op.restates_at > 0:
+        run.restating.append((row, vector, op.restates_at))
+    return row
+
+
+async def _set_state(run: _Apply, i: int, op: SetState) -> MemoryRow | None:
+    await run.write.tx.set_state(op.key, op.value_json, run.write.now)
+    return None
+
+
+async def _put_edge(run: _Apply, i: int, op: PutEdge) -> MemoryRow | None:
+    await put_edge(run.write, run.reach, op, f"op {i}")
+    return None
+
+
+async def _end_edge(run: _Apply, i: int, op: EndEdge) -> MemoryRow | None:
+    await end_edge(run.write, run.reach, op, f"op {i}")
+    return None
+
+
+async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
+    w = run.write
+    before = await target(w.tx, run.reach, op.id)
+    for clause_key in await w.tx.clause_keys(op.id):
+        w.changes.remove(before.user_id, clause_key)
+    w.changes.remove(before.user_id, await w.tx.delete(op.id))
+    await w.tx.audit(
+        actor=w.actor, action="delete", row=before, before=before, after=None,
+        reason=run.reason, at=w.now,
+    )
+    await retire_derived(w, op.id)
+    if is_preference_fact(before):
+        w.facts_changed.append(FactChange(before, live=False, how=ERASED))
+    return None
+
+
+async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
+    w = run.write
+    before = await target(w.tx, run.reach, op.id)
+    if op.superseded_by:
+        if op.superseded_by == op.id:
+            raise InvalidArgument(f"op {i}: a memory cannot supersede itself")
+        await target(w.tx, run.reach, op.superseded_by)
+    fields = retired_fields(
+        w.now, w.actor, op.superseded_how, by=op.superseded_by, reason=op.drop_reason
+    )
+    if op.pass_id:
+        fields["pass_id"] = op.pass_id
+    after = await w.change(before, "retire", fields, run.reason)
+    if op.pass_id:
+        await w.tx.record_pass_change(op.pass_id, "retire", op.id)
+    if op.superseded_how in KILLS_DERIVED or not op.superseded_how:
+        await retire_derived(w, op.id)
+    w.facts_changed += fact_changes(op, before, after)
+    return after
+
+
+async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
+    w = run.write
+    before = await target(w.tx, run.reach, op.id)
+    if before.status == ACTIVE:
+        raise Conflict(f"op {i}: memory {op.id!r} is not retired")
+    after = await w.change(before, "restore", live_fields(), run.reason)
+    await restore_derived(w, op.id)
+    w.facts_changed += fact_changes(op, before, after)
+    return after
+
+
+async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
+    w = run.write
+    before = await target(w.tx, run.reach, op.id)
+    fields = _update_fields(op)
+    if op.hits_delta:
+        fields["hits"] = before.hits + op.hits_delta
+    if op.content is not None:
+        fields["model_id"] = w.core.model.model_id
+        await w.new_content(before, op.content, run.vectors)
+    after = await w.change(before, "update", fields, run.reason)
+    w.facts_changed += fact_changes(op, before, after)
+    return after
+
+
+_HANDLERS: dict[type, Callable[[_Apply, int, Any], Awaitable[MemoryRow | None]]] = {
+    Insert: _insert,
+    SetState: _set_state,
+    PutEdge: _put_edge,
+    EndEdge: _end_edge,
+    Delete: _delete,
+    Retire: _retire,
+    Restore: _restore,
+    Update: _update,
+}
+
+
+def _new_row(memory_id: str, op: Insert, now: float, model_id: str) -> MemoryRow:
+    return MemoryRow(
+        id=memory_id,
+        user_id=op.user_id,
+        agent_id=op.agent_id,
+        session_id=op.session_id,
+        layer=op.layer,
+        content=op.content,
+        label=op.label,
+        count=op.count,
+        source_ids=op.source_ids,
+        metadata_json=op.metadata_json,
+        model_id=model_id,
+        created_at=now,
+        updated_at=now,
+        event_at=op.event_at,
+        valid_to=op.valid_to,
+        due_at=op.due_at,
+        extraction_status=op.extraction_status,
+        write_mode=op.write_mode,
+        pass_id=op.pass_id,
+    )
+
+
+def _update_fields(op: Update) -> dict[str, Any]:
+    fields = {
+        "content": op.content,
+        "extraction_status": op.extraction_status,
+        "extraction_tries": op.extraction_tries,
+        "count": op.count,
+        "hits": op.hits,
+        "metadata": op.metadata_json,
+        "event_at": op.event_at,
+        "valid_to": op.valid_to,
+        "due_at": op.due_at,
+        "label": op.label,
+    }
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+async def delete_many(core: Core, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
+    """Erases every row (live or retired) inside a reach and layers; returns how many."""
+    check_layers(layers)
+    async with core.writing(actor or DEFAULT_ACTOR) as w:
+        rows = await w.tx.rows_in(reach, layers)
+        for row in rows:
+            w.changes.remove(row.user_id, await w.tx.delete(row.id))
+            await w.tx.audit(
+                actor=w.actor, action="delete", row=row, before=row, after=None,
+                reason="delete_all", at=w.now,
+            )
+    return len(rows)

@@ -1,0 +1,145 @@
+"""What follows from a retire or restore: derived rows, entity pages, restatements, mirrors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from services.store.core import Write, live_fields, retired_fields
+from services.store.keys import own_keys
+from services.store.mirrors import FactChange, Mirrors, is_preference_fact
+from services.store.model import (
+    ACTIVE,
+    KILLS_DERIVED,
+    RETIRED,
+    MemoryRow,
+    Op,
+    Restore,
+    Retire,
+    Update,
+)
+from services.store.retrieval import vector_search
+from shared.layers import EXPERIENCE
+from shared.pages import mark_lines, page_text_of
+
+
+def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
+    """What a retire, restore or update did to the preference facts the profile mirrors."""
+    was = is_preference_fact(before) and before.status == ACTIVE
+    now_is = is_preference_fact(after) and after is not None and after.status == ACTIVE
+    if isinstance(op, Retire) and was:
+        return [FactChange(before, False, op.superseded_how, op.superseded_by, op.drop_reason)]
+    if isinstance(op, Restore) and now_is and after is not None:
+        return [FactChange(after, True)]
+    if not isinstance(op, Update) or after is None or (was and now_is and op.content is None):
+        return []
+    gone = [FactChange(before, False, "updated", after.id)] if was else []
+    return gone + ([FactChange(after, True)] if now_is else [])
+
+
+async def restate(
+    w: Write, new: MemoryRow, vector: np.ndarray, at: float, spared: set[str]
+) -> list[FactChange]:
+    """The restatement rule: the owner's live fact nearest to a new one, at cosine >= at,
+    is retired as restated by it (experiences never; nor rows this Apply names itself)."""
+    if new.layer != "l3_fact" or new.label == EXPERIENCE:
+        return []
+    core = w.core
+    reach = core.reach(new.user_id, new.agent_id)
+    hits = await vector_search(
+        core, reach, vector.tolist(), core.model.model_id, ["l3_fact"], 1, at
+    )
+    old = await w.tx.get(hits[0].memory.id) if hits else None
+    if old is None or old.id in spared or old.status != ACTIVE or old.label == EXPERIENCE:
+        return []
+    await w.change(
+        old, "retire", retired_fields(w.now, w.actor, "restated", by=new.id),
+        f"restated by {new.id}",
+    )
+    return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
+
+
+async def settle(w: Write) -> None:
+    """Ends every write: the profile follows the preference facts, marked pages are re-rendered."""
+    await Mirrors(w.tx, w.actor, w.now, w.changes).follow(w.facts_changed)
+    await _render_pages(w)
+
+
+async def _mark_pages(w: Write, memory_id: str) -> None:
+    """Marks the entity page lines memory_id fed stale while any fact behind them is dead.
+
+    The pages whose marks changed join w.pages, to be rendered again by settle.
+    """
+    for page in await w.tx.pages_citing(memory_id):
+        meta = json.loads(page.metadata_json or "{}")
+        lines = [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]
+        cited = {
+            f for line in lines if memory_id in (line.get("facts") or []) for f in line["facts"]
+        }
+        dead: set[str] = set()
+        for fact_id in cited:
+            fact = await w.tx.get(fact_id)
+            if fact is None or (
+                fact.status == RETIRED
+                and (fact.superseded_how in KILLS_DERIVED or not fact.superseded_how)
+            ):
+                dead.add(fact_id)
+        if not mark_lines(meta, memory_id, dead):
+            continue
+        after = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
+        await w.change(
+            page, "update", {"metadata": after}, f"page lines fed by {memory_id} marked"
+        )
+        w.pages.add(page.id)
+
+
+async def _render_pages(w: Write) -> None:
+    """Renders each marked page again from its metadata, leaving out its stale lines, in the
+    same transaction as the change that marked them (the new text is embedded here)."""
+    for page_id in sorted(w.pages):
+        page = await w.tx.get(page_id)
+        if page is None:
+            continue
+        text = page_text_of(json.loads(page.metadata_json or "{}"))
+        if text == page.content:
+            continue
+        vectors = iter(await w.core.embed([text, *(k.text for k in own_keys(text))]))
+        await w.new_content(page, text, vectors)
+        await w.change(
+            page, "update", {"content": text, "model_id": w.core.model.model_id},
+            "page re-rendered",
+        )
+
+
+async def retire_derived(w: Write, memory_id: str) -> None:
+    """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges.
+
+    Also marks the entity page lines memory_id fed.
+    """
+    await _mark_pages(w, memory_id)
+    why = f"evidence {memory_id} was retired"
+    for row in await w.tx.derived_from(memory_id):
+        if row.status != ACTIVE:
+            continue
+        await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
+        for edge in await w.tx.edges_of_memories([row.id]):
+            await w.tx.update_edge(edge.id, stale=1)
+
+
+async def restore_derived(w: Write, memory_id: str) -> None:
+    """Restores the stale rows resting on memory_id once all their evidence is live again.
+
+    Also clears the stale mark of page lines whose facts are all live.
+    """
+    await _mark_pages(w, memory_id)
+    for row in await w.tx.derived_from(memory_id):
+        if row.status != RETIRED or row.superseded_how != "stale":
+            continue
+        evidence = [await w.tx.get(source) for source in row.source_ids]
+        if any(e is None or (e.status == RETIRED and e.superseded_how in KILLS_DERIVED)
+               for e in evidence):
+            continue
+        await w.change(row, "restore", live_fields(), f"evidence {memory_id} was restored")
+        for edge in await w.tx.edges_of_memories([row.id]):
+            await w.tx.update_edge(edge.id, stale=0)

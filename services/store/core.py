@@ -1,0 +1,179 @@
+"""What every room of the store shares: its parts, the write in progress, and row keys."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.store.index import IndexChanges, VectorIndexes
+from services.store.keys import CONTEXT_LAYERS, NEIGHBOUR_GAP_S, context_text, own_keys
+from services.store.mirrors import FactChange
+from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
+from services.store.repo import Repo, Tx
+from shared.errors import Conflict, InvalidArgument, NotFound
+
+DEFAULT_ACTOR = "api"
+
+
+class Embedder(Protocol):
+    """What the store needs from the embedder service."""
+
+    async def embed(
+        self, texts: Sequence[str], *, is_query: bool = False
+    ) -> tuple[np.ndarray, str]: ...
+
+
+@dataclass(frozen=True)
+class VectorModel:
+    """The embedding model the store's vectors come from, and why searching may be refused."""
+
+    model_id: str
+    ndim: int
+    mismatch: str = ""
+
+
+@dataclass
+class Core:
+    """The store's database, indexes, embedder and model, and the lock every write takes."""
+
+    repo: Repo
+    indexes: VectorIndexes | None
+    embedder: Embedder
+    model: VectorModel
+    alias_group: Callable[[str], tuple[str, ...]]
+    exact_up_to: int
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
+        if all_users:
+            return Reach(None, agent_id)
+        if not user_id:
+            raise InvalidArgument("scope.user_id is required (or scope.all_users)")
+        return Reach(self.alias_group(user_id), agent_id)
+
+    async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
+        """One row, if the reach owns it."""
+        row = await self.repo.get(memory_id) if memory_id else None
+        if row is None or not reach.contains(row.user_id, row.agent_id):
+            raise NotFound(f"memory {memory_id!r} not found")
+        return row
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        """The vectors of texts, refused when the embedder's model is not the store's."""
+        if self.model.mismatch:
+            raise Conflict(self.model.mismatch)
+        vectors, model_id = await self.embedder.embed(texts)
+        if model_id != self.model.model_id:
+            raise Conflict(
+                f"the embedder now runs {model_id!r} but the store holds "
+                f"{self.model.model_id!r} vectors; restart the store to re-check"
+            )
+        return vectors
+
+    @contextlib.asynccontextmanager
+    async def writing(self, actor: str) -> AsyncIterator[Write]:
+        """One write under the lock, in one transaction; the indexes follow once it commits."""
+        async with self.write_lock:
+            now = time.time()
+            async with self.repo.transaction() as tx:
+                write = Write(self, tx, actor, now)
+                yield write
+            if self.indexes is not None:
+                await self.indexes.apply(write.changes)
+
+
+@dataclass
+class Write:
+    """A write in progress: its transaction, who and when, and what it changed so far."""
+
+    core: Core
+    tx: Tx
+    actor: str
+    now: float
+    changes: IndexChanges = field(default_factory=IndexChanges)
+    # Entity pages whose marks changed: rendered again before the transaction ends.
+    pages: set[str] = field(default_factory=set)
+    facts_changed: list[FactChange] = field(default_factory=list)
+
+    async def change(
+        self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str
+    ) -> MemoryRow | None:
+        """Updates one row's fields and audits it; returns the row as it is now."""
+        await self.tx.update(before.id, {"updated_at": self.now, **fields})
+        after = await self.tx.get(before.id)
+        await self.tx.audit(
+            actor=self.actor, action=action, row=before, before=before, after=after,
+            reason=reason, at=self.now,
+        )
+        return after
+
+    async def add_keys(
+        self, row: MemoryRow, vectors: Iterator[np.ndarray], neighbour: bool = True
+    ) -> None:
+        """Writes a row's extra keys: its clauses, and for a turn its place in the talk."""
+        for key in own_keys(row.content):
+            vector = next(vectors)
+            self.changes.add(
+                row.user_id,
+                await self.tx.add_clause_key(
+                    row.id, key.kind, key.text, self.core.model.model_id, vector
+                ),
+                vector,
+            )
+        if row.layer not in CONTEXT_LAYERS:
+            return
+        previous = await self.tx.previous_turn(row, row.created_at - NEIGHBOUR_GAP_S)
+        before = previous[1] if previous is not None else None
+        await self.tx.set_context_key(row.id, context_text(before, row.content, None))
+        if previous is not None and neighbour:
+            # The turn before now has a turn after: its key grows by this one.
+            prior = await self.tx.context_key(previous[0])
+            await self.tx.set_context_key(
+                previous[0], context_text(None, prior or previous[1], row.content)
+            )
+
+    async def new_content(
+        self, before: MemoryRow, content: str, vectors: Iterator[np.ndarray]
+    ) -> None:
+        """A row's new text takes the next vectors: its own, then its clause keys'."""
+        vector = next(vectors)
+        old, new = await self.tx.replace_vector(before.id, self.core.model.model_id, vector)
+        self.changes.remove(before.user_id, old)
+        self.changes.add(before.user_id, new, vector)
+        for clause_key in await self.tx.drop_clause_keys(before.id):
+            self.changes.remove(before.user_id, clause_key)
+        row = replace(before, content=content, created_at=self.now)
+        await self.add_keys(row, vectors, neighbour=False)
+
+
+async def target(tx: Tx, reach: Reach, memory_id: str) -> MemoryRow:
+    """The row an op names, if the reach owns it."""
+    row = await tx.get(memory_id)
+    if row is None or not reach.contains(row.user_id, row.agent_id):
+        raise NotFound(f"memory {memory_id!r} not found")
+    return row
+
+
+def retired_fields(
+    now: float, actor: str, how: str, by: str = "", reason: str = ""
+) -> dict[str, Any]:
+    """The fields that retire a row."""
+    return {
+        "status": RETIRED, "invalid_at": now, "superseded_by": by, "superseded_how": how,
+        "drop_reason": reason, "retired_by": actor,
+    }
+
+
+def live_fields() -> dict[str, Any]:
+    """The fields that make a retired row live again."""
+    return {
+        "status": ACTIVE, "invalid_at": None, "superseded_by": "", "superseded_how": "",
+        "drop_reason": "", "retired_by": "",
+    }

@@ -1,0 +1,175 @@
+"""Vector search (approximate, with an exact fallback) and keyword search over a reach."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from services.store.core import Core
+from services.store.keys import MAX_CLAUSES
+from services.store.keywords import query_terms, required_terms
+from services.store.model import KeywordResult, MemoryRow, Reach, Scored
+from services.store.repo import Repo
+from services.store.validate import check_layers, page_size
+from shared.errors import Conflict, InvalidArgument
+
+# Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
+# cannot miss a row that near-duplicates crowd out of the graph.
+EXACT_UP_TO = 20_000
+# An approximate search fetches this many times k before filtering by scope, layer and status.
+OVERSAMPLE = 8
+
+
+async def keyword_search(
+    repo: Repo,
+    reach: Reach,
+    query: str,
+    layers: Sequence[str] = (),
+    k: int = 0,
+    include_superseded: bool = False,
+    min_terms: int = 0,
+    context_keys: bool = False,
+) -> KeywordResult:
+    """Rows containing enough of the query's terms, best bm25 first.
+
+    min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
+    many terms. With context_keys, rows are also ranked by their context keys.
+    """
+    check_layers(layers)
+    if min_terms < 0:
+        raise InvalidArgument("min_terms must not be negative")
+    terms = query_terms(query)
+    required = required_terms(len(terms))
+    if not terms:
+        return KeywordResult([], [], 0)
+    least = min(min_terms, len(terms)) if min_terms else required
+    k = page_size(k, "k")
+    found = await repo.keyword_search(terms, least, reach, layers, include_superseded, k)
+    hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in found])
+    context_hits: list[Scored] = []
+    if context_keys:
+        around = await repo.context_keyword_search(
+            terms, least, reach, layers, include_superseded, k
+        )
+        context_hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in around])
+    return KeywordResult(hits, terms, required, context_hits)
+
+
+async def with_replaced(repo: Repo, hits: list[Scored]) -> list[Scored]:
+    """The hits with the older versions each replaced (one query for all of them)."""
+    if not hits:
+        return hits
+    chains = await repo.replaced_by([hit.memory.id for hit in hits])
+    if not chains:
+        return hits
+    return [replace(hit, replaced=tuple(chains.get(hit.memory.id, ()))) for hit in hits]
+
+
+async def vector_search(
+    core: Core,
+    reach: Reach,
+    vector: Sequence[float],
+    model_id: str,
+    layers: Sequence[str] = (),
+    k: int = 0,
+    min_score: float = 0.0,
+    include_superseded: bool = False,
+) -> list[Scored]:
+    """The k rows in reach most similar to vector (cosine), none below min_score."""
+    if core.model.mismatch:
+        raise Conflict(core.model.mismatch)
+    if model_id != core.model.model_id:
+        raise Conflict(
+            f"the query vector comes from model {model_id!r} but the store holds "
+            f"{core.model.model_id!r} vectors"
+        )
+    check_layers(layers)
+    query = np.asarray(vector, dtype=np.float32)
+    if query.shape != (core.model.ndim,):
+        raise InvalidArgument(
+            f"vector has {query.size} dimensions; the store's model has {core.model.ndim}"
+        )
+    norm = float(np.linalg.norm(query))
+    if norm == 0.0 or not np.isfinite(norm):
+        raise InvalidArgument("vector must be finite and non-zero")
+    query = query / norm
+    k = page_size(k, "k")
+    # 0 means no floor at all, negative cosines included.
+    min_score = min_score if min_score > 0 else -np.inf
+    assert core.indexes is not None
+    users = reach.user_ids if reach.user_ids is not None else core.indexes.users()
+    hits: list[Scored] = []
+    for user_id in users:
+        one = Reach((user_id,), reach.agent_id)
+        hits.extend(await _search_user(core, one, query, layers, k, min_score, include_superseded))
+    hits.sort(key=lambda hit: hit.score, reverse=True)
+    return await with_replaced(core.repo, hits[:k])
+
+
+async def _search_user(
+    core: Core,
+    reach: Reach,
+    query: np.ndarray,
+    layers: Sequence[str],
+    k: int,
+    min_score: float,
+    include_superseded: bool,
+) -> list[Scored]:
+    assert core.indexes is not None and reach.user_ids is not None
+    user_id = reach.user_ids[0]
+    size = core.indexes.size(user_id)
+    if size == 0:
+        return []
+    count = min(size, max(k * OVERSAMPLE, 64))
+    keys, scores = await core.indexes.search(
+        user_id, query, count, exact=size <= core.exact_up_to
+    )
+    rows = await core.repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
+    hits = _best_per_memory(
+        (rows[key], float(score))
+        for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
+        if key in rows and score >= min_score
+    )
+    # Scope, layer and status filters may leave too few: then score just the rows that pass.
+    exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
+    if len(hits) >= k or exhausted:
+        return hits[:k]
+    return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+
+
+async def _exact(
+    core: Core,
+    reach: Reach,
+    query: np.ndarray,
+    layers: Sequence[str],
+    k: int,
+    min_score: float,
+    include_superseded: bool,
+) -> list[Scored]:
+    assert core.indexes is not None and reach.user_ids is not None
+    candidates = await core.repo.keys_in(reach, layers, include_superseded)
+    keys, matrix = await core.indexes.vectors(reach.user_ids[0], candidates)
+    if not keys:
+        return []
+    norms = np.linalg.norm(matrix, axis=1)
+    norms[norms == 0] = 1.0
+    scores = (matrix @ query) / norms
+    # A memory may hold several keys (its clauses): take enough to fill k memories.
+    top = np.argsort(-scores)[: k * (1 + MAX_CLAUSES)]
+    chosen = [(keys[i], float(scores[i])) for i in top if scores[i] >= min_score]
+    rows = await core.repo.rows_for_keys(
+        [key for key, _ in chosen], reach, layers, include_superseded
+    )
+    return _best_per_memory((rows[key], score) for key, score in chosen if key in rows)[:k]
+
+
+def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
+    """One hit per memory, at the best score any of its keys got, best first."""
+    best: dict[str, Scored] = {}
+    for row, score in scored:
+        kept = best.get(row.id)
+        if kept is None or score > kept.score:
+            best[row.id] = Scored(row, score)
+    return sorted(best.values(), key=lambda hit: hit.score, reverse=True)

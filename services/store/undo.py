@@ -1,0 +1,70 @@
+"""Undoing a consolidation pass: its inserts retired, its retires restored, its edges reverted."""
+
+from __future__ import annotations
+
+import json
+
+from services.store.cascade import restore_derived, retire_derived, settle
+from services.store.core import DEFAULT_ACTOR, Core, Write, live_fields, retired_fields
+from services.store.mirrors import FactChange, is_preference_fact
+from services.store.model import ACTIVE, RETIRED, Undone
+from shared.errors import InvalidArgument, NotFound
+
+
+async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
+    """Reverts every change a consolidation pass made, newest first, in one transaction."""
+    if not pass_id:
+        raise InvalidArgument("pass_id is required")
+    undone = Undone()
+    async with core.writing(actor or DEFAULT_ACTOR) as w:
+        changes = await w.tx.pass_changes(pass_id)
+        if not changes:
+            raise NotFound(f"pass {pass_id!r} not found (or it changed nothing)")
+        for kind, target, before_json in changes:
+            if kind in ("insert", "retire"):
+                await _undo_row(w, undone, pass_id, kind, target)
+            else:
+                await _undo_edge(w, undone, kind, target, before_json)
+        await settle(w)
+    return undone
+
+
+async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
+    """Retires a row the pass inserted, or restores one it retired (if still so)."""
+    row = await w.tx.get(target)
+    if row is None:
+        return
+    why = f"undo of pass {pass_id}"
+    if kind == "insert" and row.status == ACTIVE:
+        await w.change(row, "retire", retired_fields(w.now, w.actor, "undone", reason=why), why)
+        undone.undone_ids.append(target)
+        await retire_derived(w, target)
+        for edge in await w.tx.edges_of_memories([target]):
+            await w.tx.update_edge(edge.id, undone=1)
+    elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
+        await w.change(row, "restore", live_fields(), why)
+        undone.restored_ids.append(target)
+        await restore_derived(w, target)
+    else:
+        return
+    if is_preference_fact(row):
+        w.facts_changed.append(FactChange(row, kind == "retire", "undone"))
+
+
+async def _undo_edge(
+    w: Write, undone: Undone, kind: str, target: str, before_json: str
+) -> None:
+    """Hides an edge the pass added, or puts back the evidence or end it changed."""
+    if await w.tx.get_edge(target) is None:
+        return
+    undone.edge_ids.append(target)
+    if kind == "edge_new":
+        await w.tx.update_edge(target, undone=1)
+    elif kind == "edge_evidence":
+        before = json.loads(before_json)
+        await w.tx.update_edge(
+            target, source_ids=before["source_ids"], fact_ids=before["fact_ids"]
+        )
+    elif kind == "edge_end":
+        before = json.loads(before_json)
+        await w.tx.update_edge(target, valid_to=before["valid_to"], invalidated_at=None)

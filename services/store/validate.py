@@ -1,0 +1,212 @@
+"""Checks on what callers send the store, and "$ref" resolution: pure functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from services.store.core import VectorModel
+from services.store.model import (
+    LAYERS,
+    SUPERSEDED_HOW,
+    Delete,
+    EndEdge,
+    Insert,
+    Op,
+    PutEdge,
+    Reach,
+    Restore,
+    Retire,
+    SetState,
+    Update,
+)
+from shared.errors import InvalidArgument, PermissionDenied
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 1000
+
+
+def metadata(text: str, where: str) -> str:
+    """metadata_json as compact JSON ("{}" when blank); anything but an object is refused."""
+    if not text.strip():
+        return "{}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{where}: metadata_json is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{where}: metadata_json must be a JSON object")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def page_size(limit: int, what: str = "limit") -> int:
+    """The page size to use: 0 is the default; above MAX_LIMIT is refused, never cut."""
+    if limit < 0:
+        raise InvalidArgument(f"{what} must not be negative")
+    if limit > MAX_LIMIT:
+        raise InvalidArgument(
+            f"{what} {limit} is over the maximum of {MAX_LIMIT}; page with offset"
+        )
+    return limit or DEFAULT_LIMIT
+
+
+def page_offset(value: int) -> int:
+    """A page's offset, refused when negative."""
+    if value < 0:
+        raise InvalidArgument("offset must not be negative")
+    return value
+
+
+def check_layers(layers: Sequence[str]) -> None:
+    """Refuses a layer name the store does not know."""
+    for layer in layers:
+        if layer not in LAYERS:
+            raise InvalidArgument(f"unknown layer {layer!r}")
+
+
+def check_ids(ids: Sequence[str]) -> None:
+    """Refuses more ids than one request may name."""
+    if len(ids) > MAX_LIMIT:
+        raise InvalidArgument(f"at most {MAX_LIMIT} ids at once, got {len(ids)}")
+
+
+def _owned(reach: Reach, op: Insert | PutEdge, where: str) -> None:
+    if not reach.contains(op.user_id, op.agent_id):
+        raise PermissionDenied(f"{where}: owner {op.user_id!r} is outside the request scope")
+
+
+def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
+    if not op.user_id:
+        raise InvalidArgument(f"{where}: insert needs owner.user_id")
+    if op.layer not in LAYERS:
+        raise InvalidArgument(f"{where}: insert needs a layer (l1_profile..l8_entity)")
+    if not op.content.strip():
+        raise InvalidArgument(f"{where}: insert needs non-empty content")
+    _owned(reach, op, where)
+    if op.ref:
+        if op.ref in refs:
+            raise InvalidArgument(f"{where}: ref {op.ref!r} is used twice")
+        refs.add(op.ref)
+    if op.id and (op.id.startswith("$") or len(op.id) > 128 or not op.id.strip()):
+        raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
+    return replace(op, metadata_json=metadata(op.metadata_json, where))
+
+
+def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
+    if not op.user_id:
+        raise InvalidArgument(f"{where}: an edge needs owner.user_id")
+    if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
+        raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
+    _owned(reach, op, where)
+    return op
+
+
+def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
+    if not op.key:
+        raise InvalidArgument(f"{where}: set_state needs a key")
+    if op.value_json:
+        try:
+            json.loads(op.value_json)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"{where}: value_json is not JSON: {exc}") from None
+    return op
+
+
+def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
+    if op.superseded_how and op.superseded_how not in SUPERSEDED_HOW:
+        raise InvalidArgument(
+            f"{where}: superseded_how {op.superseded_how!r} is not one of "
+            + ", ".join(SUPERSEDED_HOW)
+        )
+    return op
+
+
+def _update(op: Update, reach: Reach, refs: set[str], where: str) -> Op:
+    if op.content is not None and not op.content.strip():
+        raise InvalidArgument(f"{where}: content cannot be emptied")
+    if op.hits is not None and op.hits_delta:
+        raise InvalidArgument(f"{where}: set hits or add hits_delta, not both")
+    if op.metadata_json is not None:
+        return replace(op, metadata_json=metadata(op.metadata_json, where))
+    return op
+
+
+def _as_is(op: Op, reach: Reach, refs: set[str], where: str) -> Op:
+    return op
+
+
+_CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
+    Insert: _insert,
+    PutEdge: _put_edge,
+    SetState: _set_state,
+    Retire: _retire,
+    Update: _update,
+    Restore: _as_is,
+    Delete: _as_is,
+    EndEdge: _as_is,
+}
+# Ops that name their target by id.
+_BY_ID = (Retire, Update, Restore, Delete, EndEdge)
+
+
+def validated(reach: Reach, ops: Sequence[Op]) -> list[Op]:
+    """The ops, checked one by one, with their metadata made compact JSON."""
+    refs: set[str] = set()
+    checked: list[Op] = []
+    for i, op in enumerate(ops):
+        where = f"op {i}"
+        if isinstance(op, _BY_ID) and not op.id:
+            raise InvalidArgument(f"{where}: id is required")
+        checked.append(_CHECKS[type(op)](op, reach, refs, where))
+    return checked
+
+
+def resolved(ops: list[Op], ids: dict[int, str]) -> list[Op]:
+    """Replaces "$ref" names with the ids of inserts made earlier in the same Apply."""
+    known: dict[str, str] = {}
+
+    def resolve(value: str, where: str) -> str:
+        if not value.startswith("$"):
+            return value
+        if value[1:] not in known:
+            raise InvalidArgument(f"{where}: {value!r} names no earlier insert of this Apply")
+        return known[value[1:]]
+
+    out: list[Op] = []
+    for i, op in enumerate(ops):
+        where = f"op {i}"
+        if isinstance(op, Insert):
+            if op.ref:
+                known[op.ref] = ids[i]
+        elif isinstance(op, Retire):
+            op = replace(
+                op,
+                id=resolve(op.id, where),
+                superseded_by=resolve(op.superseded_by, where),
+            )
+        elif isinstance(op, PutEdge):
+            op = replace(op, memory_id=resolve(op.memory_id, where))
+        elif isinstance(op, SetState | EndEdge):
+            pass
+        else:
+            op = replace(op, id=resolve(op.id, where))
+        out.append(op)
+    return out
+
+
+def given_vector(op: Insert, model: VectorModel, where: str) -> np.ndarray:
+    """The vector an insert brought, checked against the store's model, unit length."""
+    if op.vector_model_id != model.model_id:
+        raise InvalidArgument(
+            f"{where}: the vector comes from model {op.vector_model_id!r} but the store "
+            f"holds {model.model_id!r} vectors"
+        )
+    vector = np.asarray(op.vector, dtype=np.float32)
+    norm = float(np.linalg.norm(vector))
+    if vector.shape != (model.ndim,) or not np.isfinite(norm) or norm == 0.0:
+        raise InvalidArgument(f"{where}: the vector must be {model.ndim} finite numbers")
+    return vector / norm
