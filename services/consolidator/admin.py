@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from services.consolidator.survey import ACTOR
-from services.consolidator.vectors import Embedder
-from shared.layers import EXPERIENCE
 from shared.pb import common_pb2, store_pb2
-from shared.store_client import GraphStoreClient, retire_op, update_op
+from shared.store_client import GraphStoreClient, update_op
 
 MESSAGE_BYTES = 4000
 TURN_BYTES = 12000
@@ -55,19 +50,6 @@ class CompactResult:
     rows_rewritten: int = 0
 
 
-@dataclass
-class DedupeResult:
-    """What dedupe_facts found and changed."""
-
-    dry_run: bool
-    threshold: float
-    owners: int = 0
-    facts: int = 0
-    duplicates: int = 0
-    sample: list[str] = field(default_factory=list)
-    rows_superseded: int = 0
-
-
 async def compact_raw(store: GraphStoreClient, dry_run: bool) -> CompactResult:
     """Caps every raw turn; rewrites them unless dry_run (the audit log keeps the old text)."""
     result = CompactResult(dry_run)
@@ -91,48 +73,4 @@ async def compact_raw(store: GraphStoreClient, dry_run: bool) -> CompactResult:
             chunk = ops[start : start + 200]
             await store.apply(everyone, chunk, ACTOR, "admin compact_raw")
             result.rows_rewritten += len(chunk)
-    return result
-
-
-async def dedupe_facts(
-    store: GraphStoreClient,
-    embedder: Embedder,
-    canonical_user: Callable[[str], str],
-    threshold: float,
-    dry_run: bool,
-) -> DedupeResult:
-    """Supersedes each live fact by a newer one of the same person at >= threshold."""
-    result = DedupeResult(dry_run, threshold)
-    everyone = common_pb2.Scope(all_users=True)
-    facts = await store.all_rows(
-        store_pb2.ListMemoriesRequest(scope=everyone, layers=[common_pb2.L3_FACT], order="oldest")
-    )
-    by_owner: dict[str, list[common_pb2.Memory]] = {}
-    # The restatement rule of the store's writes: experiences neither restate nor are restated.
-    for fact in (f for f in facts if f.label != EXPERIENCE):
-        by_owner.setdefault(canonical_user(fact.owner.user_id), []).append(fact)
-    result.owners = len(by_owner)
-    result.facts = len(facts)
-    for owner, rows in by_owner.items():
-        if len(rows) < 2:
-            continue
-        vectors, _ = await embedder.embed([r.content for r in rows])
-        scores = vectors @ vectors.T
-        np.fill_diagonal(scores, -1.0)
-        ops = []
-        gone: set[int] = set()
-        for i in range(len(rows)):
-            newer = [
-                j for j in range(i + 1, len(rows)) if j not in gone and scores[i, j] >= threshold
-            ]
-            if not newer:
-                continue
-            gone.add(i)
-            result.duplicates += 1
-            if len(result.sample) < SAMPLES:
-                result.sample.append(f"{rows[i].content[:80]} -> {rows[newer[-1]].content[:80]}")
-            ops.append(retire_op(rows[i].id, "restated", rows[newer[-1]].id, "admin dedupe_facts"))
-        if ops and not dry_run:
-            await store.apply(common_pb2.Scope(user_id=owner), ops, ACTOR, "admin dedupe_facts")
-            result.rows_superseded += len(ops)
     return result

@@ -8,6 +8,7 @@ import grpc
 
 from services.consolidator import admin
 from services.consolidator.passes import Busy, Consolidator, Report
+from services.consolidator.survey import ACTOR
 from shared.errors import InvalidArgument
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import grpc_errors
@@ -81,8 +82,10 @@ class ConsolidatorServicer(consolidator_pb2_grpc.ConsolidatorServicer):
         threshold = request.threshold or DEDUPE_DEFAULT
         if not 0 < threshold <= 1:
             raise InvalidArgument(f"threshold {threshold} is outside (0, 1]")
-        c = self._consolidator
-        result = await admin.dedupe_facts(
-            c.store, c.embedder, c.canonical_user, threshold, request.dry_run
+        # The store owns the restatement rule; the consolidator only serves the admin route.
+        found = await self._consolidator.store.restate_facts(threshold, request.dry_run, ACTOR)
+        return consolidator_pb2.DedupeFactsResponse(
+            dry_run=request.dry_run, threshold=threshold, owners=found.owners, facts=found.facts,
+            duplicates=found.duplicates, sample=list(found.sample),
+            rows_superseded=found.rows_superseded,
         )
-        return consolidator_pb2.DedupeFactsResponse(**dataclasses.asdict(result))

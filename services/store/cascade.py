@@ -38,12 +38,23 @@ def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[Fac
     return gone + ([FactChange(after, True)] if now_is else [])
 
 
+def restatable(row: MemoryRow) -> bool:
+    """The restatement rule's subjects: facts, never experiences (lessons are kept apart)."""
+    return row.layer == "l3_fact" and row.label != EXPERIENCE
+
+
+async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> list[FactChange]:
+    """Retires old as restated by new (the preference mirror follows)."""
+    await w.change(old, "retire", retired_fields(w.now, w.actor, "restated", by=new.id), reason)
+    return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
+
+
 async def restate(
     w: Write, new: MemoryRow, vector: np.ndarray, at: float, spared: set[str]
 ) -> list[FactChange]:
     """The restatement rule: the owner's live fact nearest to a new one, at cosine >= at,
     is retired as restated by it (experiences never; nor rows this Apply names itself)."""
-    if new.layer != "l3_fact" or new.label == EXPERIENCE:
+    if not restatable(new):
         return []
     core = w.core
     reach = core.reach(new.user_id, new.agent_id)
@@ -51,13 +62,9 @@ async def restate(
         core, reach, vector.tolist(), core.model.model_id, ["l3_fact"], 1, at
     )
     old = await w.tx.get(hits[0].memory.id) if hits else None
-    if old is None or old.id in spared or old.status != ACTIVE or old.label == EXPERIENCE:
+    if old is None or old.id in spared or old.status != ACTIVE or not restatable(old):
         return []
-    await w.change(
-        old, "retire", retired_fields(w.now, w.actor, "restated", by=new.id),
-        f"restated by {new.id}",
-    )
-    return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
+    return await restate_one(w, old, new, f"restated by {new.id}")
 
 
 async def settle(w: Write) -> None:

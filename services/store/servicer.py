@@ -450,3 +450,17 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             return store_pb2.ReadResult(vector_search=found)
         raise InvalidArgument("a read names none of get, list, vector_search")
 
+    @grpc_errors
+    async def RestateFacts(
+        self, request: store_pb2.RestateFactsRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.RestateFactsResponse:
+        if not 0 < request.threshold <= 1:
+            raise InvalidArgument(f"threshold {request.threshold} is outside (0, 1]")
+        found = await self._store.restate_facts(
+            request.threshold, request.dry_run, actor_for(request.actor, "")
+        )
+        return store_pb2.RestateFactsResponse(
+            owners=found.owners, facts=found.facts, duplicates=found.duplicates,
+            sample=found.sample, rows_superseded=found.rows_superseded,
+        )
+

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.store import apply, graph, retrieval, undo
 from services.store.core import Core, Embedder, VectorModel
+from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.index import VectorIndexes
 from services.store.model import (
     LAYERS,
@@ -72,6 +73,10 @@ class Store:
     async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
         """One row, if the reach owns it."""
         return await self._core.get(reach, memory_id)
+
+    async def restate_facts(self, threshold: float, dry_run: bool, actor: str) -> Dedupe:
+        """The restatement rule over every stored fact (admin dedupe_facts)."""
+        return await dedupe_facts(self._core, threshold, dry_run, actor)
 
     async def stored_vector(self, memory_id: str) -> list[float]:
         """A row's stored vector of the store's model (empty when it has none)."""
