@@ -6,7 +6,6 @@ from aiohttp import web
 
 from gateway.respond import (
     INT32_MIN,
-    LIMIT_MAX,
     json_response,
     layer_filter,
     owner_scope,
@@ -41,7 +40,8 @@ async def search(request: web.Request) -> web.Response:
     if not query:
         raise InvalidArgument("query required")
     limit = params.integer("limit", 0, lo=INT32_MIN)
-    limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    # The search service refuses a limit over its maximum (400), never cuts it.
+    limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else limit
     layer = params.string("layer")
     user_ids = params.strings("user_ids")
     agent_ids = params.strings("agent_ids")

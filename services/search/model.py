@@ -96,10 +96,12 @@ class SearchQuery:
             raise InvalidArgument(f"min_score {floor} is outside 0..1")
         if limit <= 0:
             limit = DEFAULT_LIMIT
+        if limit > MAX_LIMIT:
+            raise InvalidArgument(f"limit {limit} is over the maximum of {MAX_LIMIT}")
         return cls(
             scope=scope,
             text=text,
-            limit=min(limit, MAX_LIMIT),
+            limit=limit,
             layers=tuple(dict.fromkeys(layers)),
             min_score=floor,
             sources=READERS[key],
