@@ -10,9 +10,9 @@ import numpy as np
 from services.store.cascade import restatable, restate_one, settle
 from services.store.core import Core
 from services.store.model import ACTIVE, ListQuery, MemoryRow, Reach
+from services.store.validate import MAX_LIMIT
 
 SAMPLES = 5
-PAGE = 1000
 REASON = "admin dedupe_facts"
 
 
@@ -46,7 +46,9 @@ def restated_pairs(rows: list[MemoryRow], vectors: np.ndarray, threshold: float)
 async def _live_facts(core: Core) -> list[MemoryRow]:
     rows: list[MemoryRow] = []
     while True:
-        query = ListQuery(layers=("l3_fact",), newest_first=False, limit=PAGE, offset=len(rows))
+        query = ListQuery(
+            layers=("l3_fact",), newest_first=False, limit=MAX_LIMIT, offset=len(rows)
+        )
         page, total = await core.repo.list_rows(Reach(None), query)
         rows += page
         if not page or len(rows) >= total:
