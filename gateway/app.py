@@ -10,7 +10,16 @@ from gateway import dashboard, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
-from gateway.routes import admin, digest, extraction, graph, memories, placeholders, search, status
+from gateway.routes import (
+    admin,
+    digest,
+    extraction,
+    graph,
+    memories,
+    search,
+    status,
+    transfer,
+)
 from gateway.state import (
     CHANNELS,
     CONFIG,
@@ -67,8 +76,9 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app[CONFIG] = config
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
-    for module in (readiness, status, memories, search, extraction, digest, graph, admin):
+    for module in (
+        readiness, status, memories, search, extraction, digest, graph, admin, transfer
+    ):
         app.add_routes(module.routes)
     dashboard.register(app, settings)
-    placeholders.add_placeholder_routes(app)
     return app

@@ -312,7 +312,7 @@ to_index.token_exempt = True  # type: ignore[attr-defined]
 
 
 def register(app: web.Application, settings: Settings) -> None:
-    """Adds the dashboard's routes; call before the API's placeholder routes."""
+    """Adds the dashboard's routes."""
     app[SETTINGS] = settings
     app.router.add_get("/dashboard/api/memory", memory_detail)
     app.router.add_get("/dashboard/api/writes", writes)

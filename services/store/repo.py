@@ -586,14 +586,19 @@ class Tx:
         )
 
 
+def row_fields(row: MemoryRow) -> dict[str, Any]:
+    """Every field of a row as plain JSON values (metadata as an object)."""
+    data = {name: getattr(row, name) for name in row.__dataclass_fields__}
+    data["source_ids"] = list(row.source_ids)
+    data["metadata"] = json.loads(data.pop("metadata_json") or "{}")
+    return data
+
+
 def row_json(row: MemoryRow | None) -> str:
     """A row as a JSON object ("" for none), the shape audit entries keep."""
     if row is None:
         return ""
-    data = {name: getattr(row, name) for name in row.__dataclass_fields__}
-    data["source_ids"] = list(row.source_ids)
-    data["metadata"] = json.loads(data.pop("metadata_json") or "{}")
-    return json.dumps(data, ensure_ascii=False, sort_keys=True)
+    return json.dumps(row_fields(row), ensure_ascii=False, sort_keys=True)
 
 
 class Repo:

@@ -255,6 +255,33 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         return store_pb2.CountMemoriesResponse(counts=counts)
 
     @grpc_errors
+    async def ExportPage(
+        self, request: store_pb2.ExportPageRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ExportPageResponse:
+        lines, cursor, done = await self._store.export_page(
+            self._reach(request.scope), request.edges, request.after, request.limit
+        )
+        return store_pb2.ExportPageResponse(lines=lines, cursor=cursor, done=done)
+
+    @grpc_errors
+    async def ImportRows(
+        self, request: store_pb2.ImportRowsRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ImportRowsResponse:
+        done = await self._store.import_lines(
+            self._reach(request.scope),
+            [(line.line, line.json) for line in request.lines],
+            request.model_id,
+            request.extraction_status,
+            request.write_mode,
+            actor_for(request.actor, ""),
+        )
+        return store_pb2.ImportRowsResponse(
+            imported=done.imported,
+            skipped=done.skipped,
+            errors=[store_pb2.ImportError(line=n, error=e) for n, e in done.errors],
+        )
+
+    @grpc_errors
     async def ListMemories(
         self, request: store_pb2.ListMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ListMemoriesResponse:

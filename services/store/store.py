@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from services.store import apply, graph, retrieval, undo
+from services.store import apply, graph, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.index import VectorIndexes
@@ -26,6 +27,8 @@ from services.store.model import (
 )
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
+from services.store.transfer import Imported
+from services.store.transfer_format import LineContext
 from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
 from shared.errors import InvalidArgument, NotFound
 
@@ -184,6 +187,28 @@ class Store:
         if not owned:
             raise NotFound(f"memory {memory_id!r} not found")
         return [entry for entry, _, _ in entries]
+
+    async def export_page(
+        self, reach: Reach, edges: bool, after: int, limit: int
+    ) -> tuple[list[str], int, bool]:
+        """A page of the JSONL export (memories or edges), its cursor, and whether it is last."""
+        return await transfer.export_page(self._core, reach, edges, after, limit)
+
+    async def import_lines(
+        self,
+        reach: Reach,
+        lines: Sequence[tuple[int, str]],
+        file_model_id: str,
+        extraction_status: str = "",
+        write_mode: str = "",
+        actor: str = "",
+    ) -> Imported:
+        """Numbered JSONL lines written in one transaction, or none when one is bad."""
+        ctx = LineContext(
+            self.model.model_id, self.model.ndim, file_model_id, time.time(),
+            extraction_status, write_mode,
+        )
+        return await transfer.import_lines(self._core, reach, lines, ctx, actor)
 
     async def flush(self) -> int:
         """Saves the vector indexes now; returns how many vectors they hold."""

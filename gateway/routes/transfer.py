@@ -1,0 +1,195 @@
+"""Export and import: a store as JSONL, streamed out page by page and in batch by batch."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.params import Params
+from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
+from gateway.state import CONFIG, STORE
+from gateway.wording import extraction_status
+from shared.errors import InvalidArgument, PermissionDenied
+from shared.export_format import header, header_model
+from shared.pb import common_pb2, store_pb2
+
+# Lines a store call carries: a page of the export, a transaction of the import.
+PAGE_LINES = 500
+BATCH_LINES = 500
+# Errors listed in an import's reply (the rest are counted).
+MAX_LISTED_ERRORS = 100
+CHUNK_BYTES = 1 << 16
+EVERY_OWNER = "exporting every owner is off: pass user_id, or restart with HYATLAS_ADMIN=on"
+
+routes = web.RouteTableDef()
+
+
+def _export_scope(request: web.Request) -> common_pb2.Scope:
+    params = Params(request.query, {})
+    user_id, agent_id = params.string("user_id"), params.string("agent_id")
+    if user_id:
+        return owner_scope(user_id, agent_id)
+    if not request.app[CONFIG].admin:
+        raise PermissionDenied(EVERY_OWNER)
+    return common_pb2.Scope(all_users=True, agent_id=agent_id)
+
+
+async def _pages(
+    request: web.Request, scope: common_pb2.Scope
+) -> AsyncIterator[store_pb2.ExportPageResponse]:
+    """Every page of memory lines, then every page of edge lines."""
+    for edges in (False, True):
+        after, done = 0, False
+        while not done:
+            page = await request.app[STORE].ExportPage(
+                store_pb2.ExportPageRequest(
+                    scope=scope, edges=edges, after=after, limit=PAGE_LINES
+                ),
+                timeout=rpc_timeout(request),
+            )
+            after, done = page.cursor, page.done
+            yield page
+
+
+@routes.get("/api/v1/export")
+async def export(request: web.Request) -> web.StreamResponse:
+    """Streams the scope's rows (with vectors, keys and history) and edges as JSONL."""
+    scope = _export_scope(request)
+    stats = await request.app[STORE].GetStats(
+        store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
+    )
+    pages = _pages(request, scope)
+    first = await anext(pages)  # a refusal still comes back as a JSON error
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "application/x-ndjson; charset=utf-8",
+            "Content-Disposition": 'attachment; filename="hyatlas-export.jsonl"',
+        }
+    )
+    await response.prepare(request)
+    await response.write(_jsonl([json.dumps(header(stats.model_id, stats.ndim, time.time()))]))
+    await response.write(_jsonl(first.lines))
+    async for page in pages:
+        await response.write(_jsonl(page.lines))
+    await response.write_eof()
+    return response
+
+
+def _jsonl(lines: Any) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+async def _numbered_lines(request: web.Request) -> AsyncIterator[tuple[int, bytes]]:
+    """The body's non-blank lines with their line numbers, read as they arrive."""
+    limit = request.app[CONFIG].max_body_bytes
+    number, pending = 0, b""
+    async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            number += 1
+            if raw.strip():
+                yield number, raw
+        if len(pending) > limit:
+            raise InvalidArgument(f"line {number + 1} is over the {limit} byte limit")
+    if pending.strip():
+        yield number + 1, pending
+
+
+@dataclass
+class _Import:
+    """An import in progress: the file's model and what the batches did so far."""
+
+    model_id: str = ""
+    lines: int = 0
+    imported: int = 0
+    skipped: int = 0
+    refused: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def refuse(self, line: int, error: str) -> None:
+        """Counts a bad line, listing the first few."""
+        self.refused += 1
+        if len(self.errors) < MAX_LISTED_ERRORS:
+            self.errors.append({"line": line, "error": error})
+
+
+async def _send(request: web.Request, run: _Import, batch: list[store_pb2.ImportLine]) -> None:
+    """One batch to the store: written in one transaction, or refused with its bad lines."""
+    config = request.app[CONFIG]
+    reply = await request.app[STORE].ImportRows(
+        store_pb2.ImportRowsRequest(
+            scope=_import_scope(request),
+            lines=batch,
+            model_id=run.model_id,
+            extraction_status=extraction_status(config),
+            write_mode=config.mode,
+            actor="api",
+        ),
+        timeout=rpc_timeout(request),
+    )
+    run.imported += reply.imported
+    run.skipped += reply.skipped
+    for error in reply.errors:
+        run.refuse(error.line, error.error)
+
+
+def _import_scope(request: web.Request) -> common_pb2.Scope:
+    params = Params(request.query, {})
+    user_id = params.string("user_id")
+    return owner_scope(user_id, params.string("agent_id")) if user_id else all_users()
+
+
+async def _batches(
+    request: web.Request, run: _Import
+) -> AsyncIterator[list[store_pb2.ImportLine]]:
+    """The body's lines in batches; a first line that is an export header sets the model."""
+    batch: list[store_pb2.ImportLine] = []
+    first = True
+    poisoned = False  # a line that is not UTF-8 refuses its whole batch
+    async for number, raw in _numbered_lines(request):
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            run.refuse(number, "not UTF-8 text")
+            poisoned = True
+            continue
+        if first:
+            first = False
+            model_id = header_model(text)
+            if model_id is not None:
+                run.model_id = model_id
+                continue
+        run.lines += 1
+        batch.append(store_pb2.ImportLine(line=number, json=text))
+        if len(batch) == BATCH_LINES:
+            if not poisoned:
+                yield batch
+            batch, poisoned = [], False
+    if batch and not poisoned:
+        yield batch
+
+
+@routes.post("/api/v1/import")
+async def import_jsonl(request: web.Request) -> web.Response:
+    """Writes an export (or minimal memory lines) batch by batch; existing ids are skipped."""
+    run = _Import()
+    async for batch in _batches(request, run):
+        await _send(request, run, batch)
+    body = {
+        "lines": run.lines,
+        "imported": run.imported,
+        "skipped": run.skipped,
+        "refused": run.refused,
+        "errors": run.errors,
+    }
+    if run.errors:
+        first = run.errors[0]
+        body["error"] = f"line {first['line']}: {first['error']}"
+        return json_response(body, status=400)
+    return json_response(body)

@@ -1,0 +1,198 @@
+"""Export and import: pages of JSONL lines out, batches of lines in, one transaction a batch."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from services.store import transfer_repo as sql
+from services.store.core import DEFAULT_ACTOR, Core, Write
+from services.store.keys import CLAUSE, own_keys
+from services.store.model import Reach
+from services.store.transfer_format import (
+    EdgeLine,
+    KeyLine,
+    LineContext,
+    MemoryLine,
+    edge_line,
+    memory_line,
+    parse_line,
+)
+from services.store.validate import MAX_LIMIT, page_size
+from shared.errors import InvalidArgument, ServiceError
+
+IMPORT_REASON = "import"
+
+
+@dataclass
+class Imported:
+    """What one import batch did: lines written, lines whose id existed, bad lines."""
+
+    imported: int = 0
+    skipped: int = 0
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+async def export_page(
+    core: Core, reach: Reach, edges: bool, after: int, limit: int
+) -> tuple[list[str], int, bool]:
+    """Lines after the cursor, the cursor of the last one, and whether none follow."""
+    limit = page_size(limit)
+    conn = core.repo.reader
+    if edges:
+        found_edges = await sql.edges_after(conn, reach, after, limit)
+        cursors = [seq for seq, _ in found_edges]
+        lines = [edge_line(edge) for _, edge in found_edges]
+    else:
+        found = await sql.rows_after(conn, reach, after, limit)
+        ids = [row.id for _, row in found]
+        vectors = await sql.vectors_of(conn, ids)
+        keys = await sql.keys_of(conn, ids)
+        history = await sql.history_of(conn, ids)
+        cursors = [seq for seq, _ in found]
+        lines = [
+            memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
+            for _, row in found
+        ]
+    text = [json.dumps(line, ensure_ascii=False) for line in lines]
+    return text, (cursors[-1] if cursors else after), len(cursors) < limit
+
+
+@dataclass
+class _Row:
+    """A memory line ready to write: its id settled and every vector it needs in hand."""
+
+    line: MemoryLine
+    vector: np.ndarray
+    clause_vectors: list[np.ndarray]
+
+
+def _parsed(
+    lines: Sequence[tuple[int, str]], reach: Reach, ctx: LineContext
+) -> tuple[list[MemoryLine | EdgeLine], list[tuple[int, str]]]:
+    """Every line checked; the bad ones with their line number and reason."""
+    parsed: list[MemoryLine | EdgeLine] = []
+    errors: list[tuple[int, str]] = []
+    for number, text in lines:
+        try:
+            item = parse_line(text, ctx)
+            owner = item.row if isinstance(item, MemoryLine) else item.edge
+            if not reach.contains(owner.user_id, owner.agent_id):
+                raise InvalidArgument(f"owner {owner.user_id!r} is outside the request scope")
+        except ServiceError as exc:
+            errors.append((number, exc.message))
+        else:
+            parsed.append(item)
+    return parsed, errors
+
+
+def _with_ids(items: list[MemoryLine | EdgeLine]) -> list[MemoryLine | EdgeLine]:
+    """Lines without an id get a new one, as an ordinary write would."""
+    out: list[MemoryLine | EdgeLine] = []
+    for item in items:
+        if isinstance(item, MemoryLine) and not item.row.id:
+            item = replace(item, row=replace(item.row, id=str(uuid.uuid4())))
+        elif isinstance(item, EdgeLine) and not item.edge.id:
+            item = EdgeLine(replace(item.edge, id=str(uuid.uuid4())))
+        out.append(item)
+    return out
+
+
+def _clause_texts(line: MemoryLine) -> list[tuple[str, np.ndarray | None]]:
+    """The clause keys a row gets: the line's own, or those an ordinary write derives."""
+    if line.keys is None:
+        return [(key.text, None) for key in own_keys(line.row.content)]
+    return [(key.text, key.vector) for key in line.keys if key.kind == CLAUSE]
+
+
+def _to_embed(lines: Sequence[MemoryLine]) -> list[str]:
+    """Every text of the batch that came without a usable vector, in the order _ready takes them."""
+    texts: list[str] = []
+    for line in lines:
+        if line.vector is None:
+            texts.append(line.row.content)
+        texts.extend(text for text, vector in _clause_texts(line) if vector is None)
+    return texts
+
+
+def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Row]:
+    """Each line with its vectors: the ones it brought, else the next freshly embedded."""
+    ready = []
+    for line in lines:
+        vector = line.vector if line.vector is not None else next(fresh)
+        clauses = [v if v is not None else next(fresh) for _, v in _clause_texts(line)]
+        ready.append(_Row(line, vector, clauses))
+    return ready
+
+
+async def import_lines(
+    core: Core, reach: Reach, lines: Sequence[tuple[int, str]], ctx: LineContext, actor: str
+) -> Imported:
+    """Writes the lines in one transaction, or none of them if any is bad; existing ids skip."""
+    if len(lines) > MAX_LIMIT:
+        raise InvalidArgument(f"at most {MAX_LIMIT} lines a batch, got {len(lines)}")
+    parsed, errors = _parsed(lines, reach, ctx)
+    if errors:
+        return Imported(errors=errors)
+    items = _with_ids(parsed)
+    memories = [item for item in items if isinstance(item, MemoryLine)]
+    texts = _to_embed(memories)
+    fresh = await core.embed(texts) if texts else np.zeros((0, core.model.ndim), np.float32)
+    rows = _ready(memories, iter(fresh))
+    edges = [item.edge for item in items if isinstance(item, EdgeLine)]
+    done = Imported()
+    async with core.writing(actor or DEFAULT_ACTOR) as w:
+        # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
+        taken = await sql.existing_memory_ids(core.repo.writer, [r.line.row.id for r in rows])
+        taken |= await sql.existing_edge_ids(core.repo.writer, [e.id for e in edges])
+        for row in rows:
+            if row.line.row.id in taken:
+                done.skipped += 1
+                continue
+            taken.add(row.line.row.id)
+            await _write_row(w, row)
+            done.imported += 1
+        for edge in edges:
+            if edge.id in taken:
+                done.skipped += 1
+                continue
+            taken.add(edge.id)
+            await w.tx.insert_edge(edge)
+            done.imported += 1
+    return done
+
+
+async def _write_row(w: Write, ready: _Row) -> None:
+    """One row through the ordinary insert path, with its keys and its history."""
+    row, line = ready.line.row, ready.line
+    w.changes.add(row.user_id, await w.tx.insert(row, ready.vector), ready.vector)
+    if line.keys is None:
+        await w.add_keys(row, iter(ready.clause_vectors))
+    else:
+        await _write_keys(w, ready, line.keys)
+    if line.history is None:
+        await w.tx.audit(
+            actor=w.actor, action="insert", row=row, before=None, after=row,
+            reason=IMPORT_REASON, at=w.now,
+        )
+    else:
+        await sql.add_history(w.core.repo.writer, row, line.history)
+
+
+async def _write_keys(w: Write, ready: _Row, keys: Sequence[KeyLine]) -> None:
+    """The keys a line brought, as they were: clause keys with vectors, the context key's text."""
+    row = ready.line.row
+    clause_vectors = iter(ready.clause_vectors)
+    for key in keys:
+        if key.kind == CLAUSE:
+            vector = next(clause_vectors)
+            index_key = await w.tx.add_clause_key(
+                row.id, key.kind, key.text, w.core.model.model_id, vector
+            )
+            w.changes.add(row.user_id, index_key, vector)
+        else:
+            await w.tx.set_context_key(row.id, key.text)

@@ -1,0 +1,353 @@
+"""The lines of a JSONL export: memory lines and edge lines, rendered and checked."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from services.store.keys import CLAUSE, CONTEXT
+from services.store.model import (
+    ACTIVE,
+    LAYERS,
+    RETIRED,
+    SUPERSEDED_HOW,
+    AuditEntry,
+    Edge,
+    MemoryRow,
+)
+from services.store.repo import row_fields
+from services.store.transfer_repo import StoredKey
+from shared.errors import InvalidArgument
+
+DEFAULT_LAYER = "l2_raw"
+MAX_ID_CHARS = 128
+UNIT_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class KeyLine:
+    """An extra key a memory line brings: its vector when it can be reused, else None."""
+
+    kind: str
+    text: str
+    vector: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """A checked memory line. keys and history are None when the line leaves them out."""
+
+    row: MemoryRow
+    vector: np.ndarray | None
+    keys: tuple[KeyLine, ...] | None
+    history: tuple[AuditEntry, ...] | None
+
+
+@dataclass(frozen=True)
+class EdgeLine:
+    """A checked edge line."""
+
+    edge: Edge
+
+
+@dataclass(frozen=True)
+class LineContext:
+    """What checking a line needs besides the line: the store's model and the write's defaults."""
+
+    model_id: str
+    ndim: int
+    file_model_id: str
+    now: float
+    extraction_status: str = ""
+    write_mode: str = ""
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def _b64(blob: bytes | None) -> str | None:
+    return base64.b64encode(blob).decode("ascii") if blob is not None else None
+
+
+def _entry(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "at": entry.at,
+        "actor": entry.actor,
+        "action": entry.action,
+        "reason": entry.reason,
+        "before": json.loads(entry.before_json) if entry.before_json else None,
+        "after": json.loads(entry.after_json) if entry.after_json else None,
+    }
+
+
+def memory_line(
+    row: MemoryRow,
+    vector: tuple[str, bytes] | None,
+    keys: Sequence[StoredKey],
+    history: Sequence[AuditEntry],
+) -> dict[str, Any]:
+    """One row with its vector (and the model that made it), its keys and its audit trail."""
+    return {
+        "type": "memory",
+        "memory": row_fields(row),
+        "vector": _b64(vector[1]) if vector else None,
+        "model_id": vector[0] if vector else "",
+        "keys": [{"kind": k.kind, "text": k.text, "vector": _b64(k.vector)} for k in keys],
+        "history": [_entry(e) for e in history],
+    }
+
+
+def edge_line(edge: Edge) -> dict[str, Any]:
+    """One L5 edge with its evidence."""
+    fields = dataclasses.asdict(edge)
+    fields["source_ids"] = list(edge.source_ids)
+    fields["fact_ids"] = list(edge.fact_ids)
+    return {"type": "edge", "edge": fields}
+
+
+# -- checking ---------------------------------------------------------------------------------
+
+
+def _string(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a string")
+    return value
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer")
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a number (unix seconds for a time)")
+    return float(value)
+
+
+def _optional_number(name: str, value: Any) -> float | None:
+    return None if value is None else _number(name, value)
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgument(f"{name} must be a list of strings")
+    return tuple(value)
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be true or false")
+    return value
+
+
+def _metadata(name: str, value: Any) -> str:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{name} must be a JSON object")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+# A checker per annotation of the row and edge dataclasses, so a new column is covered at once.
+_BY_ANNOTATION: dict[str, Callable[[str, Any], Any]] = {
+    "str": _string,
+    "int": _integer,
+    "float": _number,
+    "float | None": _optional_number,
+    "tuple[str, ...]": _strings,
+    "bool": _boolean,
+}
+
+
+def _fields(cls: type, renamed: Mapping[str, str]) -> dict[str, tuple[str, Callable[..., Any]]]:
+    """A dataclass's fields by their name in a line: (attribute, checker)."""
+    found = {}
+    for f in dataclasses.fields(cls):
+        name = renamed.get(f.name, f.name)
+        check = _metadata if f.name == "metadata_json" else _BY_ANNOTATION[str(f.type)]
+        found[name] = (f.name, check)
+    return found
+
+
+_MEMORY_FIELDS = _fields(MemoryRow, {"metadata_json": "metadata"})
+_EDGE_FIELDS = _fields(Edge, {})
+
+
+def _checked(
+    value: Any, what: str, fields: Mapping[str, tuple[str, Callable[..., Any]]]
+) -> dict[str, Any]:
+    """The known fields of a line's object, checked, under their attribute names."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be a JSON object")
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise InvalidArgument(f"unknown {what} field {unknown[0]!r}")
+    return {
+        fields[name][0]: fields[name][1](f"{what}.{name}", given)
+        for name, given in value.items()
+    }
+
+
+def _required(values: Mapping[str, Any], what: str, names: Sequence[str]) -> None:
+    for name in names:
+        if not str(values.get(name, "")).strip():
+            raise InvalidArgument(f"{what}.{name} is required")
+
+
+def _check_id(value: str, what: str) -> None:
+    if value and (value.startswith("$") or len(value) > MAX_ID_CHARS or not value.strip()):
+        raise InvalidArgument(f"{what}.id {value!r} is not a usable id")
+
+
+def _row(value: Any, ctx: LineContext) -> MemoryRow:
+    values = _checked(value, "memory", _MEMORY_FIELDS)
+    _required(values, "memory", ("user_id", "content"))
+    _check_id(values.get("id", ""), "memory")
+    layer = values.setdefault("layer", DEFAULT_LAYER)
+    if layer not in LAYERS:
+        raise InvalidArgument(f"memory.layer {layer!r} is not one of {', '.join(LAYERS)}")
+    if values.get("status", ACTIVE) not in (ACTIVE, RETIRED):
+        raise InvalidArgument(f"memory.status must be {ACTIVE!r} or {RETIRED!r}")
+    if values.get("superseded_how", "") not in ("", *SUPERSEDED_HOW):
+        raise InvalidArgument(f"memory.superseded_how {values['superseded_how']!r} is unknown")
+    created = values.setdefault("created_at", ctx.now)
+    values.setdefault("updated_at", created)
+    if layer == DEFAULT_LAYER:
+        # What an ordinary write of a raw turn sets.
+        values.setdefault("extraction_status", ctx.extraction_status)
+        values.setdefault("write_mode", ctx.write_mode)
+    values["model_id"] = ctx.model_id
+    return MemoryRow(**{"id": "", "agent_id": "", "session_id": "", **values})
+
+
+def _vector(text: Any, what: str, ctx: LineContext) -> np.ndarray:
+    if not isinstance(text, str):
+        raise InvalidArgument(f"{what} must be base64 text")
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"{what} is not valid base64") from None
+    if len(blob) != 4 * ctx.ndim:
+        raise InvalidArgument(f"{what} holds {len(blob) // 4} floats, not {ctx.ndim}")
+    vector = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+    norm = float(np.linalg.norm(vector))
+    if not math.isfinite(norm) or norm == 0.0:
+        raise InvalidArgument(f"{what} must be finite and not all zero")
+    # A stored vector comes back bit for bit; only one of another length is scaled to unit.
+    return vector if abs(norm - 1.0) < UNIT_TOLERANCE else vector / norm
+
+
+def _reusable(value: Any, what: str, reuse: bool, ctx: LineContext) -> np.ndarray | None:
+    """A vector the store can take as it is; None when it must be embedded again."""
+    if value is None:
+        return None
+    if not reuse:
+        _string(what, value)  # another model's vector: its text is not ours to read
+        return None
+    return _vector(value, what, ctx)
+
+
+def _keys(value: Any, reuse: bool, ctx: LineContext) -> tuple[KeyLine, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument("keys must be a list")
+    keys = []
+    for i, key in enumerate(value):
+        what = f"keys[{i}]"
+        if not isinstance(key, dict) or key.get("kind") not in (CLAUSE, CONTEXT):
+            raise InvalidArgument(f"{what} must be an object of kind {CLAUSE!r} or {CONTEXT!r}")
+        text = _string(f"{what}.text", key.get("text"))
+        if not text.strip():
+            raise InvalidArgument(f"{what}.text is required")
+        vector = _reusable(key.get("vector"), f"{what}.vector", reuse, ctx)
+        keys.append(KeyLine(key["kind"], text, vector if key["kind"] == CLAUSE else None))
+    return tuple(keys)
+
+
+def _json_text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be an object or null")
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _history(value: Any) -> tuple[AuditEntry, ...]:
+    if not isinstance(value, list):
+        raise InvalidArgument("history must be a list")
+    entries = []
+    for i, item in enumerate(value):
+        what = f"history[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"{what} must be an object")
+        entries.append(
+            AuditEntry(
+                seq=0,
+                at=_number(f"{what}.at", item.get("at")),
+                actor=_string(f"{what}.actor", item.get("actor")),
+                action=_string(f"{what}.action", item.get("action")),
+                memory_id="",
+                before_json=_json_text(item.get("before"), f"{what}.before"),
+                after_json=_json_text(item.get("after"), f"{what}.after"),
+                reason=_string(f"{what}.reason", item.get("reason", "")),
+            )
+        )
+    return tuple(entries)
+
+
+def _memory(line: Mapping[str, Any], ctx: LineContext) -> MemoryLine:
+    unknown = sorted(set(line) - {"type", "memory", "vector", "model_id", "keys", "history"})
+    if unknown:
+        raise InvalidArgument(f"unknown field {unknown[0]!r}")
+    row = _row(line.get("memory"), ctx)
+    model_id = _string("model_id", line.get("model_id") or ctx.file_model_id)
+    reuse = model_id == ctx.model_id
+    keys = line.get("keys")
+    history = line.get("history")
+    return MemoryLine(
+        row=row,
+        vector=_reusable(line.get("vector"), "vector", reuse, ctx),
+        keys=None if keys is None else _keys(keys, reuse, ctx),
+        history=None if history is None else _history(history),
+    )
+
+
+def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
+    if set(line) - {"type", "edge"}:
+        raise InvalidArgument(f"unknown field {sorted(set(line) - {'type', 'edge'})[0]!r}")
+    values = _checked(line.get("edge"), "edge", _EDGE_FIELDS)
+    _required(values, "edge", ("user_id", "subject", "relation", "object"))
+    _check_id(values.get("id", ""), "edge")
+    defaults = {
+        "id": "", "agent_id": "", "weight": 1.0, "source_ids": (), "fact_ids": (),
+        "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,
+        "valid_to": None, "stale": False, "pass_id": "",
+    }
+    return EdgeLine(Edge(**{**defaults, **values}))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
+    """One line of an import, checked; a bad one is refused with the reason."""
+    try:
+        line = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise InvalidArgument(f"not JSON: {exc}") from None
+    if not isinstance(line, dict):
+        raise InvalidArgument("a line must be a JSON object")
+    kind = line.get("type")
+    if kind == "memory":
+        return _memory(line, ctx)
+    if kind == "edge":
+        return _edge(line, ctx)
+    raise InvalidArgument(f"type {kind!r} is not 'memory' or 'edge'")

@@ -1,0 +1,40 @@
+"""The first line of a JSONL export: what it is, its version, and the model of its vectors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shared.errors import InvalidArgument
+
+FORMAT = "hyatlas-export"
+VERSION = 1
+
+
+def header(model_id: str, ndim: int, now: float) -> dict[str, Any]:
+    """The first line of an export."""
+    return {
+        "format": FORMAT, "version": VERSION, "model_id": model_id, "ndim": ndim,
+        "exported_at": now,
+    }
+
+
+def header_model(text: str) -> str | None:
+    """The model a first line names; None when the line is no header (a memory or edge line).
+
+    A header of another format or version is refused.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None  # the line's own check reports it
+    if not isinstance(value, dict) or "format" not in value or "type" in value:
+        return None
+    if value["format"] != FORMAT:
+        raise InvalidArgument(f"format {value['format']!r} is not {FORMAT!r}")
+    if value.get("version") != VERSION:
+        raise InvalidArgument(f"export version {value.get('version')!r} is not {VERSION}")
+    model_id = value.get("model_id", "")
+    if not isinstance(model_id, str):
+        raise InvalidArgument("the header's model_id must be a string")
+    return model_id
