@@ -12,7 +12,8 @@ import numpy as np
 from services.store import transfer_repo as sql
 from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import CLAUSE, own_keys
-from services.store.model import Reach
+from services.store.model import AuditEntry, MemoryRow, Reach
+from services.store.repo import row_json
 from services.store.transfer_format import (
     EdgeLine,
     KeyLine,
@@ -149,13 +150,16 @@ async def import_lines(
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
         taken = await sql.existing_memory_ids(core.repo.writer, [r.line.row.id for r in rows])
         taken |= await sql.existing_edge_ids(core.repo.writer, [e.id for e in edges])
+        after = _After()
         for row in rows:
             if row.line.row.id in taken:
                 done.skipped += 1
                 continue
             taken.add(row.line.row.id)
-            await _write_row(w, row)
+            await _write_row(w, row, after)
             done.imported += 1
+        await sql.add_context_keys(core.repo.writer, after.context_keys)
+        await sql.add_history(core.repo.writer, after.history)
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1
@@ -166,24 +170,30 @@ async def import_lines(
     return done
 
 
-async def _write_row(w: Write, ready: _Row) -> None:
-    """One row through the ordinary insert path, with its keys and its history."""
+@dataclass
+class _After:
+    """What a batch's rows bring that is written once after them, in one statement each."""
+
+    context_keys: list[tuple[str, str]] = field(default_factory=list)
+    history: list[tuple[MemoryRow, AuditEntry]] = field(default_factory=list)
+
+
+async def _write_row(w: Write, ready: _Row, after: _After) -> None:
+    """One row through the ordinary insert path, then its keys; its history goes to after."""
     row, line = ready.line.row, ready.line
     w.changes.add(row.user_id, await w.tx.insert(row, ready.vector), ready.vector)
     if line.keys is None:
         await w.add_keys(row, iter(ready.clause_vectors))
     else:
-        await _write_keys(w, ready, line.keys)
+        await _write_keys(w, ready, line.keys, after)
     if line.history is None:
-        await w.tx.audit(
-            actor=w.actor, action="insert", row=row, before=None, after=row,
-            reason=IMPORT_REASON, at=w.now,
-        )
+        entry = AuditEntry(0, w.now, w.actor, "insert", row.id, "", row_json(row), IMPORT_REASON)
+        after.history.append((row, entry))
     else:
-        await sql.add_history(w.core.repo.writer, row, line.history)
+        after.history.extend((row, entry) for entry in line.history)
 
 
-async def _write_keys(w: Write, ready: _Row, keys: Sequence[KeyLine]) -> None:
+async def _write_keys(w: Write, ready: _Row, keys: Sequence[KeyLine], after: _After) -> None:
     """The keys a line brought, as they were: clause keys with vectors, the context key's text."""
     row = ready.line.row
     clause_vectors = iter(ready.clause_vectors)
@@ -195,4 +205,4 @@ async def _write_keys(w: Write, ready: _Row, keys: Sequence[KeyLine]) -> None:
             )
             w.changes.add(row.user_id, index_key, vector)
         else:
-            await w.tx.set_context_key(row.id, key.text)
+            after.context_keys.append((row.id, key.text))

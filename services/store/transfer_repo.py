@@ -122,9 +122,9 @@ async def existing_edge_ids(conn: aiosqlite.Connection, edge_ids: Sequence[str])
 
 
 async def add_history(
-    conn: aiosqlite.Connection, row: MemoryRow, entries: Sequence[AuditEntry]
+    conn: aiosqlite.Connection, entries: Sequence[tuple[MemoryRow, AuditEntry]]
 ) -> None:
-    """Writes a row's audit entries as they were recorded elsewhere (under the row's owner)."""
+    """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
     await conn.executemany(
         "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
         "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -133,6 +133,15 @@ async def add_history(
                 e.at, e.actor, e.action, row.id, row.user_id, row.agent_id, e.before_json,
                 e.after_json, e.reason,
             )
-            for e in entries
+            for row, e in entries
         ],
+    )
+
+
+async def add_context_keys(
+    conn: aiosqlite.Connection, keys: Sequence[tuple[str, str]]
+) -> None:
+    """Gives new rows their context keys as they were: (memory id, text)."""
+    await conn.executemany(
+        "INSERT INTO memory_keys (memory_id, kind, text) VALUES (?, 'context', ?)", keys
     )
