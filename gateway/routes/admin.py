@@ -1,4 +1,5 @@
-"""The admin maintenance jobs (HYATLAS_ADMIN=on, POST only): compact raw turns, dedupe facts."""
+"""The admin maintenance jobs (HYATLAS_ADMIN=on, POST only): compact raw turns, dedupe facts,
+snapshots."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from aiohttp import web
 from gateway.params import Params
 from gateway.respond import json_response, request_params
 from gateway.routes.digest import PASS_TIMEOUT_S
-from gateway.state import CONFIG, CONSOLIDATOR
+from gateway.state import CONFIG, CONSOLIDATOR, STORE
 from shared.errors import PermissionDenied
-from shared.pb import consolidator_pb2
+from shared.pb import consolidator_pb2, store_pb2
 
 ADMIN_OFF = "maintenance endpoints are off: restart the server with HYATLAS_ADMIN=on"
 
@@ -66,4 +67,16 @@ async def dedupe_facts(request: web.Request) -> web.Response:
             "sample": list(reply.sample),
             "rows_superseded": reply.rows_superseded,
         }
+    )
+
+
+@routes.route("*", "/api/v1/admin/snapshot")
+async def snapshot(request: web.Request) -> web.Response:
+    """Writes a snapshot of the data directory now, as the schedule would."""
+    await _admin_params(request)
+    reply = await request.app[STORE].TakeSnapshot(
+        store_pb2.TakeSnapshotRequest(), timeout=PASS_TIMEOUT_S
+    )
+    return json_response(
+        {"path": reply.path, "bytes": reply.size_bytes, "paused_s": round(reply.paused_s, 3)}
     )

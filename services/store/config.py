@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.store.snapshot import SnapshotPlan
 from shared.aliases import Aliases
 from shared.settings import Settings, read_duration
 
@@ -31,6 +32,8 @@ class StoreConfig:
     """How long start-up waits for the embedder to serve."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
+    snapshots: SnapshotPlan | None = None
+    """HYATLAS_SNAPSHOT_*: where snapshots go, how many are kept and how often (None: defaults)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
@@ -44,4 +47,10 @@ class StoreConfig:
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
             log_level=settings.log_level,
+            snapshots=SnapshotPlan(
+                folder=settings.snapshot_dir,
+                keep=settings.snapshot_keep,
+                every_s=settings.snapshot_every_s,
+                skip=(settings.run_dir,),
+            ),
         )

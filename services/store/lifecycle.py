@@ -12,6 +12,7 @@ from services.store.core import Embedder, VectorModel
 from services.store.index import VectorIndexes
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
+from services.store.snapshot import SnapshotPlan
 from services.store.store import Store
 from shared.runtime import background
 
@@ -64,6 +65,7 @@ async def open_store(
     alias_group: Callable[[str], tuple[str, ...]],
     save_every_s: float | None = 30.0,
     exact_up_to: int = EXACT_UP_TO,
+    snapshot_plan: SnapshotPlan | None = None,
 ) -> AsyncIterator[Store]:
     """Opens the database and the vector indexes (catching them up), and saves them on exit."""
     async with contextlib.AsyncExitStack() as stack:
@@ -79,9 +81,13 @@ async def open_store(
                 lambda keys: repo.vectors_for_keys(keys, model.ndim),
             )
             stack.push_async_callback(indexes.save)
-        store = Store(repo, indexes, embedder, model, alias_group, data_dir, exact_up_to)
+        store = Store(
+            repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
+        )
         if save_every_s and indexes is not None:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
+        if store.snapshots is not None and snapshot_plan is not None and snapshot_plan.every_s:
+            background(stack, store.snapshots.run_every(snapshot_plan.every_s), "snapshots")
         log.info(
             "store open at %s: model %s (%d-d), %d vectors indexed",
             data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,

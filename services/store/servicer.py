@@ -282,6 +282,15 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         )
 
     @grpc_errors
+    async def TakeSnapshot(
+        self, request: store_pb2.TakeSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.TakeSnapshotResponse:
+        snapshot = await self._store.snapshot()
+        return store_pb2.TakeSnapshotResponse(
+            path=str(snapshot.path), size_bytes=snapshot.size_bytes, paused_s=snapshot.paused_s
+        )
+
+    @grpc_errors
     async def ListMemories(
         self, request: store_pb2.ListMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ListMemoriesResponse:

@@ -27,10 +27,11 @@ from services.store.model import (
 )
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
+from services.store.snapshot import Snapshot, SnapshotPlan, Snapshots
 from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
 from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import Conflict, InvalidArgument, NotFound
 
 
 class Store:
@@ -45,11 +46,15 @@ class Store:
         alias_group: Callable[[str], tuple[str, ...]],
         data_dir: Path,
         exact_up_to: int = EXACT_UP_TO,
+        snapshot_plan: SnapshotPlan | None = None,
     ) -> None:
         self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
         self.model = model
         self._data_dir = data_dir
+        self.snapshots = (
+            Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
+        )
 
     def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
         """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
@@ -209,6 +214,12 @@ class Store:
             extraction_status, write_mode,
         )
         return await transfer.import_lines(self._core, reach, lines, ctx, actor)
+
+    async def snapshot(self) -> Snapshot:
+        """A snapshot of the data directory now (writes wait while it is copied)."""
+        if self.snapshots is None:
+            raise Conflict("this store was started without a snapshot folder")
+        return await self.snapshots.take()
 
     async def flush(self) -> int:
         """Saves the vector indexes now; returns how many vectors they hold."""

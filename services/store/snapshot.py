@@ -1,0 +1,133 @@
+"""Snapshots: a consistent copy of the data directory, zipped, the newest few kept."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import sqlite3
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from services.store.core import Core
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "hyatlas.db"
+PREFIX = "hyatlas-"
+SUFFIX = ".zip"
+# The first scheduled snapshot comes this long after start (sooner if the interval is shorter).
+FIRST_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """Where snapshots go, how many are kept, how often one is taken, and what is left out."""
+
+    folder: Path
+    keep: int = 7
+    every_s: float | None = None
+    skip: tuple[Path, ...] = ()
+    """Folders under the data directory that are no data (the sockets' run directory)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot written: its file, its size and how long writes waited for the copy."""
+
+    path: Path
+    size_bytes: int
+    paused_s: float
+
+
+def snapshot_name(at: datetime) -> str:
+    """hyatlas-<UTC time>.zip; names sort in time order."""
+    return f"{PREFIX}{at.astimezone(UTC):%Y%m%dT%H%M%S.%f}Z{SUFFIX}"
+
+
+def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
+    """The database through SQLite's online backup, and every other data file as it is."""
+    with (
+        contextlib.closing(sqlite3.connect(data_dir / DB_NAME)) as source,
+        contextlib.closing(sqlite3.connect(staging / DB_NAME)) as copy,
+    ):
+        source.backup(copy)
+    for path in sorted(data_dir.rglob("*")):
+        relative = path.relative_to(data_dir)
+        if (
+            not path.is_file()
+            or (relative.parent == Path(".") and relative.name.startswith(DB_NAME))
+            or path.suffix == ".tmp"
+            or any(path.is_relative_to(folder) for folder in skip)
+        ):
+            continue
+        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, staging / relative)
+
+
+def _zip(staging: Path, path: Path) -> None:
+    """Zips the staging folder's contents (no folder of its own) and renames it into place."""
+    partial = path.with_name(path.name + ".partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for file in sorted(staging.rglob("*")):
+            if file.is_file():
+                archive.write(file, file.relative_to(staging).as_posix())
+    partial.replace(path)
+
+
+def _prune(folder: Path, keep: int) -> list[Path]:
+    """Deletes all but the newest keep snapshots; returns the deleted."""
+    old = sorted(folder.glob(f"{PREFIX}*{SUFFIX}"))[:-keep]
+    for path in old:
+        path.unlink()
+    return old
+
+
+class Snapshots:
+    """Takes snapshots of one store's data directory, one at a time."""
+
+    def __init__(self, core: Core, data_dir: Path, plan: SnapshotPlan) -> None:
+        self._core = core
+        self._data_dir = data_dir
+        self.plan = plan
+        self._lock = asyncio.Lock()
+
+    async def take(self) -> Snapshot:
+        """Copies the data while writes wait, then zips the copy and drops the oldest."""
+        folder = self.plan.folder
+        async with self._lock:
+            folder.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder))
+            try:
+                async with self._core.write_lock:
+                    start = time.monotonic()
+                    if self._core.indexes is not None:
+                        await self._core.indexes.save()
+                    await asyncio.to_thread(_copy, self._data_dir, staging, self.plan.skip)
+                    paused_s = time.monotonic() - start
+                path = folder / snapshot_name(datetime.now(UTC))
+                await asyncio.to_thread(_zip, staging, path)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+            dropped = await asyncio.to_thread(_prune, folder, self.plan.keep)
+        size = path.stat().st_size
+        log.info(
+            "snapshot %s written (%d bytes, writes paused %.3fs, %d old ones deleted)",
+            path, size, paused_s, len(dropped),
+        )
+        return Snapshot(path, size, paused_s)
+
+    async def run_every(self, every_s: float) -> None:
+        """Takes a snapshot every every_s seconds (the first one a minute after start)."""
+        await asyncio.sleep(min(FIRST_AFTER_S, every_s))
+        while True:
+            try:
+                await self.take()
+            except Exception:
+                log.exception("snapshot failed; will try again in %.0fs", every_s)
+            await asyncio.sleep(every_s)

@@ -1,0 +1,116 @@
+"""Snapshots: taken under concurrent writes they are whole, and restoring one brings it all back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sqlite3
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.store_state import call, observed, seed
+from tests.support import Stack, assert_eventually, running_stack
+
+pytestmark = pytest.mark.slow
+
+SERVICES = ["store", "search", "gateway"]
+
+
+async def _write_until(stack: Stack, user: str, stop: asyncio.Event, acked: list[str]) -> None:
+    """Adds rows one after another until told to stop; acked lists the acknowledged ids."""
+    while not stop.is_set():
+        status, body = await call(
+            stack, "POST", "/api/v1/add",
+            json={"text": f"Concurrent note number {len(acked)}", "user_id": user},
+        )
+        assert status == 200, body
+        acked.append(body["memory_id"])
+
+
+def _restore(snapshot: Path, data_dir: Path) -> None:
+    """The README's restore: replace the data directory with the snapshot's contents."""
+    shutil.rmtree(data_dir)
+    data_dir.mkdir()
+    with zipfile.ZipFile(snapshot) as archive:
+        archive.extractall(data_dir)
+
+
+def _opened(snapshot: Path, size: int, into: Path, user: str) -> list[str]:
+    """Unzips a snapshot, checks it is whole, and returns the user's rows in it, oldest first."""
+    assert snapshot.stat().st_size == size
+    with zipfile.ZipFile(snapshot) as archive:
+        archive.extractall(into)
+        assert not [name for name in archive.namelist() if name.startswith("run/")]
+    assert any(into.joinpath("vectors").glob("*.usearch"))
+    with contextlib.closing(sqlite3.connect(into / "hyatlas.db")) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        rows = db.execute("SELECT id FROM memories WHERE user_id = ? ORDER BY seq", (user,))
+        return [r[0] for r in rows]
+
+
+async def test_a_snapshot_under_writes_is_whole_and_restoring_it_brings_back_that_state(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    data_dir, folder = tmp_path / "data", tmp_path / "snapshots"
+    user, busy = f"user-{uuid.uuid4().hex[:8]}", f"busy-{uuid.uuid4().hex[:8]}"
+    with running_stack(
+        data_dir, SERVICES, HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_ADMIN="on",
+        HYATLAS_SNAPSHOT_DIR=str(folder),
+    ) as stack:
+        await seed(stack, user)
+        before = await observed(stack, user)
+        stop, acked = asyncio.Event(), []
+        writer = asyncio.create_task(_write_until(stack, busy, stop, acked))
+        await assert_eventually(lambda: len(acked) >= 3)
+        acked_before = len(acked)
+        status, taken = await call(stack, "POST", "/api/v1/admin/snapshot")
+        acked_after = len(acked)
+        await assert_eventually(lambda: len(acked) >= acked_after + 3)
+        stop.set()
+        await writer
+        assert status == 200, taken
+        snapshot = Path(taken["path"])
+        assert snapshot.parent == folder and snapshot.name.startswith("hyatlas-")
+        assert taken["paused_s"] >= 0
+        kept = _opened(snapshot, taken["bytes"], tmp_path / "opened", busy)
+        # Every write acknowledged before the snapshot began is in it, in order, and none made
+        # after it ended (one write may have been in flight while its reply came back).
+        assert acked_before <= len(kept) <= acked_after + 1 and kept == acked[: len(kept)]
+
+        # Changes after the snapshot, which the restore must undo.
+        await call(stack, "POST", "/api/v1/add", json={"text": "Written later.", "user_id": user})
+        assert await observed(stack, user) != before
+
+        stack.stop_all()
+        _restore(snapshot, data_dir)
+        for service in SERVICES:
+            stack.start(service)
+        assert await observed(stack, user) == before
+        status, listing = await call(
+            stack, "POST", "/api/v1/list", json={"user_id": busy, "limit": 1000}
+        )
+        assert [m["memory_id"] for m in listing["memories"]][::-1] == kept
+
+
+async def test_snapshots_follow_the_schedule_and_only_the_newest_are_kept(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    folder = tmp_path / "snapshots"
+    seen: set[str] = set()
+
+    def kept_two_of_three() -> None:
+        now = {path.name for path in folder.glob("hyatlas-*.zip")}
+        seen.update(now)
+        assert len(seen) >= 3 and len(now) == 2
+
+    with running_stack(
+        tmp_path / "data", ["store"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_SNAPSHOT_DIR=str(folder), HYATLAS_SNAPSHOT_EVERY="1s", HYATLAS_SNAPSHOT_KEEP="2",
+    ):
+        await assert_eventually(kept_two_of_three, interval_s=0.02)
+    now = {path.name for path in folder.glob("hyatlas-*.zip")}
+    assert sorted(seen | now)[-2:] == sorted(now)  # the newest two, however many came before
