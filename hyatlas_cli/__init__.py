@@ -1,0 +1,1 @@
+"""`hyatlas`: the admin command line, talking to a running gateway over REST."""

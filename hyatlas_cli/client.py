@@ -1,0 +1,111 @@
+"""The gateway over REST for the command line: JSON calls, and streams with progress bars."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+from tqdm import tqdm
+
+DEFAULT_URL = "http://127.0.0.1:19528"
+CHUNK_BYTES = 1 << 16
+# Export and import run as long as they need; only connecting is bounded.
+STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
+CALL_TIMEOUT = aiohttp.ClientTimeout(total=15 * 60, sock_connect=10)
+
+
+class GatewayError(Exception):
+    """The gateway refused a request or could not be reached; the message says which."""
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Where the gateway listens and the bearer token it wants (HYATLAS_TOKEN), if any."""
+
+    url: str = DEFAULT_URL
+    token: str = ""
+
+    @classmethod
+    def from_env(cls, url: str = "", environ: Mapping[str, str] = os.environ) -> Gateway:
+        """The gateway the flags or HYATLAS_SERVER_URL and HYATLAS_TOKEN name."""
+        base = url or environ.get("HYATLAS_SERVER_URL", "").strip() or DEFAULT_URL
+        return cls(base.rstrip("/"), environ.get("HYATLAS_TOKEN", "").strip())
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def call(
+        self, method: str, path: str, params: Mapping[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """One request: its status and its JSON body."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=CALL_TIMEOUT, headers=self._headers()) as session,
+                session.request(method, self.url + path, params=params) as reply,
+            ):
+                return reply.status, await reply.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            raise GatewayError(f"cannot reach the gateway at {self.url}: {exc}") from None
+
+    async def ok(self, method: str, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """The JSON body of a request that must succeed."""
+        status, body = await self.call(method, path, params)
+        if status >= 400:
+            raise GatewayError(_error(status, body))
+        return body
+
+    async def export_to(self, out: IO[bytes], params: Mapping[str, str]) -> int:
+        """Streams an export into out with a progress bar; returns the lines written."""
+        lines = 0
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=self._headers()) as session,
+                session.get(self.url + "/api/v1/export", params=params) as reply,
+            ):
+                if reply.status >= 400:
+                    raise GatewayError(_error(reply.status, await reply.json(content_type=None)))
+                with _bar("export", None) as bar:
+                    async for chunk in reply.content.iter_chunked(CHUNK_BYTES):
+                        out.write(chunk)
+                        lines += chunk.count(b"\n")
+                        bar.update(len(chunk))
+        except aiohttp.ClientError as exc:
+            raise GatewayError(f"export from {self.url} failed: {exc}") from None
+        return lines
+
+    async def import_from(self, path: Path, params: Mapping[str, str]) -> tuple[int, Any]:
+        """Streams a JSONL file to the import route with a progress bar; status and reply."""
+        size = (await asyncio.to_thread(path.stat)).st_size
+        try:
+            async with aiohttp.ClientSession(
+                timeout=STREAM_TIMEOUT, headers=self._headers()
+            ) as session:
+                with _bar("import", size) as bar:
+                    async with session.post(
+                        self.url + "/api/v1/import", params=params, data=_read(path, bar)
+                    ) as reply:
+                        return reply.status, await reply.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            raise GatewayError(f"import into {self.url} failed: {exc}") from None
+
+
+async def _read(path: Path, bar: tqdm[Any]) -> AsyncIterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            bar.update(len(chunk))
+            yield chunk
+
+
+def _bar(what: str, total: int | None) -> tqdm[Any]:
+    return tqdm(total=total, desc=what, unit="B", unit_scale=True, file=sys.stderr)
+
+
+def _error(status: int, body: Any) -> str:
+    message = body.get("error") if isinstance(body, dict) else None
+    return f"HTTP {status}: {message or body}"

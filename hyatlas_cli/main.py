@@ -1,0 +1,135 @@
+"""hyatlas status | export | import | snapshot | doctor: one function a command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hyatlas_cli.client import Gateway, GatewayError
+
+# A scheduled snapshot older than this many intervals means the schedule has stalled.
+STALE_INTERVALS = 2
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _owner(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in (("user_id", args.user_id), ("agent_id", args.agent_id))
+        if value
+    }
+
+
+async def status(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Prints the server's status: mode, model, counts per layer."""
+    _print(await gateway.ok("GET", "/api/v1/status"))
+    return 0
+
+
+async def export(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Writes the export to a file (or stdout), with a progress bar on stderr."""
+    if args.output == "-":
+        lines = await gateway.export_to(sys.stdout.buffer, _owner(args))
+    else:
+        with await asyncio.to_thread(Path(args.output).open, "wb") as out:
+            lines = await gateway.export_to(out, _owner(args))
+    print(f"exported {max(lines - 1, 0)} lines to {args.output}", file=sys.stderr)
+    return 0
+
+
+async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Sends a JSONL file to the import route and prints what it did; 1 if a line was refused."""
+    code, reply = await gateway.import_from(Path(args.file), _owner(args))
+    _print(reply)
+    return 0 if code == 200 else 1
+
+
+async def snapshot(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Takes a snapshot now (needs HYATLAS_ADMIN=on) and prints where it went."""
+    _print(await gateway.ok("POST", "/api/v1/admin/snapshot"))
+    return 0
+
+
+async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Checks that every service answers, the model is usable and snapshots are recent."""
+    checks: list[tuple[str, bool, str]] = []
+    code, ready = await gateway.call("GET", "/readyz")
+    services = ready.get("services", {}) if isinstance(ready, dict) else {}
+    checks.append(("services ready", code == 200, json.dumps(services)))
+    code, state = await gateway.call("GET", "/api/v1/status")
+    checks.append(("status", code == 200, _status_line(state) if code == 200 else str(state)))
+    code, system = await gateway.call("GET", "/dashboard/api/system")
+    if code == 200:
+        checks.append(_snapshot_check(system["snapshots"]))
+    failed = [name for name, ok, _ in checks if not ok]
+    for name, ok, detail in checks:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    return 1 if failed else 0
+
+
+def _status_line(state: dict[str, Any]) -> str:
+    fields = ("mode", "embed", "vdb_points", "llm", "write_pipeline")
+    return ", ".join(f"{name}={state[name]}" for name in fields if name in state)
+
+
+def _snapshot_check(snapshots: dict[str, Any]) -> tuple[str, bool, str]:
+    every_s, files = snapshots["every_s"], snapshots["files"]
+    if not every_s:
+        return ("snapshots", True, "off (HYATLAS_SNAPSHOT_EVERY)")
+    if not files:
+        return ("snapshots", True, f"none yet in {snapshots['dir']}")
+    newest = files[0]
+    age_s = time.time() - _unix(newest["modified"])
+    fresh = age_s <= STALE_INTERVALS * every_s
+    return ("snapshots", fresh, f"newest {newest['name']}, {age_s / 3600:.1f} h old")
+
+
+def _unix(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+COMMANDS: dict[str, Callable[[Gateway, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "status": status,
+    "export": export,
+    "import": import_,
+    "snapshot": snapshot,
+    "doctor": doctor,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: a server URL, then one command and its options."""
+    top = argparse.ArgumentParser(prog="hyatlas", description=__doc__)
+    top.add_argument("--url", default="", help="the gateway (default: $HYATLAS_SERVER_URL)")
+    commands = top.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help=status.__doc__)
+    for name, help_text in (("export", export.__doc__), ("import", import_.__doc__)):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("--user-id", default="", help="only this owner's memories")
+        command.add_argument("--agent-id", default="", help="only this agent's memories")
+    commands.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
+    commands.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
+    commands.add_parser("snapshot", help=snapshot.__doc__)
+    commands.add_parser("doctor", help=doctor.__doc__)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command; a refusal or an unreachable gateway is one line on stderr and exit 2."""
+    args = parser().parse_args(argv)
+    gateway = Gateway.from_env(args.url)
+    try:
+        return asyncio.run(COMMANDS[args.command](gateway, args))
+    except GatewayError as exc:
+        print(f"hyatlas {args.command}: {exc}", file=sys.stderr)
+        return 2

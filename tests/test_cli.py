@@ -1,0 +1,99 @@
+"""The `hyatlas` admin command line against a real gateway, store and search."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "cli-t0ken"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("cli")
+    with running_stack(
+        data_dir,
+        ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_ADMIN="on",
+        HYATLAS_TOKEN=TOKEN,
+        HYATLAS_SNAPSHOT_DIR=str(data_dir.parent / "cli-snapshots"),
+    ) as running:
+        yield running
+
+
+def hyatlas(stack: Stack, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
+    """Runs the command line as a user would, with the server and token in its environment."""
+    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url, "HYATLAS_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-m", "hyatlas_cli", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_import_export_and_import_again_round_trip_with_progress(
+    stack: Stack, tmp_path: Path
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    lines = [
+        {"type": "memory", "memory": {"user_id": user, "content": f"Note {i} about gardening."}}
+        for i in range(30)
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = hyatlas(stack, "import", str(source))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["imported"] == 30
+    assert "import" in done.stderr and "100%" in done.stderr  # the progress bar
+
+    exported = tmp_path / "out.jsonl"
+    done = hyatlas(stack, "export", "--user-id", user, "-o", str(exported))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith(f"exported 30 lines to {exported}")
+    written = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert written[0]["format"] == "hyatlas-export" and len(written) == 31
+
+    done = hyatlas(stack, "import", str(exported))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) | {"errors": []} == {
+        "lines": 30, "imported": 0, "skipped": 30, "refused": 0, "errors": []
+    }
+
+
+def test_a_refused_line_exits_1_and_prints_its_number(stack: Stack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "memory", "memory": {"user_id": "x"}}\n')
+    done = hyatlas(stack, "import", str(bad))
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["errors"] == [
+        {"line": 1, "error": "memory.content is required"}
+    ]
+
+
+def test_status_snapshot_and_doctor(stack: Stack) -> None:
+    done = hyatlas(stack, "status")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["mode"] == "lite"
+    done = hyatlas(stack, "snapshot")
+    assert done.returncode == 0, done.stderr
+    assert Path(json.loads(done.stdout)["path"]).is_file()
+    done = hyatlas(stack, "doctor")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.startswith("ok   services ready")
+    assert "ok   status: mode=lite, embed=" in done.stdout
+
+
+def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack) -> None:
+    done = hyatlas(stack, "status", token="wrong")
+    assert done.returncode == 2
+    assert done.stderr.startswith("hyatlas status: HTTP 401: a valid bearer token is required")
