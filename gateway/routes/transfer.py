@@ -21,6 +21,8 @@ from shared.pb import common_pb2, store_pb2
 # Lines a store call carries: a page of the export, a transaction of the import.
 PAGE_LINES = 500
 BATCH_LINES = 500
+# One import batch may embed a few thousand texts on a busy machine.
+IMPORT_TIMEOUT_S = 10 * 60.0
 # Errors listed in an import's reply (the rest are counted).
 MAX_LISTED_ERRORS = 100
 CHUNK_BYTES = 1 << 16
@@ -131,7 +133,7 @@ async def _send(request: web.Request, run: _Import, batch: list[store_pb2.Import
             write_mode=config.mode,
             actor="api",
         ),
-        timeout=rpc_timeout(request),
+        timeout=IMPORT_TIMEOUT_S,
     )
     run.imported += reply.imported
     run.skipped += reply.skipped
