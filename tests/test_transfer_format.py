@@ -1,0 +1,214 @@
+"""The lines of an export, rendered and checked: pure functions, no processes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services.store.model import AuditEntry, Edge, MemoryRow
+from services.store.transfer_format import (
+    EdgeLine,
+    LineContext,
+    MemoryLine,
+    edge_line,
+    memory_line,
+    parse_line,
+)
+from services.store.transfer_repo import StoredKey
+from shared.errors import InvalidArgument
+from shared.export_format import header, header_model
+
+CTX = LineContext(
+    model_id="m",
+    ndim=4,
+    file_model_id="",
+    now=1000.0,
+    extraction_status="skipped",
+    write_mode="lite",
+)
+UNIT = np.array([0.5, 0.5, 0.5, 0.5], dtype="<f4")
+
+
+def _b64(vector: np.ndarray) -> str:
+    return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+
+
+def _parse(line: dict[str, Any], ctx: LineContext = CTX) -> MemoryLine | EdgeLine:
+    return parse_line(json.dumps(line), ctx)
+
+
+def test_a_rendered_row_parses_back_to_the_same_row_with_its_vector_keys_and_history() -> None:
+    row = MemoryRow(
+        id="r1",
+        user_id="u",
+        agent_id="a",
+        session_id="s",
+        layer="l3_fact",
+        content="text",
+        label="user_preferences",
+        count=2,
+        hits=3,
+        source_ids=("x", "y"),
+        metadata_json='{"k":[1,"é"]}',
+        model_id="m",
+        created_at=1.5,
+        updated_at=2.5,
+        event_at=None,
+        valid_to=9.0,
+        due_at=None,
+        status="retired",
+        invalid_at=3.0,
+        superseded_by="r2",
+        superseded_how="replaced",
+        drop_reason="why",
+        retired_by="api",
+        pass_id="p",
+        extraction_status="done",
+        extraction_tries=1,
+        write_mode="pro",
+    )
+    entry = AuditEntry(7, 1.5, "api", "insert", "r1", "", json.dumps({"id": "r1"}), "add")
+    keys = [
+        StoredKey("clause", "a clause", "m", UNIT.tobytes()),
+        StoredKey("context", "c", "", None),
+    ]
+    line = json.loads(json.dumps(memory_line(row, ("m", UNIT.tobytes()), keys, [entry])))
+    parsed = _parse(line)
+    assert isinstance(parsed, MemoryLine)
+    assert parsed.row == row
+    assert parsed.vector is not None and parsed.vector.tobytes() == UNIT.tobytes()
+    assert parsed.keys is not None
+    assert [(k.kind, k.text, k.vector is not None) for k in parsed.keys] == [
+        ("clause", "a clause", True),
+        ("context", "c", False),
+    ]
+    assert parsed.history == (AuditEntry(0, 1.5, "api", "insert", "", "", '{"id": "r1"}', "add"),)
+
+
+def test_a_minimal_line_gets_what_an_ordinary_write_of_a_raw_turn_sets() -> None:
+    parsed = _parse({"type": "memory", "memory": {"user_id": "u", "content": "hi"}})
+    assert isinstance(parsed, MemoryLine)
+    assert parsed.row == MemoryRow(
+        id="",
+        user_id="u",
+        agent_id="",
+        session_id="",
+        layer="l2_raw",
+        content="hi",
+        model_id="m",
+        created_at=1000.0,
+        updated_at=1000.0,
+        extraction_status="skipped",
+        write_mode="lite",
+    )
+    assert parsed.vector is None and parsed.keys is None and parsed.history is None
+    fact = _parse(
+        {"type": "memory", "memory": {"user_id": "u", "content": "f", "layer": "l3_fact"}}
+    )
+    assert isinstance(fact, MemoryLine) and fact.row.extraction_status == ""
+
+
+def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
+    line = {"type": "memory", "memory": {"user_id": "u", "content": "hi"}, "vector": "AAAA"}
+    other = LineContext(**{**CTX.__dict__, "file_model_id": "other"})
+    parsed = _parse(line, other)
+    assert isinstance(parsed, MemoryLine) and parsed.vector is None
+    nameless = _parse({**line, "vector": _b64(np.array([3.0, 0, 4.0, 0]))})
+    assert isinstance(nameless, MemoryLine) and nameless.vector is None  # whose vector is it?
+    own = _parse({**line, "vector": _b64(np.array([3.0, 0, 4.0, 0])), "model_id": "m"})
+    assert isinstance(own, MemoryLine) and own.vector is not None
+    assert own.vector.tolist() == pytest.approx([0.6, 0, 0.8, 0])  # made unit length
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("{nope", "not JSON"),
+        ("[1]", "a line must be a JSON object"),
+        ('{"type": "row"}', "type 'row' is not 'memory' or 'edge'"),
+        ('{"type": "memory", "memory": {"user_id": "u"}}', "memory.content is required"),
+        ('{"type": "memory", "memory": {"content": "x"}}', "memory.user_id is required"),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "colour": 1}}',
+            "unknown memory field 'colour'",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "layer": "l9"}}',
+            "memory.layer 'l9' is not one of",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "created_at": "today"}}',
+            "memory.created_at must be a number",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "id": "$ref"}}',
+            "memory.id '$ref' is not a usable id",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, "vector": "AAAA", '
+            '"model_id": "m"}',
+            "vector holds 0 floats, not 4",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "hits": NaN}}',
+            "not JSON: NaN is not JSON",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, "keys": [{}]}',
+            "keys[0] must be an object of kind",
+        ),
+        (
+            '{"type": "edge", "edge": {"user_id": "u", "subject": "a", "relation": "b"}}',
+            "edge.object is required",
+        ),
+    ],
+)
+def test_a_bad_line_is_refused_with_its_reason(line: str, error: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        parse_line(line, CTX)
+    assert refused.value.message.startswith(error)
+
+
+def test_an_edge_line_round_trips_and_a_minimal_one_gets_defaults() -> None:
+    edge = Edge(
+        id="e",
+        user_id="u",
+        agent_id="",
+        subject="a",
+        relation="b",
+        object="c",
+        weight=0.5,
+        source_ids=("s1", "s2"),
+        fact_ids=("f",),
+        memory_id="m",
+        recorded_at=5.0,
+        invalidated_at=None,
+        valid_from=1.0,
+        valid_to=None,
+        stale=True,
+        pass_id="p",
+    )
+    assert _parse(json.loads(json.dumps(edge_line(edge)))) == EdgeLine(edge)
+    minimal = _parse(
+        {"type": "edge", "edge": {"user_id": "u", "subject": "a", "relation": "b", "object": "c"}}
+    )
+    assert isinstance(minimal, EdgeLine)
+    assert (minimal.edge.weight, minimal.edge.recorded_at, minimal.edge.stale) == (
+        1.0,
+        1000.0,
+        False,
+    )
+
+
+def test_the_header_names_the_model_and_refuses_another_format_or_version() -> None:
+    assert header_model(json.dumps(header("m", 4, 1.0))) == "m"
+    assert header_model('{"type": "memory"}') is None
+    assert header_model("not json") is None
+    with pytest.raises(InvalidArgument, match="format 'x' is not 'hyatlas-export'"):
+        header_model('{"format": "x"}')
+    with pytest.raises(InvalidArgument, match="export version 2 is not 1"):
+        header_model('{"format": "hyatlas-export", "version": 2}')
