@@ -38,6 +38,7 @@ lint: protos
 bench: protos
 	$(PY) -m bench.embedder
 	$(PY) -m bench.locomo_retrieval
+	$(PY) -m bench.transfer
 
 clean:
 	rm -rf $(PB) .pytest_cache

@@ -89,18 +89,23 @@ def _jsonl(lines: Any) -> bytes:
 async def _numbered_lines(request: web.Request) -> AsyncIterator[tuple[int, bytes]]:
     """The body's non-blank lines with their line numbers, read as they arrive."""
     limit = request.app[CONFIG].max_body_bytes
-    number, pending = 0, b""
+    number, pending_bytes = 0, 0
+    pending: list[bytes] = []  # the line not ended yet, in pieces
     async for chunk in request.content.iter_chunked(CHUNK_BYTES):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for raw in complete:
+        *ended, rest = chunk.split(b"\n")
+        for piece in ended:
             number += 1
+            raw = b"".join([*pending, piece])
+            pending, pending_bytes = [], 0
             if raw.strip():
                 yield number, raw
-        if len(pending) > limit:
+        pending.append(rest)
+        pending_bytes += len(rest)
+        if pending_bytes > limit:
             raise InvalidArgument(f"line {number + 1} is over the {limit} byte limit")
-    if pending.strip():
-        yield number + 1, pending
+    raw = b"".join(pending)
+    if raw.strip():
+        yield number + 1, raw
 
 
 @dataclass
