@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -40,7 +42,8 @@ def target(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> I
 
 async def _import(stack: Stack, lines: list[Any] | bytes, **params: str) -> tuple[int, Any]:
     body = lines if isinstance(lines, bytes) else "".join(json.dumps(x) + "\n" for x in lines)
-    return await call(stack, "POST", "/api/v1/import", data=body, params=params)
+    data = io.BytesIO(body if isinstance(body, bytes) else body.encode())
+    return await call(stack, "POST", "/api/v1/import", data=data, params=params)
 
 
 async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
@@ -200,3 +203,30 @@ async def test_exporting_every_owner_needs_admin_and_one_owner_only_sees_its_row
     ) as plain:
         status, body = await call(plain, "GET", "/api/v1/export")
         assert status == 403 and "HYATLAS_ADMIN=on" in body["error"]
+
+
+async def test_an_export_cut_short_by_a_failing_store_is_seen_incomplete(target: Stack) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    model = (await export(target))[0]["model_id"]
+    vector = base64.b64encode(np.full(384, 384**-0.5, dtype="<f4").tobytes()).decode()
+    lines = [
+        {
+            "type": "memory",
+            "memory": {"user_id": user, "content": f"Row {i} " + "padding " * 300},
+            "vector": vector,
+            "model_id": model,
+        }
+        for i in range(3000)
+    ]
+    status, reply = await _import(target, lines)
+    assert status == 200 and reply["imported"] == 3000, reply
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(target.base_url + "/api/v1/export", params={"user_id": user}) as answer,
+    ):
+        assert answer.status == 200
+        # More than the sockets can buffer: the gateway waits on the reader with pages to go.
+        await answer.content.readline()
+        target.procs["store"].kill()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await answer.read()

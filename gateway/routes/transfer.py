@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from gateway.params import Params
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
-from shared.errors import InvalidArgument, PermissionDenied
+from shared.errors import InvalidArgument, PermissionDenied, ServiceError
 from shared.export_format import header, header_model
 from shared.pb import common_pb2, store_pb2
 
@@ -27,6 +28,8 @@ IMPORT_TIMEOUT_S = 10 * 60.0
 MAX_LISTED_ERRORS = 100
 CHUNK_BYTES = 1 << 16
 EVERY_OWNER = "exporting every owner is off: pass user_id, or restart with HYATLAS_ADMIN=on"
+
+log = logging.getLogger(__name__)
 
 routes = web.RouteTableDef()
 
@@ -76,8 +79,15 @@ async def export(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(_jsonl([json.dumps(header(stats.model_id, stats.ndim, time.time()))]))
     await response.write(_jsonl(first.lines))
-    async for page in pages:
-        await response.write(_jsonl(page.lines))
+    try:
+        async for page in pages:
+            await response.write(_jsonl(page.lines))
+    except ServiceError as exc:
+        # The 200 went out with the first page: cut the stream so the client sees it incomplete.
+        log.error("export cut short: %s", exc)
+        if request.transport is not None:
+            request.transport.abort()
+        return response
     await response.write_eof()
     return response
 
