@@ -51,6 +51,6 @@ class StoreConfig:
                 folder=settings.snapshot_dir,
                 keep=settings.snapshot_keep,
                 every_s=settings.snapshot_every_s,
-                skip=(settings.run_dir,),
+                skip=(settings.run_dir, settings.snapshot_dir.resolve()),
             ),
         )

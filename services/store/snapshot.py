@@ -33,7 +33,7 @@ class SnapshotPlan:
     keep: int = 7
     every_s: float | None = None
     skip: tuple[Path, ...] = ()
-    """Folders under the data directory that are no data (the sockets' run directory)."""
+    """Folders under the data directory that are no data (the sockets, snapshots put inside)."""
 
 
 @dataclass(frozen=True)
