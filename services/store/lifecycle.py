@@ -86,8 +86,8 @@ async def open_store(
         )
         if save_every_s and indexes is not None:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
-        if store.snapshots is not None and snapshot_plan is not None and snapshot_plan.every_s:
-            background(stack, store.snapshots.run_every(snapshot_plan.every_s), "snapshots")
+        if store.snapshots is not None and store.snapshots.plan.every_s:
+            background(stack, store.snapshots.run_schedule(), "snapshots")
         log.info(
             "store open at %s: model %s (%d-d), %d vectors indexed",
             data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,

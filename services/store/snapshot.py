@@ -122,8 +122,11 @@ class Snapshots:
         )
         return Snapshot(path, size, paused_s)
 
-    async def run_every(self, every_s: float) -> None:
-        """Takes a snapshot every every_s seconds (the first one a minute after start)."""
+    async def run_schedule(self) -> None:
+        """Takes a snapshot every plan.every_s seconds, the first one a minute after start."""
+        every_s = self.plan.every_s
+        if not every_s:
+            return
         await asyncio.sleep(min(FIRST_AFTER_S, every_s))
         while True:
             try:
