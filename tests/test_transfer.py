@@ -73,7 +73,11 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
         "refused": 0,
         "errors": [],
     }
-    assert await observed(target, user) == await observed(source, user)
+    seen = await observed(source, user)
+    assert all(any(channels.values()) for channels in seen["hits"].values())
+    assert seen["edges"]["knowledge"]
+    assert len(seen["list"]["memories"]) == seen["list"]["total"] > 10
+    assert await observed(target, user) == seen
     again = await export(target)
     assert again[1:] == lines  # every field, vector, key and audit entry, in the same order
 
