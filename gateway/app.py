@@ -10,7 +10,17 @@ from gateway import dashboard, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
-from gateway.routes import admin, digest, extraction, graph, memories, placeholders, search, status
+from gateway.routes import (
+    admin,
+    digest,
+    extraction,
+    graph,
+    memories,
+    owners,
+    placeholders,
+    search,
+    status,
+)
 from gateway.state import (
     CHANNELS,
     CONFIG,
@@ -67,7 +77,7 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app[CONFIG] = config
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
-    for module in (readiness, status, memories, search, extraction, digest, graph, admin):
+    for module in (readiness, status, memories, owners, search, extraction, digest, graph, admin):
         app.add_routes(module.routes)
     dashboard.register(app, settings)
     placeholders.add_placeholder_routes(app)
