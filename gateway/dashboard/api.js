@@ -16,6 +16,13 @@ const TOKEN_TEXT = "This server needs its access token (HYATLAS_TOKEN). It is ke
 const NO_TOKEN = "No access token given: reload the page, or open another view, to enter it";
 
 let tokenPrompt = null;
+// Set when the user dismissed the dialog: calls fail at once until the user moves on.
+let declined = false;
+
+/** Lets the next call that needs the token ask for it again (after the user navigates). */
+export function askTokenAgain() {
+  declined = false;
+}
 
 /** Asks for the token once, however many calls are waiting for it; resolves false on Escape. */
 function askToken(rejected) {
@@ -30,6 +37,7 @@ function askToken(rejected) {
       if (given) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
       input.value = "";
       tokenPrompt = null;
+      declined = !given;
       resolve(given);
     }, { once: true });
   });
@@ -65,7 +73,7 @@ export async function api(path, { method = "GET", body, query } = {}) {
     }
     if (reply.status === 401) {
       if (token) sessionStorage.removeItem(TOKEN_KEY);
-      if (await askToken(Boolean(token))) continue;
+      if (!declined && (await askToken(Boolean(token)))) continue;
       throw new ApiError(401, NO_TOKEN, data);
     }
     if (!reply.ok) throw new ApiError(reply.status, (data && data.error) || `HTTP ${reply.status}`, data);
