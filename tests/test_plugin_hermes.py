@@ -298,6 +298,11 @@ def test_agent_and_its_cli_see_the_same_memories_under_a_configured_agent_id(
     assert "Our release train leaves every Thursday" in contents(recalled["answers"][0])
     refused = hermes_cli(hermes_python, home, "search", "x", "--layer", "l9")
     assert refused.returncode != 0
+    owners = hermes_cli(hermes_python, home, "owners")
+    assert owners.returncode == 0, owners.stderr
+    ours = [line for line in owners.stdout.splitlines() if line.startswith("*")]
+    assert [line.split()[1:4] for line in ours] == [["u-cli", "2", "live"],
+                                                    ["agent", "my-agent", "2"]]
 
 
 def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_to_start(

@@ -44,12 +44,30 @@ def register_cli(subparser: argparse.ArgumentParser) -> None:
     recent = subs.add_parser("recent", help="Newest memories")
     recent.add_argument("--layer", choices=LAYERS)
     recent.add_argument("--limit", type=int, default=20)
+    subs.add_parser("owners", help="Users and agents with memories (which ids to look at)")
     forget = subs.add_parser("forget", help="Forget memories by id or matching text")
     forget.add_argument("text", nargs="*")
     forget.add_argument("--id", dest="memory_id", default="")
     subs.add_parser("start", help="Start the server if it does not answer")
     subs.add_parser("stop", help="Stop the server the plugin started")
     subparser.set_defaults(func=hyatlas_command)
+
+
+def _owners_table(answer: dict[str, Any], current: dict[str, str]) -> str:
+    """One line per user and per agent: live and retired counts, last write; * marks ours."""
+    lines = []
+
+    def line(mark: bool, label: str, entry: dict[str, Any]) -> None:
+        lines.append(f"{'*' if mark else ' '} {label:<40} {entry['live']:>7} live "
+                     f"{entry['retired']:>6} retired  last write {entry['last_write_at']}")
+
+    for user in answer.get("users", []):
+        ours = user["user_id"] == current["user_id"]
+        line(ours, user["user_id"], user)
+        for agent in user.get("agents", []):
+            line(ours and agent["agent_id"] == current["agent_id"],
+                 f"  agent {agent['agent_id'] or '(none)'}", agent)
+    return "\n".join(lines) or "no memories yet"
 
 
 def _print(value: Any) -> None:
@@ -84,6 +102,8 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
             _print(add_or_queue(client, outbox, note))
     elif command == "recent":
         _print(client.recent(limit=args.limit, layer=args.layer or "", **owner))
+    elif command == "owners":
+        print(_owners_table(client.owners(), owner))
     elif command == "forget":
         text = " ".join(args.text)
         if not text and not args.memory_id:
