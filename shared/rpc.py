@@ -17,6 +17,8 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from shared.errors import ServiceError, error_for_status
 from shared.pb import introspect_pb2, introspect_pb2_grpc
@@ -186,13 +188,18 @@ async def running_grpc_server(
     register: Callable[[grpc.aio.Server], Iterable[str]],
     *,
     grace_s: float = 5.0,
+    collectors: Iterable[Collector] = (),
 ) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
     """Serves the servicers `register` adds (it returns their full service names).
+
+    `collectors` add the service's own figures to the metrics Introspect/GetMetrics serves.
 
     Yields the server and the bound address (a TCP port of 0 is replaced by the real one).
     On exit gRPC health turns NOT_SERVING first, then the server stops with a grace period.
     """
     meter = _RpcMeter()
+    for collector in collectors:
+        meter.registry.register(collector)
     server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
@@ -258,3 +265,14 @@ async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "")
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"{address} did not report SERVING within {timeout_s}s")
             await asyncio.sleep(0.05)
+
+
+class ReadAtScrape(Collector):
+    """Metric families a service builds from its own counters each time it is scraped."""
+
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        """The families as they stand now."""
+        return list(self._read())

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
     data_dir: Path = tmp_path_factory.mktemp("metrics")
-    with running_stack(data_dir, ["store", "search", "gateway"],
+    with running_stack(data_dir, ["store", "search", "extractor", "consolidator", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address) as running:
         yield running
 
@@ -78,9 +78,30 @@ async def test_metrics_count_requests_by_route_and_status_and_each_services_call
     assert grew("hyatlas_grpc_request_seconds_count", service="store",
                 method="/hyatlas.v1.Store/Apply") == 1
     assert _value(after, "hyatlas_grpc_requests_in_flight", service="store") == 0
-    # Services that run answer; the ones this stack does not run are reported down.
     assert _value(after, "hyatlas_service_up", service="store") == 1
-    assert _value(after, "hyatlas_service_up", service="consolidator") == 0
+    # Each service's own figures: the embedder's batches, extraction outcomes (lite extracts
+    # nothing), consolidation passes (only ultra runs them).
+    assert grew("hyatlas_embedder_texts_total", service="embedder") >= 2
+    assert grew("hyatlas_embedder_runs_total", service="embedder") >= 1
+    assert _value(after, "hyatlas_embedder_queue_calls", service="embedder") == 0
+    names = {s.name for s in after}
+    assert {"hyatlas_extractions_total", "hyatlas_extraction_refused_forgotten_total",
+            "hyatlas_consolidation_passes_total", "hyatlas_consolidation_running"} <= names
+    assert _value(after, "hyatlas_extractions_total", service="extractor",
+                  outcome="extracted") == 0
+    assert _value(after, "hyatlas_consolidation_passes_total", service="consolidator") == 0
+
+
+async def test_a_service_that_does_not_answer_is_reported_down(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(tmp_path, ["store", "search", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address) as partial:
+        samples = await _scrape(partial)
+    assert _value(samples, "hyatlas_service_up", service="store") == 1
+    assert _value(samples, "hyatlas_service_up", service="consolidator") == 0
+    assert not any(s.labels.get("service") == "consolidator" and s.name != "hyatlas_service_up"
+                   for s in samples)
 
 
 async def test_a_failed_call_is_counted_under_its_status_code(stack: Stack) -> None:
