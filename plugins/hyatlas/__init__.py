@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,7 @@ class HyAtlasProvider(MemoryProvider):
 
     def _recall(self, query: str, session_id: str, timeout_s: float) -> str | None:
         assert self.client is not None and self.settings is not None
+        started = time.monotonic()
         try:
             answer = self.client.search(
                 query, user_id=self.user_id, agent_id=self.agent_id,
@@ -180,7 +182,9 @@ class HyAtlasProvider(MemoryProvider):
         except ClientError as exc:
             self.health.failed(problem_text(exc, self.client.base_url))
             return None
-        self.health.recovered()
+        # A late answer still fills the cache, but only a timely one ends a back-off.
+        if time.monotonic() - started <= self.settings.prefetch_budget_s:
+            self.health.recovered()
         text = format_recall(answer, query)
         with self._recall_lock:
             self._recalls[session_id] = text
@@ -210,16 +214,19 @@ class HyAtlasProvider(MemoryProvider):
     def prefetch(self, query: str, *, session_id: str = "") -> str:
         """Memories for this turn within the budget, else the session's last recall.
 
-        During a back-off (the server failed or overran the budget lately) nothing is asked.
+        During a back-off (the server failed or overran the budget lately) the recall is not
+        waited on: it runs in the background for the next turn, and this one gets the last.
         """
         if self.client is None or self.settings is None:
             return ""
         sid = session_id or self.session_id
         query = clean_message(query)
-        if not query or self.health.backing_off():
+        if not query:
+            return self._last_recall(sid)
+        recall = self._recall_in_background(query, sid)
+        if self.health.backing_off():
             return self._last_recall(sid)
         budget_s = self.settings.prefetch_budget_s
-        recall = self._recall_in_background(query, sid)
         recall.join(budget_s)
         if recall.is_alive():
             self.health.failed(
@@ -228,7 +235,7 @@ class HyAtlasProvider(MemoryProvider):
 
     def queue_prefetch(self, query: str, *, session_id: str = "") -> None:
         """Warms the session's recall cache without holding Hermes's worker thread."""
-        if self.client is None or self.health.backing_off():
+        if self.client is None:
             return
         query = clean_message(query)
         if query:

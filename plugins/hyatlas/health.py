@@ -26,10 +26,10 @@ def problem_text(exc: ClientError, server_url: str) -> str:
 
 
 class ServerHealth:
-    """Trips after a failed or too slow call: recall is then skipped for backoff_s.
+    """Trips after a failed or too slow call: recall is then not waited on for backoff_s.
 
     The first failure of an outage goes to `warn` (Hermes's warning callback, else the log); the
-    next success clears the state, so the next outage warns again.
+    next timely success clears the state, so the next outage warns again.
     """
 
     def __init__(self, backoff_s: float, warn: Callable[[str], None] | None = None,
@@ -42,7 +42,7 @@ class ServerHealth:
         self._warned = False
 
     def backing_off(self) -> bool:
-        """Whether recall should be skipped now."""
+        """Whether a turn should not wait for recall now."""
         with self._lock:
             return self._clock() < self._skip_until
 
@@ -55,7 +55,8 @@ class ServerHealth:
         if not first:
             log.debug("hyatlas: %s", message)
             return
-        text = f"{message}. Memory recall is paused; new turns wait in the local queue."
+        text = (f"{message}. Turns will not wait for memory recall for a while; new turns wait "
+                "in the local queue.")
         log.warning("%s", text)
         if self._warn is not None:
             try:
@@ -64,7 +65,7 @@ class ServerHealth:
                 log.exception("hyatlas: the warning callback failed")
 
     def recovered(self) -> None:
-        """The server answered: recall runs again."""
+        """The server answered in time: turns wait for recall again."""
         with self._lock:
             self._skip_until = 0.0
             self._warned = False

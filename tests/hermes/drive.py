@@ -171,14 +171,17 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
                        warning_callback=warnings.append)
     if params.get("await_check"):
         provider.check_thread.join(WAIT_CEILING_S)
-    prefetch_s = []
+    prefetch_s, recalls, backing_off = [], [], []
     for query in params.get("prefetch", []):
         started = time.monotonic()
-        manager.prefetch_all(query, session_id=session)
+        recalls.append(manager.prefetch_all(query, session_id=session))
         prefetch_s.append(time.monotonic() - started)
-    backing_off = provider.health.backing_off()
+        if params.get("settle"):  # the recall this turn started has finished, late or not
+            _settle_recall(provider, session)
+        backing_off.append(provider.health.backing_off())
     manager.shutdown_all()
-    return {"warnings": warnings, "prefetch_s": prefetch_s, "backing_off": backing_off}
+    return {"warnings": warnings, "prefetch_s": prefetch_s, "recalls": recalls,
+            "backing_off": backing_off}
 
 
 def resume(params: dict[str, Any]) -> dict[str, Any]:
