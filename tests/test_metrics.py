@@ -124,3 +124,32 @@ async def test_paths_no_route_takes_share_one_series(stack: Stack) -> None:
     samples = await _scrape(stack)
     assert _value(samples, "hyatlas_http_requests_total", route="(unmatched)", status="404") >= 3
     assert not any("wp-admin" in s.labels.get("route", "") for s in samples)
+
+
+def test_a_plain_grpc_client_finds_each_service_by_reflection_and_reads_its_metrics(
+    stack: Stack,
+) -> None:
+    """What grpcurl does: list services by reflection, then call one from its descriptor."""
+    import grpc
+    from google.protobuf import descriptor_pool, message_factory
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    for service in ("store", "search", "embedder", "extractor", "consolidator"):
+        with grpc.insecure_channel(stack.address(service)) as channel:
+            database = ProtoReflectionDescriptorDatabase(channel)
+            names = set(database.get_services())
+            assert {"grpc.health.v1.Health", "hyatlas.v1.Introspect"} <= names, service
+            pool = descriptor_pool.DescriptorPool(database)
+            method = pool.FindServiceByName("hyatlas.v1.Introspect").FindMethodByName(
+                "GetMetrics")
+            request = message_factory.GetMessageClass(method.input_type)()
+            reply_class = message_factory.GetMessageClass(method.output_type)
+            call = channel.unary_unary(
+                "/hyatlas.v1.Introspect/GetMetrics",
+                request_serializer=lambda message: message.SerializeToString(),
+                response_deserializer=reply_class.FromString,
+            )
+            text = call(request, timeout=10).text
+        assert "# TYPE hyatlas_grpc_request_seconds histogram" in text, service
