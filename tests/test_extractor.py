@@ -396,6 +396,23 @@ async def test_restoring_a_forgotten_fact_lifts_its_tombstone_so_its_evidence_yi
     assert ("restore", "dashboard") in [(e["action"], e["actor"]) for e in trail["history"]]
 
 
+async def test_editing_a_turn_extracts_the_new_text_from_the_new_version(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-city", {"facts": [{"text": "Ana lives in Porto"}]})
+    first = await api.add("m-city I live in Porto.", user)
+    fake.on("m-moved", {"facts": [{"text": "Ana lives in Lisbon"}]})
+    edited = await api.ok("POST", "/api/v1/update", json={
+        "id": first["memory_id"], "text": "m-moved I live in Lisbon.", "user_id": user})
+    assert edited["extraction_status"] == "done"
+    facts = {f.content: f for f in await api.rows(user, "l3_fact")}
+    assert facts["Ana lives in Lisbon"].status == "active"
+    assert list(facts["Ana lives in Lisbon"].source_ids) == [edited["memory_id"]]
+    old = await api.row(user, first["memory_id"])
+    assert (old.superseded_how, old.superseded_by) == ("replaced", edited["memory_id"])
+
+
 async def test_forget_needs_text_or_id_and_an_unknown_id_is_404(api: Api) -> None:
     status, body = await api.call("POST", "/api/v1/forget", json={"user_id": new_user()})
     assert status == 400 and "text" in body["error"]

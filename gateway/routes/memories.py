@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from gateway.config import GatewayConfig
 from gateway.errors import error_extras
 from gateway.readiness import wait_for_store
 from gateway.respond import (
@@ -269,25 +270,9 @@ async def restore(request: web.Request) -> web.Response:
     return json_response({"restored": True, "memory": list_items(reply.memories)[0]})
 
 
-@routes.post("/api/v1/update")
-async def update(request: web.Request) -> web.Response:
-    """New text for one of the owner's live rows: a new version is stored and the old one is
-    retired as replaced by it (both keep their history)."""
-    config = request.app[CONFIG]
-    params = await request_params(request)
-    memory_id = params.string("id") or params.string("memory_id")
-    text = params.string("text", strip=False)
-    if not memory_id or not text.strip():
-        raise InvalidArgument("id and text required")
-    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
-    store = request.app[STORE]
-    old = (
-        await store.GetMemory(
-            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
-        )
-    ).memory
-    if old.status != "active":
-        raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
+def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> store_pb2.NewMemory:
+    """The row an edit inserts: the old row's owner, layer, label, sources, metadata and dates
+    with the new text; a raw row is extracted again like a new write."""
     raw = old.layer == common_pb2.L2_RAW
     row = store_pb2.NewMemory(
         owner=old.owner,
@@ -303,11 +288,35 @@ async def update(request: web.Request) -> web.Response:
     for name in ("event_at", "valid_to", "due_at"):
         if old.HasField(name):
             setattr(row, name, getattr(old, name))
+    return row
+
+
+@routes.post("/api/v1/update")
+async def update(request: web.Request) -> web.Response:
+    """New text for one of the owner's live rows: a new version is stored and the old one is
+    retired as replaced by it (both keep their history)."""
+    params = await request_params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    text = params.string("text", strip=False)
+    if not memory_id or not text.strip():
+        raise InvalidArgument("id and text required")
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+    store = request.app[STORE]
+    old = (
+        await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
+        )
+    ).memory
+    if old.status != "active":
+        raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
     retire = store_pb2.RetireOp(id=memory_id, superseded_how="replaced", superseded_by="$edited")
     reply = await store.Apply(
         store_pb2.ApplyRequest(
             scope=scope,
-            ops=[store_pb2.Op(insert=row), store_pb2.Op(retire=retire)],
+            ops=[
+                store_pb2.Op(insert=_new_version(old, text, request.app[CONFIG])),
+                store_pb2.Op(retire=retire),
+            ],
             actor="api",
             origin=params.string("origin"),
             reason=params.string("reason") or "edited",
@@ -316,7 +325,7 @@ async def update(request: web.Request) -> web.Response:
     )
     new = reply.memories[0]
     status_ = new.extraction_status
-    if raw and status_ == "pending":
+    if new.layer == common_pb2.L2_RAW and status_ == "pending":
         status_ = await _extract(request, scope, new.id)
     return json_response(
         {"success": True, "memory_id": new.id, "replaced": memory_id, "extraction_status": status_}
