@@ -558,6 +558,9 @@ async def test_owners_view_lists_users_and_agents_and_opens_one(
     everyone = ui.page.locator(f"tr[data-user='{user}'][data-agent='']")
     assert await everyone.locator(".live").inner_text() == "3"
     await ui.shot("owners")
+    await ui.page.set_viewport_size(PHONE)  # rows become cards: nothing wider than a phone
+    assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    await ui.page.set_viewport_size(DESKTOP)
     await ui.act(row.locator("button.pick").click())
     assert ui.page.url.endswith("#/memories")
     assert await ui.page.locator("#owner-agent").input_value() == "laptop"
