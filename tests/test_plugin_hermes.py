@@ -453,6 +453,24 @@ def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_
         [f"USER: {u}\n\nASSISTANT: {a}" for u, a in turns] + ["Noted from the CLI"])
 
 
+def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_it(
+    tmp_path: Path, hermes_python: Path, embedder_address: str
+):
+    port = free_port()
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+                     user_id="u-cli-queue")
+    queued = hermes_cli(hermes_python, home, "add", "The", "boiler", "is", "serviced", "in", "May")
+    assert queued.returncode == 0, queued.stderr
+    assert json.loads(queued.stdout)["queued"] is True
+    with running_stack(tmp_path / "up", ["store", "search", "extractor", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
+        started = hermes_cli(hermes_python, home, "start")
+        assert started.returncode == 0, started.stderr
+        assert "queued writes sent; 0 still waiting" in started.stdout
+        stored = contents(gateway(up, "POST", "/api/v1/list", {"user_id": "u-cli-queue"}))
+    assert stored == ["The boiler is serviced in May"]
+
+
 def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     tmp_path: Path, hermes_python: Path
 ):
