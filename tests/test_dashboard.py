@@ -15,7 +15,7 @@ import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
 from yarl import URL
 
-from gateway.dashboard import public_settings
+from gateway.dashboard import public_settings, settings_in_force
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.settings import Settings
@@ -752,3 +752,20 @@ def test_settings_in_force_show_whether_credentials_are_set_but_never_their_valu
     assert shown["llm_fallback_key"] == "(not set)"
     assert shown["llm_base"] == "http://llm.local:8080/v1"
     assert shown["mode"] == "pro"
+
+
+def test_settings_in_force_show_the_floor_and_model_search_really_uses() -> None:
+    minilm = "all-MiniLM-L6-v2-int8"
+    default = settings_in_force(Settings.from_env({}), minilm)
+    # Unset, the floor is the model's calibrated one, not the 0.60 default of the setting.
+    assert default["min_score"] == 0.30 and default["embed_model"] == minilm
+    assert "min_score_set" not in default
+    chosen = settings_in_force(Settings.from_env({"HYATLAS_MIN_SCORE": "0.45"}), minilm)
+    assert chosen["min_score"] == 0.45
+    # With an HTTP embedder the configured model name is the one in force.
+    remote = settings_in_force(Settings.from_env({
+        "HYATLAS_EMBED_BASE": "http://127.0.0.1:9/v1", "HYATLAS_EMBED_MODEL": "e5-small"}), "")
+    assert remote["embed_model"] == "e5-small"
+    # The store not answering: no model to name, and no floor to guess.
+    down = settings_in_force(Settings.from_env({}), "")
+    assert down["min_score"] == "(the model's floor)"
