@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import dashboard, readiness
+from gateway import dashboard, metrics, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
@@ -16,6 +16,7 @@ from gateway.routes import (
     extraction,
     graph,
     memories,
+    owners,
     search,
     status,
     transfer,
@@ -69,15 +70,18 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
 def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     """The REST application: guards and token checks around every route, JSON errors outside."""
     app = web.Application(
-        # errors first so that guard refusals and aiohttp's own 404/405/413 become JSON too.
-        middlewares=[errors_middleware, guards_middleware, token_middleware],
+        # metrics outermost so every answer is counted with the status it went out with; then
+        # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too.
+        middlewares=[metrics.metrics_middleware, errors_middleware, guards_middleware,
+                     token_middleware],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
+    metrics.register(app)
     for module in (
-        readiness, status, memories, search, extraction, digest, graph, admin, transfer
+        readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer
     ):
         app.add_routes(module.routes)
     dashboard.register(app, settings)

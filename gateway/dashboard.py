@@ -17,11 +17,13 @@ from urllib.parse import urlsplit, urlunsplit
 from aiohttp import web
 
 from gateway.readiness import service_states
-from gateway.respond import json_response, owner_scope, rpc_timeout
+from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.shapes import list_item, rfc3339
 from gateway.state import STORE
+from services.search.model import calibrated_floor
+from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
-from shared.errors import InvalidArgument, NotFound, PermissionDenied
+from shared.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
 from shared.store_client import all_rows, get_many
@@ -251,10 +253,33 @@ def _snapshots(folder: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda item: item["modified"], reverse=True)
 
 
+async def _store_model(request: web.Request) -> str:
+    """The model the store embeds with ("" while the store does not answer)."""
+    try:
+        stats = await request.app[STORE].GetStats(
+            store_pb2.GetStatsRequest(scope=all_users()), timeout=HEALTH_TIMEOUT_S
+        )
+    except ServiceError:
+        return ""
+    return stats.model_id
+
+
+def settings_in_force(settings: Settings, model_id: str) -> dict[str, Any]:
+    """The settings as the services apply them: the vector floor search really uses (the
+    model's calibrated one unless HYATLAS_MIN_SCORE is set) and the model really embedding."""
+    shown = public_settings(settings)
+    del shown["min_score_set"]
+    if not settings.min_score_set:
+        shown["min_score"] = calibrated_floor(model_id) if model_id else "(the model's floor)"
+    if not settings.embed_base.lower().startswith(("http://", "https://")):
+        shown["embed_model"] = model_id or "(unknown while the store does not answer)"
+    return shown
+
+
 async def system(request: web.Request) -> web.Response:
     """Service health, settings in force (no secrets), data directory size and snapshots."""
     settings = request.app[SETTINGS]
-    states = await service_states(request.app)
+    states, model_id = await asyncio.gather(service_states(request.app), _store_model(request))
     health = [{"name": name, "address": settings.addresses[name], "status": state}
               for name, state in states.items()]
     data_bytes, snapshots = await asyncio.gather(
@@ -265,7 +290,7 @@ async def system(request: web.Request) -> web.Response:
         {
             "services": [{"name": "gateway", "address": "(this process)", "status": "serving"}]
             + health,
-            "settings": public_settings(settings),
+            "settings": settings_in_force(settings, model_id),
             "data_dir": str(settings.data_dir),
             "data_bytes": data_bytes,
             "snapshots": {
@@ -277,6 +302,11 @@ async def system(request: web.Request) -> web.Response:
             "now": rfc3339(time.time()),
         }
     )
+
+
+async def search_stages(request: web.Request) -> web.Response:
+    """The ranking stages a search's skip_stages may name, in the order they run."""
+    return json_response({"stages": list(switchable_names())})
 
 
 def _static_file(tail: str) -> Path:
@@ -317,6 +347,7 @@ def register(app: web.Application, settings: Settings) -> None:
     app.router.add_get("/dashboard/api/memory", memory_detail)
     app.router.add_get("/dashboard/api/writes", writes)
     app.router.add_get("/dashboard/api/system", system)
+    app.router.add_get("/dashboard/api/search-stages", search_stages)
     app.router.add_get("/dashboard", to_index)
     app.router.add_get("/dashboard/", static)
     app.router.add_get("/dashboard/{tail:(?!api/).+}", static)

@@ -7,14 +7,18 @@ import collections
 import contextlib
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from shared.errors import ServiceError, error_for_status
 from shared.pb import introspect_pb2, introspect_pb2_grpc
@@ -86,13 +90,56 @@ class ServiceClient:
         return call
 
 
-class _RpcCounter(grpc.aio.ServerInterceptor):
-    """Counts the calls a server answers, per method (its own plumbing left out)."""
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+"""Histogram buckets for call latency, from a cached read to a long LLM extraction."""
+
+
+class _RpcMeter(grpc.aio.ServerInterceptor):
+    """Measures the calls a server answers, per method: count by status, latency, in flight
+    (its own plumbing left out). Each server has its own registry, served by Introspect."""
 
     PLUMBING = ("/grpc.health.", "/grpc.reflection.", "/hyatlas.v1.Introspect/")
 
     def __init__(self) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.registry = prometheus_client.CollectorRegistry()
+        self.calls = prometheus_client.Counter(
+            "hyatlas_grpc_requests", "gRPC calls answered, by method and status code",
+            ["method", "code"], registry=self.registry)
+        self.latency = prometheus_client.Histogram(
+            "hyatlas_grpc_request_seconds", "Time to answer a gRPC call, by method",
+            ["method"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.in_flight = prometheus_client.Gauge(
+            "hyatlas_grpc_requests_in_flight", "gRPC calls being answered now, by method",
+            ["method"], registry=self.registry)
+
+    def counts(self) -> dict[str, int]:
+        """Calls answered per full method name, whatever their status."""
+        counts: collections.Counter[str] = collections.Counter()
+        for family in self.calls.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["method"]] += int(sample.value)
+        return dict(counts)
+
+    def _measured(self, method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+        async def measured(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            self.in_flight.labels(method).inc()
+            failed = True
+            try:
+                reply = await behavior(request, context)
+                failed = False
+                return reply
+            finally:
+                code = context.code()
+                name = code.name if isinstance(code, grpc.StatusCode) else "OK"
+                self.calls.labels(method, "UNKNOWN" if failed and name == "OK" else name).inc()
+                self.latency.labels(method).observe(time.perf_counter() - started)
+                self.in_flight.labels(method).dec()
+
+        return measured
 
     async def intercept_service(
         self,
@@ -100,19 +147,30 @@ class _RpcCounter(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method  # type: ignore[attr-defined]
-        if not method.startswith(self.PLUMBING):
-            self.counts[method] += 1
-        return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if handler is None or method.startswith(self.PLUMBING) or not handler.unary_unary:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            self._measured(method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 class _Introspect(introspect_pb2_grpc.IntrospectServicer):
-    def __init__(self, counter: _RpcCounter) -> None:
-        self._counter = counter
+    def __init__(self, meter: _RpcMeter) -> None:
+        self._meter = meter
 
     async def GetRpcCounts(
         self, request: introspect_pb2.GetRpcCountsRequest, context: grpc.aio.ServicerContext
     ) -> introspect_pb2.GetRpcCountsResponse:
-        return introspect_pb2.GetRpcCountsResponse(counts=dict(self._counter.counts))
+        return introspect_pb2.GetRpcCountsResponse(counts=self._meter.counts())
+
+    async def GetMetrics(
+        self, request: introspect_pb2.GetMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> introspect_pb2.GetMetricsResponse:
+        text = prometheus_client.generate_latest(self._meter.registry).decode("utf-8")
+        return introspect_pb2.GetMetricsResponse(text=text)
 
 
 def _unix_path(address: str) -> Path | None:
@@ -130,18 +188,23 @@ async def running_grpc_server(
     register: Callable[[grpc.aio.Server], Iterable[str]],
     *,
     grace_s: float = 5.0,
+    collectors: Iterable[Collector] = (),
 ) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
     """Serves the servicers `register` adds (it returns their full service names).
+
+    `collectors` add the service's own figures to the metrics Introspect/GetMetrics serves.
 
     Yields the server and the bound address (a TCP port of 0 is replaced by the real one).
     On exit gRPC health turns NOT_SERVING first, then the server stops with a grace period.
     """
-    counter = _RpcCounter()
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[counter])
+    meter = _RpcMeter()
+    for collector in collectors:
+        meter.registry.register(collector)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    introspect_pb2_grpc.add_IntrospectServicer_to_server(_Introspect(counter), server)
+    introspect_pb2_grpc.add_IntrospectServicer_to_server(_Introspect(meter), server)
     reflection.enable_server_reflection(
         [
             *names,
@@ -202,3 +265,14 @@ async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "")
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"{address} did not report SERVING within {timeout_s}s")
             await asyncio.sleep(0.05)
+
+
+class ReadAtScrape(Collector):
+    """Metric families a service builds from its own counters each time it is scraped."""
+
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        """The families as they stand now."""
+        return list(self._read())

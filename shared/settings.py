@@ -241,6 +241,8 @@ class Settings:
     """HYATLAS_USER_ALIASES: groups of user ids that are one person."""
     min_score: float = 0.60
     """HYATLAS_MIN_SCORE: vector hits below this cosine are dropped; 0 disables the floor."""
+    min_score_set: bool = False
+    """Whether HYATLAS_MIN_SCORE was given; if not, search uses the model's calibrated floor."""
     dedupe_score: float = 0.92
     """HYATLAS_DEDUPE_SCORE: a new fact this similar to a live one supersedes it; 0 disables."""
     catchup_every_s: float | None = 600.0
@@ -365,6 +367,7 @@ class Settings:
             raw_retention_s=read_duration(env, "HYATLAS_RAW_RETENTION", None),
             user_aliases=Aliases.parse(text("HYATLAS_USER_ALIASES")),
             min_score=read_float(env, "HYATLAS_MIN_SCORE", 0.60, 0.0, 1.0),
+            min_score_set=bool(text("HYATLAS_MIN_SCORE")),
             dedupe_score=read_float(env, "HYATLAS_DEDUPE_SCORE", 0.92, 0.0, 1.0),
             catchup_every_s=read_duration(env, "HYATLAS_CATCHUP_EVERY", 600.0),
             catchup_max_age_s=read_duration(env, "HYATLAS_CATCHUP_MAX_AGE", 168 * 3600.0),

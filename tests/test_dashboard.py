@@ -15,7 +15,7 @@ import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
 from yarl import URL
 
-from gateway.dashboard import public_settings
+from gateway.dashboard import public_settings, settings_in_force
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.settings import Settings
@@ -295,7 +295,7 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     await ui.page.click("#search-form button[type=submit]")
     hit = ui.page.locator(f"section.channel[data-channel=normal] li[data-memory-id='{memory_id}']")
     await hit.wait_for()
-    assert "score" in await hit.inner_text()
+    assert "cosine" in await hit.inner_text()
     await ui.shot("explore")
 
     # The keyword reader and a layer filter with no rows in it.
@@ -303,7 +303,11 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     await ui.page.select_option("#reader", "keyword")
     await ui.page.select_option("#layer", "l3_fact")
     await ui.page.click("#search-form button[type=submit]")
-    await ui.page.locator("#explore-results .empty").wait_for()
+    empty = ui.page.locator("#explore-results .empty")
+    await empty.wait_for()
+    # It names only controls the page has (there is no minimum-score field on it).
+    assert "lower the minimum score" not in await empty.inner_text()
+    assert "keyword reader" in await empty.inner_text()
     await ui.page.select_option("#layer", "l2_raw")
     await ui.page.click("#search-form button[type=submit]")
     await ui.page.locator(f"li[data-memory-id='{memory_id}']").wait_for()
@@ -345,19 +349,31 @@ async def test_forget_then_restore_from_the_detail_view_change_state_through_the
     assert await ui.page.locator("#memory-content").inner_text() == "My locker code is 4417."
     await ui.shot("detail")
 
+    # Forget asks first; Cancel changes nothing.
     await ui.page.click("#forget")
+    assert await ui.page.locator("#forget-confirm").is_visible()
+    await ui.page.click("#cancel-forget")
+    assert "invalid_at" not in await api.memory(memory_id, user)
+    await ui.page.click("#forget")
+    await ui.act(ui.page.click("#confirm-forget"))
     await ui.page.locator("#memory-detail[data-status=retired]").wait_for()
     row = await api.memory(memory_id, user)
     assert row["superseded_how"] == "forgotten" and row["invalid_at"]
     assert "forgotten" in await ui.page.locator(".detail-head").inner_text()
-    assert await ui.page.locator("#history tr[data-action=retire]").count() == 1
+    assert "Forgotten: “My locker code is 4417.”" in await ui.page.locator(
+        "#action-notice").inner_text()
+    retire = ui.page.locator("#history tr[data-action=retire]")
+    assert await retire.count() == 1
+    assert "dashboard" in await retire.inner_text()  # the actor of a dashboard action
     await ui.shot("detail-forgotten")
 
-    await ui.page.click("#restore")
+    await ui.act(ui.page.click("#restore"))
     await ui.page.locator("#memory-detail[data-status=active]").wait_for()
     row = await api.memory(memory_id, user)
     assert "invalid_at" not in row
-    assert await ui.page.locator("#history tr[data-action=restore]").count() == 1
+    assert "Restored" in await ui.page.locator("#action-notice").inner_text()
+    restore = ui.page.locator("#history tr[data-action=restore]")
+    assert await restore.count() == 1 and "dashboard" in await restore.inner_text()
 
 
 async def test_delete_asks_for_confirmation_then_erases_through_the_api(
@@ -379,11 +395,72 @@ async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     ))["memories"]]
 
     await ui.page.click("#delete")
-    await ui.page.click("#confirm-delete")
+    await ui.act(ui.page.click("#confirm-delete"))
     await ui.page.locator("#memory-table").wait_for()
     assert await _memory_ids(ui) == [keep_id]
+    assert "Deleted: “Temporary note to erase.”" in await ui.page.locator(
+        "#action-notice").inner_text()
     listed = await api.ok("POST", "/api/v1/list", json={"user_id": user})
     assert [m["memory_id"] for m in listed["memories"]] == [keep_id]
+
+
+async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api: Api) -> None:
+    user = _user()
+    await api.add("An older note.", user)
+    await ui.open("memories")
+    await ui.set_owner(user, "desk")
+    await ui.page.click("#create")
+    await ui.page.fill("#new-text", "The spare key is under the blue flowerpot.")
+    await ui.act(ui.page.click("#create-save"))
+    detail = ui.page.locator("#memory-detail")
+    created = str(await detail.get_attribute("data-memory-id"))
+    assert "Stored" in await ui.page.locator("#action-notice").inner_text()
+    stored = await api.memory(created, user)
+    assert (stored["content"], stored["agent_id"]) == (
+        "The spare key is under the blue flowerpot.", "desk")
+
+    await ui.page.click("#edit")
+    await ui.page.fill("#edit-text", "The spare key is under the red flowerpot.")
+    await ui.act(ui.page.click("#edit-save"))
+    edited = str(await detail.get_attribute("data-memory-id"))
+    assert edited != created
+    assert await ui.page.locator("#memory-content").inner_text() == (
+        "The spare key is under the red flowerpot.")
+    assert "new version" in await ui.page.locator("#action-notice").inner_text()
+    # The old text is what the new version replaced, and it is kept, retired as replaced.
+    assert await ui.page.locator(f"#replaced li[data-memory-id='{created}']").count() == 1
+    old = await api.memory(created, user)
+    assert (old["superseded_how"], old["superseded_by"]) == ("replaced", edited)
+    trail = await api.ok("GET", "/api/v1/history", params={"id": created, "user_id": user})
+    assert [(e["action"], e["actor"]) for e in trail["history"]] == [
+        ("insert", "dashboard"), ("retire", "dashboard")]
+    await ui.shot("edited")
+
+
+async def test_why_this_result_shows_each_reader_and_what_each_stage_did(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    target = await api.add("I moved to Lisbon in March.", user)
+    await api.add("My brother Tiago lives in Berlin.", user)
+    await api.add("The dog Bolt sleeps on the sofa.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open("explore?q=Lisbon+March")
+    why = ui.page.locator(f"li.hit[data-memory-id='{target}'] details.why")
+    await why.locator("summary").click()
+    await ui.page.locator(f"details.why[data-memory-id='{target}'][data-ready=true]").wait_for()
+    text = await why.inner_text()
+    assert "In this search: #1" in text
+    stages = (await api.ok("GET", "/dashboard/api/search-stages"))["stages"]
+    assert await why.locator("table.why-stages tr[data-stage]").count() == len(stages)
+    keyword = await why.locator("tr[data-reader=keyword] td").last.inner_text()
+    assert keyword.startswith("#")  # both words are in it: the keyword reader finds it
+    # Stage toggles re-rank this one hit with the chosen stages off.
+    await why.locator("input[name=skip]").first.check()
+    await why.locator(".why-toggles button").click()
+    await ui.page.locator(".why-toggled:text-matches('^(#|not in)')").wait_for()
+    await ui.shot("why")
 
 
 async def test_detail_shows_what_a_memory_replaced_and_its_sources(
@@ -461,6 +538,39 @@ async def test_every_view_talks_only_to_the_gateway_without_console_errors(
     assert ui.unexpected_console_errors() == []
 
 
+async def test_owners_view_lists_users_and_agents_and_opens_one(
+    ui: Session, api: Api, browser: Browser, stack: Stack, shots: Path
+) -> None:
+    user = _user()
+    await api.add("From the phone.", user, agent_id="phone")
+    await api.add("From the laptop.", user, agent_id="laptop")
+    await api.add("Also from the laptop.", user, agent_id="laptop")
+    # A new tab with no owner chosen opens on the most recently written user, not `default`.
+    fresh = await _session(browser, stack, shots, token=True)
+    await fresh.open("memories")
+    assert await fresh.page.locator("#owner-user").input_value() == user
+    assert len(await _memory_ids(fresh)) == 3
+    await fresh.page.context.close()
+
+    await ui.open("owners")
+    row = ui.page.locator(f"tr[data-user='{user}'][data-agent=laptop]")
+    assert await row.locator(".live").inner_text() == "2"
+    everyone = ui.page.locator(f"tr[data-user='{user}'][data-agent='']")
+    assert await everyone.locator(".live").inner_text() == "3"
+    await ui.shot("owners")
+    await ui.page.set_viewport_size(PHONE)  # rows become cards: nothing wider than a phone
+    assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    await ui.page.set_viewport_size(DESKTOP)
+    await ui.act(row.locator("button.pick").click())
+    assert ui.page.url.endswith("#/memories")
+    assert await ui.page.locator("#owner-agent").input_value() == "laptop"
+    assert len(await _memory_ids(ui)) == 2
+    # The picker suggests the known users and the chosen user's agents.
+    options = ui.page.locator("#owner-agents option")
+    assert sorted([str(await o.get_attribute("value")) for o in await options.all()]) == [
+        "laptop", "phone"]
+
+
 async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> None:
     await ui.open("system")
     page = ui.page
@@ -472,8 +582,39 @@ async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> No
     )
     assert await page.locator("tr[data-setting=token] td").inner_text() == "(set)"
     assert await page.locator("tr[data-setting=mode] td").inner_text() == "lite"
+    # The floor and model search really uses: MiniLM's calibrated 0.30, not the 0.60 default.
+    assert await page.locator("tr[data-setting=min_score] td").inner_text() == "0.3"
+    status = await Api(ui.base_url).ok("GET", "/api/v1/status")
+    assert await page.locator("tr[data-setting=embed_model] td").inner_text() == status["embed"]
     assert TOKEN not in await page.content()
     await ui.shot("system")
+
+
+async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
+    browser: Browser, stack: Stack, shots: Path
+) -> None:
+    session = await _session(browser, stack, shots, token=False)
+    page = session.page
+    await page.goto(f"{stack.base_url}/dashboard/#/system")
+    dialog = page.locator("#token-dialog")
+    await dialog.wait_for()
+    await page.keyboard.press("Escape")
+    # The view finishes with a message instead of hanging, and the next view asks again.
+    await session.rendered()
+    assert await page.locator("section.view[aria-busy=false] .error").count() == 1
+    assert "access token" in await page.locator("section.view .error").inner_text()
+    await session.shot("token-escaped")
+    await page.click("#nav a[data-view=memories]")
+    await dialog.wait_for()
+    await page.fill("#token-input", "not-the-token")
+    await page.click("#token-submit")
+    await page.locator("#token-reason:text('That token was rejected')").wait_for()
+    assert await dialog.is_visible()
+    await page.fill("#token-input", TOKEN)
+    await session.act(page.click("#token-submit"))
+    assert not await dialog.is_visible()
+    await page.locator("#memory-table, .view .empty").first.wait_for()
+    await page.context.close()
 
 
 async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
@@ -611,3 +752,20 @@ def test_settings_in_force_show_whether_credentials_are_set_but_never_their_valu
     assert shown["llm_fallback_key"] == "(not set)"
     assert shown["llm_base"] == "http://llm.local:8080/v1"
     assert shown["mode"] == "pro"
+
+
+def test_settings_in_force_show_the_floor_and_model_search_really_uses() -> None:
+    minilm = "all-MiniLM-L6-v2-int8"
+    default = settings_in_force(Settings.from_env({}), minilm)
+    # Unset, the floor is the model's calibrated one, not the 0.60 default of the setting.
+    assert default["min_score"] == 0.30 and default["embed_model"] == minilm
+    assert "min_score_set" not in default
+    chosen = settings_in_force(Settings.from_env({"HYATLAS_MIN_SCORE": "0.45"}), minilm)
+    assert chosen["min_score"] == 0.45
+    # With an HTTP embedder the configured model name is the one in force.
+    remote = settings_in_force(Settings.from_env({
+        "HYATLAS_EMBED_BASE": "http://127.0.0.1:9/v1", "HYATLAS_EMBED_MODEL": "e5-small"}), "")
+    assert remote["embed_model"] == "e5-small"
+    # The store not answering: no model to name, and no floor to guess.
+    down = settings_in_force(Settings.from_env({}), "")
+    assert down["min_score"] == "(the model's floor)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -368,6 +369,48 @@ async def test_a_restored_row_is_searchable_again_and_its_history_says_why(
         "GET", "/api/v1/history", params={"id": fact.id, "user_id": new_user()}
     )
     assert status == 404
+
+
+async def test_restoring_a_forgotten_fact_lifts_its_tombstone_so_its_evidence_yields_it_again(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-kayak", {"facts": [{"text": "Rui paddles a red kayak"}]})
+    first = await api.add("m-kayak I paddle a red kayak.", user)
+    (fact,) = await api.rows(user, "l3_fact")
+    await api.ok("POST", "/api/v1/forget", json={"id": fact.id, "user_id": user})
+    stones = json.loads((await api.row(user, first["memory_id"])).metadata_json)["forgotten"]
+    assert [s["value"] for s in stones] == ["rui paddles a red kayak"]
+
+    restored = await api.ok("POST", "/api/v1/restore",
+                            json={"id": fact.id, "user_id": user, "origin": "dashboard"})
+    assert restored["restored"] is True
+    assert "forgotten" not in json.loads((await api.row(user, first["memory_id"])).metadata_json)
+    refused = (await api.status())["refused_forgotten"]
+    counts = await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
+    assert counts["reprocessed"] == 1
+    assert (await api.status())["refused_forgotten"] == refused
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == ["Rui paddles a red kayak"]
+    trail = await api.ok("GET", "/api/v1/history", params={"id": fact.id, "user_id": user})
+    assert ("restore", "dashboard") in [(e["action"], e["actor"]) for e in trail["history"]]
+
+
+async def test_editing_a_turn_extracts_the_new_text_from_the_new_version(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-city", {"facts": [{"text": "Ana lives in Porto"}]})
+    first = await api.add("m-city I live in Porto.", user)
+    fake.on("m-moved", {"facts": [{"text": "Ana lives in Lisbon"}]})
+    edited = await api.ok("POST", "/api/v1/update", json={
+        "id": first["memory_id"], "text": "m-moved I live in Lisbon.", "user_id": user})
+    assert edited["extraction_status"] == "done"
+    facts = {f.content: f for f in await api.rows(user, "l3_fact")}
+    assert facts["Ana lives in Lisbon"].status == "active"
+    assert list(facts["Ana lives in Lisbon"].source_ids) == [edited["memory_id"]]
+    old = await api.row(user, first["memory_id"])
+    assert (old.superseded_how, old.superseded_by) == ("replaced", edited["memory_id"])
 
 
 async def test_forget_needs_text_or_id_and_an_unknown_id_is_404(api: Api) -> None:

@@ -391,6 +391,56 @@ async def test_by_id_delete_of_another_owners_row_is_404_and_keeps_it(api: Api) 
     assert status == 404
 
 
+async def test_edit_stores_a_new_version_and_retires_the_old_one_as_replaced(api: Api) -> None:
+    user = _user()
+    old = (await api.add("I live in Porto", user, agent_id="phone"))["memory_id"]
+    status, edited = await api.call("POST", "/api/v1/update", json={
+        "id": old, "text": "I live in Lisbon", "user_id": user, "origin": "dashboard"})
+    assert status == 200, edited
+    new = edited["memory_id"]
+    assert new != old and edited["replaced"] == old
+    rows = {m["memory_id"]: m for m in
+            (await api.listing(user, include_superseded=True))["memories"]}
+    assert rows[new]["content"] == "I live in Lisbon" and "invalid_at" not in rows[new]
+    assert rows[new]["agent_id"] == "phone"
+    assert (rows[old]["superseded_how"], rows[old]["superseded_by"]) == ("replaced", new)
+    _, trail = await api.call("GET", "/api/v1/history", params={"id": old, "user_id": user})
+    assert [(e["action"], e["actor"]) for e in trail["history"]] == [
+        ("insert", "api"), ("retire", "dashboard")]
+    _, trail = await api.call("GET", "/api/v1/history", params={"id": new, "user_id": user})
+    assert [(e["action"], e["actor"]) for e in trail["history"]] == [("insert", "dashboard")]
+
+    # A retired row is not edited; bad input is a 4xx and changes nothing.
+    for body, code in (
+        ({"id": old, "text": "I live in Faro"}, 409),
+        ({"id": new, "text": "  "}, 400),
+        ({"id": "no-such-id", "text": "x"}, 404),
+        ({"id": new, "text": "I live in Faro", "user_id": _user()}, 404),
+    ):
+        status, reply = await api.call("POST", "/api/v1/update",
+                                       json={"user_id": user, **body})
+        assert status == code, (body, reply)
+    assert len((await api.listing(user, include_superseded=True))["memories"]) == 2
+
+
+async def test_owners_lists_users_and_their_agents_with_counts_and_last_write(api: Api) -> None:
+    user = _user()
+    first = (await api.add("Note one", user, agent_id="cli"))["memory_id"]
+    await api.add("Note two", user, agent_id="cli")
+    await api.add("Note three", user, agent_id="hermes")
+    await api.call("POST", "/api/v1/update", json={"id": first, "text": "Note 1", "user_id": user})
+    status, body = await api.call("GET", "/api/v1/owners", params={"user_id": user})
+    assert status == 200, body
+    (entry,) = body["users"]
+    assert (entry["user_id"], entry["live"], entry["retired"]) == (user, 3, 1)
+    # The agent written last comes first.
+    assert [(a["agent_id"], a["live"], a["retired"]) for a in entry["agents"]] == [
+        ("cli", 2, 1), ("hermes", 1, 0)]
+    assert entry["last_write_at"].endswith("Z")
+    status, everyone = await api.call("GET", "/api/v1/owners")
+    assert status == 200 and user in [u["user_id"] for u in everyone["users"]]
+
+
 async def test_bulk_delete_without_admin_is_403_and_deletes_nothing(api: Api) -> None:
     user = _user()
     await api.add("keep me", user)

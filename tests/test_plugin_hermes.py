@@ -123,6 +123,10 @@ def test_hermes_discovery_finds_and_loads_the_provider(tmp_path: Path, hermes_py
                                    "hyatlas_add", "hyatlas_forget"}
     secret = [f for f in found["schema"] if f.get("secret")]
     assert {f["key"]: f["env_var"] for f in secret}["llm_key"] == "HYATLAS_LLM_KEY"
+    # The wizard asks the mode, offering to leave it to the server (its default answer).
+    mode = next(f for f in found["schema"] if f["key"] == "mode")
+    assert mode["choices"] == ["server default", "lite", "pro", "ultra"]
+    assert mode["default"] == "server default"
 
 
 def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
@@ -248,8 +252,11 @@ def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
     assert contents(recent) == ["The wifi password is stored in the blue notebook"]
     assert status["mode"] == "lite" and status["plugin_queue"] == 0
     assert "l9_nope" in bad_layer["error"]
-    # A forget tool call matches whole values (exact or near-exact), not a part of a note.
+    # A forget tool call matches whole values (exact or near-exact), not a part of a note;
+    # when nothing matched, the closest memories come back to be forgotten by id.
     assert forget["forgotten"] == 0 and forget["memories"] == []
+    assert forget["candidates"][0]["memory_id"] == added["memory_id"]
+    assert "memory_id" in forget["hint"]
     assert no_query == {"error": "query is required"}
 
 
@@ -261,24 +268,139 @@ def test_non_primary_agent_context_never_writes(tmp_path: Path, hermes_python: P
     assert not (home / "hyatlas" / "outbox.sqlite3").exists()
 
 
-def test_cli_registers_through_hermes_plugin_cli_discovery(
+def hermes_cli(hermes_python: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hermes hyatlas ARGS` as a user runs it."""
+    return subprocess.run([str(hermes_python.parent / "hermes"), "hyatlas", *args],
+                          env=hermes_env(home), capture_output=True, text=True, timeout=60)
+
+
+def test_agent_and_its_cli_see_the_same_memories_under_a_configured_agent_id(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):
-    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-cli")
-    hermes = str(hermes_python.parent / "hermes")
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-cli",
+                     agent_id="my-agent")
+    # Hermes passes its profile name as the identity; the configured agent_id wins over it.
+    agent = drive(hermes_python, home, "tool_calls", {
+        "session_id": "s-cli", "init": {"agent_identity": "default"},
+        "calls": [["hyatlas_add", {"text": "The Kyoto trip is booked for May"}]]})
+    assert agent["ids"] == {"user_id": "u-cli", "agent_id": "my-agent"}
+    found = hermes_cli(hermes_python, home, "search", "Kyoto trip")
+    assert found.returncode == 0, found.stderr
+    assert "The Kyoto trip is booked for May" in found.stdout
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([hermes, "hyatlas", *args], env=hermes_env(home),
-                              capture_output=True, text=True, timeout=60)
-
-    added = cli("add", "Our", "release", "train", "leaves", "every", "Thursday")
+    added = hermes_cli(hermes_python, home, "add", "Our", "release", "train", "leaves", "every",
+                       "Thursday")
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["success"] is True
-    found = cli("search", "release train Thursday")
-    assert found.returncode == 0, found.stderr
-    assert "release train leaves every Thursday" in found.stdout
-    refused = cli("search", "x", "--layer", "l9")
+    recalled = drive(hermes_python, home, "tool_calls", {
+        "session_id": "s-cli", "init": {"agent_identity": "default"},
+        "calls": [["hyatlas_search", {"query": "release train Thursday"}]]})
+    assert "Our release train leaves every Thursday" in contents(recalled["answers"][0])
+    refused = hermes_cli(hermes_python, home, "search", "x", "--layer", "l9")
     assert refused.returncode != 0
+    owners = hermes_cli(hermes_python, home, "owners")
+    assert owners.returncode == 0, owners.stderr
+    ours = [line for line in owners.stdout.splitlines() if line.startswith("*")]
+    assert [line.split()[1:4] for line in ours] == [["u-cli", "2", "live"],
+                                                    ["agent", "my-agent", "2"]]
+
+
+def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_to_start(
+    tmp_path: Path, hermes_python: Path
+):
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}")
+    result = drive(hermes_python, home, "outage", {"await_check": True,
+                                                   "prefetch": ["what is my dog called?"]})
+    assert len(result["warnings"]) == 1, result
+    assert "unreachable" in result["warnings"][0]
+    assert "hermes hyatlas start" in result["warnings"][0]
+    assert result["backing_off"] == [True]
+    status = hermes_cli(hermes_python, home, "status")
+    assert status.returncode == 1 and "hermes hyatlas start" in status.stderr
+
+
+async def test_a_rejected_token_is_reported_as_a_token_problem(
+    tmp_path: Path, hermes_python: Path
+):
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": "a valid bearer token is required"}, status=401)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}")
+        result = await drive_async(hermes_python, home, "outage", {"await_check": True})
+    finally:
+        await runner.cleanup()
+    assert len(result["warnings"]) == 1, result
+    assert "refused the plugin's token (HTTP 401)" in result["warnings"][0]
+
+
+def test_after_a_recall_overruns_its_budget_later_recalls_are_skipped_not_waited_on(
+    tmp_path: Path, hermes_python: Path
+):
+    port = free_port()
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+                     prefetch_budget_s=1.0, timeout_s=30.0, backoff_s=600.0)
+    hung = socket.socket()  # accepts connections, never answers
+    hung.bind(("127.0.0.1", port))
+    hung.listen(16)
+    try:
+        result = drive(hermes_python, home, "outage", {"prefetch": ["one", "two", "three"]})
+    finally:
+        hung.close()
+    first, *later = result["prefetch_s"]
+    assert first >= 1.0  # the first recall waited its whole budget on the hung server
+    # Each later one would wait the budget again; in the back-off none is even asked.
+    assert max(later) < 0.5, result
+    assert len(result["warnings"]) == 1 and result["backing_off"] == [True, True, True]
+
+
+async def test_a_late_answer_fills_the_next_turn_and_a_timely_one_ends_the_back_off(
+    tmp_path: Path, hermes_python: Path
+):
+    searches: list[str] = []
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"mode": "lite"})
+
+    async def search(request: web.Request) -> web.Response:
+        query = (await request.json())["query"]
+        searches.append(query)
+        if len(searches) == 1:
+            await asyncio.sleep(2.0)  # a slow server: the first answer comes after the budget
+        item = {"memory_id": f"m{len(searches)}", "content": f"answer to {query}",
+                "layer": "l2_raw", "score": 0.9, "gmt_created": 1764547200}
+        return web.json_response({"memories": {"normal": [item]}, "order": ["normal"]})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/search", search)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+                         prefetch_budget_s=0.5, backoff_s=600.0)
+        result = await drive_async(hermes_python, home, "outage", {
+            "await_check": True, "settle": True, "prefetch": ["first", "second", "third"]})
+    finally:
+        await runner.cleanup()
+    first, second, third = result["recalls"]
+    assert first == ""  # the budget ran out before the slow answer
+    # The late answer is kept for the next turn, which does not wait (the back-off holds,
+    # since that answer was late); its own recall runs in the background and answers in time,
+    # which ends the back-off, so the third turn waits for its own recall again.
+    assert "answer to first" in second
+    assert "answer to third" in third
+    assert result["backing_off"] == [True, False, False]
+    assert searches == ["first", "second", "third"]
+    assert len(result["warnings"]) == 1 and "did not answer within 0.5 s" in result["warnings"][0]
 
 
 def test_dashboard_router_mounts_in_hermes_web_server_and_proxies_search(
@@ -313,6 +435,10 @@ def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_
         hung.close()
     assert down["errors"] == []
     assert down["pending"] == 3
+    # With the gateway gone, `hermes hyatlas add` queues like the tool instead of failing.
+    queued = hermes_cli(hermes_python, home, "add", "Noted", "from", "the", "CLI")
+    assert queued.returncode == 0, queued.stderr
+    assert json.loads(queued.stdout)["queued"] is True
     # The hung gateway never answers and a request would wait timeout_s (30 s): every prefetch
     # that came back sooner was ended by the budget.
     assert max(down["prefetch_s"]) < 30.0, down
@@ -323,7 +449,26 @@ def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_
         resumed = drive(hermes_python, home, "resume", {"wait_s": 30})
         assert resumed["pending"] == 0
         stored = contents(gateway(back, "POST", "/api/v1/list", {"user_id": "u-down"}))
-    assert sorted(stored) == sorted(f"USER: {u}\n\nASSISTANT: {a}" for u, a in turns)
+    assert sorted(stored) == sorted(
+        [f"USER: {u}\n\nASSISTANT: {a}" for u, a in turns] + ["Noted from the CLI"])
+
+
+def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_it(
+    tmp_path: Path, hermes_python: Path, embedder_address: str
+):
+    port = free_port()
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+                     user_id="u-cli-queue")
+    queued = hermes_cli(hermes_python, home, "add", "The", "boiler", "is", "serviced", "in", "May")
+    assert queued.returncode == 0, queued.stderr
+    assert json.loads(queued.stdout)["queued"] is True
+    with running_stack(tmp_path / "up", ["store", "search", "extractor", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
+        started = hermes_cli(hermes_python, home, "start")
+        assert started.returncode == 0, started.stderr
+        assert "queued writes sent; 0 still waiting" in started.stdout
+        stored = contents(gateway(up, "POST", "/api/v1/list", {"user_id": "u-cli-queue"}))
+    assert stored == ["The boiler is serviced in May"]
 
 
 def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
@@ -369,15 +514,16 @@ def test_save_config_keeps_secrets_out_of_json_and_env_wins_over_files(
 ):
     home = make_home(tmp_path, hermes_python, server_url="http://127.0.0.1:9", mode="pro")
     result = drive(hermes_python, home, "config", {
-        "values": {"mode": "ultra", "llm_key": "sk-must-not-be-saved", "token": "t",
+        "values": {"mode": "server default", "llm_key": "sk-must-not-be-saved", "token": "t",
                    "auto_start": "true", "user_id": "json-user"},
         "environ": {"HYATLAS_USER_ID": "env-user"},
         "read": ["mode", "user_id", "auto_start", "server_url", "llm_key"],
     })
     assert result["mode"] == "0o600"
     assert "llm_key" not in result["saved"] and "token" not in result["saved"]
+    assert "mode" not in result["saved"]  # "server default" leaves the mode to the server
     assert result["saved"]["auto_start"] is True
-    # config.yaml (mode: pro) wins over hyatlas.json (ultra); the environment wins over both.
+    # config.yaml (mode: pro) wins over hyatlas.json; the environment wins over both.
     assert result["loaded"] == {"mode": "pro", "user_id": "env-user", "auto_start": True,
                                 "server_url": "http://127.0.0.1:9", "llm_key": ""}
     assert result["available"] is True

@@ -12,23 +12,36 @@ export class ApiError extends Error {
   }
 }
 
-let tokenPrompt = null;
+const TOKEN_TEXT = "This server needs its access token (HYATLAS_TOKEN). It is kept for this browser tab only.";
+const NO_TOKEN = "No access token given: reload the page, or open another view, to enter it";
 
-/** Asks for the token once, however many calls are waiting for it. */
-function askToken(reason) {
+let tokenPrompt = null;
+// Set when the user dismissed the dialog: calls fail at once until the user moves on.
+let declined = false;
+
+/** Lets the next call that needs the token ask for it again (after the user navigates). */
+export function askTokenAgain() {
+  declined = false;
+}
+
+/** Asks for the token once, however many calls are waiting for it; resolves false on Escape. */
+function askToken(rejected) {
   if (tokenPrompt) return tokenPrompt;
   const dialog = document.getElementById("token-dialog");
-  const form = document.getElementById("token-form");
   const input = document.getElementById("token-input");
-  if (reason) document.getElementById("token-reason").textContent = `${reason}. The token is kept for this browser tab only.`;
+  document.getElementById("token-reason").textContent = rejected ? `That token was rejected. ${TOKEN_TEXT}` : TOKEN_TEXT;
   tokenPrompt = new Promise((resolve) => {
-    form.addEventListener("submit", () => {
-      sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    // The form (method=dialog) closes it with the button's value; Escape closes it with "".
+    dialog.addEventListener("close", () => {
+      const given = dialog.returnValue === "continue" && input.value.trim() !== "";
+      if (given) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
       input.value = "";
       tokenPrompt = null;
-      resolve();
+      declined = !given;
+      resolve(given);
     }, { once: true });
   });
+  dialog.returnValue = "";
   dialog.showModal();
   input.focus();
   return tokenPrompt;
@@ -59,8 +72,9 @@ export async function api(path, { method = "GET", body, query } = {}) {
       data = null;
     }
     if (reply.status === 401) {
-      await askToken(data && data.error);
-      continue;
+      if (token) sessionStorage.removeItem(TOKEN_KEY);
+      if (!declined && (await askToken(Boolean(token)))) continue;
+      throw new ApiError(401, NO_TOKEN, data);
     }
     if (!reply.ok) throw new ApiError(reply.status, (data && data.error) || `HTTP ${reply.status}`, data);
     return data;

@@ -1,25 +1,28 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
+import { api, askTokenAgain } from "./api.js";
 import { h, errorBox } from "./dom.js";
 import * as overview from "./views/overview.js";
+import * as owners from "./views/owners.js";
 import * as explore from "./views/explore.js";
 import * as memories from "./views/memories.js";
 import * as graph from "./views/graph.js";
 import * as system from "./views/system.js";
 
-const VIEWS = { overview, explore, memories, graph, system };
+const VIEWS = { overview, owners, explore, memories, graph, system };
 const OWNER_KEY = "hyatlas.owner";
 
-function loadOwner() {
+function savedOwner() {
   try {
     const saved = JSON.parse(sessionStorage.getItem(OWNER_KEY) || "{}");
-    return { user_id: saved.user_id || "default", agent_id: saved.agent_id || "" };
+    return saved.user_id ? { user_id: saved.user_id, agent_id: saved.agent_id || "" } : null;
   } catch {
-    return { user_id: "default", agent_id: "" };
+    return null;
   }
 }
 
-let owner = loadOwner();
+let owner = savedOwner() || { user_id: "default", agent_id: "" };
+let knownOwners = [];
 let renderSeq = 0;
 // Tells a watcher (and the browser tests) that a render finished: this load's id and a counter.
 const loadId = Math.random().toString(36).slice(2);
@@ -49,6 +52,7 @@ async function render() {
     stale: () => seq !== renderSeq,
     go: (hash) => { window.location.hash = hash; },
     refresh: render,
+    setOwner: (next, hash) => pickOwner(next, hash),
   };
   try {
     await VIEWS[name].render(section, ctx);
@@ -62,25 +66,60 @@ async function render() {
   }
 }
 
+/** Fills the owner fields' suggestions: every user, and the agents of the chosen one. */
+function suggestOwners() {
+  const users = document.getElementById("owner-users");
+  const agents = document.getElementById("owner-agents");
+  users.replaceChildren(...knownOwners.map((u) => h("option", { value: u.user_id }, `${u.live} live`)));
+  const chosen = knownOwners.find((u) => u.user_id === document.getElementById("owner-user").value.trim());
+  agents.replaceChildren(...(chosen ? chosen.agents : []).map((a) => h("option", { value: a.agent_id }, `${a.live} live`)));
+}
+
+function pickOwner(next, hash) {
+  owner = { user_id: next.user_id || "default", agent_id: next.agent_id || "" };
+  document.getElementById("owner-user").value = owner.user_id;
+  document.getElementById("owner-agent").value = owner.agent_id;
+  sessionStorage.setItem(OWNER_KEY, JSON.stringify(owner));
+  suggestOwners();
+  // A memory's detail belongs to its owner: go back to the list when the owner changes.
+  const { name, arg } = parseHash();
+  const target = hash || (name === "memories" && arg ? "#/memories" : "");
+  if (target && target !== window.location.hash) window.location.hash = target;
+  else render();
+}
+
 function setupOwner() {
   const form = document.getElementById("owner");
   const user = document.getElementById("owner-user");
   const agent = document.getElementById("owner-agent");
   user.value = owner.user_id;
   agent.value = owner.agent_id;
+  user.addEventListener("input", suggestOwners);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
-    owner = { user_id: user.value.trim() || "default", agent_id: agent.value.trim() };
-    user.value = owner.user_id;
-    sessionStorage.setItem(OWNER_KEY, JSON.stringify(owner));
-    // A memory's detail belongs to its owner: go back to the list when the owner changes.
-    const { name } = parseHash();
-    if (name === "memories" && parseHash().arg) window.location.hash = "#/memories";
-    else render();
+    askTokenAgain();
+    pickOwner({ user_id: user.value.trim(), agent_id: agent.value.trim() });
   });
 }
 
+/** The owners the server knows; without a saved choice, the most recently written user. */
+async function loadOwners() {
+  try {
+    knownOwners = (await api("/api/v1/owners")).users;
+  } catch {
+    knownOwners = [];  // the views say what is wrong; the picker just offers nothing
+  }
+  if (!savedOwner() && knownOwners.length) {
+    owner = { user_id: knownOwners[0].user_id, agent_id: "" };
+    document.getElementById("owner-user").value = owner.user_id;
+  }
+  suggestOwners();
+}
+
 setupOwner();
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => {
+  askTokenAgain();
+  render();
+});
 if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
-render();
+loadOwners().then(render);

@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from gateway.config import GatewayConfig
 from gateway.errors import error_extras
 from gateway.readiness import wait_for_store
 from gateway.respond import (
@@ -25,6 +26,9 @@ from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extraction_status
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.pb import common_pb2, extractor_pb2, store_pb2
+from shared.store_client import get_many, update_op
+from shared.text import value_key
+from shared.tombstones import without_tombstone
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +166,8 @@ async def delete_all(request: web.Request) -> web.Response:
     user_id = params.string("user_id")
     agent_id = params.string("agent_id")
     if memory_id:
-        await _delete_one(request, memory_id, owner_scope(user_id, agent_id))
+        await _delete_one(request, memory_id, owner_scope(user_id, agent_id),
+                          params.string("origin"))
         return json_response({"deleted_count": 1, "error": ""})
 
     layer = params.string("layer")
@@ -187,7 +192,9 @@ async def delete_all(request: web.Request) -> web.Response:
     return json_response({"deleted_count": reply.deleted, "error": ""})
 
 
-async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Scope) -> None:
+async def _delete_one(
+    request: web.Request, memory_id: str, scope: common_pb2.Scope, origin: str
+) -> None:
     """Erases one row, but only when it lies in the caller's scope."""
     store = request.app[STORE]
     timeout = rpc_timeout(request)
@@ -198,6 +205,7 @@ async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Sc
                 scope=scope,
                 ops=[store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))],
                 actor="api",
+                origin=origin,
                 reason="delete_all by id",
             ),
             timeout=timeout,
@@ -207,32 +215,121 @@ async def _delete_one(request: web.Request, memory_id: str, scope: common_pb2.Sc
         raise NotFound(f"memory {memory_id!r} not found") from None
 
 
+async def _lifted_tombstones(
+    request: web.Request, scope: common_pb2.Scope, memory: common_pb2.Memory
+) -> list[store_pb2.Op]:
+    """Ops taking a forgotten row's value off its evidence's tombstones, so that restoring it
+    also lets extraction take the value from that evidence again."""
+    if memory.superseded_how != "forgotten":
+        return []
+    evidence = ([memory.id] if memory.layer == common_pb2.L2_RAW else []) + list(memory.source_ids)
+    raws = await get_many(request.app[STORE], scope, evidence, rpc_timeout(request))
+    value = value_key(memory.content)
+    ops = []
+    for raw in raws:
+        lifted = without_tombstone(raw.metadata_json, value)
+        if raw.layer == common_pb2.L2_RAW and lifted is not None:
+            ops.append(update_op(raw.id, metadata_json=lifted))
+    return ops
+
+
 @routes.post("/api/v1/restore")
 async def restore(request: web.Request) -> web.Response:
-    """Brings one of the owner's retired rows back; what replaced it stays as it is."""
+    """Brings one of the owner's retired rows back; what replaced it stays as it is. A forgotten
+    row's value is taken off the tombstones its forget left."""
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     if not memory_id:
         raise InvalidArgument("id required")
     scope = owner_scope(params.string("user_id"), params.string("agent_id"))
     store = request.app[STORE]
+    current = await store.GetMemory(
+        store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
+    )
+    if current.memory.status == "active":
+        return json_response({"restored": False, "memory": list_items([current.memory])[0]})
+    ops = [store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))]
+    ops += await _lifted_tombstones(request, scope, current.memory)
     try:
         # The store decides in the same transaction whether there is anything to restore.
         reply = await store.Apply(
             store_pb2.ApplyRequest(
                 scope=scope,
-                ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))],
+                ops=ops,
                 actor="api",
+                origin=params.string("origin"),
                 reason=params.string("reason") or "restore",
             ),
             timeout=rpc_timeout(request),
         )
-    except Conflict:  # already live: nothing to do, the row as it is
+    except Conflict:  # restored by someone else meanwhile: the row as it is
         current = await store.GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
         return json_response({"restored": False, "memory": list_items([current.memory])[0]})
     return json_response({"restored": True, "memory": list_items(reply.memories)[0]})
+
+
+def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> store_pb2.NewMemory:
+    """The row an edit inserts: the old row's owner, layer, label, sources, metadata and dates
+    with the new text; a raw row is extracted again like a new write."""
+    raw = old.layer == common_pb2.L2_RAW
+    row = store_pb2.NewMemory(
+        owner=old.owner,
+        layer=old.layer,
+        content=text,
+        label=old.label,
+        source_ids=old.source_ids,
+        metadata_json=old.metadata_json,
+        extraction_status=extraction_status(config) if raw else old.extraction_status,
+        write_mode=config.mode,
+        ref="edited",
+    )
+    for name in ("event_at", "valid_to", "due_at"):
+        if old.HasField(name):
+            setattr(row, name, getattr(old, name))
+    return row
+
+
+@routes.post("/api/v1/update")
+async def update(request: web.Request) -> web.Response:
+    """New text for one of the owner's live rows: a new version is stored and the old one is
+    retired as replaced by it (both keep their history)."""
+    params = await request_params(request)
+    memory_id = params.string("id") or params.string("memory_id")
+    text = params.string("text", strip=False)
+    if not memory_id or not text.strip():
+        raise InvalidArgument("id and text required")
+    scope = owner_scope(params.string("user_id"), params.string("agent_id"))
+    store = request.app[STORE]
+    old = (
+        await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
+        )
+    ).memory
+    if old.status != "active":
+        raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
+    retire = store_pb2.RetireOp(id=memory_id, superseded_how="replaced", superseded_by="$edited")
+    reply = await store.Apply(
+        store_pb2.ApplyRequest(
+            scope=scope,
+            ops=[
+                store_pb2.Op(insert=_new_version(old, text, request.app[CONFIG])),
+                store_pb2.Op(retire=retire),
+            ],
+            actor="api",
+            origin=params.string("origin"),
+            reason=params.string("reason") or "edited",
+        ),
+        timeout=rpc_timeout(request),
+    )
+    new = reply.memories[0]
+    status_ = new.extraction_status
+    if new.layer == common_pb2.L2_RAW and status_ == "pending":
+        status_ = await _extract(request, scope, new.id)
+    return json_response(
+        {"success": True, "memory_id": new.id, "replaced": memory_id, "extraction_status": status_}
+    )
 
 
 @routes.get("/api/v1/history")

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
 from .client import ClientError, HyAtlasClient
+from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox
 from .recall import clean_message, format_recall, turn_text
 from .settings import (
     PluginSettings,
     config_schema,
+    hermes_home_dir,
     load_settings,
     resolve_ids,
     save_config,
@@ -29,16 +31,8 @@ log = logging.getLogger("hyatlas")
 
 SESSION_CACHE = 64
 """How many sessions keep their last recall for fallback."""
-
-
-def hermes_home_dir() -> Path:
-    """The active HERMES_HOME (Hermes's own resolver, else the env var, else ~/.hermes)."""
-    try:
-        from hermes_constants import get_hermes_home
-
-        return Path(get_hermes_home())
-    except ImportError:
-        return Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+CHECK_TIMEOUT_S = 5.0
+"""How long the start-of-session check waits for the gateway's status."""
 
 
 class HyAtlasProvider(MemoryProvider):
@@ -50,6 +44,7 @@ class HyAtlasProvider(MemoryProvider):
         self.client: HyAtlasClient | None = None
         self.outbox: Outbox | None = None
         self.launcher: ServerLauncher | None = None
+        self.health = ServerHealth(PluginSettings.backoff_s)
         self.user_id = "default"
         self.agent_id = "default"
         self.session_id = ""
@@ -59,6 +54,7 @@ class HyAtlasProvider(MemoryProvider):
         self._recall_lock = threading.Lock()
         self._inflight: dict[str, threading.Thread] = {}
         self.start_thread: threading.Thread | None = None
+        self.check_thread: threading.Thread | None = None
 
     @property
     def name(self) -> str:
@@ -95,13 +91,18 @@ class HyAtlasProvider(MemoryProvider):
     # -- lifecycle ---------------------------------------------------------------
 
     def initialize(self, session_id: str, **kwargs: Any) -> None:
-        """Resolves ids, opens the local queue and (primary agents only) starts the server."""
+        """Resolves ids, opens the local queue, checks (or starts) the server in the background.
+
+        A server that is down or refuses the token is reported through Hermes's
+        warning_callback (CLI sessions), else the log.
+        """
         home = Path(kwargs.get("hermes_home") or hermes_home_dir())
         settings = load_settings(home)
         self.settings = settings
         self.hermes_home = home
         self.session_id = session_id or ""
-        self.user_id, self.agent_id = resolve_ids(settings, os.environ, kwargs)
+        self.user_id, self.agent_id = resolve_ids(settings, kwargs)
+        self.health = ServerHealth(settings.backoff_s, kwargs.get("warning_callback"))
         self.agent_context = str(kwargs.get("agent_context") or "primary")
         # Cron, flush and subagent runs read memory but never write it: their prompts are not
         # the user's conversation.
@@ -116,6 +117,11 @@ class HyAtlasProvider(MemoryProvider):
                 self.start_thread = threading.Thread(
                     target=self._start_server, name="hyatlas-autostart", daemon=True)
                 self.start_thread.start()
+        if self.start_thread is None:
+            self.check_thread = threading.Thread(
+                target=self.health.check, args=(self.client, CHECK_TIMEOUT_S),
+                name="hyatlas-check", daemon=True)
+            self.check_thread.start()
         log.info("hyatlas memory for user=%s agent=%s context=%s at %s", self.user_id,
                  self.agent_id, self.agent_context, settings.server_url)
 
@@ -124,9 +130,13 @@ class HyAtlasProvider(MemoryProvider):
         try:
             result = self.launcher.ensure_running()
         except (ClientError, OSError) as exc:
-            log.warning("hyatlas auto start failed: %s", exc)
+            self.health.failed(f"HyAtlas auto start failed: {exc}")
             return
         log.info("hyatlas auto start: %s", result.message)
+        if not result.ready:
+            self.health.failed(f"HyAtlas auto start did not get a ready server: {result.message}")
+            return
+        self.health.recovered()
         if self.outbox is not None:
             self.outbox.nudge()
 
@@ -163,14 +173,18 @@ class HyAtlasProvider(MemoryProvider):
 
     def _recall(self, query: str, session_id: str, timeout_s: float) -> str | None:
         assert self.client is not None and self.settings is not None
+        started = time.monotonic()
         try:
             answer = self.client.search(
                 query, user_id=self.user_id, agent_id=self.agent_id,
                 limit=self.settings.prefetch_limit, session_id=session_id, timeout_s=timeout_s,
             )
         except ClientError as exc:
-            log.debug("hyatlas recall failed: %s", exc)
+            self.health.failed(problem_text(exc, self.client.base_url))
             return None
+        # A late answer still fills the cache, but only a timely one ends a back-off.
+        if time.monotonic() - started <= self.settings.prefetch_budget_s:
+            self.health.recovered()
         text = format_recall(answer, query)
         with self._recall_lock:
             self._recalls[session_id] = text
@@ -198,14 +212,25 @@ class HyAtlasProvider(MemoryProvider):
             return thread
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
-        """Memories for this turn within the budget, else the session's last recall."""
+        """Memories for this turn within the budget, else the session's last recall.
+
+        During a back-off (the server failed or overran the budget lately) the recall is not
+        waited on: it runs in the background for the next turn, and this one gets the last.
+        """
         if self.client is None or self.settings is None:
             return ""
         sid = session_id or self.session_id
         query = clean_message(query)
         if not query:
             return self._last_recall(sid)
-        self._recall_in_background(query, sid).join(self.settings.prefetch_budget_s)
+        recall = self._recall_in_background(query, sid)
+        if self.health.backing_off():
+            return self._last_recall(sid)
+        budget_s = self.settings.prefetch_budget_s
+        recall.join(budget_s)
+        if recall.is_alive():
+            self.health.failed(
+                f"HyAtlas memory at {self.client.base_url} did not answer within {budget_s:g} s")
         return self._last_recall(sid)
 
     def queue_prefetch(self, query: str, *, session_id: str = "") -> None:

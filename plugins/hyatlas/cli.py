@@ -3,30 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from .client import ClientError, HyAtlasClient
+from .client import ClientError, HyAtlasClient, Unreachable
+from .health import START_HINT
 from .lifecycle import ServerLauncher
+from .outbox import Outbox
 from .recall import format_recall
-from .settings import PluginSettings, load_settings, resolve_ids
-from .tools import LAYERS
-
-
-def _home() -> str:
-    try:
-        from hermes_constants import get_hermes_home
-
-        return str(get_hermes_home())
-    except ImportError:
-        return os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes")
+from .settings import (
+    PluginSettings,
+    hermes_home_dir,
+    hermes_identity,
+    load_settings,
+    resolve_ids,
+    state_dir,
+)
+from .tools import LAYERS, add_or_queue, forget_or_suggest
 
 
 def register_cli(subparser: argparse.ArgumentParser) -> None:
     """Builds the `hermes hyatlas` argument tree."""
     subs = subparser.add_subparsers(dest="hyatlas_command")
+    subparser.add_argument("--user-id", default="",
+                           help="Look at this user's memories (default: the plugin's user id)")
+    subparser.add_argument("--agent-id", default="",
+                           help="Look at this agent's memories (default: the plugin's agent id)")
     subs.add_parser("status", help="Server status and counts per layer")
     search = subs.add_parser("search", help="Search memories")
     search.add_argument("query", nargs="+")
@@ -38,6 +44,7 @@ def register_cli(subparser: argparse.ArgumentParser) -> None:
     recent = subs.add_parser("recent", help="Newest memories")
     recent.add_argument("--layer", choices=LAYERS)
     recent.add_argument("--limit", type=int, default=20)
+    subs.add_parser("owners", help="Users and agents with memories (which ids to look at)")
     forget = subs.add_parser("forget", help="Forget memories by id or matching text")
     forget.add_argument("text", nargs="*")
     forget.add_argument("--id", dest="memory_id", default="")
@@ -46,14 +53,41 @@ def register_cli(subparser: argparse.ArgumentParser) -> None:
     subparser.set_defaults(func=hyatlas_command)
 
 
+def _owners_table(answer: dict[str, Any], current: dict[str, str]) -> str:
+    """One line per user and per agent: live and retired counts, last write; * marks ours."""
+    lines = []
+
+    def line(mark: bool, label: str, entry: dict[str, Any]) -> None:
+        lines.append(f"{'*' if mark else ' '} {label:<40} {entry['live']:>7} live "
+                     f"{entry['retired']:>6} retired  last write {entry['last_write_at']}")
+
+    for user in answer.get("users", []):
+        ours = user["user_id"] == current["user_id"]
+        line(ours, user["user_id"], user)
+        for agent in user.get("agents", []):
+            line(ours and agent["agent_id"] == current["agent_id"],
+                 f"  agent {agent['agent_id'] or '(none)'}", agent)
+    return "\n".join(lines) or "no memories yet"
+
+
 def _print(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home: str) -> int:
+@contextlib.contextmanager
+def _outbox(home: Path, client: HyAtlasClient) -> Iterator[Outbox]:
+    """The same local queue the provider sends from (no sender thread of its own here)."""
+    outbox = Outbox(state_dir(home) / "outbox.sqlite3", client)
+    try:
+        yield outbox
+    finally:
+        outbox.close()
+
+
+def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home: Path) -> int:
     client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s, token=settings.token)
-    user_id, agent_id = resolve_ids(settings, os.environ, {})
-    owner = {"user_id": user_id, "agent_id": agent_id}
+    user_id, agent_id = resolve_ids(settings, hermes_identity())
+    owner = {"user_id": args.user_id or user_id, "agent_id": args.agent_id or agent_id}
     if command == "status":
         _print(client.status())
     elif command == "search":
@@ -62,10 +96,14 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         print(json.dumps(answer, indent=2) if args.json else
               format_recall(answer, query, per_channel=args.limit) or "no memories found")
     elif command == "add":
-        _print(client.add({"text": " ".join(args.text), "session_id": "cli",
-                           "metadata": {"write_origin": "cli"}, **owner}))
+        note = {"text": " ".join(args.text), "session_id": "cli",
+                "metadata": {"write_origin": "cli"}, **owner}
+        with _outbox(home, client) as outbox:
+            _print(add_or_queue(client, outbox, note))
     elif command == "recent":
         _print(client.recent(limit=args.limit, layer=args.layer or "", **owner))
+    elif command == "owners":
+        print(_owners_table(client.owners(), owner))
     elif command == "forget":
         text = " ".join(args.text)
         if not text and not args.memory_id:
@@ -76,11 +114,16 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
             payload["text"] = text
         if args.memory_id:
             payload["memory_id"] = args.memory_id
-        _print(client.forget(payload))
+        _print(forget_or_suggest(client, payload))
     elif command == "start":
         result = ServerLauncher(settings, client, home).ensure_running()
         print(result.message)
-        return 0 if result.ready else 1
+        if not result.ready:
+            return 1
+        with _outbox(home, client) as outbox:
+            if outbox.pending():
+                outbox.send_once()
+                print(f"queued writes sent; {outbox.pending()} still waiting")
     elif command == "stop":
         print(ServerLauncher(settings, client, home).stop())
     return 0
@@ -88,10 +131,13 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
 
 def hyatlas_command(args: argparse.Namespace) -> None:
     """Runs one `hermes hyatlas` subcommand; exits non-zero on failure."""
-    home = _home()
+    home = hermes_home_dir()
     try:
         settings = load_settings(home)
         code = _run(getattr(args, "hyatlas_command", None) or "status", args, settings, home)
+    except Unreachable as exc:
+        print(f"hyatlas: {exc}; {START_HINT}", file=sys.stderr)
+        code = 1
     except (ClientError, ValueError, OSError) as exc:
         print(f"hyatlas: {exc}", file=sys.stderr)
         code = 1

@@ -143,6 +143,10 @@ class HyAtlasClient:
             body["layer"] = layer
         return self.request("POST", "/api/v1/list", body)
 
+    def owners(self) -> dict[str, Any]:
+        """GET /api/v1/owners: every user and agent with memories, counts and last write."""
+        return self.request("GET", "/api/v1/owners")
+
     def forget(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST /api/v1/forget: retire the memories matching a text or id (reversible)."""
         return self.request("POST", "/api/v1/forget", payload)

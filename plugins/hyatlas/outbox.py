@@ -166,6 +166,11 @@ class Outbox:
             self._update("DELETE FROM ops WHERE id = ?", (op_id,))
         return False
 
+    def send_once(self) -> bool:
+        """Sends what is due now from this thread, unless another process holds the sender role."""
+        with self._sender_role() as is_sender:
+            return is_sender and self.send_due()
+
     def _note_failure(self, op_id: int, exc: Exception) -> None:
         self._failures += 1
         if self.last_error != str(exc):

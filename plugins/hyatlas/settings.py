@@ -31,9 +31,9 @@ class PluginSettings:
     server_url: str = "http://127.0.0.1:19528"
     """HYATLAS_SERVER_URL: the gateway's base URL."""
     user_id: str = ""
-    """HYATLAS_USER_ID: whose memories these are (empty: Hermes's user id, else "default")."""
+    """HYATLAS_USER_ID: whose memories these are (see resolve_ids for when it is empty)."""
     agent_id: str = ""
-    """HYATLAS_AGENT_ID: which agent writes (empty: Hermes's profile name, else "default")."""
+    """HYATLAS_AGENT_ID: which agent writes (see resolve_ids for when it is empty)."""
     auto_start: bool = False
     """HYATLAS_AUTO_START: start the server when the gateway does not answer."""
     server_command: str = "make run"
@@ -62,6 +62,8 @@ class PluginSettings:
     """HYATLAS_PREFETCH_LIMIT: how many memories recall asks for."""
     start_timeout_s: float = 60.0
     """HYATLAS_START_TIMEOUT_S: how long an auto start waits for the gateway to answer."""
+    backoff_s: float = 30.0
+    """HYATLAS_BACKOFF_S: how long recall is skipped after the server failed or timed out."""
 
     def command_argv(self) -> list[str]:
         """server_command split like a shell would, without running a shell."""
@@ -86,11 +88,14 @@ ENV_NAMES: Mapping[str, str] = {
     "prefetch_budget_s": "HYATLAS_PREFETCH_BUDGET_S",
     "prefetch_limit": "HYATLAS_PREFETCH_LIMIT",
     "start_timeout_s": "HYATLAS_START_TIMEOUT_S",
+    "backoff_s": "HYATLAS_BACKOFF_S",
 }
 """The environment variable that overrides each setting."""
 
 MODES = ("", "lite", "pro", "ultra")
 SYNC_VALUES = ("", "on", "off")
+SERVER_DEFAULT = "server default"
+"""The setup choice that leaves a setting to the server (saved as no value at all)."""
 
 
 def config_schema() -> list[dict[str, Any]]:
@@ -98,18 +103,22 @@ def config_schema() -> list[dict[str, Any]]:
     return [
         {"key": "server_url", "description": "HyAtlas gateway URL",
          "default": PluginSettings.server_url},
-        {"key": "user_id", "description": "User id (blank: Hermes's user, else default)"},
-        {"key": "agent_id", "description": "Agent id for memories (blank: Hermes profile name)"},
+        {"key": "user_id",
+         "description": "User id for memories (blank: Hermes's gateway user, else default)"},
+        {"key": "agent_id",
+         "description": "Agent id for memories (blank: the Hermes profile name)"},
         {"key": "auto_start", "description": "Start the server when it does not answer",
          "choices": ["false", "true"], "default": "false"},
         {"key": "server_command", "description": "Command that starts the server",
          "default": PluginSettings.server_command},
         {"key": "server_cwd", "description": "Folder the command runs in (the HyAtlas repository)"},
         {"key": "data_dir", "description": "Server data directory (blank: server default)"},
-        {"key": "mode", "description": "Extraction mode for a started server",
-         "choices": ["lite", "pro", "ultra"], "default": "lite"},
-        {"key": "sync", "description": "Writes wait for extraction", "choices": ["off", "on"],
-         "default": "off"},
+        {"key": "mode",
+         "description": "Mode for a started server (lite: store and search only; pro: LLM "
+                        "extraction; ultra: pro plus consolidation)",
+         "choices": [SERVER_DEFAULT, "lite", "pro", "ultra"], "default": SERVER_DEFAULT},
+        {"key": "sync", "description": "Writes wait for extraction",
+         "choices": [SERVER_DEFAULT, "off", "on"], "default": SERVER_DEFAULT},
         {"key": "llm_base", "description": "LLM base URL (OpenAI-compatible; blank: none)"},
         {"key": "llm_model", "description": "LLM model name"},
         {"key": "llm_key", "description": "LLM API key", "secret": True,
@@ -222,6 +231,9 @@ def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
     for key, value in values.items():
         if key in SECRET_KEYS or key not in ENV_NAMES:
             continue
+        if value == SERVER_DEFAULT:
+            current.pop(key, None)
+            continue
         current[key] = _coerce(key, value, getattr(defaults, key))
     # Write to a private temp file first so the config is never briefly world-readable.
     fd, tmp = tempfile.mkstemp(dir=home, prefix=".hyatlas.", suffix=".json")
@@ -244,23 +256,33 @@ def state_dir(hermes_home: str | Path) -> Path:
     return path
 
 
-def resolve_ids(
-    settings: PluginSettings,
-    environ: Mapping[str, str],
-    init_kwargs: Mapping[str, Any],
-) -> tuple[str, str]:
-    """(user_id, agent_id): env, then Hermes's initialize kwargs, then config, then "default"."""
-    user = (
-        environ.get(ENV_NAMES["user_id"], "")
-        or str(init_kwargs.get("user_id") or "")
-        or settings.user_id
-        or "default"
-    )
-    agent = (
-        environ.get(ENV_NAMES["agent_id"], "")
-        or str(init_kwargs.get("agent_identity") or "")
-        or str(init_kwargs.get("agent_id") or "")
-        or settings.agent_id
-        or "default"
-    )
+def resolve_ids(settings: PluginSettings, hermes_ids: Mapping[str, Any]) -> tuple[str, str]:
+    """(user_id, agent_id) for the provider, its tools and the CLI alike.
+
+    Each id is the first non-empty of: the plugin's setting (HYATLAS_* env over the config
+    files, see load_settings), then Hermes's own identity (its gateway user id for user_id,
+    its profile name for agent_id), then "default". A configured id always wins, so the agent
+    and `hermes hyatlas ...` look at the same memories.
+    """
+    user = settings.user_id or str(hermes_ids.get("user_id") or "") or "default"
+    agent = settings.agent_id or str(hermes_ids.get("agent_identity") or "") or "default"
     return user.strip(), agent.strip()
+
+
+def hermes_home_dir() -> Path:
+    """The active HERMES_HOME (Hermes's own resolver, else the env var, else ~/.hermes)."""
+    try:
+        from hermes_constants import get_hermes_home
+
+        return Path(get_hermes_home())
+    except ImportError:
+        return Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+
+
+def hermes_identity() -> dict[str, str]:
+    """Outside a session (CLI, dashboard tab): the profile name Hermes would pass as identity."""
+    try:
+        from hermes_cli.profiles import get_active_profile_name
+    except ImportError:
+        return {}
+    return {"agent_identity": get_active_profile_name()}

@@ -10,6 +10,8 @@ from typing import Any
 from .client import ClientError, HttpError, HyAtlasClient, Unreachable
 from .outbox import Outbox
 
+CANDIDATES = 3
+"""How many close memories a forget by text that matched nothing offers instead."""
 LAYERS = ("l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema",
           "l7_intention", "l8_entity")
 MAX_LIMIT = 50
@@ -74,7 +76,9 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     },
     {
         "name": "hyatlas_forget",
-        "description": "Forget memories: by memory_id, or those matching a text. Reversible.",
+        "description": "Forget memories: by memory_id, or those whose whole text matches. "
+                       "When nothing matches, the closest candidates come back: forget one "
+                       "of them by its memory_id. Reversible.",
         "parameters": {
             "type": "object",
             "properties": {
@@ -135,24 +139,52 @@ def _recent(scope: Scope, args: dict[str, Any]) -> Any:
     )
 
 
+def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
+                 payload: dict[str, Any]) -> dict[str, Any]:
+    """Sends a note now, or keeps it in the outbox when the server does not answer."""
+    try:
+        return client.add(payload)
+    except Unreachable:
+        if outbox is None:
+            raise
+        outbox.put("add", payload)
+        return {"success": True, "queued": True,
+                "note": "server unreachable; stored locally and sent when it is back"}
+
+
+def forget_or_suggest(client: HyAtlasClient, payload: dict[str, Any]) -> dict[str, Any]:
+    """Forgets by id or text; a text that matched nothing gets the closest memories back."""
+    answer = client.forget(payload)
+    text = payload.get("text")
+    if answer.get("forgotten") or not text or payload.get("memory_id"):
+        return answer
+    found = client.search(text, user_id=payload["user_id"], agent_id=payload["agent_id"],
+                          limit=CANDIDATES)
+    hits = [item for channel in (found.get("memories") or {}).values()
+            if isinstance(channel, list) for item in channel if isinstance(item, dict)]
+    hits.sort(key=lambda item: -float(item.get("score") or 0.0))
+    seen: set[str] = set()
+    candidates = []
+    for item in hits:
+        if item.get("memory_id") and item["memory_id"] not in seen:
+            seen.add(item["memory_id"])
+            candidates.append({key: item.get(key) for key in ("memory_id", "content", "score")})
+    answer["candidates"] = candidates[:CANDIDATES]
+    answer["hint"] = ("nothing matched that text as a whole; to forget one of the candidates, "
+                      "forget it by its memory_id" if candidates else "nothing matched that text")
+    return answer
+
+
 def _add(scope: Scope, args: dict[str, Any]) -> Any:
     if not scope.can_write:
         raise ValueError("this agent context does not write memories")
-    payload = {
+    return add_or_queue(scope.client, scope.outbox, {
         "text": _text(args, "text"),
         "user_id": scope.user_id,
         "agent_id": scope.agent_id,
         "session_id": scope.session_id,
         "metadata": {"write_origin": "tool", "tool_name": "hyatlas_add"},
-    }
-    try:
-        return scope.client.add(payload)
-    except Unreachable:
-        if scope.outbox is None:
-            raise
-        scope.outbox.put("add", payload)
-        return {"success": True, "queued": True,
-                "note": "server unreachable; stored locally and sent when it is back"}
+    })
 
 
 def _forget(scope: Scope, args: dict[str, Any]) -> Any:
@@ -169,7 +201,7 @@ def _forget(scope: Scope, args: dict[str, Any]) -> Any:
     if text:
         payload["text"] = text
     try:
-        return scope.client.forget(payload)
+        return forget_or_suggest(scope.client, payload)
     except HttpError as exc:
         if exc.status in (404, 405, 501) and not memory_id:
             raise ClientError("this server does not offer forget yet") from None

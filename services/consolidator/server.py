@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.consolidator.config import ConsolidatorConfig
 from services.consolidator.passes import Busy, Consolidator
@@ -16,11 +17,22 @@ from shared.clients import EmbedderClient
 from shared.errors import ServiceError
 from shared.llm import llm_client
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
-from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
 from shared.store_client import GraphStoreClient
 
 log = logging.getLogger(__name__)
+
+
+def pass_metrics(consolidator: Consolidator) -> Iterator[Metric]:
+    """Passes run since start, whether one runs now, and when the last one ended."""
+    yield CounterMetricFamily("hyatlas_consolidation_passes", "Consolidation passes run",
+                              value=consolidator.runs)
+    yield GaugeMetricFamily("hyatlas_consolidation_running", "1 while a pass runs",
+                            value=1.0 if consolidator.running else 0.0)
+    yield GaugeMetricFamily("hyatlas_consolidation_last_pass_timestamp_seconds",
+                            "When the last pass ended (unix seconds; 0: none yet)",
+                            value=consolidator.last_at)
 
 
 async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -> None:
@@ -74,7 +86,10 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
         # Started before the gRPC server is entered, so that on exit the server stops first.
         if config.mode == "ultra":
             background(stack, run_schedule(consolidator, config), "passes")
-        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        metrics = ReadAtScrape(lambda: pass_metrics(consolidator))
+        _, bound = await stack.enter_async_context(
+            running_grpc_server(config.address, register, collectors=[metrics])
+        )
         log.info("consolidator: mode %s, every %ss", config.mode, config.every_s)
         yield bound
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from services.embedder.batcher import MicroBatcher
 from services.embedder.config import EmbedderConfig
 from services.embedder.embedding import Embedder, opened_embedder
 from services.embedder.servicer import EmbedderServicer
 from shared.pb import embedder_pb2, embedder_pb2_grpc
-from shared.rpc import running_grpc_server
+from shared.rpc import ReadAtScrape, running_grpc_server
 from shared.runtime import apply_log_level, until_stopped
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,15 @@ class RunningEmbedder:
     embedder: Embedder
 
 
+def batcher_metrics(batcher: MicroBatcher) -> Iterator[Metric]:
+    """Model runs, texts embedded (their ratio is the mean batch) and calls waiting now."""
+    yield CounterMetricFamily("hyatlas_embedder_runs", "Model runs (one batch each)",
+                              value=batcher.runs)
+    yield CounterMetricFamily("hyatlas_embedder_texts", "Texts embedded", value=batcher.texts_run)
+    yield GaugeMetricFamily("hyatlas_embedder_queue_calls", "Embed calls waiting for a model run",
+                            value=batcher.waiting_calls)
+
+
 @contextlib.asynccontextmanager
 async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedder]:
     """Loads the model, starts the batcher, serves gRPC; stops all of it on exit."""
@@ -39,7 +50,10 @@ async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedde
             embedder_pb2_grpc.add_EmbedderServicer_to_server(EmbedderServicer(embedder), server)
             return [SERVICE_NAME]
 
-        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        metrics = ReadAtScrape(lambda: batcher_metrics(embedder.batcher))
+        _, bound = await stack.enter_async_context(
+            running_grpc_server(config.address, register, collectors=[metrics])
+        )
         log.info("embedder %s ready on %s", embedder.model_id, bound)
         yield RunningEmbedder(bound, embedder)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Sequence
@@ -30,13 +29,13 @@ from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, update_op
+from shared.tombstones import tombstones
 
 log = logging.getLogger(__name__)
 
 ACTOR = "extractor"
 MAX_INTENTIONS = 10
 MAX_PAGES = 5
-TOMBSTONES_KEY = "forgotten"
 DONE, FAILED, SKIPPED = "done", "failed", "skipped"
 MAX_SENTENCES = 8
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -79,18 +78,6 @@ class Outcome:
 def owner_scope(memory: common_pb2.Memory) -> common_pb2.Scope:
     """The scope of a row's owner (the store widens the user to its alias group)."""
     return common_pb2.Scope(user_id=memory.owner.user_id, agent_id=memory.owner.agent_id)
-
-
-def tombstones(memory: common_pb2.Memory) -> list[str]:
-    """The normalised values forgotten on this raw row's evidence."""
-    try:
-        meta = json.loads(memory.metadata_json or "{}")
-    except ValueError:
-        return []
-    values = meta.get(TOMBSTONES_KEY) if isinstance(meta, dict) else None
-    if not isinstance(values, list):
-        return []
-    return [v["value"] for v in values if isinstance(v, dict) and isinstance(v.get("value"), str)]
 
 
 class Extraction:
@@ -238,7 +225,7 @@ class Extraction:
         pages: Sequence[common_pb2.Memory],
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
-        refused = set(tombstones(raw))
+        refused = set(tombstones(raw.metadata_json))
         new_texts = [f.text for f in plan.facts] + plan.experiences
         (vectors, vectors_model), (refused_vectors, _) = await asyncio.gather(
             self._embed(new_texts), self._embed(sorted(refused))

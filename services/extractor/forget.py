@@ -6,16 +6,16 @@ import json
 import time
 from dataclasses import dataclass
 
-from services.extractor.extract import TOMBSTONES_KEY, Embedder
+from services.extractor.extract import Embedder
 from shared.errors import InvalidArgument, NotFound
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
 from shared.text import value_key
+from shared.tombstones import with_tombstones
 
 # A row this similar to the forgotten text holds the same value (near-exact match).
 NEAR_EXACT = 0.95
 CANDIDATES = 100
-MAX_TOMBSTONES = 200
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class Forgetting:
                 continue  # deleted evidence cannot be re-extracted anyway
             if raw.layer != common_pb2.L2_RAW:
                 continue
-            ops.append(update_op(raw_id, metadata_json=_with_tombstones(raw, values, now)))
+            stoned = with_tombstones(raw.metadata_json, values, now)
+            ops.append(update_op(raw_id, metadata_json=stoned))
             tombstoned.append(raw_id)
         # The caller is the API; the store decides from origin whether the plugin asked.
         applied = await self.store.apply(scope, ops, "api", f"forget: {why}"[:500], origin)
@@ -125,19 +126,3 @@ def _from_memory_tool(raw: common_pb2.Memory) -> bool:
     except ValueError:
         return False
     return isinstance(meta, dict) and meta.get("write_origin") == "memory_tool"
-
-
-def _with_tombstones(raw: common_pb2.Memory, values: list[str], at: float) -> str:
-    try:
-        meta = json.loads(raw.metadata_json or "{}")
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict):
-        meta = {}
-    stones = meta.get(TOMBSTONES_KEY)
-    stones = [s for s in stones if isinstance(s, dict)] if isinstance(stones, list) else []
-    have = {s.get("value") for s in stones}
-    stones.extend({"value": v, "at": at} for v in values if v not in have)
-    meta[TOMBSTONES_KEY] = stones[-MAX_TOMBSTONES:]
-    return json.dumps(meta, ensure_ascii=False)
-

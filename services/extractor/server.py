@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.extractor.config import ExtractorConfig
-from services.extractor.extract import Extraction
+from services.extractor.extract import Counters, Extraction
 from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.reconcile import Reconciler
@@ -18,11 +19,26 @@ from services.extractor.worker import CatchupPolicy, Worker, llm_state
 from shared.clients import EmbedderClient
 from shared.llm import llm_client
 from shared.pb import extractor_pb2, extractor_pb2_grpc
-from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
 from shared.runtime import apply_log_level, background, until_stopped
 from shared.store_client import StoreClient
 
 log = logging.getLogger(__name__)
+
+
+def extraction_metrics(counters: Counters) -> Iterator[Metric]:
+    """Extractions by outcome, model ops dropped, forgotten values refused."""
+    outcomes = CounterMetricFamily("hyatlas_extractions", "Extractions by outcome",
+                                   labels=["outcome"])
+    outcomes.add_metric(["extracted"], counters.extracted)
+    outcomes.add_metric(["failed"], counters.failed)
+    yield outcomes
+    yield CounterMetricFamily("hyatlas_extraction_dropped_ops",
+                              "Model ops dropped (numbers it was not shown, bad shapes)",
+                              value=counters.dropped_ops)
+    yield CounterMetricFamily("hyatlas_extraction_refused_forgotten",
+                              "Values refused because the user had forgotten them",
+                              value=counters.refused_forgotten)
 
 
 @contextlib.asynccontextmanager
@@ -83,7 +99,10 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             extractor_pb2_grpc.add_ExtractorServicer_to_server(servicer, server)
             return [extractor_pb2.DESCRIPTOR.services_by_name["Extractor"].full_name]
 
-        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        metrics = ReadAtScrape(lambda: extraction_metrics(extraction.counters))
+        _, bound = await stack.enter_async_context(
+            running_grpc_server(config.address, register, collectors=[metrics])
+        )
         log.info("extractor: mode %s, llm %s", config.mode, worker.llm_state())
         yield bound
 

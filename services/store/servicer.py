@@ -500,3 +500,13 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             sample=found.sample, rows_superseded=found.rows_superseded,
         )
 
+    @grpc_errors
+    async def ListOwners(
+        self, request: store_pb2.ListOwnersRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ListOwnersResponse:
+        found = await self._store.owners(self._reach(request.scope))
+        return store_pb2.ListOwnersResponse(owners=[
+            store_pb2.OwnerCount(user_id=o.user_id, agent_id=o.agent_id, live=o.live,
+                                 retired=o.retired, last_write_at=o.last_write_at)
+            for o in found
+        ])

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from services.store import apply, graph, retrieval, transfer, undo
+from services.store import apply, graph, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.index import VectorIndexes
@@ -227,3 +227,7 @@ class Store:
         if indexes is None:
             return 0
         return await indexes.save()
+
+    async def owners(self, reach: Reach) -> list[owners.OwnerCount]:
+        """Every owner with rows in the reach, with counts and last write."""
+        return await owners.list_owners(self._repo, reach)

@@ -116,10 +116,12 @@ def memory_tool(params: dict[str, Any]) -> dict[str, Any]:
 def tool_calls(params: dict[str, Any]) -> dict[str, Any]:
     """The provider's own tools, dispatched by MemoryManager.handle_tool_call."""
     provider = _provider()
-    manager = _manager(provider, params["session_id"], agent_context="primary")
+    manager = _manager(provider, params["session_id"], agent_context="primary",
+                       **params.get("init", {}))
     answers = [json.loads(manager.handle_tool_call(name, args)) for name, args in params["calls"]]
+    ids = {"user_id": provider.user_id, "agent_id": provider.agent_id}
     manager.shutdown_all()
-    return {"answers": answers}
+    return {"answers": answers, "ids": ids}
 
 
 def context_writes(params: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +160,28 @@ def down(params: dict[str, Any]) -> dict[str, Any]:
     provider.on_session_end([])
     provider.shutdown()
     return {"prefetch_s": prefetch_s, "errors": errors, "pending": pending}
+
+
+def outage(params: dict[str, Any]) -> dict[str, Any]:
+    """A CLI session as Hermes starts one (with its warning callback), then prefetches."""
+    warnings: list[str] = []
+    provider = _provider()
+    session = "s-outage"
+    manager = _manager(provider, session, agent_context="primary",
+                       warning_callback=warnings.append)
+    if params.get("await_check"):
+        provider.check_thread.join(WAIT_CEILING_S)
+    prefetch_s, recalls, backing_off = [], [], []
+    for query in params.get("prefetch", []):
+        started = time.monotonic()
+        recalls.append(manager.prefetch_all(query, session_id=session))
+        prefetch_s.append(time.monotonic() - started)
+        if params.get("settle"):  # the recall this turn started has finished, late or not
+            _settle_recall(provider, session)
+        backing_off.append(provider.health.backing_off())
+    manager.shutdown_all()
+    return {"warnings": warnings, "prefetch_s": prefetch_s, "recalls": recalls,
+            "backing_off": backing_off}
 
 
 def resume(params: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +253,7 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (discover, turns, memory_tool, tool_calls, context_writes,
-                                     down, resume, autostart, dashboard, config)}
+                                     down, outage, resume, autostart, dashboard, config)}
 
 
 def main() -> None:

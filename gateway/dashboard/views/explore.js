@@ -23,24 +23,101 @@ function inRange(item, from, to) {
   return true;
 }
 
-function resultItem(item) {
+const WHY_READERS = [["hybrid", "hybrid: the full ranking"], ["semantic", "semantic (vector) only"], ["keyword", "keyword only"], ["rrf", "plain rank fusion (the reference's)"]];
+const WHY_LIMIT = 20;
+let stageNames = null;
+
+/** Where a memory lands (1-based, across channels in their order) in one search, or null. */
+async function placeOf(search, memoryId, extra) {
+  const body = await api("/api/v1/search", { method: "POST", body: { ...search, ...extra } });
+  const memories = body.memories || {};
+  const order = body.order && body.order.length ? body.order : Object.keys(memories);
+  const items = [...(body.now ? [body.now] : []), ...order.flatMap((name) => memories[name] || [])];
+  const at = items.findIndex((item) => item.memory_id === memoryId);
+  return at < 0 ? null : { rank: at + 1, score: items[at].score };
+}
+
+function placeText(place) {
+  return place ? `#${place.rank} · cosine ${Number(place.score).toFixed(3)}` : `not in the top ${WHY_LIMIT}`;
+}
+
+function moveText(full, without) {
+  if (!full && !without) return "";
+  if (!full) return `keeps it out of the top ${WHY_LIMIT}`;
+  if (!without) return `brings it into the top ${WHY_LIMIT}`;
+  if (without.rank === full.rank) return "no change";
+  const by = Math.abs(without.rank - full.rank);
+  return without.rank > full.rank ? `moves it up ${by}` : `moves it down ${by}`;
+}
+
+/** Why a hit ranks where it does: its place by reader, what each stage does to it, stage toggles. */
+async function explain(box, search, memoryId) {
+  stageNames = stageNames || (await api("/dashboard/api/search-stages")).stages;
+  const wide = { ...search, limit: Math.max(search.limit, WHY_LIMIT) };
+  const [full, ...byReader] = await Promise.all([
+    placeOf(wide, memoryId, {}),
+    ...WHY_READERS.map(([reader]) => placeOf(wide, memoryId, { reader })),
+  ]);
+  const byStage = await Promise.all(stageNames.map((stage) => placeOf(wide, memoryId, { skip_stages: [stage] })));
+  const toggles = stageNames.map((stage) => h("label", { class: "check" }, h("input", { type: "checkbox", name: "skip", value: stage }), ` ${stage}`));
+  const toggled = h("span", { class: "why-toggled", id: `why-toggled-${memoryId}` });
+  const form = h("form", { class: "why-toggles" }, h("span", null, "Switch off: "), toggles,
+    h("button", { type: "submit" }, "Rank again"), toggled);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const skip = [...form.querySelectorAll("input[name=skip]:checked")].map((input) => input.value);
+    toggled.textContent = "…";
+    toggled.textContent = placeText(await placeOf(wide, memoryId, { skip_stages: skip }));
+  });
+  box.replaceChildren(
+    h("p", null, `In this search: ${placeText(full)}. The score is the cosine similarity to the query; the order is the fused ranking after every stage below.`),
+    h("table", { class: "why-readers" },
+      h("thead", null, h("tr", null, h("th", null, "Reader"), h("th", null, "Place"))),
+      h("tbody", null, WHY_READERS.map(([reader, label], i) => h("tr", { "data-reader": reader },
+        h("td", null, label), h("td", null, placeText(byReader[i])))))),
+    h("table", { class: "why-stages" },
+      h("thead", null, h("tr", null, h("th", null, "Stage"), h("th", null, "Place with it off"), h("th", null, "So the stage…"))),
+      h("tbody", null, stageNames.map((stage, i) => {
+        const move = moveText(full, byStage[i]);
+        return h("tr", { "data-stage": stage, class: move && move !== "no change" ? "moved" : null },
+          h("td", { class: "mono" }, stage), h("td", null, placeText(byStage[i])), h("td", null, move));
+      }))),
+    form);
+}
+
+function whyPanel(item, search) {
+  const box = h("div", { class: "why-body" }, "Asking the search service…");
+  const details = h("details", { class: "why", "data-memory-id": item.memory_id }, h("summary", null, "Why this result?"), box);
+  let asked = false;
+  details.addEventListener("toggle", () => {
+    if (!details.open || asked) return;
+    asked = true;
+    explain(box, search, item.memory_id).then(
+      () => details.setAttribute("data-ready", "true"),
+      (error) => box.replaceChildren(errorBox(error, "Could not explain")));
+  });
+  return details;
+}
+
+function resultItem(item, search) {
   const when = item.event_at ? `happened ${fmtTime(item.event_at)}` : `learned ${fmtTime(item.gmt_created)}`;
   return h("li", { class: "hit", "data-memory-id": item.memory_id },
     h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}`, class: "hit-content" }, item.content),
     h("div", { class: "hit-meta" },
-      h("span", { class: "score", title: "cosine similarity" }, `score ${Number(item.score).toFixed(3)}`),
+      h("span", { class: "score", title: "cosine similarity to the query (the order is the fused ranking)" }, `cosine ${Number(item.score).toFixed(3)}`),
       h("span", { class: `layer-tag ${item.layer}` }, item.layer),
       h("span", null, when),
-      item.label ? h("span", null, item.label) : null));
+      item.label ? h("span", null, item.label) : null),
+    whyPanel(item, search));
 }
 
-function results(body, filters) {
+function results(body, filters, search) {
   const memories = body.memories || {};
   const order = body.order && body.order.length ? body.order : Object.keys(memories);
   const box = h("div", { class: "results" });
   let shown = 0;
   if (body.now) {
-    box.append(h("section", { class: "channel", "data-channel": "now" }, h("h3", null, "Now"), h("ul", { class: "hits" }, resultItem(body.now))));
+    box.append(h("section", { class: "channel", "data-channel": "now" }, h("h3", null, "Now"), h("ul", { class: "hits" }, resultItem(body.now, search))));
   }
   for (const name of order) {
     const items = (memories[name] || []).filter((item) => inRange(item, filters.from, filters.to));
@@ -48,11 +125,11 @@ function results(body, filters) {
     shown += items.length;
     box.append(h("section", { class: "channel", "data-channel": name },
       h("h3", null, name, " ", h("small", null, `${items.length} · ${CHANNEL_NOTES[name] || ""}`)),
-      h("ul", { class: "hits" }, items.map(resultItem))));
+      h("ul", { class: "hits" }, items.map((item) => resultItem(item, search)))));
   }
   if (!shown && !body.now) {
     box.append(emptyState("Nothing matched for this owner.",
-      "Try the keyword reader for exact words, lower the minimum score, or widen the layer and date filters."));
+      "Try the keyword reader for exact words, or widen the layer and date filters. The semantic reader leaves out hits under the model's similarity floor (min_score on the System page)."));
   }
   return box;
 }
@@ -94,20 +171,18 @@ export async function render(root, ctx) {
   const limit = Math.min(100, Math.max(1, Number(params.get("limit")) || 10));
   // Dates filter here, on the page: ask for more so the filter has something to choose from.
   const dated = filters.from !== null || filters.to !== null;
+  const search = {
+    query,
+    user_id: owner.user_id,
+    agent_id: owner.agent_id,
+    reader: params.get("reader") || "hybrid",
+    layer: params.get("layer") || "",
+    limit: dated ? Math.min(100, limit * 5) : limit,
+  };
   try {
-    const body = await api("/api/v1/search", {
-      method: "POST",
-      body: {
-        query,
-        user_id: owner.user_id,
-        agent_id: owner.agent_id,
-        reader: params.get("reader") || "hybrid",
-        layer: params.get("layer") || "",
-        limit: dated ? Math.min(100, limit * 5) : limit,
-      },
-    });
+    const body = await api("/api/v1/search", { method: "POST", body: search });
     if (ctx.stale()) return;
-    out.append(results(body, filters));
+    out.append(results(body, filters, search));
   } catch (error) {
     if (!ctx.stale()) out.append(errorBox(error));
   }

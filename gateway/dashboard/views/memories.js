@@ -4,6 +4,21 @@ import { api } from "../api.js";
 import { h, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS } from "../dom.js";
 
 const PAGE_SIZE = 50;
+// Recorded as the dashboard's in each memory's history (actor "dashboard").
+const ORIGIN = "dashboard";
+
+// What the last action did, shown once by the next render (a render rebuilds the whole view).
+let notice = null;
+
+function takeNotice() {
+  const text = notice;
+  notice = null;
+  return text ? h("p", { class: "notice", id: "action-notice", role: "status" }, text) : null;
+}
+
+function clip(text, size = 60) {
+  return text.length > size ? `${text.slice(0, size - 1)}…` : text;
+}
 
 function listHash(params) {
   const text = params.toString();
@@ -66,7 +81,7 @@ async function renderList(root, ctx) {
   });
   if (ctx.stale()) return;
   const { filters, pager } = listControls(ctx, body.total);
-  root.append(filters);
+  root.append(takeNotice(), filters, createForm(ctx));
   if (!body.memories.length) {
     root.append(emptyState(`No memories for ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""} here.`,
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
@@ -77,6 +92,33 @@ async function renderList(root, ctx) {
       h("thead", null, h("tr", null, h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))),
       h("tbody", null, body.memories.map(row))),
     pager);
+}
+
+function createForm(ctx) {
+  const { owner } = ctx;
+  const text = h("textarea", { id: "new-text", rows: 3, required: true, placeholder: "What should be remembered?" });
+  const form = h("form", { class: "editor", id: "create-form", hidden: true },
+    h("label", null, `New memory for ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""}`, text),
+    h("div", { class: "row" },
+      h("button", { type: "submit", id: "create-save" }, "Store it"),
+      h("button", { type: "button", id: "create-cancel", onclick: () => { form.hidden = true; open.hidden = false; } }, "Cancel")),
+    h("div", { id: "create-message" }));
+  const open = h("button", { type: "button", id: "create", onclick: () => { form.hidden = false; open.hidden = true; text.focus(); } }, "New memory");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    form.querySelector("#create-save").disabled = true;
+    try {
+      const body = await api("/api/v1/add", { method: "POST", body: {
+        text: text.value, user_id: owner.user_id, agent_id: owner.agent_id, metadata: { write_origin: ORIGIN },
+      } });
+      notice = "Stored as a new memory.";
+      ctx.go(`#/memories/${encodeURIComponent(body.memory_id)}`);
+    } catch (error) {
+      form.querySelector("#create-save").disabled = false;
+      form.querySelector("#create-message").replaceChildren(errorBox(error, "Could not store it"));
+    }
+  });
+  return h("div", { class: "create" }, open, form);
 }
 
 function miniList(items, empty) {
@@ -94,52 +136,88 @@ function historyTable(entries) {
       h("td", { class: "when" }, fmtTime(e.at)), h("td", null, e.action), h("td", null, e.actor), h("td", null, e.reason || "")))));
 }
 
+/** A button that asks first: the question with Yes / Cancel replaces it until answered. */
+function confirmed(id, label, cls, question, yes, onYes) {
+  const button = h("button", { type: "button", id, class: cls }, label);
+  const ask = h("span", { class: "confirm", id: `${id}-confirm`, hidden: true }, `${question} `,
+    h("button", { type: "button", id: `confirm-${id}`, class: cls, onclick: async (e) => {
+      e.target.disabled = true;
+      if (!(await onYes())) e.target.disabled = false;
+    } }, yes),
+    " ",
+    h("button", { type: "button", id: `cancel-${id}`, onclick: () => { ask.hidden = true; button.hidden = false; } }, "Cancel"));
+  button.addEventListener("click", () => { button.hidden = true; ask.hidden = false; });
+  return [button, ask];
+}
+
+function editForm(ctx, memory, say, box) {
+  const { owner } = ctx;
+  const text = h("textarea", { id: "edit-text", rows: 4, required: true }, memory.content);
+  const form = h("form", { class: "editor", id: "edit-form" },
+    h("label", null, "New text (stored as a new version; this one is kept as replaced)", text),
+    h("div", { class: "row" },
+      h("button", { type: "submit", id: "edit-save" }, "Save"),
+      h("button", { type: "button", id: "edit-cancel", onclick: () => { form.remove(); box.hidden = false; } }, "Cancel")));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    form.querySelector("#edit-save").disabled = true;
+    try {
+      const body = await api("/api/v1/update", { method: "POST", body: {
+        id: memory.memory_id, text: text.value, user_id: owner.user_id, agent_id: owner.agent_id, origin: ORIGIN,
+      } });
+      notice = "Saved as a new version. The old text is kept, retired as replaced, with its history.";
+      ctx.go(`#/memories/${encodeURIComponent(body.memory_id)}`);
+    } catch (error) {
+      form.querySelector("#edit-save").disabled = false;
+      say(errorBox(error, "Save failed"));
+    }
+  });
+  return form;
+}
+
 function actions(ctx, memory, say) {
   const { owner } = ctx;
-  const who = { user_id: owner.user_id, agent_id: owner.agent_id };
-  const run = async (button, call, done) => {
-    button.disabled = true;
+  const who = { id: memory.memory_id, user_id: owner.user_id, agent_id: owner.agent_id, origin: ORIGIN };
+  // Runs one action; on success the view re-renders with its notice, on failure it says why.
+  const act = async (call, done, failed) => {
     say(null);
     try {
-      const body = await call();
-      await ctx.refresh();
-      done(body);
+      await call();
     } catch (error) {
-      button.disabled = false;
-      say(errorBox(error, `${button.textContent} failed`));
+      say(errorBox(error, failed));
+      return false;
     }
+    notice = done;
+    await ctx.refresh();
+    return true;
   };
   const box = h("div", { class: "actions", id: "actions" });
   if (memory.status === "active") {
-    const forget = h("button", { type: "button", id: "forget", class: "warn" }, "Forget");
-    forget.addEventListener("click", () => run(forget,
-      () => api("/api/v1/forget", { method: "POST", body: { id: memory.memory_id, ...who, reason: "forgotten from the dashboard" } }),
-      () => {}));
-    box.append(forget);
+    const edit = h("button", { type: "button", id: "edit" }, "Edit…");
+    edit.addEventListener("click", () => { box.hidden = true; box.after(editForm(ctx, memory, say, box)); });
+    box.append(edit, ...confirmed("forget", "Forget…", "warn", "Forget this memory? Search stops finding it; Restore brings it back.", "Yes, forget",
+      () => act(() => api("/api/v1/forget", { method: "POST", body: { ...who, reason: "forgotten from the dashboard" } }),
+        `Forgotten: “${clip(memory.content)}”. Restore brings it back.`, "Forget failed")));
   } else {
     const restore = h("button", { type: "button", id: "restore" }, "Restore");
-    restore.addEventListener("click", () => run(restore,
-      () => api("/api/v1/restore", { method: "POST", body: { id: memory.memory_id, ...who } }),
-      () => {}));
+    restore.addEventListener("click", async () => {
+      restore.disabled = true;
+      if (!(await act(() => api("/api/v1/restore", { method: "POST", body: who }),
+        "Restored: search finds it again, and extraction may take its value from its turns again.", "Restore failed"))) restore.disabled = false;
+    });
     box.append(restore);
   }
-  const del = h("button", { type: "button", id: "delete", class: "danger" }, "Delete…");
-  const confirmBox = h("span", { class: "confirm", hidden: true },
-    "Erase this memory for good? Its history stays. ",
-    h("button", { type: "button", id: "confirm-delete", class: "danger", onclick: async (e) => {
-      e.target.disabled = true;
-      try {
-        await api("/api/v1/delete_all", { method: "POST", body: { id: memory.memory_id, ...who } });
-        ctx.go("#/memories");
-      } catch (error) {
-        e.target.disabled = false;
-        say(errorBox(error, "Delete failed"));
-      }
-    } }, "Yes, delete"),
-    " ",
-    h("button", { type: "button", id: "cancel-delete", onclick: () => { confirmBox.hidden = true; del.hidden = false; } }, "Cancel"));
-  del.addEventListener("click", () => { del.hidden = true; confirmBox.hidden = false; });
-  box.append(del, confirmBox);
+  box.append(...confirmed("delete", "Delete…", "danger", "Erase this memory for good? Its history stays.", "Yes, delete", async () => {
+    try {
+      await api("/api/v1/delete_all", { method: "POST", body: who });
+    } catch (error) {
+      say(errorBox(error, "Delete failed"));
+      return false;
+    }
+    notice = `Deleted: “${clip(memory.content)}”. Its history stays in the audit log.`;
+    ctx.go("#/memories");
+    return true;
+  }));
   return box;
 }
 
@@ -164,6 +242,7 @@ async function renderDetail(root, ctx) {
       h("div", { class: "detail-head" }, h("span", { class: `layer-tag ${memory.layer}` }, memory.layer), " ", stateTag(memory),
         memory.label ? h("span", { class: "muted" }, ` ${memory.label}`) : null),
       h("blockquote", { class: "memory-content", id: "memory-content" }, memory.content),
+      takeNotice(),
       actions(ctx, memory, say),
       message,
       h("div", { class: "two" },

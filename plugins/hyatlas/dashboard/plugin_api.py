@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -34,21 +33,12 @@ LAYERS = _plugin_module("tools").LAYERS
 router = APIRouter()
 
 
-def _hermes_home() -> str:
-    try:
-        from hermes_constants import get_hermes_home
-
-        return str(get_hermes_home())
-    except ImportError:
-        return os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes")
-
-
 def _context(user_id: str, agent_id: str) -> tuple[Any, dict[str, str]]:
     try:
-        settings = _settings_mod.load_settings(_hermes_home())
+        settings = _settings_mod.load_settings(_settings_mod.hermes_home_dir())
     except ValueError as exc:
         raise HTTPException(status_code=500, detail=f"hyatlas config: {exc}") from None
-    default_user, _ = _settings_mod.resolve_ids(settings, os.environ, {})
+    default_user, _ = _settings_mod.resolve_ids(settings, _settings_mod.hermes_identity())
     client = _client_mod.HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
                                        token=settings.token)
     # The tab is the person's view: every agent of the user unless one is asked for.

@@ -47,7 +47,8 @@
       h("p", null, "Version " + (status.version || "?") + " · mode " + (status.mode || "?") +
         " · LLM " + (status.llm || "?") + " · " + (status.writes || 0) + " writes"),
       h("table", null, h("tbody", null, Object.keys(layers).map(function (k) {
-        return h("tr", { key: k }, h("td", null, k), h("td", null, String(layers[k])));
+        return h("tr", { key: k }, h("td", null, k),
+          h("td", { style: { paddingLeft: "1rem", textAlign: "right" } }, String(layers[k])));
       }))));
   }
 
