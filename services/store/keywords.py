@@ -1,9 +1,12 @@
-"""How a keyword query becomes terms, and how many of them a row must contain."""
+"""How a keyword query becomes terms, how many a row must contain, and which find rows."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
+
+import Stemmer
 
 STOP_WORDS = frozenset(
     {
@@ -30,3 +33,40 @@ def query_terms(query: str) -> list[str]:
 def required_terms(n: int) -> int:
     """Up to three terms must all match; beyond that, three quarters of them (rounded up)."""
     return n if n <= 3 else math.ceil(0.75 * n)
+
+
+# A relaxed search reads at most about this many postings of its owner: beyond it, only the
+# rarest terms find rows, and only among the newest of them.
+POSTING_BUDGET = 2000
+
+_STEMMER = Stemmer.Stemmer("porter")
+
+
+def stems(text: str) -> set[str]:
+    """The stemmed words of a text, as the keyword index's porter tokenizer sees them."""
+    return set(_STEMMER.stemWords(_WORD.findall(text.lower())))
+
+
+def matched_terms(term_stems: Sequence[str], text: str) -> int:
+    """How many of the query's (stemmed) terms a text holds."""
+    words = stems(text)
+    return sum(1 for stem in term_stems if stem in words)
+
+
+def finding_terms(postings: Sequence[int], least: int, budget: int = POSTING_BUDGET) -> list[int]:
+    """Which terms find candidate rows (indices into postings, each term's owner postings).
+
+    A row holding `least` of n terms holds one of the n - least + 1 rarest, so those always
+    find rows; rarer terms beyond them join while the postings read stay within the budget.
+    Leaving out a common term loses no row that `least` counts, only a little of its score.
+    """
+    order = sorted(range(len(postings)), key=lambda i: postings[i])
+    needed = len(postings) - least + 1
+    chosen = order[:needed]
+    read = sum(postings[i] for i in chosen)
+    for i in order[needed:]:
+        if read + postings[i] > budget:
+            break
+        chosen.append(i)
+        read += postings[i]
+    return chosen

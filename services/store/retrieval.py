@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from services.store import fulltext
 from services.store.core import Core
 from services.store.keys import MAX_CLAUSES
 from services.store.keywords import query_terms, required_terms
@@ -46,12 +47,14 @@ async def keyword_search(
         return KeywordResult([], [], 0)
     least = min(min_terms, len(terms)) if min_terms else required
     k = page_size(k, "k")
-    found = await repo.keyword_search(terms, least, reach, layers, include_superseded, k)
+    found = await fulltext.search(
+        repo, fulltext.OWN_TEXT, terms, least, reach, layers, include_superseded, k
+    )
     hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in found])
     context_hits: list[Scored] = []
     if context_keys:
-        around = await repo.context_keyword_search(
-            terms, least, reach, layers, include_superseded, k
+        around = await fulltext.search(
+            repo, fulltext.CONTEXT_KEYS, terms, least, reach, layers, include_superseded, k
         )
         context_hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in around])
     return KeywordResult(hits, terms, required, context_hits)
@@ -123,9 +126,7 @@ async def _search_user(
     if size == 0:
         return []
     count = min(size, max(k * OVERSAMPLE, 64))
-    keys, scores = await core.indexes.search(
-        user_id, query, count, exact=size <= core.exact_up_to
-    )
+    keys, scores = await core.indexes.search(user_id, query, count, exact=size <= core.exact_up_to)
     rows = await core.repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
     hits = _best_per_memory(
         (rows[key], float(score))

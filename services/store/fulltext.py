@@ -1,0 +1,176 @@
+"""Keyword search over the FTS5 indexes: one owner's postings, a bounded amount of them.
+
+A search of one user matches the owner key as well as the terms, so it reads that user's
+postings only. A relaxed search (fewer terms than all) finds rows by its rarest terms within
+keywords.POSTING_BUDGET; when even they hold more postings, only the newest rows holding them
+are ranked. Rows are then read, filtered and counted for the terms they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.store.keywords import POSTING_BUDGET, finding_terms, matched_terms, stems
+from services.store.model import MemoryRow, Reach
+
+if TYPE_CHECKING:
+    from services.store.repo import Repo
+
+
+@dataclass(frozen=True)
+class TextIndex:
+    """One FTS5 table, its text column, and how its rowids reach the memories table."""
+
+    table: str
+    column: str
+    join: str
+    """FROM-clause tail joining json_each `j` (the rowids) to the memories table `m`."""
+    text: str
+    """The SQL expression of the indexed text."""
+
+
+OWN_TEXT = TextIndex(
+    "memories_fts", "content", "CROSS JOIN memories m ON m.seq = j.value", "m.content"
+)
+CONTEXT_KEYS = TextIndex(
+    "memory_keys_fts",
+    "text",
+    "CROSS JOIN memory_keys mk ON mk.key = j.value CROSS JOIN memories m ON m.id = mk.memory_id",
+    "mk.text",
+)
+
+
+class OwnerShares:
+    """Which users hold a small share of the rows, so that matching their owner key narrows
+    a search; for a user who holds most rows it only costs (their rows are filtered after).
+
+    Counts are cached and counted again once the table has grown by a tenth: the share only
+    picks a strategy, so a stale one is harmless.
+    """
+
+    SMALL = 0.25
+    CACHED = 10_000
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], tuple[int, int]] = {}
+
+    async def is_small(self, repo: Repo, user_id: str) -> bool:
+        """Whether the user holds less than SMALL of the rows."""
+        total = await repo.row_seq_high()
+        key = (str(repo.db_path), user_id)
+        cached = self._rows.get(key)
+        if cached is None or total > cached[1] * 1.1 + 100:
+            if len(self._rows) >= self.CACHED:
+                self._rows.clear()
+            cached = self._rows[key] = (await repo.user_row_count(user_id), total)
+        return cached[0] < self.SMALL * total
+
+
+SHARES = OwnerShares()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    match: str
+    """The MATCH expression that finds candidate rows."""
+    since: int | None
+    """Only rowids from this one on (the newest postings), when the budget ran out."""
+    exact: bool
+    """Whether every row the expression finds holds all the terms."""
+
+
+def owner_token(user_id: str) -> str:
+    """The owner key a user's rows are indexed under (schema.py computes the same in SQL)."""
+    return "o" + user_id.encode().hex().upper()
+
+
+def _phrase(term: str) -> str:
+    # A double-quoted FTS5 string is a phrase: its content is never parsed as query syntax.
+    return '"' + term.replace('"', '""') + '"'
+
+
+async def search(
+    repo: Repo,
+    index: TextIndex,
+    terms: Sequence[str],
+    least: int,
+    reach: Reach,
+    layers: Sequence[str],
+    include_superseded: bool,
+    k: int,
+) -> list[tuple[MemoryRow, float, int]]:
+    """Rows holding at least `least` of the terms, best bm25 first: (row, score, terms held)."""
+    plan = await _plan(repo, index, terms, least, reach)
+    term_stems = [next(iter(stems(t)), t) for t in terms]
+    limit = max(2 * k, 32)
+    while True:
+        ranked = await _ranked(repo, index, plan, limit)
+        rows = await repo.rows_at_text_hits(
+            index.join,
+            index.text,
+            [rowid for rowid, _ in ranked],
+            reach,
+            layers,
+            include_superseded,
+        )
+        found = []
+        for rowid, score in ranked:
+            if rowid not in rows:
+                continue
+            row, text = rows[rowid]
+            held = len(terms) if plan.exact else max(1, matched_terms(term_stems, text))
+            if held >= least:
+                found.append((row, -score, held))
+        if len(found) >= k or len(ranked) < limit:
+            return found[:k]
+        limit *= 4
+
+
+async def _plan(
+    repo: Repo, index: TextIndex, terms: Sequence[str], least: int, reach: Reach
+) -> _Plan:
+    phrases = [f"{index.column} : {_phrase(t)}" for t in terms]
+    owner = ""
+    if reach.user_ids is not None and len(reach.user_ids) == 1:
+        if await SHARES.is_small(repo, reach.user_ids[0]):
+            owner = f'owner_key : "{owner_token(reach.user_ids[0])}" AND '
+    if least >= len(terms):
+        return _Plan(owner + " AND ".join(phrases), None, exact=True)
+    postings = [await _count(repo, index, f"{owner}{p}") for p in phrases]
+    chosen = finding_terms(postings, least)
+    match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
+    if sum(postings[i] for i in chosen) <= POSTING_BUDGET:
+        return _Plan(match, None, exact=False)
+    return _Plan(match, await _newest_from(repo, index, match), exact=False)
+
+
+async def _count(repo: Repo, index: TextIndex, match: str) -> int:
+    rows = await repo.reader.execute_fetchall(
+        f"SELECT count(*) FROM {index.table} WHERE {index.table} MATCH ?", (match,)
+    )
+    return int(next(iter(rows))[0])
+
+
+async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
+    """The rowid from which on the newest POSTING_BUDGET rows the expression finds lie."""
+    rows = await repo.reader.execute_fetchall(
+        f"SELECT rowid FROM {index.table} WHERE {index.table} MATCH ? "
+        "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (match, POSTING_BUDGET - 1),
+    )
+    return next((int(r[0]) for r in rows), None)
+
+
+async def _ranked(repo: Repo, index: TextIndex, plan: _Plan, limit: int) -> list[tuple[int, float]]:
+    """Up to limit rowids the plan finds, best bm25 first (lower is better, as FTS5 gives it)."""
+    window = "" if plan.since is None else "AND rowid >= ?"
+    params: tuple[object, ...] = (plan.match,) if plan.since is None else (plan.match, plan.since)
+    rows = await repo.reader.execute_fetchall(
+        # The owner key column weighs nothing: only the text's terms rank.
+        f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
+        f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",
+        (*params, limit),
+    )
+    return [(int(r[0]), float(r[1])) for r in rows]
