@@ -530,6 +530,7 @@ async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
 ) -> None:
     async with serving_store(tmp_path, embedder_address) as stub:
         (row,) = await apply(stub, insert("Erin collects vintage stamps"))
+        await vector_hits(stub, embedder, "stamps")  # loads (and so keeps) Erin's index
     files = list((tmp_path / "vectors").glob("*.usearch"))
     assert len(files) == 1
     files[0].unlink()
@@ -544,6 +545,7 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
 ) -> None:
     async with serving_store(tmp_path, embedder_address, save_every_s=None) as stub:
         (old,) = await apply(stub, insert("Frank owns a sailboat"))
+        await vector_hits(stub, embedder, "boat")
         await stub.Flush(store_pb2.FlushRequest())
         saved = {p: p.read_bytes() for p in (tmp_path / "vectors").glob("*.usearch")}
         (new,) = await apply(stub, insert("Frank grows tomatoes"))
@@ -553,6 +555,29 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
     async with serving_store(tmp_path, embedder_address) as stub:
         hits = await vector_hits(stub, embedder, "boat or garden", k=5)
         assert [h.memory.id for h in hits] == [new.id]
+
+
+async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    # A budget of one byte keeps one index loaded: each load evicts the one before.
+    async with serving_store(
+        tmp_path, embedder_address, save_every_s=None, index_cache_bytes=1
+    ) as stub:
+        (boat,) = await apply(stub, insert("Grace sails a small boat", user="grace"), user="grace")
+        assert [h.memory.id for h in await vector_hits(stub, embedder, "boat", user="grace")] == [
+            boat.id
+        ]
+        (hen,) = await apply(stub, insert("Hugo keeps hens", user="hugo"), user="hugo")
+        assert [h.memory.id for h in await vector_hits(stub, embedder, "hens", user="hugo")] == [
+            hen.id
+        ]
+        # Grace's index was saved when Hugo's pushed it out; her next write reaches SQLite only.
+        assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 1
+        (kayak,) = await apply(stub, insert("Grace bought a kayak", user="grace"), user="grace")
+        hits = await vector_hits(stub, embedder, "boats and kayaks", user="grace", k=5)
+        assert {h.memory.id for h in hits} == {boat.id, kayak.id}
+        assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 2
 
 
 async def test_a_store_built_with_another_model_refuses_vector_search(

@@ -133,9 +133,9 @@ async def _plan(
 ) -> _Plan:
     phrases = [f"{index.column} : {_phrase(t)}" for t in terms]
     owner = ""
-    if reach.user_ids is not None and len(reach.user_ids) == 1:
-        if await SHARES.is_small(repo, reach.user_ids[0]):
-            owner = f'owner_key : "{owner_token(reach.user_ids[0])}" AND '
+    one = reach.user_ids[0] if reach.user_ids is not None and len(reach.user_ids) == 1 else None
+    if one is not None and await SHARES.is_small(repo, one):
+        owner = f'owner_key : "{owner_token(one)}" AND '
     if least >= len(terms):
         return _Plan(owner + " AND ".join(phrases), None, exact=True)
     postings = [await _count(repo, index, f"{owner}{p}") for p in phrases]

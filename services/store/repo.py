@@ -706,21 +706,26 @@ class Repo:
         )
         return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
 
-    async def vector_keys_by_user(self) -> dict[str, set[int]]:
-        """Every vector key, grouped by the owning user."""
+    async def vector_keys_of(self, user_id: str) -> set[int]:
+        """Every vector key of a user's rows (their own vectors and their clause keys)."""
         rows = await self.reader.execute_fetchall(
-            "SELECT m.user_id, v.key FROM vectors v JOIN memories m ON m.id = v.memory_id"
+            "SELECT v.key FROM memories m CROSS JOIN vectors v ON v.memory_id = m.id "
+            "WHERE m.user_id = ?",
+            (user_id,),
         )
-        keys: dict[str, set[int]] = {}
-        for user_id, key in rows:
-            keys.setdefault(user_id, set()).add(key)
+        keys = {int(r[0]) for r in rows}
         clause = await self.reader.execute_fetchall(
-            "SELECT m.user_id, mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            "WHERE mk.vector IS NOT NULL"
+            "SELECT mk.key FROM memories m CROSS JOIN memory_keys mk ON mk.memory_id = m.id "
+            "WHERE m.user_id = ? AND mk.vector IS NOT NULL",
+            (user_id,),
         )
-        for user_id, key in clause:
-            keys.setdefault(user_id, set()).add(CLAUSE_KEY_OFFSET + key)
+        keys.update(CLAUSE_KEY_OFFSET + int(r[0]) for r in clause)
         return keys
+
+    async def user_ids(self) -> list[str]:
+        """Every user id that has rows."""
+        rows = await self.reader.execute_fetchall("SELECT DISTINCT user_id FROM memories")
+        return [r[0] for r in rows]
 
     async def vectors_for_keys(self, keys: Sequence[int], ndim: int) -> np.ndarray:
         """The stored vectors of keys, in the order given."""

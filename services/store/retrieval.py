@@ -20,7 +20,7 @@ from shared.errors import Conflict, InvalidArgument
 # cannot miss a row that near-duplicates crowd out of the graph.
 EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
-OVERSAMPLE = 8
+OVERSAMPLE = 4
 
 
 async def keyword_search(
@@ -102,7 +102,7 @@ async def vector_search(
     # 0 means no floor at all, negative cosines included.
     min_score = min_score if min_score > 0 else -np.inf
     assert core.indexes is not None
-    users = reach.user_ids if reach.user_ids is not None else core.indexes.users()
+    users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
     hits: list[Scored] = []
     for user_id in users:
         one = Reach((user_id,), reach.agent_id)
@@ -121,12 +121,11 @@ async def _search_user(
     include_superseded: bool,
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
-    user_id = reach.user_ids[0]
-    size = core.indexes.size(user_id)
-    if size == 0:
+    count = max(k * OVERSAMPLE, 64)
+    found = await core.indexes.search(reach.user_ids[0], query, count, core.exact_up_to)
+    if found.size == 0:
         return []
-    count = min(size, max(k * OVERSAMPLE, 64))
-    keys, scores = await core.indexes.search(user_id, query, count, exact=size <= core.exact_up_to)
+    keys, scores = found.keys, found.scores
     rows = await core.repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
     hits = _best_per_memory(
         (rows[key], float(score))
@@ -134,7 +133,7 @@ async def _search_user(
         if key in rows and score >= min_score
     )
     # Scope, layer and status filters may leave too few: then score just the rows that pass.
-    exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
+    exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
     if len(hits) >= k or exhausted:
         return hits[:k]
     return await _exact(core, reach, query, layers, k, min_score, include_superseded)
