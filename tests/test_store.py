@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from services.store import fulltext
 from services.store.config import StoreConfig
 from services.store.server import running_server
 from shared.aliases import Aliases
@@ -20,6 +21,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.support import running_stack
 
+FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
 
 
@@ -327,6 +329,58 @@ async def test_a_scope_reaches_every_user_of_its_alias_group(
         assert [h.hit.memory.id for h in keyword.hits] == [a.id]
         with raises_code(grpc.StatusCode.NOT_FOUND):
             await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope("bob"), id=a.id))
+
+
+async def test_a_relaxed_search_past_the_budget_ranks_the_newest_rows_and_rare_terms_anywhere(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fulltext, "POSTING_BUDGET", 3)
+    await apply(store, insert("tulips in a garden", user="bob"), user="bob")
+    names = {}
+    for text in ("garden tulips", "garden hose", "garden shed", "garden gnome", "garden bench"):
+        (row,) = await apply(store, insert(text))
+        names[row.id] = text
+    reply = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="garden tulips", min_terms=1)
+    )
+    found = {names[h.hit.memory.id]: h.matched_terms for h in reply.hits}
+    # "garden hose" is neither among the three newest nor holds the rare term; bob's row is
+    # not alice's.
+    assert found == {"garden tulips": 2, "garden shed": 1, "garden gnome": 1, "garden bench": 1}
+    assert [h.hit.memory.content for h in reply.hits][0] == "garden tulips"
+
+
+async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    db.executescript((FIXTURES / "store_schema_v1.sql").read_text())
+    db.execute("INSERT INTO schema_version VALUES (1, 0)")
+    db.execute(
+        "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+        "VALUES ('m1', 'alice', 'l2_raw', 'Ivy restores old clocks', 1, 1)"
+    )
+    db.execute(
+        "INSERT INTO memory_keys (memory_id, kind, text) "
+        "VALUES ('m1', 'context', 'before: a pendulum\nIvy restores old clocks')"
+    )
+    db.commit()
+    db.close()
+    async with serving_store(tmp_path, embedder_address) as stub:
+        reply = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(
+                scope=scope(), query="pendulum clocks", min_terms=1, context_keys=True
+            )
+        )
+        assert [h.hit.memory.id for h in reply.hits] == ["m1"]
+        assert [h.hit.memory.id for h in reply.context_hits] == ["m1"]
+        other = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope("bob"), query="clocks")
+        )
+        assert list(other.hits) == []
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (2,)
+    db.close()
 
 
 async def test_keyword_search_needs_all_of_three_terms_and_three_of_four(

@@ -1,9 +1,10 @@
 """Keyword search over the FTS5 indexes: one owner's postings, a bounded amount of them.
 
-A search of one user matches the owner key as well as the terms, so it reads that user's
-postings only. A relaxed search (fewer terms than all) finds rows by its rarest terms within
-keywords.POSTING_BUDGET; when even they hold more postings, only the newest rows holding them
-are ranked. Rows are then read, filtered and counted for the terms they hold.
+A search of a user who holds a small share of the rows matches the owner key as well as the
+terms, so it reads that user's postings only. A relaxed search (fewer terms than all) whose
+terms hold more than keywords.POSTING_BUDGET postings ranks all of them among the newest rows
+that hold them, and its rarest terms (those within the budget) among all rows. Rows are then
+read, filtered, and counted for the terms they hold.
 """
 
 from __future__ import annotations
@@ -72,13 +73,19 @@ SHARES = OwnerShares()
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Query:
     match: str
     """The MATCH expression that finds candidate rows."""
-    since: int | None
+    since: int | None = None
     """Only rowids from this one on (the newest postings), when the budget ran out."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    queries: tuple[_Query, ...]
+    """Each finds candidates; a row's best score among them ranks it."""
     exact: bool
-    """Whether every row the expression finds holds all the terms."""
+    """Whether every row found holds all the terms."""
 
 
 def owner_token(user_id: str) -> str:
@@ -106,7 +113,7 @@ async def search(
     term_stems = [next(iter(stems(t)), t) for t in terms]
     limit = max(2 * k, 32)
     while True:
-        ranked = await _ranked(repo, index, plan, limit)
+        ranked, more = await _ranked(repo, index, plan, limit)
         rows = await repo.rows_at_text_hits(
             index.join,
             index.text,
@@ -123,7 +130,7 @@ async def search(
             held = len(terms) if plan.exact else max(1, matched_terms(term_stems, text))
             if held >= least:
                 found.append((row, -score, held))
-        if len(found) >= k or len(ranked) < limit:
+        if len(found) >= k or not more:
             return found[:k]
         limit *= 4
 
@@ -137,13 +144,20 @@ async def _plan(
     if one is not None and await SHARES.is_small(repo, one):
         owner = f'owner_key : "{owner_token(one)}" AND '
     if least >= len(terms):
-        return _Plan(owner + " AND ".join(phrases), None, exact=True)
+        return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True)
     postings = [await _count(repo, index, f"{owner}{p}") for p in phrases]
-    chosen = finding_terms(postings, least)
+    chosen = finding_terms(postings, least, POSTING_BUDGET)
     match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
     if sum(postings[i] for i in chosen) <= POSTING_BUDGET:
-        return _Plan(match, None, exact=False)
-    return _Plan(match, await _newest_from(repo, index, match), exact=False)
+        return _Plan((_Query(match),), exact=False)
+    # Too many postings: all the terms among the newest rows, and the rarest terms (those
+    # that fit the budget) among all rows, so an old row holding a rare term is still found.
+    newest = _Query(match, await _newest_from(repo, index, match))
+    rare = finding_terms(postings, 1, POSTING_BUDGET, rarest=False)
+    if not rare:
+        return _Plan((newest,), exact=False)
+    everywhere = _Query(f"{owner}({' OR '.join(phrases[i] for i in rare)})")
+    return _Plan((newest, everywhere), exact=False)
 
 
 async def _count(repo: Repo, index: TextIndex, match: str) -> int:
@@ -163,14 +177,25 @@ async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
     return next((int(r[0]) for r in rows), None)
 
 
-async def _ranked(repo: Repo, index: TextIndex, plan: _Plan, limit: int) -> list[tuple[int, float]]:
-    """Up to limit rowids the plan finds, best bm25 first (lower is better, as FTS5 gives it)."""
-    window = "" if plan.since is None else "AND rowid >= ?"
-    params: tuple[object, ...] = (plan.match,) if plan.since is None else (plan.match, plan.since)
-    rows = await repo.reader.execute_fetchall(
-        # The owner key column weighs nothing: only the text's terms rank.
-        f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
-        f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",
-        (*params, limit),
-    )
-    return [(int(r[0]), float(r[1])) for r in rows]
+async def _ranked(
+    repo: Repo, index: TextIndex, plan: _Plan, limit: int
+) -> tuple[list[tuple[int, float]], bool]:
+    """Up to limit rowids the plan finds, best bm25 first (lower is better, as FTS5 gives it),
+    and whether a query may have more."""
+    best: dict[int, float] = {}
+    more = False
+    for query in plan.queries:
+        window = "" if query.since is None else "AND rowid >= ?"
+        params = (query.match,) if query.since is None else (query.match, query.since)
+        rows = list(
+            await repo.reader.execute_fetchall(
+                # The owner key column weighs nothing: only the text's terms rank.
+                f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
+                f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",
+                (*params, limit),
+            )
+        )
+        more = more or len(rows) == limit
+        for rowid, score in rows:
+            best[int(rowid)] = min(float(score), best.get(int(rowid), float("inf")))
+    return sorted(best.items(), key=lambda item: item[1])[:limit], more

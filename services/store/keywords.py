@@ -53,15 +53,18 @@ def matched_terms(term_stems: Sequence[str], text: str) -> int:
     return sum(1 for stem in term_stems if stem in words)
 
 
-def finding_terms(postings: Sequence[int], least: int, budget: int = POSTING_BUDGET) -> list[int]:
+def finding_terms(
+    postings: Sequence[int], least: int, budget: int, *, rarest: bool = True
+) -> list[int]:
     """Which terms find candidate rows (indices into postings, each term's owner postings).
 
     A row holding `least` of n terms holds one of the n - least + 1 rarest, so those always
-    find rows; rarer terms beyond them join while the postings read stay within the budget.
-    Leaving out a common term loses no row that `least` counts, only a little of its score.
+    find rows (unless rarest is False: then only terms within the budget do); rarer terms
+    beyond them join while the postings read stay within the budget. Leaving out a common
+    term loses no row that `least` counts, only a little of its score.
     """
     order = sorted(range(len(postings)), key=lambda i: postings[i])
-    needed = len(postings) - least + 1
+    needed = len(postings) - least + 1 if rarest else 0
     chosen = order[:needed]
     read = sum(postings[i] for i in chosen)
     for i in order[needed:]:
