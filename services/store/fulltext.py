@@ -111,7 +111,7 @@ async def search(
     """Rows holding at least `least` of the terms, best bm25 first: (row, score, terms held)."""
     plan = await _plan(repo, index, terms, least, reach)
     term_stems = [next(iter(stems(t)), t) for t in terms]
-    limit = max(2 * k, 32)
+    limit = k
     while True:
         ranked, more = await _ranked(repo, index, plan, limit)
         rows = await repo.rows_at_text_hits(
@@ -145,7 +145,7 @@ async def _plan(
         owner = f'owner_key : "{owner_token(one)}" AND '
     if least >= len(terms):
         return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True)
-    postings = [await _count(repo, index, f"{owner}{p}") for p in phrases]
+    postings = await _counts(repo, index, [f"{owner}{p}" for p in phrases])
     chosen = finding_terms(postings, least, POSTING_BUDGET)
     match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
     if sum(postings[i] for i in chosen) <= POSTING_BUDGET:
@@ -160,16 +160,18 @@ async def _plan(
     return _Plan((newest, everywhere), exact=False)
 
 
-async def _count(repo: Repo, index: TextIndex, match: str) -> int:
-    rows = await repo.reader.execute_fetchall(
-        f"SELECT count(*) FROM {index.table} WHERE {index.table} MATCH ?", (match,)
+async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[int]:
+    """How many rows each expression finds, in one statement."""
+    one = f"(SELECT count(*) FROM {index.table} WHERE {index.table} MATCH ?)"
+    rows = await repo.text_reader.execute_fetchall(
+        f"SELECT {', '.join([one] * len(matches))}", tuple(matches)
     )
-    return int(next(iter(rows))[0])
+    return [int(n) for n in next(iter(rows))]
 
 
 async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
     """The rowid from which on the newest POSTING_BUDGET rows the expression finds lie."""
-    rows = await repo.reader.execute_fetchall(
+    rows = await repo.text_reader.execute_fetchall(
         f"SELECT rowid FROM {index.table} WHERE {index.table} MATCH ? "
         "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
         (match, POSTING_BUDGET - 1),
@@ -188,7 +190,7 @@ async def _ranked(
         window = "" if query.since is None else "AND rowid >= ?"
         params = (query.match,) if query.since is None else (query.match, query.since)
         rows = list(
-            await repo.reader.execute_fetchall(
+            await repo.text_reader.execute_fetchall(
                 # The owner key column weighs nothing: only the text's terms rank.
                 f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
                 f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",

@@ -451,6 +451,7 @@ class Repo:
         self.db_path = db_path
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._text_reader: aiosqlite.Connection | None = None
 
     async def __aenter__(self) -> Repo:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -460,6 +461,9 @@ class Repo:
         # Reads go to their own connection so they never see a half-done Apply.
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
+        # Keyword searches read on a connection (and thread) of their own, beside vector ones.
+        self._text_reader = await self._connect()
+        await self._text_reader.execute("PRAGMA query_only = ON")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -467,10 +471,10 @@ class Repo:
 
     async def close(self) -> None:
         """Closes both connections; closing twice is harmless."""
-        for conn in (self._reader, self._writer):
+        for conn in (self._text_reader, self._reader, self._writer):
             if conn is not None:
                 await conn.close()
-        self._reader = self._writer = None
+        self._text_reader = self._reader = self._writer = None
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.db_path, isolation_level=None)
@@ -486,6 +490,13 @@ class Repo:
         if self._writer is None:
             raise RuntimeError("repo is closed")
         return self._writer
+
+    @property
+    def text_reader(self) -> aiosqlite.Connection:
+        """The connection keyword searches go through (committed data only)."""
+        if self._text_reader is None:
+            raise RuntimeError("repo is closed")
+        return self._text_reader
 
     @property
     def reader(self) -> aiosqlite.Connection:
@@ -632,7 +643,7 @@ class Repo:
         if not rowids:
             return {}
         where, params = _filters(reach, layers, include_superseded)
-        rows = await self.reader.execute_fetchall(
+        rows = await self.text_reader.execute_fetchall(
             f"SELECT {_M_COLUMNS}, {text}, j.value FROM json_each(?) AS j {join} {_where(where)}",
             (json.dumps(list(rowids)), *params),
         )
@@ -646,7 +657,8 @@ class Repo:
             if not frontier:
                 break
             rows = await self.reader.execute_fetchall(
-                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by IN "
+                # "!= ''" lets the partial index on superseded_by serve (not a scan of every row).
+                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by != '' AND superseded_by IN "
                 "(SELECT value FROM json_each(?)) ORDER BY invalid_at DESC, seq DESC",
                 (json.dumps(list(frontier)),),
             )
