@@ -126,17 +126,41 @@ async def _search_user(
     if found.size == 0:
         return []
     keys, scores = found.keys, found.scores
-    rows = await core.repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
-    hits = _best_per_memory(
-        (rows[key], float(score))
-        for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
-        if key in rows and score >= min_score
-    )
+    scored = [(key, score) for key, score in zip(keys.tolist(), scores.tolist(), strict=True)]
+    hits = await _rows_of_best(core, reach, layers, include_superseded, scored, k, min_score)
     # Scope, layer and status filters may leave too few: then score just the rows that pass.
     exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
     if len(hits) >= k or exhausted:
         return hits[:k]
     return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+
+
+async def _rows_of_best(
+    core: Core,
+    reach: Reach,
+    layers: Sequence[str],
+    include_superseded: bool,
+    scored: list[tuple[int, float]],
+    k: int,
+    min_score: float,
+) -> list[Scored]:
+    """The best k memories behind scored keys (best first), reading rows a slice at a time:
+    most searches need only the first k keys' rows."""
+    rows: dict[int, MemoryRow] = {}
+    read = 0
+    while True:
+        hits = _best_per_memory(
+            (rows[key], score) for key, score in scored[:read] if key in rows and score >= min_score
+        )
+        if len(hits) >= k or read >= len(scored):
+            return hits[:k]
+        step = scored[read : read + (k - len(hits)) * 5 // 4 + 4]
+        read += len(step)
+        rows.update(
+            await core.repo.rows_for_keys(
+                [key for key, _ in step], reach, layers, include_superseded
+            )
+        )
 
 
 async def _exact(
