@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from services.store import fulltext
@@ -791,7 +792,7 @@ async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
     assert await profile(store) == []
 
 
-async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
+async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is_at_half_precision(
     store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
 ) -> None:
     vectors, model_id = await embedder.embed(["Keeps bees on the roof"])
@@ -802,7 +803,9 @@ async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
     got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id,
                                                            with_vector=True))
     assert got.memory.model_id == model_id
-    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-6)
+    # float16: each component within a thousandth, the direction within a millionth.
+    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-3)
+    assert float(np.dot(got.vector, vectors[0])) == pytest.approx(1.0, abs=1e-6)
 
     wrong = insert("Keeps goats")
     wrong.insert.vector.extend(vectors[0].tolist())

@@ -116,8 +116,21 @@ def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
     return where, params
 
 
+# A stored vector is little-endian float16 after this tag; an untagged blob (written before
+# the tag existed) is little-endian float32. A float32 blob's length is a multiple of 4, a
+# tagged one's never is.
+_HALF = b"h\x00"
+
+
 def _blob(vector: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
+    return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
+
+
+def unblob(blob: bytes) -> np.ndarray:
+    """The float32 vector a stored blob holds."""
+    if len(blob) % 4 == 2 and blob.startswith(_HALF):
+        return np.frombuffer(blob, dtype="<f2", offset=2).astype(np.float32)
+    return np.frombuffer(blob, dtype="<f4")
 
 
 def _filters(
@@ -182,7 +195,7 @@ class Tx:
         rows = await self._conn.execute_fetchall(
             "SELECT vector FROM vectors WHERE memory_id = ?", (memory_id,)
         )
-        return np.frombuffer(next(iter(rows))[0], dtype="<f4")
+        return unblob(next(iter(rows))[0])
 
     async def insert(self, row: MemoryRow, vector: np.ndarray) -> int:
         """Adds a row and its vector; returns the vector's key."""
@@ -540,7 +553,7 @@ class Repo:
             "AND memory_id IN (SELECT value FROM json_each(?))",
             (model_id, json.dumps(list(memory_ids))),
         )
-        return {memory_id: np.frombuffer(blob, dtype="<f4") for memory_id, blob in rows}
+        return {memory_id: unblob(blob) for memory_id, blob in rows}
 
     async def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model made."""
@@ -749,13 +762,13 @@ class Repo:
                 (json.dumps([k for k in chunk if k < CLAUSE_KEY_OFFSET]),),
             )
             for key, blob in rows:
-                found[key] = np.frombuffer(blob, dtype="<f4")
+                found[key] = unblob(blob)
             rows = await self.reader.execute_fetchall(
                 "SELECT key, vector FROM memory_keys WHERE key IN (SELECT value FROM json_each(?))",
                 (json.dumps([k - CLAUSE_KEY_OFFSET for k in chunk if k >= CLAUSE_KEY_OFFSET]),),
             )
             for key, blob in rows:
-                found[CLAUSE_KEY_OFFSET + key] = np.frombuffer(blob, dtype="<f4")
+                found[CLAUSE_KEY_OFFSET + key] = unblob(blob)
         matrix = np.zeros((len(keys), ndim), dtype=np.float32)
         for i, key in enumerate(keys):
             matrix[i] = found[int(key)]
