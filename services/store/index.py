@@ -63,32 +63,44 @@ def index_file_name(user_id: str) -> str:
 
 
 class ReadWriteLock:
-    """Many readers at once, or one writer; readers go first, so a save (a reader) never
-    holds up a search behind a write waiting for it."""
+    """Many readers at once, or one writer. A waiting writer goes before new readers, except
+    while a save (a long reader) holds the lock: searches then go on beside the save rather
+    than queue behind a write that waits for it."""
 
     def __init__(self) -> None:
         self._readers = 0
+        self._saves = 0
+        self._writers_waiting = 0
         self._writing = False
         self._changed = asyncio.Condition()
 
+    def _may_read(self) -> bool:
+        return not self._writing and (self._writers_waiting == 0 or self._saves > 0)
+
     @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[None]:
-        """Held while a search or a save reads an index."""
+    async def reading(self, *, saving: bool = False) -> AsyncIterator[None]:
+        """Held while a search or (saving) a save reads an index."""
         async with self._changed:
-            await self._changed.wait_for(lambda: not self._writing)
+            await self._changed.wait_for(self._may_read)
             self._readers += 1
+            self._saves += saving
         try:
             yield
         finally:
             async with self._changed:
                 self._readers -= 1
+                self._saves -= saving
                 self._changed.notify_all()
 
     @contextlib.asynccontextmanager
     async def writing(self) -> AsyncIterator[None]:
         """Held while an index is changed, loaded or evicted."""
         async with self._changed:
-            await self._changed.wait_for(lambda: not self._writing and self._readers == 0)
+            self._writers_waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not self._writing and self._readers == 0)
+            finally:
+                self._writers_waiting -= 1
             self._writing = True
         try:
             yield
@@ -162,7 +174,9 @@ class VectorIndexes:
         if stale or missing:
             log.info(
                 "vector index %s caught up: %d added, %d removed",
-                index_file_name(user_id), len(missing), len(stale),
+                index_file_name(user_id),
+                len(missing),
+                len(stale),
             )
             self._dirty.add(user_id)
         self._loaded[user_id] = index
@@ -263,7 +277,7 @@ class VectorIndexes:
 
     async def save(self) -> int:
         """Writes every changed index to disk (atomically); searches go on meanwhile."""
-        async with self._lock.reading():
+        async with self._lock.reading(saving=True):
             for user_id in sorted(self._dirty):
                 await self._save_one(user_id)
             return self.total
