@@ -9,11 +9,12 @@ read, filtered, and counted for the terms they hold.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.store.keywords import POSTING_BUDGET, finding_terms, matched_terms, stems
+from services.store.keywords import POSTING_BUDGET, finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
 
 if TYPE_CHECKING:
@@ -44,21 +45,21 @@ CONTEXT_KEYS = TextIndex(
 
 
 class OwnerShares:
-    """Which users hold a small share of the rows, so that matching their owner key narrows
+    """What share of the rows each user holds: below SMALL, matching their owner key narrows
     a search; for a user who holds most rows it only costs (their rows are filtered after).
 
     Counts are cached and counted again once the table has grown by a tenth: the share only
     picks a strategy, so a stale one is harmless.
     """
 
-    SMALL = 0.25
+    SMALL = 0.6
     CACHED = 10_000
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], tuple[int, int]] = {}
 
-    async def is_small(self, repo: Repo, user_id: str) -> bool:
-        """Whether the user holds less than SMALL of the rows."""
+    async def share(self, repo: Repo, user_id: str) -> float:
+        """About what share of the rows the user holds."""
         total = await repo.row_seq_high()
         key = (str(repo.db_path), user_id)
         cached = self._rows.get(key)
@@ -66,7 +67,7 @@ class OwnerShares:
             if len(self._rows) >= self.CACHED:
                 self._rows.clear()
             cached = self._rows[key] = (await repo.user_row_count(user_id), total)
-        return cached[0] < self.SMALL * total
+        return min(1.0, cached[0] / max(total, 1))
 
 
 SHARES = OwnerShares()
@@ -86,6 +87,8 @@ class _Plan:
     """Each finds candidates; a row's best score among them ranks it."""
     exact: bool
     """Whether every row found holds all the terms."""
+    kept: float = 1.0
+    """About what share of the rows found belong to the owner (rows are filtered after)."""
 
 
 def owner_token(user_id: str) -> str:
@@ -110,8 +113,9 @@ async def search(
 ) -> list[tuple[MemoryRow, float, int]]:
     """Rows holding at least `least` of the terms, best bm25 first: (row, score, terms held)."""
     plan = await _plan(repo, index, terms, least, reach)
-    term_stems = [next(iter(stems(t)), t) for t in terms]
-    limit = k
+    term_stems = [stem(t) for t in terms]
+    # A few more than k: filters (agent, layer, status, another owner) usually drop a few.
+    limit = math.ceil((k + k // 4 + 8) / plan.kept)
     while True:
         ranked, more = await _ranked(repo, index, plan, limit)
         rows = await repo.rows_at_text_hits(
@@ -141,23 +145,25 @@ async def _plan(
     phrases = [f"{index.column} : {_phrase(t)}" for t in terms]
     owner = ""
     one = reach.user_ids[0] if reach.user_ids is not None and len(reach.user_ids) == 1 else None
-    if one is not None and await SHARES.is_small(repo, one):
+    share = 1.0 if one is None else await SHARES.share(repo, one)
+    if one is not None and share < SHARES.SMALL:
         owner = f'owner_key : "{owner_token(one)}" AND '
+    kept = 1.0 if owner or one is None else max(share, 0.05)
     if least >= len(terms):
-        return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True)
+        return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True, kept=kept)
     postings = await _counts(repo, index, [f"{owner}{p}" for p in phrases])
     chosen = finding_terms(postings, least, POSTING_BUDGET)
     match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
     if sum(postings[i] for i in chosen) <= POSTING_BUDGET:
-        return _Plan((_Query(match),), exact=False)
+        return _Plan((_Query(match),), exact=False, kept=kept)
     # Too many postings: all the terms among the newest rows, and the rarest terms (those
     # that fit the budget) among all rows, so an old row holding a rare term is still found.
     newest = _Query(match, await _newest_from(repo, index, match))
     rare = finding_terms(postings, 1, POSTING_BUDGET, rarest=False)
     if not rare:
-        return _Plan((newest,), exact=False)
+        return _Plan((newest,), exact=False, kept=kept)
     everywhere = _Query(f"{owner}({' OR '.join(phrases[i] for i in rare)})")
-    return _Plan((newest, everywhere), exact=False)
+    return _Plan((newest, everywhere), exact=False, kept=kept)
 
 
 async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[int]:

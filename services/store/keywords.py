@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -42,15 +43,31 @@ POSTING_BUDGET = 2000
 _STEMMER = Stemmer.Stemmer("porter")
 
 
-def stems(text: str) -> set[str]:
-    """The stemmed words of a text, as the keyword index's porter tokenizer sees them."""
-    return set(_STEMMER.stemWords(_WORD.findall(text.lower())))
+def stem(word: str) -> str:
+    """A word's stem, as the keyword index's porter tokenizer makes it."""
+    return str(_STEMMER.stemWord(word.lower()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _words_like(term_stem: str) -> re.Pattern[str]:
+    # Porter changes only a word's ending, so every word with this stem starts with the stem
+    # less its last letter (happy -> happi, ponies -> poni).
+    head = term_stem[:-1] if len(term_stem) > 2 else term_stem
+    return re.compile(r"(?<![^\W_])" + re.escape(head) + r"[^\W_]*")
 
 
 def matched_terms(term_stems: Sequence[str], text: str) -> int:
-    """How many of the query's (stemmed) terms a text holds."""
-    words = stems(text)
-    return sum(1 for stem in term_stems if stem in words)
+    """How many of the query's (stemmed) terms a text holds: only words that could carry a
+    term's stem are stemmed."""
+    lower = text.lower()
+    held = 0
+    for term_stem in term_stems:
+        if term_stem[:-1] not in lower:
+            continue
+        words = _words_like(term_stem).findall(lower)
+        if words and term_stem in _STEMMER.stemWords(words):
+            held += 1
+    return held
 
 
 def finding_terms(
