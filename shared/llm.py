@@ -8,14 +8,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import openai
-from openai import AsyncOpenAI
 
 from shared.errors import ServiceError, Unavailable
 from shared.settings import LlmSettings
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -244,12 +244,15 @@ class LlmClient:
     async def _call(
         self, endpoint: Endpoint, messages: list[dict[str, str]], schema: ReplySchema
     ) -> str:
+        # Imported on the first call: lite mode never calls, and the client costs ~35 MiB.
+        import openai
+
         deadline = time.monotonic() + endpoint.timeout_s
         headers: dict[str, Any] = {}
         if endpoint.key is None or not endpoint.key:
             headers["Authorization"] = openai.Omit()
         form = self.form_of(endpoint)
-        async with AsyncOpenAI(
+        async with openai.AsyncOpenAI(
             base_url=endpoint.base,
             api_key=endpoint.key or "none",
             max_retries=0,

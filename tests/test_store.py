@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
+from services.store import fulltext
 from services.store.config import StoreConfig
 from services.store.server import running_server
 from shared.aliases import Aliases
@@ -20,6 +22,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.support import running_stack
 
+FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
 
 
@@ -329,6 +332,58 @@ async def test_a_scope_reaches_every_user_of_its_alias_group(
             await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope("bob"), id=a.id))
 
 
+async def test_a_relaxed_search_past_the_budget_ranks_the_newest_rows_and_rare_terms_anywhere(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fulltext, "POSTING_BUDGET", 3)
+    await apply(store, insert("tulips in a garden", user="bob"), user="bob")
+    names = {}
+    for text in ("garden tulips", "garden hose", "garden shed", "garden gnome", "garden bench"):
+        (row,) = await apply(store, insert(text))
+        names[row.id] = text
+    reply = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="garden tulips", min_terms=1)
+    )
+    found = {names[h.hit.memory.id]: h.matched_terms for h in reply.hits}
+    # "garden hose" is neither among the three newest nor holds the rare term; bob's row is
+    # not alice's.
+    assert found == {"garden tulips": 2, "garden shed": 1, "garden gnome": 1, "garden bench": 1}
+    assert [h.hit.memory.content for h in reply.hits][0] == "garden tulips"
+
+
+async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    db.executescript((FIXTURES / "store_schema_v1.sql").read_text())
+    db.execute("INSERT INTO schema_version VALUES (1, 0)")
+    db.execute(
+        "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+        "VALUES ('m1', 'alice', 'l2_raw', 'Ivy restores old clocks', 1, 1)"
+    )
+    db.execute(
+        "INSERT INTO memory_keys (memory_id, kind, text) "
+        "VALUES ('m1', 'context', 'before: a pendulum\nIvy restores old clocks')"
+    )
+    db.commit()
+    db.close()
+    async with serving_store(tmp_path, embedder_address) as stub:
+        reply = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(
+                scope=scope(), query="pendulum clocks", min_terms=1, context_keys=True
+            )
+        )
+        assert [h.hit.memory.id for h in reply.hits] == ["m1"]
+        assert [h.hit.memory.id for h in reply.context_hits] == ["m1"]
+        other = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope("bob"), query="clocks")
+        )
+        assert list(other.hits) == []
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (2,)
+    db.close()
+
+
 async def test_keyword_search_needs_all_of_three_terms_and_three_of_four(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
@@ -530,6 +585,7 @@ async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
 ) -> None:
     async with serving_store(tmp_path, embedder_address) as stub:
         (row,) = await apply(stub, insert("Erin collects vintage stamps"))
+        await vector_hits(stub, embedder, "stamps")  # loads (and so keeps) Erin's index
     files = list((tmp_path / "vectors").glob("*.usearch"))
     assert len(files) == 1
     files[0].unlink()
@@ -544,6 +600,7 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
 ) -> None:
     async with serving_store(tmp_path, embedder_address, save_every_s=None) as stub:
         (old,) = await apply(stub, insert("Frank owns a sailboat"))
+        await vector_hits(stub, embedder, "boat")
         await stub.Flush(store_pb2.FlushRequest())
         saved = {p: p.read_bytes() for p in (tmp_path / "vectors").glob("*.usearch")}
         (new,) = await apply(stub, insert("Frank grows tomatoes"))
@@ -553,6 +610,29 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
     async with serving_store(tmp_path, embedder_address) as stub:
         hits = await vector_hits(stub, embedder, "boat or garden", k=5)
         assert [h.memory.id for h in hits] == [new.id]
+
+
+async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    # A budget of one byte keeps one index loaded: each load evicts the one before.
+    async with serving_store(
+        tmp_path, embedder_address, save_every_s=None, index_cache_bytes=1
+    ) as stub:
+        (boat,) = await apply(stub, insert("Grace sails a small boat", user="grace"), user="grace")
+        assert [h.memory.id for h in await vector_hits(stub, embedder, "boat", user="grace")] == [
+            boat.id
+        ]
+        (hen,) = await apply(stub, insert("Hugo keeps hens", user="hugo"), user="hugo")
+        assert [h.memory.id for h in await vector_hits(stub, embedder, "hens", user="hugo")] == [
+            hen.id
+        ]
+        # Grace's index was saved when Hugo's pushed it out; her next write reaches SQLite only.
+        assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 1
+        (kayak,) = await apply(stub, insert("Grace bought a kayak", user="grace"), user="grace")
+        hits = await vector_hits(stub, embedder, "boats and kayaks", user="grace", k=5)
+        assert {h.memory.id for h in hits} == {boat.id, kayak.id}
+        assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 2
 
 
 async def test_a_store_built_with_another_model_refuses_vector_search(
@@ -712,7 +792,7 @@ async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
     assert await profile(store) == []
 
 
-async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
+async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is_at_half_precision(
     store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
 ) -> None:
     vectors, model_id = await embedder.embed(["Keeps bees on the roof"])
@@ -723,7 +803,9 @@ async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is(
     got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id,
                                                            with_vector=True))
     assert got.memory.model_id == model_id
-    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-6)
+    # float16: each component within a thousandth, the direction within a millionth.
+    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-3)
+    assert float(np.dot(got.vector, vectors[0])) == pytest.approx(1.0, abs=1e-6)
 
     wrong = insert("Keeps goats")
     wrong.insert.vector.extend(vectors[0].tolist())

@@ -88,6 +88,9 @@ class OnnxEncoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle worker threads sleep instead of spinning: on a small machine the spinning took
+        # the CPU the store and the search service needed (about 25 ms per query embedded).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(
                 str(files.onnx_path), options, providers=["CPUExecutionProvider"]

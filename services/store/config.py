@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.store.index import DEFAULT_BUDGET_BYTES
 from services.store.snapshot import SnapshotPlan
 from shared.aliases import Aliases
+from shared.errors import ConfigError
 from shared.settings import Settings, read_duration
 
 
@@ -28,6 +30,9 @@ class StoreConfig:
     """How often changed vector indexes are saved (None: only on Flush and shutdown)."""
     exact_search_up_to: int = 20_000
     """An owner's index up to this size is searched by brute force, larger ones by HNSW."""
+    index_cache_bytes: int = DEFAULT_BUDGET_BYTES
+    """HYATLAS_INDEX_CACHE_MB: memory the loaded vector indexes may take before the least
+    recently used are saved and dropped (they load again on demand)."""
     embedder_wait_s: float = 60.0
     """How long start-up waits for the embedder to serve."""
     log_level: str = "INFO"
@@ -46,6 +51,7 @@ class StoreConfig:
             embedder_address=settings.address("embedder"),
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
+            index_cache_bytes=read_megabytes(env, "HYATLAS_INDEX_CACHE_MB", DEFAULT_BUDGET_BYTES),
             log_level=settings.log_level,
             snapshots=SnapshotPlan(
                 folder=settings.snapshot_dir,
@@ -54,3 +60,14 @@ class StoreConfig:
                 skip=(settings.run_dir, settings.snapshot_dir.resolve()),
             ),
         )
+
+
+def read_megabytes(env: Mapping[str, str], name: str, default: int) -> int:
+    """A size in MiB from the environment, in bytes; a value that is not a positive whole
+    number is a ConfigError."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) == 0:
+        raise ConfigError(f"{name} must be a positive whole number of MiB, not {text!r}")
+    return int(text) << 20

@@ -1,4 +1,10 @@
-"""Per-user usearch vector indexes (cosine), persisted under the data directory."""
+"""Per-user usearch vector indexes (cosine, half precision), loaded on demand, least recently
+used evicted, persisted under the data directory.
+
+SQLite holds every vector; an index is a cache of one user's. It is opened from its file on the
+first search or write that needs it and caught up with SQLite's keys then, so a write to a user
+whose index is not loaded only has to reach SQLite.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +24,11 @@ from usearch.index import Index
 log = logging.getLogger(__name__)
 
 SUFFIX = ".usearch"
+# Loaded indexes are evicted, least recently used first, beyond this much memory.
+DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
+
+KeysOf = Callable[[str], Awaitable[set[int]]]
+FetchVectors = Callable[[list[int]], Awaitable[np.ndarray]]
 
 
 @dataclass
@@ -36,24 +48,97 @@ class IndexChanges:
         self.added.setdefault(user_id, []).append((key, vector))
 
 
+@dataclass(frozen=True)
+class Matches:
+    """The nearest keys of one search, their cosine similarities, and the index's size."""
+
+    keys: np.ndarray
+    scores: np.ndarray
+    size: int
+
+
 def index_file_name(user_id: str) -> str:
     """The file a user's index is saved in (hashed: user ids may hold any character)."""
     return hashlib.sha256(user_id.encode()).hexdigest()[:32] + SUFFIX
 
 
+class ReadWriteLock:
+    """Many readers at once, or one writer. A waiting writer goes before new readers, except
+    while a save (a long reader) holds the lock: searches then go on beside the save rather
+    than queue behind a write that waits for it."""
+
+    def __init__(self) -> None:
+        self._readers = 0
+        self._saves = 0
+        self._writers_waiting = 0
+        self._writing = False
+        self._changed = asyncio.Condition()
+
+    def _may_read(self) -> bool:
+        return not self._writing and (self._writers_waiting == 0 or self._saves > 0)
+
+    @contextlib.asynccontextmanager
+    async def reading(self, *, saving: bool = False) -> AsyncIterator[None]:
+        """Held while a search or (saving) a save reads an index."""
+        async with self._changed:
+            await self._changed.wait_for(self._may_read)
+            self._readers += 1
+            self._saves += saving
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._readers -= 1
+                self._saves -= saving
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        """Held while an index is changed, loaded or evicted."""
+        async with self._changed:
+            self._writers_waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not self._writing and self._readers == 0)
+            finally:
+                self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._writing = False
+                self._changed.notify_all()
+
+
 class VectorIndexes:
     """One usearch index per user; keys are the vectors table's keys."""
 
-    def __init__(self, folder: Path, ndim: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        ndim: int,
+        keys_of: KeysOf,
+        fetch: FetchVectors,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    ) -> None:
         self.folder = folder
         self.ndim = ndim
-        self._indexes: dict[str, Index] = {}
+        self._keys_of = keys_of
+        self._fetch = fetch
+        self._budget = budget_bytes
+        self._loaded: OrderedDict[str, Index] = OrderedDict()
         self._dirty: set[str] = set()
-        # usearch may not be searched while it grows; one lock keeps every call simple and safe.
-        self._lock = asyncio.Lock()
+        # usearch may not be searched while it grows or is saved while it changes.
+        self._lock = ReadWriteLock()
+
+    def open(self) -> None:
+        """Makes the folder and clears saves a crash cut short."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for path in self.folder.glob("*.tmp"):
+            path.unlink()
 
     def _new(self) -> Index:
-        return Index(ndim=self.ndim, metric="cos", dtype="f32")
+        return Index(ndim=self.ndim, metric="cos", dtype="f16")
 
     def _path(self, user_id: str) -> Path:
         return self.folder / index_file_name(user_id)
@@ -72,54 +157,70 @@ class VectorIndexes:
             return None
         return index
 
-    async def load(
-        self,
-        keys_by_user: dict[str, set[int]],
-        fetch: Callable[[list[int]], Awaitable[np.ndarray]],
-    ) -> None:
-        """Opens every user's saved index and brings it level with the keys SQLite holds."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        async with self._lock:
-            for user_id, want in keys_by_user.items():
-                index = await asyncio.to_thread(self._restore, user_id)
+    async def _load(self, user_id: str) -> None:
+        """Opens a user's index and brings it level with the keys SQLite holds (writer held)."""
+        index = await asyncio.to_thread(self._restore, user_id)
+        if index is None:
+            index = self._new()
+        want = await self._keys_of(user_id)
+        have = {int(k) for k in index.keys}
+        stale = sorted(have - want)
+        missing = sorted(want - have)
+        if stale:
+            await asyncio.to_thread(index.remove, stale)
+        if missing:
+            vectors = await self._fetch(missing)
+            await asyncio.to_thread(index.add, np.array(missing, dtype=np.uint64), vectors)
+        if stale or missing:
+            log.info(
+                "vector index %s caught up: %d added, %d removed",
+                index_file_name(user_id),
+                len(missing),
+                len(stale),
+            )
+            self._dirty.add(user_id)
+        self._loaded[user_id] = index
+        await self._evict(keep=user_id)
+
+    async def _evict(self, keep: str) -> None:
+        """Saves and drops the least recently used indexes beyond the budget (writer held)."""
+        while self.resident_bytes > self._budget and len(self._loaded) > 1:
+            user_id = next(iter(self._loaded))
+            if user_id == keep:
+                self._loaded.move_to_end(user_id)
+                continue
+            await self._save_one(user_id)
+            del self._loaded[user_id]
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, user_id: str) -> AsyncIterator[Index]:
+        """A user's index, loaded if it is not, held for reading."""
+        while True:
+            if user_id not in self._loaded:
+                async with self._lock.writing():
+                    if user_id not in self._loaded:
+                        await self._load(user_id)
+            async with self._lock.reading():
+                index = self._loaded.get(user_id)
                 if index is None:
-                    index = self._new()
-                    self._dirty.add(user_id)
-                have = {int(k) for k in index.keys}
-                stale = sorted(have - want)
-                missing = sorted(want - have)
-                if stale:
-                    await asyncio.to_thread(index.remove, stale)
-                if missing:
-                    vectors = await fetch(missing)
-                    await asyncio.to_thread(index.add, np.array(missing, dtype=np.uint64), vectors)
-                if stale or missing:
-                    log.info(
-                        "vector index of %s caught up: %d added, %d removed",
-                        index_file_name(user_id), len(missing), len(stale),
-                    )
-                    self._dirty.add(user_id)
-                self._indexes[user_id] = index
-            keep = {index_file_name(u) for u in keys_by_user}
-            for path in self.folder.glob("*" + SUFFIX):
-                if path.name not in keep:
-                    path.unlink()
-            for path in self.folder.glob("*.tmp"):
-                path.unlink()  # a save cut short by a crash
-        await self.save()
+                    continue  # evicted between the load and the read: load it again
+                self._loaded.move_to_end(user_id)
+                yield index
+                return
 
     async def apply(self, changes: IndexChanges) -> None:
-        """Removes and adds the keys of one committed write."""
-        async with self._lock:
+        """Removes and adds the keys of one committed write, in the indexes that are loaded
+        (one that is not catches up with SQLite when it is)."""
+        async with self._lock.writing():
             for user_id, keys in changes.removed.items():
-                index = self._indexes.get(user_id)
+                index = self._loaded.get(user_id)
                 if index is not None:
                     await asyncio.to_thread(index.remove, keys)
                     self._dirty.add(user_id)
             for user_id, items in changes.added.items():
-                index = self._indexes.get(user_id)
+                index = self._loaded.get(user_id)
                 if index is None:
-                    index = self._indexes[user_id] = self._new()
+                    continue
                 await asyncio.to_thread(
                     index.add,
                     np.array([key for key, _ in items], dtype=np.uint64),
@@ -127,19 +228,15 @@ class VectorIndexes:
                 )
                 self._dirty.add(user_id)
 
-    def users(self) -> list[str]:
-        """The users that have an index."""
-        return list(self._indexes)
-
-    def size(self, user_id: str) -> int:
-        """How many vectors a user's index holds."""
-        index = self._indexes.get(user_id)
-        return 0 if index is None else len(index)
+    @property
+    def resident_bytes(self) -> int:
+        """About how much memory the loaded indexes take."""
+        return sum(int(index.memory_usage) for index in self._loaded.values())
 
     @property
     def total(self) -> int:
-        """How many vectors all indexes hold."""
-        return sum(len(index) for index in self._indexes.values())
+        """How many vectors the loaded indexes hold."""
+        return sum(len(index) for index in self._loaded.values())
 
     @property
     def dirty(self) -> bool:
@@ -147,24 +244,25 @@ class VectorIndexes:
         return bool(self._dirty)
 
     async def search(
-        self, user_id: str, vector: np.ndarray, count: int, *, exact: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The nearest keys in a user's index (brute force if exact) and their similarities."""
-        async with self._lock:
-            index = self._indexes.get(user_id)
-            if index is None or len(index) == 0:
-                return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.float32)
+        self, user_id: str, vector: np.ndarray, count: int, exact_up_to: int
+    ) -> Matches:
+        """The nearest keys in a user's index (brute force up to exact_up_to vectors)."""
+        async with self._reading(user_id) as index:
+            size = len(index)
+            if size == 0:
+                empty = np.zeros(0, dtype=np.uint64)
+                return Matches(empty, np.zeros(0, dtype=np.float32), 0)
             matches = await asyncio.to_thread(
-                index.search, vector, min(count, len(index)), exact=exact
+                index.search, vector, min(count, size), exact=size <= exact_up_to
             )
-        return np.asarray(matches.keys), 1.0 - np.asarray(matches.distances, dtype=np.float32)
+        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)
+        return Matches(np.asarray(matches.keys), scores, size)
 
     async def vectors(self, user_id: str, keys: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """The vectors of the given keys that a user's index holds, with their keys."""
-        async with self._lock:
-            index = self._indexes.get(user_id)
-            if index is None or not keys:
-                return [], np.zeros((0, self.ndim), dtype=np.float32)
+        if not keys:
+            return [], np.zeros((0, self.ndim), dtype=np.float32)
+        async with self._reading(user_id) as index:
             got = await asyncio.to_thread(index.get, np.array(keys, dtype=np.uint64))
         if got is None:
             return [], np.zeros((0, self.ndim), dtype=np.float32)
@@ -178,18 +276,22 @@ class VectorIndexes:
         return [key for key, _ in found], np.stack([v for _, v in found]).astype(np.float32)
 
     async def save(self) -> int:
-        """Writes every changed index to disk (atomically, via a temporary file)."""
-        async with self._lock:
+        """Writes every changed index to disk (atomically); searches go on meanwhile."""
+        async with self._lock.reading(saving=True):
             for user_id in sorted(self._dirty):
-                index = self._indexes.get(user_id)
-                path = self._path(user_id)
-                if index is None or len(index) == 0:
-                    self._indexes.pop(user_id, None)
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                    continue
-                tmp = path.with_suffix(".tmp")
-                await asyncio.to_thread(index.save, str(tmp))
-                os.replace(tmp, path)
-            self._dirty.clear()
-            return sum(len(index) for index in self._indexes.values())
+                await self._save_one(user_id)
+            return self.total
+
+    async def _save_one(self, user_id: str) -> None:
+        index = self._loaded.get(user_id)
+        if user_id not in self._dirty or index is None:
+            return
+        path = self._path(user_id)
+        if len(index) == 0:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        else:
+            tmp = path.with_suffix(".tmp")
+            await asyncio.to_thread(index.save, str(tmp))
+            os.replace(tmp, path)
+        self._dirty.discard(user_id)

@@ -1,9 +1,13 @@
-"""How a keyword query becomes terms, and how many of them a row must contain."""
+"""How a keyword query becomes terms, how many a row must contain, and which find rows."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Sequence
+
+import Stemmer
 
 STOP_WORDS = frozenset(
     {
@@ -30,3 +34,59 @@ def query_terms(query: str) -> list[str]:
 def required_terms(n: int) -> int:
     """Up to three terms must all match; beyond that, three quarters of them (rounded up)."""
     return n if n <= 3 else math.ceil(0.75 * n)
+
+
+# A relaxed search reads at most about this many postings of its owner: beyond it, only the
+# rarest terms find rows, and only among the newest of them.
+POSTING_BUDGET = 2000
+
+_STEMMER = Stemmer.Stemmer("porter")
+
+
+def stem(word: str) -> str:
+    """A word's stem, as the keyword index's porter tokenizer makes it."""
+    return str(_STEMMER.stemWord(word.lower()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _words_like(term_stem: str) -> re.Pattern[str]:
+    # Porter changes only a word's ending, so every word with this stem starts with the stem
+    # less its last letter (happy -> happi, ponies -> poni).
+    head = term_stem[:-1] if len(term_stem) > 2 else term_stem
+    return re.compile(r"(?<![^\W_])" + re.escape(head) + r"[^\W_]*")
+
+
+def matched_terms(term_stems: Sequence[str], text: str) -> int:
+    """How many of the query's (stemmed) terms a text holds: only words that could carry a
+    term's stem are stemmed."""
+    lower = text.lower()
+    held = 0
+    for term_stem in term_stems:
+        if term_stem[:-1] not in lower:
+            continue
+        words = _words_like(term_stem).findall(lower)
+        if words and term_stem in _STEMMER.stemWords(words):
+            held += 1
+    return held
+
+
+def finding_terms(
+    postings: Sequence[int], least: int, budget: int, *, rarest: bool = True
+) -> list[int]:
+    """Which terms find candidate rows (indices into postings, each term's owner postings).
+
+    A row holding `least` of n terms holds one of the n - least + 1 rarest, so those always
+    find rows (unless rarest is False: then only terms within the budget do); rarer terms
+    beyond them join while the postings read stay within the budget. Leaving out a common
+    term loses no row that `least` counts, only a little of its score.
+    """
+    order = sorted(range(len(postings)), key=lambda i: postings[i])
+    needed = len(postings) - least + 1 if rarest else 0
+    chosen = order[:needed]
+    read = sum(postings[i] for i in chosen)
+    for i in order[needed:]:
+        if read + postings[i] > budget:
+            break
+        chosen.append(i)
+        read += postings[i]
+    return chosen

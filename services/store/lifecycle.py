@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from services.store.core import Embedder, VectorModel
-from services.store.index import VectorIndexes
+from services.store.index import DEFAULT_BUDGET_BYTES, VectorIndexes
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
 from services.store.snapshot import SnapshotPlan
@@ -65,6 +65,7 @@ async def open_store(
     alias_group: Callable[[str], tuple[str, ...]],
     save_every_s: float | None = 30.0,
     exact_up_to: int = EXACT_UP_TO,
+    index_budget_bytes: int = DEFAULT_BUDGET_BYTES,
     snapshot_plan: SnapshotPlan | None = None,
 ) -> AsyncIterator[Store]:
     """Opens the database and the vector indexes (catching them up), and saves them on exit."""
@@ -75,11 +76,14 @@ async def open_store(
         if model.mismatch:
             log.error("%s", model.mismatch)
         else:
-            indexes = VectorIndexes(data_dir / "vectors", model.ndim)
-            await indexes.load(
-                await repo.vector_keys_by_user(),
+            indexes = VectorIndexes(
+                data_dir / "vectors",
+                model.ndim,
+                repo.vector_keys_of,
                 lambda keys: repo.vectors_for_keys(keys, model.ndim),
+                index_budget_bytes,
             )
+            indexes.open()
             stack.push_async_callback(indexes.save)
         store = Store(
             repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
@@ -89,7 +93,7 @@ async def open_store(
         if store.snapshots is not None and store.snapshots.plan.every_s:
             background(stack, store.snapshots.run_schedule(), "snapshots")
         log.info(
-            "store open at %s: model %s (%d-d), %d vectors indexed",
-            data_dir, model.model_id, model.ndim, indexes.total if indexes else 0,
+            "store open at %s: model %s (%d-d); indexes load on demand, up to %d MiB",
+            data_dir, model.model_id, model.ndim, index_budget_bytes >> 20,
         )
         yield store

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,167 +21,15 @@ from services.store.model import (
     MemoryRow,
     Reach,
 )
-from shared.errors import ConfigError
-
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (
-  version INTEGER NOT NULL,
-  applied_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS store_meta (
-  key TEXT PRIMARY KEY,
-  value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS memories (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  id TEXT NOT NULL UNIQUE,
-  user_id TEXT NOT NULL,
-  agent_id TEXT NOT NULL DEFAULT '',
-  session_id TEXT NOT NULL DEFAULT '',
-  layer TEXT NOT NULL,
-  content TEXT NOT NULL,
-  label TEXT NOT NULL DEFAULT '',
-  count INTEGER NOT NULL DEFAULT 0,
-  hits INTEGER NOT NULL DEFAULT 0,
-  source_ids TEXT NOT NULL DEFAULT '[]',
-  metadata TEXT NOT NULL DEFAULT '{}',
-  model_id TEXT NOT NULL DEFAULT '',
-  created_at REAL NOT NULL,
-  updated_at REAL NOT NULL,
-  event_at REAL,
-  valid_to REAL,
-  due_at REAL,
-  status TEXT NOT NULL DEFAULT 'active',
-  invalid_at REAL,
-  superseded_by TEXT NOT NULL DEFAULT '',
-  superseded_how TEXT NOT NULL DEFAULT '',
-  drop_reason TEXT NOT NULL DEFAULT '',
-  retired_by TEXT NOT NULL DEFAULT '',
-  pass_id TEXT NOT NULL DEFAULT '',
-  extraction_status TEXT NOT NULL DEFAULT '',
-  extraction_tries INTEGER NOT NULL DEFAULT 0,
-  write_mode TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS memories_owner
-  ON memories(user_id, agent_id, layer, status, created_at);
-CREATE INDEX IF NOT EXISTS memories_extraction ON memories(extraction_status);
-CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
-
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-  content, content='memories', content_rowid='seq', tokenize='porter unicode61'
-);
-CREATE TRIGGER IF NOT EXISTS memories_fts_insert AFTER INSERT ON memories BEGIN
-  INSERT INTO memories_fts(rowid, content) VALUES (new.seq, new.content);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_delete AFTER DELETE ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, content) VALUES ('delete', old.seq, old.content);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_update AFTER UPDATE OF content ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, content) VALUES ('delete', old.seq, old.content);
-  INSERT INTO memories_fts(rowid, content) VALUES (new.seq, new.content);
-END;
-
-CREATE TABLE IF NOT EXISTS vectors (
-  key INTEGER PRIMARY KEY AUTOINCREMENT,
-  memory_id TEXT NOT NULL UNIQUE REFERENCES memories(id) ON DELETE CASCADE,
-  model_id TEXT NOT NULL,
-  vector BLOB NOT NULL
-);
-
-CREATE TABLE IF NOT EXISTS audit (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  at REAL NOT NULL,
-  actor TEXT NOT NULL,
-  action TEXT NOT NULL,
-  memory_id TEXT NOT NULL,
-  user_id TEXT NOT NULL,
-  agent_id TEXT NOT NULL,
-  before_json TEXT NOT NULL DEFAULT '',
-  after_json TEXT NOT NULL DEFAULT '',
-  reason TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
-CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
-  WHERE superseded_by != '';
-CREATE INDEX IF NOT EXISTS memories_neighbours
-  ON memories(user_id, agent_id, session_id, layer, seq);
-
--- Extra search keys that point back to a memory: context (the turn with its neighbours, for
--- keyword search) and clause (a sentence of a long memory, with a vector).
-CREATE TABLE IF NOT EXISTS memory_keys (
-  key INTEGER PRIMARY KEY AUTOINCREMENT,
-  memory_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
-  kind TEXT NOT NULL,
-  text TEXT NOT NULL,
-  model_id TEXT NOT NULL DEFAULT '',
-  vector BLOB
-);
-CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
-CREATE VIRTUAL TABLE IF NOT EXISTS memory_keys_fts USING fts5(
-  text, content='memory_keys', content_rowid='key', tokenize='porter unicode61'
-);
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_insert AFTER INSERT ON memory_keys
-WHEN new.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(rowid, text) VALUES (new.key, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_delete AFTER DELETE ON memory_keys
-WHEN old.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text) VALUES ('delete', old.key, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_update AFTER UPDATE OF text ON memory_keys
-WHEN old.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text) VALUES ('delete', old.key, old.text);
-  INSERT INTO memory_keys_fts(rowid, text) VALUES (new.key, new.text);
-END;
-
--- The L5 graph: relations with their evidence and both time axes.
-CREATE TABLE IF NOT EXISTS graph_edges (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  id TEXT NOT NULL UNIQUE,
-  user_id TEXT NOT NULL,
-  agent_id TEXT NOT NULL DEFAULT '',
-  subject TEXT NOT NULL,
-  relation TEXT NOT NULL,
-  object TEXT NOT NULL,
-  weight REAL NOT NULL DEFAULT 1.0,
-  source_ids TEXT NOT NULL DEFAULT '[]',
-  fact_ids TEXT NOT NULL DEFAULT '[]',
-  memory_id TEXT NOT NULL DEFAULT '',
-  recorded_at REAL NOT NULL,
-  invalidated_at REAL,
-  valid_from REAL,
-  valid_to REAL,
-  stale INTEGER NOT NULL DEFAULT 0,
-  undone INTEGER NOT NULL DEFAULT 0,
-  pass_id TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS graph_edges_owner ON graph_edges(user_id, agent_id, recorded_at);
-CREATE INDEX IF NOT EXISTS graph_edges_memory ON graph_edges(memory_id);
-
--- Small values other services keep through the store (the consolidator's clusters, schedule).
-CREATE TABLE IF NOT EXISTS service_state (
-  key TEXT PRIMARY KEY,
-  value TEXT NOT NULL,
-  updated_at REAL NOT NULL
-);
-
--- What each consolidation pass changed, so one call can revert the whole pass.
-CREATE TABLE IF NOT EXISTS pass_changes (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  pass_id TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  target_id TEXT NOT NULL,
-  before_json TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS pass_changes_pass ON pass_changes(pass_id, seq);
-"""
+from services.store.schema import create_or_migrate
 
 _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
     "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
 )
+
+# A key carries its memory's owner key, for the keyword index (the memory id is the parameter).
+_OWNER_KEY_OF = "(SELECT owner_key FROM memories WHERE id = ?)"
 
 # Vector keys of clause rows live in the same usearch index as memories' own vectors; they are
 # told apart by this offset (the vectors table's keys stay far below it).
@@ -269,8 +116,21 @@ def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
     return where, params
 
 
+# A stored vector is little-endian float16 after this tag; an untagged blob (written before
+# the tag existed) is little-endian float32. A float32 blob's length is a multiple of 4, a
+# tagged one's never is.
+_HALF = b"h\x00"
+
+
 def _blob(vector: np.ndarray) -> bytes:
-    return np.ascontiguousarray(vector, dtype="<f4").tobytes()
+    return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
+
+
+def unblob(blob: bytes) -> np.ndarray:
+    """The float32 vector a stored blob holds."""
+    if len(blob) % 4 == 2 and blob.startswith(_HALF):
+        return np.frombuffer(blob, dtype="<f2", offset=2).astype(np.float32)
+    return np.frombuffer(blob, dtype="<f4")
 
 
 def _filters(
@@ -335,7 +195,7 @@ class Tx:
         rows = await self._conn.execute_fetchall(
             "SELECT vector FROM vectors WHERE memory_id = ?", (memory_id,)
         )
-        return np.frombuffer(next(iter(rows))[0], dtype="<f4")
+        return unblob(next(iter(rows))[0])
 
     async def insert(self, row: MemoryRow, vector: np.ndarray) -> int:
         """Adds a row and its vector; returns the vector's key."""
@@ -414,9 +274,9 @@ class Tx:
     ) -> int:
         """Adds one vector key pointing at a row; returns its index key."""
         cursor = await self._conn.execute(
-            "INSERT INTO memory_keys (memory_id, kind, text, model_id, vector) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (memory_id, kind, text, model_id, _blob(vector)),
+            "INSERT INTO memory_keys (memory_id, kind, text, model_id, vector, owner_key) "
+            f"VALUES (?, ?, ?, ?, ?, {_OWNER_KEY_OF})",
+            (memory_id, kind, text, model_id, _blob(vector), memory_id),
         )
         assert cursor.lastrowid is not None
         return CLAUSE_KEY_OFFSET + cursor.lastrowid
@@ -452,8 +312,9 @@ class Tx:
         )
         if cursor.rowcount == 0:
             await self._conn.execute(
-                "INSERT INTO memory_keys (memory_id, kind, text) VALUES (?, 'context', ?)",
-                (memory_id, text),
+                "INSERT INTO memory_keys (memory_id, kind, text, owner_key) "
+                f"VALUES (?, 'context', ?, {_OWNER_KEY_OF})",
+                (memory_id, text, memory_id),
             )
 
     async def rows_in(self, reach: Reach, layers: Sequence[str]) -> list[MemoryRow]:
@@ -608,16 +469,19 @@ class Repo:
         self.db_path = db_path
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._text_reader: aiosqlite.Connection | None = None
 
     async def __aenter__(self) -> Repo:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = await self._connect()
         await self._writer.execute("PRAGMA journal_mode = WAL")
-        await self._writer.executescript(_SCHEMA)
-        await self._check_version()
+        await create_or_migrate(self._writer, self.db_path)
         # Reads go to their own connection so they never see a half-done Apply.
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
+        # Keyword searches read on a connection (and thread) of their own, beside vector ones.
+        self._text_reader = await self._connect()
+        await self._text_reader.execute("PRAGMA query_only = ON")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -625,10 +489,10 @@ class Repo:
 
     async def close(self) -> None:
         """Closes both connections; closing twice is harmless."""
-        for conn in (self._reader, self._writer):
+        for conn in (self._text_reader, self._reader, self._writer):
             if conn is not None:
                 await conn.close()
-        self._reader = self._writer = None
+        self._text_reader = self._reader = self._writer = None
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.db_path, isolation_level=None)
@@ -638,26 +502,19 @@ class Repo:
         await conn.execute("PRAGMA busy_timeout = 10000")
         return conn
 
-    async def _check_version(self) -> None:
-        rows = list(await self.writer.execute_fetchall("SELECT max(version) FROM schema_version"))
-        version = rows[0][0]
-        if version is None:
-            await self.writer.execute(
-                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
-                (SCHEMA_VERSION, time.time()),
-            )
-        elif version > SCHEMA_VERSION:
-            raise ConfigError(
-                f"{self.db_path} has schema version {version}; this build knows up to "
-                f"{SCHEMA_VERSION}"
-            )
-
     @property
     def writer(self) -> aiosqlite.Connection:
         """The connection all writes go through."""
         if self._writer is None:
             raise RuntimeError("repo is closed")
         return self._writer
+
+    @property
+    def text_reader(self) -> aiosqlite.Connection:
+        """The connection keyword searches go through (committed data only)."""
+        if self._text_reader is None:
+            raise RuntimeError("repo is closed")
+        return self._text_reader
 
     @property
     def reader(self) -> aiosqlite.Connection:
@@ -701,7 +558,7 @@ class Repo:
             "AND memory_id IN (SELECT value FROM json_each(?))",
             (model_id, json.dumps(list(memory_ids))),
         )
-        return {memory_id: np.frombuffer(blob, dtype="<f4") for memory_id, blob in rows}
+        return {memory_id: unblob(blob) for memory_id, blob in rows}
 
     async def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model made."""
@@ -778,69 +635,37 @@ class Repo:
         )
         return [_row(r) for r in rows], next(iter(total_rows))[0]
 
-    async def keyword_search(
-        self,
-        terms: Sequence[str],
-        required: int,
-        reach: Reach,
-        layers: Sequence[str],
-        include_superseded: bool,
-        k: int,
-    ) -> list[tuple[MemoryRow, float, int]]:
-        """Rows matching at least `required` of the terms, best bm25 first, with match counts."""
-        phrases = [_phrase(t) for t in terms]
-        where, params = _filters(reach, layers, include_superseded)
-        matched_params: list[Any]
-        if required == len(terms):
-            match = " AND ".join(phrases)
-            matched_sql, matched_params = "?", [len(terms)]
-        else:
-            match = " OR ".join(phrases)
-            # Each term's rows are collected once (a constant subquery), then counted per row.
-            matched_sql = " + ".join(
-                "(m.seq IN (SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?))"
-                for _ in phrases
-            )
-            matched_params = list(phrases)
-        rows = await self.reader.execute_fetchall(
-            f"SELECT * FROM (SELECT {_M_COLUMNS}, bm25(memories_fts) AS rank, "
-            f"{matched_sql} AS matched FROM memories_fts "
-            # CROSS JOIN keeps FTS5 as the outer loop: the planner may otherwise walk every row
-            # of the owner and run the full-text match once per row.
-            "CROSS JOIN memories m ON m.seq = memories_fts.rowid "
-            f"{_where(['memories_fts MATCH ?', *where])}) "
-            "WHERE matched >= ? ORDER BY rank LIMIT ?",
-            (*matched_params, match, *params, required, k),
-        )
-        # bm25 is lower-is-better; callers get higher-is-better.
-        return [(_row(r), -float(r[27]), int(r[28])) for r in rows]
+    async def row_seq_high(self) -> int:
+        """The highest row sequence number handed out (about how many rows were ever stored)."""
+        rows = await self.reader.execute_fetchall("SELECT max(seq) FROM memories")
+        return int(next(iter(rows))[0] or 0)
 
-    async def context_keyword_search(
+    async def user_row_count(self, user_id: str) -> int:
+        """How many rows (live or retired) a user has."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT count(*) FROM memories WHERE user_id = ?", (user_id,)
+        )
+        return int(next(iter(rows))[0])
+
+    async def rows_at_text_hits(
         self,
-        terms: Sequence[str],
-        required: int,
+        join: str,
+        text: str,
+        rowids: Sequence[int],
         reach: Reach,
         layers: Sequence[str],
         include_superseded: bool,
-        k: int,
-    ) -> list[tuple[MemoryRow, float, int]]:
-        """Rows whose context key holds at least `required` terms, best bm25 first."""
-        phrases = [_phrase(t) for t in terms]
+    ) -> dict[int, tuple[MemoryRow, str]]:
+        """The rows behind keyword-index rowids (joined as fulltext.TextIndex says), with the
+        indexed text, keeping only those inside reach and layers."""
+        if not rowids:
+            return {}
         where, params = _filters(reach, layers, include_superseded)
-        matched_sql = " + ".join(
-            "(f.rowid IN (SELECT rowid FROM memory_keys_fts WHERE memory_keys_fts MATCH ?))"
-            for _ in phrases
+        rows = await self.text_reader.execute_fetchall(
+            f"SELECT {_M_COLUMNS}, {text}, j.value FROM json_each(?) AS j {join} {_where(where)}",
+            (json.dumps(list(rowids)), *params),
         )
-        rows = await self.reader.execute_fetchall(
-            f"SELECT * FROM (SELECT {_M_COLUMNS}, bm25(memory_keys_fts) AS rank, "
-            f"{matched_sql} AS matched FROM memory_keys_fts f "
-            "CROSS JOIN memory_keys mk ON mk.key = f.rowid "
-            "CROSS JOIN memories m ON m.id = mk.memory_id "
-            f"{_where(['memory_keys_fts MATCH ?', *where])}) "
-            "WHERE matched >= ? ORDER BY rank LIMIT ?",
-            (*phrases, " OR ".join(phrases), *params, required, k),
-        )
-        return [(_row(r), -float(r[27]), int(r[28])) for r in rows]
+        return {int(r[28]): (_row(r), str(r[27])) for r in rows}
 
     async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
         """For each id, the rows it replaced (and they in turn replaced), newest first."""
@@ -850,7 +675,8 @@ class Repo:
             if not frontier:
                 break
             rows = await self.reader.execute_fetchall(
-                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by IN "
+                # "!= ''" lets the partial index on superseded_by serve (not a scan of every row).
+                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by != '' AND superseded_by IN "
                 "(SELECT value FROM json_each(?)) ORDER BY invalid_at DESC, seq DESC",
                 (json.dumps(list(frontier)),),
             )
@@ -910,21 +736,26 @@ class Repo:
         )
         return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
 
-    async def vector_keys_by_user(self) -> dict[str, set[int]]:
-        """Every vector key, grouped by the owning user."""
+    async def vector_keys_of(self, user_id: str) -> set[int]:
+        """Every vector key of a user's rows (their own vectors and their clause keys)."""
         rows = await self.reader.execute_fetchall(
-            "SELECT m.user_id, v.key FROM vectors v JOIN memories m ON m.id = v.memory_id"
+            "SELECT v.key FROM memories m CROSS JOIN vectors v ON v.memory_id = m.id "
+            "WHERE m.user_id = ?",
+            (user_id,),
         )
-        keys: dict[str, set[int]] = {}
-        for user_id, key in rows:
-            keys.setdefault(user_id, set()).add(key)
+        keys = {int(r[0]) for r in rows}
         clause = await self.reader.execute_fetchall(
-            "SELECT m.user_id, mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            "WHERE mk.vector IS NOT NULL"
+            "SELECT mk.key FROM memories m CROSS JOIN memory_keys mk ON mk.memory_id = m.id "
+            "WHERE m.user_id = ? AND mk.vector IS NOT NULL",
+            (user_id,),
         )
-        for user_id, key in clause:
-            keys.setdefault(user_id, set()).add(CLAUSE_KEY_OFFSET + key)
+        keys.update(CLAUSE_KEY_OFFSET + int(r[0]) for r in clause)
         return keys
+
+    async def user_ids(self) -> list[str]:
+        """Every user id that has rows."""
+        rows = await self.reader.execute_fetchall("SELECT DISTINCT user_id FROM memories")
+        return [r[0] for r in rows]
 
     async def vectors_for_keys(self, keys: Sequence[int], ndim: int) -> np.ndarray:
         """The stored vectors of keys, in the order given."""
@@ -936,13 +767,13 @@ class Repo:
                 (json.dumps([k for k in chunk if k < CLAUSE_KEY_OFFSET]),),
             )
             for key, blob in rows:
-                found[key] = np.frombuffer(blob, dtype="<f4")
+                found[key] = unblob(blob)
             rows = await self.reader.execute_fetchall(
                 "SELECT key, vector FROM memory_keys WHERE key IN (SELECT value FROM json_each(?))",
                 (json.dumps([k - CLAUSE_KEY_OFFSET for k in chunk if k >= CLAUSE_KEY_OFFSET]),),
             )
             for key, blob in rows:
-                found[CLAUSE_KEY_OFFSET + key] = np.frombuffer(blob, dtype="<f4")
+                found[CLAUSE_KEY_OFFSET + key] = unblob(blob)
         matrix = np.zeros((len(keys), ndim), dtype=np.float32)
         for i, key in enumerate(keys):
             matrix[i] = found[int(key)]
@@ -1038,8 +869,3 @@ class Repo:
             (memory_id,),
         )
         return [(AuditEntry(*r[:8]), r[8], r[9]) for r in rows]
-
-
-def _phrase(term: str) -> str:
-    # A double-quoted FTS5 string is a phrase: its content is never parsed as query syntax.
-    return '"' + term.replace('"', '""') + '"'

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from services.store import fulltext
 from services.store.core import Core
 from services.store.keys import MAX_CLAUSES
 from services.store.keywords import query_terms, required_terms
@@ -19,7 +20,7 @@ from shared.errors import Conflict, InvalidArgument
 # cannot miss a row that near-duplicates crowd out of the graph.
 EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
-OVERSAMPLE = 8
+OVERSAMPLE = 4
 
 
 async def keyword_search(
@@ -46,12 +47,14 @@ async def keyword_search(
         return KeywordResult([], [], 0)
     least = min(min_terms, len(terms)) if min_terms else required
     k = page_size(k, "k")
-    found = await repo.keyword_search(terms, least, reach, layers, include_superseded, k)
+    found = await fulltext.search(
+        repo, fulltext.OWN_TEXT, terms, least, reach, layers, include_superseded, k
+    )
     hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in found])
     context_hits: list[Scored] = []
     if context_keys:
-        around = await repo.context_keyword_search(
-            terms, least, reach, layers, include_superseded, k
+        around = await fulltext.search(
+            repo, fulltext.CONTEXT_KEYS, terms, least, reach, layers, include_superseded, k
         )
         context_hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in around])
     return KeywordResult(hits, terms, required, context_hits)
@@ -99,7 +102,7 @@ async def vector_search(
     # 0 means no floor at all, negative cosines included.
     min_score = min_score if min_score > 0 else -np.inf
     assert core.indexes is not None
-    users = reach.user_ids if reach.user_ids is not None else core.indexes.users()
+    users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
     hits: list[Scored] = []
     for user_id in users:
         one = Reach((user_id,), reach.agent_id)
@@ -118,25 +121,46 @@ async def _search_user(
     include_superseded: bool,
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
-    user_id = reach.user_ids[0]
-    size = core.indexes.size(user_id)
-    if size == 0:
+    count = max(k * OVERSAMPLE, 64)
+    found = await core.indexes.search(reach.user_ids[0], query, count, core.exact_up_to)
+    if found.size == 0:
         return []
-    count = min(size, max(k * OVERSAMPLE, 64))
-    keys, scores = await core.indexes.search(
-        user_id, query, count, exact=size <= core.exact_up_to
-    )
-    rows = await core.repo.rows_for_keys(keys.tolist(), reach, layers, include_superseded)
-    hits = _best_per_memory(
-        (rows[key], float(score))
-        for key, score in zip(keys.tolist(), scores.tolist(), strict=True)
-        if key in rows and score >= min_score
-    )
+    keys, scores = found.keys, found.scores
+    scored = [(key, score) for key, score in zip(keys.tolist(), scores.tolist(), strict=True)]
+    hits = await _rows_of_best(core, reach, layers, include_superseded, scored, k, min_score)
     # Scope, layer and status filters may leave too few: then score just the rows that pass.
-    exhausted = count >= size or (len(scores) > 0 and scores[-1] < min_score)
+    exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
     if len(hits) >= k or exhausted:
         return hits[:k]
     return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+
+
+async def _rows_of_best(
+    core: Core,
+    reach: Reach,
+    layers: Sequence[str],
+    include_superseded: bool,
+    scored: list[tuple[int, float]],
+    k: int,
+    min_score: float,
+) -> list[Scored]:
+    """The best k memories behind scored keys (best first), reading rows a slice at a time:
+    most searches need only the first k keys' rows."""
+    rows: dict[int, MemoryRow] = {}
+    read = 0
+    while True:
+        hits = _best_per_memory(
+            (rows[key], score) for key, score in scored[:read] if key in rows and score >= min_score
+        )
+        if len(hits) >= k or read >= len(scored):
+            return hits[:k]
+        step = scored[read : read + (k - len(hits)) * 5 // 4 + 4]
+        read += len(step)
+        rows.update(
+            await core.repo.rows_for_keys(
+                [key for key, _ in step], reach, layers, include_superseded
+            )
+        )
 
 
 async def _exact(

@@ -38,6 +38,7 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
                 config.user_aliases.group,
                 config.save_every_s,
                 config.exact_search_up_to,
+                config.index_cache_bytes,
                 config.snapshots,
             )
         )

@@ -222,11 +222,12 @@ class Store:
         return await self.snapshots.take()
 
     async def flush(self) -> int:
-        """Saves the vector indexes now; returns how many vectors they hold."""
+        """Saves the changed vector indexes now; returns how many vectors the store holds."""
         indexes = self._core.indexes
-        if indexes is None:
-            return 0
-        return await indexes.save()
+        if indexes is not None:
+            await indexes.save()
+        *_, vectors = await self._repo.counts(Reach(None, ""))
+        return int(vectors)
 
     async def owners(self, reach: Reach) -> list[owners.OwnerCount]:
         """Every owner with rows in the reach, with counts and last write."""

@@ -17,6 +17,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    unblob,
 )
 
 
@@ -61,6 +62,11 @@ async def edges_after(
     return [(r[0], _edge(r[1:])) for r in rows]
 
 
+def _float32(blob: bytes) -> bytes:
+    """A stored vector (half precision, or float32 in an older store) as float32 bytes."""
+    return unblob(blob).astype("<f4").tobytes()
+
+
 async def vectors_of(
     conn: aiosqlite.Connection, memory_ids: Sequence[str]
 ) -> dict[str, tuple[str, bytes]]:
@@ -70,7 +76,7 @@ async def vectors_of(
         "WHERE memory_id IN (SELECT value FROM json_each(?))",
         (_ids_json(memory_ids),),
     )
-    return {r[0]: (r[1], r[2]) for r in rows}
+    return {r[0]: (r[1], _float32(r[2])) for r in rows}
 
 
 async def keys_of(
@@ -84,7 +90,8 @@ async def keys_of(
     )
     found: dict[str, list[StoredKey]] = {}
     for memory_id, kind, text, model_id, vector in rows:
-        found.setdefault(memory_id, []).append(StoredKey(kind, text, model_id, vector))
+        blob = None if vector is None else _float32(vector)
+        found.setdefault(memory_id, []).append(StoredKey(kind, text, model_id, blob))
     return found
 
 

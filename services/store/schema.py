@@ -1,0 +1,234 @@
+"""The store's SQLite schema: tables, keyword indexes, and the steps from older versions."""
+
+from __future__ import annotations
+
+import time
+
+import aiosqlite
+
+from shared.errors import ConfigError
+
+SCHEMA_VERSION = 2
+
+# Rows and their keys carry an owner key: one token per user id ('o' and the id's hex), indexed
+# beside the text, so a keyword search reads only its owner's postings.
+_TABLES = """
+CREATE TABLE IF NOT EXISTS schema_version (
+  version INTEGER NOT NULL,
+  applied_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS store_meta (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memories (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL DEFAULT '',
+  session_id TEXT NOT NULL DEFAULT '',
+  layer TEXT NOT NULL,
+  content TEXT NOT NULL,
+  label TEXT NOT NULL DEFAULT '',
+  count INTEGER NOT NULL DEFAULT 0,
+  hits INTEGER NOT NULL DEFAULT 0,
+  source_ids TEXT NOT NULL DEFAULT '[]',
+  metadata TEXT NOT NULL DEFAULT '{}',
+  model_id TEXT NOT NULL DEFAULT '',
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  event_at REAL,
+  valid_to REAL,
+  due_at REAL,
+  status TEXT NOT NULL DEFAULT 'active',
+  invalid_at REAL,
+  superseded_by TEXT NOT NULL DEFAULT '',
+  superseded_how TEXT NOT NULL DEFAULT '',
+  drop_reason TEXT NOT NULL DEFAULT '',
+  retired_by TEXT NOT NULL DEFAULT '',
+  pass_id TEXT NOT NULL DEFAULT '',
+  extraction_status TEXT NOT NULL DEFAULT '',
+  extraction_tries INTEGER NOT NULL DEFAULT 0,
+  write_mode TEXT NOT NULL DEFAULT '',
+  owner_key TEXT GENERATED ALWAYS AS ('o' || hex(user_id)) VIRTUAL
+);
+CREATE INDEX IF NOT EXISTS memories_owner
+  ON memories(user_id, agent_id, layer, status, created_at);
+CREATE INDEX IF NOT EXISTS memories_extraction ON memories(extraction_status);
+CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
+
+CREATE TABLE IF NOT EXISTS vectors (
+  key INTEGER PRIMARY KEY AUTOINCREMENT,
+  memory_id TEXT NOT NULL UNIQUE REFERENCES memories(id) ON DELETE CASCADE,
+  model_id TEXT NOT NULL,
+  vector BLOB NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  at REAL NOT NULL,
+  actor TEXT NOT NULL,
+  action TEXT NOT NULL,
+  memory_id TEXT NOT NULL,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  before_json TEXT NOT NULL DEFAULT '',
+  after_json TEXT NOT NULL DEFAULT '',
+  reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
+CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
+  WHERE superseded_by != '';
+CREATE INDEX IF NOT EXISTS memories_neighbours
+  ON memories(user_id, agent_id, session_id, layer, seq);
+
+-- Extra search keys that point back to a memory: context (the turn with its neighbours, for
+-- keyword search) and clause (a sentence of a long memory, with a vector).
+CREATE TABLE IF NOT EXISTS memory_keys (
+  key INTEGER PRIMARY KEY AUTOINCREMENT,
+  memory_id TEXT NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+  kind TEXT NOT NULL,
+  text TEXT NOT NULL,
+  model_id TEXT NOT NULL DEFAULT '',
+  vector BLOB,
+  owner_key TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
+-- The L5 graph: relations with their evidence and both time axes.
+CREATE TABLE IF NOT EXISTS graph_edges (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL DEFAULT '',
+  subject TEXT NOT NULL,
+  relation TEXT NOT NULL,
+  object TEXT NOT NULL,
+  weight REAL NOT NULL DEFAULT 1.0,
+  source_ids TEXT NOT NULL DEFAULT '[]',
+  fact_ids TEXT NOT NULL DEFAULT '[]',
+  memory_id TEXT NOT NULL DEFAULT '',
+  recorded_at REAL NOT NULL,
+  invalidated_at REAL,
+  valid_from REAL,
+  valid_to REAL,
+  stale INTEGER NOT NULL DEFAULT 0,
+  undone INTEGER NOT NULL DEFAULT 0,
+  pass_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS graph_edges_owner ON graph_edges(user_id, agent_id, recorded_at);
+CREATE INDEX IF NOT EXISTS graph_edges_memory ON graph_edges(memory_id);
+
+-- Small values other services keep through the store (the consolidator's clusters, schedule).
+CREATE TABLE IF NOT EXISTS service_state (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL,
+  updated_at REAL NOT NULL
+);
+
+-- What each consolidation pass changed, so one call can revert the whole pass.
+CREATE TABLE IF NOT EXISTS pass_changes (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  pass_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  before_json TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS pass_changes_pass ON pass_changes(pass_id, seq);
+"""
+
+_KEYWORD_INDEXES = """
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+  content, owner_key, content='memories', content_rowid='seq', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS memories_fts_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO memories_fts(rowid, content, owner_key)
+  VALUES (new.seq, new.content, new.owner_key);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_fts_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, content, owner_key)
+  VALUES ('delete', old.seq, old.content, old.owner_key);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_fts_update AFTER UPDATE OF content ON memories BEGIN
+  INSERT INTO memories_fts(memories_fts, rowid, content, owner_key)
+  VALUES ('delete', old.seq, old.content, old.owner_key);
+  INSERT INTO memories_fts(rowid, content, owner_key)
+  VALUES (new.seq, new.content, new.owner_key);
+END;
+
+-- Context keys only: clause keys are found by their vectors.
+CREATE VIRTUAL TABLE IF NOT EXISTS memory_keys_fts USING fts5(
+  text, owner_key, content='memory_keys', content_rowid='key', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_insert AFTER INSERT ON memory_keys
+WHEN new.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(rowid, text, owner_key) VALUES (new.key, new.text, new.owner_key);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_delete AFTER DELETE ON memory_keys
+WHEN old.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text, owner_key)
+  VALUES ('delete', old.key, old.text, old.owner_key);
+END;
+CREATE TRIGGER IF NOT EXISTS memory_keys_fts_update AFTER UPDATE OF text ON memory_keys
+WHEN old.kind = 'context' BEGIN
+  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text, owner_key)
+  VALUES ('delete', old.key, old.text, old.owner_key);
+  INSERT INTO memory_keys_fts(rowid, text, owner_key) VALUES (new.key, new.text, new.owner_key);
+END;
+"""
+
+# Version 1 indexed text alone, so every keyword search read every owner's postings.
+_FROM_1 = """
+ALTER TABLE memories ADD COLUMN owner_key TEXT GENERATED ALWAYS AS ('o' || hex(user_id)) VIRTUAL;
+ALTER TABLE memory_keys ADD COLUMN owner_key TEXT NOT NULL DEFAULT '';
+UPDATE memory_keys SET owner_key =
+  (SELECT m.owner_key FROM memories m WHERE m.id = memory_keys.memory_id);
+DROP TRIGGER memories_fts_insert;
+DROP TRIGGER memories_fts_delete;
+DROP TRIGGER memories_fts_update;
+DROP TRIGGER memory_keys_fts_insert;
+DROP TRIGGER memory_keys_fts_delete;
+DROP TRIGGER memory_keys_fts_update;
+DROP TABLE memories_fts;
+DROP TABLE memory_keys_fts;
+"""
+
+_REINDEX = """
+INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
+INSERT INTO memory_keys_fts(rowid, text, owner_key)
+  SELECT key, text, owner_key FROM memory_keys WHERE kind = 'context';
+"""
+
+
+async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
+    """Creates a new database's schema, or brings an older one up to SCHEMA_VERSION."""
+    version = await _version(conn)
+    if version is not None and version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"{path} has schema version {version}; this build knows up to {SCHEMA_VERSION}"
+        )
+    if version == 1:
+        # One transaction: a crash mid-way leaves version 1 as it was.
+        await conn.executescript(f"BEGIN IMMEDIATE; {_FROM_1} {_KEYWORD_INDEXES} {_REINDEX}")
+        await _set_version(conn)
+        await conn.execute("COMMIT")
+        return
+    await conn.executescript(_TABLES + _KEYWORD_INDEXES)
+    if version is None:
+        await _set_version(conn)
+
+
+async def _version(conn: aiosqlite.Connection) -> int | None:
+    tables = await conn.execute_fetchall(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    )
+    if not tables:
+        return None
+    rows = list(await conn.execute_fetchall("SELECT max(version) FROM schema_version"))
+    return rows[0][0]
+
+
+async def _set_version(conn: aiosqlite.Connection) -> None:
+    await conn.execute(
+        "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+        (SCHEMA_VERSION, time.time()),
+    )
