@@ -100,6 +100,63 @@ async def test_vectors_are_unit_norm_384_d_with_model_id(embedder_address: str) 
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
+LONG = (
+    "I went to the support group yesterday and it was so powerful. "
+    "The stories people shared really inspired me. "
+    "I am thinking about counseling as a career now!"
+)
+
+
+async def test_spans_get_vectors_from_their_texts_run_in_the_requests_order(
+    embedder_address: str,
+) -> None:
+    sentences = [LONG[:62], LONG[63:109], LONG[110:]]
+    spans = [(0, 62), (63, 109), (110, len(LONG))]
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        reply = await stub.Embed(
+            embedder_pb2.EmbedRequest(
+                texts=["a short note", LONG],
+                # Out of order on purpose: the reply follows the request.
+                spans=[embedder_pb2.Span(text=1, start=s, end=e) for s, e in reversed(spans)],
+            )
+        )
+        alone = await embed(stub, ["a short note", LONG, *sentences])
+    vectors = np.array([list(v.values) for v in reply.vectors])
+    pooled = np.array([list(v.values) for v in reply.span_vectors])[::-1]
+    np.testing.assert_allclose(vectors, alone[:2], atol=1e-5)  # texts are as without spans
+    np.testing.assert_allclose(np.linalg.norm(pooled, axis=1), 1.0, atol=1e-5)
+    # Each sentence in its context: nearest to the same sentence embedded alone, and pulled
+    # toward the whole text more than that one is.
+    similar = pooled @ alone[2:].T
+    assert list(similar.argmax(axis=1)) == [0, 1, 2]
+    assert all(pooled @ alone[1] > alone[2:] @ alone[1])
+
+
+async def test_a_span_outside_its_text_or_on_a_query_is_refused(embedder_address: str) -> None:
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        for request in (
+            embedder_pb2.EmbedRequest(texts=["short"], spans=[embedder_pb2.Span(end=50)]),
+            embedder_pb2.EmbedRequest(texts=["short"], spans=[embedder_pb2.Span(text=3, end=2)]),
+            embedder_pb2.EmbedRequest(
+                texts=["short"], is_query=True, spans=[embedder_pb2.Span(end=2)]
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Embed(request)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_model_without_token_states_embeds_spans_alone(tmp_path: Path) -> None:
+    async with serving(config_for(tmp_path, backend="local")) as (stub, _):
+        reply = await stub.Embed(
+            embedder_pb2.EmbedRequest(texts=[LONG], spans=[embedder_pb2.Span(end=62)])
+        )
+        alone = await embed(stub, [LONG[:62]])
+    np.testing.assert_allclose([list(reply.span_vectors[0].values)], alone, atol=1e-6)
+
+
 async def test_describe_reports_the_default_minilm_model(embedder_address: str) -> None:
     async with open_channel(embedder_address) as channel:
         stub = embedder_pb2_grpc.EmbedderStub(channel)

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -16,12 +17,13 @@ from shared.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[list[str]], Awaitable[np.ndarray]]
+T = TypeVar("T")
+RunBatch = Callable[[list[T]], Awaitable[np.ndarray]]
 
 
 @dataclass(eq=False)
-class _Request:
-    texts: Sequence[str]
+class _Request(Generic[T]):
+    texts: Sequence[T]
     future: asyncio.Future[np.ndarray]
     taken: int = 0
     """How many of the texts are in a run already."""
@@ -29,17 +31,21 @@ class _Request:
     parts: list[np.ndarray] = field(default_factory=list)
 
 
-class MicroBatcher:
+class MicroBatcher(Generic[T]):
     """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
 
     While a run is in flight, new calls wait in the queue; the next run takes all of them, up
     to max_batch texts. A call with more texts than max_batch spans several runs.
     """
 
-    def __init__(self, run_batch: RunBatch, max_batch: int) -> None:
+    def __init__(
+        self, run_batch: RunBatch[T], max_batch: int, rows_of: Callable[[T], int] = lambda _: 1
+    ) -> None:
+        """rows_of: how many rows run_batch gives for one item (one, for a plain text)."""
         self._run_batch = run_batch
+        self._rows_of = rows_of
         self._max_batch = max(1, max_batch)
-        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue: collections.deque[_Request[T]] = collections.deque()
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -53,7 +59,7 @@ class MicroBatcher:
         """Calls queued and not yet wholly taken into a run."""
         return len(self._queue)
 
-    async def __aenter__(self) -> MicroBatcher:
+    async def __aenter__(self) -> MicroBatcher[T]:
         self._worker = asyncio.create_task(self._work(), name="embed-batcher")
         return self
 
@@ -80,7 +86,7 @@ class MicroBatcher:
             if not request.future.done():
                 request.future.set_exception(Unavailable("embedder is stopping"))
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[T]) -> np.ndarray:
         """The rows run_batch gives for texts, in order, computed in a shared run."""
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
@@ -89,9 +95,9 @@ class MicroBatcher:
         self._wakeup.set()
         return await future
 
-    def _take(self) -> list[tuple[_Request, int, int]]:
+    def _take(self) -> list[tuple[_Request[T], int, int]]:
         """Slices of queued requests, in arrival order, up to max_batch texts."""
-        slices: list[tuple[_Request, int, int]] = []
+        slices: list[tuple[_Request[T], int, int]] = []
         room = self._max_batch
         while self._queue and room > 0:
             request = self._queue[0]
@@ -133,12 +139,14 @@ class MicroBatcher:
             self.texts_run += len(texts)
             offset = 0
             for request, start, end in slices:
-                part = vectors[offset : offset + end - start]
-                offset += end - start
+                rows = sum(self._rows_of(item) for item in request.texts[start:end])
+                part = vectors[offset : offset + rows]
+                offset += rows
                 if request.future.done():
                     continue
                 request.parts.append(part)
                 request.filled += end - start
                 if request.filled == len(request.texts):
-                    rows = request.parts[0] if len(request.parts) == 1 else np.vstack(request.parts)
-                    request.future.set_result(rows)
+                    parts = request.parts
+                    whole = parts[0] if len(parts) == 1 else np.vstack(parts)
+                    request.future.set_result(whole)

@@ -18,6 +18,7 @@ from services.embedder.onnx_encoder import OnnxEncoder
 from services.embedder.remote_encoder import opened_remote_encoder
 from shared.clients import MAX_TEXTS
 from shared.errors import InvalidArgument
+from shared.passages import Passage, row_texts
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +38,24 @@ class ModelInfo:
     query_prefix: str = ""
 
 
-def check_texts(texts: Sequence[str]) -> None:
-    """Refuses a request over the size limits, naming the limit."""
-    if len(texts) > MAX_TEXTS:
-        raise InvalidArgument(f"{len(texts)} texts in one request; at most {MAX_TEXTS}")
-    for index, text in enumerate(texts):
-        if len(text) > MAX_TEXT_CHARS:
+def check_passages(passages: Sequence[Passage]) -> None:
+    """Refuses a request over the size limits or with a span outside its text, naming it."""
+    if len(passages) > MAX_TEXTS:
+        raise InvalidArgument(f"{len(passages)} texts in one request; at most {MAX_TEXTS}")
+    spans = sum(len(p.spans) for p in passages)
+    if spans > MAX_TEXTS:
+        raise InvalidArgument(f"{spans} spans in one request; at most {MAX_TEXTS}")
+    for index, passage in enumerate(passages):
+        if len(passage.text) > MAX_TEXT_CHARS:
             raise InvalidArgument(
-                f"texts[{index}] has {len(text)} characters; at most {MAX_TEXT_CHARS}"
+                f"texts[{index}] has {len(passage.text)} characters; at most {MAX_TEXT_CHARS}"
             )
+        for start, end in passage.spans:
+            if not 0 <= start < end <= len(passage.text):
+                raise InvalidArgument(
+                    f"span [{start}, {end}) lies outside texts[{index}] "
+                    f"({len(passage.text)} characters)"
+                )
 
 
 class Embedder:
@@ -53,7 +63,7 @@ class Embedder:
 
     def __init__(
         self,
-        batcher: MicroBatcher,
+        batcher: MicroBatcher[Passage],
         info: ModelInfo,
         describe: Callable[[], Awaitable[ModelInfo]] | None = None,
     ) -> None:
@@ -62,7 +72,7 @@ class Embedder:
         self._describe = describe
 
     @property
-    def batcher(self) -> MicroBatcher:
+    def batcher(self) -> MicroBatcher[Passage]:
         """The batcher (its counters say how calls were coalesced)."""
         return self._batcher
 
@@ -72,17 +82,27 @@ class Embedder:
 
     async def embed(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
         """Unit float32 rows for texts, in order; queries get the model's query prefix."""
-        check_texts(texts)
-        if not texts:
-            return np.zeros((0, self._info.ndim), dtype=np.float32)
         if is_query and self._info.query_prefix:
             texts = [self._info.query_prefix + text for text in texts]
-        return await self._batcher.embed(texts)
+        return await self.embed_passages([Passage(text) for text in texts])
+
+    async def embed_passages(self, passages: Sequence[Passage]) -> np.ndarray:
+        """Unit float32 rows for each passage in order: its text's, then each span's."""
+        check_passages(passages)
+        if not passages:
+            return np.zeros((0, self._info.ndim), dtype=np.float32)
+        return await self._batcher.embed(passages)
 
     @property
     def model_id(self) -> str:
         """The id recorded next to every vector this embedder makes."""
         return self._info.model_id
+
+
+def _batcher(
+    run: Callable[[list[Passage]], Awaitable[np.ndarray]], max_batch: int
+) -> MicroBatcher[Passage]:
+    return MicroBatcher(run, max_batch, rows_of=lambda passage: passage.rows)
 
 
 @contextlib.asynccontextmanager
@@ -93,10 +113,10 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
             hasher = HashEncoder()
             info = ModelInfo(HASH_MODEL_ID, hasher.ndim, False, "hash", 0)
 
-            async def run_hash(texts: list[str]) -> np.ndarray:
-                return hasher.encode(texts)
+            async def run_hash(passages: list[Passage]) -> np.ndarray:
+                return hasher.encode(row_texts(passages))
 
-            batcher = await stack.enter_async_context(MicroBatcher(run_hash, config.max_batch))
+            batcher = await stack.enter_async_context(_batcher(run_hash, config.max_batch))
             yield Embedder(batcher, info)
         elif config.backend == "remote":
             remote = await stack.enter_async_context(
@@ -107,12 +127,15 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
                     config.remote_timeout_s,
                 )
             )
-            batcher = await stack.enter_async_context(MicroBatcher(remote.encode, config.max_batch))
+            async def run_remote(passages: list[Passage]) -> np.ndarray:
+                return await remote.encode(row_texts(passages))
+
+            batcher = await stack.enter_async_context(_batcher(run_remote, config.max_batch))
             remote_info = ModelInfo(f"remote:{config.remote_model}", 0, True, "remote", 0)
 
             async def describe_remote() -> ModelInfo:
                 if remote.ndim is None:
-                    await batcher.embed(["dimension probe"])
+                    await batcher.embed([Passage("dimension probe")])
                 return ModelInfo(remote_info.model_id, remote.ndim or 0, True, "remote", 0)
 
             yield Embedder(batcher, remote_info, describe_remote)
@@ -124,8 +147,8 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
                 spec.model_id, spec.ndim, True, spec.pooling, spec.max_tokens, spec.query_prefix
             )
 
-            async def run_onnx(texts: list[str]) -> np.ndarray:
-                return await asyncio.to_thread(encoder.encode, texts)
+            async def run_onnx(passages: list[Passage]) -> np.ndarray:
+                return await asyncio.to_thread(encoder.encode_passages, passages)
 
-            batcher = await stack.enter_async_context(MicroBatcher(run_onnx, config.max_batch))
+            batcher = await stack.enter_async_context(_batcher(run_onnx, config.max_batch))
             yield Embedder(batcher, info)

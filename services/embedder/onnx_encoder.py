@@ -14,6 +14,7 @@ from tokenizers.models import WordPiece
 
 from services.embedder.models import ModelFiles, ModelSpec
 from shared.errors import ConfigError
+from shared.passages import Passage
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +118,57 @@ class OnnxEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """One L2-normalised float32 row per text, in order."""
-        if not texts:
-            return np.zeros((0, self.spec.ndim), dtype=np.float32)
-        encodings = self._tokenizer.encode_batch(list(texts))
-        vectors = np.empty((len(texts), self.spec.ndim), dtype=np.float32)
-        for run in plan_runs([len(e.ids) for e in encodings]):
-            vectors[run] = self._run([encodings[i] for i in run])
-        return vectors
+        return self.encode_passages([Passage(text) for text in texts])
 
-    def _run(self, encodings: list[Encoding]) -> np.ndarray:
+    def encode_passages(self, passages: Sequence[Passage]) -> np.ndarray:
+        """Rows for each passage in order: its text's, then each span's (see shared.passages)."""
+        if not passages:
+            return np.zeros((0, self.spec.ndim), dtype=np.float32)
+        encodings = self._tokenizer.encode_batch([p.text for p in passages])
+        rows: list[list[np.ndarray | None]] = [[] for _ in passages]
+        for run in plan_runs([len(e.ids) for e in encodings]):
+            hidden, mask = self._hidden([encodings[i] for i in run])
+            pooled = self._pool(hidden, mask)
+            for row, i in enumerate(run):
+                spans = passages[i].spans
+                rows[i] = [pooled[row], *(self._span(hidden[row], encodings[i], s) for s in spans)]
+        self._embed_left_over(passages, rows)
+        return np.stack([vector for vectors in rows for vector in vectors if vector is not None])
+
+    def _span(
+        self, hidden: np.ndarray, encoding: Encoding, span: tuple[int, int]
+    ) -> np.ndarray | None:
+        """The mean of a span's token states; None when pooling is not by mean or the span
+        was cut off by the token limit."""
+        if self.spec.pooling != "mean":
+            return None
+        start, end = span
+        tokens = [
+            t
+            for t, ((first, last), special) in enumerate(
+                zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
+            )
+            if not special and first >= start and last <= end and last > first
+        ]
+        if not tokens:
+            return None
+        return _unit(hidden[tokens].mean(axis=0))
+
+    def _embed_left_over(
+        self, passages: Sequence[Passage], rows: list[list[np.ndarray | None]]
+    ) -> None:
+        """Embeds on their own the spans pooling could not give a vector."""
+        missing = [
+            (i, j) for i, vectors in enumerate(rows) for j, v in enumerate(vectors) if v is None
+        ]
+        if not missing:
+            return
+        texts = [passages[i].span_texts()[j - 1] for i, j in missing]
+        for (i, j), vector in zip(missing, self.encode(texts), strict=True):
+            rows[i][j] = vector
+
+    def _hidden(self, encodings: list[Encoding]) -> tuple[np.ndarray, np.ndarray]:
+        """The model's token states for a run of texts, and their attention mask."""
         width = max(len(e.ids) for e in encodings)
         ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
         mask = np.zeros((len(encodings), width), dtype=np.int64)
@@ -139,6 +182,9 @@ class OnnxEncoder:
         hidden = self._session.run(
             [self._output], {k: v for k, v in feed.items() if k in self._inputs}
         )[0]
+        return hidden, mask
+
+    def _pool(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
         if self.spec.pooling == "cls":
             pooled = hidden[:, 0, :]
         else:
@@ -146,3 +192,7 @@ class OnnxEncoder:
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    return (vector / max(float(np.linalg.norm(vector)), 1e-12)).astype(np.float32)

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import grpc
+import numpy as np
 
 from services.embedder.embedding import Embedder
+from shared.errors import InvalidArgument
+from shared.passages import Passage
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import grpc_errors
+
+
+def passages_of(request: embedder_pb2.EmbedRequest) -> tuple[list[Passage], list[tuple[int, int]]]:
+    """The request's texts with their spans, and where each requested span went (its text,
+    its place among that text's spans)."""
+    spans: list[list[tuple[int, int]]] = [[] for _ in request.texts]
+    order = []
+    for span in request.spans:
+        if not 0 <= span.text < len(request.texts):
+            raise InvalidArgument(f"a span names text {span.text}; there are {len(spans)}")
+        order.append((span.text, len(spans[span.text])))
+        spans[span.text].append((span.start, span.end))
+    passages = [Passage(text, tuple(s)) for text, s in zip(request.texts, spans, strict=True)]
+    return passages, order
 
 
 class EmbedderServicer(embedder_pb2_grpc.EmbedderServicer):
@@ -19,11 +36,22 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServicer):
     async def Embed(
         self, request: embedder_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedder_pb2.EmbedResponse:
-        vectors = await self._embedder.embed(list(request.texts), is_query=request.is_query)
+        if not request.spans:
+            vectors = await self._embedder.embed(list(request.texts), is_query=request.is_query)
+            return self._reply(vectors, [])
+        if request.is_query:
+            raise InvalidArgument("spans are for documents, not queries")
+        passages, order = passages_of(request)
+        rows = await self._embedder.embed_passages(passages)
+        firsts = np.cumsum([0] + [p.rows for p in passages[:-1]])
+        return self._reply(rows[firsts], [rows[firsts[t] + 1 + j] for t, j in order])
+
+    def _reply(self, vectors: np.ndarray, spans: list[np.ndarray]) -> embedder_pb2.EmbedResponse:
         return embedder_pb2.EmbedResponse(
             vectors=[embedder_pb2.Vector(values=row.tolist()) for row in vectors],
             model_id=self._embedder.model_id,
             ndim=int(vectors.shape[1]),
+            span_vectors=[embedder_pb2.Vector(values=row.tolist()) for row in spans],
         )
 
     @grpc_errors

@@ -25,7 +25,7 @@ from services.store.core import (
     target,
 )
 from services.store.graph import end_edge, put_edge
-from services.store.keys import own_keys
+from services.store.keys import passage_of
 from services.store.mirrors import ERASED, FactChange, is_preference_fact
 from services.store.model import (
     ACTIVE,
@@ -44,6 +44,7 @@ from services.store.model import (
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
+from shared.passages import Passage
 
 
 @dataclass
@@ -65,8 +66,9 @@ async def apply_ops(
     ops = validated(reach, ops)
     ids = {i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
     ops = resolved(ops, ids)
-    texts = _texts(ops)
-    vectors = await core.embed(texts) if texts else np.zeros((0, core.model.ndim))
+    passages, wanted = _to_embed(ops)
+    vectors = await core.embed(passages) if passages else np.zeros((0, core.model.ndim))
+    vectors = vectors[np.array(wanted, dtype=bool)] if passages else vectors
     results: list[MemoryRow | None] = []
     async with core.writing(actor or DEFAULT_ACTOR) as w:
         run = _Apply(w, reach, reason, ids, iter(vectors))
@@ -79,18 +81,20 @@ async def apply_ops(
     return results
 
 
-def _texts(ops: Sequence[Op]) -> list[str]:
-    """The new texts to embed, each with the clause keys it is also found by, for one call.
-
-    A text whose vector came with its op is not embedded again.
-    """
-    texts: list[str] = []
+def _to_embed(ops: Sequence[Op]) -> tuple[list[Passage], list[bool]]:
+    """The new texts to embed with their clauses as spans, for one call, and which of the rows
+    that gives are used (a text whose vector came with its op is not used again)."""
+    passages: list[Passage] = []
+    wanted: list[bool] = []
     for op in ops:
         if isinstance(op, Insert | Update) and op.content is not None:
-            if not (isinstance(op, Insert) and op.vector):
-                texts.append(op.content)
-            texts.extend(key.text for key in own_keys(op.content))
-    return texts
+            passage = passage_of(op.content)
+            given = isinstance(op, Insert) and bool(op.vector)
+            if given and not passage.spans:
+                continue
+            passages.append(passage)
+            wanted += [not given, *(True for _ in passage.spans)]
+    return passages, wanted
 
 
 async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:

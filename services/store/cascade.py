@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from services.store.core import Write, live_fields, retired_fields
-from services.store.keys import own_keys
+from services.store.keys import passage_of
 from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
@@ -111,7 +111,7 @@ async def _render_pages(w: Write) -> None:
         text = page_text_of(json.loads(page.metadata_json or "{}"))
         if text == page.content:
             continue
-        vectors = iter(await w.core.embed([text, *(k.text for k in own_keys(text))]))
+        vectors = iter(await w.core.embed([passage_of(text)]))
         await w.new_content(page, text, vectors)
         await w.change(
             page, "update", {"content": text, "model_id": w.core.model.model_id},

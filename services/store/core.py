@@ -17,6 +17,7 @@ from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
 from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.passages import Passage
 
 DEFAULT_ACTOR = "api"
 
@@ -24,9 +25,7 @@ DEFAULT_ACTOR = "api"
 class Embedder(Protocol):
     """What the store needs from the embedder service."""
 
-    async def embed(
-        self, texts: Sequence[str], *, is_query: bool = False
-    ) -> tuple[np.ndarray, str]: ...
+    async def embed_passages(self, passages: Sequence[Passage]) -> tuple[np.ndarray, str]: ...
 
 
 @dataclass(frozen=True)
@@ -65,11 +64,12 @@ class Core:
             raise NotFound(f"memory {memory_id!r} not found")
         return row
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
-        """The vectors of texts, refused when the embedder's model is not the store's."""
+    async def embed(self, passages: Sequence[Passage]) -> np.ndarray:
+        """The vectors of passages (each text's, then its spans'), refused when the embedder's
+        model is not the store's."""
         if self.model.mismatch:
             raise Conflict(self.model.mismatch)
-        vectors, model_id = await self.embedder.embed(texts)
+        vectors, model_id = await self.embedder.embed_passages(passages)
         if model_id != self.model.model_id:
             raise Conflict(
                 f"the embedder now runs {model_id!r} but the store holds "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.passages import Passage, spans_of
+
 CLAUSE = "clause"
 CONTEXT = "context"
 
@@ -63,3 +65,9 @@ def context_text(before: str | None, content: str, after: str | None) -> str:
 def own_keys(content: str) -> list[KeyText]:
     """The keys a memory gets from its own text."""
     return [KeyText(CLAUSE, clause) for clause in clauses(content)]
+
+
+def passage_of(content: str) -> Passage:
+    """A memory's text with its clauses as spans: one model run embeds them all, in the order
+    own_keys gives them."""
+    return Passage(content, spans_of(content, clauses(content)))

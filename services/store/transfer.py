@@ -25,6 +25,7 @@ from services.store.transfer_format import (
 )
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError
+from shared.passages import Passage, spans_of
 
 IMPORT_REASON = "import"
 
@@ -110,14 +111,30 @@ def _clause_texts(line: MemoryLine) -> list[tuple[str, np.ndarray | None]]:
     return [(key.text, key.vector) for key in line.keys if key.kind == CLAUSE]
 
 
-def _to_embed(lines: Sequence[MemoryLine]) -> list[str]:
-    """Every text of the batch that came without a usable vector, in the order _ready takes them."""
-    texts: list[str] = []
+def _to_embed(lines: Sequence[MemoryLine]) -> tuple[list[Passage], list[bool]]:
+    """What the batch needs embedded, as passages (clauses as spans of their text, when they
+    are), and which of the rows that gives are used, in the order _ready takes them."""
+    passages: list[Passage] = []
+    wanted: list[bool] = []
     for line in lines:
-        if line.vector is None:
-            texts.append(line.row.content)
-        texts.extend(text for text, vector in _clause_texts(line) if vector is None)
-    return texts
+        clauses = _clause_texts(line)
+        needed = [vector is None for _, vector in clauses]
+        if line.vector is not None and not any(needed):
+            continue
+        try:
+            spans = spans_of(line.row.content, [text for text, _ in clauses])
+        except ValueError:  # a file's clause that is not part of the text: embed it alone
+            if line.vector is None:
+                passages.append(Passage(line.row.content))
+                wanted.append(True)
+            passages += [Passage(text) for text, vector in clauses if vector is None]
+            wanted += [True for need in needed if need]
+            continue
+        own = tuple(span for span, need in zip(spans, needed, strict=True) if need)
+        passage = Passage(line.row.content, own)
+        passages.append(passage)
+        wanted += [line.vector is None, *(True for _ in passage.spans)]
+    return passages, wanted
 
 
 def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Row]:
@@ -141,8 +158,10 @@ async def import_lines(
         return Imported(errors=errors)
     items = _with_ids(parsed)
     memories = [item for item in items if isinstance(item, MemoryLine)]
-    texts = _to_embed(memories)
-    fresh = await core.embed(texts) if texts else np.zeros((0, core.model.ndim), np.float32)
+    passages, wanted = _to_embed(memories)
+    fresh = np.zeros((0, core.model.ndim), np.float32)
+    if passages:
+        fresh = (await core.embed(passages))[np.array(wanted, dtype=bool)]
     rows = _ready(memories, iter(fresh))
     edges = [item.edge for item in items if isinstance(item, EdgeLine)]
     done = Imported()
