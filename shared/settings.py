@@ -208,6 +208,9 @@ class Settings:
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
     embed_max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
+    embed_pooled_spans: bool = False
+    """HYATLAS_EMBED_POOLED_SPANS: a memory's sentences get vectors pooled from its own model
+    run (one model input a memory) instead of each sentence embedded alone."""
 
     mode: str = "ultra"
     """HYATLAS_MODE: lite | pro | ultra."""
@@ -342,6 +345,7 @@ class Settings:
             model_dir=Path(model_dir_raw).expanduser() if model_dir_raw else None,
             embed_threads=read_int(env, "HYATLAS_EMBED_THREADS", 2, 1, 64),
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
+            embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", False),
             mode=mode,
             sync_extract=sync_extract,
             llm=LlmSettings(

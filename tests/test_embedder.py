@@ -107,13 +107,27 @@ LONG = (
 )
 
 
-async def test_spans_get_vectors_from_their_texts_run_in_the_requests_order(
-    embedder_address: str,
-) -> None:
-    sentences = [LONG[:62], LONG[63:109], LONG[110:]]
-    spans = [(0, 62), (63, 109), (110, len(LONG))]
+SPANS = [(0, 62), (63, 109), (110, len(LONG))]
+
+
+async def test_spans_are_embedded_alone_by_default(embedder_address: str) -> None:
     async with open_channel(embedder_address) as channel:
         stub = embedder_pb2_grpc.EmbedderStub(channel)
+        reply = await stub.Embed(
+            embedder_pb2.EmbedRequest(
+                texts=[LONG], spans=[embedder_pb2.Span(start=s, end=e) for s, e in SPANS]
+            )
+        )
+        alone = await embed(stub, [LONG[s:e] for s, e in SPANS])
+    np.testing.assert_allclose([list(v.values) for v in reply.span_vectors], alone, atol=1e-5)
+
+
+async def test_pooled_spans_get_vectors_from_their_texts_run_in_the_requests_order(
+    tmp_path: Path,
+) -> None:
+    sentences = [LONG[s:e] for s, e in SPANS]
+    spans = SPANS
+    async with serving(config_for(tmp_path, pooled_spans=True)) as (stub, _):
         reply = await stub.Embed(
             embedder_pb2.EmbedRequest(
                 texts=["a short note", LONG],

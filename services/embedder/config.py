@@ -36,6 +36,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
     max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
+    pooled_spans: bool = False
+    """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -63,6 +65,7 @@ class EmbedderConfig:
             remote_key=settings.embed_key,
             threads=settings.embed_threads,
             max_batch=settings.embed_max_batch,
+            pooled_spans=settings.embed_pooled_spans,
             log_level=settings.log_level,
         )
 

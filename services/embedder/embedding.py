@@ -141,7 +141,9 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
             yield Embedder(batcher, remote_info, describe_remote)
         else:
             files = await asyncio.to_thread(find_model_files, config.model_dir)
-            encoder = await asyncio.to_thread(OnnxEncoder, files, config.threads)
+            encoder = await asyncio.to_thread(
+                OnnxEncoder, files, config.threads, config.pooled_spans
+            )
             spec = encoder.spec
             info = ModelInfo(
                 spec.model_id, spec.ndim, True, spec.pooling, spec.max_tokens, spec.query_prefix

@@ -81,8 +81,11 @@ def plan_runs(
 class OnnxEncoder:
     """Turns texts into unit vectors with one ONNX sentence-embedding model."""
 
-    def __init__(self, files: ModelFiles, threads: int) -> None:
+    def __init__(self, files: ModelFiles, threads: int, pooled_spans: bool = False) -> None:
+        """pooled_spans: a span's vector is the mean of its tokens' states in its text's run
+        (mean-pooling models only); otherwise each span is embedded alone."""
         self.spec: ModelSpec = files.spec
+        self._pooled_spans = pooled_spans and files.spec.pooling == "mean"
         self._tokenizer = load_tokenizer(files.tokenizer_path, files.spec.max_tokens)
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
         options = ort.SessionOptions()
@@ -138,9 +141,9 @@ class OnnxEncoder:
     def _span(
         self, hidden: np.ndarray, encoding: Encoding, span: tuple[int, int]
     ) -> np.ndarray | None:
-        """The mean of a span's token states; None when pooling is not by mean or the span
-        was cut off by the token limit."""
-        if self.spec.pooling != "mean":
+        """The mean of a span's token states; None when spans are not pooled or the span was
+        cut off by the token limit."""
+        if not self._pooled_spans:
             return None
         start, end = span
         tokens = [
