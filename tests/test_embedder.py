@@ -28,6 +28,7 @@ from services.embedder.models import (
     default_model_files,
     spec_for_file,
 )
+from services.embedder.onnx_encoder import plan_runs
 from services.embedder.server import RunningEmbedder, running_server
 from shared.errors import ConfigError, Unavailable
 from shared.pb import embedder_pb2, embedder_pb2_grpc
@@ -530,3 +531,9 @@ async def test_remote_endpoint_failure_is_unavailable(tmp_path: Path) -> None:
                 await stub.Embed(embedder_pb2.EmbedRequest(texts=["hello"]))
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "503" in (caught.value.details() or "")
+
+
+def test_a_model_run_holds_at_most_64_texts_however_alike_they_are() -> None:
+    runs = plan_runs([10] * 130 + [11])
+    assert [len(run) for run in runs] == [64, 64, 3]
+    assert sorted(i for run in runs for i in run) == list(range(131))
