@@ -725,7 +725,7 @@ def main() -> int:
     report = {
         "started": started.isoformat(timespec="seconds"),
         "minutes": round((datetime.now(UTC) - started).total_seconds() / 60, 1),
-        "command": " ".join(sys.argv),
+        "command": " ".join([".venv/bin/python -m bench.compare", *sys.argv[1:]]),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "threads": args.threads,
         "texts_mean_chars": round(statistics.fmean(map(len, texts)), 1),
