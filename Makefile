@@ -69,3 +69,23 @@ browser:
 .PHONY: llm-venv
 llm-venv:
 	PYTHON=$(PYTHON) scripts/llm_venv.sh
+
+# chromadb 1.5.9 (pinned grpcio, protobuf, opentelemetry of its own) in a separate virtualenv: the
+# peer bench/compare.py runs in a worker subprocess there, with the same onnxruntime, tokenizers
+# and numpy as .venv, importing the project's encoder by path. The venv ignores itself in git.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-chromadb-1.5.9
+BENCH_PINS := 'chromadb==1.5.9' 'onnxruntime==1.32.0' 'tokenizers==0.23.3' 'numpy==2.4.6'
+
+$(BENCH_STAMP):
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	echo '*' > $(BENCH_VENV)/.gitignore
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(BENCH_PINS)
+	touch $@
+
+.PHONY: bench-venv bench-compare
+bench-venv: $(BENCH_STAMP)
+
+# This project through REST against chromadb in-process, same model, texts and threads (see README).
+bench-compare: protos bench-venv
+	$(PY) -m bench.compare $(COMPARE_ARGS)

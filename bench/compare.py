@@ -1,0 +1,749 @@
+"""This project through REST against chromadb in-process: same model, texts and threads, one run.
+
+For each owner layout (one owner; the same memories spread over many owners) a fresh lite stack
+(`scripts/run.py`: supervisord and every service) and a fresh chromadb worker
+(bench/chroma_worker.py under .venv-bench, the project's own ONNX encoder as its embedding
+function) grow through the sizes together. Adds and searches alternate between the two, chunk by
+chunk and query by query, so machine noise hits both. chromadb times its calls inside its own
+process; ours are timed by the REST client. Prints a markdown table and writes
+bench/results/compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.locomo_retrieval import DEFAULT_DATA, load
+from services.embedder.models import find_model_files
+from tests.support import base_env, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+WORKER = ROOT / "bench" / "chroma_worker.py"
+K = 10
+ONE_CLIENT_CHUNK = 25
+BATCH_CHUNK = 512
+PEER_BATCH = 64
+FLOOR_BATCH = 256
+CLIENTS = 8
+MIB = 1 << 20
+WARM_UP = 5
+
+
+# --- texts ---------------------------------------------------------------------------------
+
+
+def memory_texts(turns: list[str], count: int) -> list[str]:
+    """count distinct memory texts, the same on every run: every LoCoMo turn once, then pairs of
+    turns (turn a followed by a turn picked by a fixed stride, often from another conversation)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    total = len(turns)
+    for variant in itertools.count():
+        for a in range(total):
+            if variant == 0:
+                text = turns[a]
+            else:
+                b = (a + variant * 977) % total
+                if b == a:
+                    continue
+                text = f"{turns[a]} {turns[b]}"
+            if text not in seen:
+                seen.add(text)
+                found.append(text)
+                if len(found) == count:
+                    return found
+        if variant > total:
+            raise ValueError(f"cannot derive {count} distinct texts from {total} turns")
+    raise AssertionError("unreachable")
+
+
+def owner_of(index: int, owners: int) -> str:
+    """The owner of memory number index when memories are spread over owners."""
+    return "bench" if owners == 1 else f"u{index % owners:04d}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def latency(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 2),
+        "p95": round(percentile(values, 0.95), 2),
+        "mean": round(statistics.fmean(values), 2),
+        "n": len(values),
+    }
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of pid, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name in parentheses may hold spaces; the parent pid follows it
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """Resident and proportional set size of one process, MiB (PSS shares libraries fairly)."""
+    fields: dict[str, float] = {}
+    for name, key in (("status", "VmRSS:"), ("status", "VmHWM:"), ("smaps_rollup", "Pss:")):
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+            if line.startswith(key):
+                fields[key.rstrip(":").lower()] = round(int(line.split()[1]) / 1024, 1)
+    return fields
+
+
+def service_name(pid: int) -> str:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    module = args[args.index(b"-m") + 1].decode() if b"-m" in args else args[0].decode()
+    return module.removeprefix("services.")
+
+
+def disk_bytes(folder: Path, skip: Path | None = None) -> int:
+    """Bytes the files under folder take on disk (allocated blocks, as du counts them)."""
+    total = 0
+    for path in folder.rglob("*"):
+        if skip is not None and path.is_relative_to(skip):
+            continue
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_blocks * 512
+    return total
+
+
+@dataclass
+class Project:
+    """The whole stack under supervisord, as `make run` starts it."""
+
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    run_dir: Path
+    base_url: str
+    log_path: Path
+
+    def services(self) -> dict[str, int]:
+        """Service name -> pid: the children of supervisord (itself run.py's child)."""
+        found = {}
+        for supervisord in children(self.proc.pid):
+            for pid in children(supervisord):
+                found[service_name(pid)] = pid
+        return found
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return bool(json.load(reply).get("ready"))
+    except (OSError, ValueError):
+        return False
+
+
+@contextmanager
+def project_stack(tmp: Path, threads: int, log_level: str) -> Iterator[Project]:
+    """scripts/run.py in lite mode on a temp data dir and a free port; stopped on the way out."""
+    data = tmp / "data"
+    port = free_port()
+    env = base_env(
+        data,
+        HYATLAS_GO_PORT=str(port),
+        HYATLAS_EMBED_THREADS=str(threads),
+        HYATLAS_LOG_LEVEL=log_level.upper(),
+    )
+    log_path = tmp / "services.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "run.py")],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    project = Project(proc, data, Path(env["HYATLAS_RUN_DIR"]), base_url, log_path)
+    try:
+        deadline = time.monotonic() + 180
+        while not ready(f"{project.base_url}/readyz"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"the stack did not get ready:\n{tail}")
+            time.sleep(0.25)
+        yield project
+    finally:
+        left = [pid for s in children(proc.pid) for pid in [s, *children(s)]]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pid in left:  # normally gone with supervisord; never leave a service behind
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class Peer:
+    """The chromadb worker: one JSON command a line in, one JSON answer a line out."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, persist_dir: Path) -> None:
+        self.proc = proc
+        self.persist_dir = persist_dir
+
+    @classmethod
+    async def start(cls, tmp: Path, threads: int) -> Peer:
+        files = find_model_files(None)
+        persist = tmp / "chroma"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HYATLAS_")}
+        env |= {"PYTHONPATH": str(ROOT), "ANONYMIZED_TELEMETRY": "False"}
+        with (tmp / "chroma.log").open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                str(BENCH_PYTHON),
+                str(WORKER),
+                str(files.onnx_path),
+                str(files.tokenizer_path),
+                str(threads),
+                str(persist),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=env,
+                limit=1 << 26,
+            )
+        return cls(proc, persist)
+
+    async def call(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self.proc.stdin.drain()
+        line = await self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the chromadb worker exited ({await self.proc.wait()})")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "exit"}\n')
+                await self.proc.stdin.drain()
+                await asyncio.wait_for(self.proc.wait(), 30)
+            except (OSError, TimeoutError):
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class Ours:
+    """This project through its REST API."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
+        self.http = http
+        self.base = base_url
+
+    async def add(self, text: str, owner: str) -> None:
+        body = {"text": text, "user_id": owner}
+        async with self.http.post(f"{self.base}/api/v1/add", json=body) as reply:
+            if reply.status != 200:
+                raise RuntimeError(f"add: {reply.status} {await reply.text()}")
+
+    async def add_one_at_a_time(self, texts: list[str], owners: list[str]) -> float:
+        started = time.perf_counter()
+        for text, owner in zip(texts, owners, strict=True):
+            await self.add(text, owner)
+        return time.perf_counter() - started
+
+    async def add_concurrently(self, texts: list[str], owners: list[str], clients: int) -> float:
+        work = iter(zip(texts, owners, strict=True))
+
+        async def client() -> None:
+            for text, owner in work:
+                await self.add(text, owner)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return time.perf_counter() - started
+
+    async def import_status(self) -> int:
+        """The status of an import of a header alone: 501 (or 404/405) while not built."""
+        header = json.dumps({"format": "hyatlas-export", "version": 1}) + "\n"
+        async with self.http.post(
+            f"{self.base}/api/v1/import",
+            data=header.encode(),
+            headers={"Content-Type": "application/x-ndjson"},
+        ) as reply:
+            return reply.status
+
+    async def import_(self, texts: list[str], owners: list[str]) -> float:
+        lines = [json.dumps({"format": "hyatlas-export", "version": 1})]
+        lines += [
+            json.dumps({"type": "memory", "memory": {"user_id": owner, "content": text}})
+            for text, owner in zip(texts, owners, strict=True)
+        ]
+        started = time.perf_counter()
+        async with self.http.post(
+            f"{self.base}/api/v1/import",
+            data=("\n".join(lines) + "\n").encode(),
+            headers={"Content-Type": "application/x-ndjson"},
+        ) as reply:
+            body = await reply.text()
+        seconds = time.perf_counter() - started
+        if reply.status != 200:
+            raise RuntimeError(f"import: {reply.status} {body[:500]}")
+        data = json.loads(body)
+        if data.get("imported") != len(texts):
+            raise RuntimeError(f"import took {data.get('imported')} of {len(texts)}: {body[:500]}")
+        return seconds
+
+    async def search(self, query: str, owner: str, reader: str) -> tuple[float, int]:
+        body = {"query": query, "user_id": owner, "limit": K, "reader": reader}
+        started = time.perf_counter()
+        async with self.http.post(f"{self.base}/api/v1/search", json=body) as reply:
+            data = await reply.json()
+        ms = (time.perf_counter() - started) * 1000.0
+        if reply.status != 200:
+            raise RuntimeError(f"search: {reply.status} {data}")
+        found = sum(len(data["memories"].get(c, [])) for c in data["order"] if c != "now")
+        return ms, found
+
+    async def flush(self) -> None:
+        async with self.http.post(f"{self.base}/api/v1/flush", json={}) as reply:
+            if reply.status != 200:
+                raise RuntimeError(f"flush: {reply.status} {await reply.text()}")
+
+
+# --- one owner layout, grown through the sizes ---------------------------------------------
+
+
+def progress(text: str) -> None:
+    """A line that overwrites itself, on a terminal only."""
+    if sys.stdout.isatty():
+        print(f"  {text:<40}", end="\r", flush=True)
+
+
+async def alternate(index: int, *steps: Callable[[], Awaitable[None]]) -> None:
+    """Runs the steps in an order that rotates with index, so neither side always goes first."""
+    shift = index % len(steps)
+    for step in steps[shift:] + steps[:shift]:
+        await step()
+
+
+@dataclass
+class Tally:
+    count: int = 0
+    seconds: float = 0.0
+
+    def rate(self) -> float | None:
+        return round(self.count / self.seconds, 1) if self.seconds else None
+
+
+async def grow(
+    ours: Ours,
+    peer: Peer,
+    texts: list[str],
+    owners: list[str],
+    start: int,
+    bulk: bool,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Adds texts[start:] to both sides and measures each add path on its own slice."""
+    n = len(texts)
+    remaining = n - start
+    one = min(args.one_client, remaining // 4)
+    batched = min(args.batched, (remaining - one) // 2) if bulk else remaining - one
+    tallies = {name: Tally() for name in (
+        "ours_1", "peer_1", "ours_8", "peer_64", "ours_bulk", "peer_64_in_bulk", "floor_batched"
+    )}
+
+    def peer_add(name: str, lo: int, hi: int, batch: int) -> Callable[[], Awaitable[None]]:
+        async def step() -> None:
+            reply = await peer.call(
+                op="add",
+                ids=[f"m{i}" for i in range(lo, hi)],
+                docs=texts[lo:hi],
+                metas=[{"user_id": o} for o in owners[lo:hi]],
+                batch=batch,
+            )
+            tallies[name].count += hi - lo
+            tallies[name].seconds += reply["seconds"]
+
+        return step
+
+    def ours_step(name: str, lo: int, hi: int, how: str) -> Callable[[], Awaitable[None]]:
+        async def step() -> None:
+            if how == "one":
+                seconds = await ours.add_one_at_a_time(texts[lo:hi], owners[lo:hi])
+            elif how == "clients":
+                seconds = await ours.add_concurrently(texts[lo:hi], owners[lo:hi], CLIENTS)
+            else:
+                seconds = await ours.import_(texts[lo:hi], owners[lo:hi])
+            tallies[name].count += hi - lo
+            tallies[name].seconds += seconds
+
+        return step
+
+    def floor_step(lo: int, hi: int) -> Callable[[], Awaitable[None]]:
+        async def step() -> None:
+            if tallies["floor_batched"].count >= args.floor_texts:
+                return
+            reply = await peer.call(op="embed", texts=texts[lo:hi], batch=FLOOR_BATCH)
+            tallies["floor_batched"].count += hi - lo
+            tallies["floor_batched"].seconds += reply["seconds"]
+
+        return step
+
+    lo = start
+    for index, chunk_lo in enumerate(range(lo, lo + one, ONE_CLIENT_CHUNK)):
+        hi = min(chunk_lo + ONE_CLIENT_CHUNK, lo + one)
+        await alternate(
+            index, peer_add("peer_1", chunk_lo, hi, 1), ours_step("ours_1", chunk_lo, hi, "one")
+        )
+    lo += one
+    for index, chunk_lo in enumerate(range(lo, lo + batched, BATCH_CHUNK)):
+        hi = min(chunk_lo + BATCH_CHUNK, lo + batched)
+        await alternate(
+            index,
+            peer_add("peer_64", chunk_lo, hi, PEER_BATCH),
+            ours_step("ours_8", chunk_lo, hi, "clients"),
+            floor_step(chunk_lo, hi),
+        )
+        progress(f"added {hi}/{n}")
+    lo += batched
+    for index, chunk_lo in enumerate(range(lo, n, args.import_chunk)):
+        hi = min(chunk_lo + args.import_chunk, n)
+        await alternate(
+            index,
+            peer_add("peer_64_in_bulk", chunk_lo, hi, PEER_BATCH),
+            ours_step("ours_bulk", chunk_lo, hi, "import"),
+            floor_step(chunk_lo, hi),
+        )
+        progress(f"imported {hi}/{n}")
+    progress("")
+    return {
+        name: {"count": t.count, "seconds": round(t.seconds, 2), "per_s": t.rate()}
+        for name, t in tallies.items()
+    }
+
+
+SEARCH_LINE = re.compile(
+    r"search user=\S+ sources=(?P<sources>\S+) .*total=(?P<total>[\d.]+)ms "
+    r"retrieval=(?P<retrieval>[\d.]+)ms \[(?P<timings>[^\]]*)\] stages \[(?P<stages>[^\]]*)\]"
+)
+
+
+def stage_times(log_path: Path, offset: int) -> dict[str, dict[str, float]]:
+    """Median per-stage times from the search service's debug lines written after offset."""
+    samples: dict[str, dict[str, list[float]]] = {}
+    with log_path.open("rb") as log:
+        log.seek(offset)
+        for raw in log:
+            match = SEARCH_LINE.search(raw.decode(errors="replace"))
+            if not match:
+                continue
+            into = samples.setdefault(match["sources"], {})
+            into.setdefault("total", []).append(float(match["total"]))
+            into.setdefault("retrieval", []).append(float(match["retrieval"]))
+            for item in f"{match['timings']} {match['stages']}".split():
+                name, _, value = item.partition("=")
+                into.setdefault(name, []).append(float(value.split("ms")[0]))
+    return {
+        sources: {name: round(statistics.median(v), 2) for name, v in by.items()}
+        for sources, by in samples.items()
+    }
+
+
+async def searches(
+    ours: Ours, peer: Peer, questions: list[str], owners: int, log_path: Path
+) -> dict[str, Any]:
+    """Every question on every side, the order rotating per question; warm-up first."""
+    times: dict[str, list[float]] = {"hybrid": [], "vector": [], "chromadb": [], "floor": []}
+    found: dict[str, list[int]] = {"hybrid": [], "vector": [], "chromadb": []}
+
+    for warm in questions[:WARM_UP]:
+        await ours.search(warm, owner_of(0, owners), "hybrid")
+        await ours.search(warm, owner_of(0, owners), "vector")
+        await peer.call(op="query", text=warm, k=K, where=None)
+    offset = await asyncio.to_thread(lambda: log_path.stat().st_size)
+    for index, question in enumerate(questions):
+        owner = owner_of(index, owners)
+        where = {"user_id": owner} if owners > 1 else None
+
+        def ours_step(
+            reader: str, q: str = question, o: str = owner
+        ) -> Callable[[], Awaitable[None]]:
+            async def step() -> None:
+                ms, n = await ours.search(q, o, reader)
+                times[reader].append(ms)
+                found[reader].append(n)
+
+            return step
+
+        async def peer_step(q: str = question, w: dict[str, str] | None = where) -> None:
+            reply = await peer.call(op="query", text=q, k=K, where=w)
+            times["chromadb"].append(reply["ms"])
+            found["chromadb"].append(reply["n"])
+
+        async def floor_step(q: str = question) -> None:
+            times["floor"].append((await peer.call(op="embed_one", text=q))["ms"])
+
+        await alternate(index, peer_step, ours_step("hybrid"), ours_step("vector"), floor_step)
+    return {
+        "latency_ms": {name: latency(v) for name, v in times.items()},
+        "mean_results": {name: round(statistics.fmean(v), 2) for name, v in found.items()},
+        "search_service_stage_ms": stage_times(log_path, offset),
+    }
+
+
+async def run_layout(
+    owners: int,
+    sizes: list[int],
+    texts: list[str],
+    questions: list[str],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """One fresh stack and one fresh chromadb, grown through the sizes."""
+    rows: list[dict[str, Any]] = []
+    owner_ids = [owner_of(i, owners) for i in range(len(texts))]
+    with tempfile.TemporaryDirectory(prefix="bench-compare-") as name:
+        tmp = Path(name)
+        with project_stack(tmp, args.threads, args.log_level) as project:
+            peer = await Peer.start(tmp, args.threads)
+            try:
+                await peer.call(op="embed_one", text="warm up")
+                timeout = aiohttp.ClientTimeout(total=600)
+                async with aiohttp.ClientSession(timeout=timeout) as http:
+                    ours = Ours(http, project.base_url)
+                    status = await ours.import_status()
+                    bulk = status not in (404, 405, 501)
+                    print(f"owners {owners}: /api/v1/import answers {status}; bulk path "
+                          f"{'used' if bulk else 'n/a (seeding with 8 concurrent adds)'}",
+                          flush=True)
+                    stored = 0
+                    for size in sizes:
+                        load_before = os.getloadavg()
+                        started = time.perf_counter()
+                        adds = await grow(
+                            ours, peer, texts[:size], owner_ids[:size], stored, bulk, args
+                        )
+                        stored = size
+                        grown_s = time.perf_counter() - started
+                        found = await searches(ours, peer, questions, owners, project.log_path)
+                        await ours.flush()
+                        services = {
+                            name: memory_of(pid) for name, pid in project.services().items()
+                        }
+                        peer_memory = memory_of(peer.proc.pid)
+                        ours_disk = disk_bytes(project.data_dir, skip=project.run_dir)
+                        peer_disk = disk_bytes(peer.persist_dir)
+                        row = {
+                            "size": size,
+                            "owners": owners,
+                            "bulk_path": bulk,
+                            "import_status": status,
+                            "adds": adds,
+                            "search": found,
+                            "rss_mib": {
+                                "ours": round(sum(s["vmrss"] for s in services.values()), 1),
+                                "ours_pss": round(sum(s["pss"] for s in services.values()), 1),
+                                "ours_by_service": services,
+                                "chromadb": peer_memory["vmrss"],
+                                "chromadb_pss": peer_memory["pss"],
+                                "chromadb_peak": peer_memory["vmhwm"],
+                            },
+                            "disk": {
+                                "ours_mib": round(ours_disk / MIB, 1),
+                                "chromadb_mib": round(peer_disk / MIB, 1),
+                                "ours_kib_per_memory": round(ours_disk / 1024 / size, 2),
+                                "chromadb_kib_per_memory": round(peer_disk / 1024 / size, 2),
+                            },
+                            "grow_s": round(grown_s, 1),
+                            "load_avg_before": [round(x, 2) for x in load_before],
+                            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+                        }
+                        rows.append(row)
+                        print(markdown([row]), flush=True)
+                        if stages := stage_lines([row]):
+                            print(stages, flush=True)
+            finally:
+                await peer.stop()
+        embedded = embedded_texts(tmp / "services.log")  # logged when the embedder stops
+    if embedded is not None and rows:
+        # every search embeds its query once; the rest was embedded for the stored memories
+        searched = sum(
+            r["search"]["latency_ms"][reader]["n"] + WARM_UP for r in rows
+            for reader in ("hybrid", "vector")
+        )
+        per_memory = (embedded - searched) / rows[-1]["size"]
+        rows[-1]["embedded_texts_per_memory"] = round(per_memory, 2)
+        print(f"owners {owners}: the embedder ran {embedded} texts, "
+              f"{per_memory:.2f} per stored memory (searches' queries taken out)", flush=True)
+    return rows
+
+
+def embedded_texts(log_path: Path) -> int | None:
+    """Texts the embedder ran in all, from the line it logs when it stops."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        match = re.search(r"batcher embedded (\d+) texts in (\d+) runs", line)
+        if match:
+            return int(match[1])
+    return None
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}×" if ours and theirs else "n/a"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table: our figure, chromadb's (or the floor's), and ours over theirs."""
+    lines = [
+        "| stored | owners | measure | HyAtlas | chromadb (or floor) | HyAtlas ÷ other |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        a, lat = row["adds"], row["search"]["latency_ms"]
+        head = f"| {row['size']:,} | {row['owners']:,} "
+
+        def add(measure: str, ours: str, theirs: str, r: str, head: str = head) -> None:
+            lines.append(f"{head}| {measure} | {ours} | {theirs} | {r} |")
+
+        add("adds/s, 1 client (chromadb: one-doc add)", f"{a['ours_1']['per_s']}",
+            f"{a['peer_1']['per_s']}", ratio(a["ours_1"]["per_s"], a["peer_1"]["per_s"]))
+        add(f"adds/s, {CLIENTS} clients (chromadb: {PEER_BATCH}-doc batches)",
+            f"{a['ours_8']['per_s']}", f"{a['peer_64']['per_s']}",
+            ratio(a["ours_8"]["per_s"], a["peer_64"]["per_s"]))
+        bulk = a["ours_bulk"]["per_s"] if row["bulk_path"] else None
+        add("bulk import memories/s (floor: raw batched embed, texts/s)",
+            f"{bulk}" if bulk else "n/a", f"{a['floor_batched']['per_s']}",
+            ratio(bulk, a["floor_batched"]["per_s"]))
+        for reader in ("hybrid", "vector"):
+            add(f"search p50 / p95 ms, {reader} (chromadb: query)",
+                f"{lat[reader]['p50']} / {lat[reader]['p95']}",
+                f"{lat['chromadb']['p50']} / {lat['chromadb']['p95']}",
+                f"{ratio(lat[reader]['p50'], lat['chromadb']['p50'])} / "
+                f"{ratio(lat[reader]['p95'], lat['chromadb']['p95'])}")
+        add("floor: raw single-query embed p50 / p95 ms", "",
+            f"{lat['floor']['p50']} / {lat['floor']['p95']}", "")
+        rss = row["rss_mib"]
+        add("RSS MiB (all services vs chromadb's process)", f"{rss['ours']}",
+            f"{rss['chromadb']}", ratio(rss["ours"], rss["chromadb"]))
+        disk = row["disk"]
+        add("disk KiB per memory", f"{disk['ours_kib_per_memory']}",
+            f"{disk['chromadb_kib_per_memory']}",
+            ratio(disk["ours_kib_per_memory"], disk["chromadb_kib_per_memory"]))
+        if "embedded_texts_per_memory" in row:
+            add("texts embedded per memory (whole run; chromadb: 1)",
+                f"{row['embedded_texts_per_memory']}", "1",
+                f"{row['embedded_texts_per_memory']:.2f}×")
+    return "\n".join(lines)
+
+
+def stage_lines(rows: list[dict[str, Any]]) -> str:
+    """The search service's median per-stage times (only with --log-level debug)."""
+    lines = []
+    for row in rows:
+        for sources, stages in row["search"]["search_service_stage_ms"].items():
+            detail = ", ".join(f"{k} {v}" for k, v in stages.items())
+            lines.append(f"{row['size']:,} stored, {row['owners']:,} owners, {sources}: {detail}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="10000,100000", help="memories stored, ascending")
+    parser.add_argument("--owners", default="1,1000", help="owner layouts, each its own run")
+    parser.add_argument("--queries", type=int, default=200, help="LoCoMo questions per size")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="locomo-dev.json")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime threads, both sides")
+    parser.add_argument("--one-client", type=int, default=200, help="adds timed one at a time")
+    parser.add_argument("--batched", type=int, default=2048,
+                        help="adds timed with 8 clients when the bulk path seeds the rest")
+    parser.add_argument("--import-chunk", type=int, default=2000, help="memories per import")
+    parser.add_argument("--floor-texts", type=int, default=2048,
+                        help="texts of each size embedded raw as the batched floor")
+    parser.add_argument("--log-level", default="info",
+                        help="debug: the search service logs per-stage timings, summarised")
+    parser.add_argument("--out", type=Path, default=RESULTS / "compare.json")
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    layouts = [int(s) for s in args.owners.split(",")]
+    if not args.data.is_file():
+        print(f"no LoCoMo data at {args.data} (use --data)", file=sys.stderr)
+        return 1
+    if not BENCH_PYTHON.is_file():
+        print(f"no {BENCH_PYTHON}: run `make bench-venv`", file=sys.stderr)
+        return 1
+    turns_by_owner, qs = load(args.data)
+    turns = [t.text for rows in turns_by_owner.values() for t in rows]
+    texts = memory_texts(turns, sizes[-1])
+    step = max(1, len(qs) // args.queries)
+    questions = [q.text for q in qs[::step]][: args.queries]
+    started = datetime.now(UTC)
+    load_start = os.getloadavg()
+    print(f"{len(texts)} texts (mean {statistics.fmean(map(len, texts)):.0f} chars), "
+          f"{len(questions)} queries, load {load_start[0]:.2f}", flush=True)
+    rows: list[dict[str, Any]] = []
+    for owners in layouts:
+        rows += asyncio.run(run_layout(owners, sizes, texts, questions, args))
+    load_end = os.getloadavg()
+    report = {
+        "started": started.isoformat(timespec="seconds"),
+        "minutes": round((datetime.now(UTC) - started).total_seconds() / 60, 1),
+        "command": " ".join([".venv/bin/python -m bench.compare", *sys.argv[1:]]),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "threads": args.threads,
+        "texts_mean_chars": round(statistics.fmean(map(len, texts)), 1),
+        "queries": len(questions),
+        "k": K,
+        "load_avg_start": [round(x, 2) for x in load_start],
+        "load_avg_end": [round(x, 2) for x in load_end],
+        "rows": rows,
+    }
+    print(f"\n{started:%Y-%m-%d %H:%M} UTC, {report['minutes']} min, load average (1/5/15 min) "
+          f"at start {report['load_avg_start']}, at end {report['load_avg_end']}\n")
+    print(markdown(rows))
+    if stages := stage_lines(rows):
+        print(f"\nsearch service, median ms per stage (ranking stages: ms/candidates):\n{stages}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
