@@ -7,6 +7,7 @@ every call inside this process, so the figures hold no pipe or JSON cost.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import chromadb
+import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
 
 from services.embedder.models import MINILM, ModelFiles
@@ -93,6 +95,22 @@ def main() -> int:
                 encoder.encode(texts[i : i + batch])
                 seconds += time.perf_counter() - started
             reply = {"seconds": seconds}
+        elif op == "vectors":
+            # Unit vectors of texts, for seeding both sides with the same vectors.
+            matrix = encoder.encode(cmd["texts"]).astype("<f4")
+            reply = {"b64": base64.b64encode(matrix.tobytes()).decode()}
+        elif op == "add_vectors":
+            # Seeding: documents with given vectors (no embedding), untimed.
+            ids, docs, metas, vectors = cmd["ids"], cmd["docs"], cmd["metas"], cmd["b64"]
+            matrix = np.frombuffer(base64.b64decode(vectors), dtype="<f4").reshape(len(ids), -1)
+            for i in range(0, len(ids), 5000):
+                collection.add(
+                    ids=ids[i : i + 5000],
+                    documents=docs[i : i + 5000],
+                    metadatas=metas[i : i + 5000],
+                    embeddings=matrix[i : i + 5000],
+                )
+            reply = {"count": collection.count()}
         elif op == "exit":
             break
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -33,9 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from bench.locomo_retrieval import DEFAULT_DATA, load
+from bench.seeding import Seeder
 from services.embedder.models import find_model_files
+from services.store.keys import clauses
 from tests.support import base_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,34 +54,39 @@ FLOOR_BATCH = 256
 CLIENTS = 8
 MIB = 1 << 20
 WARM_UP = 5
+SEED_CHUNK = 2000
 
 
 # --- texts ---------------------------------------------------------------------------------
 
 
-def memory_texts(turns: list[str], count: int) -> list[str]:
-    """count distinct memory texts, the same on every run: every LoCoMo turn once, then pairs of
-    turns (turn a followed by a turn picked by a fixed stride, often from another conversation)."""
-    found: list[str] = []
+def memory_parts(turns: list[str], count: int) -> list[tuple[int, int | None]]:
+    """count distinct memories, the same on every run, as the turns they are made of: every
+    LoCoMo turn once, then pairs of turns (turn a followed by a turn picked by a fixed stride,
+    often from another conversation)."""
+    found: list[tuple[int, int | None]] = []
     seen: set[str] = set()
     total = len(turns)
     for variant in itertools.count():
-        for a in range(total):
-            if variant == 0:
-                text = turns[a]
-            else:
-                b = (a + variant * 977) % total
-                if b == a:
-                    continue
-                text = f"{turns[a]} {turns[b]}"
-            if text not in seen:
-                seen.add(text)
-                found.append(text)
-                if len(found) == count:
-                    return found
         if variant > total:
             raise ValueError(f"cannot derive {count} distinct texts from {total} turns")
+        for a in range(total):
+            b = None if variant == 0 else (a + variant * 977) % total
+            if b == a:
+                continue
+            text = memory_text(turns, (a, b))
+            if text not in seen:
+                seen.add(text)
+                found.append((a, b))
+                if len(found) == count:
+                    return found
     raise AssertionError("unreachable")
+
+
+def memory_text(turns: list[str], part: tuple[int, int | None]) -> str:
+    """The text of one memory."""
+    a, b = part
+    return turns[a] if b is None else f"{turns[a]} {turns[b]}"
 
 
 def owner_of(index: int, owners: int) -> str:
@@ -309,11 +318,15 @@ class Ours:
             return reply.status
 
     async def import_(self, texts: list[str], owners: list[str]) -> float:
-        lines = [json.dumps({"format": "hyatlas-export", "version": 1})]
-        lines += [
+        lines = [
             json.dumps({"type": "memory", "memory": {"user_id": owner, "content": text}})
             for text, owner in zip(texts, owners, strict=True)
         ]
+        return await self.import_lines(lines)
+
+    async def import_lines(self, memory_lines: list[str]) -> float:
+        """Imports memory lines in one request; the seconds it took."""
+        lines = [json.dumps({"format": "hyatlas-export", "version": 1}), *memory_lines]
         started = time.perf_counter()
         async with self.http.post(
             f"{self.base}/api/v1/import",
@@ -325,8 +338,10 @@ class Ours:
         if reply.status != 200:
             raise RuntimeError(f"import: {reply.status} {body[:500]}")
         data = json.loads(body)
-        if data.get("imported") != len(texts):
-            raise RuntimeError(f"import took {data.get('imported')} of {len(texts)}: {body[:500]}")
+        if data.get("imported") != len(memory_lines):
+            raise RuntimeError(
+                f"import took {data.get('imported')} of {len(memory_lines)}: {body[:500]}"
+            )
         return seconds
 
     async def search(self, query: str, owner: str, reader: str) -> tuple[float, int]:
@@ -379,14 +394,20 @@ async def grow(
     start: int,
     bulk: bool,
     args: argparse.Namespace,
+    seeder: Seeder | None,
 ) -> dict[str, Any]:
-    """Adds texts[start:] to both sides and measures each add path on its own slice."""
+    """Adds texts[start:] to both sides and measures each add path on its own slice (with a
+    seeder, all but the last args.measured are seeded first, untimed)."""
     n = len(texts)
+    if seeder is not None and n - start > args.measured:
+        await seed(ours, peer, seeder, texts, owners, start, n - args.measured)
+        start = n - args.measured
     remaining = n - start
     one = min(args.one_client, remaining // 4)
     batched = min(args.batched, (remaining - one) // 2) if bulk else remaining - one
     tallies = {name: Tally() for name in (
-        "ours_1", "peer_1", "ours_8", "peer_64", "ours_bulk", "peer_64_in_bulk", "floor_batched"
+        "ours_1", "peer_1", "ours_8", "peer_64", "ours_bulk", "ours_bulk_texts",
+        "peer_64_in_bulk", "floor_batched",
     )}
 
     def peer_add(name: str, lo: int, hi: int, batch: int) -> Callable[[], Awaitable[None]]:
@@ -411,6 +432,9 @@ async def grow(
                 seconds = await ours.add_concurrently(texts[lo:hi], owners[lo:hi], CLIENTS)
             else:
                 seconds = await ours.import_(texts[lo:hi], owners[lo:hi])
+                # Each memory is embedded with its sentences (services/store/keys.py).
+                tallies["ours_bulk_texts"].count += sum(1 + len(clauses(t)) for t in texts[lo:hi])
+                tallies["ours_bulk_texts"].seconds += seconds
             tallies[name].count += hi - lo
             tallies[name].seconds += seconds
 
@@ -457,6 +481,34 @@ async def grow(
         name: {"count": t.count, "seconds": round(t.seconds, 2), "per_s": t.rate()}
         for name, t in tallies.items()
     }
+
+
+async def seed(
+    ours: Ours, peer: Peer, seeder: Seeder, texts: list[str], owners: list[str], lo: int, hi: int
+) -> None:
+    """Memories lo..hi to both sides with the seeder's vectors (no model run), untimed."""
+    spread = len(set(owners[: min(len(owners), 5000)]))  # owner of i is owners[i % spread]
+    for chunk_lo in range(lo, hi, SEED_CHUNK):
+        chunk_hi = min(chunk_lo + SEED_CHUNK, hi)
+        lines = [
+            seeder.import_line(
+                i,
+                texts[i],
+                owners[i],
+                texts[i - spread] if i >= spread else None,
+                texts[i + spread] if i + spread < hi else None,
+            )
+            for i in range(chunk_lo, chunk_hi)
+        ]
+        await ours.import_lines(lines)
+        await peer.call(
+            op="add_vectors",
+            ids=[f"m{i}" for i in range(chunk_lo, chunk_hi)],
+            docs=texts[chunk_lo:chunk_hi],
+            metas=[{"user_id": o} for o in owners[chunk_lo:chunk_hi]],
+            b64=seeder.matrix(chunk_lo, chunk_hi),
+        )
+        progress(f"seeded {chunk_hi}/{hi}")
 
 
 SEARCH_LINE = re.compile(
@@ -534,6 +586,7 @@ async def run_layout(
     texts: list[str],
     questions: list[str],
     args: argparse.Namespace,
+    seeding: tuple[list[str], list[tuple[int, int | None]]] | None,
 ) -> list[dict[str, Any]]:
     """One fresh stack and one fresh chromadb, grown through the sizes."""
     rows: list[dict[str, Any]] = []
@@ -544,6 +597,13 @@ async def run_layout(
             peer = await Peer.start(tmp, args.threads)
             try:
                 await peer.call(op="embed_one", text="warm up")
+                seeder = None
+                if seeding is not None:
+                    turns, parts = seeding
+                    reply = await peer.call(op="vectors", texts=turns)
+                    matrix = np.frombuffer(base64.b64decode(reply["b64"]), dtype="<f4")
+                    model_id = find_model_files(None).spec.model_id
+                    seeder = Seeder(turns, parts, matrix.reshape(len(turns), -1), model_id)
                 timeout = aiohttp.ClientTimeout(total=600)
                 async with aiohttp.ClientSession(timeout=timeout) as http:
                     ours = Ours(http, project.base_url)
@@ -557,7 +617,8 @@ async def run_layout(
                         load_before = os.getloadavg()
                         started = time.perf_counter()
                         adds = await grow(
-                            ours, peer, texts[:size], owner_ids[:size], stored, bulk, args
+                            ours, peer, texts[:size], owner_ids[:size], stored, bulk, args,
+                            seeder if bulk else None,
                         )
                         stored = size
                         grown_s = time.perf_counter() - started
@@ -607,10 +668,15 @@ async def run_layout(
             r["search"]["latency_ms"][reader]["n"] + WARM_UP for r in rows
             for reader in ("hybrid", "vector")
         )
-        per_memory = (embedded - searched) / rows[-1]["size"]
+        # Seeded memories brought their vectors: count only those added through the model.
+        through_model = sum(
+            r["adds"][name]["count"] for r in rows for name in ("ours_1", "ours_8", "ours_bulk")
+        )
+        per_memory = (embedded - searched) / max(through_model, 1)
         rows[-1]["embedded_texts_per_memory"] = round(per_memory, 2)
         print(f"owners {owners}: the embedder ran {embedded} texts, "
-              f"{per_memory:.2f} per stored memory (searches' queries taken out)", flush=True)
+              f"{per_memory:.2f} per memory added through the model (queries taken out)",
+              flush=True)
     return rows
 
 
@@ -652,6 +718,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         add("bulk import memories/s (floor: raw batched embed, texts/s)",
             f"{bulk}" if bulk else "n/a", f"{a['floor_batched']['per_s']}",
             ratio(bulk, a["floor_batched"]["per_s"]))
+        texts = a.get("ours_bulk_texts", {}).get("per_s") if row["bulk_path"] else None
+        add("bulk import embedded texts/s, each memory and its sentences (floor: texts/s)",
+            f"{texts}" if texts else "n/a", f"{a['floor_batched']['per_s']}",
+            ratio(texts, a["floor_batched"]["per_s"]))
         for reader in ("hybrid", "vector"):
             add(f"search p50 / p95 ms, {reader} (chromadb: query)",
                 f"{lat[reader]['p50']} / {lat[reader]['p95']}",
@@ -668,7 +738,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{disk['chromadb_kib_per_memory']}",
             ratio(disk["ours_kib_per_memory"], disk["chromadb_kib_per_memory"]))
         if "embedded_texts_per_memory" in row:
-            add("texts embedded per memory (whole run; chromadb: 1)",
+            add("texts embedded per memory added through the model (chromadb: 1)",
                 f"{row['embedded_texts_per_memory']}", "1",
                 f"{row['embedded_texts_per_memory']:.2f}×")
     return "\n".join(lines)
@@ -697,6 +767,10 @@ def main() -> int:
     parser.add_argument("--import-chunk", type=int, default=2000, help="memories per import")
     parser.add_argument("--floor-texts", type=int, default=2048,
                         help="texts of each size embedded raw as the batched floor")
+    parser.add_argument("--measured", type=int, default=4000,
+                        help="adds timed at each size (1 client, 8 clients, bulk); the memories "
+                        "before them are seeded with the same vectors on both sides (0: all "
+                        "embedded and timed)")
     parser.add_argument("--log-level", default="info",
                         help="debug: the search service logs per-stage timings, summarised")
     parser.add_argument("--out", type=Path, default=RESULTS / "compare.json")
@@ -711,7 +785,8 @@ def main() -> int:
         return 1
     turns_by_owner, qs = load(args.data)
     turns = [t.text for rows in turns_by_owner.values() for t in rows]
-    texts = memory_texts(turns, sizes[-1])
+    parts = memory_parts(turns, sizes[-1])
+    texts = [memory_text(turns, part) for part in parts]
     step = max(1, len(qs) // args.queries)
     questions = [q.text for q in qs[::step]][: args.queries]
     started = datetime.now(UTC)
@@ -720,7 +795,8 @@ def main() -> int:
           f"{len(questions)} queries, load {load_start[0]:.2f}", flush=True)
     rows: list[dict[str, Any]] = []
     for owners in layouts:
-        rows += asyncio.run(run_layout(owners, sizes, texts, questions, args))
+        seeding = (turns, parts) if args.measured else None
+        rows += asyncio.run(run_layout(owners, sizes, texts, questions, args, seeding))
     load_end = os.getloadavg()
     report = {
         "started": started.isoformat(timespec="seconds"),
