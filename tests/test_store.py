@@ -627,7 +627,8 @@ async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
         assert [h.memory.id for h in await vector_hits(stub, embedder, "hens", user="hugo")] == [
             hen.id
         ]
-        # Grace's index was saved when Hugo's pushed it out; her next write reaches SQLite only.
+        # Grace's index was saved when Hugo's pushed it out; her next write loads it again
+        # (from its file), which saves and drops Hugo's.
         assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 1
         (kayak,) = await apply(stub, insert("Grace bought a kayak", user="grace"), user="grace")
         hits = await vector_hits(stub, embedder, "boats and kayaks", user="grace", k=5)

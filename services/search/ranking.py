@@ -148,6 +148,47 @@ def boost_entities(ranked: list[Candidate], ctx: SearchContext) -> list[Candidat
     return _resort(ranked)
 
 
+# People a memory may be about besides its owner: "my <one of these>" names someone else.
+_OTHERS = (
+    "brother|brothers|sister|sisters|mother|mom|mum|father|dad|parents?|wife|husband|partner|"
+    "son|sons|daughter|daughters|kids?|children|child|baby|friend|friends|boyfriend|girlfriend|"
+    "fiance|fiancee|boss|manager|colleague|colleagues|coworker|coworkers|cousin|cousins|aunt|"
+    "uncle|niece|nephew|grandma|grandpa|grandmother|grandfather|grandparents|neighbour|neighbor|"
+    "roommate|flatmate|team|teacher|doctor|therapist|family|in-laws"
+)
+_ABOUT_OTHER = re.compile(rf"\b(?:my|our)\s+(?:\w+\s+)?(?:{_OTHERS})\b", re.IGNORECASE)
+_SPEAKS_AS_ME = re.compile(
+    r"(?:\bI\b|\bI'(?:m|ve|d|ll)\b|^\s*user\b)", re.IGNORECASE | re.MULTILINE
+)
+_ASKS_ABOUT_ME = re.compile(r"\b(?:i|me|my|mine|myself|i'm|i've)\b", re.IGNORECASE)
+SELF_BOOST = 0.25
+OTHER_DEMOTION = 0.5
+"""A question about the owner ("where do I live?") lifts what the owner says of themself by
+SELF_BOOST and scales what they say of someone else ("my brother lives in Berlin") by this."""
+
+
+def asks_about_owner(query: str) -> bool:
+    """Whether a question is about its asker: first person, and no one else named as "my X"."""
+    return bool(_ASKS_ABOUT_ME.search(query)) and not _ABOUT_OTHER.search(query)
+
+
+def speaks_of_someone_else(text: str) -> bool:
+    """Whether a memory is about another person the owner knows, not about the owner."""
+    return bool(_ABOUT_OTHER.search(text)) and not re.search(r"\bI\b", text)
+
+
+def favour_the_owner(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """For a question about the asker, their own statements rise over ones about others."""
+    if not asks_about_owner(ctx.query.text):
+        return ranked
+    for candidate in ranked:
+        if speaks_of_someone_else(candidate.content):
+            candidate.fused *= OTHER_DEMOTION
+        elif _SPEAKS_AS_ME.search(candidate.content):
+            candidate.fused *= 1.0 + SELF_BOOST
+    return _resort(ranked)
+
+
 RECENCY_BOOST = 0.03
 RECENCY_HALF_LIFE_S = 30 * 86400.0
 

@@ -2,8 +2,8 @@
 used evicted, persisted under the data directory.
 
 SQLite holds every vector; an index is a cache of one user's. It is opened from its file on the
-first search or write that needs it and caught up with SQLite's keys then, so a write to a user
-whose index is not loaded only has to reach SQLite.
+first search or write that needs it and caught up with SQLite's keys then (after a crash, the
+keys written since its last save).
 """
 
 from __future__ import annotations
@@ -209,24 +209,27 @@ class VectorIndexes:
                 return
 
     async def apply(self, changes: IndexChanges) -> None:
-        """Removes and adds the keys of one committed write, in the indexes that are loaded
-        (one that is not catches up with SQLite when it is)."""
+        """Removes and adds the keys of one committed write. An index that is not loaded is
+        loaded (from its file, caught up with SQLite, this write included), so no search ever
+        has to build a whole index."""
         async with self._lock.writing():
-            for user_id, keys in changes.removed.items():
-                index = self._loaded.get(user_id)
-                if index is not None:
-                    await asyncio.to_thread(index.remove, keys)
-                    self._dirty.add(user_id)
-            for user_id, items in changes.added.items():
+            for user_id in dict.fromkeys([*changes.removed, *changes.added]):
                 index = self._loaded.get(user_id)
                 if index is None:
+                    await self._load(user_id)
                     continue
-                await asyncio.to_thread(
-                    index.add,
-                    np.array([key for key, _ in items], dtype=np.uint64),
-                    np.stack([vector for _, vector in items]).astype(np.float32),
-                )
+                removed = changes.removed.get(user_id)
+                if removed:
+                    await asyncio.to_thread(index.remove, removed)
+                added = changes.added.get(user_id)
+                if added:
+                    await asyncio.to_thread(
+                        index.add,
+                        np.array([key for key, _ in added], dtype=np.uint64),
+                        np.stack([vector for _, vector in added]).astype(np.float32),
+                    )
                 self._dirty.add(user_id)
+                self._loaded.move_to_end(user_id)
 
     @property
     def resident_bytes(self) -> int:
