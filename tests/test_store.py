@@ -612,6 +612,18 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
         assert [h.memory.id for h in hits] == [new.id]
 
 
+async def test_flush_folds_the_write_ahead_log_into_the_database(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, *(insert(f"note number {n} about gardening") for n in range(20)))
+        wal = tmp_path / "hyatlas.db-wal"
+        assert wal.stat().st_size > 0
+        await stub.Flush(store_pb2.FlushRequest())
+        assert wal.stat().st_size == 0
+        assert len(await listed(stub)) == 20
+
+
 async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:

@@ -52,7 +52,7 @@ class MicroBatcher(Generic[T]):
         self.runs = 0
         """Model runs so far (for logs and benchmarks)."""
         self.texts_run = 0
-        """Texts embedded so far."""
+        """Vectors made so far (a text with spans makes one for each span too)."""
 
     @property
     def waiting_calls(self) -> int:
@@ -136,7 +136,7 @@ class MicroBatcher(Generic[T]):
                         request.future.set_exception(exc)
                 continue
             self.runs += 1
-            self.texts_run += len(texts)
+            self.texts_run += sum(self._rows_of(item) for item in texts)
             offset = 0
             for request, start, end in slices:
                 rows = sum(self._rows_of(item) for item in request.texts[start:end])

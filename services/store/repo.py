@@ -523,6 +523,11 @@ class Repo:
             raise RuntimeError("repo is closed")
         return self._reader
 
+    async def checkpoint(self) -> None:
+        """Copies the write-ahead log into the database and truncates it (as far as readers
+        allow: a page a reader still needs stays until the next checkpoint)."""
+        await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         """One write transaction: committed if the block succeeds, rolled back otherwise."""

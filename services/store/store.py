@@ -222,10 +222,13 @@ class Store:
         return await self.snapshots.take()
 
     async def flush(self) -> int:
-        """Saves the changed vector indexes now; returns how many vectors the store holds."""
+        """Saves the changed vector indexes and folds SQLite's write-ahead log into the
+        database now; returns how many vectors the store holds."""
         indexes = self._core.indexes
         if indexes is not None:
             await indexes.save()
+        async with self._core.write_lock:
+            await self._repo.checkpoint()
         *_, vectors = await self._repo.counts(Reach(None, ""))
         return int(vectors)
 
