@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
+from gateway.params import Params
 from gateway.readiness import service_states
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.shapes import list_item, rfc3339
@@ -24,6 +25,7 @@ from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
 from shared.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.limits import MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
 from shared.store_client import all_rows, get_many
@@ -57,8 +59,8 @@ SETTINGS = web.AppKey("dashboard_settings", Settings)
 
 def _scope(request: web.Request) -> common_pb2.Scope:
     """The owner the page selected (user_id defaults like the API's)."""
-    query = request.query
-    return owner_scope(query.get("user_id", "").strip(), query.get("agent_id", "").strip())
+    params = Params(request.query, {})
+    return owner_scope(params.string("user_id"), params.string("agent_id"))
 
 
 def _without_userinfo(url: str) -> str:
@@ -149,7 +151,7 @@ async def _get(
 
 async def memory_detail(request: web.Request) -> web.Response:
     """One row of the owner with its source rows, what it replaced and what replaced it."""
-    memory_id = request.query.get("id", "").strip()
+    memory_id = Params(request.query, {}).string("id")
     if not memory_id:
         raise InvalidArgument("id required")
     scope = _scope(request)
@@ -311,9 +313,13 @@ async def search_stages(request: web.Request) -> web.Response:
 
 def _static_file(tail: str) -> Path:
     """The file under the dashboard folder a URL tail names; anything outside it is a 404."""
-    path = (STATIC_DIR / (tail or "index.html")).resolve()
+    try:
+        path = (STATIC_DIR / (tail or "index.html")).resolve()
+    except (ValueError, OSError):  # a NUL byte, or a name the file system refuses
+        path = STATIC_DIR
     if not path.is_relative_to(STATIC_DIR) or not path.is_file():
-        raise NotFound(f"/dashboard/{tail} not found")
+        shown = tail[:MAX_NAME_CHARS].encode("utf-8", "replace").decode()
+        raise NotFound(f"/dashboard/{shown} not found")
     return path
 
 

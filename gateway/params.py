@@ -10,7 +10,16 @@ from typing import Any
 
 from aiohttp import web
 
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, TooLarge
+from shared.limits import MAX_JSON_DEPTH, MAX_METADATA_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
+
+# Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
+# (up to MAX_NAME_CHARS).
+FREE_TEXT = frozenset({"text", "data", "query", "old_text", "reason", "key", "llm_key", "node"})
+# Unix seconds of 1970-01-01 and of 10000-01-01: every point in time a client sends lies between.
+EPOCH_S = 0.0
+YEAR_10000_S = 253402300800.0
+TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
@@ -32,8 +41,55 @@ async def read_body(request: web.Request) -> dict[str, Any]:
         value = json.loads(raw, parse_constant=_refuse_constant)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise InvalidArgument("bad body") from None
+    except RecursionError:  # nested deeper than the parser's stack
+        raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"bad body: expected a JSON object, got {type(value).__name__}")
+    check_json(value)
+    return value
+
+
+def check_json(value: Any) -> None:
+    """Refuses a JSON value nested over MAX_JSON_DEPTH levels or holding a string (or key) that
+    is not valid Unicode, such as a lone surrogate "\\ud800" (which no store can encode)."""
+    pending: list[tuple[Any, str, int]] = [(value, "body", 1)]
+    while pending:  # a loop, not recursion: the depth is what is being checked
+        item, where, depth = pending.pop()
+        if isinstance(item, str):
+            _check_unicode(item, where)
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep")
+        if isinstance(item, list):
+            pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+            continue
+        for key, v in item.items():
+            _check_unicode(key, f"a key of {where}")
+            pending.append((v, f"{where}.{key}", depth + 1))
+
+
+def _check_unicode(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = where.encode("utf-8", "replace").decode()[:MAX_NAME_CHARS]
+        raise InvalidArgument(
+            f"bad body: {shown} is not valid Unicode (a lone surrogate)"
+        ) from None
+
+
+def check_string(name: str, value: str) -> str:
+    """A string parameter within its length limit: free text (FREE_TEXT) up to MAX_TEXT_CHARS
+    (else 413), any other up to MAX_NAME_CHARS (else 400)."""
+    if name in FREE_TEXT:
+        if len(value) > MAX_TEXT_CHARS:
+            raise TooLarge(
+                f"{name} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}"
+            )
+    elif len(value) > MAX_NAME_CHARS:
+        raise InvalidArgument(f"{name} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
     return value
 
 
@@ -68,6 +124,7 @@ class Params:
             return default
         if not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a string")
+        check_string(name, value)
         return value.strip() if strip else value
 
     def integer(self, name: str, default: int, *, lo: int = 0, hi: int = 2**31 - 1) -> int:
@@ -128,15 +185,18 @@ class Params:
             value = [value]
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise InvalidArgument(f"{name} must be a list of strings")
-        return [item.strip() for item in value if item.strip()]
+        return [check_string(name, item).strip() for item in value if item.strip()]
 
     def obj(self, name: str) -> dict[str, Any]:
-        """A JSON object parameter (body only); {} when absent."""
+        """A JSON object parameter (body only) of at most MAX_METADATA_BYTES; {} when absent."""
         value, from_query = self._lookup(name)
         if value is _MISSING:
             return {}
         if from_query or not isinstance(value, dict):
             raise InvalidArgument(f"{name} must be a JSON object")
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > MAX_METADATA_BYTES:
+            raise TooLarge(f"{name} is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}")
         return dict(value)
 
     def timestamp(self, name: str) -> float | None:
@@ -148,9 +208,7 @@ class Params:
             return parse_time(name, value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{name} must be unix seconds or an RFC3339 / ISO date string")
-        if not math.isfinite(value) or not 0 <= value < 253402300800:  # before year 10000
-            raise InvalidArgument(f"{name} is out of range")
-        return float(value)
+        return _in_range(name, float(value))
 
 
 def parse_time(name: str, text: str) -> float:
@@ -161,9 +219,7 @@ def parse_time(name: str, text: str) -> float:
     except ValueError:
         pass
     else:
-        if math.isfinite(seconds) and 0 <= seconds < 253402300800:
-            return seconds
-        raise InvalidArgument(f"{name} is out of range")
+        return _in_range(name, seconds)
     iso = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         moment = datetime.fromisoformat(iso)
@@ -173,4 +229,12 @@ def parse_time(name: str, text: str) -> float:
         ) from None
     if moment.tzinfo is None:  # a bare date or local time is read as UTC
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    # An offset can move a date at either end of the calendar out of it (year 0 or 10000).
+    return _in_range(name, moment.timestamp())
+
+
+def _in_range(name: str, seconds: float) -> float:
+    """The one range check of every point in time a client sends, numbers and dates alike."""
+    if not math.isfinite(seconds) or not EPOCH_S <= seconds < YEAR_10000_S:
+        raise InvalidArgument(f"{name} is out of range: it {TIME_RANGE}")
+    return seconds

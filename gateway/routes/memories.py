@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.errors import error_extras
+from gateway.params import check_string
 from gateway.readiness import wait_for_store
 from gateway.respond import (
     DEFAULT_USER,
@@ -56,7 +57,7 @@ async def add(request: web.Request) -> web.Response:
     metadata = params.obj("metadata")
     session_id = params.string("session_id")
     if not session_id and isinstance(metadata.get("session_id"), str):
-        session_id = metadata["session_id"].strip()
+        session_id = check_string("session_id", metadata["session_id"]).strip()
     event_at = params.timestamp("event_at")
     origin = metadata.get("write_origin")
     status_ = extraction_status(config)

@@ -18,11 +18,10 @@ from services.embedder.onnx_encoder import OnnxEncoder
 from services.embedder.remote_encoder import opened_remote_encoder
 from shared.clients import MAX_TEXTS
 from shared.errors import InvalidArgument
+from shared.limits import MAX_EMBED_CHARS
 from shared.passages import Passage, row_texts
 
 log = logging.getLogger(__name__)
-
-MAX_TEXT_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,9 @@ def check_passages(passages: Sequence[Passage]) -> None:
     if spans > MAX_TEXTS:
         raise InvalidArgument(f"{spans} spans in one request; at most {MAX_TEXTS}")
     for index, passage in enumerate(passages):
-        if len(passage.text) > MAX_TEXT_CHARS:
+        if len(passage.text) > MAX_EMBED_CHARS:
             raise InvalidArgument(
-                f"texts[{index}] has {len(passage.text)} characters; at most {MAX_TEXT_CHARS}"
+                f"texts[{index}] has {len(passage.text)} characters; at most {MAX_EMBED_CHARS}"
             )
         for start, end in passage.spans:
             if not 0 <= start < end <= len(passage.text):

@@ -1,0 +1,22 @@
+"""The size limits on what a client sends: one place, read by the gateway and the embedder."""
+
+from __future__ import annotations
+
+MAX_TEXT_CHARS = 100_000
+"""A memory's text, a search query, a value to forget: longer is a 413."""
+
+EMBED_HEADROOM_CHARS = 1_000
+"""What the store or search may add to a text at the limit before embedding it (a context key
+carries up to 400 characters of each neighbouring turn; a query gets the model's prefix)."""
+
+MAX_EMBED_CHARS = MAX_TEXT_CHARS + EMBED_HEADROOM_CHARS
+"""The longest text the embedder accepts."""
+
+MAX_NAME_CHARS = 256
+"""Any other string parameter: user_id, agent_id, session_id, ids, layer and reader names."""
+
+MAX_METADATA_BYTES = 64 * 1024
+"""A memory's metadata object, as compact UTF-8 JSON: larger is a 413."""
+
+MAX_JSON_DEPTH = 32
+"""How deeply a request body's arrays and objects may nest."""
