@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import dashboard, metrics, readiness
+from gateway import dashboard, metrics, openapi, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.guards import guards_middleware, token_middleware
@@ -81,7 +81,8 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_channels)
     metrics.register(app)
     for module in (
-        readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer
+        readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer,
+        openapi,
     ):
         app.add_routes(module.routes)
     dashboard.register(app, settings)
