@@ -25,9 +25,13 @@ BOOL: Schema = {"type": "boolean"}
 ANY_OBJ: Schema = {"type": "object"}
 TIME: Schema = {
     "description": "unix seconds, or an RFC3339 / ISO date (1970-01-01 to 9999-12-31 UTC)",
+    # The last two lie outside that range once their offset is applied (a 400).
+    "examples": [1700000000, "2023-05-08", "2023-11-14T23:13:20+01:00",
+                 "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-23:59"],
     "oneOf": [
         {"type": "number", "minimum": 0, "exclusiveMaximum": 253402300800},
-        {"type": "string", "maxLength": MAX_NAME_CHARS},
+        {"type": "string", "format": "date-time"},
+        {"type": "string", "format": "date"},
     ],
 }
 LAYER: Schema = {
@@ -74,6 +78,10 @@ NODE = obj("id", "label", "type", id=STR, label=STR, type=STR)
 LINK = obj("from", "to", "relation", **{"from": STR, "to": STR, "relation": STR, "weight": NUM})
 EDGE = obj("id", "from", "to", "relation", id=STR, relation=STR, weight=NUM, sources=arr(STR),
            facts=arr(STR), recorded_at=INT, **{"from": STR, "to": STR})
+JSON_LINES = arr(
+    obj("type", type={"enum": ["memory", "edge"]}, memory=ANY_OBJ, edge=ANY_OBJ),
+    description="one JSON object a line (JSONL); the first may be an export's header",
+)
 GRAPH_QUERY = {**OWNER, "n": INT, "k_semantic": INT}
 
 
@@ -234,6 +242,12 @@ OPERATIONS: list[Op] = [
 ]
 
 
+ERROR_DESCRIPTION = (
+    "a JSON error: 4xx for the request, 5xx for the server; a request line or header over "
+    "8,190 bytes is a plain-text 400 from the HTTP parser, before any route runs"
+)
+
+
 def _parameter(name: str, schema: Schema, where: str, required: bool) -> Schema:
     return {"name": name, "in": where, "required": required, "schema": schema}
 
@@ -242,8 +256,8 @@ def _responses(op: Op) -> dict[str, Any]:
     success: dict[str, Any] = {"description": "success"}
     if op.content:
         success["content"] = {op.content: {"schema": op.reply or STR}}
-    error = {"description": "a JSON error: 4xx for the request, 5xx for the server",
-             "content": {"application/json": {"schema": ERROR}}}
+    error = {"description": ERROR_DESCRIPTION,
+             "content": {"application/json": {"schema": ERROR}, "text/plain": {"schema": STR}}}
     return {"200": success, **op.extra_responses, "default": error}
 
 
@@ -257,7 +271,7 @@ def operation(op: Op) -> dict[str, Any]:
         parameters += [_parameter(name, schema, "query", name in op.required)
                        for name, schema in op.params.items()]
     elif op.body_type != "application/json":
-        spec["requestBody"] = {"content": {op.body_type: {"schema": STR}}}
+        spec["requestBody"] = {"content": {op.body_type: {"schema": JSON_LINES}}}
     elif op.params:
         body = obj(*op.required, **op.params)
         spec["requestBody"] = {"content": {"application/json": {"schema": body}}}
