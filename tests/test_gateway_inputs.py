@@ -358,3 +358,21 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
     logged = [r for r in caplog.records if reference in r.getMessage()]
     assert logged, caplog.text
     assert "secret-row-text" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("memory", "needle"),
+    [
+        ({"user_id": LONG_NAME, "content": "x"}, "memory.user_id is over 256 characters"),
+        ({"user_id": USER, "agent_id": LONG_NAME, "content": "x"}, "memory.agent_id is over"),
+        ({"user_id": USER, "content": LONG_TEXT}, "memory.content is over 100,000 characters"),
+        ({"user_id": USER, "content": "x", "id": LONG_NAME}, "is not a usable id"),
+    ],
+)
+async def test_an_imported_line_over_a_limit_is_refused_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, memory: dict[str, Any], needle: str
+) -> None:
+    line = json.dumps({"type": "memory", "memory": memory})
+    error = await _refused(session, row, 400, "POST", "/api/v1/import", data=line.encode())
+    assert needle in error
+    assert LONG_NAME not in error

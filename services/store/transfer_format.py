@@ -26,9 +26,9 @@ from services.store.model import (
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
 from shared.errors import InvalidArgument
+from shared.limits import MAX_NAME_CHARS, MAX_TEXT_CHARS
 
 DEFAULT_LAYER = "l2_raw"
-MAX_ID_CHARS = 128
 # Stored vectors are half precision, so an exported one's length is 1 within a few 1e-4.
 UNIT_TOLERANCE = 2e-3
 
@@ -204,14 +204,24 @@ def _required(values: Mapping[str, Any], what: str, names: Sequence[str]) -> Non
 
 
 def _check_id(value: str, what: str) -> None:
-    if value and (value.startswith("$") or len(value) > MAX_ID_CHARS or not value.strip()):
-        raise InvalidArgument(f"{what}.id {value!r} is not a usable id")
+    if value and (value.startswith("$") or len(value) > MAX_NAME_CHARS or not value.strip()):
+        raise InvalidArgument(f"{what}.id {value[:MAX_NAME_CHARS]!r} is not a usable id")
+
+
+def _check_lengths(values: Mapping[str, Any], what: str) -> None:
+    """The API's limits on owner names and text hold for imported lines too."""
+    for name in ("user_id", "agent_id", "session_id"):
+        if len(values.get(name, "")) > MAX_NAME_CHARS:
+            raise InvalidArgument(f"{what}.{name} is over {MAX_NAME_CHARS} characters")
+    if len(values.get("content", "")) > MAX_TEXT_CHARS:
+        raise InvalidArgument(f"{what}.content is over {MAX_TEXT_CHARS:,} characters")
 
 
 def _row(value: Any, ctx: LineContext) -> MemoryRow:
     values = _checked(value, "memory", _MEMORY_FIELDS)
     _required(values, "memory", ("user_id", "content"))
     _check_id(values.get("id", ""), "memory")
+    _check_lengths(values, "memory")
     layer = values.setdefault("layer", DEFAULT_LAYER)
     if layer not in LAYERS:
         raise InvalidArgument(f"memory.layer {layer!r} is not one of {', '.join(LAYERS)}")
@@ -326,6 +336,7 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     values = _checked(line.get("edge"), "edge", _EDGE_FIELDS)
     _required(values, "edge", ("user_id", "subject", "relation", "object"))
     _check_id(values.get("id", ""), "edge")
+    _check_lengths(values, "edge")
     defaults = {
         "id": "", "agent_id": "", "weight": 1.0, "source_ids": (), "fact_ids": (),
         "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,
