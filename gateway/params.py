@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,8 @@ EPOCH_S = 0.0
 YEAR_10000_S = 253402300800.0
 TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
 
+# A \\uXXXX escape of a UTF-16 surrogate: the only way JSON text decodes to one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 _MISSING = object()
@@ -38,46 +41,71 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        # Decoded here, strictly: json.loads would take UTF-16 too, and lone surrogates with it.
+        text = raw.decode("utf-8-sig")
+        value = json.loads(text, parse_constant=_refuse_constant)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise InvalidArgument("bad body") from None
     except RecursionError:  # nested deeper than the parser's stack
         raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"bad body: expected a JSON object, got {type(value).__name__}")
-    check_json(value)
+    # Both checks walk the body, so each runs only when the raw bytes leave it in doubt.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        check_depth(value)
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(value)
     return value
 
 
-def check_json(value: Any) -> None:
-    """Refuses a JSON value nested over MAX_JSON_DEPTH levels or holding a string (or key) that
-    is not valid Unicode, such as a lone surrogate "\\ud800" (which no store can encode)."""
-    pending: list[tuple[Any, str, int]] = [(value, "body", 1)]
+def check_depth(value: Any) -> None:
+    """Refuses a JSON value whose arrays and objects nest over MAX_JSON_DEPTH levels."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:  # a loop, not recursion: the depth is what is being checked
-        item, where, depth = pending.pop()
-        if isinstance(item, str):
-            _check_unicode(item, where)
-            continue
-        if not isinstance(item, dict | list):
-            continue
+        item, depth = pending.pop()
         if depth > MAX_JSON_DEPTH:
             raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep")
-        if isinstance(item, list):
-            pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
-            continue
-        for key, v in item.items():
-            _check_unicode(key, f"a key of {where}")
-            pending.append((v, f"{where}.{key}", depth + 1))
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
-def _check_unicode(text: str, where: str) -> None:
+def check_unicode(value: Any) -> None:
+    """Refuses a JSON value holding a string (or key) that is not valid Unicode, such as a lone
+    surrogate "\\ud800", which no store can encode."""
+    try:  # one pass in C; the walk below runs only to name the culprit
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        where = _surrogate_at(value, "body")[:MAX_NAME_CHARS]
+        raise InvalidArgument(
+            f"bad body: {where} is not valid Unicode (a lone surrogate)"
+        ) from None
+
+
+def _surrogate_at(value: Any, where: str) -> str:
+    """Where in value a string UTF-8 cannot encode lies ("" if none; the depth is bounded)."""
+    if isinstance(value, str):
+        return "" if _encodes(value) else where
+    if isinstance(value, list):
+        children = [(f"{where}[{index}]", child) for index, child in enumerate(value)]
+    elif isinstance(value, dict):
+        if not all(_encodes(key) for key in value):
+            return f"a key of {where}"
+        children = [(f"{where}.{key}", child) for key, child in value.items()]
+    else:
+        return ""
+    for path, child in children:
+        found = _surrogate_at(child, path)
+        if found:
+            return found
+    return ""
+
+
+def _encodes(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        shown = where.encode("utf-8", "replace").decode()[:MAX_NAME_CHARS]
-        raise InvalidArgument(
-            f"bad body: {shown} is not valid Unicode (a lone surrogate)"
-        ) from None
+        return False
+    return True
 
 
 def check_string(name: str, value: str) -> str:

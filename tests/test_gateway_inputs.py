@@ -238,6 +238,16 @@ async def test_a_lone_surrogate_anywhere_in_the_body_is_400_and_changes_nothing(
     assert "not valid Unicode" in error
 
 
+async def test_a_body_that_is_not_utf8_is_400_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str
+) -> None:
+    # UTF-16 carries a lone surrogate as a bare code unit, without any \\u escape.
+    body = '{"text": "\ud800", "user_id": "utf16"}'.encode("utf-16", "surrogatepass")
+    error = await _refused(session, row, 400, "POST", "/api/v1/add", data=body,
+                           headers={"Content-Type": "application/json"})
+    assert error == "bad body"
+
+
 # --- F4c: dashboard paths --------------------------------------------------------------------
 
 
