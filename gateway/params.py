@@ -12,14 +12,18 @@ from typing import Any
 from aiohttp import web
 
 from shared.errors import InvalidArgument, TooLarge
-from shared.limits import MAX_JSON_DEPTH, MAX_METADATA_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
+from shared.limits import (
+    END_OF_CALENDAR_S,
+    FIRST_TIME_S,
+    MAX_JSON_DEPTH,
+    MAX_METADATA_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+)
 
 # Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
 # (up to MAX_NAME_CHARS).
 FREE_TEXT = frozenset({"text", "data", "query", "old_text", "reason", "key", "llm_key", "node"})
-# Unix seconds of 1970-01-01 and of 10000-01-01: every point in time a client sends lies between.
-EPOCH_S = 0.0
-YEAR_10000_S = 253402300800.0
 TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
 
 # A \\uXXXX escape of a UTF-16 surrogate: the only way JSON text decodes to one.
@@ -263,6 +267,6 @@ def parse_time(name: str, text: str) -> float:
 
 def _in_range(name: str, seconds: float) -> float:
     """The one range check of every point in time a client sends, numbers and dates alike."""
-    if not math.isfinite(seconds) or not EPOCH_S <= seconds < YEAR_10000_S:
+    if not math.isfinite(seconds) or not FIRST_TIME_S <= seconds < END_OF_CALENDAR_S:
         raise InvalidArgument(f"{name} is out of range: it {TIME_RANGE}")
     return seconds

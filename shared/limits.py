@@ -20,3 +20,13 @@ MAX_METADATA_BYTES = 64 * 1024
 
 MAX_JSON_DEPTH = 32
 """How deeply a request body's arrays and objects may nest."""
+
+FIRST_TIME_S = 0.0
+"""The earliest time a client may send: 1970-01-01T00:00:00Z (unix seconds)."""
+
+END_OF_CALENDAR_S = 253402300800.0
+"""10000-01-01T00:00:00Z: every time a client sends or an import carries lies before it."""
+
+START_OF_CALENDAR_S = -62135596800.0
+"""0001-01-01T00:00:00Z: an imported time may reach back this far (an export of a version that
+took dates before 1970 still imports)."""

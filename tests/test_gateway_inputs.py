@@ -377,6 +377,10 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
         ({"user_id": USER, "agent_id": LONG_NAME, "content": "x"}, "memory.agent_id is over"),
         ({"user_id": USER, "content": LONG_TEXT}, "memory.content is over 100,000 characters"),
         ({"user_id": USER, "content": "x", "id": LONG_NAME}, "is not a usable id"),
+        ({"user_id": USER, "content": "x", "event_at": 1e300},
+         "memory.event_at is not between the years 1 and 9999"),
+        ({"user_id": USER, "content": "x", "created_at": -62135596801},
+         "memory.created_at is not between the years 1 and 9999"),
     ],
 )
 async def test_an_imported_line_over_a_limit_is_refused_and_changes_nothing(

@@ -26,9 +26,19 @@ from services.store.model import (
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
 from shared.errors import InvalidArgument
-from shared.limits import MAX_NAME_CHARS, MAX_TEXT_CHARS
+from shared.limits import (
+    END_OF_CALENDAR_S,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    START_OF_CALENDAR_S,
+)
 
 DEFAULT_LAYER = "l2_raw"
+# The columns of a row or an edge that hold a time (unix seconds).
+_TIMES = frozenset({
+    "created_at", "updated_at", "event_at", "valid_to", "due_at", "invalid_at",
+    "recorded_at", "invalidated_at", "valid_from",
+})
 # Stored vectors are half precision, so an exported one's length is 1 within a few 1e-4.
 UNIT_TOLERANCE = 2e-3
 
@@ -208,6 +218,15 @@ def _check_id(value: str, what: str) -> None:
         raise InvalidArgument(f"{what}.id {value[:MAX_NAME_CHARS]!r} is not a usable id")
 
 
+def _check_times(values: Mapping[str, Any], what: str) -> None:
+    """An imported time must be one a calendar date shows (the API's pages print them)."""
+    for name in _TIMES.intersection(values):
+        if values[name] is not None and not (
+            START_OF_CALENDAR_S <= values[name] < END_OF_CALENDAR_S
+        ):
+            raise InvalidArgument(f"{what}.{name} is not between the years 1 and 9999")
+
+
 def _check_lengths(values: Mapping[str, Any], what: str) -> None:
     """The API's limits on owner names and text hold for imported lines too."""
     for name in ("user_id", "agent_id", "session_id"):
@@ -222,6 +241,7 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
     _required(values, "memory", ("user_id", "content"))
     _check_id(values.get("id", ""), "memory")
     _check_lengths(values, "memory")
+    _check_times(values, "memory")
     layer = values.setdefault("layer", DEFAULT_LAYER)
     if layer not in LAYERS:
         raise InvalidArgument(f"memory.layer {layer!r} is not one of {', '.join(LAYERS)}")
@@ -337,6 +357,7 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     _required(values, "edge", ("user_id", "subject", "relation", "object"))
     _check_id(values.get("id", ""), "edge")
     _check_lengths(values, "edge")
+    _check_times(values, "edge")
     defaults = {
         "id": "", "agent_id": "", "weight": 1.0, "source_ids": (), "fact_ids": (),
         "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,
