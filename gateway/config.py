@@ -34,6 +34,10 @@ class GatewayConfig:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
     """HYATLAS_TOKEN: when set, every route but /healthz and /readyz needs a bearer token."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent with every call to the services."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     mode: str = "ultra"
@@ -80,6 +84,8 @@ class GatewayConfig:
             consolidator_address=settings.address("consolidator"),
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
+            tokens_file=settings.tokens_file,
+            grpc_token=settings.grpc_token,
             admin=settings.admin,
             usage_learning=settings.usage_learning,
             mode=settings.mode,

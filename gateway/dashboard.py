@@ -23,7 +23,7 @@ from gateway.state import STORE
 from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
-from shared.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.errors import InvalidArgument, NotFound, ServiceError
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
 from shared.store_client import all_rows, get_many
@@ -142,7 +142,7 @@ async def _get(
         reply = await request.app[STORE].GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
-    except (NotFound, PermissionDenied):
+    except NotFound:
         return None
     return reply.memory
 

@@ -191,6 +191,10 @@ class Settings:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin besides loopback and IPs."""
     token: str = ""
     """HYATLAS_TOKEN: a bearer token every route but /healthz requires when set."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: a JSON file of named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: the token services send and require on TCP gRPC addresses."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     graph_path: Path = Path("data/graph.json")
@@ -297,6 +301,10 @@ class Settings:
             for name in SERVICES
         }
 
+        grpc_token = text("HYATLAS_GRPC_TOKEN")
+        _check_tcp_token(addresses, grpc_token)
+        tokens_file = text("HYATLAS_TOKENS_FILE")
+
         mode = text("HYATLAS_MODE", "ultra").lower()
         if mode not in MODES:
             raise ConfigError(f"HYATLAS_MODE={mode!r} is not one of {', '.join(MODES)}")
@@ -337,6 +345,8 @@ class Settings:
             http_port=port,
             allowed_hosts=_host_entries(text("HYATLAS_ALLOWED_HOSTS")),
             token=text("HYATLAS_TOKEN"),
+            tokens_file=Path(tokens_file).expanduser() if tokens_file else None,
+            grpc_token=grpc_token,
             admin=read_switch(env, "HYATLAS_ADMIN", False),
             graph_path=Path(text("HYATLAS_GRAPH_PATH", str(data_dir / "graph.json"))),
             embed_base=text("HYATLAS_EMBED_BASE", "bge"),
@@ -388,6 +398,18 @@ class Settings:
             ).expanduser(),
             log_level=level,
         )
+
+
+def _check_tcp_token(addresses: Mapping[str, str], grpc_token: str) -> None:
+    """Refuses a TCP service address without a service token: gRPC has no other guard."""
+    if grpc_token:
+        return
+    for name, address in addresses.items():
+        if not address.startswith("unix:"):
+            raise ConfigError(
+                f"HYATLAS_{name.upper()}_ADDR={address!r} is a TCP address: set "
+                "HYATLAS_GRPC_TOKEN so that only the services can call it"
+            )
 
 
 def _mmr_lambda(env: Mapping[str, str]) -> float:

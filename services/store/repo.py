@@ -105,15 +105,8 @@ def _edge(r: Sequence[Any]) -> Edge:
 
 
 def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
-    where = ["undone = 0"]
-    params: list[Any] = []
-    if reach.user_ids is not None:
-        where.append(f"user_id IN ({','.join('?' * len(reach.user_ids))})")
-        params.extend(reach.user_ids)
-    if reach.agent_id:
-        where.append("agent_id = ?")
-        params.append(reach.agent_id)
-    return where, params
+    owned, params = reach.sql()
+    return ["undone = 0", *owned], list(params)
 
 
 # A stored vector is little-endian float16 after this tag; an untagged blob (written before
@@ -140,14 +133,8 @@ def _filters(
     exclude_layers: Iterable[str] = (),
 ) -> tuple[list[str], list[Any]]:
     """SQL conditions on alias `m` (the memories table) and their parameters."""
-    where: list[str] = []
-    params: list[Any] = []
-    if reach.user_ids is not None:
-        where.append(f"m.user_id IN ({','.join('?' * len(reach.user_ids))})")
-        params.extend(reach.user_ids)
-    if reach.agent_id:
-        where.append("m.agent_id = ?")
-        params.append(reach.agent_id)
+    where, owner_params = reach.sql("m.")
+    params: list[Any] = list(owner_params)
     layers = list(layers)
     exclude = list(exclude_layers)
     if layers:

@@ -105,7 +105,7 @@ async def vector_search(
     users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
     hits: list[Scored] = []
     for user_id in users:
-        one = Reach((user_id,), reach.agent_id)
+        one = replace(reach, user_ids=(user_id,))
         hits.extend(await _search_user(core, one, query, layers, k, min_score, include_superseded))
     hits.sort(key=lambda hit: hit.score, reverse=True)
     return await with_replaced(core.repo, hits[:k])

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
     """The domain store, connected to the embedder, with its indexes loaded."""
     async with contextlib.AsyncExitStack() as stack:
-        channel = open_channel(config.embedder_address)
+        channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(channel.close)
         await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
         embedder = EmbedderClient(channel)
@@ -55,7 +55,8 @@ async def running_server(config: StoreConfig) -> AsyncIterator[str]:
             store_pb2_grpc.add_StoreServicer_to_server(servicer, server)
             return [store_pb2.DESCRIPTOR.services_by_name["Store"].full_name]
 
-        async with running_grpc_server(config.address, register) as (_, bound):
+        serving = running_grpc_server(config.address, register, token=config.grpc_token)
+        async with serving as (_, bound):
             yield bound
 
 
