@@ -34,6 +34,8 @@ ROUTE_SCOPES: dict[str, str] = {
     "/dashboard/api/writes": READ,
     "/dashboard/api/system": READ,
     "/dashboard/api/search-stages": READ,
+    # Request and call counters of the whole server; no owner's data.
+    "/metrics": READ,
     "/api/v1/add": WRITE,
     "/api/v1/update": WRITE,
     "/api/v1/restore": WRITE,
@@ -61,8 +63,9 @@ GRANT: web.RequestKey[Grant] = web.RequestKey("grant", Grant)
 
 
 def scope_for(request: web.Request) -> str:
-    """The scope the request's route needs."""
-    return ROUTE_SCOPES.get(request.match_info.route.resource.canonical, ADMIN)  # type: ignore[union-attr]
+    """The scope the request's route needs (read where no route matched: it answers 404)."""
+    resource = request.match_info.route.resource
+    return READ if resource is None else ROUTE_SCOPES.get(resource.canonical, ADMIN)
 
 
 def _strings(entry: dict[str, Any], key: str, where: str) -> list[str]:

@@ -13,7 +13,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from gateway.app import make_app
+from gateway.config import GatewayConfig
+from gateway.grants import ROUTE_SCOPES
 from shared.pb import common_pb2, store_pb2
+from shared.settings import Settings
 from tests.store_state import apply
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -155,6 +159,20 @@ async def test_alice_token_acting_on_bob_is_refused_on_every_route_and_changes_n
         assert status == 403, (method, path, status, body)
         assert "alice-app" in body["error"], body
     assert await _bob_state(ops) == before
+
+
+def test_every_route_but_the_public_ones_has_its_scope_in_the_one_table() -> None:
+    app = make_app(GatewayConfig(), Settings())
+    paths = {resource.canonical for resource in app.router.resources()}
+    public = {"/healthz", "/readyz", "/dashboard", "/dashboard/", "/dashboard/{tail}"}
+    assert paths - public == set(ROUTE_SCOPES)
+
+
+async def test_an_unknown_path_is_404_for_any_valid_token(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    status, body = await Client(stack.base_url, ALICE_READER).call("GET", "/api/v1/nope")
+    assert status == 404, body
 
 
 async def test_admin_routes_are_refused_to_a_token_without_the_admin_scope(
