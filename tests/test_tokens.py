@@ -327,7 +327,9 @@ async def test_the_tokens_file_is_read_again_when_it_changes(
     _replace(tokens_file, '{"tokens": [')
     owners = await client.ok("GET", "/api/v1/owners")
     assert [u["user_id"] for u in owners["users"]] == [BOB]
-    assert "tokens file" in stack.procs["gateway"].logs()
+    await assert_eventually(
+        lambda: "not applied, the previous tokens stay" in stack.procs["gateway"].logs()
+    )
     _replace(tokens_file, json.dumps(TOKENS))
     status, _ = await client.call("GET", "/api/v1/owners")
     assert status == 401

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.errors import ConfigError
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
@@ -55,6 +56,19 @@ def test_a_tcp_call_without_the_service_token_is_refused(tcp_stack: Stack) -> No
     assert _owners(tcp_stack, right) == grpc.StatusCode.OK
     # A supervisor checks health without the token.
     assert grpc_serving(tcp_stack.address("store"))
+
+
+def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:
+    ask = reflection_pb2.ServerReflectionRequest(list_services="")
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.ServerReflectionInfo(iter([ask]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        metadata = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+        answers = list(stub.ServerReflectionInfo(iter([ask]), metadata=metadata, timeout=30))
+    names = [s.name for s in answers[0].list_services_response.service]
+    assert "hyatlas.v1.Store" in names
 
 
 async def test_the_services_call_each_other_over_tcp_with_the_token(tcp_stack: Stack) -> None:
