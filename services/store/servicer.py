@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -208,20 +207,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self._store = store
 
     def _reach(self, scope: common_pb2.Scope) -> Reach:
-        """The owners a scope reaches, narrowed to the caller's grant (one outside it is
-        refused; every owner means every granted owner)."""
-        reach = self._store.reach(scope.user_id, scope.agent_id, scope.all_users)
-        grant = current_grant()
-        if grant is None:
-            return reach
-        if not scope.all_users:
-            grant.check_owner(scope.user_id, scope.agent_id)
-        elif grant.users is not None:
-            groups = (self._store.reach(user).user_ids or () for user in sorted(grant.users))
-            reach = replace(reach, user_ids=tuple(dict.fromkeys(u for g in groups for u in g)))
-        if grant.agents is not None:
-            reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
-        return reach
+        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users, current_grant())
 
     @staticmethod
     def _everyone(what: str) -> None:
