@@ -277,7 +277,27 @@ async def test_the_audit_records_the_token_name_as_the_caller(
     assert [e["actor"] for e in history["history"]] == ["plugin"]
 
 
-async def test_hyatlas_token_reaches_every_owner_and_scope(
+async def test_hyatlas_token_alone_reaches_every_owner_and_scope(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(
+        tmp_path, ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKEN=LEGACY, HYATLAS_ADMIN="on",
+    ) as alone:
+        legacy = Client(alone.base_url, LEGACY)
+        for user in (ALICE, BOB):
+            added = await legacy.ok("POST", "/api/v1/add", json={"text": "hi", "user_id": user})
+            history = await legacy.ok(
+                "GET", "/api/v1/history", params={"id": added["memory_id"], "user_id": user})
+            assert [e["actor"] for e in history["history"]] == ["api"]
+        owners = await legacy.ok("GET", "/api/v1/owners")
+        assert {u["user_id"] for u in owners["users"]} == {ALICE, BOB}
+        await legacy.ok("POST", "/api/v1/admin/snapshot")
+        status, _ = await Client(alone.base_url, OPS).call("GET", "/api/v1/owners")
+        assert status == 401
+
+
+async def test_hyatlas_token_beside_a_tokens_file_reaches_every_owner_and_scope(
     stack: Stack, seeded: dict[str, list[str]]
 ) -> None:
     legacy = Client(stack.base_url, LEGACY)

@@ -13,6 +13,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.errors import ConfigError
+from shared.grants import Grant
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.settings import Settings
 from tests.support import ROOT, Stack, base_env, free_port, grpc_serving, running_stack
@@ -56,6 +57,33 @@ def test_a_tcp_call_without_the_service_token_is_refused(tcp_stack: Stack) -> No
     assert _owners(tcp_stack, right) == grpc.StatusCode.OK
     # A supervisor checks health without the token.
     assert grpc_serving(tcp_stack.address("store"))
+
+
+def _insert(user: str) -> store_pb2.ApplyRequest:
+    return store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user), actor="api", ops=[
+        store_pb2.Op(insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user), layer=common_pb2.L2_RAW,
+            content=f"{user} keeps bees"))])
+
+
+def test_the_store_enforces_the_grant_a_call_carries(tcp_stack: Stack) -> None:
+    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
+    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        for user in ("grpc-carol", "grpc-dave"):
+            store.Apply(_insert(user), metadata=token, timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            store.Apply(_insert("grpc-dave"), metadata=as_carol, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        every = common_pb2.Scope(all_users=True)
+        owners = store.ListOwners(store_pb2.ListOwnersRequest(scope=every),
+                                  metadata=as_carol, timeout=30)
+        assert [o.user_id for o in owners.owners] == ["grpc-carol"]
+        dave = store.ListOwners(store_pb2.ListOwnersRequest(
+            scope=common_pb2.Scope(user_id="grpc-dave")), metadata=token, timeout=30)
+        assert [o.live for o in dave.owners] == [1]
 
 
 def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:
