@@ -355,6 +355,25 @@ async def test_a_body_that_never_arrives_gets_408_and_the_connection_is_closed(
     assert json.loads(body)["error"] == "request body not received within 2s"
 
 
+async def test_an_import_stream_that_stalls_gets_408_and_the_connection_is_closed(
+    impatient: Stack,
+) -> None:
+    port = int(impatient.env["HYATLAS_GO_PORT"])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /api/v1/import HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"typ\r\n"
+        )
+        await writer.drain()
+        sent = await _until_closed(reader)
+    finally:
+        writer.close()
+    head, _, body = sent.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), sent
+    assert json.loads(body)["error"] == "request body not received within 2s"
+
+
 async def test_a_whole_request_is_answered_as_usual(impatient: Stack) -> None:
     async with (
         aiohttp.ClientSession() as session,
