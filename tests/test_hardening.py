@@ -17,8 +17,11 @@ import pytest
 from usearch.index import Index
 
 from services.store.index import index_file_name
-from shared.pb import store_pb2
+from shared.errors import ConfigError
+from shared.pb import extractor_pb2, extractor_pb2_grpc, store_pb2
 from shared.redact import redact_text, redact_url, shown_setting
+from shared.rpc import open_channel
+from shared.settings import Settings
 from tests.llm_fake import ERROR, FakeLlm, fake_llm_in_thread
 from tests.store_state import LONG_TEXT, apply, call, insert
 from tests.support import WAIT_CEILING_S, Stack, assert_eventually, running_stack
@@ -160,7 +163,12 @@ async def test_status_dashboard_and_logs_never_show_the_llm_urls_password(
     assert status == 200, system
     assert system["settings"]["llm_base"] == body["llm_base"]
     assert system["settings"]["llm_key"] == "(set)"
-    for shown in (json.dumps(body), json.dumps(system)):
+    async with open_channel(pro.address("extractor")) as channel:
+        llm = await extractor_pb2_grpc.ExtractorStub(channel).GetLlmStatus(
+            extractor_pb2.GetLlmStatusRequest(), timeout=WAIT_CEILING_S
+        )
+    assert llm.llm_base == body["llm_base"]
+    for shown in (json.dumps(body), json.dumps(system), llm.write_pipeline):
         assert PASSWORD not in shown
     for log in pro.data_dir.glob("*.log"):
         assert PASSWORD not in log.read_text(errors="replace"), log.name
@@ -318,6 +326,12 @@ async def test_data_directory_files_and_sockets_are_private(lite: Stack) -> None
 
 
 # --- F12: slow clients ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["off", "0", "-5s"])
+def test_a_read_timeout_cannot_be_turned_off(value: str) -> None:
+    with pytest.raises(ConfigError, match="HYATLAS_BODY_TIMEOUT"):
+        Settings.from_env({"HYATLAS_BODY_TIMEOUT": value})
 
 
 async def _until_closed(reader: asyncio.StreamReader) -> bytes:
