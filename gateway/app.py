@@ -11,6 +11,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.grants import TOKENS, TokenBook
 from gateway.guards import guards_middleware, token_middleware
+from gateway.read_timeouts import body_timeout_middleware
 from gateway.routes import (
     admin,
     digest,
@@ -73,8 +74,9 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app = web.Application(
         # metrics outermost so every answer is counted with the status it went out with; then
         # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too.
+        # The body is read (within its timeout) only once the caller passed every check.
         middlewares=[metrics.metrics_middleware, errors_middleware, guards_middleware,
-                     token_middleware],
+                     token_middleware, body_timeout_middleware],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config

@@ -58,6 +58,10 @@ class GatewayConfig:
     """HYATLAS_CONSOLIDATE_GRAPH: whether the ultra pass builds the L5 graph (status wording)."""
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """HYATLAS_GO_DATA: reported by status when the store does not say."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: longest wait for a whole request head (and keep-alive idle time)."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: longest wait for a whole request body (a streamed one: a chunk)."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted; larger ones get 413."""
     rpc_timeout_s: float = 60.0
@@ -87,6 +91,8 @@ class GatewayConfig:
             tokens_file=settings.tokens_file,
             grpc_token=settings.grpc_token,
             admin=settings.admin,
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
             usage_learning=settings.usage_learning,
             mode=settings.mode,
             sync_extract=settings.sync_extract,

@@ -197,6 +197,12 @@ class Settings:
     """HYATLAS_GRPC_TOKEN: the token services send and require on TCP gRPC addresses."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: a connection that has not sent a whole request head this long
+    after it opened (or after its last reply) is closed; also the keep-alive idle time."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: a request body must arrive in full within this long (an import
+    stream: each chunk), or the answer is 408 and the connection is closed."""
     graph_path: Path = Path("data/graph.json")
     """HYATLAS_GRAPH_PATH: the L5 graph's location (kept for compatibility)."""
 
@@ -348,6 +354,8 @@ class Settings:
             tokens_file=Path(tokens_file).expanduser() if tokens_file else None,
             grpc_token=grpc_token,
             admin=read_switch(env, "HYATLAS_ADMIN", False),
+            header_timeout_s=_read_timeout(env, "HYATLAS_HEADER_TIMEOUT", 30.0),
+            body_timeout_s=_read_timeout(env, "HYATLAS_BODY_TIMEOUT", 60.0),
             graph_path=Path(text("HYATLAS_GRAPH_PATH", str(data_dir / "graph.json"))),
             embed_base=text("HYATLAS_EMBED_BASE", "bge"),
             embed_model=text("HYATLAS_EMBED_MODEL", "text-embedding-3-small"),
@@ -416,4 +424,12 @@ def _mmr_lambda(env: Mapping[str, str]) -> float:
     value = read_float(env, "HYATLAS_MMR_LAMBDA", 0.75, 0.0, 1.0)
     if value <= 0:
         raise ConfigError(f"HYATLAS_MMR_LAMBDA={value!r} must be in (0, 1]")
+    return value
+
+
+def _read_timeout(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration that must stay on: a slow client is never given unlimited time."""
+    value = read_duration(env, name, default)
+    if value is None or value < 0:
+        raise ConfigError(f"{name}={env.get(name, '')!r} must be a positive duration")
     return value

@@ -101,6 +101,11 @@ class Core:
             async with self.repo.transaction() as tx:
                 write = Write(self, tx, actor, now)
                 yield write
+                if write.erased:
+                    await tx.merge_keyword_indexes()
+            if write.erased:
+                # The deleted text is still in the write-ahead log's older frames till then.
+                await self.repo.checkpoint()
             if self.indexes is not None:
                 await self.indexes.apply(write.changes)
 
@@ -117,6 +122,8 @@ class Write:
     # Entity pages whose marks changed: rendered again before the transaction ends.
     pages: set[str] = field(default_factory=set)
     facts_changed: list[FactChange] = field(default_factory=list)
+    # Whether a row was deleted for good (see erase): its text must leave the files too.
+    erased: bool = False
 
     async def change(
         self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str

@@ -433,6 +433,56 @@ class Tx:
             ),
         )
 
+    async def scrub_history(self, memory_id: str) -> None:
+        """Rewrites a row's audit entries as ids, owner, times and states only: its text,
+        metadata and every reason but the delete's own are gone (see ERASE_KEEPS)."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT seq, action, before_json, after_json, reason FROM audit WHERE memory_id = ?",
+            (memory_id,),
+        )
+        for seq, action, before, after, reason in rows:
+            await self._conn.execute(
+                "UPDATE audit SET before_json = ?, after_json = ?, reason = ? WHERE seq = ?",
+                (_erased(before), _erased(after), reason if action == "delete" else "", seq),
+            )
+
+    async def turns_beside(self, row: MemoryRow) -> tuple[MemoryRow | None, MemoryRow | None]:
+        """The owner's rows just before and just after row in its session and layer."""
+        found: list[MemoryRow | None] = []
+        for compare, order in (("<", "DESC"), (">", "ASC")):
+            rows = await self._conn.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM memories WHERE user_id = ? AND agent_id = ? "
+                "AND session_id = ? AND layer = ? "
+                f"AND seq {compare} (SELECT seq FROM memories WHERE id = ?) "
+                f"ORDER BY seq {order} LIMIT 1",
+                (row.user_id, row.agent_id, row.session_id, row.layer, row.id),
+            )
+            found.append(_row(next(iter(rows))) if rows else None)
+        return found[0], found[1]
+
+    async def merge_keyword_indexes(self) -> None:
+        """Merges each keyword index into one segment: a deleted text's terms stay in the old
+        segments (behind a delete marker) until then."""
+        for table in ("memories_fts", "memory_keys_fts"):
+            await self._conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+
+
+# What a deleted row's audit entries keep: who and what it was, never what it said.
+ERASE_KEEPS = (
+    "id", "user_id", "agent_id", "session_id", "layer", "status", "model_id", "created_at",
+    "updated_at", "event_at", "valid_to", "due_at", "invalid_at", "superseded_by",
+    "superseded_how", "retired_by", "pass_id", "extraction_status", "extraction_tries",
+    "write_mode", "source_ids", "count", "hits",
+)
+
+
+def _erased(row_json: str) -> str:
+    """An audit entry's row JSON with only the ERASE_KEEPS fields left."""
+    if not row_json:
+        return ""
+    data = json.loads(row_json)
+    return json.dumps({name: data[name] for name in ERASE_KEEPS if name in data}, sort_keys=True)
+
 
 def row_fields(row: MemoryRow) -> dict[str, Any]:
     """Every field of a row as plain JSON values (metadata as an object)."""
@@ -487,6 +537,8 @@ class Repo:
         await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
         await conn.execute("PRAGMA busy_timeout = 10000")
+        # A deleted row's bytes are overwritten, not left in free space for anyone to read.
+        await conn.execute("PRAGMA secure_delete = ON")
         return conn
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from services.store.store import Store
 from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import apply_log_level, until_stopped
+from shared.runtime import apply_log_level, make_private, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -64,5 +65,9 @@ async def main() -> None:
     """Runs the store until SIGTERM or SIGINT."""
     config = StoreConfig.from_env()
     apply_log_level(config.log_level)
+    # The store owns the data: a folder left readable by an older version is closed up.
+    for folder in (config.data_dir, config.snapshots.folder if config.snapshots else None):
+        if folder is not None:
+            await asyncio.to_thread(make_private, folder)
     async with running_server(config):
         await until_stopped()
