@@ -270,6 +270,8 @@ class Scored:
     matched_terms: int = 0
     replaced: tuple[MemoryRow, ...] = ()
     """Older versions this row replaced, newest first."""
+    follows_id: str = ""
+    """For a conversation turn: the turn before it in its sitting."""
 
 
 @dataclass(frozen=True)

@@ -735,6 +735,28 @@ class Repo:
             frontier = following
         return chains
 
+    async def turns_followed(
+        self, ids: Sequence[str], layers: Sequence[str], gap_s: float
+    ) -> dict[str, str]:
+        """For each id of a row in one of layers with a session: the row before it in that
+        session (same owner and layer), when it was written at most gap_s earlier."""
+        if not ids or not layers:
+            return {}
+        rows = await self.reader.execute_fetchall(
+            # The previous seq is found through the neighbours index first; its age is checked
+            # after, so an old sitting costs one lookup, not a walk back through it.
+            "WITH hit AS (SELECT m.id, m.created_at, (SELECT p.seq FROM memories p "
+            "WHERE p.user_id = m.user_id AND p.agent_id = m.agent_id "
+            "AND p.session_id = m.session_id AND p.layer = m.layer AND p.seq < m.seq "
+            "ORDER BY p.seq DESC LIMIT 1) AS before_seq FROM memories m "
+            "WHERE m.id IN (SELECT value FROM json_each(?)) AND m.session_id != '' "
+            "AND m.layer IN (SELECT value FROM json_each(?))) "
+            "SELECT hit.id, p.id FROM hit JOIN memories p ON p.seq = hit.before_seq "
+            "WHERE p.created_at >= hit.created_at - ?",
+            (json.dumps(list(ids)), json.dumps(list(layers)), gap_s),
+        )
+        return {memory_id: before for memory_id, before in rows}
+
     async def rows_for_keys(
         self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
     ) -> dict[int, MemoryRow]:

@@ -89,6 +89,7 @@ def _scored(hit: Scored) -> common_pb2.ScoredMemory:
         memory=memory_message(hit.memory),
         score=hit.score,
         replaced=[memory_message(old) for old in hit.replaced],
+        follows_id=hit.follows_id,
     )
 
 
