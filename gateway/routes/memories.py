@@ -13,9 +13,9 @@ from gateway.errors import error_extras
 from gateway.params import check_string
 from gateway.readiness import wait_for_store
 from gateway.respond import (
-    DEFAULT_USER,
     INT32_MIN,
     LIMIT_MAX,
+    default_user,
     json_response,
     layer_filter,
     owner_scope,
@@ -63,7 +63,7 @@ async def add(request: web.Request) -> web.Response:
     status_ = extraction_status(config)
 
     owner = common_pb2.Owner(
-        user_id=user_id or DEFAULT_USER, agent_id=agent_id, session_id=session_id
+        user_id=user_id or default_user(), agent_id=agent_id, session_id=session_id
     )
     row = store_pb2.NewMemory(
         owner=owner,
@@ -211,8 +211,9 @@ async def _delete_one(
             ),
             timeout=timeout,
         )
-    except (NotFound, PermissionDenied):
-        # Another owner's row is reported exactly like a missing one, so ids do not leak.
+    except NotFound:
+        # Another owner's row is reported exactly like a missing one, so ids do not leak (an
+        # owner the caller's token does not reach is refused with 403, whatever the id).
         raise NotFound(f"memory {memory_id!r} not found") from None
 
 

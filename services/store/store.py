@@ -32,6 +32,7 @@ from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
 from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.grants import Grant
 
 
 class Store:
@@ -56,9 +57,12 @@ class Store:
             Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
         )
 
-    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
-        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
-        return self._core.reach(user_id, agent_id, all_users)
+    def reach(
+        self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
+    ) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
+        with a caller's grant, an owner outside it is refused and everyone is the granted."""
+        return self._core.reach(user_id, agent_id, all_users, grant)
 
     # -- writes ---------------------------------------------------------------------------
 
