@@ -101,13 +101,14 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
         candidate.fused = score
     found = [c for c in merged.values() if c.fused > 0]
     found.sort(key=lambda c: (-c.fused, -(c.cosine or -1.0)))
-    # The boosts are modest (at most half again), so what fusion leaves far down never reaches
-    # the results; dropping it keeps every later stage cheap.
+    # The boosts are modest (a date half again, a sitting a share of the best scores), so what
+    # fusion leaves below the head never reaches the results; dropping it keeps later stages
+    # cheap. The head is wide enough for a boost to lift a weak match of every source.
     return found[: max(HEAD_PER_RESULT * ctx.query.limit, MIN_HEAD)]
 
 
 HEAD_PER_RESULT = 5
-MIN_HEAD = 50
+MIN_HEAD = 100
 
 
 def _resort(ranked: list[Candidate]) -> list[Candidate]:
