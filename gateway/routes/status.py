@@ -40,6 +40,17 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return None
 
 
+def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
+    """A re-embed in progress: searches use the model in `embed` until it is done."""
+    return {
+        "to_model": job.to_model_id,
+        "done": job.done,
+        "total": job.total,
+        "state": job.state,
+        "error": job.error,
+    }
+
+
 @routes.route("*", "/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
@@ -57,12 +68,14 @@ async def status(request: web.Request) -> web.Response:
     else:  # the extractor owns the LLM's state; the gateway does not guess it
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
+    if stats.HasField("reembed"):
+        extras["reembed"] = reembed_status(stats.reembed)
     if llm is not None:
-        extras = {
-            "dropped_ops": llm.dropped_ops,
-            "refused_forgotten": llm.refused_forgotten,
-            "extracting": llm.in_flight,
-        }
+        extras.update(
+            dropped_ops=llm.dropped_ops,
+            refused_forgotten=llm.refused_forgotten,
+            extracting=llm.in_flight,
+        )
     return json_response(
         {
             "status": "ok",
