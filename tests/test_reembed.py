@@ -26,7 +26,7 @@ from shared.errors import ConfigError
 from shared.pb import common_pb2, embedder_pb2, embedder_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import LONG_TEXT, call
-from tests.support import ROOT, Stack, running_stack, value_eventually
+from tests.support import ROOT, Stack, assert_eventually, running_stack, value_eventually
 
 pytestmark = pytest.mark.slow
 
@@ -146,7 +146,7 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
         ["embedder", "store", "search", "gateway"],
         # Paced so the rebuild lasts long enough to be seen (and killed) midway.
         HYATLAS_REEMBED_BATCH="4",
-        HYATLAS_REEMBED_ROWS_PER_S="30",
+        HYATLAS_REEMBED_ROWS_PER_S="15",
     ) as stack:
         code, body = await call(stack, "POST", "/api/v1/import", data=_fillers(user))
         assert code == 200, body
@@ -176,6 +176,19 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
             assert (await _searched(stack, user, query))[0] == ids[text]
         late = await _add(stack, user, LATE[0])
 
+        # An embedder killed and back serves its configured model until the store tells it
+        # again which one searches need.
+        stack.procs["embedder"].kill()
+        stack.start("embedder")
+
+        async def old_model_served() -> None:
+            for text, query in TARGETS.items():
+                try:
+                    assert await _top_hit(stack, user, query) == (ids[text], MINILM.model_id)
+                except grpc.aio.AioRpcError as exc:  # the store refuses the wrong model's query
+                    raise AssertionError(exc.details()) from exc
+
+        await assert_eventually(old_model_served)
         stack.procs["store"].kill()
         staged, cursor = _persisted(data_dir / "hyatlas.db")
         assert staged > 0 and cursor > 0
