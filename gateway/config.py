@@ -34,6 +34,10 @@ class GatewayConfig:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
     """HYATLAS_TOKEN: when set, every route but /healthz and /readyz needs a bearer token."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent with every call to the services."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     mode: str = "ultra"
@@ -54,6 +58,10 @@ class GatewayConfig:
     """HYATLAS_CONSOLIDATE_GRAPH: whether the ultra pass builds the L5 graph (status wording)."""
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """HYATLAS_GO_DATA: reported by status when the store does not say."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: longest wait for a whole request head (and keep-alive idle time)."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: longest wait for a whole request body (a streamed one: a chunk)."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted; larger ones get 413."""
     rpc_timeout_s: float = 60.0
@@ -80,7 +88,11 @@ class GatewayConfig:
             consolidator_address=settings.address("consolidator"),
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
+            tokens_file=settings.tokens_file,
+            grpc_token=settings.grpc_token,
             admin=settings.admin,
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
             usage_learning=settings.usage_learning,
             mode=settings.mode,
             sync_extract=settings.sync_extract,

@@ -12,7 +12,6 @@ from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
@@ -23,18 +22,13 @@ from gateway.state import STORE
 from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
-from shared.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.errors import InvalidArgument, NotFound, ServiceError
 from shared.pb import common_pb2, store_pb2
+from shared.redact import shown_setting
 from shared.settings import Settings
 from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
-# Settings whose value is a credential: the dashboard says only whether each is set.
-SECRET_SETTINGS = frozenset(
-    {"token", "embed_key", "llm_key", "llm_key_file", "llm_fallback_key"}
-)
-# Settings holding a URL, which may carry user:password before the host.
-URL_SETTINGS = frozenset({"llm_base", "llm_fallback_base", "embed_base"})
 # How many of an owner's rows a detail view scans for the rows a memory replaced.
 WRITES_DAYS_DEFAULT = 14
 WRITES_DAYS_MAX = 90
@@ -59,17 +53,6 @@ def _scope(request: web.Request) -> common_pb2.Scope:
     """The owner the page selected (user_id defaults like the API's)."""
     query = request.query
     return owner_scope(query.get("user_id", "").strip(), query.get("agent_id", "").strip())
-
-
-def _without_userinfo(url: str) -> str:
-    """A URL with any user:password@ removed."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparsable URL)"
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def _plain(value: Any) -> Any:
@@ -97,15 +80,10 @@ def _flat_settings(settings: Settings) -> dict[str, Any]:
 
 def public_settings(settings: Settings) -> dict[str, Any]:
     """Every setting in force, credentials replaced by whether they are set."""
-    shown: dict[str, Any] = {}
-    for name, value in _flat_settings(settings).items():
-        if name in SECRET_SETTINGS:
-            shown[name] = "(set)" if value else "(not set)"
-        elif name in URL_SETTINGS and isinstance(value, str):
-            shown[name] = _without_userinfo(value)
-        else:
-            shown[name] = _plain(value)
-    return shown
+    return {
+        name: shown_setting(name, _plain(value))
+        for name, value in _flat_settings(settings).items()
+    }
 
 
 def _full_item(memory: common_pb2.Memory) -> dict[str, Any]:
@@ -142,7 +120,7 @@ async def _get(
         reply = await request.app[STORE].GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
-    except (NotFound, PermissionDenied):
+    except NotFound:
         return None
     return reply.memory
 

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.params import Params, read_body
 from gateway.state import CONFIG
+from shared.grants import current_grant
 from shared.layers import parse_layer
 from shared.pb import common_pb2
 
@@ -31,9 +32,17 @@ async def request_params(request: web.Request, *, query_wins: bool = False) -> P
     return Params(request.query, await read_body(request), query_wins=query_wins)
 
 
+def default_user() -> str:
+    """The user a request naming none acts for: its token's one user, else "default"."""
+    grant = current_grant()
+    if grant is not None and grant.users is not None and len(grant.users) == 1:
+        return next(iter(grant.users))
+    return DEFAULT_USER
+
+
 def owner_scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
     """One owner's scope; no user_id means the default user."""
-    return common_pb2.Scope(user_id=user_id or DEFAULT_USER, agent_id=agent_id)
+    return common_pb2.Scope(user_id=user_id or default_user(), agent_id=agent_id)
 
 
 def all_users() -> common_pb2.Scope:

@@ -191,8 +191,18 @@ class Settings:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin besides loopback and IPs."""
     token: str = ""
     """HYATLAS_TOKEN: a bearer token every route but /healthz requires when set."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: a JSON file of named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: the token services send and require on TCP gRPC addresses."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: a connection that has not sent a whole request head this long
+    after it opened (or after its last reply) is closed; also the keep-alive idle time."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: a request body must arrive in full within this long (an import
+    stream: each chunk), or the answer is 408 and the connection is closed."""
     graph_path: Path = Path("data/graph.json")
     """HYATLAS_GRAPH_PATH: the L5 graph's location (kept for compatibility)."""
 
@@ -297,6 +307,10 @@ class Settings:
             for name in SERVICES
         }
 
+        grpc_token = text("HYATLAS_GRPC_TOKEN")
+        _check_tcp_token(addresses, grpc_token)
+        tokens_file = text("HYATLAS_TOKENS_FILE")
+
         mode = text("HYATLAS_MODE", "ultra").lower()
         if mode not in MODES:
             raise ConfigError(f"HYATLAS_MODE={mode!r} is not one of {', '.join(MODES)}")
@@ -337,7 +351,11 @@ class Settings:
             http_port=port,
             allowed_hosts=_host_entries(text("HYATLAS_ALLOWED_HOSTS")),
             token=text("HYATLAS_TOKEN"),
+            tokens_file=Path(tokens_file).expanduser() if tokens_file else None,
+            grpc_token=grpc_token,
             admin=read_switch(env, "HYATLAS_ADMIN", False),
+            header_timeout_s=_read_timeout(env, "HYATLAS_HEADER_TIMEOUT", 30.0),
+            body_timeout_s=_read_timeout(env, "HYATLAS_BODY_TIMEOUT", 60.0),
             graph_path=Path(text("HYATLAS_GRAPH_PATH", str(data_dir / "graph.json"))),
             embed_base=text("HYATLAS_EMBED_BASE", "bge"),
             embed_model=text("HYATLAS_EMBED_MODEL", "text-embedding-3-small"),
@@ -390,8 +408,28 @@ class Settings:
         )
 
 
+def _check_tcp_token(addresses: Mapping[str, str], grpc_token: str) -> None:
+    """Refuses a TCP service address without a service token: gRPC has no other guard."""
+    if grpc_token:
+        return
+    for name, address in addresses.items():
+        if not address.startswith("unix:"):
+            raise ConfigError(
+                f"HYATLAS_{name.upper()}_ADDR={address!r} is a TCP address: set "
+                "HYATLAS_GRPC_TOKEN so that only the services can call it"
+            )
+
+
 def _mmr_lambda(env: Mapping[str, str]) -> float:
     value = read_float(env, "HYATLAS_MMR_LAMBDA", 0.75, 0.0, 1.0)
     if value <= 0:
         raise ConfigError(f"HYATLAS_MMR_LAMBDA={value!r} must be in (0, 1]")
+    return value
+
+
+def _read_timeout(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration that must stay on: a slow client is never given unlimited time."""
+    value = read_duration(env, name, default)
+    if value is None or value < 0:
+        raise ConfigError(f"{name}={env.get(name, '')!r} must be a positive duration")
     return value

@@ -254,7 +254,8 @@ async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_t
     history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=row.id))
     entries = list(history.entries)
     assert [e.action for e in entries] == ["insert", "retire", "restore", "update", "delete"]
-    assert entries[1].actor == "consolidator" and entries[1].reason == "cleanup"
+    # The delete erased what the row and its reasons said; who did what, when, is kept.
+    assert entries[1].actor == "consolidator" and entries[1].reason == ""
     assert json.loads(entries[1].before_json)["status"] == "active"
     assert json.loads(entries[1].after_json)["status"] == "retired"
     assert entries[-1].after_json == "" and json.loads(entries[-1].before_json)["hits"] == 3
@@ -877,3 +878,27 @@ async def test_read_many_answers_independent_reads_in_order_and_searches_near_a_
         await store.ReadMany(store_pb2.ReadManyRequest(reads=[
             store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope(), id=turn.id))] * 65))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_turn_found_by_search_names_the_turn_it_follows_in_its_sitting(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    # Written one at a time, as turns arrive: each follows the one before in its session.
+    question, answer = [
+        (await apply(store, insert(text, layer=L2, session="s1")))[0]
+        for text in ("Where did you go on the road trip?", "We drove to Woodhaven in the Midwest.")
+    ]
+    elsewhere = (await apply(store, insert("Woodhaven has a lovely library.", layer=L2,
+                                           session="s2")))[0]
+    fact = (await apply(store, insert("Woodhaven is a small town.", session="s1")))[0]
+
+    keyword = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="Woodhaven road trip", min_terms=1)
+    )
+    follows = {h.hit.memory.id: h.hit.follows_id for h in keyword.hits}
+    assert follows[answer.id] == question.id
+    # The first turn of a sitting, a turn of another sitting and a fact follow nothing.
+    assert follows[elsewhere.id] == "" and follows[fact.id] == ""
+    assert follows[question.id] == ""
+    vector = {h.memory.id: h.follows_id for h in await vector_hits(store, embedder, "Woodhaven")}
+    assert vector[answer.id] == question.id

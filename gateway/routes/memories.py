@@ -12,9 +12,9 @@ from gateway.config import GatewayConfig
 from gateway.errors import error_extras
 from gateway.readiness import wait_for_store
 from gateway.respond import (
-    DEFAULT_USER,
     INT32_MIN,
     LIMIT_MAX,
+    default_user,
     json_response,
     layer_filter,
     owner_scope,
@@ -62,7 +62,7 @@ async def add(request: web.Request) -> web.Response:
     status_ = extraction_status(config)
 
     owner = common_pb2.Owner(
-        user_id=user_id or DEFAULT_USER, agent_id=agent_id, session_id=session_id
+        user_id=user_id or default_user(), agent_id=agent_id, session_id=session_id
     )
     row = store_pb2.NewMemory(
         owner=owner,
@@ -210,8 +210,9 @@ async def _delete_one(
             ),
             timeout=timeout,
         )
-    except (NotFound, PermissionDenied):
-        # Another owner's row is reported exactly like a missing one, so ids do not leak.
+    except NotFound:
+        # Another owner's row is reported exactly like a missing one, so ids do not leak (an
+        # owner the caller's token does not reach is refused with 403, whatever the id).
         raise NotFound(f"memory {memory_id!r} not found") from None
 
 

@@ -15,6 +15,7 @@ from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
 from shared.pb import extractor_pb2, store_pb2
+from shared.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ async def status(request: web.Request) -> web.Response:
             "embed_dims": stats.ndim,
             "llm": state,
             "llm_model": config.llm_model,
-            "llm_base": config.llm_base,
+            "llm_base": redact_url(config.llm_base),
             "mode": config.mode,
             "mode_detail": mode_detail(config),
             "uses_llm": config.mode != "lite",

@@ -42,6 +42,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -70,6 +72,7 @@ class EmbedderConfig:
             threads=settings.embed_threads,
             max_batch=settings.embed_max_batch,
             pooled_spans=settings.embed_pooled_spans,
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )
 

@@ -54,7 +54,9 @@ async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedde
 
         metrics = ReadAtScrape(lambda: batcher_metrics(embedder.batcher))
         _, bound = await stack.enter_async_context(
-            running_grpc_server(config.address, register, collectors=[metrics])
+            running_grpc_server(
+                config.address, register, collectors=[metrics], token=config.grpc_token
+            )
         )
         log.info("embedder %s ready on %s", embedder.model_id, bound)
         yield RunningEmbedder(bound, embedder, models)

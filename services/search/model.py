@@ -121,6 +121,8 @@ class Candidate:
     content: str
     label: str = ""
     session_id: str = ""
+    follows_id: str = ""
+    """For a conversation turn: the turn before it in its sitting (which it may answer)."""
     created_at: float = 0.0
     due_at: float | None = None
     event_at: float | None = None

@@ -264,6 +264,55 @@ def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[
     return _resort(head) + tail
 
 
+SITTING_WINDOW = 3
+SITTING_SHARE = 0.1
+"""Each turn gains this share of the scores of the best SITTING_WINDOW candidates written in
+the same sitting (session) as it."""
+
+
+def favour_sittings(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Turns of a sitting that the best candidates come from are worth more.
+
+    A question is usually about one conversation: when several of the best matches were said in
+    the same sitting, that sitting's other turns are likelier answers than a stray match from
+    elsewhere. Memories without a session are left as they are.
+    """
+    window = ranked[:SITTING_WINDOW]
+    totals: dict[str, float] = {}
+    for candidate in window:
+        if candidate.session_id:
+            totals[candidate.session_id] = totals.get(candidate.session_id, 0.0) + candidate.fused
+    if not totals:
+        return ranked
+    own = {candidate.memory_id: candidate.fused for candidate in window}
+    for candidate in ranked:
+        if candidate.session_id in totals:
+            others = totals[candidate.session_id] - own.get(candidate.memory_id, 0.0)
+            candidate.fused += SITTING_SHARE * others
+    return _resort(ranked)
+
+
+REPLY_SHARE = 0.999
+"""A lifted reply's score as a share of its question's: just below it."""
+
+
+def lift_replies(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """A turn that answers a question the ranking holds high comes right after that question.
+
+    In a conversation the answer follows the question: when a turn that asks something is among
+    the best matches, the turn after it (if any source found it at all) is most likely what
+    is being looked for, even when it shares few words with the query.
+    """
+    asked = {c.memory_id: c for c in ranked[: ctx.query.limit] if "?" in c.content}
+    if not asked:
+        return ranked
+    for candidate in ranked:
+        question = asked.get(candidate.follows_id)
+        if question is not None and candidate.fused < question.fused:
+            candidate.fused = question.fused * REPLY_SHARE
+    return _resort(ranked)
+
+
 def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Maximal marginal relevance over the best candidates (HYATLAS_MMR_LAMBDA; 1 is off).
 

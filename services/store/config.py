@@ -36,6 +36,8 @@ class StoreConfig:
     recently used are saved and dropped (they load again on demand)."""
     embedder_wait_s: float = 60.0
     """How long start-up waits for the embedder to serve."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
     snapshots: SnapshotPlan | None = None
@@ -55,6 +57,7 @@ class StoreConfig:
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
             index_cache_bytes=read_megabytes(env, "HYATLAS_INDEX_CACHE_MB", DEFAULT_BUDGET_BYTES),
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
             snapshots=SnapshotPlan(
                 folder=settings.snapshot_dir,

@@ -17,6 +17,7 @@ from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
 from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.grants import Grant
 from shared.passages import Passage
 
 DEFAULT_ACTOR = "api"
@@ -51,13 +52,28 @@ class Core:
     exact_up_to: int
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
-        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
+    def reach(
+        self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
+    ) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
+        with a caller's grant, an owner outside it is refused and everyone is the granted."""
         if all_users:
-            return Reach(None, agent_id)
-        if not user_id:
+            reach = Reach(None, agent_id)
+        elif not user_id:
             raise InvalidArgument("scope.user_id is required (or scope.all_users)")
-        return Reach(self.alias_group(user_id), agent_id)
+        else:
+            reach = Reach(self.alias_group(user_id), agent_id)
+        return reach if grant is None else self._granted(reach, user_id, all_users, grant)
+
+    def _granted(self, reach: Reach, user_id: str, all_users: bool, grant: Grant) -> Reach:
+        if not all_users:
+            grant.check_owner(user_id, reach.agent_id)
+        elif grant.users is not None:
+            groups = [self.alias_group(user) for user in sorted(grant.users)]
+            reach = replace(reach, user_ids=tuple(dict.fromkeys(u for g in groups for u in g)))
+        if grant.agents is not None:
+            reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
+        return reach
 
     async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
         """One row, if the reach owns it."""
@@ -88,6 +104,11 @@ class Core:
             async with self.repo.transaction() as tx:
                 write = Write(self, tx, actor, now)
                 yield write
+                if write.erased:
+                    await tx.merge_keyword_indexes()
+            if write.erased:
+                # The deleted text is still in the write-ahead log's older frames till then.
+                await self.repo.checkpoint()
             if self.indexes is not None:
                 await self.indexes.apply(write.changes)
 
@@ -104,6 +125,8 @@ class Write:
     # Entity pages whose marks changed: rendered again before the transaction ends.
     pages: set[str] = field(default_factory=set)
     facts_changed: list[FactChange] = field(default_factory=list)
+    # Whether a row was deleted for good (see erase): its text must leave the files too.
+    erased: bool = False
 
     async def change(
         self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from services.store.actors import actor_for
+from services.store.actors import actor_for, named_actor
 from services.store.model import (
     CountQuery,
     Delete,
@@ -28,6 +28,7 @@ from services.store.model import (
 )
 from services.store.store import Store
 from shared.errors import Conflict, InvalidArgument
+from shared.grants import current_grant
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import grpc_errors
@@ -88,6 +89,7 @@ def _scored(hit: Scored) -> common_pb2.ScoredMemory:
         memory=memory_message(hit.memory),
         score=hit.score,
         replaced=[memory_message(old) for old in hit.replaced],
+        follows_id=hit.follows_id,
     )
 
 
@@ -206,7 +208,20 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self._store = store
 
     def _reach(self, scope: common_pb2.Scope) -> Reach:
-        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users)
+        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users, current_grant())
+
+    @staticmethod
+    def _everyone(what: str) -> None:
+        """Refuses a call on every owner to a caller whose grant reaches only some."""
+        grant = current_grant()
+        if grant is not None:
+            grant.check_everyone(what)
+
+    @staticmethod
+    def _token_name() -> str:
+        """The caller's token name, if the audit records it."""
+        grant = current_grant()
+        return grant.name if grant is not None and grant.audited else ""
 
     @grpc_errors
     async def Apply(
@@ -214,7 +229,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ApplyResponse:
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
-        actor = actor_for(request.actor, request.origin)
+        actor = actor_for(request.actor, request.origin, self._token_name())
         rows = await self._store.apply(reach, ops, actor, request.reason)
         return store_pb2.ApplyResponse(
             memories=[memory_message(r) if r is not None else common_pb2.Memory() for r in rows]
@@ -273,7 +288,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.model_id,
             request.extraction_status,
             request.write_mode,
-            actor_for(request.actor, ""),
+            actor_for(request.actor, "", self._token_name()),
         )
         return store_pb2.ImportRowsResponse(
             imported=done.imported,
@@ -285,6 +300,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def TakeSnapshot(
         self, request: store_pb2.TakeSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.TakeSnapshotResponse:
+        self._everyone("a snapshot")
         snapshot = await self._store.snapshot()
         return store_pb2.TakeSnapshotResponse(
             path=str(snapshot.path), size_bytes=snapshot.size_bytes, paused_s=snapshot.paused_s
@@ -367,7 +383,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.DeleteMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.DeleteMemoriesResponse:
         deleted = await self._store.delete_many(
-            self._reach(request.scope), _layers(request.layers), request.actor
+            self._reach(request.scope), _layers(request.layers),
+            named_actor(request.actor, self._token_name()),
         )
         return store_pb2.DeleteMemoriesResponse(deleted=deleted)
 
@@ -464,7 +481,10 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def UndoPass(
         self, request: store_pb2.UndoPassRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.UndoPassResponse:
-        undone = await self._store.undo_pass(request.pass_id, request.actor)
+        self._everyone("undoing a pass")
+        undone = await self._store.undo_pass(
+            request.pass_id, named_actor(request.actor, self._token_name())
+        )
         return store_pb2.UndoPassResponse(
             restored_ids=undone.restored_ids,
             undone_ids=undone.undone_ids,
@@ -502,6 +522,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.RestateFactsResponse:
         if not 0 < request.threshold <= 1:
             raise InvalidArgument(f"threshold {request.threshold} is outside (0, 1]")
+        self._everyone("restating facts")
         found = await self._store.restate_facts(
             request.threshold, request.dry_run, actor_for(request.actor, "")
         )

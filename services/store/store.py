@@ -33,6 +33,7 @@ from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
 from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.grants import Grant
 
 
 class Store:
@@ -73,9 +74,12 @@ class Store:
         """Where a re-embed stands (None when the store runs the configured model)."""
         return await self.reembed.progress() if self.reembed is not None else None
 
-    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
-        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
-        return self._core.reach(user_id, agent_id, all_users)
+    def reach(
+        self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
+    ) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
+        with a caller's grant, an owner outside it is refused and everyone is the granted."""
+        return self._core.reach(user_id, agent_id, all_users, grant)
 
     # -- writes ---------------------------------------------------------------------------
 
