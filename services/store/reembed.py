@@ -29,6 +29,7 @@ from services.store.repo import CLAUSE_KEY_OFFSET, Repo, unblob, vector_blob
 from shared.clients import ModelInfo
 from shared.errors import Internal
 from shared.passages import Passage
+from shared.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,8 @@ META_TO = "reembed_to"
 META_NDIM = "reembed_ndim"
 META_CURSOR = "reembed_cursor"
 
-# Rows left for the last sweep, which runs while writes wait: a sweep that catches up more than
-# a batch is followed by another without the lock.
+# Sweeps without the lock go on until one catches up at most a batch; then writes wait while
+# at most this many batches are made, and the switch follows.
 FINAL_SWEEPS = 3
 
 # A memory whose new vector is missing, was made from an older text, or lacks a clause key's.
@@ -311,7 +312,9 @@ class Reembedder:
                     await self._rebuild()
                     return
                 except Exception as exc:
-                    self.state, self.error = "waiting", str(exc) or type(exc).__name__
+                    # Shown by the status route: an embedder URL may carry a password.
+                    self.state = "waiting"
+                    self.error = redact_text(str(exc)) or type(exc).__name__
                     log.warning("re-embed paused, retrying in %.0f s: %s", wait_s, self.error)
                     await asyncio.sleep(wait_s)
                     wait_s = min(wait_s * 2, 30.0)
