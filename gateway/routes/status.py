@@ -14,6 +14,7 @@ from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
+from shared.grants import current_grant
 from shared.pb import extractor_pb2, store_pb2
 from shared.redact import redact_url
 
@@ -69,7 +70,9 @@ async def status(request: web.Request) -> web.Response:
     else:  # the extractor owns the LLM's state; the gateway does not guess it
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
-    if stats.HasField("reembed"):
+    grant = current_grant()
+    # Its counts are the whole store's: not for a token reaching some owners.
+    if stats.HasField("reembed") and (grant is None or grant.unrestricted):
         extras["reembed"] = reembed_status(stats.reembed)
     if llm is not None:
         extras.update(
