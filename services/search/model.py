@@ -213,6 +213,7 @@ MODEL_FLOORS: dict[str, float] = {
     "bge-small-en-v1.5": 0.60,
     "all-MiniLM-L6-v2-int8": 0.30,
     "all-MiniLM-L6-v2": 0.30,
+    "all-MiniLM-L6-v2-fp16": 0.30,
 }
 DEFAULT_FLOOR = 0.60
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.store.index import DEFAULT_BUDGET_BYTES
+from services.store.reembed import ReembedPlan
 from services.store.snapshot import SnapshotPlan
 from shared.aliases import Aliases
 from shared.errors import ConfigError
-from shared.settings import Settings, read_duration
+from shared.settings import OFF_WORDS, Settings, read_duration, read_int
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class StoreConfig:
     """HYATLAS_LOG_LEVEL: the process's log level."""
     snapshots: SnapshotPlan | None = None
     """HYATLAS_SNAPSHOT_*: where snapshots go, how many are kept and how often (None: defaults)."""
+    reembed: ReembedPlan = ReembedPlan()
+    """HYATLAS_REEMBED_*: how a re-embed to a newly configured model batches and paces itself."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
@@ -62,6 +65,10 @@ class StoreConfig:
                 every_s=settings.snapshot_every_s,
                 skip=(settings.run_dir, settings.snapshot_dir.resolve()),
             ),
+            reembed=ReembedPlan(
+                batch=read_int(env, "HYATLAS_REEMBED_BATCH", 64, 1, 1024),
+                rows_per_s=read_rate(env, "HYATLAS_REEMBED_ROWS_PER_S"),
+            ),
         )
 
 
@@ -74,3 +81,17 @@ def read_megabytes(env: Mapping[str, str], name: str, default: int) -> int:
     if not text.isdigit() or int(text) == 0:
         raise ConfigError(f"{name} must be a positive whole number of MiB, not {text!r}")
     return int(text) << 20
+
+
+def read_rate(env: Mapping[str, str], name: str) -> float | None:
+    """A positive number per second, or None when unset or off; anything else is a ConfigError."""
+    text = env.get(name, "").strip()
+    if not text or text.lower() in OFF_WORDS:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate < float("inf"):
+        raise ConfigError(f"{name} must be a positive number (or off), not {text!r}")
+    return rate

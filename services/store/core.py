@@ -26,7 +26,9 @@ DEFAULT_ACTOR = "api"
 class Embedder(Protocol):
     """What the store needs from the embedder service."""
 
-    async def embed_passages(self, passages: Sequence[Passage]) -> tuple[np.ndarray, str]: ...
+    async def embed_passages(
+        self, passages: Sequence[Passage], model_id: str = ""
+    ) -> tuple[np.ndarray, str]: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class Core:
         model is not the store's."""
         if self.model.mismatch:
             raise Conflict(self.model.mismatch)
-        vectors, model_id = await self.embedder.embed_passages(passages)
+        # Named: during a re-embed the embedder runs the new model too.
+        vectors, model_id = await self.embedder.embed_passages(passages, self.model.model_id)
         if model_id != self.model.model_id:
             raise Conflict(
                 f"the embedder now runs {model_id!r} but the store holds "

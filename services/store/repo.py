@@ -115,7 +115,8 @@ def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
 _HALF = b"h\x00"
 
 
-def _blob(vector: np.ndarray) -> bytes:
+def vector_blob(vector: np.ndarray) -> bytes:
+    """How a vector is stored (see unblob)."""
     return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
 
 
@@ -202,7 +203,7 @@ class Tx:
     async def _put_vector(self, memory_id: str, model_id: str, vector: np.ndarray) -> int:
         cursor = await self._conn.execute(
             "INSERT INTO vectors (memory_id, model_id, vector) VALUES (?, ?, ?)",
-            (memory_id, model_id, _blob(vector)),
+            (memory_id, model_id, vector_blob(vector)),
         )
         assert cursor.lastrowid is not None
         return cursor.lastrowid
@@ -263,7 +264,7 @@ class Tx:
         cursor = await self._conn.execute(
             "INSERT INTO memory_keys (memory_id, kind, text, model_id, vector, owner_key) "
             f"VALUES (?, ?, ?, ?, ?, {_OWNER_KEY_OF})",
-            (memory_id, kind, text, model_id, _blob(vector), memory_id),
+            (memory_id, kind, text, model_id, vector_blob(vector), memory_id),
         )
         assert cursor.lastrowid is not None
         return CLAUSE_KEY_OFFSET + cursor.lastrowid

@@ -28,19 +28,16 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
         channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(channel.close)
         await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
-        embedder = EmbedderClient(channel)
-        info = await embedder.describe()
         store = await stack.enter_async_context(
             open_store(
                 config.data_dir,
-                embedder,
-                info.model_id,
-                info.ndim,
+                EmbedderClient(channel),
                 config.user_aliases.group,
                 config.save_every_s,
                 config.exact_search_up_to,
                 config.index_cache_bytes,
                 config.snapshots,
+                config.reembed,
             )
         )
         yield store

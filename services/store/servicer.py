@@ -393,6 +393,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetStatsResponse:
         stats = await self._store.stats(self._reach(request.scope))
+        progress = await self._store.reembed_progress()
         return store_pb2.GetStatsResponse(
             layers=stats.layers,
             total=stats.total,
@@ -405,6 +406,15 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             data_dir=stats.data_dir,
             graph_nodes=stats.graph_nodes,
             graph_edges=stats.graph_edges,
+            reembed=store_pb2.Reembed(
+                to_model_id=progress.to_model_id,
+                done=progress.done,
+                total=progress.total,
+                state=progress.state,
+                error=progress.error,
+            )
+            if progress is not None
+            else None,
         )
 
     @grpc_errors

@@ -25,6 +25,7 @@ from services.store.model import (
     Stats,
     Undone,
 )
+from services.store.reembed import ModelSource, Progress, Reembedder, ReembedPlan
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
 from services.store.snapshot import Snapshot, SnapshotPlan, Snapshots
@@ -51,11 +52,27 @@ class Store:
     ) -> None:
         self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
-        self.model = model
         self._data_dir = data_dir
+        self.reembed: Reembedder | None = None
         self.snapshots = (
             Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
         )
+
+    @property
+    def model(self) -> VectorModel:
+        """The model the store's vectors come from (a re-embed changes it when it is done)."""
+        return self._core.model
+
+    def start_reembed(
+        self, embedder: ModelSource, folder: Path, target: VectorModel, plan: ReembedPlan
+    ) -> Reembedder:
+        """The re-embed that moves the store to target (its run() does the work)."""
+        self.reembed = Reembedder(self._core, embedder, folder, target, plan)
+        return self.reembed
+
+    async def reembed_progress(self) -> Progress | None:
+        """Where a re-embed stands (None when the store runs the configured model)."""
+        return await self.reembed.progress() if self.reembed is not None else None
 
     def reach(
         self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
