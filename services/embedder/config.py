@@ -38,6 +38,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
+    max_queue: int = 1024
+    """HYATLAS_EMBED_MAX_QUEUE: most texts waiting for a model run; more are refused."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -66,6 +68,7 @@ class EmbedderConfig:
             threads=settings.embed_threads,
             max_batch=settings.embed_max_batch,
             pooled_spans=settings.embed_pooled_spans,
+            max_queue=settings.embed_max_queue,
             log_level=settings.log_level,
         )
 
