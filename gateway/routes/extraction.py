@@ -13,6 +13,7 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
+    writes,
 )
 from gateway.shapes import list_items
 from gateway.state import CONFIG, EXTRACTOR, STORE
@@ -85,6 +86,7 @@ async def llm_key(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/v1/forget")
+@writes
 async def forget(request: web.Request) -> web.Response:
     """Retires the owner's rows holding a value (by text or id) and tombstones the value."""
     params = await request_params(request)
