@@ -416,6 +416,36 @@ class Tx:
             (pass_id, kind, target_id, before),
         )
 
+    async def idempotent_write(
+        self, user_id: str, agent_id: str, key: str, since: float
+    ) -> tuple[str, list[str]] | None:
+        """The request hash and row ids a write recorded under a key since a time, if any."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT request_hash, memory_ids FROM idempotency_keys "
+            "WHERE user_id = ? AND agent_id = ? AND key = ? AND created_at >= ?",
+            (user_id, agent_id, key, since),
+        )
+        if not rows:
+            return None
+        request_hash, ids = next(iter(rows))
+        return request_hash, json.loads(ids)
+
+    async def record_idempotent_write(
+        self, user_id: str, agent_id: str, key: str, request_hash: str, ids: Sequence[str],
+        at: float,
+    ) -> None:
+        """Remembers the row ids a write gave under its key."""
+        await self._conn.execute(
+            "INSERT OR REPLACE INTO idempotency_keys "
+            "(user_id, agent_id, key, request_hash, memory_ids, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (user_id, agent_id, key, request_hash, json.dumps(list(ids)), at),
+        )
+
+    async def forget_idempotent_writes(self, before: float) -> None:
+        """Drops the keys recorded before a time."""
+        await self._conn.execute("DELETE FROM idempotency_keys WHERE created_at < ?", (before,))
+
     async def pass_changes(self, pass_id: str) -> list[tuple[str, str, str]]:
         """A pass's changes, newest first: (kind, target id, before)."""
         rows = await self._conn.execute_fetchall(
