@@ -58,7 +58,7 @@ class GatewayConfig:
     """Largest request body accepted; larger ones get 413."""
     rpc_timeout_s: float = 5.0
     """HYATLAS_READ_TIMEOUT: deadline of one backing-service call of a reading route."""
-    write_timeout_s: float = 10.0
+    write_timeout_s: float = 8.0
     """HYATLAS_WRITE_TIMEOUT: deadline of one backing-service call of a writing route."""
     max_in_flight: int = 32
     """HYATLAS_MAX_IN_FLIGHT: API requests worked on at once; more wait, then get 503."""

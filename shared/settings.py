@@ -228,7 +228,7 @@ class Settings:
     """HYATLAS_QUEUE_WAIT: how long a request past that limit waits for a slot before a 503."""
     read_timeout_s: float = 5.0
     """HYATLAS_READ_TIMEOUT: deadline of one backing-service call of a reading route."""
-    write_timeout_s: float = 10.0
+    write_timeout_s: float = 8.0
     """HYATLAS_WRITE_TIMEOUT: deadline of one backing-service call of a writing route."""
     reconcile: bool = False
     """HYATLAS_RECONCILE: a second LLM call on similar facts after extraction."""
@@ -374,7 +374,7 @@ class Settings:
             max_in_flight=read_int(env, "HYATLAS_MAX_IN_FLIGHT", 32, 1, 100_000),
             queue_wait_s=read_duration(env, "HYATLAS_QUEUE_WAIT", 1.0) or 0.0,
             read_timeout_s=_deadline(env, "HYATLAS_READ_TIMEOUT", 5.0),
-            write_timeout_s=_deadline(env, "HYATLAS_WRITE_TIMEOUT", 10.0),
+            write_timeout_s=_deadline(env, "HYATLAS_WRITE_TIMEOUT", 8.0),
             reconcile=read_switch(env, "HYATLAS_RECONCILE", False),
             consolidate_every_s=consolidate_every,
             consolidate_batch=read_int(env, "HYATLAS_CONSOLIDATE_BATCH", 50, 2, 1000),
