@@ -211,8 +211,8 @@ class Settings:
     embed_pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: a memory's sentences get vectors pooled from its own model
     run (one model input a memory) instead of each sentence embedded alone."""
-    embed_max_queue: int = 1024
-    """HYATLAS_EMBED_MAX_QUEUE: most texts waiting for a model run; past it, RESOURCE_EXHAUSTED."""
+    embed_max_queue: int = 256
+    """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; past it, RESOURCE_EXHAUSTED."""
 
     mode: str = "ultra"
     """HYATLAS_MODE: lite | pro | ultra."""
@@ -356,7 +356,7 @@ class Settings:
             embed_threads=read_int(env, "HYATLAS_EMBED_THREADS", 2, 1, 64),
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
             embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", False),
-            embed_max_queue=read_int(env, "HYATLAS_EMBED_MAX_QUEUE", 1024, 1, 1_000_000),
+            embed_max_queue=read_int(env, "HYATLAS_EMBED_MAX_QUEUE", 256, 1, 1_000_000),
             mode=mode,
             sync_extract=sync_extract,
             llm=LlmSettings(

@@ -155,9 +155,9 @@ async def test_the_embedder_queue_refuses_calls_past_its_bound_but_takes_any_cal
         # Ten texts, more than the bound, into an empty queue: taken; the run holds eight.
         first = asyncio.create_task(batcher.embed(["t"] * 10))
         await started.wait()
-        assert batcher.waiting_texts == 2
+        assert batcher.waiting_vectors == 2
         second = asyncio.create_task(batcher.embed(["u"]))
-        await assert_eventually(lambda: batcher.waiting_texts == 3)
+        await assert_eventually(lambda: batcher.waiting_vectors == 3)
         with pytest.raises(Overloaded, match="queue is full"):
             await batcher.embed(["v"])
         release.set()

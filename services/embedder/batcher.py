@@ -36,7 +36,8 @@ class MicroBatcher(Generic[T]):
 
     While a run is in flight, new calls wait in the queue; the next run takes all of them, up
     to max_batch texts. A call with more texts than max_batch spans several runs. A call that
-    would take the queue past max_queue texts is refused (Overloaded) unless the queue is empty.
+    would take the queue past max_queue vectors to make is refused (Overloaded) unless the queue
+    is empty.
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class MicroBatcher(Generic[T]):
         run_batch: RunBatch[T],
         max_batch: int,
         rows_of: Callable[[T], int] = lambda _: 1,
-        max_queue: int = 1024,
+        max_queue: int = 256,
     ) -> None:
         """rows_of: how many rows run_batch gives for one item (one, for a plain text)."""
         self._run_batch = run_batch
@@ -66,9 +67,11 @@ class MicroBatcher(Generic[T]):
         return len(self._queue)
 
     @property
-    def waiting_texts(self) -> int:
-        """Texts queued and not yet taken into a run."""
-        return sum(len(request.texts) - request.taken for request in self._queue)
+    def waiting_vectors(self) -> int:
+        """Vectors still to make for the texts queued and not yet taken into a run."""
+        return sum(
+            self._rows_of(text) for request in self._queue for text in request.texts[request.taken:]
+        )
 
     async def __aenter__(self) -> MicroBatcher[T]:
         self._worker = asyncio.create_task(self._work(), name="embed-batcher")
@@ -101,11 +104,11 @@ class MicroBatcher(Generic[T]):
         """The rows run_batch gives for texts, in order, computed in a shared run."""
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
-        waiting = self.waiting_texts
+        waiting = self.waiting_vectors
         # An empty queue takes a call of any size, so a long call is slow, never refused.
-        if waiting and waiting + len(texts) > self._max_queue:
+        if waiting and waiting + sum(self._rows_of(text) for text in texts) > self._max_queue:
             raise Overloaded(
-                f"embedder queue is full ({waiting} texts waiting, limit {self._max_queue})"
+                f"embedder queue is full ({waiting} vectors waiting, limit {self._max_queue})"
             )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(texts, future))

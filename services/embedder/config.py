@@ -38,8 +38,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
-    max_queue: int = 1024
-    """HYATLAS_EMBED_MAX_QUEUE: most texts waiting for a model run; more are refused."""
+    max_queue: int = 256
+    """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; more are refused."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
