@@ -60,7 +60,7 @@ class GatewayConfig:
     """HYATLAS_READ_TIMEOUT: deadline of one backing-service call of a reading route."""
     write_timeout_s: float = 8.0
     """HYATLAS_WRITE_TIMEOUT: deadline of one backing-service call of a writing route."""
-    max_in_flight: int = 32
+    max_in_flight: int = 8
     """HYATLAS_MAX_IN_FLIGHT: API requests worked on at once; more wait, then get 503."""
     queue_wait_s: float = 1.0
     """HYATLAS_QUEUE_WAIT: how long a request past max_in_flight waits for a slot."""

@@ -222,7 +222,7 @@ class Settings:
     """The HYATLAS_LLM_* settings and HYATLAS_EXTRACT_TIMEOUT."""
     startup_wait_s: float = 10.0
     """HYATLAS_STARTUP_WAIT: how long a request waits for a store that is not answering yet."""
-    max_in_flight: int = 32
+    max_in_flight: int = 8
     """HYATLAS_MAX_IN_FLIGHT: API requests the gateway works on at once."""
     queue_wait_s: float = 1.0
     """HYATLAS_QUEUE_WAIT: how long a request past that limit waits for a slot before a 503."""
@@ -371,7 +371,7 @@ class Settings:
                 max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
             ),
             startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,
-            max_in_flight=read_int(env, "HYATLAS_MAX_IN_FLIGHT", 32, 1, 100_000),
+            max_in_flight=read_int(env, "HYATLAS_MAX_IN_FLIGHT", 8, 1, 100_000),
             queue_wait_s=read_duration(env, "HYATLAS_QUEUE_WAIT", 1.0) or 0.0,
             read_timeout_s=_deadline(env, "HYATLAS_READ_TIMEOUT", 5.0),
             write_timeout_s=_deadline(env, "HYATLAS_WRITE_TIMEOUT", 8.0),

@@ -16,6 +16,7 @@ import pytest
 
 from services.embedder.batcher import MicroBatcher
 from shared.errors import Overloaded
+from tests.llm_fake import HANG, fake_llm_in_thread
 from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
@@ -140,6 +141,28 @@ async def test_a_paused_store_gives_503_with_retry_after_at_the_read_deadline(
                 assert again.status == 200, again.body
 
             await assert_eventually(answers)
+
+
+async def test_a_write_waiting_for_its_llm_extraction_gives_its_slot_back(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with fake_llm_in_thread() as llm, running_stack(
+        tmp_path, ["store", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="pro", HYATLAS_SYNC_EXTRACT="on",
+        HYATLAS_LLM_BASE=llm.url, HYATLAS_LLM_MODEL="scripted", HYATLAS_LLM_KEY="k",
+        HYATLAS_MAX_IN_FLIGHT="1", HYATLAS_QUEUE_WAIT="0",
+    ) as stack:
+        llm.default = HANG
+        async with aiohttp.ClientSession() as session:
+            body = {"text": "Remind me to water the ferns", "user_id": "alice"}
+            waiting = asyncio.create_task(post(session, stack, "/api/v1/add", body))
+            await assert_eventually(lambda: len(llm.requests) > 0)
+            # The one slot is free again although the write still waits for the LLM.
+            listed = await post(session, stack, "/api/v1/list", {"user_id": "alice"})
+            assert listed.status == 200, listed.body
+            assert [m["content"] for m in listed.body["memories"]] == [body["text"]]
+            assert not waiting.done()
+            waiting.cancel()
 
 
 async def test_the_embedder_queue_refuses_calls_past_its_bound_but_takes_any_call_when_empty(

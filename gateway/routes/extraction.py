@@ -6,6 +6,7 @@ import ipaddress
 
 from aiohttp import web
 
+from gateway import admission
 from gateway.respond import (
     INT32_MIN,
     all_users,
@@ -47,6 +48,7 @@ async def reprocess(request: web.Request) -> web.Response:
                 "note": "mode is lite; extraction is disabled, nothing to reprocess",
             }
         )
+    admission.leave(request)  # what follows waits on the LLM
     reply = await request.app[EXTRACTOR].Reprocess(
         extractor_pb2.ReprocessRequest(ids=ids, max=most),
         timeout=max(rpc_timeout(request), (2 * config.extract_timeout_s + 30.0) * 4),

@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from gateway import admission
 from gateway.config import GatewayConfig
 from gateway.errors import error_extras
 from gateway.readiness import wait_for_store
@@ -118,6 +119,8 @@ async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str
     """Hands a new raw row to the extractor; if it cannot be reached, catch-up takes the row."""
     config = request.app[CONFIG]
     wait = config.sync_extract
+    if wait:
+        admission.leave(request)
     # A waiting write may see a primary and a fallback round, and one retry of each.
     timeout = 2 * config.extract_timeout_s + 30.0 if wait else rpc_timeout(request)
     try:
