@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from services.embedder.batcher import MicroBatcher
+from services.store.repo import Repo
 from shared.errors import Overloaded
 from tests.llm_fake import HANG, fake_llm_in_thread
 from tests.support import Stack, assert_eventually, running_stack
@@ -186,3 +187,22 @@ async def test_the_embedder_queue_refuses_calls_past_its_bound_but_takes_any_cal
         release.set()
         assert (await first).shape == (10, 2) and (await second).shape == (1, 2)
         assert (await batcher.embed(["w"] * 10)).shape == (10, 2)
+
+
+async def test_a_write_cancelled_at_its_deadline_leaves_the_store_writable(tmp_path: Path) -> None:
+    """A deadline may cancel a write while its BEGIN is still on SQLite's thread; the next write
+    must not find a transaction left open."""
+    async with Repo(tmp_path / "hyatlas.db") as repo:
+
+        async def write(value: str) -> None:
+            async with repo.transaction() as tx:
+                await tx.set_state("k", value, 1.0)
+
+        for _ in range(3):
+            cancelled = asyncio.create_task(write("lost"))
+            await asyncio.sleep(0)  # it has handed its BEGIN to SQLite's thread
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            await write("kept")
+        assert await repo.get_state("k") == [("k", "kept")]

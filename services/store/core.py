@@ -82,11 +82,14 @@ class Core:
         """One write under the lock, in one transaction; the indexes follow once it commits."""
         async with self.write_lock:
             now = time.time()
-            async with self.repo.transaction() as tx:
-                write = Write(self, tx, actor, now)
-                yield write
-            if self.indexes is not None:
-                await self.indexes.apply(write.changes)
+            changes = IndexChanges()
+
+            async def follow() -> None:
+                if self.indexes is not None:
+                    await self.indexes.apply(changes)
+
+            async with self.repo.transaction(follow) as tx:
+                yield Write(self, tx, actor, now, changes)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -559,15 +561,38 @@ class Repo:
         await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
-        """One write transaction: committed if the block succeeds, rolled back otherwise."""
-        await self.writer.execute("BEGIN IMMEDIATE")
+    async def transaction(
+        self, committed: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[Tx]:
+        """One write transaction: committed if the block succeeds, then `committed` runs;
+        rolled back otherwise. A caller cancelled at any point (a deadline) leaves no
+        transaction open, and one cancelled once the commit began still gets `committed`."""
         try:
+            await self.writer.execute("BEGIN IMMEDIATE")
             yield Tx(self.writer)
         except BaseException:
-            await self.writer.execute("ROLLBACK")
+            await self._rollback()
             raise
-        await self.writer.execute("COMMIT")
+        await asyncio.shield(self._commit(committed))
+
+    async def _commit(self, committed: Callable[[], Awaitable[None]] | None) -> None:
+        try:
+            await self.writer.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+        if committed is not None:
+            await committed()
+
+    async def _rollback(self) -> None:
+        # aiosqlite runs statements in order on one thread, so this comes after any statement
+        # still running there: a BEGIN its caller stopped waiting for is rolled back too.
+        try:
+            await self.writer.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            if self.writer.in_transaction:
+                raise
+            # Nothing was open: the BEGIN itself failed.
 
     async def get_meta(self, key: str) -> str | None:
         """A value of the store_meta table."""
