@@ -195,6 +195,8 @@ ABLATION = (
     "usage",
     "dedupe",
     "near_duplicates",
+    "sittings",
+    "replies",
     "mmr",
 )
 

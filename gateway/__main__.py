@@ -19,7 +19,14 @@ async def main() -> None:
     settings = Settings.from_env()
     config = GatewayConfig.from_settings(settings)
     apply_log_level(config.log_level)
-    runner = web.AppRunner(make_app(config, settings), access_log=None, shutdown_timeout=10.0)
+    runner = web.AppRunner(
+        make_app(config, settings),
+        access_log=None,
+        shutdown_timeout=10.0,
+        # aiohttp starts this timer when a connection opens and after each reply, and closes a
+        # connection still waiting for a whole request head when it fires: the header timeout.
+        keepalive_timeout=config.header_timeout_s,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.http_host, config.http_port)

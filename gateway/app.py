@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import admission, dashboard, metrics, readiness
+from gateway import admission, dashboard, metrics, openapi, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
+from gateway.grants import TOKENS, TokenBook
 from gateway.guards import guards_middleware, token_middleware
+from gateway.read_timeouts import body_timeout_middleware
 from gateway.routes import (
     admin,
     digest,
@@ -45,11 +47,11 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     """Opens the channels to the other services for the app's lifetime."""
     config = app[CONFIG]
     async with (
-        open_channel(config.embedder_address) as embedder,
-        open_channel(config.store_address) as store,
-        open_channel(config.search_address) as search,
-        open_channel(config.extractor_address) as extractor,
-        open_channel(config.consolidator_address) as consolidator,
+        open_channel(config.embedder_address, config.grpc_token) as embedder,
+        open_channel(config.store_address, config.grpc_token) as store,
+        open_channel(config.search_address, config.grpc_token) as search,
+        open_channel(config.extractor_address, config.grpc_token) as extractor,
+        open_channel(config.consolidator_address, config.grpc_token) as consolidator,
     ):
         app[CHANNELS] = {
             "embedder": embedder,
@@ -72,18 +74,22 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     app = web.Application(
         # metrics outermost so every answer is counted with the status it went out with; then
         # admission, which sees every answer's final status (a 503 gets Retry-After); then
-        # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too.
+        # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too. The body
+        # is read (within its timeout) only once the caller passed every check.
         middlewares=[metrics.metrics_middleware, admission.admission_middleware,
-                     errors_middleware, guards_middleware, token_middleware],
+                     errors_middleware, guards_middleware, token_middleware,
+                     body_timeout_middleware],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
+    app[TOKENS] = TokenBook.open(config.token, config.tokens_file)
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
     admission.register(app)
     metrics.register(app)
     for module in (
-        readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer
+        readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer,
+        openapi,
     ):
         app.add_routes(module.routes)
     dashboard.register(app, settings)

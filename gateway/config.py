@@ -34,6 +34,10 @@ class GatewayConfig:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin."""
     token: str = ""
     """HYATLAS_TOKEN: when set, every route but /healthz and /readyz needs a bearer token."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent with every call to the services."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
     mode: str = "ultra"
@@ -54,12 +58,16 @@ class GatewayConfig:
     """HYATLAS_CONSOLIDATE_GRAPH: whether the ultra pass builds the L5 graph (status wording)."""
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """HYATLAS_GO_DATA: reported by status when the store does not say."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: longest wait for a whole request head (and keep-alive idle time)."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: longest wait for a whole request body (a streamed one: a chunk)."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted; larger ones get 413."""
     rpc_timeout_s: float = 5.0
-    """HYATLAS_READ_TIMEOUT: deadline of one backing-service call of a reading route."""
-    write_timeout_s: float = 8.0
-    """HYATLAS_WRITE_TIMEOUT: deadline of one backing-service call of a writing route."""
+    """HYATLAS_READ_DEADLINE: deadline of one backing-service call of a reading route."""
+    write_deadline_s: float = 8.0
+    """HYATLAS_WRITE_DEADLINE: deadline of one backing-service call of a writing route."""
     max_in_flight: int = 8
     """HYATLAS_MAX_IN_FLIGHT: API requests worked on at once; more wait, then get 503."""
     queue_wait_s: float = 1.0
@@ -86,13 +94,17 @@ class GatewayConfig:
             consolidator_address=settings.address("consolidator"),
             allowed_hosts=settings.allowed_hosts,
             token=settings.token,
+            tokens_file=settings.tokens_file,
+            grpc_token=settings.grpc_token,
             admin=settings.admin,
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
             usage_learning=settings.usage_learning,
             mode=settings.mode,
             sync_extract=settings.sync_extract,
             startup_wait_s=settings.startup_wait_s,
-            rpc_timeout_s=settings.read_timeout_s,
-            write_timeout_s=settings.write_timeout_s,
+            rpc_timeout_s=settings.read_deadline_s,
+            write_deadline_s=settings.write_deadline_s,
             max_in_flight=settings.max_in_flight,
             queue_wait_s=settings.queue_wait_s,
             extract_timeout_s=settings.llm.timeout_s,

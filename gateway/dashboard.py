@@ -12,10 +12,10 @@ from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
+from gateway.params import Params
 from gateway.readiness import service_states
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.shapes import list_item, rfc3339
@@ -23,18 +23,14 @@ from gateway.state import STORE
 from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
-from shared.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.errors import InvalidArgument, NotFound, ServiceError
+from shared.limits import MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2
+from shared.redact import shown_setting
 from shared.settings import Settings
 from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
-# Settings whose value is a credential: the dashboard says only whether each is set.
-SECRET_SETTINGS = frozenset(
-    {"token", "embed_key", "llm_key", "llm_key_file", "llm_fallback_key"}
-)
-# Settings holding a URL, which may carry user:password before the host.
-URL_SETTINGS = frozenset({"llm_base", "llm_fallback_base", "embed_base"})
 # How many of an owner's rows a detail view scans for the rows a memory replaced.
 WRITES_DAYS_DEFAULT = 14
 WRITES_DAYS_MAX = 90
@@ -57,19 +53,8 @@ SETTINGS = web.AppKey("dashboard_settings", Settings)
 
 def _scope(request: web.Request) -> common_pb2.Scope:
     """The owner the page selected (user_id defaults like the API's)."""
-    query = request.query
-    return owner_scope(query.get("user_id", "").strip(), query.get("agent_id", "").strip())
-
-
-def _without_userinfo(url: str) -> str:
-    """A URL with any user:password@ removed."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparsable URL)"
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    params = Params(request.query, {})
+    return owner_scope(params.string("user_id"), params.string("agent_id"))
 
 
 def _plain(value: Any) -> Any:
@@ -97,15 +82,10 @@ def _flat_settings(settings: Settings) -> dict[str, Any]:
 
 def public_settings(settings: Settings) -> dict[str, Any]:
     """Every setting in force, credentials replaced by whether they are set."""
-    shown: dict[str, Any] = {}
-    for name, value in _flat_settings(settings).items():
-        if name in SECRET_SETTINGS:
-            shown[name] = "(set)" if value else "(not set)"
-        elif name in URL_SETTINGS and isinstance(value, str):
-            shown[name] = _without_userinfo(value)
-        else:
-            shown[name] = _plain(value)
-    return shown
+    return {
+        name: shown_setting(name, _plain(value))
+        for name, value in _flat_settings(settings).items()
+    }
 
 
 def _full_item(memory: common_pb2.Memory) -> dict[str, Any]:
@@ -142,14 +122,14 @@ async def _get(
         reply = await request.app[STORE].GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
-    except (NotFound, PermissionDenied):
+    except NotFound:
         return None
     return reply.memory
 
 
 async def memory_detail(request: web.Request) -> web.Response:
     """One row of the owner with its source rows, what it replaced and what replaced it."""
-    memory_id = request.query.get("id", "").strip()
+    memory_id = Params(request.query, {}).string("id")
     if not memory_id:
         raise InvalidArgument("id required")
     scope = _scope(request)
@@ -311,9 +291,13 @@ async def search_stages(request: web.Request) -> web.Response:
 
 def _static_file(tail: str) -> Path:
     """The file under the dashboard folder a URL tail names; anything outside it is a 404."""
-    path = (STATIC_DIR / (tail or "index.html")).resolve()
+    try:
+        path = (STATIC_DIR / (tail or "index.html")).resolve()
+    except (ValueError, OSError):  # a NUL byte, or a name the file system refuses
+        path = STATIC_DIR
     if not path.is_relative_to(STATIC_DIR) or not path.is_file():
-        raise NotFound(f"/dashboard/{tail} not found")
+        shown = tail[:MAX_NAME_CHARS].encode("utf-8", "replace").decode()
+        raise NotFound(f"/dashboard/{shown} not found")
     return path
 
 

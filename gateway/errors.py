@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.state import CONFIG
-from shared.errors import Internal, ServiceError, Unauthenticated, Unavailable
+from shared.errors import ServiceError, Unauthenticated, Unavailable, Unimplemented
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,29 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(request, exc.status, message, headers)
     except Exception:
-        error_id = uuid.uuid4().hex[:12]
+        error_id = new_error_id()
         log.exception("%s %s failed (error id %s)", request.method, request.path, error_id)
-        return error_response(request, 500, f"internal error (id {error_id})")
+        return error_response(request, 500, internal_message(error_id))
+
+
+def new_error_id() -> str:
+    """A short reference that ties a client's 500 to its log line."""
+    return uuid.uuid4().hex[:12]
+
+
+def internal_message(error_id: str) -> str:
+    """All a client learns of an unexpected failure: that it happened, and its reference."""
+    return f"internal error (id {error_id})"
 
 
 def _service_error(request: web.Request, exc: ServiceError) -> web.Response:
     message = exc.message
     if isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
-    elif isinstance(exc, Internal):
-        log.error("%s %s: %s", request.method, request.path, message)
+    elif exc.http_status >= 500 and not isinstance(exc, Unimplemented):
+        # A backing service's own words may hold exception text: they go to the log only.
+        error_id = new_error_id()
+        log.error("%s %s: %s (error id %s)", request.method, request.path, message, error_id)
+        message = internal_message(error_id)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
     return error_response(request, exc.http_status, message, headers)

@@ -1,17 +1,21 @@
-"""Request guards: anti-rebinding Host check, cross-site/Origin refusal, bearer token."""
+"""Request guards: anti-rebinding Host check, cross-site/Origin refusal, bearer token and scope."""
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
+import logging
 from collections.abc import Set
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from gateway.errors import Handler
+from gateway.grants import GRANT, TOKENS, scope_for
 from gateway.state import CONFIG
-from shared.errors import PermissionDenied, Unauthenticated
+from shared.errors import PermissionDenied, ServiceError, Unauthenticated
+from shared.grants import CURRENT_GRANT
+
+log = logging.getLogger(__name__)
 
 # Liveness and readiness must be reachable by a supervisor that holds no token.
 TOKEN_EXEMPT = frozenset({"/healthz", "/readyz"})
@@ -65,9 +69,27 @@ def origin_allowed(origin: str, host_header: str, allowed: Set[str]) -> bool:
     return hostname.removesuffix(".") in allowed
 
 
+def _log_refusal(request: web.Request, exc: ServiceError) -> None:
+    grant = request.get(GRANT)
+    log.warning(
+        "refused %s %s for %s: %d %s", request.method, request.path,
+        grant.name if grant is not None else "anonymous", exc.http_status, exc.message,
+    )
+
+
 @web.middleware
 async def guards_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuses requests a web page could make on someone's behalf (DNS rebinding, CSRF)."""
+    """Refuses requests a web page could make on someone's behalf (DNS rebinding, CSRF); logs
+    every 401 and 403, these and the token check's alike."""
+    try:
+        _check_origin(request)
+        return await handler(request)
+    except (Unauthenticated, PermissionDenied) as exc:
+        _log_refusal(request, exc)
+        raise
+
+
+def _check_origin(request: web.Request) -> None:
     allowed = request.app[CONFIG].allowed_hosts
     host = request.headers.get("Host", "")
     if not host_allowed(host, allowed):
@@ -77,21 +99,26 @@ async def guards_middleware(request: web.Request, handler: Handler) -> web.Strea
     origin = request.headers.get("Origin")
     if origin is not None and not origin_allowed(origin, host, allowed):
         raise PermissionDenied("cross-origin request refused")
-    return await handler(request)
 
 
 @web.middleware
 async def token_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With HYATLAS_TOKEN set, every route but /healthz and /readyz needs a bearer token."""
-    token = request.app[CONFIG].token
+    """With any token configured, every route but /healthz and /readyz needs a bearer token
+    whose grant holds the route's scope; the handler then runs under that grant."""
+    book = request.app[TOKENS]
     # A handler may mark itself public (the dashboard's static shell, which asks for the token).
     public = getattr(request.match_info.handler, "token_exempt", False)
-    if token and request.path not in TOKEN_EXEMPT and not public:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        # Compared in constant time so the token cannot be guessed byte by byte.
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        )
-        if not ok:
-            raise Unauthenticated("a valid bearer token is required (Authorization: Bearer ...)")
-    return await handler(request)
+    if not book.configured or request.path in TOKEN_EXEMPT or public:
+        return await handler(request)
+    grant = book.resolve(request.headers.get("Authorization", ""))
+    if grant is None:
+        raise Unauthenticated("a valid bearer token is required (Authorization: Bearer ...)")
+    request[GRANT] = grant
+    needed = scope_for(request)
+    if needed not in grant.scopes:
+        raise PermissionDenied(f"token {grant.name!r} lacks the {needed!r} scope this route needs")
+    reset = CURRENT_GRANT.set(grant)
+    try:
+        return await handler(request)
+    finally:
+        CURRENT_GRANT.reset(reset)

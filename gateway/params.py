@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, TooLarge
+from shared.limits import (
+    END_OF_CALENDAR_S,
+    FIRST_TIME_S,
+    MAX_JSON_DEPTH,
+    MAX_METADATA_BYTES,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+)
 
+# Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
+# (up to MAX_NAME_CHARS).
+FREE_TEXT = frozenset({"text", "data", "query", "old_text", "reason", "key", "llm_key", "node"})
+TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
+
+# A \\uXXXX escape of a UTF-16 surrogate: the only way JSON text decodes to one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 _MISSING = object()
@@ -29,11 +45,83 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant)
+        # Decoded here, strictly: json.loads would take UTF-16 too, and lone surrogates with it.
+        text = raw.decode("utf-8-sig")
+        value = json.loads(text, parse_constant=_refuse_constant)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise InvalidArgument("bad body") from None
+    except RecursionError:  # nested deeper than the parser's stack
+        raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"bad body: expected a JSON object, got {type(value).__name__}")
+    # Both checks walk the body, so each runs only when the raw bytes leave it in doubt.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        check_depth(value)
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(value)
+    return value
+
+
+def check_depth(value: Any) -> None:
+    """Refuses a JSON value whose arrays and objects nest over MAX_JSON_DEPTH levels."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:  # a loop, not recursion: the depth is what is being checked
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep")
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def check_unicode(value: Any) -> None:
+    """Refuses a JSON value holding a string (or key) that is not valid Unicode, such as a lone
+    surrogate "\\ud800", which no store can encode."""
+    try:  # one pass in C; the walk below runs only to name the culprit
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        where = _surrogate_at(value, "body")[:MAX_NAME_CHARS]
+        raise InvalidArgument(
+            f"bad body: {where} is not valid Unicode (a lone surrogate)"
+        ) from None
+
+
+def _surrogate_at(value: Any, where: str) -> str:
+    """Where in value a string UTF-8 cannot encode lies ("" if none; the depth is bounded)."""
+    if isinstance(value, str):
+        return "" if _encodes(value) else where
+    if isinstance(value, list):
+        children = [(f"{where}[{index}]", child) for index, child in enumerate(value)]
+    elif isinstance(value, dict):
+        if not all(_encodes(key) for key in value):
+            return f"a key of {where}"
+        children = [(f"{where}.{key}", child) for key, child in value.items()]
+    else:
+        return ""
+    for path, child in children:
+        found = _surrogate_at(child, path)
+        if found:
+            return found
+    return ""
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_string(name: str, value: str) -> str:
+    """A string parameter within its length limit: free text (FREE_TEXT) up to MAX_TEXT_CHARS
+    (else 413), any other up to MAX_NAME_CHARS (else 400)."""
+    if name in FREE_TEXT:
+        if len(value) > MAX_TEXT_CHARS:
+            raise TooLarge(
+                f"{name} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}"
+            )
+    elif len(value) > MAX_NAME_CHARS:
+        raise InvalidArgument(f"{name} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
     return value
 
 
@@ -68,6 +156,7 @@ class Params:
             return default
         if not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a string")
+        check_string(name, value)
         return value.strip() if strip else value
 
     def integer(self, name: str, default: int, *, lo: int = 0, hi: int = 2**31 - 1) -> int:
@@ -128,15 +217,18 @@ class Params:
             value = [value]
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise InvalidArgument(f"{name} must be a list of strings")
-        return [item.strip() for item in value if item.strip()]
+        return [check_string(name, item).strip() for item in value if item.strip()]
 
     def obj(self, name: str) -> dict[str, Any]:
-        """A JSON object parameter (body only); {} when absent."""
+        """A JSON object parameter (body only) of at most MAX_METADATA_BYTES; {} when absent."""
         value, from_query = self._lookup(name)
         if value is _MISSING:
             return {}
         if from_query or not isinstance(value, dict):
             raise InvalidArgument(f"{name} must be a JSON object")
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        if size > MAX_METADATA_BYTES:
+            raise TooLarge(f"{name} is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}")
         return dict(value)
 
     def timestamp(self, name: str) -> float | None:
@@ -148,9 +240,7 @@ class Params:
             return parse_time(name, value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{name} must be unix seconds or an RFC3339 / ISO date string")
-        if not math.isfinite(value) or not 0 <= value < 253402300800:  # before year 10000
-            raise InvalidArgument(f"{name} is out of range")
-        return float(value)
+        return _in_range(name, float(value))
 
 
 def parse_time(name: str, text: str) -> float:
@@ -161,9 +251,7 @@ def parse_time(name: str, text: str) -> float:
     except ValueError:
         pass
     else:
-        if math.isfinite(seconds) and 0 <= seconds < 253402300800:
-            return seconds
-        raise InvalidArgument(f"{name} is out of range")
+        return _in_range(name, seconds)
     iso = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         moment = datetime.fromisoformat(iso)
@@ -173,4 +261,12 @@ def parse_time(name: str, text: str) -> float:
         ) from None
     if moment.tzinfo is None:  # a bare date or local time is read as UTC
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    # An offset can move a date at either end of the calendar out of it (year 0 or 10000).
+    return _in_range(name, moment.timestamp())
+
+
+def _in_range(name: str, seconds: float) -> float:
+    """The one range check of every point in time a client sends, numbers and dates alike."""
+    if not math.isfinite(seconds) or not FIRST_TIME_S <= seconds < END_OF_CALENDAR_S:
+        raise InvalidArgument(f"{name} is out of range: it {TIME_RANGE}")
+    return seconds

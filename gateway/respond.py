@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.params import Params, read_body
 from gateway.state import CONFIG
+from shared.grants import current_grant
 from shared.layers import parse_layer
 from shared.pb import common_pb2
 
@@ -34,9 +35,17 @@ async def request_params(request: web.Request, *, query_wins: bool = False) -> P
     return Params(request.query, await read_body(request), query_wins=query_wins)
 
 
+def default_user() -> str:
+    """The user a request naming none acts for: its token's one user, else "default"."""
+    grant = current_grant()
+    if grant is not None and grant.users is not None and len(grant.users) == 1:
+        return next(iter(grant.users))
+    return DEFAULT_USER
+
+
 def owner_scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
     """One owner's scope; no user_id means the default user."""
-    return common_pb2.Scope(user_id=user_id or DEFAULT_USER, agent_id=agent_id)
+    return common_pb2.Scope(user_id=user_id or default_user(), agent_id=agent_id)
 
 
 def all_users() -> common_pb2.Scope:
@@ -56,9 +65,9 @@ def writes(handler: Route) -> Route:
 
 
 def rpc_timeout(request: web.Request) -> float:
-    """How long a route waits for one call to a backing service: HYATLAS_WRITE_TIMEOUT for a
-    route marked `writes`, HYATLAS_READ_TIMEOUT for any other."""
+    """How long a route waits for one call to a backing service: HYATLAS_WRITE_DEADLINE for a
+    route marked `writes`, HYATLAS_READ_DEADLINE for any other."""
     config = request.app[CONFIG]
     if getattr(request.match_info.handler, "writes", False):
-        return config.write_timeout_s
+        return config.write_deadline_s
     return config.rpc_timeout_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -13,8 +14,18 @@ CHANNELS = ("pages", "profile", "proactive", "experiences", "normal")
 
 
 def rfc3339(seconds: float) -> str:
-    """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z."""
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z; "" for a time no calendar
+    date shows (a row stored before dates were range-checked may hold one)."""
+    try:
+        moment = datetime.fromtimestamp(int(seconds), UTC)
+    except (ValueError, OverflowError, OSError):
+        return ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unix_seconds(seconds: float) -> int:
+    """Whole unix seconds; 0 for a stored value that is not a finite number."""
+    return int(seconds) if math.isfinite(seconds) else 0
 
 
 def layer_counts(counts: Mapping[str, int]) -> dict[str, int]:
@@ -31,14 +42,14 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
         "content": memory.content,
         "score": round(float(scored.score), 6),
         "layer": _layer(memory.layer),
-        "gmt_created": int(memory.created_at),
+        "gmt_created": unix_seconds(memory.created_at),
     }
     if memory.owner.user_id:
         item["user_id"] = memory.owner.user_id
     if memory.owner.agent_id:
         item["agent_id"] = memory.owner.agent_id
     if memory.HasField("event_at"):
-        item["event_at"] = int(memory.event_at)
+        item["event_at"] = unix_seconds(memory.event_at)
     if memory.label:
         item["label"] = memory.label
     if scored.replaced:
@@ -47,7 +58,7 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
                 "memory_id": old.id,
                 "content": old.content,
                 "superseded_how": old.superseded_how,
-                "invalid_at": int(old.invalid_at) if old.HasField("invalid_at") else 0,
+                "invalid_at": unix_seconds(old.invalid_at) if old.HasField("invalid_at") else 0,
             }
             for old in scored.replaced
         ]
@@ -77,14 +88,14 @@ def list_item(memory: common_pb2.Memory) -> dict[str, Any]:
         "agent_id": memory.owner.agent_id,
         "session_id": memory.owner.session_id,
         "ts": rfc3339(memory.created_at),
-        "gmt_created": int(memory.created_at),
+        "gmt_created": unix_seconds(memory.created_at),
         "extracted": memory.extraction_status == "done",
         "extraction_status": memory.extraction_status,
         "label": memory.label,
         "count": memory.count,
     }
     if memory.HasField("event_at"):
-        item["event_at"] = int(memory.event_at)
+        item["event_at"] = unix_seconds(memory.event_at)
     if memory.HasField("invalid_at"):
         item["invalid_at"] = rfc3339(memory.invalid_at)
         item["superseded_by"] = memory.superseded_by

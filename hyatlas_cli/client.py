@@ -106,6 +106,11 @@ def _bar(what: str, total: int | None) -> tqdm[Any]:
     return tqdm(total=total, desc=what, unit="B", unit_scale=True, file=sys.stderr)
 
 
+def progress_bar(what: str, total: int) -> tqdm[Any]:
+    """A bar counting rows on stderr."""
+    return tqdm(total=total, desc=what, unit="rows", file=sys.stderr)
+
+
 def _error(status: int, body: Any) -> str:
     message = body.get("error") if isinstance(body, dict) else None
     return f"HTTP {status}: {message or body}"

@@ -1,4 +1,4 @@
-"""hyatlas status | export | import | snapshot | doctor: one function a command."""
+"""hyatlas status | export | import | snapshot | reembed | doctor: one function a command."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hyatlas_cli.client import Gateway, GatewayError
+from hyatlas_cli.client import Gateway, GatewayError, progress_bar
 
 # A scheduled snapshot older than this many intervals means the schedule has stalled.
 STALE_INTERVALS = 2
@@ -60,6 +60,26 @@ async def snapshot(gateway: Gateway, args: argparse.Namespace) -> int:
     return 0
 
 
+async def reembed(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Follows a re-embed to the configured model with a progress bar until the switch."""
+    state = await gateway.ok("GET", "/api/v1/status")
+    job = state.get("reembed")
+    if job is None:
+        print(f"nothing to re-embed: every vector is of {state['embed']}", file=sys.stderr)
+        return 0
+    with progress_bar(f"re-embed to {job['to_model']}", job["total"]) as bar:
+        while job is not None:
+            bar.total = job["total"]
+            bar.update(job["done"] - bar.n)
+            bar.set_postfix_str(job["state"] + (f": {job['error']}" if job["error"] else ""))
+            await asyncio.sleep(args.every)
+            state = await gateway.ok("GET", "/api/v1/status")
+            job = state.get("reembed")
+        bar.update(bar.total - bar.n)
+    print(f"re-embedded: searches use {state['embed']}", file=sys.stderr)
+    return 0
+
+
 async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
     """Checks that every service answers, the model is usable and snapshots are recent."""
     checks: list[tuple[str, bool, str]] = []
@@ -103,6 +123,7 @@ COMMANDS: dict[str, Callable[[Gateway, argparse.Namespace], Coroutine[Any, Any, 
     "export": export,
     "import": import_,
     "snapshot": snapshot,
+    "reembed": reembed,
     "doctor": doctor,
 }
 
@@ -120,6 +141,8 @@ def parser() -> argparse.ArgumentParser:
     commands.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
     commands.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
     commands.add_parser("snapshot", help=snapshot.__doc__)
+    command = commands.add_parser("reembed", help=reembed.__doc__)
+    command.add_argument("--every", type=float, default=1.0, help="seconds between checks")
     commands.add_parser("doctor", help=doctor.__doc__)
     return top
 

@@ -23,6 +23,8 @@ class ModelInfo:
     model_id: str
     ndim: int
     semantic: bool
+    configured_model_id: str = ""
+    """The model the embedder is set up with (a store moves its vectors to it)."""
 
 
 class EmbedderClient:
@@ -49,11 +51,14 @@ class EmbedderClient:
             model_id = reply.model_id
         return np.concatenate(parts), model_id
 
-    async def embed_passages(self, passages: Sequence[Passage]) -> tuple[np.ndarray, str]:
+    async def embed_passages(
+        self, passages: Sequence[Passage], model_id: str = ""
+    ) -> tuple[np.ndarray, str]:
         """Unit vectors for each passage in order, its text's then its spans' (one model run
-        gives both, see shared.passages), and the model id that made them."""
+        gives both, see shared.passages), and the model id that made them (model_id's, or
+        the served model's when empty)."""
         rows: list[np.ndarray] = []
-        model_id = ""
+        made_by = ""
         for chunk in _chunks(passages):
             request = embedder_pb2.EmbedRequest(
                 texts=[p.text for p in chunk],
@@ -62,6 +67,7 @@ class EmbedderClient:
                     for i, p in enumerate(chunk)
                     for start, end in p.spans
                 ],
+                model_id=model_id,
             )
             with rpc_errors("embedder"):
                 reply = await self._stub.Embed(request, timeout=self._timeout_s)
@@ -69,18 +75,30 @@ class EmbedderClient:
             for passage, vector in zip(chunk, reply.vectors, strict=True):
                 rows.append(np.array(vector.values, dtype=np.float32))
                 rows.extend(np.array(next(spans).values, dtype=np.float32) for _ in passage.spans)
-            model_id = reply.model_id
+            made_by = reply.model_id
         if not rows:
-            return np.zeros((0, 0), dtype=np.float32), model_id
-        return np.stack(rows), model_id
+            return np.zeros((0, 0), dtype=np.float32), made_by
+        return np.stack(rows), made_by
 
-    async def describe(self) -> ModelInfo:
-        """The embedder's model id, dimension and whether it is semantic."""
+    async def describe(self, model_id: str = "") -> ModelInfo:
+        """A model's id, dimension and whether it is semantic (the served model's by default)."""
         with rpc_errors("embedder"):
             reply = await self._stub.DescribeModel(
-                embedder_pb2.DescribeModelRequest(), timeout=self._timeout_s
+                embedder_pb2.DescribeModelRequest(model_id=model_id), timeout=self._timeout_s
             )
-        return ModelInfo(reply.model_id, reply.ndim, reply.semantic)
+        return _info(reply)
+
+    async def serve(self, model_id: str) -> ModelInfo:
+        """Makes model_id the model calls naming none get (loading it); NotFound if unknown."""
+        with rpc_errors("embedder"):
+            reply = await self._stub.ServeModel(
+                embedder_pb2.ServeModelRequest(model_id=model_id), timeout=self._timeout_s
+            )
+        return _info(reply)
+
+
+def _info(reply: embedder_pb2.DescribeModelResponse) -> ModelInfo:
+    return ModelInfo(reply.model_id, reply.ndim, reply.semantic, reply.configured_model_id)
 
 
 def _chunks(passages: Sequence[Passage]) -> list[Sequence[Passage]]:

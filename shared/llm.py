@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from shared.errors import ServiceError, Unavailable
+from shared.redact import redact_text
 from shared.settings import LlmSettings
 
 if TYPE_CHECKING:
@@ -293,7 +294,7 @@ class LlmClient:
                         continue
                     raise LlmUnavailable(f"HTTP {exc.status_code}: {_short(exc)}") from exc
                 except openai.OpenAIError as exc:
-                    raise LlmUnavailable(str(exc) or type(exc).__name__) from exc
+                    raise LlmUnavailable(redact_text(str(exc)) or type(exc).__name__) from exc
                 # Only a form that got an answer is remembered, so a 400 for another reason
                 # (a prompt too long, say) never downgrades the endpoint for later calls.
                 self._forms[(endpoint.base, endpoint.model)] = form
@@ -305,7 +306,8 @@ class LlmClient:
 
 
 def _short(exc: openai.APIStatusError) -> str:
-    return str(exc)[:300]
+    # An error may quote the URL it was sent to, credentials and all.
+    return redact_text(str(exc))[:300]
 
 
 def parse_json_object(text: str) -> dict[str, Any]:

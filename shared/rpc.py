@@ -6,6 +6,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import hmac
 import logging
 import time
 import uuid
@@ -21,6 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from shared.errors import ServiceError, error_for_status
+from shared.grants import CURRENT_GRANT, Grant
 from shared.pb import introspect_pb2, introspect_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,110 @@ class _Introspect(introspect_pb2_grpc.IntrospectServicer):
         return introspect_pb2.GetMetricsResponse(text=text)
 
 
+GRANT_METADATA = "x-hyatlas-grant"
+"""Call metadata carrying the caller's grant (JSON); a call without it is a service's own work."""
+TOKEN_METADATA = "authorization"
+"""Call metadata carrying the service token ("bearer TOKEN"), required on TCP addresses."""
+# A supervisor checks health without holding the service token.
+OPEN_METHODS = ("/grpc.health.v1.Health/",)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that answers UNAUTHENTICATED."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(refuse, **serializers)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(refuse, **serializers)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(refuse, **serializers)
+    return grpc.stream_stream_rpc_method_handler(refuse, **serializers)
+
+
+def _under_grant(
+    value: str, behavior: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """The behavior run with CURRENT_GRANT set to the grant in value."""
+
+    async def served(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            grant = Grant.from_header(value)
+        except ServiceError as exc:
+            await context.abort(exc.code, exc.message)
+        reset = CURRENT_GRANT.set(grant)
+        try:
+            return await behavior(request, context)
+        finally:
+            CURRENT_GRANT.reset(reset)
+
+    return served
+
+
+class _CallGuard(grpc.aio.ServerInterceptor):
+    """Refuses calls without the service token (when one is required) and serves each call
+    under the grant its metadata carries, so the calls it makes carry that grant on."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _token_ok(self, metadata: dict[str, Any]) -> bool:
+        scheme, _, given = str(metadata.get(TOKEN_METADATA, "")).partition(" ")
+        # Compared in constant time so the token cannot be guessed byte by byte.
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), self._token.encode()
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        metadata = dict(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
+        if self._token and not method.startswith(OPEN_METHODS) and not self._token_ok(metadata):
+            return _refusal(handler, "this address needs the service token (HYATLAS_GRPC_TOKEN)")
+        grant = metadata.get(GRANT_METADATA)
+        if grant is None or not handler.unary_unary:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            _under_grant(str(grant), handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _CallMetadata(grpc.aio.UnaryUnaryClientInterceptor):
+    """Sends the service token (if any) and the grant of the call being served (if any)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        extra = [(TOKEN_METADATA, f"bearer {self._token}")] if self._token else []
+        grant = CURRENT_GRANT.get()
+        if grant is not None:
+            extra.append((GRANT_METADATA, grant.header()))
+        if extra:
+            metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), *extra)
+            client_call_details = client_call_details._replace(metadata=metadata)
+        return await continuation(client_call_details, request)
+
+
 def _unix_path(address: str) -> Path | None:
     if not address.startswith("unix:"):
         return None
@@ -189,10 +295,13 @@ async def running_grpc_server(
     *,
     grace_s: float = 5.0,
     collectors: Iterable[Collector] = (),
+    token: str = "",
 ) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
     """Serves the servicers `register` adds (it returns their full service names).
 
     `collectors` add the service's own figures to the metrics Introspect/GetMetrics serves.
+    On a TCP address every call but health needs `token` (unix sockets are guarded by the
+    file system).
 
     Yields the server and the bound address (a TCP port of 0 is replaced by the real one).
     On exit gRPC health turns NOT_SERVING first, then the server stops with a grace period.
@@ -200,7 +309,12 @@ async def running_grpc_server(
     meter = _RpcMeter()
     for collector in collectors:
         meter.registry.register(collector)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter])
+    sock = _unix_path(address)
+    if sock is None and not token:
+        log.warning("gRPC on TCP %s without a service token: anyone who can reach it "
+                    "reads and changes every memory (set HYATLAS_GRPC_TOKEN)", address)
+    guard = _CallGuard(token if sock is None else "")
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter, guard])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -214,7 +328,6 @@ async def running_grpc_server(
         ],
         server,
     )
-    sock = _unix_path(address)
     if sock is not None:
         sock.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -239,9 +352,12 @@ async def running_grpc_server(
         log.info("stopped %s", ", ".join(names))
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """An insecure channel to a service address (unix:PATH or HOST:PORT)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def open_channel(address: str, token: str = "") -> grpc.aio.Channel:
+    """A channel to a service address (unix:PATH or HOST:PORT) whose calls carry the service
+    token (if given) and the grant of the call being served."""
+    return grpc.aio.insecure_channel(
+        address, options=CHANNEL_OPTIONS, interceptors=[_CallMetadata(token)]
+    )
 
 
 async def health_state(channel: grpc.aio.Channel, timeout_s: float = 1.0, service: str = "") -> str:

@@ -6,15 +6,22 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.errors import ConfigError
+from shared.redact import redact_text
 
 T = TypeVar("T")
+
+# Whatever a service creates (folders, the database, index files, unix sockets) is its user's
+# alone: folders 0700, files 0600, sockets no other account can connect to.
+PRIVATE_UMASK = 0o077
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -31,10 +38,11 @@ class JsonLineFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            # Every line, a library's too, loses the secrets a URL in it may carry.
+            "msg": redact_text(record.getMessage()),
         }
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = redact_text(self.formatException(record.exc_info))
         return json.dumps(entry, ensure_ascii=False)
 
 
@@ -92,8 +100,28 @@ async def until_stopped() -> None:
             loop.remove_signal_handler(sig)
 
 
+def make_private(folder: Path) -> None:
+    """Takes group and other access off an existing folder and everything in it (a data
+    directory made before the services set their umask); symlinks are left alone."""
+    if not folder.is_dir():
+        return
+    folder.chmod(0o700)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            _chmod_unless_link(Path(root, name), 0o700)
+        for name in files:
+            _chmod_unless_link(Path(root, name), 0o600)
+
+
+def _chmod_unless_link(path: Path, mode: int) -> None:
+    with contextlib.suppress(FileNotFoundError):  # a file may go while the walk runs
+        if not path.is_symlink():
+            path.chmod(mode)
+
+
 def run_service(service: str, main: Callable[[], Awaitable[None]]) -> None:
-    """Runs a service's main(); a ConfigError exits with status 2 and says why."""
+    """Runs a service's main() with a private umask; a ConfigError exits with status 2."""
+    os.umask(PRIVATE_UMASK)
     setup_logging(service)
     try:
         asyncio.run(main())  # type: ignore[arg-type]

@@ -191,8 +191,18 @@ class Settings:
     """HYATLAS_ALLOWED_HOSTS: DNS names accepted in Host and Origin besides loopback and IPs."""
     token: str = ""
     """HYATLAS_TOKEN: a bearer token every route but /healthz requires when set."""
+    tokens_file: Path | None = None
+    """HYATLAS_TOKENS_FILE: a JSON file of named tokens, each granting some owners and scopes."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: the token services send and require on TCP gRPC addresses."""
     admin: bool = False
     """HYATLAS_ADMIN: enables bulk delete and the /api/v1/admin routes."""
+    header_timeout_s: float = 30.0
+    """HYATLAS_HEADER_TIMEOUT: a connection that has not sent a whole request head this long
+    after it opened (or after its last reply) is closed; also the keep-alive idle time."""
+    body_timeout_s: float = 60.0
+    """HYATLAS_BODY_TIMEOUT: a request body must arrive in full within this long (an import
+    stream: each chunk), or the answer is 408 and the connection is closed."""
     graph_path: Path = Path("data/graph.json")
     """HYATLAS_GRAPH_PATH: the L5 graph's location (kept for compatibility)."""
 
@@ -226,10 +236,10 @@ class Settings:
     """HYATLAS_MAX_IN_FLIGHT: API requests the gateway works on at once."""
     queue_wait_s: float = 1.0
     """HYATLAS_QUEUE_WAIT: how long a request past that limit waits for a slot before a 503."""
-    read_timeout_s: float = 5.0
-    """HYATLAS_READ_TIMEOUT: deadline of one backing-service call of a reading route."""
-    write_timeout_s: float = 8.0
-    """HYATLAS_WRITE_TIMEOUT: deadline of one backing-service call of a writing route."""
+    read_deadline_s: float = 5.0
+    """HYATLAS_READ_DEADLINE: deadline of one backing-service call of a reading route."""
+    write_deadline_s: float = 8.0
+    """HYATLAS_WRITE_DEADLINE: deadline of one backing-service call of a writing route."""
     reconcile: bool = False
     """HYATLAS_RECONCILE: a second LLM call on similar facts after extraction."""
 
@@ -307,6 +317,10 @@ class Settings:
             for name in SERVICES
         }
 
+        grpc_token = text("HYATLAS_GRPC_TOKEN")
+        _check_tcp_token(addresses, grpc_token)
+        tokens_file = text("HYATLAS_TOKENS_FILE")
+
         mode = text("HYATLAS_MODE", "ultra").lower()
         if mode not in MODES:
             raise ConfigError(f"HYATLAS_MODE={mode!r} is not one of {', '.join(MODES)}")
@@ -347,7 +361,11 @@ class Settings:
             http_port=port,
             allowed_hosts=_host_entries(text("HYATLAS_ALLOWED_HOSTS")),
             token=text("HYATLAS_TOKEN"),
+            tokens_file=Path(tokens_file).expanduser() if tokens_file else None,
+            grpc_token=grpc_token,
             admin=read_switch(env, "HYATLAS_ADMIN", False),
+            header_timeout_s=_read_timeout(env, "HYATLAS_HEADER_TIMEOUT", 30.0),
+            body_timeout_s=_read_timeout(env, "HYATLAS_BODY_TIMEOUT", 60.0),
             graph_path=Path(text("HYATLAS_GRAPH_PATH", str(data_dir / "graph.json"))),
             embed_base=text("HYATLAS_EMBED_BASE", "bge"),
             embed_model=text("HYATLAS_EMBED_MODEL", "text-embedding-3-small"),
@@ -373,8 +391,8 @@ class Settings:
             startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,
             max_in_flight=read_int(env, "HYATLAS_MAX_IN_FLIGHT", 8, 1, 100_000),
             queue_wait_s=read_duration(env, "HYATLAS_QUEUE_WAIT", 1.0) or 0.0,
-            read_timeout_s=_deadline(env, "HYATLAS_READ_TIMEOUT", 5.0),
-            write_timeout_s=_deadline(env, "HYATLAS_WRITE_TIMEOUT", 8.0),
+            read_deadline_s=_deadline(env, "HYATLAS_READ_DEADLINE", 5.0),
+            write_deadline_s=_deadline(env, "HYATLAS_WRITE_DEADLINE", 8.0),
             reconcile=read_switch(env, "HYATLAS_RECONCILE", False),
             consolidate_every_s=consolidate_every,
             consolidate_batch=read_int(env, "HYATLAS_CONSOLIDATE_BATCH", 50, 2, 1000),
@@ -412,8 +430,28 @@ def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _check_tcp_token(addresses: Mapping[str, str], grpc_token: str) -> None:
+    """Refuses a TCP service address without a service token: gRPC has no other guard."""
+    if grpc_token:
+        return
+    for name, address in addresses.items():
+        if not address.startswith("unix:"):
+            raise ConfigError(
+                f"HYATLAS_{name.upper()}_ADDR={address!r} is a TCP address: set "
+                "HYATLAS_GRPC_TOKEN so that only the services can call it"
+            )
+
+
 def _mmr_lambda(env: Mapping[str, str]) -> float:
     value = read_float(env, "HYATLAS_MMR_LAMBDA", 0.75, 0.0, 1.0)
     if value <= 0:
         raise ConfigError(f"HYATLAS_MMR_LAMBDA={value!r} must be in (0, 1]")
+    return value
+
+
+def _read_timeout(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration that must stay on: a slow client is never given unlimited time."""
+    value = read_duration(env, name, default)
+    if value is None or value < 0:
+        raise ConfigError(f"{name}={env.get(name, '')!r} must be a positive duration")
     return value

@@ -750,7 +750,7 @@ def test_settings_in_force_show_whether_credentials_are_set_but_never_their_valu
         assert secret not in text
     assert shown["token"] == "(set)" and shown["llm_key"] == "(set)"
     assert shown["llm_fallback_key"] == "(not set)"
-    assert shown["llm_base"] == "http://llm.local:8080/v1"
+    assert shown["llm_base"] == "http://me:***@llm.local:8080/v1"
     assert shown["mode"] == "pro"
 
 

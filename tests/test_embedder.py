@@ -31,6 +31,7 @@ from services.embedder.models import (
 from services.embedder.onnx_encoder import plan_runs
 from services.embedder.server import RunningEmbedder, running_server
 from shared.errors import ConfigError, Unavailable
+from shared.limits import MAX_EMBED_CHARS
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import open_channel
 from tests.support import ROOT, ServiceProcess, assert_eventually, base_env, grpc_serving
@@ -212,7 +213,10 @@ async def test_empty_request_gets_empty_reply(embedder_address: str) -> None:
 
 @pytest.mark.parametrize(
     ("texts", "needle"),
-    [(["x"] * 1025, "at most 1024"), (["fine", "y" * 100_001], "texts[1] has 100001 characters")],
+    [
+        (["x"] * 1025, "at most 1024"),
+        (["fine", "y" * (MAX_EMBED_CHARS + 1)], f"texts[1] has {MAX_EMBED_CHARS + 1} characters"),
+    ],
 )
 async def test_oversized_request_is_invalid_argument(
     embedder_address: str, texts: list[str], needle: str

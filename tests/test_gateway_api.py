@@ -263,16 +263,16 @@ async def test_bad_input_is_refused_and_stores_nothing(api: Api) -> None:
     assert (await api.call("GET", "/api/v1/status"))[1]["writes"] == before_writes
 
 
-async def test_a_text_the_embedder_refuses_is_400_with_its_reason_and_stores_nothing(
+async def test_a_text_over_the_limit_is_413_with_its_reason_and_stores_nothing(
     api: Api,
 ) -> None:
     user = _user()
-    # The store accepts the request; the embedder refuses the text (INVALID_ARGUMENT), and that
-    # reaches the client as its own fault (400), not as a backing service being away (503).
+    # Refused by the gateway before any service is asked: the client's fault (413), never a
+    # backing service being away (503).
     status, body = await api.call(
         "POST", "/api/v1/add", json={"text": "a" * 100_001, "user_id": user})
-    assert status == 400, body
-    assert "at most 100000" in body["error"] and body["success"] is False
+    assert status == 413, body
+    assert "the limit is 100,000" in body["error"] and body["success"] is False
     assert (await api.listing(user))["total"] == 0
 
 

@@ -71,7 +71,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> It
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_MAX_IN_FLIGHT=str(LIMIT),
         HYATLAS_QUEUE_WAIT="0",
-        HYATLAS_WRITE_TIMEOUT="10m",
+        HYATLAS_WRITE_DEADLINE="10m",
     ) as s:
         yield s
 
@@ -124,7 +124,7 @@ async def test_a_paused_store_gives_503_with_retry_after_at_the_read_deadline(
 ) -> None:
     with running_stack(
         tmp_path, ["store", "gateway"],
-        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_READ_TIMEOUT="1s",
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_READ_DEADLINE="1s",
     ) as short:
         async with aiohttp.ClientSession() as session:
             body = {"user_id": "alice"}

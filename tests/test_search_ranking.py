@@ -320,3 +320,40 @@ def test_context_key_holds_the_turn_with_its_neighbours() -> None:
         "Sam: any plans?\nPriya: hiking\nSam: nice"
     )
     assert context_text(None, "Priya: hiking", None) == "Priya: hiking"
+
+
+def test_a_reply_to_a_question_among_the_best_comes_right_after_it() -> None:
+    ranked = [
+        cand("q", "Where did you go on the road trip?", fused=1.0),
+        cand("x", "road trips are fun", fused=0.9),
+        cand("y", "the trip was long", fused=0.8),
+        cand("a", "We drove to Woodhaven.", fused=0.2, follows_id="q"),
+    ]
+    assert ids(ranking.lift_replies(ranked, ctx())) == ["q", "a", "x", "y"]
+
+
+def test_a_reply_is_not_lifted_when_its_turn_asked_nothing_or_ranks_below_the_limit() -> None:
+    ranked = [
+        cand("s", "We went on a road trip.", fused=1.0),
+        cand("q", "Where did you go?", fused=0.9),
+        cand("b", "Nice, tell me more", fused=0.5, follows_id="s"),
+        cand("a", "Woodhaven.", fused=0.2, follows_id="q"),
+    ]
+    # "s" asked nothing; "q" is outside a limit of one.
+    assert ids(ranking.lift_replies(list(ranked), ctx(limit=1))) == ["s", "q", "b", "a"]
+    assert ids(ranking.lift_replies(list(ranked), ctx(limit=2))) == ["s", "q", "a", "b"]
+
+
+def test_turns_of_the_sitting_the_best_matches_share_rise_over_a_stray_match() -> None:
+    ranked = [
+        cand("a1", fused=1.0, session_id="s1"),
+        cand("a2", fused=0.9, session_id="s1"),
+        cand("stray", fused=0.5, session_id="s2"),
+        cand("a3", fused=0.35, session_id="s1"),
+        cand("loose", fused=0.34),
+    ]
+    out = ranking.favour_sittings(ranked, ctx())
+    assert ids(out) == ["a1", "a2", "a3", "stray", "loose"]
+    # A sitting's own best turns gain from each other, not from themselves.
+    assert out[0].fused == pytest.approx(1.0 + ranking.SITTING_SHARE * 0.9)
+    assert out[-1].fused == pytest.approx(0.34)

@@ -15,12 +15,13 @@ import pytest
 
 from services.store import fulltext
 from services.store.config import StoreConfig
+from services.store.reembed import ReembedPlan
 from services.store.server import running_server
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import running_stack
+from tests.support import assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -253,7 +254,8 @@ async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_t
     history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=row.id))
     entries = list(history.entries)
     assert [e.action for e in entries] == ["insert", "retire", "restore", "update", "delete"]
-    assert entries[1].actor == "consolidator" and entries[1].reason == "cleanup"
+    # The delete erased what the row and its reasons said; who did what, when, is kept.
+    assert entries[1].actor == "consolidator" and entries[1].reason == ""
     assert json.loads(entries[1].before_json)["status"] == "active"
     assert json.loads(entries[1].after_json)["status"] == "retired"
     assert entries[-1].after_json == "" and json.loads(entries[-1].before_json)["hits"] == 3
@@ -652,7 +654,10 @@ async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
         assert len(list((tmp_path / "vectors").glob("*.usearch"))) == 2
 
 
-async def test_a_store_built_with_another_model_refuses_vector_search(
+EVERYONE = common_pb2.Scope(all_users=True)
+
+
+async def test_a_store_built_with_a_model_the_embedder_cannot_run_is_re_embedded_first(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
     async with serving_store(tmp_path, embedder_address) as stub:
@@ -661,13 +666,26 @@ async def test_a_store_built_with_another_model_refuses_vector_search(
         db.execute("UPDATE vectors SET model_id = 'old-model'")
         db.execute("UPDATE store_meta SET value = 'old-model' WHERE key = 'model_id'")
     db.close()
-    async with serving_store(tmp_path, embedder_address) as stub:
+    _, model_id = await embedder.embed(["x"])
+    # Paced to a row a minute: the re-embed cannot be done while this store runs.
+    slow = ReembedPlan(batch=1, rows_per_s=1 / 60)
+    async with serving_store(tmp_path, embedder_address, reembed=slow) as stub:
         with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
             await vector_hits(stub, embedder, "languages")
         details = info.value.details() or ""
-        _, model_id = await embedder.embed(["x"])
         assert "old-model" in details and model_id in details
         assert await listed(stub) == ["Ines speaks Italian"]
+        stats = await stub.GetStats(store_pb2.GetStatsRequest(scope=EVERYONE))
+        assert stats.model_id == "old-model" and stats.reembed.to_model_id == model_id
+    async with serving_store(tmp_path, embedder_address) as stub:
+
+        async def re_embedded() -> None:
+            stats = await stub.GetStats(store_pb2.GetStatsRequest(scope=EVERYONE))
+            assert stats.model_id == model_id and not stats.HasField("reembed")
+
+        await assert_eventually(re_embedded)
+        (hit,) = await vector_hits(stub, embedder, "which language does Ines speak", k=1)
+        assert hit.memory.content == "Ines speaks Italian" and hit.memory.model_id == model_id
 
 
 async def test_acknowledged_writes_survive_kill_9(
@@ -864,3 +882,27 @@ async def test_read_many_answers_independent_reads_in_order_and_searches_near_a_
         await store.ReadMany(store_pb2.ReadManyRequest(reads=[
             store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope(), id=turn.id))] * 65))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_turn_found_by_search_names_the_turn_it_follows_in_its_sitting(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    # Written one at a time, as turns arrive: each follows the one before in its session.
+    question, answer = [
+        (await apply(store, insert(text, layer=L2, session="s1")))[0]
+        for text in ("Where did you go on the road trip?", "We drove to Woodhaven in the Midwest.")
+    ]
+    elsewhere = (await apply(store, insert("Woodhaven has a lovely library.", layer=L2,
+                                           session="s2")))[0]
+    fact = (await apply(store, insert("Woodhaven is a small town.", session="s1")))[0]
+
+    keyword = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="Woodhaven road trip", min_terms=1)
+    )
+    follows = {h.hit.memory.id: h.hit.follows_id for h in keyword.hits}
+    assert follows[answer.id] == question.id
+    # The first turn of a sitting, a turn of another sitting and a fact follow nothing.
+    assert follows[elsewhere.id] == "" and follows[fact.id] == ""
+    assert follows[question.id] == ""
+    vector = {h.memory.id: h.follows_id for h in await vector_hits(store, embedder, "Woodhaven")}
+    assert vector[answer.id] == question.id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from aiohttp import web
 
@@ -22,6 +23,11 @@ from shared.errors import InvalidArgument, PermissionDenied
 from shared.pb import extractor_pb2, store_pb2
 
 routes = web.RouteTableDef()
+
+# A header a proxy adds to say who its client is (Forwarded, Via, X-Forwarded-*, X-Real-IP,
+# True-Client-IP, CF-Connecting-IP, X-Cluster-Client-IP, X-Remote-Addr, Client-IP, ...): its
+# presence means the peer address is a proxy's, not the client's.
+_FORWARDING_HEADER = re.compile(r"^via$|forwarded|(^|-)(ip|addr|client)(-|$)", re.IGNORECASE)
 
 
 @routes.post("/api/v1/reprocess")
@@ -60,7 +66,7 @@ async def reprocess(request: web.Request) -> web.Response:
 
 def _loopback(request: web.Request) -> bool:
     """Whether the client connected from this machine, not through a proxy."""
-    if "Forwarded" in request.headers or "X-Forwarded-For" in request.headers:
+    if any(_FORWARDING_HEADER.search(name) for name in request.headers):
         return False
     remote = request.remote or ""
     try:

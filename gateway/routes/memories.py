@@ -11,11 +11,12 @@ from aiohttp import web
 from gateway import admission
 from gateway.config import GatewayConfig
 from gateway.errors import error_extras
+from gateway.params import check_string
 from gateway.readiness import wait_for_store
 from gateway.respond import (
-    DEFAULT_USER,
     INT32_MIN,
     LIMIT_MAX,
+    default_user,
     json_response,
     layer_filter,
     owner_scope,
@@ -62,13 +63,13 @@ async def add(request: web.Request) -> web.Response:
     metadata = params.obj("metadata")
     session_id = params.string("session_id")
     if not session_id and isinstance(metadata.get("session_id"), str):
-        session_id = metadata["session_id"].strip()
+        session_id = check_string("session_id", metadata["session_id"]).strip()
     event_at = params.timestamp("event_at")
     origin = metadata.get("write_origin")
     status_ = extraction_status(config)
 
     owner = common_pb2.Owner(
-        user_id=user_id or DEFAULT_USER, agent_id=agent_id, session_id=session_id
+        user_id=user_id or default_user(), agent_id=agent_id, session_id=session_id
     )
     row = store_pb2.NewMemory(
         owner=owner,
@@ -236,8 +237,9 @@ async def _delete_one(
             ),
             timeout=timeout,
         )
-    except (NotFound, PermissionDenied):
-        # Another owner's row is reported exactly like a missing one, so ids do not leak.
+    except NotFound:
+        # Another owner's row is reported exactly like a missing one, so ids do not leak (an
+        # owner the caller's token does not reach is refused with 403, whatever the id).
         raise NotFound(f"memory {memory_id!r} not found") from None
 
 

@@ -27,7 +27,7 @@ def _counts(owners: Sequence[store_pb2.OwnerCount]) -> dict[str, Any]:
 async def owners(request: web.Request) -> web.Response:
     """Every user with rows and each of its agents, newest write first; `user_id` picks one.
 
-    One token grants every owner, so a caller past the token check sees them all.
+    The store narrows "every user" to the owners the caller's token grants.
     """
     params = await request_params(request)
     user_id = params.string("user_id")

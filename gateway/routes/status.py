@@ -14,7 +14,9 @@ from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
+from shared.grants import current_grant
 from shared.pb import extractor_pb2, store_pb2
+from shared.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,17 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return None
 
 
+def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
+    """A re-embed in progress: searches use the model in `embed` until it is done."""
+    return {
+        "to_model": job.to_model_id,
+        "done": job.done,
+        "total": job.total,
+        "state": job.state,
+        "error": job.error,
+    }
+
+
 @routes.route("*", "/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
@@ -57,12 +70,16 @@ async def status(request: web.Request) -> web.Response:
     else:  # the extractor owns the LLM's state; the gateway does not guess it
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
+    grant = current_grant()
+    # Its counts are the whole store's: not for a token reaching some owners.
+    if stats.HasField("reembed") and (grant is None or grant.unrestricted):
+        extras["reembed"] = reembed_status(stats.reembed)
     if llm is not None:
-        extras = {
-            "dropped_ops": llm.dropped_ops,
-            "refused_forgotten": llm.refused_forgotten,
-            "extracting": llm.in_flight,
-        }
+        extras.update(
+            dropped_ops=llm.dropped_ops,
+            refused_forgotten=llm.refused_forgotten,
+            extracting=llm.in_flight,
+        )
     return json_response(
         {
             "status": "ok",
@@ -74,7 +91,7 @@ async def status(request: web.Request) -> web.Response:
             "embed_dims": stats.ndim,
             "llm": state,
             "llm_model": config.llm_model,
-            "llm_base": config.llm_base,
+            "llm_base": redact_url(config.llm_base),
             "mode": config.mode,
             "mode_detail": mode_detail(config),
             "uses_llm": config.mode != "lite",

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.params import Params
+from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
@@ -101,7 +102,7 @@ async def _numbered_lines(request: web.Request) -> AsyncIterator[tuple[int, byte
     limit = request.app[CONFIG].max_body_bytes
     number, pending_bytes = 0, 0
     pending: list[bytes] = []  # the line not ended yet, in pieces
-    async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+    async for chunk in body_chunks(request, CHUNK_BYTES):
         *ended, rest = chunk.split(b"\n")
         for piece in ended:
             number += 1
@@ -193,6 +194,7 @@ async def _batches(
 
 
 @routes.post("/api/v1/import")
+@streams_body
 async def import_jsonl(request: web.Request) -> web.Response:
     """Writes an export (or minimal memory lines) batch by batch; existing ids are skipped."""
     run = _Import()

@@ -48,6 +48,8 @@ class ConsolidatorConfig:
     """The least time a call is expected to take when deciding whether to start one."""
     store_wait_s: float = 60.0
     """How long start-up waits for the store and embedder to serve."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -70,5 +72,6 @@ class ConsolidatorConfig:
             cross_schema_every_s=settings.cross_schema_every_s,
             raw_retention_s=settings.raw_retention_s,
             user_aliases=settings.user_aliases,
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

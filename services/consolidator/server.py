@@ -64,9 +64,9 @@ async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -
 async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
     """Serves the Consolidator service; yields the bound address."""
     async with contextlib.AsyncExitStack() as stack:
-        store_channel = open_channel(config.store_address)
+        store_channel = open_channel(config.store_address, config.grpc_token)
         stack.push_async_callback(store_channel.close)
-        embedder_channel = open_channel(config.embedder_address)
+        embedder_channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(embedder_channel.close)
         await wait_serving(config.store_address, timeout_s=config.store_wait_s)
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
@@ -88,7 +88,9 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             background(stack, run_schedule(consolidator, config), "passes")
         metrics = ReadAtScrape(lambda: pass_metrics(consolidator))
         _, bound = await stack.enter_async_context(
-            running_grpc_server(config.address, register, collectors=[metrics])
+            running_grpc_server(
+                config.address, register, collectors=[metrics], token=config.grpc_token
+            )
         )
         log.info("consolidator: mode %s, every %ss", config.mode, config.every_s)
         yield bound

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ class EmbedderConfig:
     """From HYATLAS_EMBED_BASE: onnx (bge, the default), local (hash stub) or remote (a URL)."""
     model_dir: Path | None = None
     """HYATLAS_MODEL_DIR: the only folder searched for the ONNX model when set."""
+    previous_model_dir: Path | None = None
+    """HYATLAS_PREVIOUS_MODEL_DIR: a model loaded on request beside the configured one (the
+    model a store was built with, while a re-embed moves it over)."""
     remote_base: str = ""
     """HYATLAS_EMBED_BASE when it is a URL: an OpenAI-compatible API base."""
     remote_model: str = "text-embedding-3-small"
@@ -40,6 +44,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
     max_queue: int = 256
     """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; more are refused."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -69,10 +75,16 @@ class EmbedderConfig:
             max_batch=settings.embed_max_batch,
             pooled_spans=settings.embed_pooled_spans,
             max_queue=settings.embed_max_queue,
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EmbedderConfig:
         """Reads the embedder's settings from the environment."""
-        return cls.from_settings(Settings.from_env(os.environ if environ is None else environ))
+        env = os.environ if environ is None else environ
+        previous = env.get("HYATLAS_PREVIOUS_MODEL_DIR", "").strip()
+        return dataclasses.replace(
+            cls.from_settings(Settings.from_env(env)),
+            previous_model_dir=Path(previous).expanduser() if previous else None,
+        )

@@ -1,11 +1,13 @@
-"""The embedder's domain: request limits, query prefixes, and the backend behind the batcher."""
+"""The embedder's domain: request limits, query prefixes, the backends behind the batcher, and
+the set of models it can run."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,16 +15,20 @@ import numpy as np
 from services.embedder.batcher import MicroBatcher
 from services.embedder.config import EmbedderConfig
 from services.embedder.hash_encoder import HASH_MODEL_ID, HashEncoder
-from services.embedder.models import find_model_files
+from services.embedder.models import (
+    ModelFiles,
+    default_model_files,
+    find_model_files,
+    model_files_in,
+)
 from services.embedder.onnx_encoder import OnnxEncoder
 from services.embedder.remote_encoder import opened_remote_encoder
 from shared.clients import MAX_TEXTS
-from shared.errors import InvalidArgument
+from shared.errors import ConfigError, InvalidArgument, NotFound
+from shared.limits import MAX_EMBED_CHARS
 from shared.passages import Passage, row_texts
 
 log = logging.getLogger(__name__)
-
-MAX_TEXT_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,9 @@ def check_passages(passages: Sequence[Passage]) -> None:
     if spans > MAX_TEXTS:
         raise InvalidArgument(f"{spans} spans in one request; at most {MAX_TEXTS}")
     for index, passage in enumerate(passages):
-        if len(passage.text) > MAX_TEXT_CHARS:
+        if len(passage.text) > MAX_EMBED_CHARS:
             raise InvalidArgument(
-                f"texts[{index}] has {len(passage.text)} characters; at most {MAX_TEXT_CHARS}"
+                f"texts[{index}] has {len(passage.text)} characters; at most {MAX_EMBED_CHARS}"
             )
         for start, end in passage.spans:
             if not 0 <= start < end <= len(passage.text):
@@ -143,16 +149,108 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
             yield Embedder(batcher, remote_info, describe_remote)
         else:
             files = await asyncio.to_thread(find_model_files, config.model_dir)
-            encoder = await asyncio.to_thread(
-                OnnxEncoder, files, config.threads, config.pooled_spans
-            )
-            spec = encoder.spec
-            info = ModelInfo(
-                spec.model_id, spec.ndim, True, spec.pooling, spec.max_tokens, spec.query_prefix
-            )
+            yield await stack.enter_async_context(opened_onnx(files, config))
 
-            async def run_onnx(passages: list[Passage]) -> np.ndarray:
-                return await asyncio.to_thread(encoder.encode_passages, passages)
 
-            batcher = await stack.enter_async_context(_batcher(run_onnx, config))
-            yield Embedder(batcher, info)
+@contextlib.asynccontextmanager
+async def opened_onnx(files: ModelFiles, config: EmbedderConfig) -> AsyncIterator[Embedder]:
+    """One ONNX model behind its own batcher."""
+    encoder = await asyncio.to_thread(OnnxEncoder, files, config.threads, config.pooled_spans)
+    spec = encoder.spec
+    info = ModelInfo(
+        spec.model_id, spec.ndim, True, spec.pooling, spec.max_tokens, spec.query_prefix
+    )
+
+    async def run_onnx(passages: list[Passage]) -> np.ndarray:
+        return await asyncio.to_thread(encoder.encode_passages, passages)
+
+    async with _batcher(run_onnx, config) as batcher:
+        yield Embedder(batcher, info)
+
+
+Opener = Callable[[], contextlib.AbstractAsyncContextManager[Embedder]]
+
+
+class ModelSet:
+    """The models an embedder runs, by id: the configured one, always loaded, and others it
+    loads when named (the model a store's vectors still come from, during a re-embed)."""
+
+    def __init__(self, configured: Embedder, others: Mapping[str, Opener]) -> None:
+        self.configured = configured
+        self._others = {k: v for k, v in others.items() if k != configured.model_id}
+        self._loaded: dict[str, tuple[Embedder, contextlib.AsyncExitStack]] = {}
+        self._serving = configured.model_id
+        self._lock = asyncio.Lock()
+
+    @property
+    def serving(self) -> str:
+        """The model calls that name none get."""
+        return self._serving
+
+    async def get(self, model_id: str = "") -> Embedder:
+        """The named model (loaded now if need be), or the served one; NotFound if unknown."""
+        wanted = model_id or self._serving
+        if wanted == self.configured.model_id:
+            return self.configured
+        opener = self._others.get(wanted)
+        if opener is None:
+            known = sorted({self.configured.model_id, *self._others})
+            raise NotFound(f"model {wanted!r} is not available here; known: {', '.join(known)}")
+        async with self._lock:
+            if wanted not in self._loaded:
+                stack = contextlib.AsyncExitStack()
+                embedder = await stack.enter_async_context(opener())
+                self._loaded[wanted] = (embedder, stack)
+                log.info("loaded model %s beside %s", wanted, self.configured.model_id)
+        return self._loaded[wanted][0]
+
+    async def serve(self, model_id: str) -> Embedder:
+        """Makes model_id the served model; other models not configured are let go (a finished
+        re-embed frees the old one)."""
+        embedder = await self.get(model_id)
+        self._serving = embedder.model_id
+        async with self._lock:
+            for other in [m for m in self._loaded if m != self._serving]:
+                _, stack = self._loaded.pop(other)
+                await stack.aclose()
+                log.info("unloaded model %s", other)
+        return embedder
+
+    async def aclose(self) -> None:
+        """Stops every model loaded beside the configured one; closing twice is harmless."""
+        async with self._lock:
+            while self._loaded:
+                _, (_, stack) = self._loaded.popitem()
+                await stack.aclose()
+
+
+def _other_onnx_models(config: EmbedderConfig) -> dict[str, Opener]:
+    """The ONNX models this embedder can load besides its configured one: the packaged
+    default and HYATLAS_PREVIOUS_MODEL_DIR's."""
+    found: list[ModelFiles] = []
+    finders: list[Callable[[], ModelFiles]] = [default_model_files]
+    previous = config.previous_model_dir
+    if previous is not None:
+        finders.append(lambda: model_files_in(previous))
+    for finder in finders:
+        try:
+            found.append(finder())
+        except ConfigError as exc:
+            log.info("no other model there: %s", exc)
+    return {files.spec.model_id: functools.partial(opened_onnx, files, config) for files in found}
+
+
+@contextlib.asynccontextmanager
+async def opened_models(config: EmbedderConfig) -> AsyncIterator[ModelSet]:
+    """The configured model, and (for ONNX) the others the embedder may be asked to run."""
+    async with opened_embedder(config) as configured:
+        others = (
+            await asyncio.to_thread(_other_onnx_models, config)
+            if config.backend == "onnx"
+            else {}
+        )
+        models = ModelSet(configured, others)
+        try:
+            yield models
+        finally:
+            await models.aclose()

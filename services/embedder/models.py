@@ -51,7 +51,14 @@ BGE_SMALL = ModelSpec(
     query_prefix="Represent this sentence for searching relevant passages: ",
     file_names=("bge-small-en-v1.5.onnx",),
 )
-MODEL_SPECS: tuple[ModelSpec, ...] = (MINILM, BGE_SMALL)
+# The same model with its weights in half precision (services/embedder/derive.py builds it).
+MINILM_FP16 = ModelSpec(
+    model_id="all-MiniLM-L6-v2-fp16",
+    pooling="mean",
+    max_tokens=256,
+    file_names=("all-MiniLM-L6-v2-fp16.onnx",),
+)
+MODEL_SPECS: tuple[ModelSpec, ...] = (MINILM, BGE_SMALL, MINILM_FP16)
 
 
 def sha256_of(path: Path) -> str:

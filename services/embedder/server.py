@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from services.embedder.batcher import MicroBatcher
 from services.embedder.config import EmbedderConfig
-from services.embedder.embedding import Embedder, opened_embedder
+from services.embedder.embedding import Embedder, ModelSet, opened_models
 from services.embedder.servicer import EmbedderServicer
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import ReadAtScrape, running_grpc_server
@@ -25,10 +25,11 @@ SERVICE_NAME = embedder_pb2.DESCRIPTOR.services_by_name["Embedder"].full_name
 
 @dataclass(frozen=True)
 class RunningEmbedder:
-    """A started embedder: its bound address and its domain object."""
+    """A started embedder: its bound address, its configured model and every model it runs."""
 
     address: str
     embedder: Embedder
+    models: ModelSet
 
 
 def batcher_metrics(batcher: MicroBatcher) -> Iterator[Metric]:
@@ -44,18 +45,21 @@ def batcher_metrics(batcher: MicroBatcher) -> Iterator[Metric]:
 async def running_server(config: EmbedderConfig) -> AsyncIterator[RunningEmbedder]:
     """Loads the model, starts the batcher, serves gRPC; stops all of it on exit."""
     async with contextlib.AsyncExitStack() as stack:
-        embedder = await stack.enter_async_context(opened_embedder(config))
+        models = await stack.enter_async_context(opened_models(config))
+        embedder = models.configured
 
         def register(server: grpc.aio.Server) -> list[str]:
-            embedder_pb2_grpc.add_EmbedderServicer_to_server(EmbedderServicer(embedder), server)
+            embedder_pb2_grpc.add_EmbedderServicer_to_server(EmbedderServicer(models), server)
             return [SERVICE_NAME]
 
         metrics = ReadAtScrape(lambda: batcher_metrics(embedder.batcher))
         _, bound = await stack.enter_async_context(
-            running_grpc_server(config.address, register, collectors=[metrics])
+            running_grpc_server(
+                config.address, register, collectors=[metrics], token=config.grpc_token
+            )
         )
         log.info("embedder %s ready on %s", embedder.model_id, bound)
-        yield RunningEmbedder(bound, embedder)
+        yield RunningEmbedder(bound, embedder, models)
 
 
 async def main() -> None:

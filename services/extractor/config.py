@@ -52,6 +52,8 @@ class ExtractorConfig:
     """How long a clean stop waits for extractions in flight."""
     store_wait_s: float = 60.0
     """How long start-up waits for the store and embedder to serve."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -80,5 +82,6 @@ class ExtractorConfig:
             now_every_s=settings.now_every_s,
             episode_gap_s=settings.episode_gap_s,
             user_aliases=settings.user_aliases,
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

@@ -49,9 +49,9 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
     in flight get up to stop_grace_s, then Now pages still waiting are dropped.
     """
     async with contextlib.AsyncExitStack() as stack:
-        store_channel = open_channel(config.store_address)
+        store_channel = open_channel(config.store_address, config.grpc_token)
         stack.push_async_callback(store_channel.close)
-        embedder_channel = open_channel(config.embedder_address)
+        embedder_channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(embedder_channel.close)
         await wait_serving(config.store_address, timeout_s=config.store_wait_s)
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
@@ -101,7 +101,9 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
 
         metrics = ReadAtScrape(lambda: extraction_metrics(extraction.counters))
         _, bound = await stack.enter_async_context(
-            running_grpc_server(config.address, register, collectors=[metrics])
+            running_grpc_server(
+                config.address, register, collectors=[metrics], token=config.grpc_token
+            )
         )
         log.info("extractor: mode %s, llm %s", config.mode, worker.llm_state())
         yield bound

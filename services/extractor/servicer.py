@@ -8,6 +8,7 @@ from services.extractor.forget import Forgetting
 from services.extractor.worker import Worker
 from shared.errors import InvalidArgument
 from shared.pb import extractor_pb2, extractor_pb2_grpc
+from shared.redact import redact_url
 from shared.rpc import grpc_errors
 
 
@@ -62,7 +63,7 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
         return extractor_pb2.GetLlmStatusResponse(
             llm=self._worker.llm_state(),
             llm_model=extraction.llm.model,
-            llm_base=extraction.llm.base,
+            llm_base=redact_url(extraction.llm.base),
             write_pipeline=pipeline,
             dropped_ops=counters.dropped_ops,
             extracted=counters.extracted,

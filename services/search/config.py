@@ -35,6 +35,8 @@ class SearchConfig:
     """HYATLAS_SEARCH_DISABLE_STAGES: comma-separated ranking stages to switch off."""
     ranking: RankingSettings = RankingSettings()
     """HYATLAS_RECENCY, HYATLAS_MMR_LAMBDA and HYATLAS_USAGE_LEARNING."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: DEBUG adds each search's per-stage timings to the log."""
 
@@ -70,5 +72,6 @@ class SearchConfig:
                 mmr_lambda=settings.mmr_lambda,
                 usage_learning=settings.usage_learning,
             ),
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

@@ -129,7 +129,15 @@ def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
     Deterministic: the same words and reference time give the same ranges. Vague words get
     generous spans ("2 days ago" is that day give or take one, "recently" the last 30 days).
     """
-    text = query.lower()
+    try:
+        return _parse_dates(query.lower(), reference_time)
+    except (ValueError, OverflowError):
+        # A date past either end of the calendar ("99999999 days ago", "next year" in 9999)
+        # names no day a memory can have: the query is read as naming none.
+        return []
+
+
+def _parse_dates(text: str, reference_time: float) -> list[TimeRange]:
     today = datetime.fromtimestamp(reference_time, UTC).date()
     found: list[TimeRange] = []
     taken: list[tuple[int, int]] = []

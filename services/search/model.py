@@ -121,6 +121,8 @@ class Candidate:
     content: str
     label: str = ""
     session_id: str = ""
+    follows_id: str = ""
+    """For a conversation turn: the turn before it in its sitting (which it may answer)."""
     created_at: float = 0.0
     due_at: float | None = None
     event_at: float | None = None
@@ -211,6 +213,7 @@ MODEL_FLOORS: dict[str, float] = {
     "bge-small-en-v1.5": 0.60,
     "all-MiniLM-L6-v2-int8": 0.30,
     "all-MiniLM-L6-v2": 0.30,
+    "all-MiniLM-L6-v2-fp16": 0.30,
 }
 DEFAULT_FLOOR = 0.60
 

@@ -91,6 +91,8 @@ LITE_PIPELINE = Pipeline(
         Stage("now_apart", stages.drop_now_pages),
         Stage("dedupe", stages.drop_repeated_text),
         Stage("near_duplicates", ranking.demote_near_duplicates),
+        Stage("sittings", ranking.favour_sittings),
+        Stage("replies", ranking.lift_replies),
         Stage("mmr", ranking.mmr),
         Stage("l5_cap", stages.cap_knowledge),
         Stage("session_intentions", stages.own_session_intentions_first),

@@ -101,13 +101,14 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
         candidate.fused = score
     found = [c for c in merged.values() if c.fused > 0]
     found.sort(key=lambda c: (-c.fused, -(c.cosine or -1.0)))
-    # The boosts are modest (at most half again), so what fusion leaves far down never reaches
-    # the results; dropping it keeps every later stage cheap.
+    # The boosts are modest (a date half again, a sitting a share of the best scores), so what
+    # fusion leaves below the head never reaches the results; dropping it keeps later stages
+    # cheap. The head is wide enough for a boost to lift a weak match of every source.
     return found[: max(HEAD_PER_RESULT * ctx.query.limit, MIN_HEAD)]
 
 
 HEAD_PER_RESULT = 5
-MIN_HEAD = 50
+MIN_HEAD = 100
 
 
 def _resort(ranked: list[Candidate]) -> list[Candidate]:
@@ -262,6 +263,55 @@ def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[
         else:
             seen.append(words)
     return _resort(head) + tail
+
+
+SITTING_WINDOW = 3
+SITTING_SHARE = 0.1
+"""Each turn gains this share of the scores of the best SITTING_WINDOW candidates written in
+the same sitting (session) as it."""
+
+
+def favour_sittings(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Turns of a sitting that the best candidates come from are worth more.
+
+    A question is usually about one conversation: when several of the best matches were said in
+    the same sitting, that sitting's other turns are likelier answers than a stray match from
+    elsewhere. Memories without a session are left as they are.
+    """
+    window = ranked[:SITTING_WINDOW]
+    totals: dict[str, float] = {}
+    for candidate in window:
+        if candidate.session_id:
+            totals[candidate.session_id] = totals.get(candidate.session_id, 0.0) + candidate.fused
+    if not totals:
+        return ranked
+    own = {candidate.memory_id: candidate.fused for candidate in window}
+    for candidate in ranked:
+        if candidate.session_id in totals:
+            others = totals[candidate.session_id] - own.get(candidate.memory_id, 0.0)
+            candidate.fused += SITTING_SHARE * others
+    return _resort(ranked)
+
+
+REPLY_SHARE = 0.999
+"""A lifted reply's score as a share of its question's: just below it."""
+
+
+def lift_replies(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """A turn that answers a question the ranking holds high comes right after that question.
+
+    In a conversation the answer follows the question: when a turn that asks something is among
+    the best matches, the turn after it (if any source found it at all) is most likely what
+    is being looked for, even when it shares few words with the query.
+    """
+    asked = {c.memory_id: c for c in ranked[: ctx.query.limit] if "?" in c.content}
+    if not asked:
+        return ranked
+    for candidate in ranked:
+        question = asked.get(candidate.follows_id)
+        if question is not None and candidate.fused < question.fused:
+            candidate.fused = question.fused * REPLY_SHARE
+    return _resort(ranked)
 
 
 def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:

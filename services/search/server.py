@@ -24,9 +24,11 @@ log = logging.getLogger(__name__)
 async def running_server(config: SearchConfig) -> AsyncIterator[str]:
     """Serves Search on config.address until exit; yields the bound address."""
     async with contextlib.AsyncExitStack() as stack:
-        store_channel = await stack.enter_async_context(open_channel(config.store_address))
+        store_channel = await stack.enter_async_context(
+            open_channel(config.store_address, config.grpc_token)
+        )
         embedder_channel = await stack.enter_async_context(
-            open_channel(config.embedder_address)
+            open_channel(config.embedder_address, config.grpc_token)
         )
         pipeline = LITE_PIPELINE.without(config.pipeline_stages_off())
         engine = SearchEngine(
@@ -44,6 +46,8 @@ async def running_server(config: SearchConfig) -> AsyncIterator[str]:
             search_pb2_grpc.add_SearchServicer_to_server(servicer, server)
             return [search_pb2.DESCRIPTOR.services_by_name["Search"].full_name]
 
-        _, bound = await stack.enter_async_context(running_grpc_server(config.address, register))
+        _, bound = await stack.enter_async_context(
+            running_grpc_server(config.address, register, token=config.grpc_token)
+        )
         log.info("search stages: %s", ", ".join(pipeline.names))
         yield bound

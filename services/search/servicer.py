@@ -8,6 +8,7 @@ from services.search.engine import SearchEngine
 from services.search.model import Candidate, Scope, SearchQuery
 from services.search.pipeline import switchable_names
 from shared.errors import InvalidArgument
+from shared.grants import current_grant
 from shared.layers import LAYER_NAMES
 from shared.pb import common_pb2, search_pb2, search_pb2_grpc
 from shared.rpc import grpc_errors
@@ -54,6 +55,10 @@ class SearchServicer(search_pb2_grpc.SearchServicer):
         self, request: search_pb2.SearchMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> search_pb2.SearchMemoriesResponse:
         """Ranked channels for a query within one owner's scope."""
+        grant = current_grant()
+        if grant is not None:
+            # Refused here, before any cached page or entity of the owner is used.
+            grant.check_owner(request.scope.user_id, request.scope.agent_id)
         query = SearchQuery.build(
             scope=Scope(request.scope.user_id, request.scope.agent_id),
             text=request.query,

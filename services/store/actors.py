@@ -8,12 +8,20 @@ API = "api"
 DASHBOARD = "dashboard"
 
 
-def actor_for(caller: str, origin: str) -> str:
-    """The audit actor of a change: the calling service (api, extractor, consolidator), except
-    that an API change the plugin or the dashboard made is theirs."""
+def actor_for(caller: str, origin: str, token_name: str = "") -> str:
+    """The audit actor of a change: the calling service (api, extractor, consolidator); for an
+    API change, the name of the token it came with, else the client it says it is (plugin,
+    dashboard): a named token is who called, what the client declares is not."""
     caller = caller or API
     if caller != API:
         return caller
+    if token_name:
+        return token_name
     if origin in PLUGIN_ORIGINS:
         return "plugin"
     return DASHBOARD if origin == DASHBOARD else API
+
+
+def named_actor(actor: str, token_name: str) -> str:
+    """The actor of a call that names its own: a gateway call's is its token's name, if any."""
+    return token_name if token_name and actor in ("", API) else actor

@@ -24,6 +24,7 @@ from services.store.core import (
     retired_fields,
     target,
 )
+from services.store.erase import erase
 from services.store.graph import end_edge, put_edge
 from services.store.idempotency import IdempotencyKey, Replayed, record, replayed
 from services.store.keys import passage_of
@@ -149,13 +150,7 @@ async def _end_edge(run: _Apply, i: int, op: EndEdge) -> MemoryRow | None:
 async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
     w = run.write
     before = await target(w.tx, run.reach, op.id)
-    for clause_key in await w.tx.clause_keys(op.id):
-        w.changes.remove(before.user_id, clause_key)
-    w.changes.remove(before.user_id, await w.tx.delete(op.id))
-    await w.tx.audit(
-        actor=w.actor, action="delete", row=before, before=before, after=None,
-        reason=run.reason, at=w.now,
-    )
+    await erase(w, before, run.reason)
     await retire_derived(w, op.id)
     if is_preference_fact(before):
         w.facts_changed.append(FactChange(before, live=False, how=ERASED))
@@ -266,9 +261,5 @@ async def delete_many(core: Core, reach: Reach, layers: Sequence[str], actor: st
     async with core.writing(actor or DEFAULT_ACTOR) as w:
         rows = await w.tx.rows_in(reach, layers)
         for row in rows:
-            w.changes.remove(row.user_id, await w.tx.delete(row.id))
-            await w.tx.audit(
-                actor=w.actor, action="delete", row=row, before=row, after=None,
-                reason="delete_all", at=w.now,
-            )
+            await erase(w, row, "delete_all")
     return len(rows)

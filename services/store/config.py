@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.store.index import DEFAULT_BUDGET_BYTES
+from services.store.reembed import ReembedPlan
 from services.store.snapshot import SnapshotPlan
 from shared.aliases import Aliases
 from shared.errors import ConfigError
-from shared.settings import Settings, read_duration
+from shared.settings import OFF_WORDS, Settings, read_duration, read_int
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class StoreConfig:
     recently used are saved and dropped (they load again on demand)."""
     embedder_wait_s: float = 60.0
     """How long start-up waits for the embedder to serve."""
+    grpc_token: str = ""
+    """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
     snapshots: SnapshotPlan | None = None
     """HYATLAS_SNAPSHOT_*: where snapshots go, how many are kept and how often (None: defaults)."""
+    reembed: ReembedPlan = ReembedPlan()
+    """HYATLAS_REEMBED_*: how a re-embed to a newly configured model batches and paces itself."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
@@ -52,12 +57,17 @@ class StoreConfig:
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
             index_cache_bytes=read_megabytes(env, "HYATLAS_INDEX_CACHE_MB", DEFAULT_BUDGET_BYTES),
+            grpc_token=settings.grpc_token,
             log_level=settings.log_level,
             snapshots=SnapshotPlan(
                 folder=settings.snapshot_dir,
                 keep=settings.snapshot_keep,
                 every_s=settings.snapshot_every_s,
                 skip=(settings.run_dir, settings.snapshot_dir.resolve()),
+            ),
+            reembed=ReembedPlan(
+                batch=read_int(env, "HYATLAS_REEMBED_BATCH", 64, 1, 1024),
+                rows_per_s=read_rate(env, "HYATLAS_REEMBED_ROWS_PER_S"),
             ),
         )
 
@@ -71,3 +81,17 @@ def read_megabytes(env: Mapping[str, str], name: str, default: int) -> int:
     if not text.isdigit() or int(text) == 0:
         raise ConfigError(f"{name} must be a positive whole number of MiB, not {text!r}")
     return int(text) << 20
+
+
+def read_rate(env: Mapping[str, str], name: str) -> float | None:
+    """A positive number per second, or None when unset or off; anything else is a ConfigError."""
+    text = env.get(name, "").strip()
+    if not text or text.lower() in OFF_WORDS:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate < float("inf"):
+        raise ConfigError(f"{name} must be a positive number (or off), not {text!r}")
+    return rate

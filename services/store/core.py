@@ -17,6 +17,7 @@ from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
 from services.store.repo import Repo, Tx
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.grants import Grant
 from shared.passages import Passage
 
 DEFAULT_ACTOR = "api"
@@ -25,7 +26,9 @@ DEFAULT_ACTOR = "api"
 class Embedder(Protocol):
     """What the store needs from the embedder service."""
 
-    async def embed_passages(self, passages: Sequence[Passage]) -> tuple[np.ndarray, str]: ...
+    async def embed_passages(
+        self, passages: Sequence[Passage], model_id: str = ""
+    ) -> tuple[np.ndarray, str]: ...
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,28 @@ class Core:
     exact_up_to: int
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
-        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
+    def reach(
+        self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
+    ) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
+        with a caller's grant, an owner outside it is refused and everyone is the granted."""
         if all_users:
-            return Reach(None, agent_id)
-        if not user_id:
+            reach = Reach(None, agent_id)
+        elif not user_id:
             raise InvalidArgument("scope.user_id is required (or scope.all_users)")
-        return Reach(self.alias_group(user_id), agent_id)
+        else:
+            reach = Reach(self.alias_group(user_id), agent_id)
+        return reach if grant is None else self._granted(reach, user_id, all_users, grant)
+
+    def _granted(self, reach: Reach, user_id: str, all_users: bool, grant: Grant) -> Reach:
+        if not all_users:
+            grant.check_owner(user_id, reach.agent_id)
+        elif grant.users is not None:
+            groups = [self.alias_group(user) for user in sorted(grant.users)]
+            reach = replace(reach, user_ids=tuple(dict.fromkeys(u for g in groups for u in g)))
+        if grant.agents is not None:
+            reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
+        return reach
 
     async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
         """One row, if the reach owns it."""
@@ -69,7 +87,8 @@ class Core:
         model is not the store's."""
         if self.model.mismatch:
             raise Conflict(self.model.mismatch)
-        vectors, model_id = await self.embedder.embed_passages(passages)
+        # Named: during a re-embed the embedder runs the new model too.
+        vectors, model_id = await self.embedder.embed_passages(passages, self.model.model_id)
         if model_id != self.model.model_id:
             raise Conflict(
                 f"the embedder now runs {model_id!r} but the store holds "
@@ -89,7 +108,13 @@ class Core:
                     await self.indexes.apply(changes)
 
             async with self.repo.transaction(follow) as tx:
-                yield Write(self, tx, actor, now, changes)
+                write = Write(self, tx, actor, now, changes)
+                yield write
+                if write.erased:
+                    await tx.merge_keyword_indexes()
+            if write.erased:
+                # The deleted text is still in the write-ahead log's older frames till then.
+                await self.repo.checkpoint()
 
 
 @dataclass
@@ -104,6 +129,8 @@ class Write:
     # Entity pages whose marks changed: rendered again before the transaction ends.
     pages: set[str] = field(default_factory=set)
     facts_changed: list[FactChange] = field(default_factory=list)
+    # Whether a row was deleted for good (see erase): its text must leave the files too.
+    erased: bool = False
 
     async def change(
         self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str

@@ -57,6 +57,11 @@ class Matches:
     size: int
 
 
+def new_index(ndim: int) -> Index:
+    """An empty index: cosine, stored in half precision."""
+    return Index(ndim=ndim, metric="cos", dtype="f16")
+
+
 def index_file_name(user_id: str) -> str:
     """The file a user's index is saved in (hashed: user ids may hold any character)."""
     return hashlib.sha256(user_id.encode()).hexdigest()[:32] + SUFFIX
@@ -138,7 +143,7 @@ class VectorIndexes:
             path.unlink()
 
     def _new(self) -> Index:
-        return Index(ndim=self.ndim, metric="cos", dtype="f16")
+        return new_index(self.ndim)
 
     def _path(self, user_id: str) -> Path:
         return self.folder / index_file_name(user_id)
@@ -231,6 +236,16 @@ class VectorIndexes:
                 self._dirty.add(user_id)
                 self._loaded.move_to_end(user_id)
 
+    @contextlib.asynccontextmanager
+    async def switching(self, ndim: int) -> AsyncIterator[None]:
+        """Held while the index folder is replaced by one of another model: every loaded index
+        is dropped unsaved, and searches wait until the new folder is in place."""
+        async with self._lock.writing():
+            self._loaded.clear()
+            self._dirty.clear()
+            self.ndim = ndim
+            yield
+
     @property
     def resident_bytes(self) -> int:
         """About how much memory the loaded indexes take."""
@@ -298,3 +313,11 @@ class VectorIndexes:
             await asyncio.to_thread(index.save, str(tmp))
             os.replace(tmp, path)
         self._dirty.discard(user_id)
+
+
+def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:
+    """Saves an index of the given keys and vectors at path (for a folder not in use)."""
+    index = new_index(ndim)
+    if len(keys):
+        index.add(keys.astype(np.uint64), vectors.astype(np.float32))
+    index.save(str(path))

@@ -1,4 +1,5 @@
-"""Opening the store: the model check, the indexes caught up and saved, on exit and periodically."""
+"""Opening the store: which model its vectors are of (and a re-embed to the configured one),
+the indexes caught up and saved, on exit and periodically."""
 
 from __future__ import annotations
 
@@ -8,39 +9,61 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from services.store.core import Embedder, VectorModel
+from services.store import reembed
+from services.store.core import VectorModel
 from services.store.index import DEFAULT_BUDGET_BYTES, VectorIndexes
+from services.store.reembed import ModelSource, ReembedPlan
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
 from services.store.snapshot import SnapshotPlan
 from services.store.store import Store
+from shared.errors import NotFound
 from shared.runtime import background
 
 log = logging.getLogger(__name__)
 
 
-async def _vector_model(repo: Repo, model_id: str, ndim: int) -> VectorModel:
-    """Which model the store is built with; a mismatch with the embedder's refuses searches."""
+async def _served(embedder: ModelSource, model_id: str) -> bool:
+    """Asks the embedder to serve model_id (what searches embed with); False if it cannot."""
+    try:
+        await embedder.serve(model_id)
+    except NotFound:
+        return False
+    return True
+
+
+async def _vector_models(
+    repo: Repo, embedder: ModelSource
+) -> tuple[VectorModel, VectorModel | None]:
+    """The model the store's vectors come from now, and the configured model a re-embed moves
+    them to (None when they are of it). Searches keep the old model while the embedder can
+    still run it, else they are refused until the re-embed is done."""
+    served = await embedder.describe()
+    configured = served
+    if served.configured_model_id and served.configured_model_id != served.model_id:
+        configured = await embedder.describe(served.configured_model_id)
+    want = VectorModel(configured.model_id, configured.ndim)
     counts = await repo.vector_models()
     if not counts:
-        await repo.set_meta("model_id", model_id)
-        await repo.set_meta("ndim", str(ndim))
-        return VectorModel(model_id, ndim)
+        await repo.set_meta("model_id", want.model_id)
+        await repo.set_meta("ndim", str(want.ndim))
     built = await repo.get_meta("model_id") or max(counts, key=lambda m: counts[m])
-    built_ndim = int(await repo.get_meta("ndim") or ndim)
+    built_ndim = int(await repo.get_meta("ndim") or want.ndim)
     if len(counts) > 1:
         log.warning("the store holds vectors of several models: %s", counts)
-    if built != model_id:
-        # TODO: a re-embed command that moves the store over to the embedder's model.
-        return VectorModel(
-            built,
-            built_ndim,
-            mismatch=(
-                f"the store was built with model {built!r} but the embedder runs "
-                f"{model_id!r}; re-embed the store before searching or writing it"
-            ),
-        )
-    return VectorModel(model_id, ndim)
+    if built == want.model_id:
+        await reembed.drop(repo)
+        await _served(embedder, built)
+        return want, None
+    await reembed.begin(repo, want)
+    if await _served(embedder, built):
+        return VectorModel(built, built_ndim), want
+    mismatch = (
+        f"the store's vectors come from model {built!r}, which the embedder cannot run (set "
+        f"HYATLAS_PREVIOUS_MODEL_DIR to its folder); searches and writes wait for the re-embed "
+        f"to {want.model_id!r}"
+    )
+    return VectorModel(built, built_ndim, mismatch=mismatch), want
 
 
 async def save_periodically(indexes: VectorIndexes, every_s: float) -> None:
@@ -59,41 +82,46 @@ async def save_periodically(indexes: VectorIndexes, every_s: float) -> None:
 @contextlib.asynccontextmanager
 async def open_store(
     data_dir: Path,
-    embedder: Embedder,
-    model_id: str,
-    ndim: int,
+    embedder: ModelSource,
     alias_group: Callable[[str], tuple[str, ...]],
     save_every_s: float | None = 30.0,
     exact_up_to: int = EXACT_UP_TO,
     index_budget_bytes: int = DEFAULT_BUDGET_BYTES,
     snapshot_plan: SnapshotPlan | None = None,
+    reembed_plan: ReembedPlan | None = None,
 ) -> AsyncIterator[Store]:
-    """Opens the database and the vector indexes (catching them up), and saves them on exit."""
+    """Opens the database and the vector indexes (caching them up), saves them on exit, and
+    re-embeds the store when the embedder's configured model is not the one it was built with."""
     async with contextlib.AsyncExitStack() as stack:
         repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
-        model = await _vector_model(repo, model_id, ndim)
-        indexes: VectorIndexes | None = None
+        model, target = await _vector_models(repo, embedder)
+        folder = data_dir / "vectors"
+        await asyncio.to_thread(reembed.settle_index_folders, folder, model.model_id)
         if model.mismatch:
             log.error("%s", model.mismatch)
-        else:
-            indexes = VectorIndexes(
-                data_dir / "vectors",
-                model.ndim,
-                repo.vector_keys_of,
-                lambda keys: repo.vectors_for_keys(keys, model.ndim),
-                index_budget_bytes,
-            )
-            indexes.open()
-            stack.push_async_callback(indexes.save)
+        indexes = VectorIndexes(
+            folder,
+            model.ndim,
+            repo.vector_keys_of,
+            lambda keys: repo.vectors_for_keys(keys, indexes.ndim),
+            index_budget_bytes,
+        )
+        indexes.open()
+        stack.push_async_callback(indexes.save)
         store = Store(
             repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
         )
-        if save_every_s and indexes is not None:
+        if save_every_s:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
         if store.snapshots is not None and store.snapshots.plan.every_s:
             background(stack, store.snapshots.run_schedule(), "snapshots")
+        if target is not None:
+            job = store.start_reembed(embedder, folder, target, reembed_plan or ReembedPlan())
+            background(stack, job.run(), "re-embed")
         log.info(
-            "store open at %s: model %s (%d-d); indexes load on demand, up to %d MiB",
-            data_dir, model.model_id, model.ndim, index_budget_bytes >> 20,
+            "store open at %s: model %s (%d-d)%s; indexes load on demand, up to %d MiB",
+            data_dir, model.model_id, model.ndim,
+            f", re-embedding to {target.model_id}" if target else "",
+            index_budget_bytes >> 20,
         )
         yield store

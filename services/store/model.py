@@ -33,12 +33,29 @@ class Reach:
 
     user_ids: tuple[str, ...] | None
     agent_id: str = ""
+    agent_ids: tuple[str, ...] | None = None
+    """The agents the caller's grant reaches (None: any), on top of agent_id."""
 
     def contains(self, user_id: str, agent_id: str) -> bool:
         """Whether a row owned by (user_id, agent_id) lies inside this reach."""
         if self.user_ids is not None and user_id not in self.user_ids:
             return False
+        if self.agent_ids is not None and agent_id not in self.agent_ids:
+            return False
         return not self.agent_id or agent_id == self.agent_id
+
+    def sql(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        """SQL conditions (on columns user_id and agent_id, after prefix) and parameters."""
+        where: list[str] = []
+        params: list[str] = []
+        for column, values in (("user_id", self.user_ids), ("agent_id", self.agent_ids)):
+            if values is not None:
+                where.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
+                params.extend(values)
+        if self.agent_id:
+            where.append(f"{prefix}agent_id = ?")
+            params.append(self.agent_id)
+        return where, params
 
 
 @dataclass(frozen=True)
@@ -253,6 +270,8 @@ class Scored:
     matched_terms: int = 0
     replaced: tuple[MemoryRow, ...] = ()
     """Older versions this row replaced, newest first."""
+    follows_id: str = ""
+    """For a conversation turn: the turn before it in its sitting."""
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,8 @@ class OwnerCount:
 
 async def list_owners(repo: Repo, reach: Reach) -> list[OwnerCount]:
     """Every owner with rows in the reach, most recently written first."""
-    where: list[str] = []
-    params: list[str] = [ACTIVE, ACTIVE]
-    if reach.user_ids is not None:
-        where.append(f"user_id IN ({','.join('?' * len(reach.user_ids))})")
-        params.extend(reach.user_ids)
-    if reach.agent_id:
-        where.append("agent_id = ?")
-        params.append(reach.agent_id)
+    where, owned = reach.sql()
+    params = [ACTIVE, ACTIVE, *owned]
     rows = await repo.reader.execute_fetchall(
         "SELECT user_id, agent_id, sum(status = ?), sum(status != ?), max(created_at) "
         f"FROM memories {'WHERE ' + ' AND '.join(where) if where else ''} "

@@ -107,15 +107,8 @@ def _edge(r: Sequence[Any]) -> Edge:
 
 
 def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
-    where = ["undone = 0"]
-    params: list[Any] = []
-    if reach.user_ids is not None:
-        where.append(f"user_id IN ({','.join('?' * len(reach.user_ids))})")
-        params.extend(reach.user_ids)
-    if reach.agent_id:
-        where.append("agent_id = ?")
-        params.append(reach.agent_id)
-    return where, params
+    owned, params = reach.sql()
+    return ["undone = 0", *owned], list(params)
 
 
 # A stored vector is little-endian float16 after this tag; an untagged blob (written before
@@ -124,7 +117,8 @@ def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
 _HALF = b"h\x00"
 
 
-def _blob(vector: np.ndarray) -> bytes:
+def vector_blob(vector: np.ndarray) -> bytes:
+    """How a vector is stored (see unblob)."""
     return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
 
 
@@ -142,14 +136,8 @@ def _filters(
     exclude_layers: Iterable[str] = (),
 ) -> tuple[list[str], list[Any]]:
     """SQL conditions on alias `m` (the memories table) and their parameters."""
-    where: list[str] = []
-    params: list[Any] = []
-    if reach.user_ids is not None:
-        where.append(f"m.user_id IN ({','.join('?' * len(reach.user_ids))})")
-        params.extend(reach.user_ids)
-    if reach.agent_id:
-        where.append("m.agent_id = ?")
-        params.append(reach.agent_id)
+    where, owner_params = reach.sql("m.")
+    params: list[Any] = list(owner_params)
     layers = list(layers)
     exclude = list(exclude_layers)
     if layers:
@@ -217,7 +205,7 @@ class Tx:
     async def _put_vector(self, memory_id: str, model_id: str, vector: np.ndarray) -> int:
         cursor = await self._conn.execute(
             "INSERT INTO vectors (memory_id, model_id, vector) VALUES (?, ?, ?)",
-            (memory_id, model_id, _blob(vector)),
+            (memory_id, model_id, vector_blob(vector)),
         )
         assert cursor.lastrowid is not None
         return cursor.lastrowid
@@ -278,7 +266,7 @@ class Tx:
         cursor = await self._conn.execute(
             "INSERT INTO memory_keys (memory_id, kind, text, model_id, vector, owner_key) "
             f"VALUES (?, ?, ?, ?, ?, {_OWNER_KEY_OF})",
-            (memory_id, kind, text, model_id, _blob(vector), memory_id),
+            (memory_id, kind, text, model_id, vector_blob(vector), memory_id),
         )
         assert cursor.lastrowid is not None
         return CLAUSE_KEY_OFFSET + cursor.lastrowid
@@ -478,6 +466,56 @@ class Tx:
             ),
         )
 
+    async def scrub_history(self, memory_id: str) -> None:
+        """Rewrites a row's audit entries as ids, owner, times and states only: its text,
+        metadata and every reason but the delete's own are gone (see ERASE_KEEPS)."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT seq, action, before_json, after_json, reason FROM audit WHERE memory_id = ?",
+            (memory_id,),
+        )
+        for seq, action, before, after, reason in rows:
+            await self._conn.execute(
+                "UPDATE audit SET before_json = ?, after_json = ?, reason = ? WHERE seq = ?",
+                (_erased(before), _erased(after), reason if action == "delete" else "", seq),
+            )
+
+    async def turns_beside(self, row: MemoryRow) -> tuple[MemoryRow | None, MemoryRow | None]:
+        """The owner's rows just before and just after row in its session and layer."""
+        found: list[MemoryRow | None] = []
+        for compare, order in (("<", "DESC"), (">", "ASC")):
+            rows = await self._conn.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM memories WHERE user_id = ? AND agent_id = ? "
+                "AND session_id = ? AND layer = ? "
+                f"AND seq {compare} (SELECT seq FROM memories WHERE id = ?) "
+                f"ORDER BY seq {order} LIMIT 1",
+                (row.user_id, row.agent_id, row.session_id, row.layer, row.id),
+            )
+            found.append(_row(next(iter(rows))) if rows else None)
+        return found[0], found[1]
+
+    async def merge_keyword_indexes(self) -> None:
+        """Merges each keyword index into one segment: a deleted text's terms stay in the old
+        segments (behind a delete marker) until then."""
+        for table in ("memories_fts", "memory_keys_fts"):
+            await self._conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+
+
+# What a deleted row's audit entries keep: who and what it was, never what it said.
+ERASE_KEEPS = (
+    "id", "user_id", "agent_id", "session_id", "layer", "status", "model_id", "created_at",
+    "updated_at", "event_at", "valid_to", "due_at", "invalid_at", "superseded_by",
+    "superseded_how", "retired_by", "pass_id", "extraction_status", "extraction_tries",
+    "write_mode", "source_ids", "count", "hits",
+)
+
+
+def _erased(row_json: str) -> str:
+    """An audit entry's row JSON with only the ERASE_KEEPS fields left."""
+    if not row_json:
+        return ""
+    data = json.loads(row_json)
+    return json.dumps({name: data[name] for name in ERASE_KEEPS if name in data}, sort_keys=True)
+
 
 def row_fields(row: MemoryRow) -> dict[str, Any]:
     """Every field of a row as plain JSON values (metadata as an object)."""
@@ -532,6 +570,8 @@ class Repo:
         await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
         await conn.execute("PRAGMA busy_timeout = 10000")
+        # A deleted row's bytes are overwritten, not left in free space for anyone to read.
+        await conn.execute("PRAGMA secure_delete = ON")
         return conn
 
     @property
@@ -750,6 +790,28 @@ class Repo:
                     following[old.id] = root
             frontier = following
         return chains
+
+    async def turns_followed(
+        self, ids: Sequence[str], layers: Sequence[str], gap_s: float
+    ) -> dict[str, str]:
+        """For each id of a row in one of layers with a session: the row before it in that
+        session (same owner and layer), when it was written at most gap_s earlier."""
+        if not ids or not layers:
+            return {}
+        rows = await self.reader.execute_fetchall(
+            # The previous seq is found through the neighbours index first; its age is checked
+            # after, so an old sitting costs one lookup, not a walk back through it.
+            "WITH hit AS (SELECT m.id, m.created_at, (SELECT p.seq FROM memories p "
+            "WHERE p.user_id = m.user_id AND p.agent_id = m.agent_id "
+            "AND p.session_id = m.session_id AND p.layer = m.layer AND p.seq < m.seq "
+            "ORDER BY p.seq DESC LIMIT 1) AS before_seq FROM memories m "
+            "WHERE m.id IN (SELECT value FROM json_each(?)) AND m.session_id != '' "
+            "AND m.layer IN (SELECT value FROM json_each(?))) "
+            "SELECT hit.id, p.id FROM hit JOIN memories p ON p.seq = hit.before_seq "
+            "WHERE p.created_at >= hit.created_at - ?",
+            (json.dumps(list(ids)), json.dumps(list(layers)), gap_s),
+        )
+        return {memory_id: before for memory_id, before in rows}
 
     async def rows_for_keys(
         self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool

@@ -9,7 +9,7 @@ import numpy as np
 
 from services.store import fulltext
 from services.store.core import Core
-from services.store.keys import MAX_CLAUSES
+from services.store.keys import CONTEXT_LAYERS, MAX_CLAUSES, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
 from services.store.model import KeywordResult, MemoryRow, Reach, Scored
 from services.store.repo import Repo
@@ -50,24 +50,34 @@ async def keyword_search(
     found = await fulltext.search(
         repo, fulltext.OWN_TEXT, terms, least, reach, layers, include_superseded, k
     )
-    hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in found])
+    hits = await annotated(repo, [Scored(r, s, n) for r, s, n in found])
     context_hits: list[Scored] = []
     if context_keys:
         around = await fulltext.search(
             repo, fulltext.CONTEXT_KEYS, terms, least, reach, layers, include_superseded, k
         )
-        context_hits = await with_replaced(repo, [Scored(r, s, n) for r, s, n in around])
+        context_hits = await annotated(repo, [Scored(r, s, n) for r, s, n in around])
     return KeywordResult(hits, terms, required, context_hits)
 
 
-async def with_replaced(repo: Repo, hits: list[Scored]) -> list[Scored]:
-    """The hits with the older versions each replaced (one query for all of them)."""
+async def annotated(repo: Repo, hits: list[Scored]) -> list[Scored]:
+    """The hits with the older versions each replaced and, for turns, the turn each follows
+    (one query for each)."""
     if not hits:
         return hits
-    chains = await repo.replaced_by([hit.memory.id for hit in hits])
-    if not chains:
+    ids = [hit.memory.id for hit in hits]
+    chains = await repo.replaced_by(ids)
+    followed = await repo.turns_followed(ids, sorted(CONTEXT_LAYERS), NEIGHBOUR_GAP_S)
+    if not chains and not followed:
         return hits
-    return [replace(hit, replaced=tuple(chains.get(hit.memory.id, ()))) for hit in hits]
+    return [
+        replace(
+            hit,
+            replaced=tuple(chains.get(hit.memory.id, ())),
+            follows_id=followed.get(hit.memory.id, ""),
+        )
+        for hit in hits
+    ]
 
 
 async def vector_search(
@@ -105,10 +115,10 @@ async def vector_search(
     users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
     hits: list[Scored] = []
     for user_id in users:
-        one = Reach((user_id,), reach.agent_id)
+        one = replace(reach, user_ids=(user_id,))
         hits.extend(await _search_user(core, one, query, layers, k, min_score, include_superseded))
     hits.sort(key=lambda hit: hit.score, reverse=True)
-    return await with_replaced(core.repo, hits[:k])
+    return await annotated(core.repo, hits[:k])
 
 
 async def _search_user(

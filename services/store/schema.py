@@ -135,6 +135,18 @@ CREATE TABLE IF NOT EXISTS pass_changes (
 );
 CREATE INDEX IF NOT EXISTS pass_changes_pass ON pass_changes(pass_id, seq);
 
+-- A re-embed's vectors of the new model, until the switch copies them over: a memory's (with
+-- the text it was made from, so a later edit is made again) and its clause keys'.
+CREATE TABLE IF NOT EXISTS reembed_vectors (
+  memory_id TEXT PRIMARY KEY REFERENCES memories(id) ON DELETE CASCADE,
+  content TEXT NOT NULL,
+  vector BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reembed_keys (
+  key INTEGER PRIMARY KEY REFERENCES memory_keys(key) ON DELETE CASCADE,
+  vector BLOB NOT NULL
+);
+
 -- A client's Idempotency-Key per scope: the ids its first write gave and a hash of that write's
 -- ops, recorded in the write's own transaction.
 CREATE TABLE IF NOT EXISTS idempotency_keys (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from services.store.store import Store
 from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel, running_grpc_server, wait_serving
-from shared.runtime import apply_log_level, until_stopped
+from shared.runtime import apply_log_level, make_private, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +25,19 @@ log = logging.getLogger(__name__)
 async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
     """The domain store, connected to the embedder, with its indexes loaded."""
     async with contextlib.AsyncExitStack() as stack:
-        channel = open_channel(config.embedder_address)
+        channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(channel.close)
         await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
-        embedder = EmbedderClient(channel)
-        info = await embedder.describe()
         store = await stack.enter_async_context(
             open_store(
                 config.data_dir,
-                embedder,
-                info.model_id,
-                info.ndim,
+                EmbedderClient(channel),
                 config.user_aliases.group,
                 config.save_every_s,
                 config.exact_search_up_to,
                 config.index_cache_bytes,
                 config.snapshots,
+                config.reembed,
             )
         )
         yield store
@@ -55,7 +53,8 @@ async def running_server(config: StoreConfig) -> AsyncIterator[str]:
             store_pb2_grpc.add_StoreServicer_to_server(servicer, server)
             return [store_pb2.DESCRIPTOR.services_by_name["Store"].full_name]
 
-        async with running_grpc_server(config.address, register) as (_, bound):
+        serving = running_grpc_server(config.address, register, token=config.grpc_token)
+        async with serving as (_, bound):
             yield bound
 
 
@@ -63,5 +62,9 @@ async def main() -> None:
     """Runs the store until SIGTERM or SIGINT."""
     config = StoreConfig.from_env()
     apply_log_level(config.log_level)
+    # The store owns the data: a folder left readable by an older version is closed up.
+    for folder in (config.data_dir, config.snapshots.folder if config.snapshots else None):
+        if folder is not None:
+            await asyncio.to_thread(make_private, folder)
     async with running_server(config):
         await until_stopped()

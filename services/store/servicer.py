@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from services.store.actors import actor_for
+from services.store.actors import actor_for, named_actor
 from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.model import (
     CountQuery,
@@ -30,6 +30,7 @@ from services.store.model import (
 )
 from services.store.store import Store
 from shared.errors import Conflict, InvalidArgument
+from shared.grants import current_grant
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import grpc_errors
@@ -90,6 +91,7 @@ def _scored(hit: Scored) -> common_pb2.ScoredMemory:
         memory=memory_message(hit.memory),
         score=hit.score,
         replaced=[memory_message(old) for old in hit.replaced],
+        follows_id=hit.follows_id,
     )
 
 
@@ -219,7 +221,20 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self._store = store
 
     def _reach(self, scope: common_pb2.Scope) -> Reach:
-        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users)
+        return self._store.reach(scope.user_id, scope.agent_id, scope.all_users, current_grant())
+
+    @staticmethod
+    def _everyone(what: str) -> None:
+        """Refuses a call on every owner to a caller whose grant reaches only some."""
+        grant = current_grant()
+        if grant is not None:
+            grant.check_everyone(what)
+
+    @staticmethod
+    def _token_name() -> str:
+        """The caller's token name, if the audit records it."""
+        grant = current_grant()
+        return grant.name if grant is not None and grant.audited else ""
 
     @grpc_errors
     async def Apply(
@@ -227,7 +242,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ApplyResponse:
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
-        actor = actor_for(request.actor, request.origin)
+        actor = actor_for(request.actor, request.origin, self._token_name())
         rows = await self._store.apply(reach, ops, actor, request.reason, _key(request))
         if isinstance(rows, Replayed):
             return store_pb2.ApplyResponse(
@@ -294,7 +309,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.model_id,
             request.extraction_status,
             request.write_mode,
-            actor_for(request.actor, ""),
+            actor_for(request.actor, "", self._token_name()),
         )
         return store_pb2.ImportRowsResponse(
             imported=done.imported,
@@ -306,6 +321,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def TakeSnapshot(
         self, request: store_pb2.TakeSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.TakeSnapshotResponse:
+        self._everyone("a snapshot")
         snapshot = await self._store.snapshot()
         return store_pb2.TakeSnapshotResponse(
             path=str(snapshot.path), size_bytes=snapshot.size_bytes, paused_s=snapshot.paused_s
@@ -388,7 +404,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.DeleteMemoriesRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.DeleteMemoriesResponse:
         deleted = await self._store.delete_many(
-            self._reach(request.scope), _layers(request.layers), request.actor
+            self._reach(request.scope), _layers(request.layers),
+            named_actor(request.actor, self._token_name()),
         )
         return store_pb2.DeleteMemoriesResponse(deleted=deleted)
 
@@ -397,6 +414,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetStatsResponse:
         stats = await self._store.stats(self._reach(request.scope))
+        progress = await self._store.reembed_progress()
         return store_pb2.GetStatsResponse(
             layers=stats.layers,
             total=stats.total,
@@ -409,6 +427,15 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             data_dir=stats.data_dir,
             graph_nodes=stats.graph_nodes,
             graph_edges=stats.graph_edges,
+            reembed=store_pb2.Reembed(
+                to_model_id=progress.to_model_id,
+                done=progress.done,
+                total=progress.total,
+                state=progress.state,
+                error=progress.error,
+            )
+            if progress is not None
+            else None,
         )
 
     @grpc_errors
@@ -475,7 +502,10 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def UndoPass(
         self, request: store_pb2.UndoPassRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.UndoPassResponse:
-        undone = await self._store.undo_pass(request.pass_id, request.actor)
+        self._everyone("undoing a pass")
+        undone = await self._store.undo_pass(
+            request.pass_id, named_actor(request.actor, self._token_name())
+        )
         return store_pb2.UndoPassResponse(
             restored_ids=undone.restored_ids,
             undone_ids=undone.undone_ids,
@@ -513,6 +543,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.RestateFactsResponse:
         if not 0 < request.threshold <= 1:
             raise InvalidArgument(f"threshold {request.threshold} is outside (0, 1]")
+        self._everyone("restating facts")
         found = await self._store.restate_facts(
             request.threshold, request.dry_run, actor_for(request.actor, "")
         )

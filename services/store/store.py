@@ -26,6 +26,7 @@ from services.store.model import (
     Stats,
     Undone,
 )
+from services.store.reembed import ModelSource, Progress, Reembedder, ReembedPlan
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
 from services.store.snapshot import Snapshot, SnapshotPlan, Snapshots
@@ -33,6 +34,7 @@ from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
 from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
 from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.grants import Grant
 
 
 class Store:
@@ -51,15 +53,34 @@ class Store:
     ) -> None:
         self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
-        self.model = model
         self._data_dir = data_dir
+        self.reembed: Reembedder | None = None
         self.snapshots = (
             Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
         )
 
-    def reach(self, user_id: str, agent_id: str = "", all_users: bool = False) -> Reach:
-        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent."""
-        return self._core.reach(user_id, agent_id, all_users)
+    @property
+    def model(self) -> VectorModel:
+        """The model the store's vectors come from (a re-embed changes it when it is done)."""
+        return self._core.model
+
+    def start_reembed(
+        self, embedder: ModelSource, folder: Path, target: VectorModel, plan: ReembedPlan
+    ) -> Reembedder:
+        """The re-embed that moves the store to target (its run() does the work)."""
+        self.reembed = Reembedder(self._core, embedder, folder, target, plan)
+        return self.reembed
+
+    async def reembed_progress(self) -> Progress | None:
+        """Where a re-embed stands (None when the store runs the configured model)."""
+        return await self.reembed.progress() if self.reembed is not None else None
+
+    def reach(
+        self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
+    ) -> Reach:
+        """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
+        with a caller's grant, an owner outside it is refused and everyone is the granted."""
+        return self._core.reach(user_id, agent_id, all_users, grant)
 
     # -- writes ---------------------------------------------------------------------------
 

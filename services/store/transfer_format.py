@@ -26,9 +26,19 @@ from services.store.model import (
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
 from shared.errors import InvalidArgument
+from shared.limits import (
+    END_OF_CALENDAR_S,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    START_OF_CALENDAR_S,
+)
 
 DEFAULT_LAYER = "l2_raw"
-MAX_ID_CHARS = 128
+# The columns of a row or an edge that hold a time (unix seconds).
+_TIMES = frozenset({
+    "created_at", "updated_at", "event_at", "valid_to", "due_at", "invalid_at",
+    "recorded_at", "invalidated_at", "valid_from",
+})
 # Stored vectors are half precision, so an exported one's length is 1 within a few 1e-4.
 UNIT_TOLERANCE = 2e-3
 
@@ -204,14 +214,34 @@ def _required(values: Mapping[str, Any], what: str, names: Sequence[str]) -> Non
 
 
 def _check_id(value: str, what: str) -> None:
-    if value and (value.startswith("$") or len(value) > MAX_ID_CHARS or not value.strip()):
-        raise InvalidArgument(f"{what}.id {value!r} is not a usable id")
+    if value and (value.startswith("$") or len(value) > MAX_NAME_CHARS or not value.strip()):
+        raise InvalidArgument(f"{what}.id {value[:MAX_NAME_CHARS]!r} is not a usable id")
+
+
+def _check_times(values: Mapping[str, Any], what: str) -> None:
+    """An imported time must be one a calendar date shows (the API's pages print them)."""
+    for name in _TIMES.intersection(values):
+        if values[name] is not None and not (
+            START_OF_CALENDAR_S <= values[name] < END_OF_CALENDAR_S
+        ):
+            raise InvalidArgument(f"{what}.{name} is not between the years 1 and 9999")
+
+
+def _check_lengths(values: Mapping[str, Any], what: str) -> None:
+    """The API's limits on owner names and text hold for imported lines too."""
+    for name in ("user_id", "agent_id", "session_id"):
+        if len(values.get(name, "")) > MAX_NAME_CHARS:
+            raise InvalidArgument(f"{what}.{name} is over {MAX_NAME_CHARS} characters")
+    if len(values.get("content", "")) > MAX_TEXT_CHARS:
+        raise InvalidArgument(f"{what}.content is over {MAX_TEXT_CHARS:,} characters")
 
 
 def _row(value: Any, ctx: LineContext) -> MemoryRow:
     values = _checked(value, "memory", _MEMORY_FIELDS)
     _required(values, "memory", ("user_id", "content"))
     _check_id(values.get("id", ""), "memory")
+    _check_lengths(values, "memory")
+    _check_times(values, "memory")
     layer = values.setdefault("layer", DEFAULT_LAYER)
     if layer not in LAYERS:
         raise InvalidArgument(f"memory.layer {layer!r} is not one of {', '.join(LAYERS)}")
@@ -326,6 +356,8 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     values = _checked(line.get("edge"), "edge", _EDGE_FIELDS)
     _required(values, "edge", ("user_id", "subject", "relation", "object"))
     _check_id(values.get("id", ""), "edge")
+    _check_lengths(values, "edge")
+    _check_times(values, "edge")
     defaults = {
         "id": "", "agent_id": "", "weight": 1.0, "source_ids": (), "fact_ids": (),
         "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,

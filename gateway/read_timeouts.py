@@ -1,0 +1,53 @@
+"""Slow clients: a request body must arrive within HYATLAS_BODY_TIMEOUT (the head's limit is
+the server's keep-alive timeout, set from HYATLAS_HEADER_TIMEOUT in __main__)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.state import CONFIG
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def streams_body(handler: Handler) -> Handler:
+    """Marks a route that reads its body as it goes (through body_chunks), not in one piece."""
+    handler.streams_body = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _too_slow(timeout_s: float) -> web.HTTPRequestTimeout:
+    # aiohttp closes the connection after this answer, since the body was not read to its end.
+    return web.HTTPRequestTimeout(reason=f"Request body not received within {timeout_s:g}s")
+
+
+@web.middleware
+async def body_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Reads a body in full, within the timeout, before the route sees it (read() keeps it)."""
+    streaming = getattr(request.match_info.handler, "streams_body", False)
+    if request.body_exists and not streaming:
+        timeout_s = request.app[CONFIG].body_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await request.read()  # over client_max_size: aiohttp raises 413 here
+        except TimeoutError:
+            raise _too_slow(timeout_s) from None
+    return await handler(request)
+
+
+async def body_chunks(request: web.Request, size: int) -> AsyncIterator[bytes]:
+    """A streamed body in chunks of at most size as they arrive; a wait of more than the
+    timeout for the next one ends the request with 408."""
+    timeout_s = request.app[CONFIG].body_timeout_s
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                chunk = await request.content.read(size)
+        except TimeoutError:
+            raise _too_slow(timeout_s) from None
+        if not chunk:
+            return
+        yield chunk

@@ -1,0 +1,92 @@
+"""A caller's grant: which owners and scopes its token reaches, carried from call to call."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shared.errors import InvalidArgument, PermissionDenied
+
+ANY = "*"
+SCOPES = ("read", "write", "admin")
+
+
+def _names(values: Iterable[str]) -> frozenset[str] | None:
+    """A set of names; None when "*" is among them (any name)."""
+    names = frozenset(values)
+    return None if ANY in names else names
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The owners (user and agent ids, None: any) and scopes one token reaches."""
+
+    name: str
+    users: frozenset[str] | None = None
+    agents: frozenset[str] | None = None
+    scopes: frozenset[str] = frozenset(SCOPES)
+    audited: bool = True
+    """Whether the audit log records `name` as the caller (not for the one HYATLAS_TOKEN)."""
+
+    @classmethod
+    def build(
+        cls, name: str, users: Iterable[str], agents: Iterable[str], scopes: Iterable[str]
+    ) -> Grant:
+        """A grant from lists as a tokens file gives them ("*" in a list: any)."""
+        return cls(name, _names(users), _names(agents), frozenset(scopes))
+
+    @property
+    def unrestricted(self) -> bool:
+        """Whether the grant reaches every owner."""
+        return self.users is None and self.agents is None
+
+    def check_owner(self, user_id: str, agent_id: str) -> None:
+        """Refuses an owner outside the grant (an empty agent_id, every agent, is narrowed to
+        the granted ones by the store, not refused)."""
+        if self.users is not None and user_id not in self.users:
+            raise PermissionDenied(f"token {self.name!r} does not reach user {user_id!r}")
+        if agent_id and self.agents is not None and agent_id not in self.agents:
+            raise PermissionDenied(f"token {self.name!r} does not reach agent {agent_id!r}")
+
+    def check_everyone(self, what: str) -> None:
+        """Refuses an operation on every owner to a grant that reaches only some."""
+        if not self.unrestricted:
+            raise PermissionDenied(f"token {self.name!r} reaches only some owners: {what} refused")
+
+    def header(self) -> str:
+        """The grant as call metadata (scopes stay with the gateway, which checks them)."""
+        return json.dumps({
+            "name": self.name,
+            "audited": self.audited,
+            "users": None if self.users is None else sorted(self.users),
+            "agents": None if self.agents is None else sorted(self.agents),
+        })
+
+    @classmethod
+    def from_header(cls, value: str) -> Grant:
+        """The grant a call's metadata carries."""
+        try:
+            data = json.loads(value)
+            users, agents = data["users"], data["agents"]
+            return cls(
+                str(data["name"]),
+                None if users is None else frozenset(str(u) for u in users),
+                None if agents is None else frozenset(str(a) for a in agents),
+                audited=bool(data["audited"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument("malformed grant in call metadata") from exc
+
+
+CURRENT_GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar(
+    "hyatlas_grant", default=None
+)
+"""The grant of the call being served: set by the gateway's token check and by the gRPC server
+interceptor, sent on by every client call made while it is set. None: the services' own work."""
+
+
+def current_grant() -> Grant | None:
+    """The grant of the call being served, None for a service's own work."""
+    return CURRENT_GRANT.get()

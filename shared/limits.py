@@ -1,0 +1,32 @@
+"""The size limits on what a client sends: one place, read by the gateway and the embedder."""
+
+from __future__ import annotations
+
+MAX_TEXT_CHARS = 100_000
+"""A memory's text, a search query, a value to forget: longer is a 413."""
+
+EMBED_HEADROOM_CHARS = 1_000
+"""What the store or search may add to a text at the limit before embedding it (a context key
+carries up to 400 characters of each neighbouring turn; a query gets the model's prefix)."""
+
+MAX_EMBED_CHARS = MAX_TEXT_CHARS + EMBED_HEADROOM_CHARS
+"""The longest text the embedder accepts."""
+
+MAX_NAME_CHARS = 256
+"""Any other string parameter: user_id, agent_id, session_id, ids, layer and reader names."""
+
+MAX_METADATA_BYTES = 64 * 1024
+"""A memory's metadata object, as compact UTF-8 JSON: larger is a 413."""
+
+MAX_JSON_DEPTH = 32
+"""How deeply a request body's arrays and objects may nest."""
+
+FIRST_TIME_S = 0.0
+"""The earliest time a client may send: 1970-01-01T00:00:00Z (unix seconds)."""
+
+END_OF_CALENDAR_S = 253402300800.0
+"""10000-01-01T00:00:00Z: every time a client sends or an import carries lies before it."""
+
+START_OF_CALENDAR_S = -62135596800.0
+"""0001-01-01T00:00:00Z: an imported time may reach back this far (an export of a version that
+took dates before 1970 still imports)."""

@@ -1,0 +1,317 @@
+"""Re-embed: a store moves to another model, killed midway, and searches well before and after."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from services.embedder.config import EmbedderConfig
+from services.embedder.derive import derive_fp16
+from services.embedder.models import MINILM, MINILM_FP16
+from services.embedder.server import running_server
+from services.store import reembed
+from services.store.config import StoreConfig
+from shared.clients import EmbedderClient
+from shared.errors import ConfigError
+from shared.pb import common_pb2, embedder_pb2, embedder_pb2_grpc, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.store_state import LONG_TEXT, call
+from tests.support import ROOT, Stack, assert_eventually, running_stack, value_eventually
+
+pytestmark = pytest.mark.slow
+
+# Each target is found by a query that shares no word with it: only its vector can find it.
+TARGETS = {
+    "I drink green tea every morning.": "which hot beverage do I have at breakfast",
+    "My dentist appointment is on Tuesday at nine.": "when do I see the doctor for my teeth",
+    LONG_TEXT: "who decorated the walls in each bedroom",
+}
+LATE = ("I keep my bicycle in the garden shed.", "where is my bike stored")
+FILLERS = 160
+
+
+@pytest.fixture(scope="module")
+def fp16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2 in half precision, built from the packaged int8 model."""
+    return derive_fp16(tmp_path_factory.mktemp("fp16"))
+
+
+def _fillers(user: str) -> str:
+    colours = ["red", "amber", "teal", "grey", "violet"]
+    nouns = ["electricity", "water", "phone", "insurance", "rent", "parking"]
+    lines = [
+        {
+            "type": "memory",
+            "memory": {
+                "user_id": user,
+                "content": f"Folder {i} is {colours[i % 5]} and holds the "
+                f"{nouns[i % 6]} invoices from year {1990 + i}.",
+            },
+        }
+        for i in range(FILLERS)
+    ]
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+async def _status(stack: Stack) -> dict[str, Any]:
+    code, body = await call(stack, "GET", "/api/v1/status")
+    assert code == 200, body
+    return dict(body)
+
+
+async def _add(stack: Stack, user: str, text: str) -> str:
+    code, body = await call(stack, "POST", "/api/v1/add", json={"text": text, "user_id": user})
+    assert code == 200, body
+    return str(body["memory_id"])
+
+
+async def _top_hit(stack: Stack, user: str, query: str) -> tuple[str, str]:
+    """The first vector hit for a query and the model its vector came from, through the
+    embedder's served model and the store's vector search (what the search service does)."""
+    async with (
+        open_channel(stack.address("embedder")) as embedder_channel,
+        open_channel(stack.address("store")) as store_channel,
+    ):
+        vectors, model_id = await EmbedderClient(embedder_channel).embed([query], is_query=True)
+        reply = await store_pb2_grpc.StoreStub(store_channel).VectorSearch(
+            store_pb2.VectorSearchRequest(
+                scope=common_pb2.Scope(user_id=user),
+                vector=vectors[0].tolist(),
+                model_id=model_id,
+                k=3,
+            ),
+            timeout=60,
+        )
+    assert reply.hits, query
+    return reply.hits[0].memory.id, model_id
+
+
+async def _searched(stack: Stack, user: str, query: str) -> list[str]:
+    """The ids the search route answers a query with, best first."""
+    code, body = await call(
+        stack, "POST", "/api/v1/search", json={"query": query, "user_id": user, "limit": 5}
+    )
+    assert code == 200, body
+    return [m["memory_id"] for items in body["memories"].values() for m in items]
+
+
+def _model_columns(db_path: Path) -> dict[str, set[str]]:
+    """The model ids each table's vectors carry, and what a re-embed left staged."""
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+        read = lambda sql: {str(r[0]) for r in db.execute(sql)}  # noqa: E731
+        return {
+            "vectors": read("SELECT DISTINCT model_id FROM vectors"),
+            "clause keys": read(
+                "SELECT DISTINCT model_id FROM memory_keys WHERE vector IS NOT NULL"
+            ),
+            "rows": read("SELECT DISTINCT model_id FROM memories"),
+            "staged": read("SELECT memory_id FROM reembed_vectors"),
+        }
+
+
+def _persisted(db_path: Path) -> tuple[int, int]:
+    """The staged rows and the cursor a killed re-embed left in SQLite."""
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+        staged = db.execute("SELECT count(*) FROM reembed_vectors").fetchone()[0]
+        cursor = db.execute(
+            "SELECT value FROM store_meta WHERE key = ?", (reembed.META_CURSOR,)
+        ).fetchone()
+    return int(staged), int(cursor[0]) if cursor else 0
+
+
+def _hyatlas_reembed(stack: Stack) -> subprocess.CompletedProcess[str]:
+    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url}
+    return subprocess.run(
+        [sys.executable, "-m", "hyatlas_cli", "reembed", "--every", "0.2"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_new_model(
+    tmp_path: Path, fp16_dir: Path
+) -> None:
+    data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
+    with running_stack(
+        data_dir,
+        ["embedder", "store", "search", "gateway"],
+        # Paced so the rebuild lasts long enough to be seen (and killed) midway.
+        HYATLAS_REEMBED_BATCH="4",
+        HYATLAS_REEMBED_ROWS_PER_S="15",
+    ) as stack:
+        code, body = await call(stack, "POST", "/api/v1/import", data=_fillers(user))
+        assert code == 200, body
+        ids = {text: await _add(stack, user, text) for text in TARGETS}
+        for text, query in TARGETS.items():
+            assert await _top_hit(stack, user, query) == (ids[text], MINILM.model_id)
+
+        # The user points the embedder at another model and restarts.
+        stack.procs["store"].stop()
+        stack.procs["embedder"].stop()
+        stack.env["HYATLAS_MODEL_DIR"] = str(fp16_dir)
+        stack.start("embedder")
+        stack.start("store")
+
+        async def midway() -> dict[str, Any]:
+            job = (await _status(stack)).get("reembed")
+            assert job is not None and job["to_model"] == MINILM_FP16.model_id
+            assert 8 <= job["done"] < job["total"], job
+            return dict(job)
+
+        await value_eventually(midway)
+        # Searches still answer from the old vectors, with queries of the old model.
+        state = await _status(stack)
+        assert state["embed"] == MINILM.model_id
+        for text, query in TARGETS.items():
+            assert await _top_hit(stack, user, query) == (ids[text], MINILM.model_id)
+            assert (await _searched(stack, user, query))[0] == ids[text]
+        late = await _add(stack, user, LATE[0])
+
+        # An embedder killed and back serves its configured model until the store tells it
+        # again which one searches need.
+        stack.procs["embedder"].kill()
+        stack.start("embedder")
+
+        async def old_model_served() -> None:
+            for text, query in TARGETS.items():
+                try:
+                    assert await _top_hit(stack, user, query) == (ids[text], MINILM.model_id)
+                except grpc.aio.AioRpcError as exc:  # the store refuses the wrong model's query
+                    raise AssertionError(exc.details()) from exc
+
+        await assert_eventually(old_model_served)
+        stack.procs["store"].kill()
+        staged, cursor = _persisted(data_dir / "hyatlas.db")
+        assert staged > 0 and cursor > 0
+        stack.start("store")
+        job = (await _status(stack)).get("reembed")
+        if job is not None:  # what was staged before the kill is kept, not made again
+            assert job["done"] >= staged
+
+        shown = await asyncio.to_thread(_hyatlas_reembed, stack)
+        assert shown.returncode == 0, shown.stderr
+        assert f"re-embed to {MINILM_FP16.model_id}" in shown.stderr or job is None
+        assert f"searches use {MINILM_FP16.model_id}" in shown.stderr
+
+        state = await _status(stack)
+        assert state["embed"] == MINILM_FP16.model_id and "reembed" not in state
+        for text, query in {**TARGETS, LATE[0]: LATE[1]}.items():
+            expected = ids.get(text, late)
+            assert await _top_hit(stack, user, query) == (expected, MINILM_FP16.model_id)
+            assert (await _searched(stack, user, query))[0] == expected
+        assert _model_columns(data_dir / "hyatlas.db") == {
+            "vectors": {MINILM_FP16.model_id},
+            "clause keys": {MINILM_FP16.model_id},
+            "rows": {MINILM_FP16.model_id},
+            "staged": set(),
+        }
+        folder = data_dir / "vectors"
+        assert (folder / reembed.MODEL_MARKER).read_text() == MINILM_FP16.model_id
+        assert not folder.with_name("vectors.next").exists()
+
+        # A restart keeps the new model: nothing is re-embedded again.
+        stack.procs["store"].stop()
+        stack.start("store")
+        assert "reembed" not in await _status(stack)
+        assert await _top_hit(stack, user, LATE[1]) == (late, MINILM_FP16.model_id)
+
+
+async def test_hyatlas_reembed_says_when_there_is_nothing_to_do(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(
+        tmp_path / "data", ["store", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address
+    ) as stack:
+        shown = await asyncio.to_thread(_hyatlas_reembed, stack)
+    assert shown.returncode == 0, shown.stderr
+    assert f"nothing to re-embed: every vector is of {MINILM.model_id}" in shown.stderr
+
+
+async def test_the_embedder_runs_a_named_model_beside_its_configured_one(
+    tmp_path: Path, fp16_dir: Path
+) -> None:
+    config = EmbedderConfig(address=f"unix:{tmp_path / 'e.sock'}", model_dir=fp16_dir)
+    async with running_server(config) as running, open_channel(running.address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        served = await stub.DescribeModel(embedder_pb2.DescribeModelRequest())
+        assert (served.model_id, served.configured_model_id) == (MINILM_FP16.model_id,) * 2
+
+        texts = ["The kettle is on the stove."]
+        old = await stub.Embed(embedder_pb2.EmbedRequest(texts=texts, model_id=MINILM.model_id))
+        new = await stub.Embed(embedder_pb2.EmbedRequest(texts=texts))
+        assert (old.model_id, new.model_id) == (MINILM.model_id, MINILM_FP16.model_id)
+        assert old.vectors[0].values != new.vectors[0].values
+
+        await stub.ServeModel(embedder_pb2.ServeModelRequest(model_id=MINILM.model_id))
+        assert (await stub.Embed(embedder_pb2.EmbedRequest(texts=texts))).model_id == (
+            MINILM.model_id
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ServeModel(embedder_pb2.ServeModelRequest(model_id="no-such-model"))
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no-such-model" in (refused.value.details() or "")
+        # Serving the configured model again lets the other one go.
+        await stub.ServeModel(embedder_pb2.ServeModelRequest(model_id=MINILM_FP16.model_id))
+        assert (await stub.Embed(embedder_pb2.EmbedRequest(texts=texts))).model_id == (
+            MINILM_FP16.model_id
+        )
+
+
+def _folder(path: Path, marker: str | None) -> Path:
+    path.mkdir()
+    (path / "index.usearch").write_text(path.name)
+    if marker is not None:
+        (path / reembed.MODEL_MARKER).write_text(marker)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("next_marker", "live_marker", "kept"),
+    [
+        ("new", None, "vectors.next"),  # the switch committed, the swap did not happen
+        ("new", "old", "vectors.next"),
+        (None, None, "vectors"),  # the build was cut short: its folder is dropped
+        ("other", None, "vectors"),
+    ],
+)
+def test_a_crash_mid_switch_leaves_the_index_folder_of_the_committed_model(
+    tmp_path: Path, next_marker: str | None, live_marker: str | None, kept: str
+) -> None:
+    live = _folder(tmp_path / "vectors", live_marker)
+    _folder(tmp_path / "vectors.next", next_marker)
+    _folder(tmp_path / "vectors.old", "old")
+    reembed.settle_index_folders(live, "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors"]
+    assert (live / "index.usearch").read_text() == kept
+
+
+def test_a_live_index_folder_of_another_model_is_dropped(tmp_path: Path) -> None:
+    live = _folder(tmp_path / "vectors", "old")
+    reembed.settle_index_folders(live, "new")
+    assert not live.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("HYATLAS_REEMBED_ROWS_PER_S", "fast"), ("HYATLAS_REEMBED_ROWS_PER_S", "-3"),
+     ("HYATLAS_REEMBED_BATCH", "0")],
+)
+def test_a_bad_reembed_setting_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        StoreConfig.from_env({"HYATLAS_GO_DATA": "/tmp/x", name: value})
+
+
+def test_reembed_settings_are_read() -> None:
+    config = StoreConfig.from_env(
+        {"HYATLAS_REEMBED_BATCH": "8", "HYATLAS_REEMBED_ROWS_PER_S": "off"}
+    )
+    assert (config.reembed.batch, config.reembed.rows_per_s) == (8, None)

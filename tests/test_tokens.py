@@ -1,0 +1,362 @@
+"""Owner-scoped tokens through the running stack: grants, scopes, reload, audit, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from gateway.app import make_app
+from gateway.config import GatewayConfig
+from gateway.grants import ROUTE_SCOPES
+from shared.pb import common_pb2, store_pb2
+from shared.settings import Settings
+from tests.store_state import apply
+from tests.support import Stack, assert_eventually, running_stack
+
+pytestmark = pytest.mark.slow
+
+ALICE, BOB = "alice", "bob"
+OPS = "ops-secret-0123456789"
+ALICE_APP = "alice-app-secret-0123456789"
+ALICE_READER = "alice-reader-secret-0123456789"
+ALICE_AGENT = "alice-agent-secret-0123456789"
+LEGACY = "legacy-secret-0123456789"
+TOKENS = {
+    "tokens": [
+        {"name": "ops", "token": OPS, "users": ["*"], "agents": ["*"],
+         "scopes": ["read", "write", "admin"]},
+        {"name": "alice-app", "token": ALICE_APP, "users": [ALICE], "agents": ["*"],
+         "scopes": ["read", "write"]},
+        {"name": "alice-reader", "token": ALICE_READER, "users": [ALICE], "agents": ["*"],
+         "scopes": ["read"]},
+        {"name": "alice-agent", "token": ALICE_AGENT, "users": [ALICE], "agents": ["coach"],
+         "scopes": ["read", "write"]},
+    ]
+}
+
+
+@dataclass
+class Client:
+    """One bearer token against one gateway."""
+
+    base_url: str
+    token: str
+
+    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, self.base_url + path, headers=headers, **kw) as reply,
+        ):
+            text = await reply.text()
+            try:
+                return reply.status, json.loads(text)
+            except ValueError:
+                return reply.status, text
+
+    async def ok(self, method: str, path: str, **kw: Any) -> Any:
+        status, body = await self.call(method, path, **kw)
+        assert status == 200, (path, status, body)
+        return body
+
+
+@pytest.fixture(scope="module")
+def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tokens") / "tokens.json"
+    path.write_text(json.dumps(TOKENS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, tokens_file: Path
+) -> Iterator[Stack]:
+    """Store, search, extractor (lite) and gateway with a tokens file, HYATLAS_TOKEN and admin."""
+    with running_stack(
+        tmp_path_factory.mktemp("tokens-stack"),
+        ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_TOKENS_FILE=str(tokens_file),
+        HYATLAS_TOKEN=LEGACY,
+        HYATLAS_ADMIN="on",
+    ) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def seeded(stack: Stack) -> dict[str, list[str]]:
+    """Two rows and an edge for each of alice and bob, written with the ops token."""
+    ops = Client(stack.base_url, OPS)
+    ids: dict[str, list[str]] = {}
+    for user in (ALICE, BOB):
+        ids[user] = [
+            (await ops.ok("POST", "/api/v1/add", json={"text": f"{user} likes {thing}",
+                                                      "user_id": user}))["memory_id"]
+            for thing in ("green tea", "long walks")
+        ]
+        await apply(stack, user, store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=common_pb2.Owner(user_id=user), subject=user, relation="likes",
+            object="green tea", source_ids=ids[user],
+        )))
+    return ids
+
+
+async def _bob_state(ops: Client) -> Any:
+    """Everything bob has, as the ops token sees it: rows (with retired ones) and histories."""
+    listing = await ops.ok("POST", "/api/v1/list",
+                           json={"user_id": BOB, "limit": 1000, "include_superseded": True})
+    histories = [
+        (await ops.ok("GET", "/api/v1/history", params={"user_id": BOB, "id": m["memory_id"]}))
+        for m in listing["memories"]
+    ]
+    edges = await ops.ok("GET", "/api/v1/edges", params={"user_id": BOB})
+    return listing["memories"], histories, edges
+
+
+def _bob_requests(bob_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """A request on bob's rows for every route a read/write token may call."""
+    who = {"user_id": BOB}
+    return [
+        ("POST", "/api/v1/add", {"json": {"text": "alice writes as bob", **who}}),
+        ("POST", "/api/v1/list", {"json": who}),
+        ("GET", "/api/v1/list", {"params": who}),
+        ("POST", "/api/v1/search", {"json": {"query": "green tea", **who}}),
+        ("GET", "/api/v1/search", {"params": {"query": "green tea", **who}}),
+        ("POST", "/api/v1/history", {"json": {"id": bob_id, **who}}),
+        ("POST", "/api/v1/update", {"json": {"id": bob_id, "text": "changed", **who}}),
+        ("POST", "/api/v1/restore", {"json": {"id": bob_id, **who}}),
+        ("POST", "/api/v1/forget", {"json": {"id": bob_id, **who}}),
+        ("POST", "/api/v1/forget", {"json": {"text": "green tea", **who}}),
+        ("POST", "/api/v1/feedback", {"json": {"memory_ids": [bob_id], **who}}),
+        ("POST", "/api/v1/delete_all", {"json": {"id": bob_id, **who}}),
+        ("POST", "/api/v1/delete_all", {"json": who}),
+        ("GET", "/api/v1/owners", {"params": who}),
+        ("GET", "/api/v1/graph", {"params": who}),
+        ("GET", "/api/v1/graph-as-of", {"params": {"ts": "2030-01-01T00:00:00Z", **who}}),
+        ("GET", "/api/v1/edges", {"params": who}),
+        ("GET", "/api/v1/learning/graph", {"params": who}),
+        ("GET", "/api/v1/export", {"params": who}),
+        ("GET", "/dashboard/api/memory", {"params": {"id": bob_id, **who}}),
+        ("GET", "/dashboard/api/writes", {"params": who}),
+    ]
+
+
+async def test_alice_token_acting_on_bob_is_refused_on_every_route_and_changes_nothing(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    ops, alice = Client(stack.base_url, OPS), Client(stack.base_url, ALICE_APP)
+    before = await _bob_state(ops)
+    for method, path, kw in _bob_requests(seeded[BOB][0]):
+        status, body = await alice.call(method, path, **kw)
+        assert status == 403, (method, path, status, body)
+        assert "alice-app" in body["error"], body
+    assert await _bob_state(ops) == before
+
+
+def test_every_route_but_the_public_ones_has_its_scope_in_the_one_table() -> None:
+    app = make_app(GatewayConfig(), Settings())
+    paths = {resource.canonical for resource in app.router.resources()}
+    public = {"/healthz", "/readyz", "/dashboard", "/dashboard/", "/dashboard/{tail}"}
+    assert paths - public == set(ROUTE_SCOPES)
+
+
+async def test_an_unknown_path_is_404_for_any_valid_token(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    status, body = await Client(stack.base_url, ALICE_READER).call("GET", "/api/v1/nope")
+    assert status == 404, body
+
+
+async def test_admin_routes_are_refused_to_a_token_without_the_admin_scope(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    alice = Client(stack.base_url, ALICE_APP)
+    for method, path in [("POST", "/api/v1/digest"), ("POST", "/api/v1/reprocess"),
+                         ("POST", "/api/v1/admin/snapshot"), ("POST", "/api/v1/llm/key"),
+                         ("POST", "/api/v1/import"), ("POST", "/api/v1/undo_pass")]:
+        status, body = await alice.call(method, path, json={})
+        assert status == 403, (path, status, body)
+        assert "'admin' scope" in body["error"], body
+
+
+async def test_views_without_an_owner_show_only_the_granted_owners(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    alice = Client(stack.base_url, ALICE_APP)
+    owners = await alice.ok("GET", "/api/v1/owners")
+    assert [u["user_id"] for u in owners["users"]] == [ALICE]
+    edges = await alice.ok("GET", "/api/v1/edges")
+    assert {e["user_id"] for e in edges["knowledge"]} == {ALICE}
+    as_of = await alice.ok("GET", "/api/v1/graph-as-of", params={"ts": "2030-01-01T00:00:00Z"})
+    assert {e["user_id"] for e in as_of["relations"]} == {ALICE}
+    graph = await alice.ok("GET", "/api/v1/graph", params={"node": "green tea"})
+    assert [n["label"] for n in graph["neighbors"]] == [ALICE]
+    learning = await alice.ok("GET", "/api/v1/learning/graph")
+    assert ALICE in json.dumps(learning) and BOB not in json.dumps(learning)
+    # No user_id: the token's one user, not "default".
+    listing = await alice.ok("POST", "/api/v1/list", json={"limit": 1000})
+    assert set(seeded[ALICE]) <= {m["memory_id"] for m in listing["memories"]}
+    assert {m["user_id"] for m in listing["memories"]} == {ALICE}
+    mine = await alice.ok("GET", "/api/v1/metrics")
+    everyone = await Client(stack.base_url, OPS).ok("GET", "/api/v1/metrics")
+    assert 0 < mine["total"] < everyone["total"]
+    await alice.ok("GET", "/api/v1/status")
+    async with aiohttp.ClientSession() as session, session.get(
+        stack.base_url + "/api/v1/export", headers={"Authorization": f"Bearer {ALICE_APP}"}
+    ) as reply:
+        assert reply.status == 200
+        text = await reply.text()
+    assert f'"user_id": "{ALICE}"' in text.replace('":"', '": "')
+    assert f'"{BOB}"' not in text
+
+
+async def test_a_token_for_one_agent_finds_only_that_agents_rows_through_search(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    ops, coach = Client(stack.base_url, OPS), Client(stack.base_url, ALICE_AGENT)
+    for agent in ("coach", "chef"):
+        await ops.ok("POST", "/api/v1/add", json={
+            "text": f"the {agent} agent heard about the sailing trip", "user_id": ALICE,
+            "agent_id": agent})
+    # No agent named: search asks the store, which narrows to the granted agent, so the
+    # grant went along from the search service to the store.
+    found = await coach.ok("POST", "/api/v1/search", json={"query": "sailing trip"})
+    hits = [hit for items in found["memories"].values() for hit in items]
+    assert hits and {hit.get("agent_id") for hit in hits} == {"coach"}, hits
+    listing = await coach.ok("POST", "/api/v1/list", json={"limit": 1000})
+    assert {m.get("agent_id") for m in listing["memories"]} == {"coach"}
+    status, body = await coach.call("POST", "/api/v1/search",
+                                    json={"query": "sailing trip", "agent_id": "chef"})
+    assert status == 403, body
+    status, body = await coach.call("POST", "/api/v1/add",
+                                    json={"text": "as the chef", "agent_id": "chef"})
+    assert status == 403, body
+
+
+async def test_a_read_only_token_reads_but_cannot_write(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    reader = Client(stack.base_url, ALICE_READER)
+    await reader.ok("POST", "/api/v1/list", json={"user_id": ALICE})
+    before = await Client(stack.base_url, OPS).ok(
+        "POST", "/api/v1/list", json={"user_id": ALICE, "limit": 1000})
+    for path, body in [("/api/v1/add", {"text": "reader writes", "user_id": ALICE}),
+                       ("/api/v1/delete_all", {"id": seeded[ALICE][1], "user_id": ALICE}),
+                       ("/api/v1/update", {"id": seeded[ALICE][1], "text": "x",
+                                           "user_id": ALICE})]:
+        status, reply = await reader.call("POST", path, json=body)
+        assert status == 403, (path, status, reply)
+        assert "'write' scope" in reply["error"]
+    after = await Client(stack.base_url, OPS).ok(
+        "POST", "/api/v1/list", json={"user_id": ALICE, "limit": 1000})
+    assert after["memories"] == before["memories"]
+
+
+async def test_the_audit_records_the_token_name_as_the_caller(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    alice = Client(stack.base_url, ALICE_APP)
+    added = await alice.ok("POST", "/api/v1/add", json={
+        "text": "alice's audited note", "metadata": {"write_origin": "plugin"}})
+    history = await alice.ok("GET", "/api/v1/history", params={"id": added["memory_id"]})
+    assert [e["actor"] for e in history["history"]] == ["alice-app"]
+    legacy = Client(stack.base_url, LEGACY)
+    added = await legacy.ok("POST", "/api/v1/add", json={
+        "text": "a plugin note", "user_id": BOB, "metadata": {"write_origin": "plugin"}})
+    history = await legacy.ok(
+        "GET", "/api/v1/history", params={"id": added["memory_id"], "user_id": BOB})
+    # One shared HYATLAS_TOKEN names nobody: the client's declared origin stays the actor.
+    assert [e["actor"] for e in history["history"]] == ["plugin"]
+
+
+async def test_hyatlas_token_alone_reaches_every_owner_and_scope(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(
+        tmp_path, ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKEN=LEGACY, HYATLAS_ADMIN="on",
+    ) as alone:
+        legacy = Client(alone.base_url, LEGACY)
+        for user in (ALICE, BOB):
+            added = await legacy.ok("POST", "/api/v1/add", json={"text": "hi", "user_id": user})
+            history = await legacy.ok(
+                "GET", "/api/v1/history", params={"id": added["memory_id"], "user_id": user})
+            assert [e["actor"] for e in history["history"]] == ["api"]
+        owners = await legacy.ok("GET", "/api/v1/owners")
+        assert {u["user_id"] for u in owners["users"]} == {ALICE, BOB}
+        await legacy.ok("POST", "/api/v1/admin/snapshot")
+        status, _ = await Client(alone.base_url, OPS).call("GET", "/api/v1/owners")
+        assert status == 401
+
+
+async def test_hyatlas_token_beside_a_tokens_file_reaches_every_owner_and_scope(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    legacy = Client(stack.base_url, LEGACY)
+    owners = await legacy.ok("GET", "/api/v1/owners")
+    assert {ALICE, BOB} <= {u["user_id"] for u in owners["users"]}
+    for user in (ALICE, BOB):
+        listing = await legacy.ok("POST", "/api/v1/list", json={"user_id": user})
+        assert listing["total"] >= 2
+    snap = await legacy.ok("POST", "/api/v1/admin/snapshot")
+    assert snap
+
+
+async def test_refusals_are_401_without_a_token_and_logged(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    for token in ("", "not-a-token", OPS + "x"):
+        status, body = await Client(stack.base_url, token).call("GET", "/api/v1/owners")
+        assert status == 401, body
+    status, _ = await Client(stack.base_url, ALICE_APP).call(
+        "GET", "/api/v1/list", params={"user_id": BOB})
+    assert status == 403
+
+    def logged() -> None:
+        lines = [json.loads(line) for line in stack.procs["gateway"].logs().splitlines()
+                 if line.startswith("{")]
+        refusals = [line["msg"] for line in lines if line["msg"].startswith("refused ")]
+        assert any("/api/v1/owners for anonymous: 401" in m for m in refusals), refusals
+        assert any("/api/v1/list for alice-app: 403" in m for m in refusals), refusals
+
+    await assert_eventually(logged)
+
+
+async def test_the_tokens_file_is_read_again_when_it_changes(
+    stack: Stack, seeded: dict[str, list[str]], tokens_file: Path
+) -> None:
+    newcomer = "newcomer-secret-0123456789"
+    client = Client(stack.base_url, newcomer)
+    status, _ = await client.call("GET", "/api/v1/owners")
+    assert status == 401
+    grown = {"tokens": [*TOKENS["tokens"], {
+        "name": "bob-app", "token": newcomer, "users": [BOB], "agents": ["*"],
+        "scopes": ["read"]}]}
+    _replace(tokens_file, json.dumps(grown))
+    owners = await client.ok("GET", "/api/v1/owners")
+    assert [u["user_id"] for u in owners["users"]] == [BOB]
+    # A broken file keeps the grants in force (and says so in the log).
+    _replace(tokens_file, '{"tokens": [')
+    owners = await client.ok("GET", "/api/v1/owners")
+    assert [u["user_id"] for u in owners["users"]] == [BOB]
+    await assert_eventually(
+        lambda: "not applied, the previous tokens stay" in stack.procs["gateway"].logs()
+    )
+    _replace(tokens_file, json.dumps(TOKENS))
+    status, _ = await client.call("GET", "/api/v1/owners")
+    assert status == 401
+
+
+def _replace(path: Path, text: str) -> None:
+    """Writes a new version of the file in one step, as an editor or deploy tool would."""
+    staged = path.with_suffix(".new")
+    staged.write_text(text)
+    os.replace(staged, path)

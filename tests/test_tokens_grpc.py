@@ -1,0 +1,146 @@
+"""gRPC on TCP needs the service token; a bad tokens file or a bare TCP address stops a start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from shared.errors import ConfigError
+from shared.grants import Grant
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.settings import Settings
+from tests.support import ROOT, Stack, base_env, free_port, grpc_serving, running_stack
+
+pytestmark = pytest.mark.slow
+
+SERVICE_TOKEN = "grpc-service-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def tcp_stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """Store and search on TCP with a service token; the gateway reaches both with it."""
+    with running_stack(
+        tmp_path_factory.mktemp("tokens-tcp"),
+        ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_ADDR=f"127.0.0.1:{free_port()}",
+        HYATLAS_SEARCH_ADDR=f"127.0.0.1:{free_port()}",
+        HYATLAS_GRPC_TOKEN=SERVICE_TOKEN,
+    ) as stack:
+        yield stack
+
+
+def _owners(stack: Stack, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
+    with grpc.insecure_channel(stack.address("store")) as channel:
+        try:
+            store_pb2_grpc.StoreStub(channel).ListOwners(
+                store_pb2.ListOwnersRequest(scope=common_pb2.Scope(all_users=True)),
+                metadata=metadata, timeout=30,
+            )
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_a_tcp_call_without_the_service_token_is_refused(tcp_stack: Stack) -> None:
+    assert _owners(tcp_stack, ()) == grpc.StatusCode.UNAUTHENTICATED
+    wrong = (("authorization", f"bearer {SERVICE_TOKEN}x"),)
+    assert _owners(tcp_stack, wrong) == grpc.StatusCode.UNAUTHENTICATED
+    right = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+    assert _owners(tcp_stack, right) == grpc.StatusCode.OK
+    # A supervisor checks health without the token.
+    assert grpc_serving(tcp_stack.address("store"))
+
+
+def _insert(user: str) -> store_pb2.ApplyRequest:
+    return store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user), actor="api", ops=[
+        store_pb2.Op(insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user), layer=common_pb2.L2_RAW,
+            content=f"{user} keeps bees"))])
+
+
+def test_the_store_enforces_the_grant_a_call_carries(tcp_stack: Stack) -> None:
+    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
+    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        for user in ("grpc-carol", "grpc-dave"):
+            store.Apply(_insert(user), metadata=token, timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            store.Apply(_insert("grpc-dave"), metadata=as_carol, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        every = common_pb2.Scope(all_users=True)
+        owners = store.ListOwners(store_pb2.ListOwnersRequest(scope=every),
+                                  metadata=as_carol, timeout=30)
+        assert [o.user_id for o in owners.owners] == ["grpc-carol"]
+        dave = store.ListOwners(store_pb2.ListOwnersRequest(
+            scope=common_pb2.Scope(user_id="grpc-dave")), metadata=token, timeout=30)
+        assert [o.live for o in dave.owners] == [1]
+
+
+def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:
+    ask = reflection_pb2.ServerReflectionRequest(list_services="")
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.ServerReflectionInfo(iter([ask]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        metadata = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+        answers = list(stub.ServerReflectionInfo(iter([ask]), metadata=metadata, timeout=30))
+    names = [s.name for s in answers[0].list_services_response.service]
+    assert "hyatlas.v1.Store" in names
+
+
+async def test_the_services_call_each_other_over_tcp_with_the_token(tcp_stack: Stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(tcp_stack.base_url + "/api/v1/add", json={
+            "text": "the lighthouse keeper paints the door red", "user_id": "tcp-user",
+        }) as reply:
+            assert reply.status == 200, await reply.text()
+        # The gateway calls search, and search calls the store, both over TCP.
+        async with session.post(tcp_stack.base_url + "/api/v1/search", json={
+            "query": "lighthouse door", "user_id": "tcp-user",
+        }) as reply:
+            assert reply.status == 200, await reply.text()
+            body = await reply.json()
+    hits = [item for items in body["memories"].values() for item in items]
+    assert any("lighthouse" in hit["content"] for hit in hits), body
+
+
+def test_a_tcp_address_without_a_service_token_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="HYATLAS_STORE_ADDR='127.0.0.1:5000'.*GRPC_TOKEN"):
+        Settings.from_env({"HYATLAS_STORE_ADDR": "127.0.0.1:5000"})
+    settings = Settings.from_env(
+        {"HYATLAS_STORE_ADDR": "127.0.0.1:5000", "HYATLAS_GRPC_TOKEN": SERVICE_TOKEN}
+    )
+    assert settings.grpc_token == SERVICE_TOKEN
+
+
+@pytest.mark.parametrize("text", [
+    '{"tokens": [',
+    '{"tokens": [{"name": "x", "token": "short", "users": ["*"], "agents": ["*"],'
+    ' "scopes": ["read"]}]}',
+    '{"tokens": [{"name": "x", "token": "long-enough-secret-123", "users": ["alice"],'
+    ' "agents": ["*"], "scopes": ["admin"]}]}',
+    '{"tokens": [{"name": "x", "token": "long-enough-secret-123", "users": ["alice"],'
+    ' "agents": ["*"], "scopes": ["delete"]}]}',
+])
+def test_a_bad_tokens_file_stops_the_gateway_naming_the_variable(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(text)
+    env = base_env(tmp_path, HYATLAS_TOKENS_FILE=str(path), HYATLAS_GO_PORT=str(free_port()))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway"], cwd=ROOT, env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert b"HYATLAS_TOKENS_FILE=" in done.stderr
