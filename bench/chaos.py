@@ -350,6 +350,10 @@ async def run(writes: int, services: list[str], settings: dict[str, str]) -> dic
     }
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--writes", type=int, default=300, help="adds per killed service")
@@ -359,6 +363,8 @@ def main() -> None:
                         help="a setting for the stack (lite mode otherwise on defaults)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # SIGTERM stops the run like Ctrl-C, so the supervised stack is stopped too.
+    signal.signal(signal.SIGTERM, _interrupted)
     settings = dict(item.split("=", 1) for item in args.set)
     services = [name for name in args.services.split(",") if name]
     result = asyncio.run(run(args.writes, services, settings))
