@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import dashboard, metrics, openapi, readiness
+from gateway import admission, dashboard, metrics, openapi, readiness
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware
 from gateway.grants import TOKENS, TokenBook
@@ -73,16 +73,19 @@ def make_app(config: GatewayConfig, settings: Settings) -> web.Application:
     """The REST application: guards and token checks around every route, JSON errors outside."""
     app = web.Application(
         # metrics outermost so every answer is counted with the status it went out with; then
-        # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too.
-        # The body is read (within its timeout) only once the caller passed every check.
-        middlewares=[metrics.metrics_middleware, errors_middleware, guards_middleware,
-                     token_middleware, body_timeout_middleware],
+        # admission, which sees every answer's final status (a 503 gets Retry-After); then
+        # errors, so that guard refusals and aiohttp's own 404/405/413 become JSON too. The body
+        # is read (within its timeout) only once the caller passed every check.
+        middlewares=[metrics.metrics_middleware, admission.admission_middleware,
+                     errors_middleware, guards_middleware, token_middleware,
+                     body_timeout_middleware],
         client_max_size=config.max_body_bytes,
     )
     app[CONFIG] = config
     app[TOKENS] = TokenBook.open(config.token, config.tokens_file)
     app[COUNTERS] = Counters()
     app.cleanup_ctx.append(_channels)
+    admission.register(app)
     metrics.register(app)
     for module in (
         readiness, status, memories, owners, search, extraction, digest, graph, admin, transfer,

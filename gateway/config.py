@@ -64,8 +64,14 @@ class GatewayConfig:
     """HYATLAS_BODY_TIMEOUT: longest wait for a whole request body (a streamed one: a chunk)."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body accepted; larger ones get 413."""
-    rpc_timeout_s: float = 60.0
-    """Deadline of one call to the store or search service."""
+    rpc_timeout_s: float = 5.0
+    """HYATLAS_READ_DEADLINE: deadline of one backing-service call of a reading route."""
+    write_deadline_s: float = 8.0
+    """HYATLAS_WRITE_DEADLINE: deadline of one backing-service call of a writing route."""
+    max_in_flight: int = 8
+    """HYATLAS_MAX_IN_FLIGHT: API requests worked on at once; more wait, then get 503."""
+    queue_wait_s: float = 1.0
+    """HYATLAS_QUEUE_WAIT: how long a request past max_in_flight waits for a slot."""
     log_level: str = "INFO"
     """HYATLAS_LOG_LEVEL: the process's log level."""
 
@@ -97,6 +103,10 @@ class GatewayConfig:
             mode=settings.mode,
             sync_extract=settings.sync_extract,
             startup_wait_s=settings.startup_wait_s,
+            rpc_timeout_s=settings.read_deadline_s,
+            write_deadline_s=settings.write_deadline_s,
+            max_in_flight=settings.max_in_flight,
+            queue_wait_s=settings.queue_wait_s,
             extract_timeout_s=settings.llm.timeout_s,
             llm_model=settings.llm.model,
             llm_base=settings.llm.base,

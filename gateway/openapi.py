@@ -105,6 +105,8 @@ class Op:
     query: Mapping[str, Schema] = field(default_factory=dict)
     """Query parameters of an operation whose body is not JSON."""
     extra_responses: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, Schema] = field(default_factory=dict)
+    """Request headers the operation reads."""
 
 
 def both(path: str, summary: str, params: Mapping[str, Schema], reply: Schema,
@@ -140,7 +142,8 @@ OPERATIONS: list[Op] = [
        {"text": TEXT, "data": TEXT, **OWNER, "session_id": NAME, "metadata": METADATA,
         "event_at": TIME},
        obj("success", "memory_id", "extraction_status", success=BOOL, memory_id=STR,
-           extraction_status=STR)),
+           extraction_status=STR, replayed=BOOL),
+       headers={"Idempotency-Key": {"type": "string", "maxLength": 255}}),
     *both("/api/v1/list", "One owner's rows, newest first",
           {"layer": LAYER, **OWNER, "limit": INT, "offset": INT, "include_raw": BOOL,
            "include_superseded": BOOL},
@@ -265,6 +268,7 @@ def operation(op: Op) -> dict[str, Any]:
     """The OpenAPI operation object of one declaration."""
     spec: dict[str, Any] = {"summary": op.summary, "responses": _responses(op)}
     parameters = [_parameter(name, schema, "query", False) for name, schema in op.query.items()]
+    parameters += [_parameter(name, schema, "header", False) for name, schema in op.headers.items()]
     if "{tail}" in op.path:
         parameters.append(_parameter("tail", STR, "path", True))
     if op.method == "GET":

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -16,6 +17,8 @@ from shared.pb import common_pb2
 DEFAULT_USER = "default"
 LIMIT_MAX = 1000
 INT32_MIN = -(2**31)
+
+Route = TypeVar("Route", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 
 
 def json_response(
@@ -55,6 +58,16 @@ def layer_filter(text: str) -> list[Any]:
     return [] if text in ("", "*") else [parse_layer(text)]
 
 
+def writes(handler: Route) -> Route:
+    """Marks a route that changes rows: its calls get the write deadline, not the read one."""
+    handler.writes = True  # type: ignore[attr-defined]
+    return handler
+
+
 def rpc_timeout(request: web.Request) -> float:
-    """How long a route waits for one call to a backing service."""
-    return request.app[CONFIG].rpc_timeout_s
+    """How long a route waits for one call to a backing service: HYATLAS_WRITE_DEADLINE for a
+    route marked `writes`, HYATLAS_READ_DEADLINE for any other."""
+    config = request.app[CONFIG]
+    if getattr(request.match_info.handler, "writes", False):
+        return config.write_deadline_s
+    return config.rpc_timeout_s

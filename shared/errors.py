@@ -4,6 +4,7 @@
     ├── InvalidArgument (400)      ├── Unauthenticated (401)   ├── PermissionDenied (403)
     ├── NotFound (404)             ├── Conflict (409)          ├── TooLarge (413)
     ├── Internal (500)             ├── Unimplemented (501)     └── Unavailable (503)
+                                                                   └── Overloaded (503)
 
 Domain code raises these; `shared.rpc.grpc_errors` sends them as gRPC statuses;
 `shared.rpc.rpc_errors` turns a failed call back into one; the gateway answers `http_status`.
@@ -63,7 +64,8 @@ class Conflict(ServiceError):
 class TooLarge(ServiceError):
     """The request is over a size limit."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Not RESOURCE_EXHAUSTED: that one means "too busy now" (Overloaded), which a retry may cure.
+    code = grpc.StatusCode.OUT_OF_RANGE
     http_status = 413
 
 
@@ -85,16 +87,22 @@ class Unavailable(ServiceError):
     http_status = 503
 
 
+class Overloaded(Unavailable):
+    """Too much work is queued already; a retry after a short wait may succeed."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 _BY_STATUS: dict[grpc.StatusCode, type[ServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: TooLarge,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: Conflict,
     grpc.StatusCode.ALREADY_EXISTS: Conflict,
     grpc.StatusCode.ABORTED: Conflict,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: TooLarge,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
     grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,

@@ -221,6 +221,8 @@ class Settings:
     embed_pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: a memory's sentences get vectors pooled from its own model
     run (one model input a memory) instead of each sentence embedded alone."""
+    embed_max_queue: int = 256
+    """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; past it, RESOURCE_EXHAUSTED."""
 
     mode: str = "ultra"
     """HYATLAS_MODE: lite | pro | ultra."""
@@ -230,6 +232,14 @@ class Settings:
     """The HYATLAS_LLM_* settings and HYATLAS_EXTRACT_TIMEOUT."""
     startup_wait_s: float = 10.0
     """HYATLAS_STARTUP_WAIT: how long a request waits for a store that is not answering yet."""
+    max_in_flight: int = 8
+    """HYATLAS_MAX_IN_FLIGHT: API requests the gateway works on at once."""
+    queue_wait_s: float = 1.0
+    """HYATLAS_QUEUE_WAIT: how long a request past that limit waits for a slot before a 503."""
+    read_deadline_s: float = 5.0
+    """HYATLAS_READ_DEADLINE: deadline of one backing-service call of a reading route."""
+    write_deadline_s: float = 8.0
+    """HYATLAS_WRITE_DEADLINE: deadline of one backing-service call of a writing route."""
     reconcile: bool = False
     """HYATLAS_RECONCILE: a second LLM call on similar facts after extraction."""
 
@@ -364,6 +374,7 @@ class Settings:
             embed_threads=read_int(env, "HYATLAS_EMBED_THREADS", 2, 1, 64),
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
             embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", False),
+            embed_max_queue=read_int(env, "HYATLAS_EMBED_MAX_QUEUE", 256, 1, 1_000_000),
             mode=mode,
             sync_extract=sync_extract,
             llm=LlmSettings(
@@ -378,6 +389,10 @@ class Settings:
                 max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
             ),
             startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,
+            max_in_flight=read_int(env, "HYATLAS_MAX_IN_FLIGHT", 8, 1, 100_000),
+            queue_wait_s=read_duration(env, "HYATLAS_QUEUE_WAIT", 1.0) or 0.0,
+            read_deadline_s=_deadline(env, "HYATLAS_READ_DEADLINE", 5.0),
+            write_deadline_s=_deadline(env, "HYATLAS_WRITE_DEADLINE", 8.0),
             reconcile=read_switch(env, "HYATLAS_RECONCILE", False),
             consolidate_every_s=consolidate_every,
             consolidate_batch=read_int(env, "HYATLAS_CONSOLIDATE_BATCH", 50, 2, 1000),
@@ -406,6 +421,13 @@ class Settings:
             ).expanduser(),
             log_level=level,
         )
+
+
+def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
+    value = read_duration(env, name, default)
+    if value is None or value <= 0:
+        raise ConfigError(f"{name}={env.get(name)!r} must be a positive duration")
+    return value
 
 
 def _check_tcp_token(addresses: Mapping[str, str], grpc_token: str) -> None:

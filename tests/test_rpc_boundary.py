@@ -13,6 +13,7 @@ from shared.errors import (
     Internal,
     InvalidArgument,
     NotFound,
+    Overloaded,
     PermissionDenied,
     ServiceError,
     TooLarge,
@@ -23,7 +24,7 @@ from shared.errors import (
 from shared.rpc import ServiceClient, grpc_errors, open_channel, running_grpc_server
 
 ERRORS = [InvalidArgument, Unauthenticated, PermissionDenied, NotFound, Conflict, TooLarge,
-          Unimplemented, Unavailable]
+          Unimplemented, Unavailable, Overloaded]
 METHOD = "/hyatlas.test.Boundary/Fail"
 
 

@@ -7,6 +7,7 @@ import re
 
 from aiohttp import web
 
+from gateway import admission
 from gateway.respond import (
     INT32_MIN,
     all_users,
@@ -14,6 +15,7 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
+    writes,
 )
 from gateway.shapes import list_items
 from gateway.state import CONFIG, EXTRACTOR, STORE
@@ -52,6 +54,7 @@ async def reprocess(request: web.Request) -> web.Response:
                 "note": "mode is lite; extraction is disabled, nothing to reprocess",
             }
         )
+    admission.leave(request)  # what follows waits on the LLM
     reply = await request.app[EXTRACTOR].Reprocess(
         extractor_pb2.ReprocessRequest(ids=ids, max=most),
         timeout=max(rpc_timeout(request), (2 * config.extract_timeout_s + 30.0) * 4),
@@ -91,6 +94,7 @@ async def llm_key(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/v1/forget")
+@writes
 async def forget(request: web.Request) -> web.Response:
     """Retires the owner's rows holding a value (by text or id) and tombstones the value."""
     params = await request_params(request)

@@ -8,6 +8,7 @@ import logging
 
 from aiohttp import web
 
+from gateway import admission
 from gateway.config import GatewayConfig
 from gateway.errors import error_extras
 from gateway.params import check_string
@@ -21,6 +22,7 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
+    writes,
 )
 from gateway.shapes import layer_counts, list_items, rfc3339
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
@@ -34,6 +36,7 @@ from shared.tombstones import without_tombstone
 log = logging.getLogger(__name__)
 
 LIST_LIMIT_DEFAULT = 20
+IDEMPOTENCY_KEY_MAX = 255
 UNSCOPED_DELETE = (
     "unscoped delete refused: pass layer/user_id/agent_id/id, or all=true to wipe the entire store"
 )
@@ -43,9 +46,12 @@ routes = web.RouteTableDef()
 
 @routes.post("/api/v1/add")
 @error_extras(success=False)
+@writes
 async def add(request: web.Request) -> web.Response:
-    """Stores one raw (L2) row for the owner and reports how its extraction will go."""
+    """Stores one raw (L2) row for the owner and reports how its extraction will go. A retry
+    with the same Idempotency-Key is stored once and answered with the first write's id."""
     config = request.app[CONFIG]
+    key = _idempotency_key(request)
     params = await request_params(request)
     text = params.string("text", strip=False)
     if not text.strip():
@@ -83,20 +89,39 @@ async def add(request: web.Request) -> web.Response:
             actor="api",
             origin=origin if isinstance(origin, str) else "",
             reason="add",
+            idempotency_key=key,
         ),
         timeout=rpc_timeout(request),
     )
+    memory = reply.memories[0]
+    if reply.replayed:
+        return json_response({
+            "success": True, "memory_id": memory.id, "replayed": True,
+            "extraction_status": memory.extraction_status or status_,
+        })
     request.app[COUNTERS].writes += 1
-    memory_id = reply.memories[0].id
+    memory_id = memory.id
     if status_ == "pending":
         status_ = await _extract(request, owner_scope(owner.user_id, agent_id), memory_id)
     return json_response({"success": True, "memory_id": memory_id, "extraction_status": status_})
+
+
+def _idempotency_key(request: web.Request) -> str:
+    """The Idempotency-Key header ("" without one); a key no client would send is refused."""
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > IDEMPOTENCY_KEY_MAX or not (key.isascii() and key.isprintable()):
+        raise InvalidArgument(
+            f"Idempotency-Key must be up to {IDEMPOTENCY_KEY_MAX} printable ASCII characters"
+        )
+    return key
 
 
 async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str) -> str:
     """Hands a new raw row to the extractor; if it cannot be reached, catch-up takes the row."""
     config = request.app[CONFIG]
     wait = config.sync_extract
+    if wait:
+        admission.leave(request)
     # A waiting write may see a primary and a fallback round, and one retry of each.
     timeout = 2 * config.extract_timeout_s + 30.0 if wait else rpc_timeout(request)
     try:
@@ -154,6 +179,7 @@ async def list_memories(request: web.Request) -> web.Response:
 
 @routes.route("*", "/api/v1/delete_all")
 @error_extras(deleted_count=0)
+@writes
 async def delete_all(request: web.Request) -> web.Response:
     """Deletes one of the caller's rows by id, or (with HYATLAS_ADMIN=on) rows in a scope."""
     if request.method not in ("POST", "DELETE"):
@@ -236,6 +262,7 @@ async def _lifted_tombstones(
 
 
 @routes.post("/api/v1/restore")
+@writes
 async def restore(request: web.Request) -> web.Response:
     """Brings one of the owner's retired rows back; what replaced it stays as it is. A forgotten
     row's value is taken off the tombstones its forget left."""
@@ -294,6 +321,7 @@ def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> st
 
 
 @routes.post("/api/v1/update")
+@writes
 async def update(request: web.Request) -> web.Response:
     """New text for one of the owner's live rows: a new version is stored and the old one is
     retired as replaced by it (both keep their history)."""
@@ -366,6 +394,7 @@ async def history(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/v1/flush")
+@writes
 async def flush(request: web.Request) -> web.Response:
     """Persists the store's vector indexes now (before a hard stop)."""
     reply = await request.app[STORE].Flush(store_pb2.FlushRequest(), timeout=rpc_timeout(request))

@@ -11,6 +11,7 @@ from gateway.respond import (
     owner_scope,
     request_params,
     rpc_timeout,
+    writes,
 )
 from gateway.shapes import search_response
 from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
@@ -70,6 +71,7 @@ async def search(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/v1/feedback")
+@writes
 async def feedback(request: web.Request) -> web.Response:
     """A client reports which recalled memories a reply used; search ranks them a little higher.
 

@@ -44,6 +44,7 @@ class HyAtlasClient:
         *,
         query: dict[str, Any] | None = None,
         timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """Sends one request; returns the decoded JSON, raises Unreachable or HttpError."""
         url = self.base_url + path
@@ -51,12 +52,12 @@ class HyAtlasClient:
             pairs = {k: str(v) for k, v in query.items() if v not in (None, "")}
             url += "?" + urllib.parse.urlencode(pairs)
         data = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        sent = {"Accept": "application/json", "User-Agent": USER_AGENT, **(headers or {})}
         if data is not None:
-            headers["Content-Type"] = "application/json"
+            sent["Content-Type"] = "application/json"
         if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+            sent["Authorization"] = f"Bearer {self._token}"
+        req = urllib.request.Request(url, data=data, method=method, headers=sent)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             with urllib.request.urlopen(req, timeout=timeout) as reply:
@@ -99,9 +100,11 @@ class HyAtlasClient:
         """GET /api/v1/status."""
         return self.request("GET", "/api/v1/status")
 
-    def add(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST /api/v1/add with {text, user_id, agent_id, session_id, metadata}."""
-        return self.request("POST", "/api/v1/add", payload)
+    def add(self, payload: dict[str, Any], idempotency_key: str = "") -> dict[str, Any]:
+        """POST /api/v1/add with {text, user_id, agent_id, session_id, metadata}; a write sent
+        again with the same idempotency_key is stored once."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self.request("POST", "/api/v1/add", payload, headers=headers)
 
     def search(
         self,

@@ -9,6 +9,7 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,25 @@ CREATE TABLE IF NOT EXISTS ops (
   attempts INTEGER NOT NULL DEFAULT 0,
   not_before REAL NOT NULL DEFAULT 0,
   dead INTEGER NOT NULL DEFAULT 0,
-  last_error TEXT NOT NULL DEFAULT ''
+  last_error TEXT NOT NULL DEFAULT '',
+  idempotency_key TEXT NOT NULL DEFAULT ''
 )
 """
+# An outbox file from before keys: its ops get one each, kept from then on.
+KEYS_ADDED = """
+ALTER TABLE ops ADD COLUMN idempotency_key TEXT NOT NULL DEFAULT '';
+UPDATE ops SET idempotency_key = lower(hex(randomblob(16)));
+"""
 
-SENDERS: dict[str, Callable[[HyAtlasClient, dict[str, Any]], Any]] = {
+SENDERS: dict[str, Callable[[HyAtlasClient, dict[str, Any], str], Any]] = {
     "add": HyAtlasClient.add,
-    "forget": HyAtlasClient.forget,
+    "forget": lambda client, payload, _key: client.forget(payload),
 }
+
+
+def new_idempotency_key() -> str:
+    """A key for one write, unique to it."""
+    return uuid.uuid4().hex
 
 
 class Outbox:
@@ -63,6 +75,9 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(ops)")}
+        if "idempotency_key" not in columns:
+            self._db.executescript(KEYS_ADDED)
         self._db_lock = threading.Lock()
         self._changed = threading.Condition()
         self._wake = threading.Event()
@@ -75,14 +90,17 @@ class Outbox:
 
     # -- queue ---------------------------------------------------------------
 
-    def put(self, kind: str, payload: dict[str, Any]) -> int:
-        """Stores one op durably and wakes the sender; returns its id."""
+    def put(self, kind: str, payload: dict[str, Any], idempotency_key: str = "") -> int:
+        """Stores one op durably and wakes the sender; returns its id. The op keeps its
+        idempotency key (a new one if none is given) through every retry, so the server stores
+        a write once however often it is sent."""
         if kind not in SENDERS:
             raise ValueError(f"unknown outbox op {kind!r}")
+        key = idempotency_key or new_idempotency_key()
         with self._db_lock:
             cursor = self._db.execute(
-                "INSERT INTO ops (kind, payload, created_at) VALUES (?, ?, ?)",
-                (kind, json.dumps(payload), time.time()),
+                "INSERT INTO ops (kind, payload, created_at, idempotency_key) VALUES (?, ?, ?, ?)",
+                (kind, json.dumps(payload), time.time(), key),
             )
         self._wake.set()
         return int(cursor.lastrowid or 0)
@@ -110,14 +128,14 @@ class Outbox:
             for r in rows
         ]
 
-    def _next_due(self) -> tuple[int, str, dict[str, Any]] | None:
+    def _next_due(self) -> tuple[int, str, dict[str, Any], str] | None:
         with self._db_lock:
             row = self._db.execute(
-                "SELECT id, kind, payload FROM ops WHERE dead = 0 AND not_before <= ?"
-                " ORDER BY id LIMIT 1",
+                "SELECT id, kind, payload, idempotency_key FROM ops"
+                " WHERE dead = 0 AND not_before <= ? ORDER BY id LIMIT 1",
                 (time.time(),),
             ).fetchone()
-        return None if row is None else (row[0], row[1], json.loads(row[2]))
+        return None if row is None else (row[0], row[1], json.loads(row[2]), row[3])
 
     def _update(self, sql: str, args: tuple[Any, ...]) -> None:
         with self._db_lock:
@@ -136,9 +154,9 @@ class Outbox:
             item = self._next_due()
             if item is None:
                 return True
-            op_id, kind, payload = item
+            op_id, kind, payload, key = item
             try:
-                SENDERS[kind](self.client, payload)
+                SENDERS[kind](self.client, payload, key)
             except HttpError as exc:
                 if kind == "forget" and exc.status in (404, 405, 501):
                     # The server has no forget yet: keep it for later without holding up writes.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import ClientError, HttpError, HyAtlasClient, Unreachable
-from .outbox import Outbox
+from .outbox import Outbox, new_idempotency_key
 
 CANDIDATES = 3
 """How many close memories a forget by text that matched nothing offers instead."""
@@ -139,17 +139,23 @@ def _recent(scope: Scope, args: dict[str, Any]) -> Any:
     )
 
 
+RETRY_STATUSES = frozenset({502, 503, 504})
+"""Answers of a server that is busy or restarting: a note is queued and sent again later."""
+
+
 def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
                  payload: dict[str, Any]) -> dict[str, Any]:
-    """Sends a note now, or keeps it in the outbox when the server does not answer."""
+    """Sends a note now, or keeps it in the outbox when the server does not answer or is busy;
+    the queued op keeps the key of the first try, so a try that did arrive is not stored twice."""
+    key = new_idempotency_key()
     try:
-        return client.add(payload)
-    except Unreachable:
-        if outbox is None:
+        return client.add(payload, key)
+    except (Unreachable, HttpError) as exc:
+        if outbox is None or (isinstance(exc, HttpError) and exc.status not in RETRY_STATUSES):
             raise
-        outbox.put("add", payload)
+        outbox.put("add", payload, key)
         return {"success": True, "queued": True,
-                "note": "server unreachable; stored locally and sent when it is back"}
+                "note": "server unreachable or busy; stored locally and sent when it is back"}
 
 
 def forget_or_suggest(client: HyAtlasClient, payload: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from shared.errors import Unavailable
+from shared.errors import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,23 @@ class MicroBatcher(Generic[T]):
     """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
 
     While a run is in flight, new calls wait in the queue; the next run takes all of them, up
-    to max_batch texts. A call with more texts than max_batch spans several runs.
+    to max_batch texts. A call with more texts than max_batch spans several runs. A call that
+    would take the queue past max_queue vectors to make is refused (Overloaded) unless the queue
+    is empty.
     """
 
     def __init__(
-        self, run_batch: RunBatch[T], max_batch: int, rows_of: Callable[[T], int] = lambda _: 1
+        self,
+        run_batch: RunBatch[T],
+        max_batch: int,
+        rows_of: Callable[[T], int] = lambda _: 1,
+        max_queue: int = 256,
     ) -> None:
         """rows_of: how many rows run_batch gives for one item (one, for a plain text)."""
         self._run_batch = run_batch
         self._rows_of = rows_of
         self._max_batch = max(1, max_batch)
+        self._max_queue = max(1, max_queue)
         self._queue: collections.deque[_Request[T]] = collections.deque()
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
@@ -58,6 +65,13 @@ class MicroBatcher(Generic[T]):
     def waiting_calls(self) -> int:
         """Calls queued and not yet wholly taken into a run."""
         return len(self._queue)
+
+    @property
+    def waiting_vectors(self) -> int:
+        """Vectors still to make for the texts queued and not yet taken into a run."""
+        return sum(
+            self._rows_of(text) for request in self._queue for text in request.texts[request.taken:]
+        )
 
     async def __aenter__(self) -> MicroBatcher[T]:
         self._worker = asyncio.create_task(self._work(), name="embed-batcher")
@@ -90,6 +104,12 @@ class MicroBatcher(Generic[T]):
         """The rows run_batch gives for texts, in order, computed in a shared run."""
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
+        waiting = self.waiting_vectors
+        # An empty queue takes a call of any size, so a long call is slow, never refused.
+        if waiting and waiting + sum(self._rows_of(text) for text in texts) > self._max_queue:
+            raise Overloaded(
+                f"embedder queue is full ({waiting} vectors waiting, limit {self._max_queue})"
+            )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(texts, future))
         self._wakeup.set()

@@ -42,6 +42,8 @@ class EmbedderConfig:
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     pooled_spans: bool = False
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
+    max_queue: int = 256
+    """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; more are refused."""
     grpc_token: str = ""
     """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"
@@ -72,6 +74,7 @@ class EmbedderConfig:
             threads=settings.embed_threads,
             max_batch=settings.embed_max_batch,
             pooled_spans=settings.embed_pooled_spans,
+            max_queue=settings.embed_max_queue,
             grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

@@ -106,9 +106,11 @@ class Embedder:
 
 
 def _batcher(
-    run: Callable[[list[Passage]], Awaitable[np.ndarray]], max_batch: int
+    run: Callable[[list[Passage]], Awaitable[np.ndarray]], config: EmbedderConfig
 ) -> MicroBatcher[Passage]:
-    return MicroBatcher(run, max_batch, rows_of=lambda passage: passage.rows)
+    return MicroBatcher(
+        run, config.max_batch, rows_of=lambda passage: passage.rows, max_queue=config.max_queue
+    )
 
 
 @contextlib.asynccontextmanager
@@ -122,7 +124,7 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
             async def run_hash(passages: list[Passage]) -> np.ndarray:
                 return hasher.encode(row_texts(passages))
 
-            batcher = await stack.enter_async_context(_batcher(run_hash, config.max_batch))
+            batcher = await stack.enter_async_context(_batcher(run_hash, config))
             yield Embedder(batcher, info)
         elif config.backend == "remote":
             remote = await stack.enter_async_context(
@@ -136,7 +138,7 @@ async def opened_embedder(config: EmbedderConfig) -> AsyncIterator[Embedder]:
             async def run_remote(passages: list[Passage]) -> np.ndarray:
                 return await remote.encode(row_texts(passages))
 
-            batcher = await stack.enter_async_context(_batcher(run_remote, config.max_batch))
+            batcher = await stack.enter_async_context(_batcher(run_remote, config))
             remote_info = ModelInfo(f"remote:{config.remote_model}", 0, True, "remote", 0)
 
             async def describe_remote() -> ModelInfo:
@@ -162,7 +164,7 @@ async def opened_onnx(files: ModelFiles, config: EmbedderConfig) -> AsyncIterato
     async def run_onnx(passages: list[Passage]) -> np.ndarray:
         return await asyncio.to_thread(encoder.encode_passages, passages)
 
-    async with _batcher(run_onnx, config.max_batch) as batcher:
+    async with _batcher(run_onnx, config) as batcher:
         yield Embedder(batcher, info)
 
 

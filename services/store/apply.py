@@ -26,6 +26,7 @@ from services.store.core import (
 )
 from services.store.erase import erase
 from services.store.graph import end_edge, put_edge
+from services.store.idempotency import IdempotencyKey, Replayed, record, replayed
 from services.store.keys import passage_of
 from services.store.mirrors import ERASED, FactChange, is_preference_fact
 from services.store.model import (
@@ -61,9 +62,15 @@ class _Apply:
 
 
 async def apply_ops(
-    core: Core, reach: Reach, ops: Sequence[Op], actor: str = "", reason: str = ""
-) -> list[MemoryRow | None]:
-    """Applies ops in one transaction: every one of them, or none (None for a delete)."""
+    core: Core,
+    reach: Reach,
+    ops: Sequence[Op],
+    actor: str = "",
+    reason: str = "",
+    key: IdempotencyKey | None = None,
+) -> list[MemoryRow | None] | Replayed:
+    """Applies ops in one transaction: every one of them, or none (None for a delete). With a
+    key already used for the same ops, nothing is applied and that write's answer is given."""
     ops = validated(reach, ops)
     ids = {i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
     ops = resolved(ops, ids)
@@ -72,6 +79,9 @@ async def apply_ops(
     vectors = vectors[np.array(wanted, dtype=bool)] if passages else vectors
     results: list[MemoryRow | None] = []
     async with core.writing(actor or DEFAULT_ACTOR) as w:
+        # Checked under the write lock, so a key sent twice at once is applied once.
+        if key is not None and (earlier := await replayed(w.tx, key, w.now)) is not None:
+            return earlier
         run = _Apply(w, reach, reason, ids, iter(vectors))
         for i, op in enumerate(ops):
             results.append(await _HANDLERS[type(op)](run, i, op))
@@ -79,6 +89,8 @@ async def apply_ops(
         for row, vector, at in run.restating:
             w.facts_changed += await restate(w, row, vector, at, spared)
         await settle(w)
+        if key is not None:
+            await record(w.tx, key, results, w.now)
     return results
 
 

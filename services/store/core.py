@@ -101,16 +101,20 @@ class Core:
         """One write under the lock, in one transaction; the indexes follow once it commits."""
         async with self.write_lock:
             now = time.time()
-            async with self.repo.transaction() as tx:
-                write = Write(self, tx, actor, now)
+            changes = IndexChanges()
+
+            async def follow() -> None:
+                if self.indexes is not None:
+                    await self.indexes.apply(changes)
+
+            async with self.repo.transaction(follow) as tx:
+                write = Write(self, tx, actor, now, changes)
                 yield write
                 if write.erased:
                     await tx.merge_keyword_indexes()
             if write.erased:
                 # The deleted text is still in the write-ahead log's older frames till then.
                 await self.repo.checkpoint()
-            if self.indexes is not None:
-                await self.indexes.apply(write.changes)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +406,36 @@ class Tx:
             (pass_id, kind, target_id, before),
         )
 
+    async def idempotent_write(
+        self, user_id: str, agent_id: str, key: str, since: float
+    ) -> tuple[str, list[str]] | None:
+        """The request hash and row ids a write recorded under a key since a time, if any."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT request_hash, memory_ids FROM idempotency_keys "
+            "WHERE user_id = ? AND agent_id = ? AND key = ? AND created_at >= ?",
+            (user_id, agent_id, key, since),
+        )
+        if not rows:
+            return None
+        request_hash, ids = next(iter(rows))
+        return request_hash, json.loads(ids)
+
+    async def record_idempotent_write(
+        self, user_id: str, agent_id: str, key: str, request_hash: str, ids: Sequence[str],
+        at: float,
+    ) -> None:
+        """Remembers the row ids a write gave under its key."""
+        await self._conn.execute(
+            "INSERT OR REPLACE INTO idempotency_keys "
+            "(user_id, agent_id, key, request_hash, memory_ids, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (user_id, agent_id, key, request_hash, json.dumps(list(ids)), at),
+        )
+
+    async def forget_idempotent_writes(self, before: float) -> None:
+        """Drops the keys recorded before a time."""
+        await self._conn.execute("DELETE FROM idempotency_keys WHERE created_at < ?", (before,))
+
     async def pass_changes(self, pass_id: str) -> list[tuple[str, str, str]]:
         """A pass's changes, newest first: (kind, target id, before)."""
         rows = await self._conn.execute_fetchall(
@@ -569,15 +601,38 @@ class Repo:
         await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
-        """One write transaction: committed if the block succeeds, rolled back otherwise."""
-        await self.writer.execute("BEGIN IMMEDIATE")
+    async def transaction(
+        self, committed: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[Tx]:
+        """One write transaction: committed if the block succeeds, then `committed` runs;
+        rolled back otherwise. A caller cancelled at any point (a deadline) leaves no
+        transaction open, and one cancelled once the commit began still gets `committed`."""
         try:
+            await self.writer.execute("BEGIN IMMEDIATE")
             yield Tx(self.writer)
         except BaseException:
-            await self.writer.execute("ROLLBACK")
+            await self._rollback()
             raise
-        await self.writer.execute("COMMIT")
+        await asyncio.shield(self._commit(committed))
+
+    async def _commit(self, committed: Callable[[], Awaitable[None]] | None) -> None:
+        try:
+            await self.writer.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+        if committed is not None:
+            await committed()
+
+    async def _rollback(self) -> None:
+        # aiosqlite runs statements in order on one thread, so this comes after any statement
+        # still running there: a BEGIN its caller stopped waiting for is rolled back too.
+        try:
+            await self.writer.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            if self.writer.in_transaction:
+                raise
+            # Nothing was open: the BEGIN itself failed.
 
     async def get_meta(self, key: str) -> str | None:
         """A value of the store_meta table."""

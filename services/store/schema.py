@@ -146,6 +146,19 @@ CREATE TABLE IF NOT EXISTS reembed_keys (
   key INTEGER PRIMARY KEY REFERENCES memory_keys(key) ON DELETE CASCADE,
   vector BLOB NOT NULL
 );
+
+-- A client's Idempotency-Key per scope: the ids its first write gave and a hash of that write's
+-- ops, recorded in the write's own transaction.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+  user_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  key TEXT NOT NULL,
+  request_hash TEXT NOT NULL,
+  memory_ids TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  PRIMARY KEY (user_id, agent_id, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_created ON idempotency_keys(created_at);
 """
 
 _KEYWORD_INDEXES = """
@@ -223,7 +236,7 @@ async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
         await conn.executescript(f"BEGIN IMMEDIATE; {_FROM_1} {_KEYWORD_INDEXES} {_REINDEX}")
         await _set_version(conn)
         await conn.execute("COMMIT")
-        return
+    # Also after a migration: tables added since without a version step reach every store.
     await conn.executescript(_TABLES + _KEYWORD_INDEXES)
     if version is None:
         await _set_version(conn)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
 from services.store.actors import actor_for, named_actor
+from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.model import (
     CountQuery,
     Delete,
@@ -178,6 +180,17 @@ def _op(index: int, message: store_pb2.Op) -> Op:
     return _OPS[kind](getattr(message, kind))
 
 
+def _key(request: store_pb2.ApplyRequest) -> IdempotencyKey | None:
+    """The request's idempotency key with a hash of its scope and ops (what makes it the same
+    write), or None without one."""
+    if not request.idempotency_key:
+        return None
+    write = store_pb2.ApplyRequest(scope=request.scope, ops=request.ops)
+    digest = hashlib.sha256(write.SerializeToString(deterministic=True)).hexdigest()
+    scope = request.scope
+    return IdempotencyKey(scope.user_id, scope.agent_id, request.idempotency_key, digest)
+
+
 def edge_message(edge: Edge) -> store_pb2.Edge:
     """A stored edge as the proto Edge."""
     message = store_pb2.Edge(
@@ -230,7 +243,15 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
         actor = actor_for(request.actor, request.origin, self._token_name())
-        rows = await self._store.apply(reach, ops, actor, request.reason)
+        rows = await self._store.apply(reach, ops, actor, request.reason, _key(request))
+        if isinstance(rows, Replayed):
+            return store_pb2.ApplyResponse(
+                memories=[
+                    memory_message(r) if r is not None else common_pb2.Memory(id=i)
+                    for i, r in zip(rows.ids, rows.rows, strict=True)
+                ],
+                replayed=True,
+            )
         return store_pb2.ApplyResponse(
             memories=[memory_message(r) if r is not None else common_pb2.Memory() for r in rows]
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from services.store import apply, graph, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
+from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.index import VectorIndexes
 from services.store.model import (
     LAYERS,
@@ -84,10 +85,16 @@ class Store:
     # -- writes ---------------------------------------------------------------------------
 
     async def apply(
-        self, reach: Reach, ops: Sequence[Op], actor: str = "", reason: str = ""
-    ) -> list[MemoryRow | None]:
-        """Applies ops in one transaction: every one of them, or none (None for a delete)."""
-        return await apply.apply_ops(self._core, reach, ops, actor, reason)
+        self,
+        reach: Reach,
+        ops: Sequence[Op],
+        actor: str = "",
+        reason: str = "",
+        key: IdempotencyKey | None = None,
+    ) -> list[MemoryRow | None] | Replayed:
+        """Applies ops in one transaction: every one of them, or none (None for a delete); a
+        key used before for the same ops gives that write's answer instead."""
+        return await apply.apply_ops(self._core, reach, ops, actor, reason, key)
 
     async def undo_pass(self, pass_id: str, actor: str = "") -> Undone:
         """Reverts every change a consolidation pass made, newest first, in one transaction."""
