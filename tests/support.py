@@ -179,6 +179,13 @@ def base_env(data_dir: Path, **overrides: str) -> dict[str, str]:
             "HYATLAS_RUN_DIR": str(data_dir / "run"),
             "HYATLAS_MODE": "lite",
             "HYATLAS_SNAPSHOT_EVERY": "off",
+            # A loaded machine must not turn a test's requests into 503s: deadlines, the wait for
+            # a gateway slot and the embedder's queue are generous here, and the tests of those
+            # limits set their own.
+            "HYATLAS_READ_DEADLINE": "2m",
+            "HYATLAS_WRITE_DEADLINE": "2m",
+            "HYATLAS_QUEUE_WAIT": "2m",
+            "HYATLAS_EMBED_MAX_QUEUE": "1000000",
             "PYTHONUNBUFFERED": "1",
         }
     )
