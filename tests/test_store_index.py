@@ -1,12 +1,20 @@
-"""The vector indexes' lock: writes are not starved, and a save does not hold up searches."""
+"""The vector indexes' lock (writes are not starved, a save does not hold up searches) and how a
+large index is written (from a forked child)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
-from services.store.index import ReadWriteLock
+import numpy as np
+import pytest
+from usearch.index import Index
+
+from services.store.index import ReadWriteLock, new_index
+from services.store.index_save import DETACH_FROM_BYTES, save_index
 
 
 async def settle() -> None:
@@ -72,3 +80,49 @@ async def test_searches_go_on_beside_a_save_that_a_write_waits_for() -> None:
     write.set()
     await asyncio.gather(*tasks)
     assert order == ["save", "search", "write"]
+
+
+def _index_of(count: int) -> Index:
+    index = new_index(384)
+    vectors = np.random.default_rng(5).standard_normal((count, 384)).astype(np.float32)
+    index.add(np.arange(count, dtype=np.uint64), vectors)
+    return index
+
+
+def test_a_large_index_is_written_by_a_forked_child_and_reads_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted_fork() -> int:
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    index = _index_of(8000)
+    assert index.serialized_length >= DETACH_FROM_BYTES
+    path = tmp_path / "big.usearch"
+    save_index(index, str(path))
+    assert len(forks) == 1
+    back = Index.restore(str(path))
+    assert back is not None and len(back) == len(index)
+    keys = np.arange(0, 8000, 997, dtype=np.uint64)
+    assert np.array_equal(back.get(keys), index.get(keys))
+
+
+def test_a_small_index_is_written_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("a small index must not fork"))
+    index = _index_of(100)
+    save_index(index, str(tmp_path / "small.usearch"))
+    assert len(Index.restore(str(tmp_path / "small.usearch"))) == 100
+
+
+def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(tmp_path: Path) -> None:
+    index = _index_of(8000)
+    with pytest.raises(RuntimeError):
+        save_index(index, str(tmp_path / "missing-folder" / "big.usearch"))

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from usearch.index import Index
 
+from services.store.index_save import save_index
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".usearch"
@@ -310,7 +312,7 @@ class VectorIndexes:
                 path.unlink()
         else:
             tmp = path.with_suffix(".tmp")
-            await asyncio.to_thread(index.save, str(tmp))
+            await asyncio.to_thread(save_index, index, str(tmp))
             os.replace(tmp, path)
         self._dirty.discard(user_id)
 

@@ -1,0 +1,65 @@
+"""Writing a large vector index from a forked copy of the store, so its searches go on meanwhile.
+
+usearch writes an index while holding Python's GIL (about 0.1 s per 100,000 half-precision
+vectors), and for that long the store's event loop, and every search, stops. A forked child has a
+copy-on-write image of the index and writes it while the parent only waits, in a worker thread.
+The child does nothing but the write and `os._exit`: no logging, no locks, no gRPC or SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import warnings
+
+from usearch.index import Index
+
+log = logging.getLogger(__name__)
+
+# Below this many bytes an in-process save stalls the loop less than a fork costs (a few ms).
+DETACH_FROM_BYTES = 4 * 1024 * 1024
+# A child still writing after this long is stopped, and the index is written in-process instead.
+CHILD_LIMIT_S = 120.0
+_POLL_S = 0.005
+
+
+def save_index(index: Index, path: str) -> None:
+    """Writes index to path: from a forked child when it is large, else here."""
+    if index.serialized_length < DETACH_FROM_BYTES or not hasattr(os, "fork"):
+        index.save(path)
+        return
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork in a threaded process; the child runs no Python
+            # threads' state, only the write below.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError as exc:
+        log.warning("could not fork to save %s (%s); saving in-process", path, exc)
+        index.save(path)
+        return
+    if pid == 0:  # the child
+        code = 1
+        try:
+            index.save(path)
+            code = 0
+        finally:
+            os._exit(code)
+    if not _child_succeeded(pid):
+        log.warning("the forked save of %s failed; saving in-process", path)
+        index.save(path)
+
+
+def _child_succeeded(pid: int) -> bool:
+    """Waits for the child (sleeping between looks, so the GIL is free); stops it past the limit."""
+    deadline = time.monotonic() + CHILD_LIMIT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(_POLL_S)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
