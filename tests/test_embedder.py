@@ -34,7 +34,14 @@ from shared.errors import ConfigError, Unavailable
 from shared.limits import MAX_EMBED_CHARS
 from shared.pb import embedder_pb2, embedder_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import ROOT, ServiceProcess, assert_eventually, base_env, grpc_serving
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    assert_eventually,
+    base_env,
+    grpc_serving,
+    serving_http,
+)
 
 SENTENCES = [
     "I adopted a rescue dog from the shelter last weekend.",
@@ -494,15 +501,8 @@ async def fake_embeddings_endpoint(
 
     app = web.Application()
     app.router.add_post("/v1/embeddings", embeddings)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1", seen
-    finally:
-        await runner.cleanup()
+    async with serving_http(app) as url:
+        yield f"{url}/v1", seen
 
 
 async def test_remote_endpoint_embeds_in_order_with_model_and_key(tmp_path: Path) -> None:

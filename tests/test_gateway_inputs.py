@@ -21,7 +21,7 @@ from shared.errors import Internal, InvalidArgument
 from shared.limits import MAX_EMBED_CHARS, MAX_METADATA_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import Stack, running_stack
+from tests.support import Stack, running_stack, serving_http
 
 pytestmark = pytest.mark.slow
 
@@ -348,19 +348,13 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
 ) -> None:
     app = web.Application(middlewares=[errors_middleware])
     app.router.add_get("/fail", _failing)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving_http(app) as url:
         with caplog.at_level(logging.ERROR, logger="gateway.errors"):
             async with (
                 aiohttp.ClientSession() as client,
-                client.get(f"http://127.0.0.1:{port}/fail", params={"how": how}) as reply,
+                client.get(f"{url}/fail", params={"how": how}) as reply,
             ):
                 status, body = reply.status, await reply.json()
-    finally:
-        await runner.cleanup()
     assert status == 500
     assert "secret" not in body["error"]
     assert body["error"].startswith("internal error (id ")

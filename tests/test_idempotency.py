@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import Stack, free_port, running_stack
+from tests.support import Stack, running_stack, serving_http
 from tests.test_plugin_hermes import hermes_cli, hermes_python, make_home
 
 pytestmark = pytest.mark.slow
@@ -134,12 +134,8 @@ async def test_the_plugin_sends_a_queued_add_again_with_the_key_of_its_first_try
     app = web.Application()
     app.router.add_post("/api/v1/add", record)
     app.router.add_get("/readyz", ready)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url,
                          user_id="u-key")
         queued = await asyncio.to_thread(
             hermes_cli, hermes_python, home, "add", "Bins", "go", "out", "on", "Monday"
@@ -149,8 +145,6 @@ async def test_the_plugin_sends_a_queued_add_again_with_the_key_of_its_first_try
         sent = await asyncio.to_thread(hermes_cli, hermes_python, home, "start")
         assert sent.returncode == 0, sent.stderr
         assert "queued writes sent; 0 still waiting" in sent.stdout
-    finally:
-        await runner.cleanup()
     assert len(seen) == 2
     (first_key, first_body), (second_key, second_body) = seen
     assert first_key and first_key == second_key

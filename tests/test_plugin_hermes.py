@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.support import ROOT, Stack, free_port, running_stack
+from tests.support import ROOT, Stack, free_port, running_stack, serving_http
 
 HERMES_VENV = ROOT / ".venv-hermes"
 HERMES_PY = HERMES_VENV / "bin" / "python"
@@ -202,12 +202,8 @@ async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old
     app = web.Application()
     app.router.add_post("/api/v1/add", record)
     app.router.add_post("/api/v1/forget", record)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url,
                          user_id="u-rec", agent_id="a-rec")
         await drive_async(hermes_python, home, "memory_tool", {
             "session_id": "s-rec",
@@ -218,8 +214,6 @@ async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old
                 {"action": "remove", "target": "memory", "old_text": "Python 3.12"},
             ],
         })
-    finally:
-        await runner.cleanup()
     assert [path for path, _ in seen] == [
         "/api/v1/add", "/api/v1/forget", "/api/v1/add", "/api/v1/forget"]
     first_add, first_forget = seen[0][1], seen[1][1]
@@ -327,15 +321,9 @@ async def test_a_rejected_token_is_reported_as_a_token_problem(
 
     app = web.Application()
     app.router.add_get("/api/v1/status", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}")
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
         result = await drive_async(hermes_python, home, "outage", {"await_check": True})
-    finally:
-        await runner.cleanup()
     assert len(result["warnings"]) == 1, result
     assert "refused the plugin's token (HTTP 401)" in result["warnings"][0]
 
@@ -380,17 +368,11 @@ async def test_a_late_answer_fills_the_next_turn_and_a_timely_one_ends_the_back_
     app = web.Application()
     app.router.add_get("/api/v1/status", status)
     app.router.add_post("/api/v1/search", search)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url,
                          prefetch_budget_s=0.5, backoff_s=600.0)
         result = await drive_async(hermes_python, home, "outage", {
             "await_check": True, "settle": True, "prefetch": ["first", "second", "third"]})
-    finally:
-        await runner.cleanup()
     first, second, third = result["recalls"]
     assert first == ""  # the budget ran out before the slow answer
     # The late answer is kept for the next turn, which does not wait (the back-off holds,
