@@ -371,7 +371,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"{result['date']}, load {result['load_before']} -> {result['load_after']}")
-    print(table([Phase(**{k: v for k, v in p.items()}) for p in result["phases"]]))
+    print(table([Phase(**p) for p in result["phases"]]))
     b = result["burst"]
     print(f"burst of {BURST}: {b['ok_200']} x 200, {b['busy_503']} x 503, {b['other']} other; "
           f"p50 {b['p50_s']} s, max {b['max_s']} s; every add stored after {b['all_stored_s']} s "
