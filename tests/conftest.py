@@ -1,4 +1,5 @@
-"""Fixtures: one embedder process for the session, stacks of services per test or module."""
+"""Fixtures: one embedder process for the session, stacks of services per test or module, and
+the store backend each test module runs on."""
 
 from __future__ import annotations
 
@@ -7,7 +8,41 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ServiceProcess, base_env, grpc_serving
+from tests.support import ServiceProcess, StoreBackend, base_env, grpc_serving
+
+# The suites that run once on each store backend: SQLite, then PostgreSQL with pgvector.
+BOTH_BACKENDS = frozenset(
+    {
+        "test_store",
+    }
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Runs every test of a BOTH_BACKENDS module on each backend, module by module."""
+    if metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_BACKENDS:
+        metafunc.parametrize("store_backend", ["sqlite", "postgres"], indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session")
+def pg_databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One real PostgreSQL server (with pgvector) for the session, started on first use."""
+    from tests.pg_support import TestDatabases
+
+    databases = TestDatabases(tmp_path_factory.mktemp("postgres") / "data")
+    yield databases
+    databases.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def store_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The backend the module's stores run on: "sqlite" unless the module is parametrized."""
+    backend = getattr(request, "param", "sqlite")
+    StoreBackend.databases = (
+        request.getfixturevalue("pg_databases") if backend == "postgres" else None
+    )
+    yield backend
+    StoreBackend.databases = None
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,25 @@ T = TypeVar("T")
 WAIT_CEILING_S = 120.0
 
 
+class StoreBackend:
+    """Where the stores a test starts keep their data: SQLite in their data dir (no databases),
+    or one new PostgreSQL database per data dir (conftest's store_backend sets databases)."""
+
+    databases: Any = None
+    _dsns: dict[Path, str] = {}
+
+    @classmethod
+    def dsn(cls, data_dir: Path) -> str:
+        """HYATLAS_STORE_DSN for a store in data_dir: "" for SQLite; the same database each
+        time for one data dir, so a store restarted on it finds its rows."""
+        if cls.databases is None:
+            return ""
+        key = data_dir.resolve()
+        if key not in cls._dsns:
+            cls._dsns[key] = cls.databases.new_dsn()
+        return cls._dsns[key]
+
+
 async def assert_eventually(
     check: Callable[[], Awaitable[bool | None]] | Callable[[], bool | None],
     timeout_s: float = WAIT_CEILING_S,
@@ -202,6 +221,9 @@ def base_env(data_dir: Path, **overrides: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    dsn = StoreBackend.dsn(data_dir)
+    if dsn:
+        env["HYATLAS_STORE_DSN"] = dsn
     env.update(overrides)
     return env
 

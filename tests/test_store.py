@@ -21,7 +21,7 @@ from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import assert_eventually, running_stack
+from tests.support import StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -36,6 +36,7 @@ async def serving_store(
         data_dir=data_dir,
         address=f"unix:{data_dir / 'store.sock'}",
         embedder_address=embedder_address,
+        store_dsn=StoreBackend.dsn(data_dir),
         **options,
     )
     async with running_server(config) as address, open_channel(address) as channel:

@@ -25,6 +25,9 @@ class StoreConfig:
     """The store's gRPC listen address."""
     embedder_address: str
     """The embedder's gRPC address; every stored text is embedded there."""
+    store_dsn: str = ""
+    """HYATLAS_STORE_DSN: a postgresql:// URL to keep everything in PostgreSQL with pgvector
+    (several store replicas may share it); empty for SQLite in the data directory."""
     user_aliases: Aliases = Aliases()
     """Groups of user ids that are one person: a scope reaches the whole group."""
     save_every_s: float | None = 30.0
@@ -54,6 +57,7 @@ class StoreConfig:
             data_dir=settings.data_dir,
             address=settings.address("store"),
             embedder_address=settings.address("embedder"),
+            store_dsn=read_dsn(env),
             user_aliases=settings.user_aliases,
             save_every_s=read_duration(env, "HYATLAS_STORE_SAVE_EVERY", 30.0),
             index_cache_bytes=read_megabytes(env, "HYATLAS_INDEX_CACHE_MB", DEFAULT_BUDGET_BYTES),
@@ -70,6 +74,17 @@ class StoreConfig:
                 rows_per_s=read_rate(env, "HYATLAS_REEMBED_ROWS_PER_S"),
             ),
         )
+
+
+def read_dsn(env: Mapping[str, str]) -> str:
+    """HYATLAS_STORE_DSN: empty, or a PostgreSQL URL; anything else is a ConfigError."""
+    dsn = env.get("HYATLAS_STORE_DSN", "").strip()
+    if dsn and not dsn.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            "HYATLAS_STORE_DSN must be a postgresql:// URL (or unset for SQLite), "
+            f"not one starting {dsn.split(':', 1)[0]!r}"
+        )
+    return dsn
 
 
 def read_megabytes(env: Mapping[str, str], name: str, default: int) -> int:

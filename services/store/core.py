@@ -11,12 +11,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.store.index import IndexChanges, VectorIndexes
+from services.store.index import IndexChanges
 from services.store.keys import CONTEXT_LAYERS, NEIGHBOUR_GAP_S, context_text, own_keys
 from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
-from services.store.repo import Repo, Tx
-from shared.errors import Conflict, InvalidArgument, NotFound
+from services.store.repo import Repo
+from services.store.rows import Rows, Vectors, Writes
+from shared.errors import Conflict, InvalidArgument, NotFound, Unimplemented
 from shared.grants import Grant
 from shared.passages import Passage
 
@@ -44,8 +45,8 @@ class VectorModel:
 class Core:
     """The store's database, indexes, embedder and model, and the lock every write takes."""
 
-    repo: Repo
-    indexes: VectorIndexes | None
+    repo: Rows
+    indexes: Vectors | None
     embedder: Embedder
     model: VectorModel
     alias_group: Callable[[str], tuple[str, ...]]
@@ -74,6 +75,13 @@ class Core:
         if grant.agents is not None:
             reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
         return reach
+
+    def sqlite(self, what: str) -> Repo:
+        """The SQLite database, for what only the SQLite store has built; on another backend
+        `what` answers UNIMPLEMENTED."""
+        if not isinstance(self.repo, Repo):
+            raise Unimplemented(f"{what} is not built for the PostgreSQL store yet")
+        return self.repo
 
     async def get(self, reach: Reach, memory_id: str) -> MemoryRow:
         """One row, if the reach owns it."""
@@ -122,7 +130,7 @@ class Write:
     """A write in progress: its transaction, who and when, and what it changed so far."""
 
     core: Core
-    tx: Tx
+    tx: Writes
     actor: str
     now: float
     changes: IndexChanges = field(default_factory=IndexChanges)
@@ -183,7 +191,7 @@ class Write:
         await self.add_keys(row, vectors, neighbour=False)
 
 
-async def target(tx: Tx, reach: Reach, memory_id: str) -> MemoryRow:
+async def target(tx: Writes, reach: Reach, memory_id: str) -> MemoryRow:
     """The row an op names, if the reach owns it."""
     row = await tx.get(memory_id)
     if row is None or not reach.contains(row.user_id, row.agent_id):

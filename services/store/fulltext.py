@@ -44,6 +44,10 @@ CONTEXT_KEYS = TextIndex(
 )
 
 
+# The indexes by the names rows.Rows.text_search takes.
+BY_NAME = {"own": OWN_TEXT, "context": CONTEXT_KEYS}
+
+
 class OwnerShares:
     """What share of the rows each user holds: below SMALL, matching their owner key narrows
     a search; for a user who holds most rows it only costs (their rows are filtered after).

@@ -10,7 +10,7 @@ import numpy as np
 
 from services.store.core import Core, Write, target
 from services.store.model import Edge, EndEdge, PutEdge, Reach
-from services.store.repo import Repo
+from services.store.rows import Rows
 from services.store.validate import check_ids, page_offset, page_size
 from shared.errors import InvalidArgument, NotFound
 
@@ -76,7 +76,7 @@ async def end_edge(w: Write, reach: Reach, op: EndEdge, where: str) -> None:
 
 
 async def list_edges(
-    repo: Repo, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
+    repo: Rows, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
 ) -> tuple[list[Edge], int]:
     """A page of a reach's edges: the live graph now, or as it stood at as_of."""
     return await repo.list_edges(reach, as_of, include_stale, page_size(limit), page_offset(offset))

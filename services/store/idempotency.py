@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.store.model import MemoryRow
-from services.store.repo import Tx
+from services.store.rows import Writes
 from shared.errors import Conflict
 
 KEPT_S = 24 * 3600.0
@@ -32,7 +32,7 @@ class Replayed:
     rows: tuple[MemoryRow | None, ...]
 
 
-async def replayed(tx: Tx, key: IdempotencyKey, now: float) -> Replayed | None:
+async def replayed(tx: Writes, key: IdempotencyKey, now: float) -> Replayed | None:
     """The earlier write's answer if the key was used with the same ops; Conflict if it was used
     with other ops; None if it was not used (within KEPT_S)."""
     found = await tx.idempotent_write(key.user_id, key.agent_id, key.key, now - KEPT_S)
@@ -49,7 +49,7 @@ async def replayed(tx: Tx, key: IdempotencyKey, now: float) -> Replayed | None:
 
 
 async def record(
-    tx: Tx, key: IdempotencyKey, results: Sequence[MemoryRow | None], now: float
+    tx: Writes, key: IdempotencyKey, results: Sequence[MemoryRow | None], now: float
 ) -> None:
     """Records a write's answer under its key, in the write's own transaction (expired keys go)."""
     await tx.forget_idempotent_writes(now - KEPT_S)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from services.store.index import IndexChanges
 from services.store.model import ACTIVE, RETIRED, MemoryRow
-from services.store.repo import Tx
+from services.store.rows import Writes
 from shared.layers import PREFERENCES
 from shared.text import value_key
 
@@ -42,7 +42,7 @@ def _mirror_of(mirror: MemoryRow) -> str:
 class Mirrors:
     """Applies the mirror rule inside one store transaction."""
 
-    def __init__(self, tx: Tx, actor: str, now: float, changes: IndexChanges) -> None:
+    def __init__(self, tx: Writes, actor: str, now: float, changes: IndexChanges) -> None:
         self._tx, self._actor, self._now, self._changes = tx, actor, now, changes
 
     async def follow(self, fact_changes: list[FactChange]) -> None:

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from services.store.core import Core, VectorModel
-from services.store.index import index_file_name, write_index_file
+from services.store.index import VectorIndexes, index_file_name, write_index_file
 from services.store.repo import CLAUSE_KEY_OFFSET, Repo, unblob, vector_blob
 from shared.clients import ModelInfo
 from shared.errors import Internal
@@ -300,7 +300,7 @@ class Reembedder:
         """Where the rebuild stands; None once the store runs the target model."""
         if self.state == "done":
             return None
-        done, total = await _counts(self._core.repo)
+        done, total = await _counts(self._core.sqlite("a re-embed"))
         return Progress(self.target.model_id, done, total, self.state, self.error)
 
     async def run(self) -> None:
@@ -346,7 +346,7 @@ class Reembedder:
                 log.info("cannot check the embedder's model now: %s", exc)
 
     async def _rebuild(self) -> None:
-        repo = self._core.repo
+        repo = self._core.sqlite("a re-embed")
         self.state, self.error = "running", ""
         cursor = int(await repo.get_meta(META_CURSOR) or 0)
         await self._sweep(cursor, keep_cursor=True)
@@ -362,7 +362,7 @@ class Reembedder:
     async def _sweep(self, after: int, keep_cursor: bool = False) -> int:
         """Stages every pending row after a sequence number; returns how many."""
         staged = 0
-        while rows := await _pending(self._core.repo, after, self._plan.batch):
+        while rows := await _pending(self._core.sqlite("a re-embed"), after, self._plan.batch):
             started = time.monotonic()
             made = await self._embed(rows)
             async with self._core.write_lock:
@@ -389,7 +389,7 @@ class Reembedder:
 
     async def _stage(self, made: _Made, cursor: int | None) -> None:
         """Writes a batch's new vectors (write lock held); rows deleted meanwhile are skipped."""
-        repo = self._core.repo
+        repo = self._core.sqlite("a re-embed")
         async with repo.transaction():
             await repo.writer.executemany(
                 "INSERT OR REPLACE INTO reembed_vectors (memory_id, content, vector) "
@@ -410,7 +410,7 @@ class Reembedder:
         ready = self._folder.with_name(self._folder.name + NEXT_SUFFIX)
         await asyncio.to_thread(shutil.rmtree, ready, True)
         ready.mkdir(parents=True)
-        repo, ndim = self._core.repo, self.target.ndim
+        repo, ndim = self._core.sqlite("a re-embed"), self.target.ndim
         for user_id in await repo.user_ids():
             keys, vectors = await _staged_of(repo, user_id, ndim)
             if len(keys):
@@ -421,7 +421,7 @@ class Reembedder:
     async def _switch(self) -> None:
         """Catches up the last rows while writes wait, then moves every row to the new
         vectors in one transaction and swaps the index folder in."""
-        core, repo = self._core, self._core.repo
+        core, repo = self._core, self._core.sqlite("a re-embed")
         async with core.write_lock:
             for _ in range(FINAL_SWEEPS):
                 rows = await _pending(repo, 0, self._plan.batch)
@@ -436,7 +436,7 @@ class Reembedder:
                 await _clear(repo)
                 await repo.set_meta("model_id", self.target.model_id)
                 await repo.set_meta("ndim", str(self.target.ndim))
-            if core.indexes is not None:
+            if isinstance(core.indexes, VectorIndexes):
                 async with core.indexes.switching(self.target.ndim):
                     await asyncio.to_thread(swap_in, self._folder)
                     core.model = self.target

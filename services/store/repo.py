@@ -13,6 +13,7 @@ from typing import Any
 import aiosqlite
 import numpy as np
 
+from services.store import fulltext
 from services.store.model import (
     ACTIVE,
     RETIRED,
@@ -747,6 +748,33 @@ class Repo:
         )
         return int(next(iter(rows))[0])
 
+    async def text_search(
+        self,
+        index: str,
+        terms: Sequence[str],
+        least: int,
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        k: int,
+    ) -> list[tuple[MemoryRow, float, int]]:
+        """Keyword search of one FTS5 index (see fulltext.search)."""
+        return await fulltext.search(
+            self, fulltext.BY_NAME[index], terms, least, reach, layers, include_superseded, k
+        )
+
+    async def owner_counts(self, reach: Reach) -> list[tuple[str, str, int, int, float]]:
+        """Every owner (user, agent) with rows in the reach: live and retired row counts and
+        the last write, most recently written first."""
+        where, owned = reach.sql()
+        rows = await self.reader.execute_fetchall(
+            "SELECT user_id, agent_id, sum(status = ?), sum(status != ?), max(created_at) "
+            f"FROM memories {_where(where)} "
+            "GROUP BY user_id, agent_id ORDER BY max(created_at) DESC, user_id, agent_id",
+            (ACTIVE, ACTIVE, *owned),
+        )
+        return [(u, a, int(live), int(retired), float(last)) for u, a, live, retired, last in rows]
+
     async def rows_at_text_hits(
         self,
         join: str,
@@ -974,7 +1002,7 @@ class Repo:
         )
         return [(r[0], r[1]) for r in rows]
 
-    def db_bytes(self) -> int:
+    async def db_bytes(self) -> int:
         """The size of the database with its WAL."""
         total = 0
         for suffix in ("", "-wal"):

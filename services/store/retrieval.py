@@ -7,12 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from services.store import fulltext
 from services.store.core import Core
 from services.store.keys import CONTEXT_LAYERS, MAX_CLAUSES, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
 from services.store.model import KeywordResult, MemoryRow, Reach, Scored
-from services.store.repo import Repo
+from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
 
@@ -24,7 +23,7 @@ OVERSAMPLE = 4
 
 
 async def keyword_search(
-    repo: Repo,
+    repo: Rows,
     reach: Reach,
     query: str,
     layers: Sequence[str] = (),
@@ -47,20 +46,18 @@ async def keyword_search(
         return KeywordResult([], [], 0)
     least = min(min_terms, len(terms)) if min_terms else required
     k = page_size(k, "k")
-    found = await fulltext.search(
-        repo, fulltext.OWN_TEXT, terms, least, reach, layers, include_superseded, k
-    )
+    found = await repo.text_search("own", terms, least, reach, layers, include_superseded, k)
     hits = await annotated(repo, [Scored(r, s, n) for r, s, n in found])
     context_hits: list[Scored] = []
     if context_keys:
-        around = await fulltext.search(
-            repo, fulltext.CONTEXT_KEYS, terms, least, reach, layers, include_superseded, k
+        around = await repo.text_search(
+            "context", terms, least, reach, layers, include_superseded, k
         )
         context_hits = await annotated(repo, [Scored(r, s, n) for r, s, n in around])
     return KeywordResult(hits, terms, required, context_hits)
 
 
-async def annotated(repo: Repo, hits: list[Scored]) -> list[Scored]:
+async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
     """The hits with the older versions each replaced and, for turns, the turn each follows
     (one query for each)."""
     if not hits:

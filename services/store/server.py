@@ -11,6 +11,7 @@ import grpc
 
 from services.store.config import StoreConfig
 from services.store.lifecycle import open_store
+from services.store.pg.lifecycle import open_pg_store
 from services.store.servicer import StoreServicer
 from services.store.store import Store
 from shared.clients import EmbedderClient
@@ -28,6 +29,17 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
         channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(channel.close)
         await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
+        if config.store_dsn:
+            yield await stack.enter_async_context(
+                open_pg_store(
+                    config.store_dsn,
+                    config.data_dir,
+                    EmbedderClient(channel),
+                    config.user_aliases.group,
+                    config.exact_search_up_to,
+                )
+            )
+            return
         store = await stack.enter_async_context(
             open_store(
                 config.data_dir,

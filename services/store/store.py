@@ -11,7 +11,6 @@ from services.store import apply, graph, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.idempotency import IdempotencyKey, Replayed
-from services.store.index import VectorIndexes
 from services.store.model import (
     LAYERS,
     AuditEntry,
@@ -27,8 +26,8 @@ from services.store.model import (
     Undone,
 )
 from services.store.reembed import ModelSource, Progress, Reembedder, ReembedPlan
-from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
+from services.store.rows import Rows, Vectors
 from services.store.snapshot import Snapshot, SnapshotPlan, Snapshots
 from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
@@ -42,8 +41,8 @@ class Store:
 
     def __init__(
         self,
-        repo: Repo,
-        indexes: VectorIndexes | None,
+        repo: Rows,
+        indexes: Vectors | None,
         embedder: Embedder,
         model: VectorModel,
         alias_group: Callable[[str], tuple[str, ...]],
@@ -184,7 +183,7 @@ class Store:
             total=sum(live.values()),
             unextracted=unextracted,
             retired=retired,
-            db_bytes=self._repo.db_bytes(),
+            db_bytes=await self._repo.db_bytes(),
             vectors=vectors,
             model_id=self.model.model_id,
             ndim=self.model.ndim,

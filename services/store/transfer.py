@@ -44,7 +44,7 @@ async def export_page(
 ) -> tuple[list[str], int, bool]:
     """Lines after the cursor, the cursor of the last one, and whether none follow."""
     limit = page_size(limit)
-    conn = core.repo.reader
+    conn = core.sqlite("export").reader
     if edges:
         found_edges = await sql.edges_after(conn, reach, after, limit)
         cursors = [seq for seq, _ in found_edges]
@@ -165,10 +165,11 @@ async def import_lines(
     rows = _ready(memories, iter(fresh))
     edges = [item.edge for item in items if isinstance(item, EdgeLine)]
     done = Imported()
+    writer = core.sqlite("import").writer
     async with core.writing(actor or DEFAULT_ACTOR) as w:
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
-        taken = await sql.existing_memory_ids(core.repo.writer, [r.line.row.id for r in rows])
-        taken |= await sql.existing_edge_ids(core.repo.writer, [e.id for e in edges])
+        taken = await sql.existing_memory_ids(writer, [r.line.row.id for r in rows])
+        taken |= await sql.existing_edge_ids(writer, [e.id for e in edges])
         after = _After()
         for row in rows:
             if row.line.row.id in taken:
@@ -177,8 +178,8 @@ async def import_lines(
             taken.add(row.line.row.id)
             await _write_row(w, row, after)
             done.imported += 1
-        await sql.add_context_keys(core.repo.writer, after.context_keys)
-        await sql.add_history(core.repo.writer, after.history)
+        await sql.add_context_keys(writer, after.context_keys)
+        await sql.add_history(writer, after.history)
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1
