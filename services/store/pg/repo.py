@@ -306,15 +306,12 @@ class PgRepo:
         where, params = _edge_filters(reach)
         where.append("stale = 0 AND invalidated_at IS NULL")
         clause = _where(where)
-        row = (
-            await self.db.fetch(
-                f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
-                f"{clause} UNION SELECT lower(object) FROM graph_edges {clause}) AS entities) "
-                f"FROM graph_edges {clause}",
-                *params, *params, *params,
-            )
-        )[0]
-        edges, nodes = row
+        ((edges, nodes),) = await self.db.fetch(
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
+            f"{clause} UNION SELECT lower(object) FROM graph_edges {clause}) AS entities) "
+            f"FROM graph_edges {clause}",
+            *params, *params, *params,
+        )
         return int(nodes), int(edges)
 
     async def get_state(self, prefix: str) -> list[tuple[str, str]]:
