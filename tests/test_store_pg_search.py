@@ -144,3 +144,14 @@ async def test_keyword_search_keeps_to_the_reach(db: Database) -> None:
     found = await text.search(db, "own", ["tulips"], 1, Reach(("bob",)), [], False, 10)
     assert [row.user_id for row, _, _ in found] == ["bob"]
 
+
+
+async def test_a_relaxed_keyword_search_ranks_a_rare_term_above_common_ones(
+    db: Database,
+) -> None:
+    await add_rows(db, "alice", ["we said hello at the time"] * 20 + ["an adoption agency"])
+    found = await text.search(
+        db, "own", ["said", "time", "adoption"], 1, Reach(("alice",)), [], False, 5
+    )
+    assert found[0][0].content == "an adoption agency" and found[0][2] == 1
+    assert [held for _, _, held in found[1:]] == [2, 2, 2, 2]

@@ -5,11 +5,13 @@ joins them with && (every term), a relaxed one with || (any). The GIN indexes le
 owner, so a search of a reach's users reads their postings only. A relaxed search whose terms
 hold more than keywords.POSTING_BUDGET of those postings ranks them among the newest rows that
 hold them, and its rarest terms (those within the budget) among all rows, as fulltext.py does.
-Rows are ranked by ts_rank_cd (higher is better) and counted for the terms they hold.
+Rows are ranked by ts_rank_cd (higher is better), a relaxed search's with each term's idf
+added for the terms a row holds, and counted for the terms they hold.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,9 +72,34 @@ def _tsquery(query: _Query) -> tuple[str, list[str]]:
     """The tsquery of a query's terms, and its parameters (a stop word's part is empty, and
     && or || with an empty tsquery gives the other side)."""
     one = "plainto_tsquery('english', ?)"
-    return "(" + (" && " if query.every else " || ").join([one] * len(query.terms)) + ")", list(
-        query.terms
-    )
+    joined = (" && " if query.every else " || ").join([one] * len(query.terms))
+    return f"({joined})", list(query.terms)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    queries: tuple[_Query, ...]
+    """Each finds candidates; every row found is ranked by all the terms."""
+    weights: tuple[float, ...] = ()
+    """Each term's idf among the owner's rows (a relaxed search): a row's score adds those of
+    the terms it holds, so a rare term counts for more than a common one, as in bm25."""
+
+
+def _score(index: TextIndex, terms: Sequence[str], plan: _Plan) -> tuple[str, list[Any]]:
+    """The SQL of a row's score, and its parameters: ts_rank_cd by all the terms (divided by
+    the log of the text's length, normalization 1), plus the weights of the terms it holds."""
+    ranking, ranked_terms = _tsquery(_Query(tuple(terms), every=not plan.weights))
+    sql = f"ts_rank_cd({index.terms}, {ranking}, 1)"
+    params: list[Any] = list(ranked_terms)
+    for term, weight in zip(terms, plan.weights, strict=False):
+        sql += f" + ({index.terms} @@ plainto_tsquery('english', ?))::int * ?::float8"
+        params += [term, weight]
+    return sql, params
+
+
+def _idf(rows: int, postings: int) -> float:
+    """bm25's inverse document frequency of a term held by postings of rows."""
+    return math.log(1 + (rows - postings + 0.5) / (postings + 0.5))
 
 
 def _owned(index: TextIndex, reach: Reach) -> tuple[list[str], list[Any]]:
@@ -97,21 +124,19 @@ async def search(
     """Rows holding at least `least` of the terms, best rank first: (row, score, terms held)."""
     text_index = BY_NAME[index]
     owned = _owned(text_index, reach)
-    queries = await _plan(db, text_index, owned, terms, least)
-    # Every row is ranked by all the terms, whichever of them found it.
-    rank = _Query(tuple(terms), every=least >= len(terms))
+    plan = await _plan(db, text_index, owned, terms, least)
+    score = _score(text_index, terms, plan)
+    filters = _filters(reach, layers, include_superseded)
     term_stems = [stem(t) for t in terms]
     # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
     limit = k + k // 4 + 8
     while True:
-        ranked, more = await _ranked(
-            db, text_index, queries, rank, owned, _filters(reach, layers, include_superseded), limit
-        )
+        ranked, more = await _ranked(db, text_index, plan.queries, score, owned, filters, limit)
         found = []
-        for row, text, score in ranked:
+        for row, text, row_score in ranked:
             held = max(1, matched_terms(term_stems, text))
             if held >= least:
-                found.append((row, score, held))
+                found.append((row, row_score, held))
         if len(found) >= k or not more:
             return found[:k]
         limit *= 4
@@ -123,39 +148,43 @@ async def _plan(
     owned: tuple[list[str], list[Any]],
     terms: Sequence[str],
     least: int,
-) -> list[_Query]:
-    """The queries that find a search's candidates (each ranked by all the terms after)."""
+) -> _Plan:
+    """The queries that find a search's candidates, and the terms' weights."""
     if least >= len(terms):
-        return [_Query(tuple(terms), every=True)]
+        return _Plan((_Query(tuple(terms), every=True),))
     budget = keywords.POSTING_BUDGET
-    postings = await _counts(db, index, owned, terms)
+    rows, postings = await _counts(db, index, owned, terms)
+    weights = tuple(_idf(rows, n) for n in postings)
     chosen = finding_terms(postings, least, budget)
     some = _Query(tuple(terms[i] for i in chosen))
     if sum(postings[i] for i in chosen) <= budget:
-        return [some]
+        return _Plan((some,), weights)
     # Too many postings: all the terms among the newest rows, and the rarest terms (those
     # that fit the budget) among all rows, so an old row holding a rare term is still found.
     newest = replace(some, since=await _newest_from(db, index, owned, some, budget))
     rare = finding_terms(postings, 1, budget, rarest=False)
     if not rare:
-        return [newest]
-    return [newest, _Query(tuple(terms[i] for i in rare))]
+        return _Plan((newest,), weights)
+    return _Plan((newest, _Query(tuple(terms[i] for i in rare))), weights)
 
 
 async def _counts(
     db: Database, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
-) -> list[int]:
-    """How many of the owner's rows hold each term, in one statement."""
+) -> tuple[int, list[int]]:
+    """How many rows the owner has in the index, and how many of them hold each term, in one
+    statement."""
     where, params = owned
     holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
     one = f"(SELECT count(*) FROM {index.table} {_where([*where, holds])})"
+    every = f"(SELECT count(*) FROM {index.table} {_where(where)})"
     row = (
         await db.fetch(
-            f"SELECT {', '.join([one] * len(terms))}",
+            f"SELECT {every}, {', '.join([one] * len(terms))}",
+            *params,
             *[p for term in terms for p in (*params, term)],
         )
     )[0]
-    return [int(n) for n in row]
+    return int(row[0]), [int(n) for n in row[1:]]
 
 
 async def _newest_from(
@@ -180,16 +209,15 @@ async def _ranked(
     db: Database,
     index: TextIndex,
     queries: Sequence[_Query],
-    rank: _Query,
+    score: tuple[str, list[Any]],
     owned: tuple[list[str], list[Any]],
     filters: tuple[list[str], list[Any]],
     limit: int,
 ) -> tuple[list[tuple[MemoryRow, str, float]], bool]:
-    """Up to limit rows the queries find inside the filters, best rank (by the rank query)
-    first, each with its indexed text, and whether a query may have more."""
+    """Up to limit rows the queries find inside the filters, best score first, each with its
+    indexed text, and whether a query may have more."""
     best: dict[int, tuple[MemoryRow, str, float]] = {}
     more = False
-    ranking, rank_terms = _tsquery(rank)
     for query in queries:
         tsquery, terms = _tsquery(query)
         window = [] if query.since is None else [query.since]
@@ -200,15 +228,12 @@ async def _ranked(
             *filters[0],
         ]
         rows = await db.fetch(
-            # Normalization 1: a long text's rank is divided by the log of its length.
-            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, "
-            f"ts_rank_cd({index.terms}, {ranking}, 1) AS score "
+            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {score[0]} AS score "
             f"FROM {index.table} {index.join} {_where(where)} ORDER BY score DESC LIMIT ?",
-            *rank_terms, *owned[1], *terms, *window, *filters[1], limit,
+            *score[1], *owned[1], *terms, *window, *filters[1], limit,
         )
         more = more or len(rows) == limit
         for r in rows:
-            rowid, score = int(r[28]), float(r[29])
-            best[rowid] = (_row(r), str(r[27]), score)
+            best[int(r[28])] = (_row(r), str(r[27]), float(r[29]))
     ranked = sorted(best.values(), key=lambda hit: hit[2], reverse=True)
     return ranked[:limit], more
