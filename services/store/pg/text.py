@@ -86,8 +86,9 @@ class _Plan:
 
 
 def _score(index: TextIndex, terms: Sequence[str], plan: _Plan) -> tuple[str, list[Any]]:
-    """The SQL of a row's score, and its parameters: ts_rank_cd by all the terms (divided by
-    the log of the text's length, normalization 1), plus the weights of the terms it holds."""
+    """The SQL of a row's score, and its parameters: ts_rank_cd by all the terms, joined as
+    the search joins them (a strict search has no weights), divided by the log of the text's
+    length (normalization 1); plus the weights of the terms the row holds."""
     ranking, ranked_terms = _tsquery(_Query(tuple(terms), every=not plan.weights))
     sql = f"ts_rank_cd({index.terms}, {ranking}, 1)"
     params: list[Any] = list(ranked_terms)
