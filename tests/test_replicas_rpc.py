@@ -1,0 +1,180 @@
+"""An address may list several replicas: calls take turns, and a crashed replica drops out."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gateway.config import GatewayConfig
+from services.embedder.config import EmbedderConfig
+from services.store.config import StoreConfig
+from shared.addresses import channel_target, endpoints
+from shared.errors import ConfigError
+from shared.pb import embedder_pb2, embedder_pb2_grpc, introspect_pb2, introspect_pb2_grpc
+from shared.rpc import open_channel, wait_serving
+from shared.settings import Settings
+from tests.support import ServiceProcess, assert_eventually, base_env, free_port, grpc_serving
+
+TOKEN = "replica-service-token-0123456789"
+EMBED = "/hyatlas.v1.Embedder/Embed"
+
+Replicas = tuple[str, str, dict[str, ServiceProcess]]
+"""The comma-separated address, the service token and each endpoint's process."""
+
+
+# Addresses and targets.
+
+
+@pytest.mark.parametrize(
+    ("address", "target"),
+    [
+        ("unix:/run/a.sock", "unix:/run/a.sock"),
+        ("unix:/run/a.sock, unix:///run/b.sock", "unix:/run/a.sock,/run/b.sock"),
+        ("10.0.0.1:7001,10.0.0.2:7001", "ipv4:10.0.0.1:7001,10.0.0.2:7001"),
+        ("[fd00::1]:7001,[fd00::2]:7001", "ipv6:[fd00::1]:7001,[fd00::2]:7001"),
+        ("store.internal:7001", "store.internal:7001"),
+        ("10.0.0.1:7001,", "10.0.0.1:7001"),
+    ],
+)
+def test_an_address_becomes_the_target_grpc_balances(address: str, target: str) -> None:
+    assert channel_target(address) == target
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("unix:/run/a.sock,10.0.0.2:7001", "mixes unix sockets and TCP"),
+        ("10.0.0.1:7001,[fd00::2]:7001", "mixes IPv4 and IPv6"),
+        ("store-a:7001,store-b:7001", "not a host name"),
+        ("10.0.0.1:7001,10.0.0.2", "must be IP:PORT"),
+    ],
+)
+def test_a_list_grpc_cannot_balance_is_refused_at_start(address: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=f"HYATLAS_STORE_ADDR=.*{reason}"):
+        Settings.from_env({"HYATLAS_STORE_ADDR": address, "HYATLAS_GRPC_TOKEN": TOKEN})
+
+
+def test_a_replica_of_a_list_serves_on_the_endpoint_it_is_told() -> None:
+    env = {
+        "HYATLAS_STORE_ADDR": "10.0.0.1:7001,10.0.0.2:7001",
+        "HYATLAS_STORE_LISTEN": "0.0.0.0:7001",
+        "HYATLAS_EMBEDDER_ADDR": "10.0.0.1:7000,10.0.0.2:7000",
+        "HYATLAS_GRPC_TOKEN": TOKEN,
+    }
+    config = StoreConfig.from_env(env)
+    assert config.address == "0.0.0.0:7001"
+    assert config.embedder_address == "10.0.0.1:7000,10.0.0.2:7000"
+    # The gateway serves no gRPC: lists without a LISTEN are all it needs.
+    assert GatewayConfig.from_env(env).store_address == "10.0.0.1:7001,10.0.0.2:7001"
+
+
+def test_a_replica_not_told_its_own_endpoint_refuses_to_start() -> None:
+    env = {"HYATLAS_EMBEDDER_ADDR": "unix:/run/a.sock,unix:/run/b.sock"}
+    with pytest.raises(ConfigError, match="set HYATLAS_EMBEDDER_LISTEN to the one"):
+        EmbedderConfig.from_env(env)
+
+
+def test_a_listen_endpoint_is_one_endpoint() -> None:
+    env = {"HYATLAS_EMBEDDER_LISTEN": "unix:/run/a.sock,unix:/run/b.sock"}
+    with pytest.raises(ConfigError, match="HYATLAS_EMBEDDER_LISTEN=.*one endpoint"):
+        Settings.from_env(env)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HYATLAS_STORE_ADDR": "unix:/run/a.sock,unix:/run/b.sock",
+         "HYATLAS_STORE_LISTEN": "127.0.0.1:7001"},
+        {"HYATLAS_STORE_ADDR": "10.0.0.1:7001,10.0.0.2:7001"},
+    ],
+)
+def test_a_tcp_endpoint_anywhere_needs_the_service_token(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="is a TCP address: set HYATLAS_GRPC_TOKEN"):
+        Settings.from_env(env)
+
+
+# Two real embedder processes behind one address.
+
+
+def _replica_env(tmp_path: Path, kind: str) -> tuple[list[str], dict[str, str]]:
+    """Two endpoints of one kind (unix or tcp) and the environment both replicas share."""
+    if kind == "unix":
+        own = [f"unix:{tmp_path / 'a.sock'}", f"unix:{tmp_path / 'b.sock'}"]
+        extra = {}
+    else:
+        own = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+        extra = {"HYATLAS_GRPC_TOKEN": TOKEN}
+    env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=",".join(own), HYATLAS_EMBED_BASE="local",
+                   **extra)
+    return own, env
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replicas]:
+    """Two embedder processes, each on its own endpoint of one comma-separated address."""
+    own, env = _replica_env(tmp_path, request.param)
+    procs = []
+    try:
+        for index, endpoint in enumerate(own):
+            procs.append(ServiceProcess(
+                "services.embedder", {**env, "HYATLAS_EMBEDDER_LISTEN": endpoint},
+                functools.partial(grpc_serving, endpoint),
+                tmp_path / f"embedder-{index}.log",
+            ).start())
+        yield env["HYATLAS_EMBEDDER_ADDR"], env.get("HYATLAS_GRPC_TOKEN", ""), dict(
+            zip(own, procs, strict=True)
+        )
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+async def _embed_calls(address: str, token: str) -> int:
+    """Calls Embed on address and returns its count of Embed calls answered."""
+    async with open_channel(address, token) as channel:
+        reply = await introspect_pb2_grpc.IntrospectStub(channel).GetRpcCounts(
+            introspect_pb2.GetRpcCountsRequest(), timeout=5
+        )
+    return reply.counts.get(EMBED, 0)
+
+
+async def _embed(channel: grpc.aio.Channel, count: int) -> None:
+    stub = embedder_pb2_grpc.EmbedderStub(channel)
+    for n in range(count):
+        reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=[f"text {n}"]), timeout=5)
+        assert len(reply.vectors) == 1
+
+
+async def test_calls_take_turns_across_replicas_and_skip_one_killed(
+    replicas: Replicas,
+) -> None:
+    address, token, procs = replicas
+    first, second = endpoints(address)
+    await wait_serving(address, timeout_s=10)
+    async with open_channel(address, token) as channel:
+        # Round robin sends to every connected replica; both connect soon after the first call.
+        async def both_answered() -> None:
+            await _embed(channel, 4)
+            assert await _embed_calls(first, token) > 0
+            assert await _embed_calls(second, token) > 0
+
+        await assert_eventually(both_answered)
+
+        procs[first].kill()
+        before = await _embed_calls(second, token)
+
+        async def calls_succeed() -> None:
+            try:
+                await _embed(channel, 6)
+            except grpc.aio.AioRpcError as exc:
+                raise AssertionError(f"a call failed: {exc.code().name}") from exc
+
+        # Calls already sent to the killed replica fail until gRPC sees it gone; then all succeed.
+        await assert_eventually(calls_succeed)
+        await _embed(channel, 10)
+        assert await _embed_calls(second, token) >= before + 16
+    await wait_serving(address, timeout_s=10)
