@@ -11,6 +11,8 @@ import pytest
 
 from gateway.config import GatewayConfig
 from services.embedder.config import EmbedderConfig
+from services.extractor.config import ExtractorConfig
+from services.search.config import SearchConfig
 from services.store.config import StoreConfig
 from shared.addresses import channel_target, endpoints
 from shared.errors import ConfigError
@@ -178,3 +180,36 @@ async def test_calls_take_turns_across_replicas_and_skip_one_killed(
         await _embed(channel, 10)
         assert await _embed_calls(second, token) >= before + 16
     await wait_serving(address, timeout_s=10)
+
+
+# The two-node layout in deploy/ starts as its README says.
+
+TWO_NODE = Path(__file__).resolve().parent.parent / "deploy" / "two-node"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of a systemd EnvironmentFile."""
+    lines = path.read_text().splitlines()
+    pairs = [line.split("=", 1) for line in lines if line.strip() and not line.startswith("#")]
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@pytest.mark.parametrize(("node", "ip"), [("node-a", "10.0.0.1"), ("node-b", "10.0.0.2")])
+def test_each_node_of_the_two_node_layout_serves_its_own_entry_of_every_list(
+    node: str, ip: str
+) -> None:
+    env = {**_env_file(TWO_NODE / "cluster.env"), **_env_file(TWO_NODE / f"{node}.env")}
+    settings = Settings.from_env(env)
+    own = {
+        "embedder": EmbedderConfig.from_env(env).address,
+        "store": StoreConfig.from_env(env).address,
+        "search": SearchConfig.from_env(env).address,
+        "extractor": ExtractorConfig.from_env(env).address,
+    }
+    for service, address in own.items():
+        assert address.startswith(f"{ip}:")
+        assert address in endpoints(settings.address(service))
+    assert StoreConfig.from_env(env).store_dsn.startswith("postgresql://")
+    assert settings.http_host == ip
+    # The one consolidator runs on node A; node B's gateway calls it there.
+    assert endpoints(settings.address("consolidator")) == ["10.0.0.1:7004"]
