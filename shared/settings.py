@@ -448,8 +448,9 @@ def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def _listen_addresses(env: Mapping[str, str], addresses: Mapping[str, str]) -> dict[str, str]:
-    """Each service's own endpoint (HYATLAS_<SERVICE>_LISTEN, else its one address); a service
-    whose address lists several and that is not told which is its own has none here."""
+    """Each service's own endpoint (HYATLAS_<SERVICE>_LISTEN, else its one address), once every
+    address is checked to be one gRPC target; a service whose address lists several and that is
+    not told which is its own has none here (listen_address says so to that service alone)."""
     listen = {}
     for name, address in addresses.items():
         try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,13 +18,23 @@ from services.search.config import SearchConfig
 from services.store.config import StoreConfig
 from shared.addresses import channel_target, endpoints
 from shared.errors import ConfigError
-from shared.pb import embedder_pb2, embedder_pb2_grpc, introspect_pb2, introspect_pb2_grpc
+from shared.pb import (
+    common_pb2,
+    embedder_pb2,
+    embedder_pb2_grpc,
+    introspect_pb2,
+    introspect_pb2_grpc,
+    store_pb2,
+    store_pb2_grpc,
+)
 from shared.rpc import open_channel, wait_serving
 from shared.settings import Settings
 from tests.support import ServiceProcess, assert_eventually, base_env, free_port, grpc_serving
 
 TOKEN = "replica-service-token-0123456789"
 EMBED = "/hyatlas.v1.Embedder/Embed"
+APPLY = "/hyatlas.v1.Store/Apply"
+SCOPE = common_pb2.Scope(user_id="alice")
 
 Replicas = tuple[str, str, dict[str, ServiceProcess]]
 """The comma-separated address, the service token and each endpoint's process."""
@@ -99,49 +111,53 @@ def test_a_tcp_endpoint_anywhere_needs_the_service_token(env: dict[str, str]) ->
         Settings.from_env(env)
 
 
-# Two real embedder processes behind one address.
+# Real replicas behind one address.
 
 
-def _replica_env(tmp_path: Path, kind: str) -> tuple[list[str], dict[str, str]]:
-    """Two endpoints of one kind (unix or tcp) and the environment both replicas share."""
+@contextlib.contextmanager
+def running_replicas(
+    service: str, own: list[str], env: dict[str, str], logs: Path
+) -> Iterator[dict[str, ServiceProcess]]:
+    """One process of service per endpoint, each serving on its own, all named by one address."""
+    variable = f"HYATLAS_{service.upper()}"
+    env = {**env, f"{variable}_ADDR": ",".join(own)}
+    procs: dict[str, ServiceProcess] = {}
+    try:
+        for index, endpoint in enumerate(own):
+            procs[endpoint] = ServiceProcess(
+                f"services.{service}", {**env, f"{variable}_LISTEN": endpoint},
+                functools.partial(grpc_serving, endpoint), logs / f"{service}-{index}.log",
+            ).start()
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def _two_endpoints(tmp_path: Path, kind: str) -> tuple[list[str], dict[str, str]]:
+    """Two endpoints of one kind (unix or tcp) and the settings that kind needs."""
     if kind == "unix":
-        own = [f"unix:{tmp_path / 'a.sock'}", f"unix:{tmp_path / 'b.sock'}"]
-        extra = {}
-    else:
-        own = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-        extra = {"HYATLAS_GRPC_TOKEN": TOKEN}
-    env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=",".join(own), HYATLAS_EMBED_BASE="local",
-                   **extra)
-    return own, env
+        return [f"unix:{tmp_path / 'a.sock'}", f"unix:{tmp_path / 'b.sock'}"], {}
+    own = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    return own, {"HYATLAS_GRPC_TOKEN": TOKEN}
 
 
 @pytest.fixture(params=["unix", "tcp"])
 def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replicas]:
     """Two embedder processes, each on its own endpoint of one comma-separated address."""
-    own, env = _replica_env(tmp_path, request.param)
-    procs = []
-    try:
-        for index, endpoint in enumerate(own):
-            procs.append(ServiceProcess(
-                "services.embedder", {**env, "HYATLAS_EMBEDDER_LISTEN": endpoint},
-                functools.partial(grpc_serving, endpoint),
-                tmp_path / f"embedder-{index}.log",
-            ).start())
-        yield env["HYATLAS_EMBEDDER_ADDR"], env.get("HYATLAS_GRPC_TOKEN", ""), dict(
-            zip(own, procs, strict=True)
-        )
-    finally:
-        for proc in procs:
-            proc.stop()
+    own, extra = _two_endpoints(tmp_path, request.param)
+    env = base_env(tmp_path, HYATLAS_EMBED_BASE="local", **extra)
+    with running_replicas("embedder", own, env, tmp_path) as procs:
+        yield ",".join(own), extra.get("HYATLAS_GRPC_TOKEN", ""), procs
 
 
-async def _embed_calls(address: str, token: str) -> int:
-    """Calls Embed on address and returns its count of Embed calls answered."""
-    async with open_channel(address, token) as channel:
+async def _calls_answered(endpoint: str, method: str, token: str = "") -> int:
+    """How many calls of method the one server at endpoint has answered."""
+    async with open_channel(endpoint, token) as channel:
         reply = await introspect_pb2_grpc.IntrospectStub(channel).GetRpcCounts(
             introspect_pb2.GetRpcCountsRequest(), timeout=5
         )
-    return reply.counts.get(EMBED, 0)
+    return reply.counts.get(method, 0)
 
 
 async def _embed(channel: grpc.aio.Channel, count: int) -> None:
@@ -149,6 +165,14 @@ async def _embed(channel: grpc.aio.Channel, count: int) -> None:
     for n in range(count):
         reply = await stub.Embed(embedder_pb2.EmbedRequest(texts=[f"text {n}"]), timeout=5)
         assert len(reply.vectors) == 1
+
+
+async def _succeeding(call: Callable[[], Awaitable[Any]]) -> Any:
+    """call's result; a failed call is an AssertionError, so assert_eventually tries again."""
+    try:
+        return await call()
+    except grpc.aio.AioRpcError as exc:
+        raise AssertionError(f"a call failed: {exc.code().name} {exc.details()}") from exc
 
 
 async def test_calls_take_turns_across_replicas_and_skip_one_killed(
@@ -161,25 +185,55 @@ async def test_calls_take_turns_across_replicas_and_skip_one_killed(
         # Round robin sends to every connected replica; both connect soon after the first call.
         async def both_answered() -> None:
             await _embed(channel, 4)
-            assert await _embed_calls(first, token) > 0
-            assert await _embed_calls(second, token) > 0
+            assert await _calls_answered(first, EMBED, token) > 0
+            assert await _calls_answered(second, EMBED, token) > 0
 
         await assert_eventually(both_answered)
 
         procs[first].kill()
-        before = await _embed_calls(second, token)
-
-        async def calls_succeed() -> None:
-            try:
-                await _embed(channel, 6)
-            except grpc.aio.AioRpcError as exc:
-                raise AssertionError(f"a call failed: {exc.code().name}") from exc
-
+        before = await _calls_answered(second, EMBED, token)
         # Calls already sent to the killed replica fail until gRPC sees it gone; then all succeed.
-        await assert_eventually(calls_succeed)
+        await assert_eventually(lambda: _succeeding(lambda: _embed(channel, 6)))
         await _embed(channel, 10)
-        assert await _embed_calls(second, token) >= before + 16
+        assert await _calls_answered(second, EMBED, token) >= before + 16
     await wait_serving(address, timeout_s=10)
+
+
+async def test_two_stores_on_one_database_share_every_acknowledged_write(
+    tmp_path: Path, pg_databases: Any
+) -> None:
+    embedder = f"unix:{tmp_path / 'embedder.sock'}"
+    env = base_env(tmp_path, HYATLAS_EMBED_BASE="local", HYATLAS_EMBEDDER_ADDR=embedder,
+                   HYATLAS_STORE_DSN=pg_databases.new_dsn())
+    own, _ = _two_endpoints(tmp_path, "unix")
+    with (
+        running_replicas("embedder", [embedder], env, tmp_path),
+        running_replicas("store", own, env, tmp_path) as stores,
+    ):
+        async with open_channel(",".join(own)) as channel:
+            stub = store_pb2_grpc.StoreStub(channel)
+
+            async def write(text: str) -> None:
+                op = store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=common_pb2.Owner(user_id="alice"), layer=common_pb2.L2_RAW,
+                    content=text))
+                await stub.Apply(store_pb2.ApplyRequest(scope=SCOPE, ops=[op]), timeout=30)
+
+            written = [f"note {n}" for n in range(12)]
+            for text in written:
+                await write(text)
+            assert all([await _calls_answered(endpoint, APPLY) > 0 for endpoint in own])
+
+            stores[own[0]].kill()
+            # A write sent to the killed store before gRPC noticed may fail: it was never
+            # acknowledged. Every acknowledged one is in the database the other store reads.
+            for text in (f"after {n}" for n in range(6)):
+                await assert_eventually(lambda text=text: _succeeding(lambda: write(text)))
+                written.append(text)
+            reply = await stub.ListMemories(
+                store_pb2.ListMemoriesRequest(scope=SCOPE, limit=1000), timeout=30
+            )
+    assert sorted(memory.content for memory in reply.memories) == sorted(written)
 
 
 # The two-node layout in deploy/ starts as its README says.
