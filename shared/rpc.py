@@ -11,7 +11,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -21,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from shared.addresses import LOAD_BALANCING, channel_target, unix_path
 from shared.errors import ServiceError, error_for_status
 from shared.grants import CURRENT_GRANT, Grant
 from shared.pb import introspect_pb2, introspect_pb2_grpc
@@ -279,15 +279,6 @@ class _CallMetadata(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(client_call_details, request)
 
 
-def _unix_path(address: str) -> Path | None:
-    if not address.startswith("unix:"):
-        return None
-    path = address[len("unix:") :]
-    while path.startswith("//"):
-        path = path[1:]
-    return Path(path)
-
-
 @contextlib.asynccontextmanager
 async def running_grpc_server(
     address: str,
@@ -297,7 +288,8 @@ async def running_grpc_server(
     collectors: Iterable[Collector] = (),
     token: str = "",
 ) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
-    """Serves the servicers `register` adds (it returns their full service names).
+    """Serves the servicers `register` adds (it returns their full service names) on one
+    endpoint, `address` (a replica's own: see Settings.listen_address).
 
     `collectors` add the service's own figures to the metrics Introspect/GetMetrics serves.
     On a TCP address every call but health needs `token` (unix sockets are guarded by the
@@ -309,7 +301,7 @@ async def running_grpc_server(
     meter = _RpcMeter()
     for collector in collectors:
         meter.registry.register(collector)
-    sock = _unix_path(address)
+    sock = unix_path(address)
     if sock is None and not token:
         log.warning("gRPC on TCP %s without a service token: anyone who can reach it "
                     "reads and changes every memory (set HYATLAS_GRPC_TOKEN)", address)
@@ -353,15 +345,22 @@ async def running_grpc_server(
 
 
 def open_channel(address: str, token: str = "") -> grpc.aio.Channel:
-    """A channel to a service address (unix:PATH or HOST:PORT) whose calls carry the service
-    token (if given) and the grant of the call being served."""
+    """A channel to a service address (unix:PATH or HOST:PORT, or a comma-separated list of
+    replicas, which take calls in turn) whose calls carry the service token (if given) and the
+    grant of the call being served."""
     return grpc.aio.insecure_channel(
-        address, options=CHANNEL_OPTIONS, interceptors=[_CallMetadata(token)]
+        channel_target(address),
+        options=[*CHANNEL_OPTIONS, LOAD_BALANCING],
+        interceptors=[_CallMetadata(token)],
     )
 
 
 async def health_state(channel: grpc.aio.Channel, timeout_s: float = 1.0, service: str = "") -> str:
-    """What gRPC health says of the server behind channel: serving, not_serving or unreachable."""
+    """What gRPC health says of the server behind channel: serving, not_serving or unreachable.
+
+    Behind a list of replicas the check goes to one that is connected, so a service is
+    unreachable only when none of its replicas is.
+    """
     try:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
@@ -372,7 +371,8 @@ async def health_state(channel: grpc.aio.Channel, timeout_s: float = 1.0, servic
 
 
 async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "") -> None:
-    """Waits until the service at address reports SERVING on gRPC health."""
+    """Waits until the service at address reports SERVING on gRPC health; for a list of
+    replicas, until one of them does (the others are called once they connect)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with open_channel(address) as channel:
         while True:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.addresses import channel_target, endpoints, is_unix
 from shared.aliases import Aliases
 from shared.errors import ConfigError
 
@@ -182,7 +183,11 @@ class Settings:
     run_dir: Path = Path("data/run")
     """HYATLAS_RUN_DIR: where the services' unix sockets live (default <data>/run)."""
     addresses: Mapping[str, str] = field(default_factory=dict)
-    """HYATLAS_<SERVICE>_ADDR: each service's gRPC address (unix:PATH or HOST:PORT)."""
+    """HYATLAS_<SERVICE>_ADDR: where each service is called: unix:PATH or HOST:PORT, or a
+    comma-separated list of its replicas' endpoints, which take calls in turn."""
+    listen: Mapping[str, str] = field(default_factory=dict)
+    """HYATLAS_<SERVICE>_LISTEN: the one endpoint a service serves on; unset, its address when
+    that names one endpoint (a replica of a list must be told which entry is its own)."""
     http_host: str = "127.0.0.1"
     """HYATLAS_GO_HOST: the gateway's bind address."""
     http_port: int = 19528
@@ -299,8 +304,18 @@ class Settings:
         return self.mode != "lite"
 
     def address(self, service: str) -> str:
-        """The gRPC address of one service."""
+        """Where one service is called (one endpoint or a list of replicas)."""
         return self.addresses[service]
+
+    def listen_address(self, service: str) -> str:
+        """The one endpoint this process serves on when it runs `service`."""
+        if service not in self.listen:
+            raise ConfigError(
+                f"HYATLAS_{service.upper()}_ADDR={self.addresses[service]!r} lists several "
+                f"endpoints: set HYATLAS_{service.upper()}_LISTEN to the one this {service} "
+                "serves on"
+            )
+        return self.listen[service]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -316,9 +331,10 @@ class Settings:
             name: text(f"HYATLAS_{name.upper()}_ADDR", f"unix:{run_dir / (name + '.sock')}")
             for name in SERVICES
         }
+        listen = _listen_addresses(env, addresses)
 
         grpc_token = text("HYATLAS_GRPC_TOKEN")
-        _check_tcp_token(addresses, grpc_token)
+        _check_tcp_token(env, grpc_token)
         tokens_file = text("HYATLAS_TOKENS_FILE")
 
         mode = text("HYATLAS_MODE", "ultra").lower()
@@ -357,6 +373,7 @@ class Settings:
             data_dir=data_dir,
             run_dir=run_dir,
             addresses=addresses,
+            listen=listen,
             http_host=host,
             http_port=port,
             allowed_hosts=_host_entries(text("HYATLAS_ALLOWED_HOSTS")),
@@ -430,16 +447,40 @@ def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _check_tcp_token(addresses: Mapping[str, str], grpc_token: str) -> None:
-    """Refuses a TCP service address without a service token: gRPC has no other guard."""
+def _listen_addresses(env: Mapping[str, str], addresses: Mapping[str, str]) -> dict[str, str]:
+    """Each service's own endpoint (HYATLAS_<SERVICE>_LISTEN, else its one address), once every
+    address is checked to be one gRPC target; a service whose address lists several and that is
+    not told which is its own has none here (listen_address says so to that service alone)."""
+    listen = {}
+    for name, address in addresses.items():
+        try:
+            channel_target(address)
+        except ValueError as exc:
+            raise ConfigError(f"HYATLAS_{name.upper()}_ADDR={address!r} {exc}") from None
+        own = env.get(f"HYATLAS_{name.upper()}_LISTEN", "").strip()
+        if len(endpoints(own)) > 1:
+            raise ConfigError(
+                f"HYATLAS_{name.upper()}_LISTEN={own!r} must be one endpoint, not a list"
+            )
+        if own:
+            listen[name] = own
+        elif len(endpoints(address)) == 1:
+            listen[name] = address
+    return listen
+
+
+def _check_tcp_token(env: Mapping[str, str], grpc_token: str) -> None:
+    """Refuses a TCP service endpoint without a service token: gRPC has no other guard."""
     if grpc_token:
         return
-    for name, address in addresses.items():
-        if not address.startswith("unix:"):
-            raise ConfigError(
-                f"HYATLAS_{name.upper()}_ADDR={address!r} is a TCP address: set "
-                "HYATLAS_GRPC_TOKEN so that only the services can call it"
-            )
+    for name in SERVICES:
+        for variable in (f"HYATLAS_{name.upper()}_ADDR", f"HYATLAS_{name.upper()}_LISTEN"):
+            value = env.get(variable, "").strip()
+            if not all(is_unix(endpoint) for endpoint in endpoints(value)):
+                raise ConfigError(
+                    f"{variable}={value!r} is a TCP address: set "
+                    "HYATLAS_GRPC_TOKEN so that only the services can call it"
+                )
 
 
 def _mmr_lambda(env: Mapping[str, str]) -> float:

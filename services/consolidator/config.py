@@ -15,7 +15,7 @@ class ConsolidatorConfig:
     """What the consolidator needs to run."""
 
     address: str
-    """HYATLAS_CONSOLIDATOR_ADDR: the gRPC address to serve on."""
+    """HYATLAS_CONSOLIDATOR_LISTEN or _ADDR: the one endpoint to serve on."""
     store_address: str
     """HYATLAS_STORE_ADDR: the store's gRPC address."""
     embedder_address: str
@@ -58,7 +58,7 @@ class ConsolidatorConfig:
         """Reads the HYATLAS_* settings the consolidator uses."""
         settings = Settings.from_env(os.environ if environ is None else environ)
         return cls(
-            address=settings.address("consolidator"),
+            address=settings.listen_address("consolidator"),
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,

@@ -20,7 +20,7 @@ class EmbedderConfig:
     """Where the embedder listens, which model it runs and how it batches."""
 
     address: str
-    """HYATLAS_EMBEDDER_ADDR: the gRPC address (unix:PATH or HOST:PORT)."""
+    """HYATLAS_EMBEDDER_LISTEN or _ADDR: the one endpoint to serve on (unix:PATH or HOST:PORT)."""
     backend: Backend = "onnx"
     """From HYATLAS_EMBED_BASE: onnx (bge, the default), local (hash stub) or remote (a URL)."""
     model_dir: Path | None = None
@@ -65,7 +65,7 @@ class EmbedderConfig:
                 f"HYATLAS_EMBED_BASE={base!r} is not one of bge, local or an http(s) URL"
             )
         return cls(
-            address=settings.address("embedder"),
+            address=settings.listen_address("embedder"),
             backend=backend,
             model_dir=settings.model_dir,
             remote_base=remote_base,

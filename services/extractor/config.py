@@ -15,7 +15,7 @@ class ExtractorConfig:
     """What the extractor needs to run."""
 
     address: str
-    """HYATLAS_EXTRACTOR_ADDR: the gRPC address to serve on."""
+    """HYATLAS_EXTRACTOR_LISTEN or _ADDR: the one endpoint to serve on."""
     store_address: str
     """HYATLAS_STORE_ADDR: the store's gRPC address."""
     embedder_address: str
@@ -69,7 +69,7 @@ class ExtractorConfig:
         settings = Settings.from_env(env)
         min_age = read_duration(env, "HYATLAS_CATCHUP_MIN_AGE", 120.0)
         return cls(
-            address=settings.address("extractor"),
+            address=settings.listen_address("extractor"),
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             mode=settings.mode,

@@ -17,7 +17,7 @@ class SearchConfig:
     """Where the search service listens, what it calls, and how it ranks."""
 
     address: str
-    """HYATLAS_SEARCH_ADDR: the gRPC address to serve on."""
+    """HYATLAS_SEARCH_LISTEN or _ADDR: the one endpoint to serve on."""
     store_address: str
     """HYATLAS_STORE_ADDR: the store's gRPC address."""
     embedder_address: str
@@ -59,7 +59,7 @@ class SearchConfig:
             )
         set_floor = bool(env.get("HYATLAS_MIN_SCORE", "").strip())
         return cls(
-            address=settings.address("search"),
+            address=settings.listen_address("search"),
             store_address=settings.address("store"),
             embedder_address=settings.address("embedder"),
             min_score=settings.min_score if set_floor else None,

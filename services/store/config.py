@@ -22,7 +22,7 @@ class StoreConfig:
     data_dir: Path
     """The data directory; the store alone reads and writes it."""
     address: str
-    """The store's gRPC listen address."""
+    """HYATLAS_STORE_LISTEN or _ADDR: the one endpoint to serve on."""
     embedder_address: str
     """The embedder's gRPC address; every stored text is embedded there."""
     store_dsn: str = ""
@@ -55,7 +55,7 @@ class StoreConfig:
         settings = Settings.from_env(env)
         return cls(
             data_dir=settings.data_dir,
-            address=settings.address("store"),
+            address=settings.listen_address("store"),
             embedder_address=settings.address("embedder"),
             store_dsn=read_dsn(env),
             user_aliases=settings.user_aliases,

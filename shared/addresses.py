@@ -1,0 +1,70 @@
+"""Service addresses: one endpoint, or a comma-separated list of replicas gRPC balances across."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+LOAD_BALANCING = ("grpc.lb_policy_name", "round_robin")
+"""Channel option: each call goes to the next connected endpoint the target resolves to (a list
+of replicas, or a DNS name with several addresses); an endpoint that drops out is skipped."""
+
+
+def endpoints(address: str) -> list[str]:
+    """The endpoints an address names, in order: one, or each entry of a comma-separated list."""
+    return [entry.strip() for entry in address.split(",") if entry.strip()]
+
+
+def is_unix(endpoint: str) -> bool:
+    """Whether an endpoint is a unix socket (unix:PATH or unix:///PATH) rather than TCP."""
+    return endpoint.startswith("unix:")
+
+
+def unix_path(endpoint: str) -> Path | None:
+    """The socket file of a unix endpoint; None for TCP."""
+    if not is_unix(endpoint):
+        return None
+    path = endpoint.removeprefix("unix:")
+    while path.startswith("//"):
+        path = path[1:]
+    return Path(path)
+
+
+def channel_target(address: str) -> str:
+    """The gRPC target of an address: a single endpoint as it is, a list in the form gRPC's own
+    resolvers take for several addresses (unix:P1,P2 / ipv4:H1:P1,H2:P2 / ipv6:[H1]:P1,[H2]:P2).
+
+    ValueError says why a list cannot be one target: unix sockets and TCP mixed, a DNS name (it
+    may stand alone, and then all its addresses take turns), or IPv4 and IPv6 mixed.
+    """
+    entries = endpoints(address)
+    if len(entries) == 1:
+        return entries[0]
+    if not entries:
+        raise ValueError("names no endpoint")
+    unix = [is_unix(entry) for entry in entries]
+    if all(unix):
+        return "unix:" + ",".join(str(unix_path(entry)) for entry in entries)
+    if any(unix):
+        raise ValueError("mixes unix sockets and TCP endpoints")
+    families = {_ip_family(entry) for entry in entries}
+    if len(families) > 1:
+        raise ValueError("mixes IPv4 and IPv6 endpoints")
+    return f"{families.pop()}:{','.join(entries)}"
+
+
+def _ip_family(endpoint: str) -> str:
+    """ipv4 or ipv6 for an IP:PORT or [IP]:PORT endpoint; ValueError for anything else."""
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not port.isdigit():
+        raise ValueError(f"{endpoint!r} in a list must be IP:PORT")
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        raise ValueError(
+            f"{endpoint!r} in a list must name an IP address, not a host name (a host name "
+            "may stand alone: then every address it resolves to takes calls in turn)"
+        ) from None
+    if ip.version == 6 and not host.startswith("["):
+        raise ValueError(f"{endpoint!r}: write an IPv6 endpoint as [IP]:PORT")
+    return f"ipv{ip.version}"
