@@ -9,10 +9,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from services.store import transfer_repo as sql
 from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import CLAUSE, own_keys
 from services.store.model import AuditEntry, MemoryRow, Reach
+from services.store.pg.repo import PgRepo
+from services.store.pg.transfer_repo import PgTransfer
+from services.store.pg.writes import PgWrites
 from services.store.repo import row_json
 from services.store.transfer_format import (
     EdgeLine,
@@ -23,11 +25,26 @@ from services.store.transfer_format import (
     memory_line,
     parse_line,
 )
+from services.store.transfer_repo import SqliteTransfer, TransferRows
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError
 from shared.passages import Passage, spans_of
 
 IMPORT_REASON = "import"
+
+
+def _committed(core: Core) -> TransferRows:
+    """The export's SQL on the store's committed rows, in whichever backend holds them."""
+    if isinstance(core.repo, PgRepo):
+        return PgTransfer(core.repo.db.pool)
+    return SqliteTransfer(core.sqlite("export").reader)
+
+
+def _within(w: Write) -> TransferRows:
+    """The import's SQL inside the write's transaction."""
+    if isinstance(w.tx, PgWrites):
+        return PgTransfer(w.tx.conn)
+    return SqliteTransfer(w.core.sqlite("import").writer)
 
 
 @dataclass
@@ -44,17 +61,17 @@ async def export_page(
 ) -> tuple[list[str], int, bool]:
     """Lines after the cursor, the cursor of the last one, and whether none follow."""
     limit = page_size(limit)
-    conn = core.sqlite("export").reader
+    sql = _committed(core)
     if edges:
-        found_edges = await sql.edges_after(conn, reach, after, limit)
+        found_edges = await sql.edges_after(reach, after, limit)
         cursors = [seq for seq, _ in found_edges]
         lines = [edge_line(edge) for _, edge in found_edges]
     else:
-        found = await sql.rows_after(conn, reach, after, limit)
+        found = await sql.rows_after(reach, after, limit)
         ids = [row.id for _, row in found]
-        vectors = await sql.vectors_of(conn, ids)
-        keys = await sql.keys_of(conn, ids)
-        history = await sql.history_of(conn, ids)
+        vectors = await sql.vectors_of(ids)
+        keys = await sql.keys_of(ids)
+        history = await sql.history_of(ids)
         cursors = [seq for seq, _ in found]
         lines = [
             memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
@@ -165,11 +182,11 @@ async def import_lines(
     rows = _ready(memories, iter(fresh))
     edges = [item.edge for item in items if isinstance(item, EdgeLine)]
     done = Imported()
-    writer = core.sqlite("import").writer
     async with core.writing(actor or DEFAULT_ACTOR) as w:
+        sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
-        taken = await sql.existing_memory_ids(writer, [r.line.row.id for r in rows])
-        taken |= await sql.existing_edge_ids(writer, [e.id for e in edges])
+        taken = await sql.existing_memory_ids([r.line.row.id for r in rows])
+        taken |= await sql.existing_edge_ids([e.id for e in edges])
         after = _After()
         for row in rows:
             if row.line.row.id in taken:
@@ -178,8 +195,8 @@ async def import_lines(
             taken.add(row.line.row.id)
             await _write_row(w, row, after)
             done.imported += 1
-        await sql.add_context_keys(writer, after.context_keys)
-        await sql.add_history(writer, after.history)
+        await sql.add_context_keys(after.context_keys)
+        await sql.add_history(after.history)
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1
