@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +15,7 @@ from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import CLAUSE, own_keys
 from services.store.model import AuditEntry, MemoryRow, Reach
 from services.store.pg.repo import PgRepo
-from services.store.pg.transfer_repo import PgTransfer
+from services.store.pg.transfer_repo import PgTransfer, one_snapshot
 from services.store.pg.writes import PgWrites
 from services.store.repo import row_json
 from services.store.transfer_format import (
@@ -33,11 +35,14 @@ from shared.passages import Passage, spans_of
 IMPORT_REASON = "import"
 
 
-def _committed(core: Core) -> TransferRows:
+@contextlib.asynccontextmanager
+async def _committed(core: Core) -> AsyncIterator[TransferRows]:
     """The export's SQL on the store's committed rows, in whichever backend holds them."""
     if isinstance(core.repo, PgRepo):
-        return PgTransfer(core.repo.db.pool)
-    return SqliteTransfer(core.sqlite("export").reader)
+        async with one_snapshot(core.repo.db) as sql:
+            yield sql
+    else:
+        yield SqliteTransfer(core.sqlite("export").reader)
 
 
 def _within(w: Write) -> TransferRows:
@@ -61,24 +66,29 @@ async def export_page(
 ) -> tuple[list[str], int, bool]:
     """Lines after the cursor, the cursor of the last one, and whether none follow."""
     limit = page_size(limit)
-    sql = _committed(core)
-    if edges:
-        found_edges = await sql.edges_after(reach, after, limit)
-        cursors = [seq for seq, _ in found_edges]
-        lines = [edge_line(edge) for _, edge in found_edges]
-    else:
-        found = await sql.rows_after(reach, after, limit)
-        ids = [row.id for _, row in found]
-        vectors = await sql.vectors_of(ids)
-        keys = await sql.keys_of(ids)
-        history = await sql.history_of(ids)
-        cursors = [seq for seq, _ in found]
-        lines = [
-            memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
-            for _, row in found
-        ]
+    async with _committed(core) as sql:
+        if edges:
+            found_edges = await sql.edges_after(reach, after, limit)
+            cursors = [seq for seq, _ in found_edges]
+            lines = [edge_line(edge) for _, edge in found_edges]
+        else:
+            found = await sql.rows_after(reach, after, limit)
+            cursors = [seq for seq, _ in found]
+            lines = await _memory_lines(sql, [row for _, row in found])
     text = [json.dumps(line, ensure_ascii=False) for line in lines]
     return text, (cursors[-1] if cursors else after), len(cursors) < limit
+
+
+async def _memory_lines(sql: TransferRows, rows: Sequence[MemoryRow]) -> list[dict[str, Any]]:
+    """Each row's line, with its vector, keys and history."""
+    ids = [row.id for row in rows]
+    vectors = await sql.vectors_of(ids)
+    keys = await sql.keys_of(ids)
+    history = await sql.history_of(ids)
+    return [
+        memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
+        for row in rows
+    ]
 
 
 @dataclass

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
 import numpy as np
 
 from services.store.model import AuditEntry, Edge, MemoryRow, Reach
-from services.store.pg.db import numbered
+from services.store.pg.db import Database, numbered
 from services.store.transfer_repo import (
     ADD_HISTORY,
     HISTORY_OF,
@@ -40,11 +41,22 @@ def _float32(vector: Any) -> bytes:
     return np.asarray(vector.to_numpy(), dtype="<f4").tobytes()
 
 
+@contextlib.asynccontextmanager
+async def one_snapshot(db: Database) -> AsyncIterator[PgTransfer]:
+    """TransferRows reading committed rows as of one moment, so the rows, vectors, keys and
+    history of an export's page agree while other replicas write."""
+    async with (
+        db.pool.acquire() as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        yield PgTransfer(conn)
+
+
 class PgTransfer:
-    """TransferRows on the pool (an export reads committed rows) or on the connection of the
+    """TransferRows on one connection: in a read-only snapshot for an export, or in the
     import's write transaction."""
 
-    def __init__(self, on: asyncpg.Pool | asyncpg.Connection) -> None:
+    def __init__(self, on: asyncpg.Connection) -> None:
         self._on = on
 
     async def _fetch(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
