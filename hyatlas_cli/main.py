@@ -61,7 +61,7 @@ async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
     target = Gateway.target(args.to)
     if target.url == gateway.url:
         raise GatewayError(f"--to {target.url} is the server being migrated")
-    models = [(await g.ok("GET", "/api/v1/status"))["embed"] for g in (gateway, target)]
+    models = [await _model(g) for g in (gateway, target)]
     if models[0] != models[1]:
         print(
             f"warning: {target.url} embeds with {models[1]}, not {models[0]}: every row will be "
@@ -71,6 +71,14 @@ async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
     code, reply = await gateway.copy_to(target)
     _print(reply)
     return 0 if code == 200 else 1
+
+
+async def _model(gateway: Gateway) -> str:
+    """The embedding model a server's vectors come from; a refusal names the server."""
+    try:
+        return str((await gateway.ok("GET", "/api/v1/status"))["embed"])
+    except GatewayError as exc:
+        raise GatewayError(f"{gateway.url}: {exc}") from None
 
 
 async def snapshot(gateway: Gateway, args: argparse.Namespace) -> int:
