@@ -98,12 +98,14 @@ async def search(
     text_index = BY_NAME[index]
     owned = _owned(text_index, reach)
     queries = await _plan(db, text_index, owned, terms, least)
+    # Every row is ranked by all the terms, whichever of them found it.
+    rank = _Query(tuple(terms), every=least >= len(terms))
     term_stems = [stem(t) for t in terms]
     # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
     limit = k + k // 4 + 8
     while True:
         ranked, more = await _ranked(
-            db, text_index, queries, owned, _filters(reach, layers, include_superseded), limit
+            db, text_index, queries, rank, owned, _filters(reach, layers, include_superseded), limit
         )
         found = []
         for row, text, score in ranked:
@@ -122,7 +124,7 @@ async def _plan(
     terms: Sequence[str],
     least: int,
 ) -> list[_Query]:
-    """The queries that find a search's candidates (a row's best rank among them counts)."""
+    """The queries that find a search's candidates (each ranked by all the terms after)."""
     if least >= len(terms):
         return [_Query(tuple(terms), every=True)]
     budget = keywords.POSTING_BUDGET
@@ -178,14 +180,16 @@ async def _ranked(
     db: Database,
     index: TextIndex,
     queries: Sequence[_Query],
+    rank: _Query,
     owned: tuple[list[str], list[Any]],
     filters: tuple[list[str], list[Any]],
     limit: int,
 ) -> tuple[list[tuple[MemoryRow, str, float]], bool]:
-    """Up to limit rows the queries find inside the filters, best rank first, each with its
-    indexed text, and whether a query may have more."""
+    """Up to limit rows the queries find inside the filters, best rank (by the rank query)
+    first, each with its indexed text, and whether a query may have more."""
     best: dict[int, tuple[MemoryRow, str, float]] = {}
     more = False
+    ranking, rank_terms = _tsquery(rank)
     for query in queries:
         tsquery, terms = _tsquery(query)
         window = [] if query.since is None else [query.since]
@@ -198,14 +202,13 @@ async def _ranked(
         rows = await db.fetch(
             # Normalization 1: a long text's rank is divided by the log of its length.
             f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, "
-            f"ts_rank_cd({index.terms}, {tsquery}, 1) AS score "
+            f"ts_rank_cd({index.terms}, {ranking}, 1) AS score "
             f"FROM {index.table} {index.join} {_where(where)} ORDER BY score DESC LIMIT ?",
-            *terms, *owned[1], *terms, *window, *filters[1], limit,
+            *rank_terms, *owned[1], *terms, *window, *filters[1], limit,
         )
         more = more or len(rows) == limit
         for r in rows:
             rowid, score = int(r[28]), float(r[29])
-            if rowid not in best or score > best[rowid][2]:
-                best[rowid] = (_row(r), str(r[27]), score)
+            best[rowid] = (_row(r), str(r[27]), score)
     ranked = sorted(best.values(), key=lambda hit: hit[2], reverse=True)
     return ranked[:limit], more
