@@ -37,6 +37,12 @@ class Gateway:
         base = url or environ.get("HYATLAS_SERVER_URL", "").strip() or DEFAULT_URL
         return cls(base.rstrip("/"), environ.get("HYATLAS_TOKEN", "").strip())
 
+    @classmethod
+    def target(cls, url: str, environ: Mapping[str, str] = os.environ) -> Gateway:
+        """The gateway a migration writes to, with its own token (HYATLAS_TO_TOKEN): the
+        source's is never sent to another server."""
+        return cls(url.rstrip("/"), environ.get("HYATLAS_TO_TOKEN", "").strip())
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
@@ -94,6 +100,38 @@ class Gateway:
         except aiohttp.ClientError as exc:
             raise GatewayError(f"import into {self.url} failed: {exc}") from None
 
+    async def copy_to(self, target: Gateway) -> tuple[int, Any]:
+        """Streams this gateway's export of every owner into target's import as it arrives,
+        with a progress bar counting lines; the import's status and reply."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=self._headers()) as source,
+                aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=target._headers()) as sink,
+                source.get(self.url + "/api/v1/export") as exported,
+            ):
+                if exported.status >= 400:
+                    body = await exported.json(content_type=None)
+                    raise GatewayError(f"export from {self.url}: {_error(exported.status, body)}")
+                with _lines_bar("migrate") as bar:
+                    async with sink.post(
+                        target.url + "/api/v1/import", data=_counted(exported.content, bar)
+                    ) as reply:
+                        body = await reply.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            raise GatewayError(
+                f"migration from {self.url} to {target.url} cut short ({exc}); run it again: "
+                "rows already moved are skipped"
+            ) from None
+        if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
+            raise GatewayError(f"import into {target.url}: {_error(reply.status, body)}")
+        return reply.status, body
+
+
+async def _counted(content: aiohttp.StreamReader, bar: tqdm[Any]) -> AsyncIterator[bytes]:
+    async for chunk in content.iter_chunked(CHUNK_BYTES):
+        bar.update(chunk.count(b"\n"))
+        yield chunk
+
 
 async def _read(path: Path, bar: tqdm[Any]) -> AsyncIterator[bytes]:
     with path.open("rb") as handle:
@@ -104,6 +142,10 @@ async def _read(path: Path, bar: tqdm[Any]) -> AsyncIterator[bytes]:
 
 def _bar(what: str, total: int | None) -> tqdm[Any]:
     return tqdm(total=total, desc=what, unit="B", unit_scale=True, file=sys.stderr)
+
+
+def _lines_bar(what: str) -> tqdm[Any]:
+    return tqdm(desc=what, unit=" lines", unit_scale=True, file=sys.stderr)
 
 
 def progress_bar(what: str, total: int) -> tqdm[Any]:

@@ -1,4 +1,5 @@
-"""hyatlas status | export | import | snapshot | reembed | doctor: one function a command."""
+"""hyatlas status | export | import | migrate | snapshot | reembed | doctor: one function a
+command."""
 
 from __future__ import annotations
 
@@ -52,6 +53,32 @@ async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
     code, reply = await gateway.import_from(Path(args.file), _owner(args))
     _print(reply)
     return 0 if code == 200 else 1
+
+
+async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
+    """Copies every owner's rows (vectors, keys, history) and edges into another server, such
+    as a new one on PostgreSQL; ids are kept, so running it again adds only what is new."""
+    target = Gateway.target(args.to)
+    if target.url == gateway.url:
+        raise GatewayError(f"--to {target.url} is the server being migrated")
+    models = [await _model(g) for g in (gateway, target)]
+    if models[0] != models[1]:
+        print(
+            f"warning: {target.url} embeds with {models[1]}, not {models[0]}: every row will be "
+            "embedded again there",
+            file=sys.stderr,
+        )
+    code, reply = await gateway.copy_to(target)
+    _print(reply)
+    return 0 if code == 200 else 1
+
+
+async def _model(gateway: Gateway) -> str:
+    """The embedding model a server's vectors come from; a refusal names the server."""
+    try:
+        return str((await gateway.ok("GET", "/api/v1/status"))["embed"])
+    except GatewayError as exc:
+        raise GatewayError(f"{gateway.url}: {exc}") from None
 
 
 async def snapshot(gateway: Gateway, args: argparse.Namespace) -> int:
@@ -122,6 +149,7 @@ COMMANDS: dict[str, Callable[[Gateway, argparse.Namespace], Coroutine[Any, Any, 
     "status": status,
     "export": export,
     "import": import_,
+    "migrate": migrate,
     "snapshot": snapshot,
     "reembed": reembed,
     "doctor": doctor,
@@ -140,6 +168,10 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--agent-id", default="", help="only this agent's memories")
     commands.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
     commands.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
+    command = commands.add_parser("migrate", help=migrate.__doc__)
+    command.add_argument(
+        "--to", required=True, help="the server to copy into (its token: $HYATLAS_TO_TOKEN)"
+    )
     commands.add_parser("snapshot", help=snapshot.__doc__)
     command = commands.add_parser("reembed", help=reembed.__doc__)
     command.add_argument("--every", type=float, default=1.0, help="seconds between checks")

@@ -14,6 +14,7 @@ from tests.support import ServiceProcess, StoreBackend, base_env, grpc_serving
 BOTH_BACKENDS = frozenset(
     {
         "test_store",
+        "test_transfer",
     }
 )
 

@@ -97,3 +97,9 @@ def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack) -> None:
     done = hyatlas(stack, "status", token="wrong")
     assert done.returncode == 2
     assert done.stderr.startswith("hyatlas status: HTTP 401: a valid bearer token is required")
+
+
+def test_migrating_a_server_into_itself_is_refused(stack: Stack) -> None:
+    done = hyatlas(stack, "migrate", "--to", stack.base_url + "/")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"hyatlas migrate: --to {stack.base_url} is the server")

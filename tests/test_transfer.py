@@ -29,8 +29,11 @@ def _stack(tmp_path_factory: pytest.TempPathFactory, name: str, embedder: str) -
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
-    with _stack(tmp_path_factory, "transfer-source", embedder_address) as stack:
+def source(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, store_backend: str
+) -> Iterator[Stack]:
+    # store_backend: one source a backend (the module runs on each in turn).
+    with _stack(tmp_path_factory, f"transfer-source-{store_backend}", embedder_address) as stack:
         yield stack
 
 

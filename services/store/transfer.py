@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from services.store import transfer_repo as sql
 from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import CLAUSE, own_keys
 from services.store.model import AuditEntry, MemoryRow, Reach
+from services.store.pg.repo import PgRepo
+from services.store.pg.transfer_repo import PgTransfer, one_snapshot
+from services.store.pg.writes import PgWrites
 from services.store.repo import row_json
 from services.store.transfer_format import (
     EdgeLine,
@@ -23,11 +27,29 @@ from services.store.transfer_format import (
     memory_line,
     parse_line,
 )
+from services.store.transfer_repo import SqliteTransfer, TransferRows
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError
 from shared.passages import Passage, spans_of
 
 IMPORT_REASON = "import"
+
+
+@contextlib.asynccontextmanager
+async def _committed(core: Core) -> AsyncIterator[TransferRows]:
+    """The export's SQL on the store's committed rows, in whichever backend holds them."""
+    if isinstance(core.repo, PgRepo):
+        async with one_snapshot(core.repo.db) as sql:
+            yield sql
+    else:
+        yield SqliteTransfer(core.sqlite("export").reader)
+
+
+def _within(w: Write) -> TransferRows:
+    """The import's SQL inside the write's transaction."""
+    if isinstance(w.tx, PgWrites):
+        return PgTransfer(w.tx.conn)
+    return SqliteTransfer(w.core.sqlite("import").writer)
 
 
 @dataclass
@@ -44,24 +66,29 @@ async def export_page(
 ) -> tuple[list[str], int, bool]:
     """Lines after the cursor, the cursor of the last one, and whether none follow."""
     limit = page_size(limit)
-    conn = core.sqlite("export").reader
-    if edges:
-        found_edges = await sql.edges_after(conn, reach, after, limit)
-        cursors = [seq for seq, _ in found_edges]
-        lines = [edge_line(edge) for _, edge in found_edges]
-    else:
-        found = await sql.rows_after(conn, reach, after, limit)
-        ids = [row.id for _, row in found]
-        vectors = await sql.vectors_of(conn, ids)
-        keys = await sql.keys_of(conn, ids)
-        history = await sql.history_of(conn, ids)
-        cursors = [seq for seq, _ in found]
-        lines = [
-            memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
-            for _, row in found
-        ]
+    async with _committed(core) as sql:
+        if edges:
+            found_edges = await sql.edges_after(reach, after, limit)
+            cursors = [seq for seq, _ in found_edges]
+            lines = [edge_line(edge) for _, edge in found_edges]
+        else:
+            found = await sql.rows_after(reach, after, limit)
+            cursors = [seq for seq, _ in found]
+            lines = await _memory_lines(sql, [row for _, row in found])
     text = [json.dumps(line, ensure_ascii=False) for line in lines]
     return text, (cursors[-1] if cursors else after), len(cursors) < limit
+
+
+async def _memory_lines(sql: TransferRows, rows: Sequence[MemoryRow]) -> list[dict[str, Any]]:
+    """Each row's line, with its vector, keys and history."""
+    ids = [row.id for row in rows]
+    vectors = await sql.vectors_of(ids)
+    keys = await sql.keys_of(ids)
+    history = await sql.history_of(ids)
+    return [
+        memory_line(row, vectors.get(row.id), keys.get(row.id, []), history.get(row.id, []))
+        for row in rows
+    ]
 
 
 @dataclass
@@ -165,11 +192,11 @@ async def import_lines(
     rows = _ready(memories, iter(fresh))
     edges = [item.edge for item in items if isinstance(item, EdgeLine)]
     done = Imported()
-    writer = core.sqlite("import").writer
     async with core.writing(actor or DEFAULT_ACTOR) as w:
+        sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
-        taken = await sql.existing_memory_ids(writer, [r.line.row.id for r in rows])
-        taken |= await sql.existing_edge_ids(writer, [e.id for e in edges])
+        taken = await sql.existing_memory_ids([r.line.row.id for r in rows])
+        taken |= await sql.existing_edge_ids([e.id for e in edges])
         after = _After()
         for row in rows:
             if row.line.row.id in taken:
@@ -178,8 +205,8 @@ async def import_lines(
             taken.add(row.line.row.id)
             await _write_row(w, row, after)
             done.imported += 1
-        await sql.add_context_keys(writer, after.context_keys)
-        await sql.add_history(writer, after.history)
+        await sql.add_context_keys(after.context_keys)
+        await sql.add_history(after.history)
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiosqlite
 
@@ -12,6 +13,7 @@ from services.store.model import AuditEntry, Edge, MemoryRow, Reach
 from services.store.repo import (
     _EDGE_COLUMNS,
     _M_COLUMNS,
+    _OWNER_KEY_OF,
     _edge,
     _edge_filters,
     _filters,
@@ -31,124 +33,189 @@ class StoredKey:
     vector: bytes | None
 
 
-def _ids_json(ids: Sequence[str]) -> str:
-    return json.dumps(list(ids))
+class TransferRows(Protocol):
+    """What export and import need of a backend besides rows.Rows and rows.Writes: an export
+    reads committed rows, an import reads and writes inside its own write transaction."""
+
+    async def rows_after(
+        self, reach: Reach, after: int, limit: int
+    ) -> list[tuple[int, MemoryRow]]:
+        """Rows (live or retired) inside the reach inserted after seq `after`, oldest first."""
+        ...
+
+    async def edges_after(self, reach: Reach, after: int, limit: int) -> list[tuple[int, Edge]]:
+        """Edges (live, stale or ended; never undone ones) inside the reach after seq `after`."""
+        ...
+
+    async def vectors_of(self, memory_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        """Each row's own vector: (model id, little-endian float32 bytes)."""
+        ...
+
+    async def keys_of(self, memory_ids: Sequence[str]) -> dict[str, list[StoredKey]]:
+        """Each row's extra keys, in the order they were made."""
+        ...
+
+    async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
+        """Each row's audit entries, oldest first."""
+        ...
+
+    async def existing_memory_ids(self, memory_ids: Sequence[str]) -> set[str]:
+        """The ids among memory_ids that a row has."""
+        ...
+
+    async def existing_edge_ids(self, edge_ids: Sequence[str]) -> set[str]:
+        """The ids among edge_ids that an edge has."""
+        ...
+
+    async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
+        """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
+        ...
+
+    async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Gives new rows their context keys as they were: (memory id, text)."""
+        ...
 
 
-async def rows_after(
-    conn: aiosqlite.Connection, reach: Reach, after: int, limit: int
-) -> list[tuple[int, MemoryRow]]:
-    """Rows (live or retired) inside the reach inserted after seq `after`, oldest first."""
-    where, params = _filters(reach)
-    where.append("m.seq > ?")
-    rows = await conn.execute_fetchall(
-        f"SELECT m.seq, {_M_COLUMNS} FROM memories m {_where(where)} ORDER BY m.seq LIMIT ?",
-        (*params, after, limit),
-    )
-    return [(r[0], _row(r[1:])) for r in rows]
-
-
-async def edges_after(
-    conn: aiosqlite.Connection, reach: Reach, after: int, limit: int
-) -> list[tuple[int, Edge]]:
-    """Edges (live, stale or ended; never undone ones) inside the reach after seq `after`."""
-    where, params = _edge_filters(reach)
-    where.append("seq > ?")
-    rows = await conn.execute_fetchall(
-        f"SELECT seq, {_EDGE_COLUMNS} FROM graph_edges WHERE {' AND '.join(where)} "
-        "ORDER BY seq LIMIT ?",
-        (*params, after, limit),
-    )
-    return [(r[0], _edge(r[1:])) for r in rows]
-
-
-def _float32(blob: bytes) -> bytes:
+def float32(blob: bytes) -> bytes:
     """A stored vector (half precision, or float32 in an older store) as float32 bytes."""
     return unblob(blob).astype("<f4").tobytes()
 
 
-async def vectors_of(
-    conn: aiosqlite.Connection, memory_ids: Sequence[str]
-) -> dict[str, tuple[str, bytes]]:
-    """Each row's own vector: (model id, little-endian float32 bytes)."""
-    rows = await conn.execute_fetchall(
-        "SELECT memory_id, model_id, vector FROM vectors "
-        "WHERE memory_id IN (SELECT value FROM json_each(?))",
-        (_ids_json(memory_ids),),
-    )
-    return {r[0]: (r[1], _float32(r[2])) for r in rows}
+# The statements both backends share, with SQLite's `?` (pg.db.numbered makes them asyncpg's);
+# {among} is how a backend matches a column against a list of ids.
+ROWS_AFTER = "SELECT m.seq, {columns} FROM memories m {where} ORDER BY m.seq LIMIT ?"
+EDGES_AFTER = "SELECT seq, {columns} FROM graph_edges WHERE {where} ORDER BY seq LIMIT ?"
+VECTORS_OF = "SELECT memory_id, model_id, vector FROM vectors WHERE memory_id {among}"
+KEYS_OF = (
+    "SELECT memory_id, kind, text, model_id, vector FROM memory_keys WHERE memory_id {among} "
+    "ORDER BY key"
+)
+HISTORY_OF = (
+    "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason FROM audit "
+    "WHERE memory_id {among} ORDER BY seq"
+)
+IDS_AMONG = "SELECT id FROM {table} WHERE id {among}"
+ADD_HISTORY = (
+    "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
+    "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
-async def keys_of(
-    conn: aiosqlite.Connection, memory_ids: Sequence[str]
+def rows_after_sql(reach: Reach, after: int, limit: int) -> tuple[str, list[Any]]:
+    """The page of rows after a cursor: statement and parameters."""
+    where, params = _filters(reach)
+    where.append("m.seq > ?")
+    return ROWS_AFTER.format(columns=_M_COLUMNS, where=_where(where)), [*params, after, limit]
+
+
+def edges_after_sql(reach: Reach, after: int, limit: int) -> tuple[str, list[Any]]:
+    """The page of edges after a cursor: statement and parameters."""
+    where, params = _edge_filters(reach)
+    where.append("seq > ?")
+    sql = EDGES_AFTER.format(columns=_EDGE_COLUMNS, where=" AND ".join(where))
+    return sql, [*params, after, limit]
+
+
+def page_rows(rows: Iterable[Sequence[Any]]) -> list[tuple[int, MemoryRow]]:
+    """(seq, row) of each result of ROWS_AFTER."""
+    return [(r[0], _row(r[1:])) for r in rows]
+
+
+def page_edges(rows: Iterable[Sequence[Any]]) -> list[tuple[int, Edge]]:
+    """(seq, edge) of each result of EDGES_AFTER."""
+    return [(r[0], _edge(r[1:])) for r in rows]
+
+
+def keys_by_memory(
+    rows: Iterable[Sequence[Any]], float32: Callable[[Any], bytes]
 ) -> dict[str, list[StoredKey]]:
-    """Each row's extra keys, in the order they were made."""
-    rows = await conn.execute_fetchall(
-        "SELECT memory_id, kind, text, model_id, vector FROM memory_keys "
-        "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY key",
-        (_ids_json(memory_ids),),
-    )
+    """The results of KEYS_OF by memory id, each vector made float32 bytes by float32."""
     found: dict[str, list[StoredKey]] = {}
     for memory_id, kind, text, model_id, vector in rows:
-        blob = None if vector is None else _float32(vector)
+        blob = None if vector is None else float32(vector)
         found.setdefault(memory_id, []).append(StoredKey(kind, text, model_id, blob))
     return found
 
 
-async def history_of(
-    conn: aiosqlite.Connection, memory_ids: Sequence[str]
-) -> dict[str, list[AuditEntry]]:
-    """Each row's audit entries, oldest first."""
-    rows = await conn.execute_fetchall(
-        "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason FROM audit "
-        "WHERE memory_id IN (SELECT value FROM json_each(?)) ORDER BY seq",
-        (_ids_json(memory_ids),),
-    )
+def history_by_memory(rows: Iterable[Sequence[Any]]) -> dict[str, list[AuditEntry]]:
+    """The results of HISTORY_OF by memory id."""
     found: dict[str, list[AuditEntry]] = {}
     for r in rows:
         found.setdefault(r[4], []).append(AuditEntry(*r))
     return found
 
 
-async def existing_memory_ids(conn: aiosqlite.Connection, memory_ids: Sequence[str]) -> set[str]:
-    """The ids among memory_ids that a row has."""
-    rows = await conn.execute_fetchall(
-        "SELECT id FROM memories WHERE id IN (SELECT value FROM json_each(?))",
-        (_ids_json(memory_ids),),
-    )
-    return {r[0] for r in rows}
+def history_params(entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> list[tuple[Any, ...]]:
+    """ADD_HISTORY's parameters, one tuple an entry."""
+    return [
+        (
+            e.at, e.actor, e.action, row.id, row.user_id, row.agent_id, e.before_json,
+            e.after_json, e.reason,
+        )
+        for row, e in entries
+    ]
 
 
-async def existing_edge_ids(conn: aiosqlite.Connection, edge_ids: Sequence[str]) -> set[str]:
-    """The ids among edge_ids that an edge has."""
-    rows = await conn.execute_fetchall(
-        "SELECT id FROM graph_edges WHERE id IN (SELECT value FROM json_each(?))",
-        (_ids_json(edge_ids),),
-    )
-    return {r[0] for r in rows}
+# SQLite: a list of ids is one JSON parameter; a context key carries its memory's owner key
+# (for the owner-scoped keyword index).
+_AMONG = "IN (SELECT value FROM json_each(?))"
+_ADD_CONTEXT_KEY = (
+    "INSERT INTO memory_keys (memory_id, kind, text, owner_key) "
+    f"VALUES (?, 'context', ?, {_OWNER_KEY_OF})"
+)
 
 
-async def add_history(
-    conn: aiosqlite.Connection, entries: Sequence[tuple[MemoryRow, AuditEntry]]
-) -> None:
-    """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
-    await conn.executemany(
-        "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
-        "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                e.at, e.actor, e.action, row.id, row.user_id, row.agent_id, e.before_json,
-                e.after_json, e.reason,
-            )
-            for row, e in entries
-        ],
-    )
+class SqliteTransfer:
+    """TransferRows on one SQLite connection: the reader for an export, the writer (inside the
+    import's transaction) for an import."""
 
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
 
-async def add_context_keys(
-    conn: aiosqlite.Connection, keys: Sequence[tuple[str, str]]
-) -> None:
-    """Gives new rows their context keys as they were: (memory id, text)."""
-    await conn.executemany(
-        "INSERT INTO memory_keys (memory_id, kind, text) VALUES (?, 'context', ?)", keys
-    )
+    async def rows_after(
+        self, reach: Reach, after: int, limit: int
+    ) -> list[tuple[int, MemoryRow]]:
+        """Rows (live or retired) inside the reach inserted after seq `after`, oldest first."""
+        sql, params = rows_after_sql(reach, after, limit)
+        return page_rows(await self._conn.execute_fetchall(sql, params))
+
+    async def edges_after(self, reach: Reach, after: int, limit: int) -> list[tuple[int, Edge]]:
+        """Edges (live, stale or ended; never undone ones) inside the reach after seq `after`."""
+        sql, params = edges_after_sql(reach, after, limit)
+        return page_edges(await self._conn.execute_fetchall(sql, params))
+
+    async def _among(self, sql: str, ids: Sequence[str], **names: str) -> Iterable[Any]:
+        return await self._conn.execute_fetchall(
+            sql.format(among=_AMONG, **names), (json.dumps(list(ids)),)
+        )
+
+    async def vectors_of(self, memory_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
+        """Each row's own vector: (model id, little-endian float32 bytes)."""
+        rows = await self._among(VECTORS_OF, memory_ids)
+        return {r[0]: (r[1], float32(r[2])) for r in rows}
+
+    async def keys_of(self, memory_ids: Sequence[str]) -> dict[str, list[StoredKey]]:
+        """Each row's extra keys, in the order they were made."""
+        return keys_by_memory(await self._among(KEYS_OF, memory_ids), float32)
+
+    async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
+        """Each row's audit entries, oldest first."""
+        return history_by_memory(await self._among(HISTORY_OF, memory_ids))
+
+    async def existing_memory_ids(self, memory_ids: Sequence[str]) -> set[str]:
+        """The ids among memory_ids that a row has."""
+        return {r[0] for r in await self._among(IDS_AMONG, memory_ids, table="memories")}
+
+    async def existing_edge_ids(self, edge_ids: Sequence[str]) -> set[str]:
+        """The ids among edge_ids that an edge has."""
+        return {r[0] for r in await self._among(IDS_AMONG, edge_ids, table="graph_edges")}
+
+    async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
+        """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
+        await self._conn.executemany(ADD_HISTORY, history_params(entries))
+
+    async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Gives new rows their context keys as they were: (memory id, text)."""
+        await self._conn.executemany(
+            _ADD_CONTEXT_KEY, [(memory_id, text, memory_id) for memory_id, text in keys]
+        )
