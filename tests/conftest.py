@@ -13,6 +13,18 @@ from tests.support import ServiceProcess, StoreBackend, base_env, grpc_serving
 # The suites that run once on each store backend: SQLite, then PostgreSQL with pgvector.
 BOTH_BACKENDS = frozenset(
     {
+        "test_consolidator",
+        "test_consolidator_cross",
+        "test_consolidator_pages",
+        "test_consolidator_store",
+        "test_extractor",
+        "test_extractor_catchup",
+        "test_extractor_living",
+        "test_idempotency",
+        "test_search_first_person",
+        "test_search_graph",
+        "test_search_recall",
+        "test_search_service",
         "test_store",
         "test_transfer",
     }
@@ -22,7 +34,9 @@ BOTH_BACKENDS = frozenset(
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Runs every test of a BOTH_BACKENDS module on each backend, module by module."""
     if metafunc.module.__name__.rsplit(".", 1)[-1] in BOTH_BACKENDS:
-        metafunc.parametrize("store_backend", ["sqlite", "postgres"], indirect=True, scope="module")
+        only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        backends = ["sqlite"] if only_sqlite else ["sqlite", "postgres"]
+        metafunc.parametrize("store_backend", backends, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="session")

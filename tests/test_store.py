@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from services.store import fulltext
+from services.store import keywords
 from services.store.config import StoreConfig
 from services.store.reembed import ReembedPlan
 from services.store.server import running_server
@@ -338,7 +338,7 @@ async def test_a_scope_reaches_every_user_of_its_alias_group(
 async def test_a_relaxed_search_past_the_budget_ranks_the_newest_rows_and_rare_terms_anywhere(
     store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fulltext, "POSTING_BUDGET", 3)
+    monkeypatch.setattr(keywords, "POSTING_BUDGET", 3)
     await apply(store, insert("tulips in a garden", user="bob"), user="bob")
     names = {}
     for text in ("garden tulips", "garden hose", "garden shed", "garden gnome", "garden bench"):
@@ -354,6 +354,7 @@ async def test_a_relaxed_search_past_the_budget_ranks_the_newest_rows_and_rare_t
     assert [h.hit.memory.content for h in reply.hits][0] == "garden tulips"
 
 
+@pytest.mark.sqlite_only
 async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     tmp_path: Path, embedder_address: str
 ) -> None:
@@ -587,6 +588,7 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
     assert raw.extraction_status == "pending"
 
 
+@pytest.mark.sqlite_only
 async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
@@ -619,6 +621,7 @@ async def test_an_index_behind_sqlite_is_caught_up_at_start(
         assert [h.memory.id for h in hits] == [new.id]
 
 
+@pytest.mark.sqlite_only
 async def test_flush_folds_the_write_ahead_log_into_the_database(
     tmp_path: Path, embedder_address: str
 ) -> None:
@@ -631,6 +634,7 @@ async def test_flush_folds_the_write_ahead_log_into_the_database(
         assert len(await listed(stub)) == 20
 
 
+@pytest.mark.sqlite_only
 async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
@@ -658,6 +662,7 @@ async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
 EVERYONE = common_pb2.Scope(all_users=True)
 
 
+@pytest.mark.sqlite_only
 async def test_a_store_built_with_a_model_the_embedder_cannot_run_is_re_embedded_first(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:

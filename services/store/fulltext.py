@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.store.keywords import POSTING_BUDGET, finding_terms, matched_terms, stem
+from services.store import keywords
+from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
 
 if TYPE_CHECKING:
@@ -156,14 +157,14 @@ async def _plan(
     if least >= len(terms):
         return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True, kept=kept)
     postings = await _counts(repo, index, [f"{owner}{p}" for p in phrases])
-    chosen = finding_terms(postings, least, POSTING_BUDGET)
+    chosen = finding_terms(postings, least, keywords.POSTING_BUDGET)
     match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
-    if sum(postings[i] for i in chosen) <= POSTING_BUDGET:
+    if sum(postings[i] for i in chosen) <= keywords.POSTING_BUDGET:
         return _Plan((_Query(match),), exact=False, kept=kept)
     # Too many postings: all the terms among the newest rows, and the rarest terms (those
     # that fit the budget) among all rows, so an old row holding a rare term is still found.
     newest = _Query(match, await _newest_from(repo, index, match))
-    rare = finding_terms(postings, 1, POSTING_BUDGET, rarest=False)
+    rare = finding_terms(postings, 1, keywords.POSTING_BUDGET, rarest=False)
     if not rare:
         return _Plan((newest,), exact=False, kept=kept)
     everywhere = _Query(f"{owner}({' OR '.join(phrases[i] for i in rare)})")
@@ -184,7 +185,7 @@ async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
     rows = await repo.text_reader.execute_fetchall(
         f"SELECT rowid FROM {index.table} WHERE {index.table} MATCH ? "
         "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (match, POSTING_BUDGET - 1),
+        (match, keywords.POSTING_BUDGET - 1),
     )
     return next((int(r[0]) for r in rows), None)
 

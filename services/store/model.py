@@ -49,7 +49,9 @@ class Reach:
         where: list[str] = []
         params: list[str] = []
         for column, values in (("user_id", self.user_ids), ("agent_id", self.agent_ids)):
-            if values is not None:
+            if values is not None and not values:
+                where.append("1 = 0")  # reaches no one (PostgreSQL refuses an empty IN list)
+            elif values is not None:
                 where.append(f"{prefix}{column} IN ({','.join('?' * len(values))})")
                 params.extend(values)
         if self.agent_id:

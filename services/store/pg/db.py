@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
 from pgvector.asyncpg import register_vector
 
 from services.store.pg.schema import create_or_migrate
+from shared.errors import InvalidArgument
 
 # The project's advisory lock ids live in one place (schema.SCHEMA_LOCK is the first).
 WRITE_LOCK = 0x4859_0002
@@ -33,6 +34,16 @@ def numbered(sql: str) -> str:
 def redacted_dsn(dsn: str) -> str:
     """The DSN without its password, for logs and errors."""
     return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
+
+
+@contextlib.contextmanager
+def text_checked() -> Iterator[None]:
+    """PostgreSQL cannot hold a NUL character in text, which SQLite and protobuf strings can:
+    a statement refused for one is the caller's error, not the server's."""
+    try:
+        yield
+    except asyncpg.CharacterNotInRepertoireError:
+        raise InvalidArgument("text may not hold a NUL character") from None
 
 
 class Database:
@@ -71,15 +82,18 @@ class Database:
 
     async def fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         """The rows of one read (with `?` placeholders)."""
-        return await self.pool.fetch(numbered(sql), *params)
+        with text_checked():
+            return await self.pool.fetch(numbered(sql), *params)
 
     async def fetchval(self, sql: str, *params: Any) -> Any:
         """The first column of the first row of one read."""
-        return await self.pool.fetchval(numbered(sql), *params)
+        with text_checked():
+            return await self.pool.fetchval(numbered(sql), *params)
 
     async def execute(self, sql: str, *params: Any) -> str:
         """One statement outside any transaction of the caller's."""
-        return await self.pool.execute(numbered(sql), *params)
+        with text_checked():
+            return await self.pool.execute(numbered(sql), *params)
 
     @contextlib.asynccontextmanager
     async def writing(self) -> AsyncIterator[asyncpg.Connection]:
@@ -87,4 +101,5 @@ class Database:
         block succeeds, rolled back otherwise (a cancelled caller included)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
-            yield conn
+            with text_checked():
+                yield conn

@@ -37,6 +37,11 @@ class PgWrites:
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
 
+    @property
+    def conn(self) -> asyncpg.Connection:
+        """The transaction's connection, for SQL of the rooms beside the rows (import's)."""
+        return self._conn
+
     async def _fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         return await self._conn.fetch(numbered(sql), *params)
 
