@@ -912,3 +912,22 @@ async def test_a_turn_found_by_search_names_the_turn_it_follows_in_its_sitting(
     assert follows[question.id] == ""
     vector = {h.memory.id: h.follows_id for h in await vector_hits(store, embedder, "Woodhaven")}
     assert vector[answer.id] == question.id
+
+
+async def test_a_nul_character_is_kept_by_sqlite_and_refused_by_postgresql(
+    store: store_pb2_grpc.StoreStub, store_backend: str
+) -> None:
+    """PostgreSQL text cannot hold NUL: there the write is the caller's error and changes
+    nothing (the other insert of the same Apply included); SQLite keeps the text as sent."""
+    ops = (insert("kept before"), insert("a\x00b"))
+    if store_backend == "sqlite":
+        await apply(store, *ops)
+        assert sorted(await listed(store)) == ["a\x00b", "kept before"]
+        return
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await apply(store, *ops)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "NUL" in (caught.value.details() or "")
+    assert await listed(store) == []
+    reply = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="a\x00b"))
+    assert list(reply.hits) == []
