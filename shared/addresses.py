@@ -6,8 +6,14 @@ import ipaddress
 from pathlib import Path
 
 LOAD_BALANCING = ("grpc.lb_policy_name", "round_robin")
-"""Channel option: each call goes to the next connected endpoint the target resolves to (a list
-of replicas, or a DNS name with several addresses); an endpoint that drops out is skipped."""
+"""Channel option for a list of replicas: each call goes to the next connected endpoint; an
+endpoint that drops out is skipped. A single endpoint keeps gRPC's default (pick_first), which
+waits through a restart of the one server rather than failing calls while it reconnects."""
+
+
+def balancing(address: str) -> list[tuple[str, str]]:
+    """The channel options that spread an address's calls: LOAD_BALANCING for a list."""
+    return [LOAD_BALANCING] if len(endpoints(address)) > 1 else []
 
 
 def endpoints(address: str) -> list[str]:
@@ -35,7 +41,7 @@ def channel_target(address: str) -> str:
     resolvers take for several addresses (unix:P1,P2 / ipv4:H1:P1,H2:P2 / ipv6:[H1]:P1,[H2]:P2).
 
     ValueError says why a list cannot be one target: unix sockets and TCP mixed, a DNS name (it
-    may stand alone, and then all its addresses take turns), or IPv4 and IPv6 mixed.
+    may stand alone, as one endpoint), or IPv4 and IPv6 mixed.
     """
     entries = endpoints(address)
     if len(entries) == 1:

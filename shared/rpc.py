@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from shared.addresses import LOAD_BALANCING, channel_target, unix_path
+from shared.addresses import balancing, channel_target, unix_path
 from shared.errors import ServiceError, error_for_status
 from shared.grants import CURRENT_GRANT, Grant
 from shared.pb import introspect_pb2, introspect_pb2_grpc
@@ -350,7 +350,7 @@ def open_channel(address: str, token: str = "") -> grpc.aio.Channel:
     grant of the call being served."""
     return grpc.aio.insecure_channel(
         channel_target(address),
-        options=[*CHANNEL_OPTIONS, LOAD_BALANCING],
+        options=[*CHANNEL_OPTIONS, *balancing(address)],
         interceptors=[_CallMetadata(token)],
     )
 

@@ -510,6 +510,31 @@ ERASE_KEEPS = (
 )
 
 
+async def replacement_chains(
+    ids: Sequence[str],
+    depth: int,
+    replacing: Callable[[list[str]], Awaitable[Iterable[Sequence[Any]]]],
+) -> dict[str, list[MemoryRow]]:
+    """For each id, the rows it replaced (and they in turn replaced), newest first, up to depth
+    steps back; `replacing` gives the rows (columns as _COLUMNS) superseded by any of a list of
+    ids, newest retirement first."""
+    chains: dict[str, list[MemoryRow]] = {}
+    frontier = {memory_id: memory_id for memory_id in ids}
+    for _ in range(depth):
+        if not frontier:
+            break
+        following: dict[str, str] = {}
+        for r in await replacing(list(frontier)):
+            old = _row(r)
+            root = frontier[old.superseded_by]
+            chain = chains.setdefault(root, [])
+            if all(old.id != seen.id for seen in chain) and old.id != root:
+                chain.append(old)
+                following[old.id] = root
+        frontier = following
+    return chains
+
+
 def _erased(row_json: str) -> str:
     """An audit entry's row JSON with only the ERASE_KEEPS fields left."""
     if not row_json:
@@ -797,27 +822,16 @@ class Repo:
 
     async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
         """For each id, the rows it replaced (and they in turn replaced), newest first."""
-        chains: dict[str, list[MemoryRow]] = {}
-        frontier = {memory_id: memory_id for memory_id in ids}
-        for _ in range(depth):
-            if not frontier:
-                break
-            rows = await self.reader.execute_fetchall(
+
+        async def replacing(frontier: list[str]) -> Iterable[Sequence[Any]]:
+            return await self.reader.execute_fetchall(
                 # "!= ''" lets the partial index on superseded_by serve (not a scan of every row).
                 f"SELECT {_COLUMNS} FROM memories WHERE superseded_by != '' AND superseded_by IN "
                 "(SELECT value FROM json_each(?)) ORDER BY invalid_at DESC, seq DESC",
-                (json.dumps(list(frontier)),),
+                (json.dumps(frontier),),
             )
-            following: dict[str, str] = {}
-            for r in rows:
-                old = _row(r)
-                root = frontier[old.superseded_by]
-                chain = chains.setdefault(root, [])
-                if all(old.id != seen.id for seen in chain) and old.id != root:
-                    chain.append(old)
-                    following[old.id] = root
-            frontier = following
-        return chains
+
+        return await replacement_chains(ids, depth, replacing)
 
     async def turns_followed(
         self, ids: Sequence[str], layers: Sequence[str], gap_s: float

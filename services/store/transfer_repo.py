@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import aiosqlite
 
@@ -13,7 +14,6 @@ from services.store.model import AuditEntry, Edge, MemoryRow, Reach
 from services.store.repo import (
     _EDGE_COLUMNS,
     _M_COLUMNS,
-    _OWNER_KEY_OF,
     _edge,
     _edge_filters,
     _filters,
@@ -33,47 +33,80 @@ class StoredKey:
     vector: bytes | None
 
 
-class TransferRows(Protocol):
+class TransferRows(ABC):
     """What export and import need of a backend besides rows.Rows and rows.Writes: an export
-    reads committed rows, an import reads and writes inside its own write transaction."""
+    reads committed rows, an import reads and writes inside its own write transaction. The SQL
+    is written once, with `?` placeholders; a backend gives how it runs it."""
+
+    AMONG: str
+    """The SQL after a column that keeps the ids of one list parameter."""
+    ADD_CONTEXT_KEY: str
+    """Inserts one context key (text, memory id) with the owner its backend keeps on keys."""
+
+    @abstractmethod
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        """The rows of one statement."""
+
+    @abstractmethod
+    async def _execute_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        """One statement run for each parameter tuple."""
+
+    @abstractmethod
+    def _ids(self, ids: Sequence[str]) -> Any:
+        """A list of ids as the one parameter AMONG takes."""
+
+    @staticmethod
+    @abstractmethod
+    def _float32(vector: Any) -> bytes:
+        """A stored vector as read back, as little-endian float32 bytes."""
+
+    async def _among(self, sql: str, ids: Sequence[str], **names: str) -> Iterable[Any]:
+        return await self._fetch(sql.format(among=self.AMONG, **names), (self._ids(ids),))
 
     async def rows_after(
         self, reach: Reach, after: int, limit: int
     ) -> list[tuple[int, MemoryRow]]:
         """Rows (live or retired) inside the reach inserted after seq `after`, oldest first."""
-        ...
+        sql, params = rows_after_sql(reach, after, limit)
+        return page_rows(await self._fetch(sql, params))
 
     async def edges_after(self, reach: Reach, after: int, limit: int) -> list[tuple[int, Edge]]:
         """Edges (live, stale or ended; never undone ones) inside the reach after seq `after`."""
-        ...
+        sql, params = edges_after_sql(reach, after, limit)
+        return page_edges(await self._fetch(sql, params))
 
     async def vectors_of(self, memory_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         """Each row's own vector: (model id, little-endian float32 bytes)."""
-        ...
+        rows = await self._among(VECTORS_OF, memory_ids)
+        return {r[0]: (r[1], self._float32(r[2])) for r in rows}
 
     async def keys_of(self, memory_ids: Sequence[str]) -> dict[str, list[StoredKey]]:
         """Each row's extra keys, in the order they were made."""
-        ...
+        return keys_by_memory(await self._among(KEYS_OF, memory_ids), self._float32)
 
     async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
         """Each row's audit entries, oldest first."""
-        ...
+        return history_by_memory(await self._among(HISTORY_OF, memory_ids))
 
     async def existing_memory_ids(self, memory_ids: Sequence[str]) -> set[str]:
         """The ids among memory_ids that a row has."""
-        ...
+        return {r[0] for r in await self._among(IDS_AMONG, memory_ids, table="memories")}
 
     async def existing_edge_ids(self, edge_ids: Sequence[str]) -> set[str]:
         """The ids among edge_ids that an edge has."""
-        ...
+        return {r[0] for r in await self._among(IDS_AMONG, edge_ids, table="graph_edges")}
 
     async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
         """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
-        ...
+        if entries:
+            await self._execute_many(ADD_HISTORY, history_params(entries))
 
     async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
         """Gives new rows their context keys as they were: (memory id, text)."""
-        ...
+        if keys:
+            await self._execute_many(
+                self.ADD_CONTEXT_KEY, [(text, memory_id) for memory_id, text in keys]
+            )
 
 
 def float32(blob: bytes) -> bytes:
@@ -156,66 +189,29 @@ def history_params(entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> list[tupl
     ]
 
 
-# SQLite: a list of ids is one JSON parameter; a context key carries its memory's owner key
-# (for the owner-scoped keyword index).
-_AMONG = "IN (SELECT value FROM json_each(?))"
-_ADD_CONTEXT_KEY = (
-    "INSERT INTO memory_keys (memory_id, kind, text, owner_key) "
-    f"VALUES (?, 'context', ?, {_OWNER_KEY_OF})"
-)
-
-
-class SqliteTransfer:
+class SqliteTransfer(TransferRows):
     """TransferRows on one SQLite connection: the reader for an export, the writer (inside the
-    import's transaction) for an import."""
+    import's transaction) for an import. A list of ids is one JSON parameter; a context key
+    carries its memory's owner key (for the owner-scoped keyword index)."""
+
+    AMONG = "IN (SELECT value FROM json_each(?))"
+    ADD_CONTEXT_KEY = (
+        "INSERT INTO memory_keys (memory_id, kind, text, owner_key) "
+        "SELECT id, 'context', ?, owner_key FROM memories WHERE id = ?"
+    )
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
 
-    async def rows_after(
-        self, reach: Reach, after: int, limit: int
-    ) -> list[tuple[int, MemoryRow]]:
-        """Rows (live or retired) inside the reach inserted after seq `after`, oldest first."""
-        sql, params = rows_after_sql(reach, after, limit)
-        return page_rows(await self._conn.execute_fetchall(sql, params))
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        return await self._conn.execute_fetchall(sql, params)
 
-    async def edges_after(self, reach: Reach, after: int, limit: int) -> list[tuple[int, Edge]]:
-        """Edges (live, stale or ended; never undone ones) inside the reach after seq `after`."""
-        sql, params = edges_after_sql(reach, after, limit)
-        return page_edges(await self._conn.execute_fetchall(sql, params))
+    async def _execute_many(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        await self._conn.executemany(sql, params)
 
-    async def _among(self, sql: str, ids: Sequence[str], **names: str) -> Iterable[Any]:
-        return await self._conn.execute_fetchall(
-            sql.format(among=_AMONG, **names), (json.dumps(list(ids)),)
-        )
+    def _ids(self, ids: Sequence[str]) -> Any:
+        return json.dumps(list(ids))
 
-    async def vectors_of(self, memory_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
-        """Each row's own vector: (model id, little-endian float32 bytes)."""
-        rows = await self._among(VECTORS_OF, memory_ids)
-        return {r[0]: (r[1], float32(r[2])) for r in rows}
-
-    async def keys_of(self, memory_ids: Sequence[str]) -> dict[str, list[StoredKey]]:
-        """Each row's extra keys, in the order they were made."""
-        return keys_by_memory(await self._among(KEYS_OF, memory_ids), float32)
-
-    async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
-        """Each row's audit entries, oldest first."""
-        return history_by_memory(await self._among(HISTORY_OF, memory_ids))
-
-    async def existing_memory_ids(self, memory_ids: Sequence[str]) -> set[str]:
-        """The ids among memory_ids that a row has."""
-        return {r[0] for r in await self._among(IDS_AMONG, memory_ids, table="memories")}
-
-    async def existing_edge_ids(self, edge_ids: Sequence[str]) -> set[str]:
-        """The ids among edge_ids that an edge has."""
-        return {r[0] for r in await self._among(IDS_AMONG, edge_ids, table="graph_edges")}
-
-    async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
-        """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
-        await self._conn.executemany(ADD_HISTORY, history_params(entries))
-
-    async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
-        """Gives new rows their context keys as they were: (memory id, text)."""
-        await self._conn.executemany(
-            _ADD_CONTEXT_KEY, [(memory_id, text, memory_id) for memory_id, text in keys]
-        )
+    @staticmethod
+    def _float32(vector: Any) -> bytes:
+        return float32(vector)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from pgvector import HalfVector
@@ -31,6 +32,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    replacement_chains,
 )
 
 # SQLite orders text by its bytes; PostgreSQL by the database's collation unless told.
@@ -170,27 +172,16 @@ class PgRepo:
 
     async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
         """For each id, the rows it replaced (and they in turn replaced), newest first."""
-        chains: dict[str, list[MemoryRow]] = {}
-        frontier = {memory_id: memory_id for memory_id in ids}
-        for _ in range(depth):
-            if not frontier:
-                break
-            rows = await self.db.fetch(
+
+        async def replacing(frontier: list[str]) -> Iterable[Sequence[Any]]:
+            return await self.db.fetch(
                 # "!= ''" lets the partial index on superseded_by serve; NULLS LAST as in SQLite.
                 f"SELECT {_COLUMNS} FROM memories WHERE superseded_by != '' "
                 "AND superseded_by = ANY(?::text[]) ORDER BY invalid_at DESC NULLS LAST, seq DESC",
-                list(frontier),
+                frontier,
             )
-            following: dict[str, str] = {}
-            for r in rows:
-                old = _row(r)
-                root = frontier[old.superseded_by]
-                chain = chains.setdefault(root, [])
-                if all(old.id != seen.id for seen in chain) and old.id != root:
-                    chain.append(old)
-                    following[old.id] = root
-            frontier = following
-        return chains
+
+        return await replacement_chains(ids, depth, replacing)
 
     async def turns_followed(
         self, ids: Sequence[str], layers: Sequence[str], gap_s: float
