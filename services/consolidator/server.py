@@ -15,6 +15,7 @@ from services.consolidator.passes import Busy, Consolidator
 from services.consolidator.servicer import ConsolidatorServicer
 from shared.clients import EmbedderClient
 from shared.errors import ServiceError
+from shared.leases import LeasePolicy, Leases
 from shared.llm import llm_client
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
@@ -70,12 +71,14 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
         stack.push_async_callback(embedder_channel.close)
         await wait_serving(config.store_address, timeout_s=config.store_wait_s)
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
+        store = GraphStoreClient(store_channel, timeout_s=120.0)
         consolidator = Consolidator(
             config,
-            GraphStoreClient(store_channel, timeout_s=120.0),
+            store,
             EmbedderClient(embedder_channel),
             llm_client(config.llm),
             config.user_aliases.canonical,
+            Leases(store, LeasePolicy(config.lease_ttl_s, config.lease_poll_s)),
         )
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")
 
