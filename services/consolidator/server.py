@@ -38,11 +38,7 @@ def pass_metrics(consolidator: Consolidator) -> Iterator[Metric]:
 
 async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -> None:
     """A catch-up pass at start when clusters are due, then one every EVERY (CATCHUP while due)."""
-    try:
-        due = await consolidator.pending()
-    except ServiceError as exc:
-        log.warning("could not survey the clusters at start: %s", exc.message)
-        due = 0
+    due = await due_at_start(consolidator, config)
     wait = 0.0 if due else config.every_s
     if due:
         log.info("%d clusters are due: starting with a catch-up pass", due)
@@ -59,6 +55,20 @@ async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -
             continue
         pending = report.clusters_pending > 0
         wait = (config.catchup_s or config.every_s) if pending else config.every_s
+
+
+async def due_at_start(consolidator: Consolidator, config: ConsolidatorConfig) -> int:
+    """How many clusters are due at start. While another replica holds the pass lease this asks
+    again every lease ttl: a replica killed mid-pass has lost it by then."""
+    while True:
+        try:
+            return await consolidator.pending()
+        except Busy as exc:
+            log.info("clusters are surveyed once the pass lease is free: %s", exc.message)
+            await asyncio.sleep(config.lease_ttl_s)
+        except ServiceError as exc:
+            log.warning("could not survey the clusters at start: %s", exc.message)
+            return 0
 
 
 @contextlib.asynccontextmanager
