@@ -49,10 +49,12 @@ class Store:
         data_dir: Path,
         exact_up_to: int = EXACT_UP_TO,
         snapshot_plan: SnapshotPlan | None = None,
+        location: str = "",
     ) -> None:
         self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
-        self._data_dir = data_dir
+        # Where the rows are, as stats show it: the data directory, or the database's address.
+        self._location = location or str(data_dir)
         self.reembed: Reembedder | None = None
         self.snapshots = (
             Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
@@ -187,7 +189,7 @@ class Store:
             vectors=vectors,
             model_id=self.model.model_id,
             ndim=self.model.ndim,
-            data_dir=str(self._data_dir),
+            data_dir=self._location,
             graph_nodes=nodes,
             graph_edges=edges,
         )

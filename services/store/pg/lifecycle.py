@@ -55,7 +55,10 @@ async def open_pg_store(
     try:
         repo = PgRepo(db)
         model = await _model(repo, embedder)
-        store = Store(repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to)
+        store = Store(
+            repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to,
+            location=redacted_dsn(dsn),
+        )
         log.info("store open on %s: model %s (%d-d)", redacted_dsn(dsn), model.model_id, model.ndim)
         yield store
     finally:

@@ -3,10 +3,43 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+import numpy as np
+from pgvector import HalfVector
+
+from services.store.model import (
+    ACTIVE,
+    RETIRED,
+    AuditEntry,
+    CountQuery,
+    Edge,
+    ListQuery,
+    MemoryRow,
+    Reach,
+)
+from services.store.pg import text
 from services.store.pg.db import Database
 from services.store.pg.writes import PgWrites
+from services.store.repo import (
+    _COLUMNS,
+    _EDGE_COLUMNS,
+    _M_COLUMNS,
+    CLAUSE_KEY_OFFSET,
+    _edge,
+    _edge_filters,
+    _filters,
+    _row,
+    _where,
+)
+
+# SQLite orders text by its bytes; PostgreSQL by the database's collation unless told.
+_BYTES = 'COLLATE "C"'
+
+
+def _array(vector: HalfVector) -> np.ndarray:
+    """A stored halfvec as the float32 vector the rooms work with."""
+    return vector.to_numpy().astype(np.float32)
 
 
 class PgRepo:
@@ -14,6 +47,11 @@ class PgRepo:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+
+    async def checkpoint(self) -> None:
+        """Vacuums the tables that hold text, so a deleted row's tuples are pruned from their
+        pages (PostgreSQL keeps a deleted tuple until a vacuum)."""
+        await self.db.execute("VACUUM memories, memory_keys, audit")
 
     @contextlib.asynccontextmanager
     async def transaction(
@@ -25,6 +63,19 @@ class PgRepo:
             yield PgWrites(conn)
         if committed is not None:
             await committed()
+
+    async def text_search(
+        self,
+        index: str,
+        terms: Sequence[str],
+        least: int,
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        k: int,
+    ) -> list[tuple[MemoryRow, float, int]]:
+        """Keyword search of one tsvector index (see pg.text.search)."""
+        return await text.search(self.db, index, terms, least, reach, layers, include_superseded, k)
 
     async def get_meta(self, key: str) -> str | None:
         """A value of the store_meta table."""
@@ -38,3 +89,261 @@ class PgRepo:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             key, value,
         )
+
+    async def memory_vectors(
+        self, memory_ids: Sequence[str], model_id: str
+    ) -> dict[str, np.ndarray]:
+        """The stored vectors (of model_id) of memories, by memory id."""
+        rows = await self.db.fetch(
+            "SELECT memory_id, vector FROM vectors WHERE model_id = ? "
+            "AND memory_id = ANY(?::text[])",
+            model_id, list(memory_ids),
+        )
+        return {memory_id: _array(vector) for memory_id, vector in rows}
+
+    async def vector_models(self) -> dict[str, int]:
+        """How many vectors each embedding model made."""
+        rows = await self.db.fetch("SELECT model_id, count(*) FROM vectors GROUP BY model_id")
+        return {r[0]: r[1] for r in rows}
+
+    async def get(self, memory_id: str) -> MemoryRow | None:
+        """One row by id, whoever owns it (callers check the scope)."""
+        rows = await self.db.fetch(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", memory_id)
+        return _row(rows[0]) if rows else None
+
+    async def get_many(self, reach: Reach, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
+        """The rows with these ids that lie inside the reach, by id."""
+        if not memory_ids:
+            return {}
+        where, params = _filters(reach)
+        where.append("m.id = ANY(?::text[])")
+        rows = await self.db.fetch(
+            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)}", *params, list(memory_ids)
+        )
+        found = (_row(r) for r in rows)
+        return {row.id: row for row in found}
+
+    async def count_buckets(self, reach: Reach, query: CountQuery) -> list[int]:
+        """Rows created in each of query.buckets consecutive windows of query.bucket_s."""
+        where, params = _filters(
+            reach, query.layers, query.include_superseded, query.exclude_layers
+        )
+        end = query.start + query.bucket_s * query.buckets
+        where.append("m.created_at >= ? AND m.created_at < ?")
+        params.extend([query.start, end])
+        # floor(), as SQLite's CAST AS INTEGER does for the non-negative offsets kept here.
+        rows = await self.db.fetch(
+            "SELECT floor((m.created_at - ?) / ?) AS bucket, count(*) "
+            f"FROM memories m {_where(where)} GROUP BY bucket",
+            query.start, query.bucket_s, *params,
+        )
+        counts = [0] * query.buckets
+        for bucket, count in rows:
+            counts[min(int(bucket), query.buckets - 1)] += count
+        return counts
+
+    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
+        """A page of rows inside a reach, and how many rows match in all."""
+        where, params = _filters(
+            reach, query.layers, query.include_superseded, query.exclude_layers
+        )
+        for column, value in (
+            ("session_id", query.session_id),
+            ("extraction_status", query.extraction_status),
+            ("superseded_by", query.superseded_by),
+        ):
+            if value:
+                where.append(f"m.{column} = ?")
+                params.append(value)
+        for compare, bound in ((">", query.created_after), ("<", query.created_before)):
+            if bound is not None:
+                where.append(f"m.created_at {compare} ?")
+                params.append(bound)
+        order = "DESC" if query.newest_first else "ASC"
+        rows = await self.db.fetch(
+            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
+            f"ORDER BY m.created_at {order}, m.seq {order} LIMIT ? OFFSET ?",
+            *params, query.limit, query.offset,
+        )
+        total = await self.db.fetchval(f"SELECT count(*) FROM memories m {_where(where)}", *params)
+        return [_row(r) for r in rows], int(total)
+
+    async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
+        """For each id, the rows it replaced (and they in turn replaced), newest first."""
+        chains: dict[str, list[MemoryRow]] = {}
+        frontier = {memory_id: memory_id for memory_id in ids}
+        for _ in range(depth):
+            if not frontier:
+                break
+            rows = await self.db.fetch(
+                # "!= ''" lets the partial index on superseded_by serve; NULLS LAST as in SQLite.
+                f"SELECT {_COLUMNS} FROM memories WHERE superseded_by != '' "
+                "AND superseded_by = ANY(?::text[]) ORDER BY invalid_at DESC NULLS LAST, seq DESC",
+                list(frontier),
+            )
+            following: dict[str, str] = {}
+            for r in rows:
+                old = _row(r)
+                root = frontier[old.superseded_by]
+                chain = chains.setdefault(root, [])
+                if all(old.id != seen.id for seen in chain) and old.id != root:
+                    chain.append(old)
+                    following[old.id] = root
+            frontier = following
+        return chains
+
+    async def turns_followed(
+        self, ids: Sequence[str], layers: Sequence[str], gap_s: float
+    ) -> dict[str, str]:
+        """For each id of a row in one of layers with a session: the row before it in that
+        session (same owner and layer), when it was written at most gap_s earlier."""
+        if not ids or not layers:
+            return {}
+        rows = await self.db.fetch(
+            # The previous seq is found through the neighbours index first; its age is checked
+            # after, so an old sitting costs one lookup, not a walk back through it.
+            "WITH hit AS (SELECT m.id, m.created_at, (SELECT p.seq FROM memories p "
+            "WHERE p.user_id = m.user_id AND p.agent_id = m.agent_id "
+            "AND p.session_id = m.session_id AND p.layer = m.layer AND p.seq < m.seq "
+            "ORDER BY p.seq DESC LIMIT 1) AS before_seq FROM memories m "
+            "WHERE m.id = ANY(?::text[]) AND m.session_id != '' AND m.layer = ANY(?::text[])) "
+            "SELECT hit.id, p.id FROM hit JOIN memories p ON p.seq = hit.before_seq "
+            "WHERE p.created_at >= hit.created_at - ?",
+            list(ids), list(layers), gap_s,
+        )
+        return {memory_id: before for memory_id, before in rows}
+
+    async def rows_for_keys(
+        self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
+    ) -> dict[int, MemoryRow]:
+        """The rows behind vector keys, keeping only those inside reach and layers."""
+        where, params = _filters(reach, layers, include_superseded)
+        found: dict[int, MemoryRow] = {}
+        for table, offset in (("vectors", 0), ("memory_keys", CLAUSE_KEY_OFFSET)):
+            wanted = [int(k) - offset for k in keys if (k >= CLAUSE_KEY_OFFSET) == bool(offset)]
+            if not wanted:
+                continue
+            rows = await self.db.fetch(
+                f"SELECT {_M_COLUMNS}, v.key FROM {table} v JOIN memories m ON m.id = v.memory_id "
+                f"{_where(['v.key = ANY(?::bigint[])', *where])}",
+                wanted, *params,
+            )
+            found.update((offset + r[27], _row(r)) for r in rows)
+        return found
+
+    async def keys_in(
+        self, reach: Reach, layers: Sequence[str], include_superseded: bool
+    ) -> list[int]:
+        """Every vector key of the rows inside reach and layers."""
+        where, params = _filters(reach, layers, include_superseded)
+        rows = await self.db.fetch(
+            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
+            *params,
+        )
+        clause = await self.db.fetch(
+            "SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
+            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
+            *params,
+        )
+        return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
+
+    async def user_ids(self) -> list[str]:
+        """Every user id that has rows."""
+        rows = await self.db.fetch("SELECT DISTINCT user_id FROM memories")
+        return [r[0] for r in rows]
+
+    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
+        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
+        where, params = _filters(reach)
+        rows = await self.db.fetch(
+            f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
+            "GROUP BY m.layer, m.status",
+            *params,
+        )
+        live: dict[str, int] = {}
+        retired = 0
+        for layer, status, n in rows:
+            if status == RETIRED:
+                retired += n
+            else:
+                live[layer] = live.get(layer, 0) + n
+        unextracted_where = [
+            *where,
+            "m.layer = 'l2_raw'",
+            "m.status = 'active'",
+            "m.extraction_status IN ('pending', 'failed')",
+        ]
+        unextracted = await self.db.fetchval(
+            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
+        )
+        vectors = await self.db.fetchval(
+            f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"{_where(where)}",
+            *params,
+        )
+        return live, retired, int(unextracted), int(vectors)
+
+    async def list_edges(
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
+    ) -> tuple[list[Edge], int]:
+        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
+        where, params = _edge_filters(reach)
+        if as_of is not None:
+            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
+            params.extend([as_of, as_of])
+        elif not include_stale:
+            where.append("stale = 0 AND invalidated_at IS NULL")
+        clause = _where(where)
+        rows = await self.db.fetch(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
+            *params, limit, offset,
+        )
+        total = await self.db.fetchval(f"SELECT count(*) FROM graph_edges {clause}", *params)
+        return [_edge(r) for r in rows], int(total)
+
+    async def graph_counts(self, reach: Reach) -> tuple[int, int]:
+        """The distinct entities live edges in a reach join, and those edges (as SQLite's)."""
+        where, params = _edge_filters(reach)
+        where.append("stale = 0 AND invalidated_at IS NULL")
+        clause = _where(where)
+        ((edges, nodes),) = await self.db.fetch(
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
+            f"{clause} UNION SELECT lower(object) FROM graph_edges {clause}) AS entities) "
+            f"FROM graph_edges {clause}",
+            *params, *params, *params,
+        )
+        return int(nodes), int(edges)
+
+    async def get_state(self, prefix: str) -> list[tuple[str, str]]:
+        """State values whose key starts with prefix."""
+        rows = await self.db.fetch(
+            f"SELECT key, value FROM service_state WHERE left(key, ?) = ? ORDER BY key {_BYTES}",
+            len(prefix), prefix,
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    async def owner_counts(self, reach: Reach) -> list[tuple[str, str, int, int, float]]:
+        """Every owner (user, agent) with rows in the reach: live and retired row counts and
+        the last write, most recently written first."""
+        where, owned = reach.sql()
+        rows = await self.db.fetch(
+            "SELECT user_id, agent_id, count(*) FILTER (WHERE status = ?), "
+            "count(*) FILTER (WHERE status != ?), max(created_at) "
+            f"FROM memories {_where(where)} GROUP BY user_id, agent_id "
+            f"ORDER BY max(created_at) DESC, user_id {_BYTES}, agent_id {_BYTES}",
+            ACTIVE, ACTIVE, *owned,
+        )
+        return [(u, a, int(live), int(retired), float(last)) for u, a, live, retired, last in rows]
+
+    async def db_bytes(self) -> int:
+        """The size of the database on disk."""
+        return int(await self.db.fetchval("SELECT pg_database_size(current_database())"))
+
+    async def history(self, memory_id: str) -> list[tuple[AuditEntry, str, str]]:
+        """The audit entries of one row, oldest first, each with the owner it was recorded under."""
+        rows = await self.db.fetch(
+            "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason, "
+            "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
+            memory_id,
+        )
+        return [(AuditEntry(*r[:8]), r[8], r[9]) for r in rows]
