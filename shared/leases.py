@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,10 +68,10 @@ class Leases:
         """Runs the block holding the lease: waits for it (wait) or raises LeaseBusy; renews it
         every ttl_s/3; stops the block with LeaseLost when it cannot be renewed before it
         expires; releases it after."""
-        await self._acquire(name, wait)
+        claimed_at = await self._acquire(name, wait)
         task = asyncio.current_task()
         assert task is not None
-        keeper = asyncio.create_task(self._keep(name, task), name=f"lease {name}")
+        keeper = asyncio.create_task(self._keep(name, task, claimed_at), name=f"lease {name}")
         try:
             yield
         except asyncio.CancelledError:
@@ -85,33 +84,40 @@ class Leases:
                 await keeper
             await self._release(name)
 
-    async def _acquire(self, name: str, wait: bool) -> None:
+    async def _acquire(self, name: str, wait: bool) -> float:
+        """Claims the lease (waiting for it, or LeaseBusy); when the granted claim was sent."""
+        loop = asyncio.get_running_loop()
         while True:
+            sent = loop.time()
             reply = await self.store.claim_lease(name, self.holder, self.policy.ttl_s)
             if reply.granted:
-                return
+                return sent
             if not wait:
                 raise LeaseBusy(f"lease {name!r} is held by {reply.holder}")
             await asyncio.sleep(self.policy.poll_s)
 
-    async def _keep(self, name: str, task: asyncio.Task[object]) -> bool:
-        """Renews the lease until cancelled; once it is lost, cancels task and returns True."""
+    async def _keep(self, name: str, task: asyncio.Task[object], claimed_at: float) -> bool:
+        """Renews the lease every ttl_s/3 until cancelled. Once it is lost (refused, or not
+        renewed before it would expire), cancels task and returns True."""
+        loop = asyncio.get_running_loop()
         period = self.policy.ttl_s / 3
-        # When the last granted claim was sent: the store's expiry is at least ttl_s later.
-        claimed_at = time.monotonic()
+        # The store's expiry is at least ttl_s after the granted claim was sent.
+        expires = claimed_at + self.policy.ttl_s
         while True:
             await asyncio.sleep(period)
-            sent = time.monotonic()
+            sent = loop.time()
             try:
-                reply = await self.store.claim_lease(name, self.holder, self.policy.ttl_s)
-            except ServiceError as exc:
-                log.warning("lease %s not renewed: %s", name, exc.message)
-                if time.monotonic() + period < claimed_at + self.policy.ttl_s:
+                async with asyncio.timeout_at(expires):
+                    reply = await self.store.claim_lease(name, self.holder, self.policy.ttl_s)
+            except (ServiceError, TimeoutError) as exc:
+                why = exc.message if isinstance(exc, ServiceError) else "no answer in time"
+                log.warning("lease %s not renewed: %s", name, why)
+                if loop.time() + period < expires:
                     continue
                 holder = "nobody yet"
             else:
                 if reply.granted:
-                    claimed_at = sent
+                    expires = sent + self.policy.ttl_s
                     continue
                 holder = reply.holder
             log.error("lease %s lost (held by %s): stopping what it covered", name, holder)

@@ -370,7 +370,7 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
 ) -> None:
     # The killed pass's lease frees itself after HYATLAS_LEASE_TTL, then the restart's starts.
     env = ultra_env(
-        fake, embedder_address, HYATLAS_CONSOLIDATE_PARALLEL="1", HYATLAS_LEASE_TTL="2"
+        fake, embedder_address, HYATLAS_CONSOLIDATE_PARALLEL="1", HYATLAS_LEASE_TTL="4"
     )
     with running_stack(tmp_path, STACK, **env) as stack:
         api = Api(stack.base_url, stack.address("store"))

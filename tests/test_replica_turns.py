@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 EMPTY = {"merges": [], "drops": [], "schemas": [], "edges": [], "end_edges": [], "arc": ""}
 L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
+MONTHS = ("May", "June", "July")
+"""Facts that differ in a month only: one cluster per owner."""
 CALL_S = 0.5
 """How long the scripted model takes per call: long enough for two replicas to overlap."""
 
@@ -40,7 +42,7 @@ def fake() -> Iterator[FakeLlm]:
         yield fake
 
 
-def _env(fake: FakeLlm, embedder_address: str) -> dict[str, str]:
+def _env(fake: FakeLlm, embedder_address: str, lease_ttl: str) -> dict[str, str]:
     return {
         "HYATLAS_EMBEDDER_ADDR": embedder_address,
         "HYATLAS_MODE": "ultra",
@@ -54,7 +56,7 @@ def _env(fake: FakeLlm, embedder_address: str) -> dict[str, str]:
         "HYATLAS_CONSOLIDATE_BATCH": "4",
         "HYATLAS_CONSOLIDATE_PARALLEL": "1",
         "HYATLAS_CROSS_SCHEMA_EVERY": "off",
-        "HYATLAS_LEASE_TTL": "2s",
+        "HYATLAS_LEASE_TTL": lease_ttl,
     }
 
 
@@ -99,6 +101,7 @@ async def rows(stack: Stack, layer: int) -> list[common_pb2.Memory]:
             store_pb2.ListMemoriesRequest(
                 scope=common_pb2.Scope(all_users=True),
                 layers=[layer],  # type: ignore[list-item]
+                include_superseded=True,  # a fact near another is retired as restated
                 limit=1000,
             ),
             timeout=10,
@@ -125,7 +128,8 @@ async def test_two_extractors_extract_each_pending_row_once(
     tags = [f"t{uuid.uuid4().hex[:8]}" for _ in range(12)]
     for tag in tags:
         fake.on(tag, delayed(CALL_S, {"facts": [{"text": f"{tag} keeps bees"}]}))
-    with running_stack(tmp_path, ["store"], **_env(fake, embedder_address)) as stack:
+    env = _env(fake, embedder_address, lease_ttl="30s")
+    with running_stack(tmp_path, ["store"], **env) as stack:
         # Three owners, their rows interleaved, all pending before either extractor starts.
         for i, tag in enumerate(tags):
             await insert(
@@ -178,8 +182,10 @@ async def test_two_consolidators_never_run_passes_at_once_and_a_killed_ones_leas
         return delayed(CALL_S, EMPTY)
 
     fake.answer = answer
-    with running_stack(tmp_path, ["store"], **_env(fake, embedder_address)) as stack:
-        texts = {u: [f"{u} garden {w} plan" for w in ("tomato", "basil", "mint")] for u in users}
+    # Short enough that a killed replica's lease is waited out, long enough not to be lost.
+    env = _env(fake, embedder_address, lease_ttl="5s")
+    with running_stack(tmp_path, ["store"], **env) as stack:
+        texts = {u: [f"{u} grows tomatoes on the balcony in {m}" for m in MONTHS] for u in users}
         for user in users:
             await insert(stack, user, L3, *texts[user])
         # Both start with due clusters, so both try a catch-up pass at once.
@@ -197,27 +203,35 @@ async def test_two_consolidators_never_run_passes_at_once_and_a_killed_ones_leas
         assert all(b - a >= CALL_S * 0.9 for a, b in zip(calls, calls[1:], strict=False)), calls
         await assert_eventually(lambda: _released(stack))
 
-        # A pass that hangs holds the lease in the store; the other replica is refused.
+        # A pass that hangs holds the lease in the store; the other replica is refused. Both
+        # are asked, again while both are refused (one may be surveying after its start).
         late = f"c{uuid.uuid4().hex[:8]}"
         hanging.add(late)
-        await insert(stack, late, L3, *[f"{late} travel {w} trip" for w in ("rome", "oslo")])
-        hung = asyncio.create_task(run_pass(first))
-        await assert_eventually(lambda: any(late in r.user_message for r in fake.requests))
-        held = await leases(stack)
-        assert first.proc.proc is not None
-        assert [holder_pid(v) for v in held.values()] == [first.proc.proc.pid]
-        refused = await run_pass(second)
-        assert not refused.ran and "held by" in refused.reason
+        await insert(stack, late, L3, *[f"{late} plans a trip to Rome in {m}" for m in MONTHS])
+        asked: list[asyncio.Task[consolidator_pb2.RunPassResponse]] = []
+
+        async def a_pass_hangs() -> None:
+            if all(task.done() for task in asked):
+                asked[:] = [asyncio.create_task(run_pass(r)) for r in (first, second)]
+            assert any(late in r.user_message for r in fake.requests)
+
+        await assert_eventually(a_pass_hangs)
+        (held,) = (await leases(stack)).values()
+        pids = [r.proc.proc.pid if r.proc.proc else 0 for r in (first, second)]
+        holder, other = (first, second) if holder_pid(held) == pids[0] else (second, first)
+        assert holder_pid(held) in pids
+        refused = await run_pass(other)
+        assert not refused.ran, refused.reason
 
         # Killed, it never releases the lease: it expires (HYATLAS_LEASE_TTL) and the other
         # replica's pass runs.
-        first.proc.kill()
-        await asyncio.gather(hung, return_exceptions=True)
+        holder.proc.kill()
+        await asyncio.gather(*asked, return_exceptions=True)
         hanging.clear()
 
-        async def second_runs() -> None:
-            assert (await run_pass(second)).ran
+        async def other_runs() -> None:
+            assert (await run_pass(other)).ran
 
-        await assert_eventually(second_runs)
+        await assert_eventually(other_runs)
         assert len([r for r in fake.requests if late in r.user_message]) == 2  # hung, then sent
         await assert_eventually(lambda: _released(stack))
