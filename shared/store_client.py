@@ -119,6 +119,16 @@ class StoreClient:
         )
         return list(reply.hits)
 
+    async def claim_lease(
+        self, name: str, holder: str, ttl_s: float
+    ) -> store_pb2.ClaimLeaseResponse:
+        """Claims, renews or (ttl_s 0) releases a named lease for a holder."""
+        reply: store_pb2.ClaimLeaseResponse = await self._stub.ClaimLease(
+            store_pb2.ClaimLeaseRequest(name=name, holder=holder, ttl_s=ttl_s),
+            timeout=self._timeout_s,
+        )
+        return reply
+
 
 def update_op(memory_id: str, **fields: object) -> store_pb2.Op:
     """An Update op setting the given fields."""

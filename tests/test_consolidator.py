@@ -368,7 +368,10 @@ async def test_admin_routes_need_hyatlas_admin(api: Api) -> None:
 async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
     tmp_path: Path, embedder_address: str, fake: FakeLlm, script: Script
 ) -> None:
-    env = ultra_env(fake, embedder_address, HYATLAS_CONSOLIDATE_PARALLEL="1")
+    # The killed pass's lease frees itself after HYATLAS_LEASE_TTL, then the restart's starts.
+    env = ultra_env(
+        fake, embedder_address, HYATLAS_CONSOLIDATE_PARALLEL="1", HYATLAS_LEASE_TTL="4"
+    )
     with running_stack(tmp_path, STACK, **env) as stack:
         api = Api(stack.base_url, stack.address("store"))
         user = marker()

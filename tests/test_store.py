@@ -310,6 +310,36 @@ async def test_another_owners_row_is_not_found_and_stays_unchanged(
     assert await listed(store) == ["agent note"]
 
 
+async def claim(
+    stub: store_pb2_grpc.StoreStub, name: str, holder: str, ttl_s: float
+) -> tuple[bool, str]:
+    reply = await stub.ClaimLease(
+        store_pb2.ClaimLeaseRequest(name=name, holder=holder, ttl_s=ttl_s)
+    )
+    return reply.granted, reply.holder
+
+
+async def test_a_lease_is_one_holders_until_released_or_expired(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    assert await claim(store, "pass", "a", 60) == (True, "a")
+    assert await claim(store, "pass", "b", 60) == (False, "a")
+    assert await claim(store, "pass/longer", "b", 60) == (True, "b")  # names never overlap
+    assert await claim(store, "pass", "a", 60) == (True, "a")  # a renewal
+    assert await claim(store, "pass", "b", 0) == (False, "a")  # only its holder releases it
+    assert await claim(store, "pass", "a", 0) == (True, "")
+    assert await claim(store, "pass", "b", 0.2) == (True, "b")
+
+    async def expired() -> None:
+        assert await claim(store, "pass", "c", 60) == (True, "c")
+
+    await assert_eventually(expired)
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await claim(store, "pass", "", 60)
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await claim(store, "pass", "a", -1)
+
+
 async def test_a_scope_reaches_every_user_of_its_alias_group(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
-from shared.settings import LlmSettings, Settings
+from shared.settings import LlmSettings, Settings, read_duration
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ class ConsolidatorConfig:
     """How long one pass may keep starting calls."""
     min_call_estimate_s: float = 180.0
     """The least time a call is expected to take when deciding whether to start one."""
+    lease_ttl_s: float = 60.0
+    """HYATLAS_LEASE_TTL: how long a pass's lease (one pass at a time among replicas) lasts
+    unrenewed; a replica killed during a pass frees it after this."""
+    lease_poll_s: float = 0.5
+    """How often a revert waiting for a pass to end asks for the lease again."""
     store_wait_s: float = 60.0
     """How long start-up waits for the store and embedder to serve."""
     grpc_token: str = ""
@@ -56,7 +61,8 @@ class ConsolidatorConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ConsolidatorConfig:
         """Reads the HYATLAS_* settings the consolidator uses."""
-        settings = Settings.from_env(os.environ if environ is None else environ)
+        env = os.environ if environ is None else environ
+        settings = Settings.from_env(env)
         return cls(
             address=settings.listen_address("consolidator"),
             store_address=settings.address("store"),
@@ -72,6 +78,7 @@ class ConsolidatorConfig:
             cross_schema_every_s=settings.cross_schema_every_s,
             raw_retention_s=settings.raw_retention_s,
             user_aliases=settings.user_aliases,
+            lease_ttl_s=read_duration(env, "HYATLAS_LEASE_TTL", 60.0) or 60.0,
             grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

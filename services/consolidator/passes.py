@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -19,7 +20,7 @@ from services.consolidator.schedule import due_jobs, run_jobs
 from services.consolidator.survey import Owner, survey
 from services.consolidator.undo import revert_pass
 from services.consolidator.vectors import Embedder, Vectors
-from shared.errors import Conflict
+from shared.leases import LeaseBusy, Leases
 from shared.llm import LlmClient
 from shared.pb import store_pb2
 from shared.store_client import GraphStoreClient
@@ -32,8 +33,11 @@ def new_pass_id() -> str:
     return "p" + datetime.now(UTC).strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:8]
 
 
-class Busy(Conflict):
-    """Another pass is already running."""
+PASS_LEASE = "consolidation"
+"""The one lease of passes, surveys and reverts: replicas of the consolidator take turns."""
+
+Busy = LeaseBusy
+"""Another pass is already running (in this process or another replica)."""
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Consolidator:
         embedder: Embedder,
         llm: LlmClient,
         canonical_user: Callable[[str], str],
+        leases: Leases,
     ) -> None:
         self.config = config
         self.store = store
@@ -84,12 +89,22 @@ class Consolidator:
         self.last: Report | None = None
         self.last_at = 0.0
         self._lock = asyncio.Lock()
+        self._leases = leases
         self._vectors = Vectors(embedder)
 
     @property
     def running(self) -> bool:
-        """Whether a pass is running now."""
+        """Whether a pass is running now in this process."""
         return self._lock.locked()
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, *, wait: bool) -> AsyncIterator[None]:
+        """This process's lock, then the lease every replica takes: Busy without wait while
+        either is held."""
+        if not wait and self._lock.locked():
+            raise Busy("a consolidation pass is already running")
+        async with self._lock, self._leases.held(PASS_LEASE, wait=wait):
+            yield
 
     async def _survey(self, now: float) -> list[Owner]:
         return await survey(self.store, self._vectors, self.config, self.canonical_user, now)
@@ -97,15 +112,13 @@ class Consolidator:
     async def pending(self) -> int:
         """How many clusters are due now (used at start to decide on a catch-up pass)."""
         now = time.time()
-        async with self._lock:
+        async with self._turn(wait=False):
             owners = await self._survey(now)
         return sum(1 for o in owners for c in o.clusters if c.due() and not c.skipped(now))
 
     async def run_pass(self) -> Report:
-        """Runs one pass now; Busy if one is already running."""
-        if self._lock.locked():
-            raise Busy("a consolidation pass is already running")
-        async with self._lock:
+        """Runs one pass now; Busy if one is already running here or on another replica."""
+        async with self._turn(wait=False):
             report = await self._pass()
             self.runs += 1
             self.last = report
@@ -154,5 +167,5 @@ class Consolidator:
 
     async def revert(self, pass_id: str, actor: str) -> store_pb2.UndoPassResponse:
         """Reverts a pass; its clusters get their old members back and are not due again."""
-        async with self._lock:
+        async with self._turn(wait=True):
             return await revert_pass(self.store, pass_id, actor)

@@ -15,6 +15,7 @@ from services.consolidator.passes import Busy, Consolidator
 from services.consolidator.servicer import ConsolidatorServicer
 from shared.clients import EmbedderClient
 from shared.errors import ServiceError
+from shared.leases import LeasePolicy, Leases
 from shared.llm import llm_client
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
@@ -37,11 +38,7 @@ def pass_metrics(consolidator: Consolidator) -> Iterator[Metric]:
 
 async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -> None:
     """A catch-up pass at start when clusters are due, then one every EVERY (CATCHUP while due)."""
-    try:
-        due = await consolidator.pending()
-    except ServiceError as exc:
-        log.warning("could not survey the clusters at start: %s", exc.message)
-        due = 0
+    due = await due_at_start(consolidator, config)
     wait = 0.0 if due else config.every_s
     if due:
         log.info("%d clusters are due: starting with a catch-up pass", due)
@@ -60,6 +57,20 @@ async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -
         wait = (config.catchup_s or config.every_s) if pending else config.every_s
 
 
+async def due_at_start(consolidator: Consolidator, config: ConsolidatorConfig) -> int:
+    """How many clusters are due at start. While another replica holds the pass lease this asks
+    again every lease ttl: a replica killed mid-pass has lost it by then."""
+    while True:
+        try:
+            return await consolidator.pending()
+        except Busy as exc:
+            log.info("clusters are surveyed once the pass lease is free: %s", exc.message)
+            await asyncio.sleep(config.lease_ttl_s)
+        except ServiceError as exc:
+            log.warning("could not survey the clusters at start: %s", exc.message)
+            return 0
+
+
 @contextlib.asynccontextmanager
 async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
     """Serves the Consolidator service; yields the bound address."""
@@ -70,12 +81,14 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
         stack.push_async_callback(embedder_channel.close)
         await wait_serving(config.store_address, timeout_s=config.store_wait_s)
         await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
+        store = GraphStoreClient(store_channel, timeout_s=120.0)
         consolidator = Consolidator(
             config,
-            GraphStoreClient(store_channel, timeout_s=120.0),
+            store,
             EmbedderClient(embedder_channel),
             llm_client(config.llm),
             config.user_aliases.canonical,
+            Leases(store, LeasePolicy(config.lease_ttl_s, config.lease_poll_s)),
         )
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")
 

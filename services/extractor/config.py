@@ -48,6 +48,11 @@ class ExtractorConfig:
     """HYATLAS_EPISODE_GAP: a pause that ends an episode of work; None: no episode summaries."""
     user_aliases: Aliases = Aliases()
     """HYATLAS_USER_ALIASES: Now pages and episodes are kept under a group's first id."""
+    lease_ttl_s: float = 60.0
+    """HYATLAS_LEASE_TTL: how long an owner's extraction lease (one replica extracts an owner
+    at a time) lasts unrenewed; a replica killed mid-extraction frees the owner after this."""
+    lease_poll_s: float = 0.5
+    """How often an extraction waiting for its owner's lease asks again."""
     stop_grace_s: float = 10.0
     """How long a clean stop waits for extractions in flight."""
     store_wait_s: float = 60.0
@@ -82,6 +87,7 @@ class ExtractorConfig:
             now_every_s=settings.now_every_s,
             episode_gap_s=settings.episode_gap_s,
             user_aliases=settings.user_aliases,
+            lease_ttl_s=read_duration(env, "HYATLAS_LEASE_TTL", 60.0) or 60.0,
             grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.prompt import cap_utf8
+from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op
@@ -25,6 +26,10 @@ LLM_MODES = ("pro", "ultra")
 EPISODE_LOOKBACK_S = 7 * 24 * 3600.0
 TURN_BYTES = 2_000
 MAX_SOURCES = 200
+NOW_LEASE = "now_page"
+"""The lease of an owner's Now page: one rebuild at a time, whichever replica runs it."""
+EPISODES_LEASE = "episodes"
+"""The lease of the episode sweep: one replica sweeps at a time."""
 
 NOW_SYSTEM = """You keep a person's "Now page": a short note of what they are doing and planning \
 right now. From the stored rows below write at most 120 words: current work and projects, open \
@@ -63,8 +68,10 @@ class Living:
         now_every_s: float | None,
         episode_gap_s: float | None,
         mode: str,
+        leases: Leases,
     ) -> None:
         self.store = store
+        self.leases = leases
         self.llm = llm
         self.llm_ready = llm_ready
         self.canonical_user = canonical_user
@@ -103,8 +110,13 @@ class Living:
             log.exception("now page of %s not rebuilt", owner)
 
     async def rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
-        """Writes a new Now page for the owner and retires the one it replaces."""
+        """Writes a new Now page for the owner and retires the one it replaces (the rebuild of
+        another replica waits, so it replaces this one in turn)."""
         self._last_now[(user_id, agent_id)] = time.time()
+        async with self.leases.held(lease_name(NOW_LEASE, user_id, agent_id), wait=True):
+            return await self._rebuild_now(user_id, agent_id)
+
+    async def _rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
         scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
 
         async def live(layer: Any, limit: int) -> list[common_pb2.Memory]:
@@ -170,6 +182,13 @@ class Living:
         """Summarises every episode that has ended and has no summary yet; returns how many."""
         if self.episode_gap_s is None or self.mode not in LLM_MODES or not self.llm_ready():
             return 0
+        try:
+            async with self.leases.held(EPISODES_LEASE, wait=False):
+                return await self._sweep_episodes()
+        except LeaseBusy:
+            return 0  # another replica sweeps now
+
+    async def _sweep_episodes(self) -> int:
         now = time.time()
         raws = await self.store.all_rows(
             store_pb2.ListMemoriesRequest(

@@ -17,6 +17,7 @@ from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
 from services.extractor.worker import CatchupPolicy, Worker, llm_state
 from shared.clients import EmbedderClient
+from shared.leases import LeasePolicy, Leases
 from shared.llm import llm_client
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
@@ -58,6 +59,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         store = StoreClient(store_channel)
         embedder = EmbedderClient(embedder_channel)
         llm = llm_client(config.llm)
+        leases = Leases(store, LeasePolicy(config.lease_ttl_s, config.lease_poll_s))
         extraction = Extraction(
             store,
             embedder,
@@ -75,6 +77,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             config.now_every_s,
             config.episode_gap_s,
             config.mode,
+            leases,
         )
         worker = Worker(
             extraction,
@@ -87,6 +90,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
                 batch=config.catchup_batch,
                 tries=config.catchup_tries,
             ),
+            leases,
             living,
         )
         stack.push_async_callback(living.drain)

@@ -9,7 +9,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from services.extractor.context import Context
 from services.extractor.extract import (
     ACTOR,
     DONE,
@@ -21,6 +20,7 @@ from services.extractor.extract import (
 )
 from services.extractor.living import Living
 from shared.errors import NotFound
+from shared.leases import Leases, lease_name
 from shared.llm import LlmClient, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import PAGE, StoreClient, update_op
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 PENDING, UNCONFIGURED = "pending", "unconfigured"
 LLM_MODES = ("pro", "ultra")
 REPROCESS_MAX_DEFAULT = 200
+OWNER_LEASE = "extraction"
+"""The lease of an owner's extractions: one at a time, whichever replica runs them."""
 
 
 def llm_state(mode: str, llm: LlmClient) -> str:
@@ -70,9 +72,11 @@ class Worker:
         store: StoreClient,
         mode: str,
         policy: CatchupPolicy,
+        leases: Leases,
         living: Living | None = None,
     ) -> None:
         self.extraction = extraction
+        self.leases = leases
         self.living = living
         self.store = store
         self.mode = mode
@@ -106,10 +110,7 @@ class Worker:
 
     async def extract(self, scope: common_pb2.Scope, memory_id: str, wait: bool) -> Outcome:
         """Extracts a raw row now (wait) or behind the caller (pending)."""
-        if scope.all_users or not scope.user_id:  # the searches need the owner's own scope
-            scope = owner_scope(await self.store.get(scope, memory_id))
-        context = await self.extraction.read_context(scope, memory_id)
-        raw = context.raw
+        raw = await self.store.get(scope, memory_id)
         if raw.layer != common_pb2.L2_RAW:
             return Outcome(SKIPPED, "not a raw row")
         state = self.llm_state()
@@ -117,13 +118,13 @@ class Worker:
             return Outcome(SKIPPED)
         if state == "unconfigured":
             await self.store.apply(
-                scope, [update_op(raw.id, extraction_status=UNCONFIGURED)], ACTOR,
+                owner_scope(raw), [update_op(raw.id, extraction_status=UNCONFIGURED)], ACTOR,
                 "no LLM is configured",
             )
             return Outcome(UNCONFIGURED)
         if state == "awaiting_key":
             return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
-        task = self._start(raw, context)
+        task = self._start(raw)
         if not wait:
             return Outcome(PENDING)
         try:
@@ -131,13 +132,11 @@ class Worker:
         except LlmUnavailable as exc:
             return Outcome(FAILED, exc.message)
 
-    def _start(
-        self, raw: common_pb2.Memory, context: Context | None = None
-    ) -> asyncio.Task[Outcome]:
+    def _start(self, raw: common_pb2.Memory) -> asyncio.Task[Outcome]:
         running = self._tasks.get(raw.id)
         if running is not None:
             return running
-        task = asyncio.create_task(self._run(raw, context), name=f"extract {raw.id}")
+        task = asyncio.create_task(self._run(raw), name=f"extract {raw.id}")
         self._tasks[raw.id] = task
         task.add_done_callback(self._finished)
         return task
@@ -149,20 +148,21 @@ class Worker:
         if not task.cancelled():
             task.exception()  # retrieved here: a background failure is already logged
 
-    async def _run(self, raw: common_pb2.Memory, context: Context | None) -> Outcome:
-        """One extraction under its owner's lock; a model error leaves the row failed."""
-        lock = self._locks[(raw.owner.user_id, raw.owner.agent_id)]
-        # What was read before waiting for the lock is read again: another extraction of the
-        # owner may have changed it meanwhile.
-        if context is None or lock.locked():
-            context = None
-        async with lock:
+    async def _run(self, chosen: common_pb2.Memory) -> Outcome:
+        """One extraction under its owner's lock and lease; a model error leaves the row
+        failed."""
+        owner = (chosen.owner.user_id, chosen.owner.agent_id)
+        lease = self.leases.held(lease_name(OWNER_LEASE, *owner), wait=True)
+        async with self._locks[owner], lease:
+            # Read only now: another extraction of the owner, here or on another replica, may
+            # have changed what it is shown, or extracted this very row, meanwhile.
             try:
-                if context is None:
-                    context = await self.extraction.read_context(owner_scope(raw), raw.id)
+                context = await self.extraction.read_context(owner_scope(chosen), chosen.id)
             except NotFound:
                 return Outcome(SKIPPED, "the row is gone")
             raw = context.raw
+            if chosen.extraction_status != DONE and raw.extraction_status == DONE:
+                return Outcome(SKIPPED, "extracted meanwhile")
             try:
                 outcome = await self.extraction.extract(context)
                 if outcome.status == DONE and self.living is not None:

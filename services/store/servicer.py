@@ -488,6 +488,15 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         )
 
     @grpc_errors
+    async def ClaimLease(
+        self, request: store_pb2.ClaimLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ClaimLeaseResponse:
+        lease = await self._store.claim_lease(request.name, request.holder, request.ttl_s)
+        return store_pb2.ClaimLeaseResponse(
+            granted=lease.granted, holder=lease.holder, expires_at=lease.expires_at
+        )
+
+    @grpc_errors
     async def Neighbours(
         self, request: store_pb2.NeighboursRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.NeighboursResponse:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from services.store import apply, graph, owners, retrieval, transfer, undo
+from services.store import apply, graph, leases, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.idempotency import IdempotencyKey, Replayed
@@ -209,6 +209,10 @@ class Store:
     async def get_state(self, prefix: str) -> list[tuple[str, str]]:
         """State values under a key prefix."""
         return await self._repo.get_state(prefix)
+
+    async def claim_lease(self, name: str, holder: str, ttl_s: float) -> leases.Lease:
+        """Claims, renews or (ttl_s 0) releases a named lease for a holder."""
+        return await leases.claim(self._core, name, holder, ttl_s)
 
     async def history(self, reach: Reach, memory_id: str) -> list[AuditEntry]:
         """The audit trail of one row; still there after a delete, for the row's owner."""
