@@ -21,6 +21,8 @@ BOTH_BACKENDS = frozenset(
         "test_extractor_catchup",
         "test_extractor_living",
         "test_idempotency",
+        "test_leases",
+        "test_replica_turns",
         "test_search_first_person",
         "test_search_graph",
         "test_search_recall",
