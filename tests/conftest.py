@@ -10,7 +10,9 @@ import pytest
 
 from tests.support import ServiceProcess, StoreBackend, base_env, grpc_serving
 
-# The suites that run once on each store backend: SQLite, then PostgreSQL with pgvector.
+# The suites that run once on each store backend: SQLite, then PostgreSQL with pgvector. A
+# module-scoped fixture of theirs that starts services (or scripts an LLM for them) takes
+# store_backend, so each backend gets its own: otherwise pytest keeps the first one for both.
 BOTH_BACKENDS = frozenset(
     {
         "test_consolidator",

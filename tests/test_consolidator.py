@@ -60,18 +60,19 @@ def ultra_env(fake: FakeLlm, embedder_address: str, **extra: str) -> dict[str, s
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
-def script(fake: FakeLlm) -> Script:
+def script(store_backend: str, fake: FakeLlm) -> Script:
     return Script(fake)
 
 
 @pytest.fixture(scope="module")
 def ultra(
+    store_backend: str,
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
 ) -> Iterator[Stack]:
     data_dir: Path = tmp_path_factory.mktemp("consolidator")

@@ -32,13 +32,13 @@ PLACES = ["Rome", "Oslo", "Lima", "Kyoto", "Cairo", "Quito", "Hanoi", "Dakar"]
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
-def script(fake: FakeLlm) -> Script:
+def script(store_backend: str, fake: FakeLlm) -> Script:
     return Script(fake)
 
 

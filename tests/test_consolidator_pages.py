@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         fake.default = {}
         yield fake

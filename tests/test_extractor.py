@@ -25,7 +25,7 @@ KEY = "primary-key"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         fake.default = {}
         yield fake
@@ -33,6 +33,7 @@ def fake() -> Iterator[FakeLlm]:
 
 @pytest.fixture(scope="module")
 def pro(
+    store_backend: str,
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
 ) -> Iterator[Stack]:
     """Pro mode, synchronous extraction, a fallback model on the same host, no catch-up."""

@@ -18,7 +18,7 @@ POSTED_KEY = "handed-over-key"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         fake.default = {}
         yield fake
@@ -40,6 +40,7 @@ def _env(fake: FakeLlm, embedder_address: str, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def background(
+    store_backend: str,
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
 ) -> Iterator[Stack]:
     """Ultra mode: writes return pending; catch-up every second takes rows of any age."""

@@ -29,7 +29,7 @@ EPISODE_GAP_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         fake.answer = _answer
         yield fake
@@ -37,6 +37,7 @@ def fake() -> Iterator[FakeLlm]:
 
 @pytest.fixture(scope="module")
 def living(
+    store_backend: str,
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
 ) -> Iterator[Stack]:
     """Pro mode: a Now page after every write, episodes end after a 2 s pause, reconcile on."""

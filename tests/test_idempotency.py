@@ -22,7 +22,11 @@ __all__ = ["hermes_python"]  # a fixture this module's plugin test uses
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+def stack(
+    store_backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedder_address: str,
+) -> Iterator[Stack]:
     """store + gateway in lite mode, shared by this module (each test has its own user)."""
     with running_stack(
         tmp_path_factory.mktemp("idempotency"), ["store", "gateway"],

@@ -36,7 +36,7 @@ CALL_S = 0.5
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLlm]:
+def fake(store_backend: str) -> Iterator[FakeLlm]:
     with fake_llm_in_thread() as fake:
         fake.default = {}
         yield fake

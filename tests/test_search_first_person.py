@@ -37,7 +37,11 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def lite(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+def lite(
+    store_backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedder_address: str,
+) -> Iterator[Stack]:
     data_dir: Path = tmp_path_factory.mktemp("first-person")
     with running_stack(
         data_dir, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address

@@ -231,6 +231,7 @@ def found(reply: search_pb2.SearchMemoriesResponse) -> list[common_pb2.ScoredMem
 
 @pytest.fixture(scope="module")
 def graph_stack(
+    store_backend: str,
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str
 ) -> Iterator[tuple[Stack, dict[str, str]]]:
     """A pro-mode store and search holding facts, one L5 edge and one L6 schema."""

@@ -17,7 +17,11 @@ from tests.support import Stack, running_stack
 
 
 @pytest.fixture(scope="module")
-def lite(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+def lite(
+    store_backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedder_address: str,
+) -> Iterator[Stack]:
     data_dir: Path = tmp_path_factory.mktemp("recall")
     with running_stack(
         data_dir, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address

@@ -74,7 +74,11 @@ class Seeded:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Seeded]:
+def seeded(
+    store_backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    embedder_address: str,
+) -> Iterator[Seeded]:
     """A store and a search process over a small data set of two users."""
     data_dir: Path = tmp_path_factory.mktemp("search")
     with running_stack(
