@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # The wheel asks for a runtime dir when it is imported; a test machine may have none set.
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
@@ -59,7 +60,7 @@ class Databases:
 
     def database_bytes(self, dsn: str) -> int:
         """The size of one database on disk, as PostgreSQL counts it (tables, indexes, TOAST)."""
-        name = dsn.rsplit("/", 1)[1].split("?", 1)[0]
+        name = urlsplit(dsn).path.lstrip("/")
         return int(self.sql(f"SELECT pg_database_size('{name}')").strip())
 
     def server_pid(self) -> int | None:
