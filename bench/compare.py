@@ -189,7 +189,10 @@ class Project:
         found = {name: memory_of(pid) for name, pid in self.services().items()}
         server = self.databases.server_pid() if self.databases else None
         if server is not None:
-            each = [memory_of(pid) for pid in [server, *children(server)]]
+            each = []
+            for pid in [server, *children(server)]:
+                with suppress(FileNotFoundError, ProcessLookupError):  # a worker that ended
+                    each.append(memory_of(pid))
             found["postgres"] = {key: round(sum(m[key] for m in each), 1) for key in each[0]}
         return found
 
