@@ -3,6 +3,8 @@ the store backend each test module runs on."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,13 +46,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """One real PostgreSQL server (with pgvector) for the session, started on first use."""
-    from tests.pg_support import TestDatabases
+def pg_databases() -> Iterator[object]:
+    """One real PostgreSQL server (with pgvector) for the session, started on first use.
 
-    databases = TestDatabases(tmp_path_factory.mktemp("postgres") / "data")
-    yield databases
-    databases.stop()
+    Its folder is not under pytest's temp dir: run as root, the server runs as a user of its
+    own, and another pytest session starting meanwhile makes pytest's dir private again.
+    """
+    from bench.postgres import Databases
+
+    folder = Path(tempfile.mkdtemp(prefix="hyatlas-test-pg-"))
+    folder.chmod(0o755)
+    databases = Databases(folder / "data")
+    try:
+        yield databases
+    finally:
+        databases.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
