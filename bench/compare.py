@@ -1,5 +1,9 @@
 """This project through REST against chromadb in-process: same model, texts and threads, one run.
 
+The store runs on SQLite or on a throwaway PostgreSQL with pgvector (`--backend`), there as one
+or several store processes on one database (`--store-replicas`); `--no-peer` leaves chromadb
+out, so a backend can be grown to sizes chromadb would take too long to reach.
+
 For each owner layout (one owner; the same memories spread over many owners) a fresh lite stack
 (`scripts/run.py`: supervisord and every service) and a fresh chromadb worker
 (bench/chroma_worker.py under .venv-bench, the project's own ONNX encoder as its embedding
@@ -37,8 +41,10 @@ import aiohttp
 import numpy as np
 
 from bench.locomo_retrieval import DEFAULT_DATA, load
+from bench.postgres import BACKENDS, Databases, throwaway
 from bench.seeding import Seeder
 from services.embedder.models import find_model_files
+from services.embedder.onnx_encoder import OnnxEncoder
 from services.store.keys import clauses
 from tests.support import base_env, free_port
 
@@ -163,14 +169,39 @@ class Project:
     run_dir: Path
     base_url: str
     log_path: Path
+    databases: Databases | None
+    dsn: str
 
     def services(self) -> dict[str, int]:
-        """Service name -> pid: the children of supervisord (itself run.py's child)."""
-        found = {}
+        """Service name -> pid: the children of supervisord (itself run.py's child); a second
+        replica of a service is name-2, and so on."""
+        found: dict[str, int] = {}
         for supervisord in children(self.proc.pid):
             for pid in children(supervisord):
-                found[service_name(pid)] = pid
+                name = service_name(pid)
+                copies = sum(1 for known in found if known.split("-")[0] == name)
+                found[name if not copies else f"{name}-{copies + 1}"] = pid
         return found
+
+    def memory(self) -> dict[str, dict[str, float]]:
+        """Service name -> its memory figures; with PostgreSQL also the server's processes,
+        summed (PSS shares its buffers fairly among them)."""
+        found = {name: memory_of(pid) for name, pid in self.services().items()}
+        server = self.databases.server_pid() if self.databases else None
+        if server is not None:
+            each = []
+            for pid in [server, *children(server)]:
+                with suppress(FileNotFoundError, ProcessLookupError):  # a worker that ended
+                    each.append(memory_of(pid))
+            found["postgres"] = {key: round(sum(m[key] for m in each), 1) for key in each[0]}
+        return found
+
+    def disk_bytes(self) -> int:
+        """What the stored memories take: the data dir, and with PostgreSQL its database."""
+        total = disk_bytes(self.data_dir, skip=self.run_dir)
+        if self.databases is not None:
+            total += self.databases.database_bytes(self.dsn)
+        return total
 
 
 def ready(url: str) -> bool:
@@ -182,15 +213,22 @@ def ready(url: str) -> bool:
 
 
 @contextmanager
-def project_stack(tmp: Path, threads: int, log_level: str) -> Iterator[Project]:
-    """scripts/run.py in lite mode on a temp data dir and a free port; stopped on the way out."""
+def project_stack(
+    tmp: Path, args: argparse.Namespace, databases: Databases | None
+) -> Iterator[Project]:
+    """scripts/run.py in lite mode on a temp data dir and a free port, its store on SQLite or
+    on a fresh database of the given server (as args.store_replicas processes); stopped on the
+    way out."""
     data = tmp / "data"
     port = free_port()
+    dsn = databases.new_dsn() if databases else ""
     env = base_env(
         data,
         HYATLAS_GO_PORT=str(port),
-        HYATLAS_EMBED_THREADS=str(threads),
-        HYATLAS_LOG_LEVEL=log_level.upper(),
+        HYATLAS_EMBED_THREADS=str(args.threads),
+        HYATLAS_LOG_LEVEL=args.log_level.upper(),
+        HYATLAS_STORE_REPLICAS=str(args.store_replicas),
+        **({"HYATLAS_STORE_DSN": dsn} if dsn else {}),
     )
     log_path = tmp / "services.log"
     with log_path.open("wb") as log:
@@ -202,7 +240,9 @@ def project_stack(tmp: Path, threads: int, log_level: str) -> Iterator[Project]:
             stderr=subprocess.STDOUT,
         )
     base_url = f"http://127.0.0.1:{port}"
-    project = Project(proc, data, Path(env["HYATLAS_RUN_DIR"]), base_url, log_path)
+    project = Project(
+        proc, data, Path(env["HYATLAS_RUN_DIR"]), base_url, log_path, databases, dsn
+    )
     try:
         deadline = time.monotonic() + 180
         while not ready(f"{project.base_url}/readyz"):
@@ -370,8 +410,13 @@ def progress(text: str) -> None:
         print(f"  {text:<40}", end="\r", flush=True)
 
 
-async def alternate(index: int, *steps: Callable[[], Awaitable[None]]) -> None:
-    """Runs the steps in an order that rotates with index, so neither side always goes first."""
+Step = Callable[[], Awaitable[None]]
+
+
+async def alternate(index: int, *given: Step | None) -> None:
+    """Runs the steps in an order that rotates with index, so neither side always goes first
+    (None: a step of the peer when there is none)."""
+    steps = [step for step in given if step is not None]
     shift = index % len(steps)
     for step in steps[shift:] + steps[:shift]:
         await step()
@@ -388,7 +433,7 @@ class Tally:
 
 async def grow(
     ours: Ours,
-    peer: Peer,
+    peer: Peer | None,
     texts: list[str],
     owners: list[str],
     start: int,
@@ -399,8 +444,11 @@ async def grow(
     """Adds texts[start:] to both sides and measures each add path on its own slice (with a
     seeder, all but the last args.measured are seeded first, untimed)."""
     n = len(texts)
+    seeded = Tally()
     if seeder is not None and n - start > args.measured:
+        began = time.perf_counter()
         await seed(ours, peer, seeder, texts, owners, start, n - args.measured)
+        seeded = Tally(n - args.measured - start, time.perf_counter() - began)
         start = n - args.measured
     remaining = n - start
     one = min(args.one_client, remaining // 4)
@@ -410,7 +458,10 @@ async def grow(
         "peer_64_in_bulk", "floor_batched",
     )}
 
-    def peer_add(name: str, lo: int, hi: int, batch: int) -> Callable[[], Awaitable[None]]:
+    def peer_add(name: str, lo: int, hi: int, batch: int) -> Step | None:
+        if peer is None:
+            return None
+
         async def step() -> None:
             reply = await peer.call(
                 op="add",
@@ -440,7 +491,10 @@ async def grow(
 
         return step
 
-    def floor_step(lo: int, hi: int) -> Callable[[], Awaitable[None]]:
+    def floor_step(lo: int, hi: int) -> Step | None:
+        if peer is None:
+            return None
+
         async def step() -> None:
             if tallies["floor_batched"].count >= args.floor_texts:
                 return
@@ -477,6 +531,8 @@ async def grow(
         )
         progress(f"imported {hi}/{n}")
     progress("")
+    # seeded: the untimed part, here given its rate (with chromadb's seeding in between)
+    tallies["seeded"] = seeded
     return {
         name: {"count": t.count, "seconds": round(t.seconds, 2), "per_s": t.rate()}
         for name, t in tallies.items()
@@ -484,7 +540,13 @@ async def grow(
 
 
 async def seed(
-    ours: Ours, peer: Peer, seeder: Seeder, texts: list[str], owners: list[str], lo: int, hi: int
+    ours: Ours,
+    peer: Peer | None,
+    seeder: Seeder,
+    texts: list[str],
+    owners: list[str],
+    lo: int,
+    hi: int,
 ) -> None:
     """Memories lo..hi to both sides with the seeder's vectors (no model run), untimed."""
     spread = len(set(owners[: min(len(owners), 5000)]))  # owner of i is owners[i % spread]
@@ -501,6 +563,9 @@ async def seed(
             for i in range(chunk_lo, chunk_hi)
         ]
         await ours.import_lines(lines)
+        if peer is None:
+            progress(f"seeded {chunk_hi}/{hi}")
+            continue
         await peer.call(
             op="add_vectors",
             ids=[f"m{i}" for i in range(chunk_lo, chunk_hi)],
@@ -539,7 +604,7 @@ def stage_times(log_path: Path, offset: int) -> dict[str, dict[str, float]]:
 
 
 async def searches(
-    ours: Ours, peer: Peer, questions: list[str], owners: int, log_path: Path
+    ours: Ours, peer: Peer | None, questions: list[str], owners: int, log_path: Path
 ) -> dict[str, Any]:
     """Every question on every side, the order rotating per question; warm-up first."""
     times: dict[str, list[float]] = {"hybrid": [], "vector": [], "chromadb": [], "floor": []}
@@ -548,7 +613,8 @@ async def searches(
     for warm in questions[:WARM_UP]:
         await ours.search(warm, owner_of(0, owners), "hybrid")
         await ours.search(warm, owner_of(0, owners), "vector")
-        await peer.call(op="query", text=warm, k=K, where=None)
+        if peer is not None:
+            await peer.call(op="query", text=warm, k=K, where=None)
     offset = await asyncio.to_thread(lambda: log_path.stat().st_size)
     for index, question in enumerate(questions):
         owner = owner_of(index, owners)
@@ -564,18 +630,24 @@ async def searches(
 
             return step
 
-        async def peer_step(q: str = question, w: dict[str, str] | None = where) -> None:
-            reply = await peer.call(op="query", text=q, k=K, where=w)
-            times["chromadb"].append(reply["ms"])
-            found["chromadb"].append(reply["n"])
+        def peer_steps(
+            peer: Peer, q: str = question, w: dict[str, str] | None = where
+        ) -> tuple[Step, Step]:
+            async def peer_query() -> None:
+                reply = await peer.call(op="query", text=q, k=K, where=w)
+                times["chromadb"].append(reply["ms"])
+                found["chromadb"].append(reply["n"])
 
-        async def floor_step(q: str = question) -> None:
-            times["floor"].append((await peer.call(op="embed_one", text=q))["ms"])
+            async def floor_embed() -> None:
+                times["floor"].append((await peer.call(op="embed_one", text=q))["ms"])
 
-        await alternate(index, peer_step, ours_step("hybrid"), ours_step("vector"), floor_step)
+            return peer_query, floor_embed
+
+        query, floor = peer_steps(peer) if peer is not None else (None, None)
+        await alternate(index, query, ours_step("hybrid"), ours_step("vector"), floor)
     return {
-        "latency_ms": {name: latency(v) for name, v in times.items()},
-        "mean_results": {name: round(statistics.fmean(v), 2) for name, v in found.items()},
+        "latency_ms": {name: latency(v) for name, v in times.items() if v},
+        "mean_results": {name: round(statistics.fmean(v), 2) for name, v in found.items() if v},
         "search_service_stage_ms": stage_times(log_path, offset),
     }
 
@@ -587,80 +659,23 @@ async def run_layout(
     questions: list[str],
     args: argparse.Namespace,
     seeding: tuple[list[str], list[tuple[int, int | None]]] | None,
+    databases: Databases | None,
 ) -> list[dict[str, Any]]:
-    """One fresh stack and one fresh chromadb, grown through the sizes."""
-    rows: list[dict[str, Any]] = []
-    owner_ids = [owner_of(i, owners) for i in range(len(texts))]
+    """One fresh stack and one fresh chromadb (unless args.no_peer), grown through the sizes."""
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as name:
         tmp = Path(name)
-        with project_stack(tmp, args.threads, args.log_level) as project:
-            peer = await Peer.start(tmp, args.threads)
+        with project_stack(tmp, args, databases) as project:
+            peer = None if args.no_peer else await Peer.start(tmp, args.threads)
             try:
-                await peer.call(op="embed_one", text="warm up")
-                seeder = None
-                if seeding is not None:
-                    turns, parts = seeding
-                    reply = await peer.call(op="vectors", texts=turns)
-                    matrix = np.frombuffer(base64.b64decode(reply["b64"]), dtype="<f4")
-                    model_id = find_model_files(None).spec.model_id
-                    seeder = Seeder(turns, parts, matrix.reshape(len(turns), -1), model_id)
-                timeout = aiohttp.ClientTimeout(total=600)
-                async with aiohttp.ClientSession(timeout=timeout) as http:
-                    ours = Ours(http, project.base_url)
-                    status = await ours.import_status()
-                    bulk = status not in (404, 405, 501)
-                    print(f"owners {owners}: /api/v1/import answers {status}; bulk path "
-                          f"{'used' if bulk else 'n/a (seeding with 8 concurrent adds)'}",
-                          flush=True)
-                    stored = 0
-                    for size in sizes:
-                        load_before = os.getloadavg()
-                        started = time.perf_counter()
-                        adds = await grow(
-                            ours, peer, texts[:size], owner_ids[:size], stored, bulk, args,
-                            seeder if bulk else None,
-                        )
-                        stored = size
-                        grown_s = time.perf_counter() - started
-                        found = await searches(ours, peer, questions, owners, project.log_path)
-                        await ours.flush()
-                        services = {
-                            name: memory_of(pid) for name, pid in project.services().items()
-                        }
-                        peer_memory = memory_of(peer.proc.pid)
-                        ours_disk = disk_bytes(project.data_dir, skip=project.run_dir)
-                        peer_disk = disk_bytes(peer.persist_dir)
-                        row = {
-                            "size": size,
-                            "owners": owners,
-                            "bulk_path": bulk,
-                            "import_status": status,
-                            "adds": adds,
-                            "search": found,
-                            "rss_mib": {
-                                "ours": round(sum(s["vmrss"] for s in services.values()), 1),
-                                "ours_pss": round(sum(s["pss"] for s in services.values()), 1),
-                                "ours_by_service": services,
-                                "chromadb": peer_memory["vmrss"],
-                                "chromadb_pss": peer_memory["pss"],
-                                "chromadb_peak": peer_memory["vmhwm"],
-                            },
-                            "disk": {
-                                "ours_mib": round(ours_disk / MIB, 1),
-                                "chromadb_mib": round(peer_disk / MIB, 1),
-                                "ours_kib_per_memory": round(ours_disk / 1024 / size, 2),
-                                "chromadb_kib_per_memory": round(peer_disk / 1024 / size, 2),
-                            },
-                            "grow_s": round(grown_s, 1),
-                            "load_avg_before": [round(x, 2) for x in load_before],
-                            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-                        }
-                        rows.append(row)
-                        print(markdown([row]), flush=True)
-                        if stages := stage_lines([row]):
-                            print(stages, flush=True)
+                if peer is not None:
+                    await peer.call(op="embed_one", text="warm up")
+                seeder = await make_seeder(seeding, peer, args.threads)
+                rows = await grow_through(
+                    project, peer, owners, sizes, texts, questions, args, seeder
+                )
             finally:
-                await peer.stop()
+                if peer is not None:
+                    await peer.stop()
         embedded = embedded_texts(tmp / "services.log")  # logged when the embedder stops
     if embedded is not None and rows:
         # every search embeds its query once; the rest was embedded for the stored memories
@@ -680,6 +695,101 @@ async def run_layout(
     return rows
 
 
+async def make_seeder(
+    seeding: tuple[list[str], list[tuple[int, int | None]]] | None,
+    peer: Peer | None,
+    threads: int,
+) -> Seeder | None:
+    """The seeder of a run that seeds: every turn embedded once, by chromadb's worker or,
+    without one, by the project's encoder in this process (the same model and code)."""
+    if seeding is None:
+        return None
+    turns, parts = seeding
+    files = find_model_files(None)
+    if peer is not None:
+        reply = await peer.call(op="vectors", texts=turns)
+        matrix = np.frombuffer(base64.b64decode(reply["b64"]), dtype="<f4")
+    else:
+        encoder = OnnxEncoder(files, threads)
+        matrix = (await asyncio.to_thread(encoder.encode, turns)).astype("<f4")
+    return Seeder(turns, parts, matrix.reshape(len(turns), -1), files.spec.model_id)
+
+
+async def grow_through(
+    project: Project,
+    peer: Peer | None,
+    owners: int,
+    sizes: list[int],
+    texts: list[str],
+    questions: list[str],
+    args: argparse.Namespace,
+    seeder: Seeder | None,
+) -> list[dict[str, Any]]:
+    """Grows both sides through the sizes; a row of figures at each."""
+    rows: list[dict[str, Any]] = []
+    owner_ids = [owner_of(i, owners) for i in range(len(texts))]
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        ours = Ours(http, project.base_url)
+        status = await ours.import_status()
+        bulk = status not in (404, 405, 501)
+        print(f"owners {owners}: /api/v1/import answers {status}; bulk path "
+              f"{'used' if bulk else 'n/a (seeding with 8 concurrent adds)'}", flush=True)
+        stored = 0
+        for size in sizes:
+            load_before = os.getloadavg()
+            started = time.perf_counter()
+            adds = await grow(
+                ours, peer, texts[:size], owner_ids[:size], stored, bulk, args,
+                seeder if bulk else None,
+            )
+            stored = size
+            grown_s = time.perf_counter() - started
+            found = await searches(ours, peer, questions, owners, project.log_path)
+            await ours.flush()
+            services = project.memory()
+            ours_disk = project.disk_bytes()
+            row = {
+                "size": size,
+                "owners": owners,
+                "backend": args.backend,
+                "store_replicas": args.store_replicas,
+                "bulk_path": bulk,
+                "import_status": status,
+                "adds": adds,
+                "search": found,
+                "rss_mib": {
+                    "ours": round(sum(s["vmrss"] for s in services.values()), 1),
+                    "ours_pss": round(sum(s["pss"] for s in services.values()), 1),
+                    "ours_by_service": services,
+                },
+                "disk": {
+                    "ours_mib": round(ours_disk / MIB, 1),
+                    "ours_kib_per_memory": round(ours_disk / 1024 / size, 2),
+                },
+                "grow_s": round(grown_s, 1),
+                "load_avg_before": [round(x, 2) for x in load_before],
+                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+            }
+            if peer is not None:
+                peer_memory = memory_of(peer.proc.pid)
+                peer_disk = disk_bytes(peer.persist_dir)
+                row["rss_mib"] |= {
+                    "chromadb": peer_memory["vmrss"],
+                    "chromadb_pss": peer_memory["pss"],
+                    "chromadb_peak": peer_memory["vmhwm"],
+                }
+                row["disk"] |= {
+                    "chromadb_mib": round(peer_disk / MIB, 1),
+                    "chromadb_kib_per_memory": round(peer_disk / 1024 / size, 2),
+                }
+            rows.append(row)
+            print(markdown([row]), flush=True)
+            if stages := stage_lines([row]):
+                print(stages, flush=True)
+    return rows
+
+
 def embedded_texts(log_path: Path) -> int | None:
     """Texts the embedder ran in all, from the line it logs when it stops."""
     for line in log_path.read_text(errors="replace").splitlines():
@@ -696,6 +806,11 @@ def ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}×" if ours and theirs else "n/a"
 
 
+def p50_p95(lat: dict[str, dict[str, float]], name: str) -> str:
+    """"p50 / p95" of one latency series, n/a when it was not measured (no chromadb)."""
+    return f"{lat[name]['p50']} / {lat[name]['p95']}" if name in lat else "n/a"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table: our figure, chromadb's (or the floor's), and ours over theirs."""
     lines = [
@@ -710,37 +825,71 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{head}| {measure} | {ours} | {theirs} | {r} |")
 
         add("adds/s, 1 client (chromadb: one-doc add)", f"{a['ours_1']['per_s']}",
-            f"{a['peer_1']['per_s']}", ratio(a["ours_1"]["per_s"], a["peer_1"]["per_s"]))
+            f"{a['peer_1']['per_s'] or 'n/a'}", ratio(a["ours_1"]["per_s"], a["peer_1"]["per_s"]))
         add(f"adds/s, {CLIENTS} clients (chromadb: {PEER_BATCH}-doc batches)",
-            f"{a['ours_8']['per_s']}", f"{a['peer_64']['per_s']}",
+            f"{a['ours_8']['per_s']}", f"{a['peer_64']['per_s'] or 'n/a'}",
             ratio(a["ours_8"]["per_s"], a["peer_64"]["per_s"]))
+        floor = a["floor_batched"]["per_s"]
         bulk = a["ours_bulk"]["per_s"] if row["bulk_path"] else None
         add("bulk import memories/s (floor: raw batched embed, texts/s)",
-            f"{bulk}" if bulk else "n/a", f"{a['floor_batched']['per_s']}",
-            ratio(bulk, a["floor_batched"]["per_s"]))
+            f"{bulk}" if bulk else "n/a", f"{floor or 'n/a'}", ratio(bulk, floor))
         texts = a.get("ours_bulk_texts", {}).get("per_s") if row["bulk_path"] else None
         add("bulk import embedded texts/s, each memory and its sentences (floor: texts/s)",
-            f"{texts}" if texts else "n/a", f"{a['floor_batched']['per_s']}",
-            ratio(texts, a["floor_batched"]["per_s"]))
+            f"{texts}" if texts else "n/a", f"{floor or 'n/a'}", ratio(texts, floor))
         for reader in ("hybrid", "vector"):
+            peer = lat.get("chromadb", {})
             add(f"search p50 / p95 ms, {reader} (chromadb: query)",
-                f"{lat[reader]['p50']} / {lat[reader]['p95']}",
-                f"{lat['chromadb']['p50']} / {lat['chromadb']['p95']}",
-                f"{ratio(lat[reader]['p50'], lat['chromadb']['p50'])} / "
-                f"{ratio(lat[reader]['p95'], lat['chromadb']['p95'])}")
-        add("floor: raw single-query embed p50 / p95 ms", "",
-            f"{lat['floor']['p50']} / {lat['floor']['p95']}", "")
+                p50_p95(lat, reader), p50_p95(lat, "chromadb"),
+                f"{ratio(lat[reader]['p50'], peer.get('p50'))} / "
+                f"{ratio(lat[reader]['p95'], peer.get('p95'))}")
+        add("floor: raw single-query embed p50 / p95 ms", "", p50_p95(lat, "floor"), "")
         rss = row["rss_mib"]
-        add("RSS MiB (all services vs chromadb's process)", f"{rss['ours']}",
-            f"{rss['chromadb']}", ratio(rss["ours"], rss["chromadb"]))
+        postgres = " and PostgreSQL" if "postgres" in rss["ours_by_service"] else ""
+        add(f"RSS MiB (all services{postgres} vs chromadb's process)", f"{rss['ours']}",
+            f"{rss.get('chromadb', 'n/a')}", ratio(rss["ours"], rss.get("chromadb")))
         disk = row["disk"]
         add("disk KiB per memory", f"{disk['ours_kib_per_memory']}",
-            f"{disk['chromadb_kib_per_memory']}",
-            ratio(disk["ours_kib_per_memory"], disk["chromadb_kib_per_memory"]))
+            f"{disk.get('chromadb_kib_per_memory', 'n/a')}",
+            ratio(disk["ours_kib_per_memory"], disk.get("chromadb_kib_per_memory")))
         if "embedded_texts_per_memory" in row:
             add("texts embedded per memory added through the model (chromadb: 1)",
                 f"{row['embedded_texts_per_memory']}", "1",
                 f"{row['embedded_texts_per_memory']:.2f}×")
+    return "\n".join(lines)
+
+
+def backend_label(report: dict[str, Any]) -> str:
+    """How a run's store was set up: SQLite, or PostgreSQL with how many store processes."""
+    if report.get("backend", "sqlite") == "sqlite":
+        return "SQLite"
+    replicas = report.get("store_replicas", 1)
+    return f"PostgreSQL, {replicas} store{'s' if replicas > 1 else ''}"
+
+
+def backends_table(reports: list[dict[str, Any]]) -> str:
+    """Runs side by side, one column each, at every size and owner layout they share."""
+    measures: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("adds/s, 1 client", lambda r: f"{r['adds']['ours_1']['per_s']}"),
+        (f"adds/s, {CLIENTS} clients", lambda r: f"{r['adds']['ours_8']['per_s']}"),
+        ("bulk import memories/s (embedded)", lambda r: f"{r['adds']['ours_bulk']['per_s']}"),
+        ("bulk import memories/s (seeding, vectors given)",
+         lambda r: f"{r['adds'].get('seeded', {}).get('per_s') or 'n/a'}"),
+        ("search p50 / p95 ms, hybrid", lambda r: p50_p95(r["search"]["latency_ms"], "hybrid")),
+        ("search p50 / p95 ms, vector", lambda r: p50_p95(r["search"]["latency_ms"], "vector")),
+        ("RSS MiB, all services (and PostgreSQL)", lambda r: f"{r['rss_mib']['ours']}"),
+        ("PSS MiB, all services (and PostgreSQL)", lambda r: f"{r['rss_mib']['ours_pss']}"),
+        ("disk KiB per memory", lambda r: f"{r['disk']['ours_kib_per_memory']}"),
+    ]
+    by_run = [{(row["size"], row["owners"]): row for row in r["rows"]} for r in reports]
+    shared = sorted(set.intersection(*(set(rows) for rows in by_run)), key=lambda k: (k[1], k[0]))
+    lines = [
+        "| stored | owners | measure | " + " | ".join(map(backend_label, reports)) + " |",
+        "|---|---|---|" + "---|" * len(reports),
+    ]
+    for key in shared:
+        for measure, value in measures:
+            cells = " | ".join(value(rows[key]) for rows in by_run)
+            lines.append(f"| {key[0]:,} | {key[1]:,} | {measure} | {cells} |")
     return "\n".join(lines)
 
 
@@ -773,14 +922,37 @@ def main() -> int:
                         "embedded and timed)")
     parser.add_argument("--log-level", default="info",
                         help="debug: the search service logs per-stage timings, summarised")
-    parser.add_argument("--out", type=Path, default=RESULTS / "compare.json")
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite",
+                        help="the store's: SQLite in the data dir, or a fresh database on a "
+                        "throwaway PostgreSQL with pgvector (bench/postgres.py)")
+    parser.add_argument("--store-replicas", type=int, default=1,
+                        help="store processes on the one PostgreSQL database, taking calls in "
+                        "turn (HYATLAS_STORE_REPLICAS of scripts/run.py)")
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a server setting of the throwaway PostgreSQL, such as "
+                        "shared_buffers=4GB (repeatable; default: the server as the tests run it)")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="without chromadb: only this project is grown and timed")
+    parser.add_argument("--table", type=Path, nargs="+", metavar="RESULTS",
+                        help="print runs' results files side by side as one markdown table "
+                        "(e.g. SQLite, PostgreSQL with 1 and 2 stores) and run nothing")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default bench/results/compare.json; with another backend, more "
+                        "stores or no peer compare_<backend>[_<n>stores][_nopeer].json")
     args = parser.parse_args()
+    if args.table:
+        print(backends_table([json.loads(path.read_text()) for path in args.table]))
+        return 0
     sizes = sorted(int(s) for s in args.sizes.split(","))
     layouts = [int(s) for s in args.owners.split(",")]
     if not args.data.is_file():
         print(f"no LoCoMo data at {args.data} (use --data)", file=sys.stderr)
         return 1
-    if not BENCH_PYTHON.is_file():
+    if args.store_replicas > 1 and args.backend != "postgres":
+        print("--store-replicas needs --backend postgres (replicas share its database)",
+              file=sys.stderr)
+        return 1
+    if not args.no_peer and not BENCH_PYTHON.is_file():
         print(f"no {BENCH_PYTHON}: run `make bench-venv`", file=sys.stderr)
         return 1
     turns_by_owner, qs = load(args.data)
@@ -794,15 +966,25 @@ def main() -> int:
     print(f"{len(texts)} texts (mean {statistics.fmean(map(len, texts)):.0f} chars), "
           f"{len(questions)} queries, load {load_start[0]:.2f}", flush=True)
     rows: list[dict[str, Any]] = []
-    for owners in layouts:
-        seeding = (turns, parts) if args.measured else None
-        rows += asyncio.run(run_layout(owners, sizes, texts, questions, args, seeding))
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-postgres-") as folder,
+        throwaway(args.backend, Path(folder), pg_settings(args.pg_setting)) as databases,
+    ):
+        for owners in layouts:
+            seeding = (turns, parts) if args.measured else None
+            rows += asyncio.run(
+                run_layout(owners, sizes, texts, questions, args, seeding, databases)
+            )
     load_end = os.getloadavg()
     report = {
         "started": started.isoformat(timespec="seconds"),
         "minutes": round((datetime.now(UTC) - started).total_seconds() / 60, 1),
         "command": " ".join([".venv/bin/python -m bench.compare", *sys.argv[1:]]),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "backend": args.backend,
+        "store_replicas": args.store_replicas,
+        "pg_settings": pg_settings(args.pg_setting),
+        "peer": None if args.no_peer else "chromadb",
         "threads": args.threads,
         "texts_mean_chars": round(statistics.fmean(map(len, texts)), 1),
         "queries": len(questions),
@@ -816,9 +998,26 @@ def main() -> int:
     print(markdown(rows))
     if stages := stage_lines(rows):
         print(f"\nsearch service, median ms per stage (ranking stages: ms/candidates):\n{stages}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out = args.out or RESULTS / f"compare{results_suffix(args)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def pg_settings(given: list[str]) -> dict[str, str]:
+    """--pg-setting NAME=VALUE options as a mapping."""
+    pairs = [item.partition("=") for item in given]
+    if any(not name or not eq for name, eq, _ in pairs):
+        raise SystemExit(f"--pg-setting takes NAME=VALUE, not {given!r}")
+    return {name.strip(): value.strip() for name, _, value in pairs}
+
+
+def results_suffix(args: argparse.Namespace) -> str:
+    """What sets a run apart from the default one (SQLite beside chromadb) in its file name."""
+    if args.backend == "sqlite" and args.store_replicas == 1 and not args.no_peer:
+        return ""
+    replicas = f"_{args.store_replicas}stores" if args.store_replicas > 1 else ""
+    return f"_{args.backend}{replicas}{'_nopeer' if args.no_peer else ''}"
 
 
 if __name__ == "__main__":

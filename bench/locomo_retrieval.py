@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.postgres import BACKENDS, throwaway
 from tests.support import running_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,8 +273,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     print(f"{sum(map(len, turns.values()))} turns, {len(questions)} questions", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="locomo-") as tmp,
+        throwaway(args.backend, Path(tmp) / "postgres") as databases,
         running_stack(
-            Path(tmp) / "data", ["embedder", "store", "search", "gateway"], HYATLAS_MODE="lite"
+            Path(tmp) / "data",
+            ["embedder", "store", "search", "gateway"],
+            HYATLAS_MODE="lite",
+            **({"HYATLAS_STORE_DSN": databases.new_dsn()} if databases else {}),
         ) as stack,
     ):
         timeout = aiohttp.ClientTimeout(total=120)
@@ -300,6 +305,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     )
                 print_ablation(full, ablation)
     return {
+        "backend": args.backend,
         "data": str(args.data),
         "turns": len(ids),
         "questions": len(questions),
@@ -334,13 +340,29 @@ def main() -> int:
         action="store_true",
         help="also run the hybrid with each stage switched off in turn (skip_stages)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sqlite",
+        help="the store's: SQLite in the data dir, or a fresh database on a throwaway "
+        "PostgreSQL with pgvector (bench/postgres.py)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the results file (default bench/results/locomo_retrieval.json, "
+        "locomo_retrieval_postgres.json on PostgreSQL)",
+    )
     args = parser.parse_args()
     if not args.data.exists():
         print(f"no data at {args.data}", file=sys.stderr)
         return 1
     report = asyncio.run(run(args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "locomo_retrieval.json").write_text(json.dumps(report, indent=2) + "\n")
+    suffix = "" if args.backend == "sqlite" else f"_{args.backend}"
+    out = args.out or RESULTS / f"locomo_retrieval{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

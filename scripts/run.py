@@ -11,8 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from shared.addresses import endpoints
 from shared.errors import ConfigError
-from shared.settings import Settings
+from shared.settings import Settings, read_int
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "supervisord.conf"
@@ -20,12 +21,38 @@ POLL_S = 0.25
 
 
 def supervisor_env(settings: Settings) -> dict[str, str]:
-    """This environment with the data and run directories resolved and supervisord's own dir."""
+    """This environment with the data and run directories resolved, supervisord's own dir and
+    the number of store processes."""
     env = dict(os.environ)
     env["HYATLAS_GO_DATA"] = str(settings.data_dir)
     env["HYATLAS_RUN_DIR"] = str(settings.run_dir)
     env["HYATLAS_SUPERVISOR_DIR"] = str(settings.run_dir / "supervisor")
+    env |= store_replicas(env, settings)
     return env
+
+
+def store_replicas(env: dict[str, str], settings: Settings) -> dict[str, str]:
+    """HYATLAS_STORE_REPLICAS (1): how many store processes supervisord starts. Several share
+    the PostgreSQL database of HYATLAS_STORE_DSN; replica i serves on entry i of
+    HYATLAS_STORE_ADDR, which unset lists one unix socket per replica in the run dir."""
+    count = read_int(env, "HYATLAS_STORE_REPLICAS", 1, 1, 64)
+    found = {"HYATLAS_STORE_REPLICAS": str(count)}
+    if count == 1:
+        return found
+    if not env.get("HYATLAS_STORE_DSN", "").strip():
+        raise ConfigError(
+            f"HYATLAS_STORE_REPLICAS={count} needs HYATLAS_STORE_DSN: replicas share one "
+            "PostgreSQL database (a SQLite store has one writer)"
+        )
+    if not env.get("HYATLAS_STORE_ADDR", "").strip():
+        sockets = (f"unix:{settings.run_dir / f'store-{i}.sock'}" for i in range(count))
+        found["HYATLAS_STORE_ADDR"] = ",".join(sockets)
+    elif len(endpoints(settings.address("store"))) != count:
+        raise ConfigError(
+            f"HYATLAS_STORE_ADDR={settings.address('store')!r} must list "
+            f"HYATLAS_STORE_REPLICAS={count} endpoints, one per replica"
+        )
+    return found
 
 
 def readyz_url(settings: Settings) -> str:
@@ -56,7 +83,11 @@ def main() -> int:
     except ConfigError as exc:
         print(f"hyatlas: {exc}", file=sys.stderr)
         return 2
-    env = supervisor_env(settings)
+    try:
+        env = supervisor_env(settings)
+    except ConfigError as exc:
+        print(f"hyatlas: {exc}", file=sys.stderr)
+        return 2
     for folder in (settings.data_dir, settings.run_dir, Path(env["HYATLAS_SUPERVISOR_DIR"])):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     supervisord = Path(sys.executable).parent / "supervisord"

@@ -186,8 +186,9 @@ class Settings:
     """HYATLAS_<SERVICE>_ADDR: where each service is called: unix:PATH or HOST:PORT, or a
     comma-separated list of its replicas' endpoints, which take calls in turn."""
     listen: Mapping[str, str] = field(default_factory=dict)
-    """HYATLAS_<SERVICE>_LISTEN: the one endpoint a service serves on; unset, its address when
-    that names one endpoint (a replica of a list must be told which entry is its own)."""
+    """HYATLAS_<SERVICE>_LISTEN: the one endpoint a service serves on; unset, entry number
+    HYATLAS_<SERVICE>_REPLICA (from 0) of its address, or its address when that names one
+    endpoint (a replica of a list must be told which entry is its own)."""
     http_host: str = "127.0.0.1"
     """HYATLAS_GO_HOST: the gateway's bind address."""
     http_port: int = 19528
@@ -462,11 +463,21 @@ def _listen_addresses(env: Mapping[str, str], addresses: Mapping[str, str]) -> d
             raise ConfigError(
                 f"HYATLAS_{name.upper()}_LISTEN={own!r} must be one endpoint, not a list"
             )
+        replica = env.get(f"HYATLAS_{name.upper()}_REPLICA", "").strip()
         if own:
             listen[name] = own
+        elif replica:
+            listen[name] = _replica_endpoint(env, name, address)
         elif len(endpoints(address)) == 1:
             listen[name] = address
     return listen
+
+
+def _replica_endpoint(env: Mapping[str, str], name: str, address: str) -> str:
+    """The entry of a service's address list that HYATLAS_<SERVICE>_REPLICA numbers (from 0)."""
+    entries = endpoints(address)
+    index = read_int(env, f"HYATLAS_{name.upper()}_REPLICA", 0, 0, len(entries) - 1)
+    return entries[index]
 
 
 def _check_tcp_token(env: Mapping[str, str], grpc_token: str) -> None:

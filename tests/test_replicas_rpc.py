@@ -92,6 +92,15 @@ def test_a_replica_not_told_its_own_endpoint_refuses_to_start() -> None:
         EmbedderConfig.from_env(env)
 
 
+def test_a_numbered_replica_serves_on_its_entry_of_the_list() -> None:
+    env = {"HYATLAS_STORE_ADDR": "unix:/run/s0.sock,unix:/run/s1.sock"}
+    assert StoreConfig.from_env({**env, "HYATLAS_STORE_REPLICA": "1"}).address == (
+        "unix:/run/s1.sock"
+    )
+    with pytest.raises(ConfigError, match="HYATLAS_STORE_REPLICA='2' is outside 0..1"):
+        Settings.from_env({**env, "HYATLAS_STORE_REPLICA": "2"})
+
+
 def test_a_listen_endpoint_is_one_endpoint() -> None:
     env = {"HYATLAS_EMBEDDER_LISTEN": "unix:/run/a.sock,unix:/run/b.sock"}
     with pytest.raises(ConfigError, match="HYATLAS_EMBEDDER_LISTEN=.*one endpoint"):
