@@ -6,7 +6,10 @@ owner, so a search of a reach's users reads their postings only. A relaxed searc
 hold more than keywords.POSTING_BUDGET of those postings ranks them among the newest rows that
 hold them, and its rarest terms (those within the budget) among all rows, as fulltext.py does.
 Rows are ranked by ts_rank_cd (higher is better), a relaxed search's with each term's idf
-added for the terms a row holds, and counted for the terms they hold.
+added for the terms a row holds, and counted for the terms they hold. ts_rank_cd costs several
+times what ts_rank does per row, so each query first ranks its rows by ts_rank on the index's
+table alone and only the best few of them by ts_rank_cd; the terms' postings, which counting
+reads row by row, are counted once per owner and again as the index grows (Postings).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ CONTEXT_KEYS = TextIndex(
     ("mk.kind = 'context'",),
 )
 
+# A query ranks this many times its limit of rows by the final score (the best by the cheap one).
+CHEAP_SHARE = 2
+
 # The indexes by the names rows.Rows.text_search takes.
 BY_NAME = {"own": OWN_TEXT, "context": CONTEXT_KEYS}
 
@@ -85,12 +91,15 @@ class _Plan:
     the terms it holds, so a rare term counts for more than a common one, as in bm25."""
 
 
-def _score(index: TextIndex, terms: Sequence[str], plan: _Plan) -> tuple[str, list[Any]]:
-    """The SQL of a row's score, and its parameters: ts_rank_cd by all the terms, joined as
-    the search joins them (a strict search has no weights), divided by the log of the text's
-    length (normalization 1); plus the weights of the terms the row holds."""
+def _score(
+    index: TextIndex, terms: Sequence[str], plan: _Plan, rank: str
+) -> tuple[str, list[Any]]:
+    """The SQL of a row's score, and its parameters: the rank function (ts_rank or
+    ts_rank_cd) by all the terms, joined as the search joins them (a strict search has no
+    weights), divided by the log of the text's length (normalization 1); plus the weights of
+    the terms the row holds."""
     ranking, ranked_terms = _tsquery(_Query(tuple(terms), every=not plan.weights))
-    sql = f"ts_rank_cd({index.terms}, {ranking}, 1)"
+    sql = f"{rank}({index.terms}, {ranking}, 1)"
     params: list[Any] = list(ranked_terms)
     for term, weight in zip(terms, plan.weights, strict=False):
         sql += f" + ({index.terms} @@ plainto_tsquery('english', ?))::int * ?::float8"
@@ -126,13 +135,16 @@ async def search(
     text_index = BY_NAME[index]
     owned = _owned(text_index, reach)
     plan = await _plan(db, text_index, owned, terms, least)
-    score = _score(text_index, terms, plan)
+    scores = (
+        _score(text_index, terms, plan, "ts_rank"),
+        _score(text_index, terms, plan, "ts_rank_cd"),
+    )
     filters = _filters(reach, layers, include_superseded)
     term_stems = [stem(t) for t in terms]
     # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
     limit = k + k // 4 + 8
     while True:
-        ranked, more = await _ranked(db, text_index, plan.queries, score, owned, filters, limit)
+        ranked, more = await _ranked(db, text_index, plan.queries, scores, owned, filters, limit)
         found = []
         for row, text, row_score in ranked:
             held = max(1, matched_terms(term_stems, text))
@@ -154,7 +166,7 @@ async def _plan(
     if least >= len(terms):
         return _Plan((_Query(tuple(terms), every=True),))
     budget = keywords.POSTING_BUDGET
-    rows, postings = await _counts(db, index, owned, terms)
+    rows, postings = await POSTINGS.count(db, index, owned, terms)
     weights = tuple(_idf(rows, n) for n in postings)
     chosen = finding_terms(postings, least, budget)
     some = _Query(tuple(terms[i] for i in chosen))
@@ -169,23 +181,66 @@ async def _plan(
     return _Plan((newest, _Query(tuple(terms[i] for i in rare))), weights)
 
 
-async def _counts(
+class Postings:
+    """How many rows of an owner's each term is in (and how many rows the owner has), by
+    index, counted once and again when the index's newest rowid has grown by a tenth since.
+
+    Counting visits every posting's row, so a big owner's common term would cost more than the
+    search itself; the counts only pick the terms that find rows and weigh them, so a slightly
+    stale one is harmless. At most CACHED counts are kept.
+    """
+
+    CACHED = 50_000
+    GROWTH = 1.1
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str, tuple[str, ...] | None, str], tuple[int, int]] = {}
+
+    async def count(
+        self,
+        db: Database,
+        index: TextIndex,
+        owned: tuple[list[str], list[Any]],
+        terms: Sequence[str],
+    ) -> tuple[int, list[int]]:
+        """How many rows the owner has in the index, and how many of them hold each term."""
+        owner = tuple(owned[1][0]) if owned[1] else None
+        keys = {term: (db.dsn, index.terms, owner, term) for term in ("", *terms)}
+        cached = {term: self._counts[key] for term, key in keys.items() if key in self._counts}
+        high, counted = await _counted(db, index, owned, [t for t in keys if t not in cached])
+        stale = [t for t, (_, at) in cached.items() if high > at * self.GROWTH]
+        if stale:
+            high, recounted = await _counted(db, index, owned, stale)
+            counted.update(recounted)
+        if len(self._counts) + len(counted) > self.CACHED:
+            self._counts.clear()
+        for term, n in counted.items():
+            self._counts[keys[term]] = (n, high)
+            cached[term] = (n, high)
+        return cached[""][0], [cached[term][0] for term in terms]
+
+
+POSTINGS = Postings()
+
+
+async def _counted(
     db: Database, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
-) -> tuple[int, list[int]]:
-    """How many rows the owner has in the index, and how many of them hold each term, in one
-    statement."""
+) -> tuple[int, dict[str, int]]:
+    """The index's newest rowid, and how many of the owner's rows hold each term (the empty
+    term: how many rows the owner has), in one statement."""
     where, params = owned
-    holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
-    one = f"(SELECT count(*) FROM {index.table} {_where([*where, holds])})"
-    every = f"(SELECT count(*) FROM {index.table} {_where(where)})"
+    counts = []
+    for term in terms:
+        holds = [f"{index.terms} @@ plainto_tsquery('english', ?)"] if term else []
+        counts.append(f"(SELECT count(*) FROM {index.table} {_where([*where, *holds])})")
     row = (
         await db.fetch(
-            f"SELECT {every}, {', '.join([one] * len(terms))}",
-            *params,
-            *[p for term in terms for p in (*params, term)],
+            f"SELECT (SELECT coalesce(max({index.rowid}), 0) FROM {index.table})"
+            + "".join(f", {count}" for count in counts),
+            *[p for term in terms for p in (*params, *([term] if term else []))],
         )
     )[0]
-    return int(row[0]), [int(n) for n in row[1:]]
+    return int(row[0]), {term: int(n) for term, n in zip(terms, row[1:], strict=True)}
 
 
 async def _newest_from(
@@ -210,13 +265,21 @@ async def _ranked(
     db: Database,
     index: TextIndex,
     queries: Sequence[_Query],
-    score: tuple[str, list[Any]],
+    scores: tuple[tuple[str, list[Any]], tuple[str, list[Any]]],
     owned: tuple[list[str], list[Any]],
     filters: tuple[list[str], list[Any]],
     limit: int,
 ) -> tuple[list[tuple[MemoryRow, str, float]], bool]:
     """Up to limit rows the queries find inside the filters, best score first, each with its
-    indexed text, and whether a query may have more."""
+    indexed text, and whether a query may have more.
+
+    Each query ranks its rows by the cheap score (ts_rank) on the index's table alone; only the
+    best few times limit of them are joined to their memories and ranked by the final score
+    (ts_rank_cd), which costs several times as much per row.
+    """
+    cheap, final = scores
+    # The memories table's own conditions can narrow the candidates; a key's only after.
+    inside, outside = (filters, ([], [])) if not index.join else (([], []), filters)
     best: dict[int, tuple[MemoryRow, str, float]] = {}
     more = False
     for query in queries:
@@ -226,14 +289,19 @@ async def _ranked(
             *owned[0],
             f"{index.terms} @@ {tsquery}",
             *[f"{index.rowid} >= ?" for _ in window],
-            *filters[0],
+            *inside[0],
         ]
         rows = await db.fetch(
-            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {score[0]} AS score "
-            f"FROM {index.table} {index.join} {_where(where)} ORDER BY score DESC LIMIT ?",
-            *score[1], *owned[1], *terms, *window, *filters[1], limit,
+            f"WITH c AS (SELECT {index.rowid} AS rowid FROM {index.table} {_where(where)} "
+            f"ORDER BY {cheap[0]} DESC LIMIT ?) "
+            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {final[0]} AS score, "
+            "(SELECT count(*) FROM c) "
+            f"FROM c JOIN {index.table} ON {index.rowid} = c.rowid {index.join} "
+            f"{_where(outside[0])} ORDER BY score DESC LIMIT ?",
+            *owned[1], *terms, *window, *inside[1], *cheap[1], limit * CHEAP_SHARE,
+            *final[1], *outside[1], limit,
         )
-        more = more or len(rows) == limit
+        more = more or (bool(rows) and int(rows[0][30]) == limit * CHEAP_SHARE)
         for r in rows:
             best[int(r[28])] = (_row(r), str(r[27]), float(r[29]))
     ranked = sorted(best.values(), key=lambda hit: hit[2], reverse=True)
