@@ -14,15 +14,18 @@ reads row by row, are counted once per owner and again as the index grows (Posti
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import asyncpg
 
 from services.store import keywords
 from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
-from services.store.pg.db import Database
+from services.store.pg.db import Database, numbered, text_checked
 from services.store.repo import _M_COLUMNS, _filters, _row, _where
 
 
@@ -70,8 +73,8 @@ class _Query:
     """The terms that find candidate rows."""
     every: bool = False
     """Whether a row must hold all of them (else any)."""
-    since: int | None = None
-    """Only rowids from this one on (the newest postings), when the budget ran out."""
+    newest: int | None = None
+    """Only the newest this many rows it finds (the newest postings), when the budget ran out."""
 
 
 def _tsquery(query: _Query) -> tuple[str, list[str]]:
@@ -134,29 +137,58 @@ async def search(
     """Rows holding at least `least` of the terms, best rank first: (row, score, terms held)."""
     text_index = BY_NAME[index]
     owned = _owned(text_index, reach)
-    plan = await _plan(db, text_index, owned, terms, least)
-    scores = (
-        _score(text_index, terms, plan, "ts_rank"),
-        _score(text_index, terms, plan, "ts_rank_cd"),
-    )
-    filters = _filters(reach, layers, include_superseded)
-    term_stems = [stem(t) for t in terms]
-    # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
-    limit = k + k // 4 + 8
-    while True:
-        ranked, more = await _ranked(db, text_index, plan.queries, scores, owned, filters, limit)
-        found = []
-        for row, text, row_score in ranked:
-            held = max(1, matched_terms(term_stems, text))
-            if held >= least:
-                found.append((row, row_score, held))
-        if len(found) >= k or not more:
-            return found[:k]
-        limit *= 4
+    async with _reading(db) as reader:
+        plan = await _plan(reader, text_index, owned, terms, least)
+        scores = (
+            _score(text_index, terms, plan, "ts_rank"),
+            _score(text_index, terms, plan, "ts_rank_cd"),
+        )
+        filters = _filters(reach, layers, include_superseded)
+        term_stems = [stem(t) for t in terms]
+        # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
+        limit = k + k // 4 + 8
+        while True:
+            ranked, more = await _ranked(
+                reader, text_index, plan.queries, scores, owned, filters, limit
+            )
+            found = []
+            for row, text, row_score in ranked:
+                held = max(1, matched_terms(term_stems, text))
+                if held >= least:
+                    found.append((row, row_score, held))
+            if len(found) >= k or not more:
+                return found[:k]
+            limit *= 4
+
+
+class _Reader:
+    """One connection's reads (with `?` placeholders) inside a search's transaction."""
+
+    def __init__(self, conn: asyncpg.Connection, dsn: str) -> None:
+        self.conn = conn
+        self.dsn = dsn
+
+    async def fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
+        """The rows of one read."""
+        with text_checked():
+            return await self.conn.fetch(numbered(sql), *params)
+
+
+@contextlib.asynccontextmanager
+async def _reading(db: Database) -> AsyncIterator[_Reader]:
+    """A read-only transaction whose statements are planned for their parameters each time.
+
+    The pool's connections cache their statements, and after a few runs PostgreSQL may plan
+    one for any parameters: then plainto_tsquery is no longer folded into a constant but runs
+    for every row and every term, which costs more than the search itself.
+    """
+    async with db.pool.acquire() as conn, conn.transaction(readonly=True):
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        yield _Reader(conn, db.dsn)
 
 
 async def _plan(
-    db: Database,
+    db: _Reader,
     index: TextIndex,
     owned: tuple[list[str], list[Any]],
     terms: Sequence[str],
@@ -174,7 +206,7 @@ async def _plan(
         return _Plan((some,), weights)
     # Too many postings: all the terms among the newest rows, and the rarest terms (those
     # that fit the budget) among all rows, so an old row holding a rare term is still found.
-    newest = replace(some, since=await _newest_from(db, index, owned, some, budget))
+    newest = replace(some, newest=budget)
     rare = finding_terms(postings, 1, budget, rarest=False)
     if not rare:
         return _Plan((newest,), weights)
@@ -198,7 +230,7 @@ class Postings:
 
     async def count(
         self,
-        db: Database,
+        db: _Reader,
         index: TextIndex,
         owned: tuple[list[str], list[Any]],
         terms: Sequence[str],
@@ -224,7 +256,7 @@ POSTINGS = Postings()
 
 
 async def _counted(
-    db: Database, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
+    db: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
 ) -> tuple[int, dict[str, int]]:
     """The index's newest rowid, and how many of the owner's rows hold each term (the empty
     term: how many rows the owner has), in one statement."""
@@ -243,26 +275,27 @@ async def _counted(
     return int(row[0]), {term: int(n) for term, n in zip(terms, row[1:], strict=True)}
 
 
-async def _newest_from(
-    db: Database,
-    index: TextIndex,
-    owned: tuple[list[str], list[Any]],
-    query: _Query,
-    budget: int,
-) -> int | None:
-    """The rowid from which on the newest `budget` rows the query finds lie."""
-    where, params = owned
+def _found(
+    index: TextIndex, query: _Query, owned: tuple[list[str], list[Any]]
+) -> tuple[str, list[str], list[Any]]:
+    """The FROM clause (under the table's alias) and the conditions of the index's rows a query
+    finds, and their parameters in that order: the newest of them only in a subquery that reads
+    them newest first and stops there, so they are read once."""
     tsquery, terms = _tsquery(query)
-    return await db.fetchval(
-        f"SELECT {index.rowid} FROM {index.table} "
-        f"{_where([*where, f'{index.terms} @@ {tsquery}'])} "
-        f"ORDER BY {index.rowid} DESC LIMIT 1 OFFSET ?",
-        *params, *terms, budget - 1,
+    where = [*owned[0], f"{index.terms} @@ {tsquery}"]
+    if query.newest is None:
+        return index.table, where, [*owned[1], *terms]
+    alias = index.table.split()[-1]
+    newest = f"ORDER BY {index.rowid} DESC LIMIT ?"
+    return (
+        f"(SELECT * FROM {index.table} {_where(where)} {newest}) {alias}",
+        [],
+        [*owned[1], *terms, query.newest],
     )
 
 
 async def _ranked(
-    db: Database,
+    db: _Reader,
     index: TextIndex,
     queries: Sequence[_Query],
     scores: tuple[tuple[str, list[Any]], tuple[str, list[Any]]],
@@ -283,23 +316,16 @@ async def _ranked(
     best: dict[int, tuple[MemoryRow, str, float]] = {}
     more = False
     for query in queries:
-        tsquery, terms = _tsquery(query)
-        window = [] if query.since is None else [query.since]
-        where = [
-            *owned[0],
-            f"{index.terms} @@ {tsquery}",
-            *[f"{index.rowid} >= ?" for _ in window],
-            *inside[0],
-        ]
+        source, where, found = _found(index, query, owned)
         rows = await db.fetch(
-            f"WITH c AS (SELECT {index.rowid} AS rowid FROM {index.table} {_where(where)} "
+            f"WITH c AS (SELECT {index.rowid} AS rowid FROM {source} "
+            f"{_where([*where, *inside[0]])} "
             f"ORDER BY {cheap[0]} DESC LIMIT ?) "
             f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {final[0]} AS score, "
             "(SELECT count(*) FROM c) "
             f"FROM c JOIN {index.table} ON {index.rowid} = c.rowid {index.join} "
             f"{_where(outside[0])} ORDER BY score DESC LIMIT ?",
-            *owned[1], *terms, *window, *inside[1], *cheap[1], limit * CHEAP_SHARE,
-            *final[1], *outside[1], limit,
+            *found, *inside[1], *cheap[1], limit * CHEAP_SHARE, *final[1], *outside[1], limit,
         )
         more = more or (bool(rows) and int(rows[0][30]) == limit * CHEAP_SHARE)
         for r in rows:
