@@ -176,14 +176,19 @@ class _Reader:
 
 @contextlib.asynccontextmanager
 async def _reading(db: Database) -> AsyncIterator[_Reader]:
-    """A read-only transaction whose statements are planned for their parameters each time.
+    """A read-only transaction whose statements are planned for their parameters each time,
+    and read rows by an index wherever one serves.
 
     The pool's connections cache their statements, and after a few runs PostgreSQL may plan
     one for any parameters: then plainto_tsquery is no longer folded into a constant but runs
-    for every row and every term, which costs more than the search itself.
+    for every row and every term, which costs more than the search itself. And the planner
+    takes a LIMITed read of a common term's rows to be cheapest by a scan of the table (as if
+    they were spread evenly), where the GIN index finds them without reading any other row.
     """
     async with db.pool.acquire() as conn, conn.transaction(readonly=True):
-        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        await conn.execute(
+            "SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off"
+        )
         yield _Reader(conn, db.dsn)
 
 
@@ -218,8 +223,10 @@ class Postings:
     index, counted once and again when the index's newest rowid has grown by a tenth since.
 
     Counting visits every posting's row, so a big owner's common term would cost more than the
-    search itself; the counts only pick the terms that find rows and weigh them, so a slightly
-    stale one is harmless. At most CACHED counts are kept.
+    search itself. The counts only pick the terms that find rows, which needs them exact up to
+    keywords.POSTING_BUDGET, and weigh them (an idf, on a log scale): a term beyond the budget
+    is counted among the owner's newest POSTING_BUDGET rows and its share of those taken for
+    all, and a slightly stale count is harmless. At most CACHED counts are kept.
     """
 
     CACHED = 50_000
@@ -244,6 +251,12 @@ class Postings:
         if stale:
             high, recounted = await _counted(db, index, owned, stale)
             counted.update(recounted)
+        common = [t for t, n in counted.items() if t and n > keywords.POSTING_BUDGET]
+        if common:
+            rows = counted[""] if "" in counted else cached[""][0]
+            shares = await _newest_shares(db, index, owned, common)
+            for term in common:
+                counted[term] = max(counted[term], round(shares[term] * rows))
         if len(self._counts) + len(counted) > self.CACHED:
             self._counts.clear()
         for term, n in counted.items():
@@ -258,21 +271,51 @@ POSTINGS = Postings()
 async def _counted(
     db: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
 ) -> tuple[int, dict[str, int]]:
-    """The index's newest rowid, and how many of the owner's rows hold each term (the empty
-    term: how many rows the owner has), in one statement."""
+    """The index's newest rowid, and how many of the owner's rows hold each term, up to one
+    more than keywords.POSTING_BUDGET (the empty term: how many rows the owner has, all), in
+    one statement."""
     where, params = owned
     counts = []
     for term in terms:
-        holds = [f"{index.terms} @@ plainto_tsquery('english', ?)"] if term else []
-        counts.append(f"(SELECT count(*) FROM {index.table} {_where([*where, *holds])})")
+        if not term:
+            counts.append(f"(SELECT count(*) FROM {index.table} {_where(where)})")
+            continue
+        holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
+        counts.append(
+            f"(SELECT count(*) FROM (SELECT FROM {index.table} {_where([*where, holds])} "
+            "LIMIT ?) AS postings)"
+        )
     row = (
         await db.fetch(
             f"SELECT (SELECT coalesce(max({index.rowid}), 0) FROM {index.table})"
             + "".join(f", {count}" for count in counts),
-            *[p for term in terms for p in (*params, *([term] if term else []))],
+            *[
+                p
+                for term in terms
+                for p in (*params, *([term, keywords.POSTING_BUDGET + 1] if term else []))
+            ],
         )
     )[0]
     return int(row[0]), {term: int(n) for term, n in zip(terms, row[1:], strict=True)}
+
+
+async def _newest_shares(
+    db: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
+) -> dict[str, float]:
+    """What share of the owner's newest keywords.POSTING_BUDGET rows hold each term, in one
+    statement."""
+    where, params = owned
+    holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
+    alias = index.table.split()[-1]
+    row = (
+        await db.fetch(
+            f"SELECT count(*), {', '.join([f'count(*) FILTER (WHERE {holds})'] * len(terms))} "
+            f"FROM (SELECT * FROM {index.table} {_where(where)} "
+            f"ORDER BY {index.rowid} DESC LIMIT ?) {alias}",
+            *terms, *params, keywords.POSTING_BUDGET,
+        )
+    )[0]
+    return {term: int(n) / max(int(row[0]), 1) for term, n in zip(terms, row[1:], strict=True)}
 
 
 def _found(
