@@ -6,10 +6,12 @@ owner, so a search of a reach's users reads their postings only. A relaxed searc
 hold more than keywords.POSTING_BUDGET of those postings ranks them among the newest rows that
 hold them, and its rarest terms (those within the budget) among all rows, as fulltext.py does.
 Rows are ranked by ts_rank_cd (higher is better), a relaxed search's with each term's idf
-added for the terms a row holds, and counted for the terms they hold. ts_rank_cd costs several
-times what ts_rank does per row, so each query first ranks its rows by ts_rank on the index's
-table alone and only the best few of them by ts_rank_cd; the terms' postings, which counting
-reads row by row, are counted once per owner and again as the index grows (Postings).
+added for the terms a row holds, and counted for the terms they hold.
+
+What keeps it fast: ts_rank_cd costs several times what ts_rank does per row, so each query
+ranks its rows by ts_rank on the index's table alone and only the best few by ts_rank_cd, joined
+to their memories after; a term's postings are counted only as far as the budget and cached
+(Postings); and a search's statements are planned for their terms (_reading).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ CONTEXT_KEYS = TextIndex(
     ("mk.kind = 'context'",),
 )
 
-# A query ranks this many times its limit of rows by the final score (the best by the cheap one).
+# Each query ranks this many times its limit of rows (the best by ts_rank) by ts_rank_cd.
 CHEAP_SHARE = 2
 
 # The indexes by the names rows.Rows.text_search takes.
@@ -193,7 +195,7 @@ async def _reading(db: Database) -> AsyncIterator[_Reader]:
 
 
 async def _plan(
-    db: _Reader,
+    reader: _Reader,
     index: TextIndex,
     owned: tuple[list[str], list[Any]],
     terms: Sequence[str],
@@ -203,7 +205,7 @@ async def _plan(
     if least >= len(terms):
         return _Plan((_Query(tuple(terms), every=True),))
     budget = keywords.POSTING_BUDGET
-    rows, postings = await POSTINGS.count(db, index, owned, terms)
+    rows, postings = await POSTINGS.count(reader, index, owned, terms)
     weights = tuple(_idf(rows, n) for n in postings)
     chosen = finding_terms(postings, least, budget)
     some = _Query(tuple(terms[i] for i in chosen))
@@ -237,24 +239,24 @@ class Postings:
 
     async def count(
         self,
-        db: _Reader,
+        reader: _Reader,
         index: TextIndex,
         owned: tuple[list[str], list[Any]],
         terms: Sequence[str],
     ) -> tuple[int, list[int]]:
         """How many rows the owner has in the index, and how many of them hold each term."""
         owner = tuple(owned[1][0]) if owned[1] else None
-        keys = {term: (db.dsn, index.terms, owner, term) for term in ("", *terms)}
+        keys = {term: (reader.dsn, index.terms, owner, term) for term in ("", *terms)}
         cached = {term: self._counts[key] for term, key in keys.items() if key in self._counts}
-        high, counted = await _counted(db, index, owned, [t for t in keys if t not in cached])
+        high, counted = await _counted(reader, index, owned, [t for t in keys if t not in cached])
         stale = [t for t, (_, at) in cached.items() if high > at * self.GROWTH]
         if stale:
-            high, recounted = await _counted(db, index, owned, stale)
+            high, recounted = await _counted(reader, index, owned, stale)
             counted.update(recounted)
         common = [t for t, n in counted.items() if t and n > keywords.POSTING_BUDGET]
         if common:
             rows = counted[""] if "" in counted else cached[""][0]
-            shares = await _newest_shares(db, index, owned, common)
+            shares = await _newest_shares(reader, index, owned, common)
             for term in common:
                 counted[term] = max(counted[term], round(shares[term] * rows))
         if len(self._counts) + len(counted) > self.CACHED:
@@ -269,7 +271,7 @@ POSTINGS = Postings()
 
 
 async def _counted(
-    db: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
+    reader: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
 ) -> tuple[int, dict[str, int]]:
     """The index's newest rowid, and how many of the owner's rows hold each term, up to one
     more than keywords.POSTING_BUDGET (the empty term: how many rows the owner has, all), in
@@ -286,7 +288,7 @@ async def _counted(
             "LIMIT ?) AS postings)"
         )
     row = (
-        await db.fetch(
+        await reader.fetch(
             f"SELECT (SELECT coalesce(max({index.rowid}), 0) FROM {index.table})"
             + "".join(f", {count}" for count in counts),
             *[
@@ -300,7 +302,7 @@ async def _counted(
 
 
 async def _newest_shares(
-    db: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
+    reader: _Reader, index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
 ) -> dict[str, float]:
     """What share of the owner's newest keywords.POSTING_BUDGET rows hold each term, in one
     statement."""
@@ -308,7 +310,7 @@ async def _newest_shares(
     holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
     alias = index.table.split()[-1]
     row = (
-        await db.fetch(
+        await reader.fetch(
             f"SELECT count(*), {', '.join([f'count(*) FILTER (WHERE {holds})'] * len(terms))} "
             f"FROM (SELECT * FROM {index.table} {_where(where)} "
             f"ORDER BY {index.rowid} DESC LIMIT ?) {alias}",
@@ -338,7 +340,7 @@ def _found(
 
 
 async def _ranked(
-    db: _Reader,
+    reader: _Reader,
     index: TextIndex,
     queries: Sequence[_Query],
     scores: tuple[tuple[str, list[Any]], tuple[str, list[Any]]],
@@ -356,22 +358,24 @@ async def _ranked(
     cheap, final = scores
     # The memories table's own conditions can narrow the candidates; a key's only after.
     inside, outside = (filters, ([], [])) if not index.join else (([], []), filters)
+    on = [f"{index.rowid} = c.rowid", *outside[0]]
+    joined = f"({index.table} {index.join})" if index.join else index.table
     best: dict[int, tuple[MemoryRow, str, float]] = {}
     more = False
     for query in queries:
         source, where, found = _found(index, query, owned)
-        rows = await db.fetch(
+        # Every candidate comes back, those outside the filters as nulls, so that a query whose
+        # best candidates are all filtered out still says it may have more.
+        rows = await reader.fetch(
             f"WITH c AS (SELECT {index.rowid} AS rowid FROM {source} "
-            f"{_where([*where, *inside[0]])} "
-            f"ORDER BY {cheap[0]} DESC LIMIT ?) "
-            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {final[0]} AS score, "
-            "(SELECT count(*) FROM c) "
-            f"FROM c JOIN {index.table} ON {index.rowid} = c.rowid {index.join} "
-            f"{_where(outside[0])} ORDER BY score DESC LIMIT ?",
-            *found, *inside[1], *cheap[1], limit * CHEAP_SHARE, *final[1], *outside[1], limit,
+            f"{_where([*where, *inside[0]])} ORDER BY {cheap[0]} DESC LIMIT ?) "
+            f"SELECT {_M_COLUMNS}, {index.text}, {index.rowid}, {final[0]} AS score "
+            f"FROM c LEFT JOIN {joined} ON {' AND '.join(on)}",
+            *found, *inside[1], *cheap[1], limit * CHEAP_SHARE, *final[1], *outside[1],
         )
-        more = more or (bool(rows) and int(rows[0][30]) == limit * CHEAP_SHARE)
+        more = more or len(rows) == limit * CHEAP_SHARE
         for r in rows:
-            best[int(r[28])] = (_row(r), str(r[27]), float(r[29]))
+            if r[0] is not None:
+                best[int(r[28])] = (_row(r), str(r[27]), float(r[29]))
     ranked = sorted(best.values(), key=lambda hit: hit[2], reverse=True)
     return ranked[:limit], more
