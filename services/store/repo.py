@@ -26,6 +26,12 @@ from services.store.model import (
 )
 from services.store.schema import create_or_migrate
 
+# One audit entry, whoever writes it (a mutation, or an import of history from elsewhere).
+ADD_AUDIT = (
+    "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
+    "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
     "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
@@ -459,8 +465,7 @@ class Tx:
     ) -> None:
         """Records one mutation with the row's owner, so history outlives a delete."""
         await self._conn.execute(
-            "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
-            "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ADD_AUDIT,
             (
                 at, actor, action, row.id, row.user_id, row.agent_id,
                 row_json(before), row_json(after), reason,

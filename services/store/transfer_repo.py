@@ -14,6 +14,7 @@ from services.store.model import AuditEntry, Edge, MemoryRow, Reach
 from services.store.repo import (
     _EDGE_COLUMNS,
     _M_COLUMNS,
+    ADD_AUDIT,
     _edge,
     _edge_filters,
     _filters,
@@ -99,7 +100,7 @@ class TransferRows(ABC):
     async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
         """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
         if entries:
-            await self._execute_many(ADD_HISTORY, history_params(entries))
+            await self._execute_many(ADD_AUDIT, history_params(entries))
 
     async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
         """Gives new rows their context keys as they were: (memory id, text)."""
@@ -128,10 +129,6 @@ HISTORY_OF = (
     "WHERE memory_id {among} ORDER BY seq"
 )
 IDS_AMONG = "SELECT id FROM {table} WHERE id {among}"
-ADD_HISTORY = (
-    "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
-    "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 def rows_after_sql(reach: Reach, after: int, limit: int) -> tuple[str, list[Any]]:
@@ -179,7 +176,7 @@ def history_by_memory(rows: Iterable[Sequence[Any]]) -> dict[str, list[AuditEntr
 
 
 def history_params(entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> list[tuple[Any, ...]]:
-    """ADD_HISTORY's parameters, one tuple an entry."""
+    """repo.ADD_AUDIT's parameters, one tuple an entry."""
     return [
         (
             e.at, e.actor, e.action, row.id, row.user_id, row.agent_id, e.before_json,

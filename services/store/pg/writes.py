@@ -16,6 +16,7 @@ from services.store.repo import (
     _EDGE_COLUMNS,
     _M_COLUMNS,
     _UPDATABLE,
+    ADD_AUDIT,
     CLAUSE_KEY_OFFSET,
     _edge,
     _erased,
@@ -346,8 +347,7 @@ class PgWrites:
     ) -> None:
         """Records one mutation with the row's owner, so history outlives a delete."""
         await self._execute(
-            "INSERT INTO audit (at, actor, action, memory_id, user_id, agent_id, before_json, "
-            "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ADD_AUDIT,
             at, actor, action, row.id, row.user_id, row.agent_id,
             row_json(before), row_json(after), reason,
         )
