@@ -87,11 +87,26 @@ async def test_search_finds_a_users_nearest_own_and_clause_keys_best_first(
 
     keys, matrix = await all_keys(db, "alice")
     best = keys[np.argsort(-(matrix @ query))[:20]]
-    assert found.size == 400
+    assert found.size == 400 if exact_up_to >= 400 else found.size > exact_up_to
     assert len(set(found.keys.tolist()) & set(best.tolist())) >= 18
     assert list(found.scores) == sorted(found.scores, reverse=True)
     assert any(key >= CLAUSE_KEY_OFFSET for key in found.keys.tolist())
     assert np.allclose(found.scores[0], float(matrix[keys == found.keys[0]][0] @ query), atol=2e-3)
+
+
+async def test_a_users_size_is_exact_up_to_the_bound_and_only_above_it_past_that(
+    db: Database,
+) -> None:
+    rng = np.random.default_rng(5)
+    ids = await add_rows(db, "alice", ["x"] * 30, unit(rng, 30))
+    await add_clause_keys(db, "alice", ids[:10], unit(rng, 10))
+    await add_rows(db, "bob", ["x"] * 5, unit(rng, 5))
+    sizes = PgVectors(db)
+    assert await sizes.size_up_to("alice", 40) == 40
+    assert await sizes.size_up_to("alice", 1000) == 40
+    assert 39 < await sizes.size_up_to("alice", 39) <= 80
+    assert 5 < await sizes.size_up_to("alice", 5) < 40
+    assert await sizes.size_up_to("bob", 5) == 5
 
 
 async def test_a_user_without_keys_finds_nothing(db: Database) -> None:

@@ -52,7 +52,8 @@ class IndexChanges:
 
 @dataclass(frozen=True)
 class Matches:
-    """The nearest keys of one search, their cosine similarities, and the index's size."""
+    """The nearest keys of one search, their cosine similarities, and the index's size (a
+    backend may stop counting past the search's count and exact_up_to: then any larger number)."""
 
     keys: np.ndarray
     scores: np.ndarray

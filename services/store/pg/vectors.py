@@ -20,9 +20,13 @@ from services.store.repo import CLAUSE_KEY_OFFSET
 _EF_SEARCH_MAX = 1000
 _EF_SEARCH_MIN = 40
 
-_SIZE = (
-    "SELECT (SELECT count(*) FROM vectors WHERE user_id = ?) "
-    "+ (SELECT count(*) FROM memory_keys WHERE user_id = ? AND vector IS NOT NULL)"
+# How many keys a user has, counted no further than a bound in each table: a search only needs
+# to know whether there are none, few enough to score all, or more than it asks for, and a count
+# of every key would read the whole owner (over half a million index entries at 100,000 rows).
+_SIZE_UP_TO = (
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM vectors WHERE user_id = ? LIMIT ?) own) "
+    "+ (SELECT count(*) FROM (SELECT 1 FROM memory_keys "
+    "WHERE user_id = ? AND vector IS NOT NULL LIMIT ?) clause)"
 )
 
 # Ordered by the score, not by the distance operator: an HNSW index can give only the latter,
@@ -67,15 +71,18 @@ class PgVectors:
         """Nothing to write: the database keeps the vectors durable; 0 written."""
         return 0
 
-    async def size(self, user_id: str) -> int:
-        """How many keys a user has (own vectors and clause vectors), in one statement."""
-        return int(await self._db.fetchval(_SIZE, user_id, user_id))
+    async def size_up_to(self, user_id: str, bound: int) -> int:
+        """How many keys a user has (own vectors and clause vectors), or some number above
+        bound when it has more than that; one statement."""
+        return int(await self._db.fetchval(_SIZE_UP_TO, user_id, bound + 1, user_id, bound + 1))
 
     async def search(
         self, user_id: str, vector: np.ndarray, count: int, exact_up_to: int
     ) -> Matches:
-        """The nearest keys of a user's: every key scored up to exact_up_to keys, HNSW above."""
-        size = await self.size(user_id)
+        """The nearest keys of a user's: every key scored up to exact_up_to keys, HNSW above.
+        The size it gives is exact up to max(count, exact_up_to), only known to be larger
+        above that."""
+        size = await self.size_up_to(user_id, max(count, exact_up_to))
         query = np.asarray(vector, dtype=np.float32)
         found: list[tuple[int, float]] = []
         if 0 < size <= exact_up_to:
