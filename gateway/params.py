@@ -19,6 +19,7 @@ from shared.limits import (
     MAX_METADATA_BYTES,
     MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
+    check_name,
 )
 
 # Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
@@ -120,8 +121,8 @@ def check_string(name: str, value: str) -> str:
             raise TooLarge(
                 f"{name} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}"
             )
-    elif len(value) > MAX_NAME_CHARS:
-        raise InvalidArgument(f"{name} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
+    else:
+        check_name(name, value)
     return value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -28,9 +29,18 @@ class LeaseLost(Unavailable):
     """The lease could not be renewed in time, so the block it covered was stopped."""
 
 
+LEASE_NAME_MAX = 300
+"""The longest lease name the store takes."""
+
+
 def lease_name(kind: str, *parts: str) -> str:
-    """A lease's name from its kind and the ids it covers (ids may hold any character)."""
-    return f"{kind}/{json.dumps(parts, separators=(',', ':'))}"
+    """A lease's name from its kind and the ids it covers (ids may hold any character): the ids
+    as JSON, or the SHA-256 of that when it would be longer than LEASE_NAME_MAX."""
+    ids = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    name = f"{kind}/{ids}"
+    if len(name) <= LEASE_NAME_MAX:
+        return name
+    return f"{kind}/sha256:{hashlib.sha256(ids.encode()).hexdigest()}"
 
 
 def replica_id() -> str:

@@ -1,6 +1,9 @@
-"""The size limits on what a client sends: one place, read by the gateway and the embedder."""
+"""The size limits on what a client sends: one place, read by the gateway, the store and the
+embedder."""
 
 from __future__ import annotations
+
+from shared.errors import InvalidArgument
 
 MAX_TEXT_CHARS = 100_000
 """A memory's text, a search query, a value to forget: longer is a 413."""
@@ -14,6 +17,13 @@ MAX_EMBED_CHARS = MAX_TEXT_CHARS + EMBED_HEADROOM_CHARS
 
 MAX_NAME_CHARS = 256
 """Any other string parameter: user_id, agent_id, session_id, ids, layer and reader names."""
+
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+"""An Idempotency-Key: printable ASCII up to this length."""
+
+MAX_KEY_CHARS = 512
+"""A state key (a prefix and up to two names): longer is refused. So many characters of UTF-8
+fit one PostgreSQL index entry (a third of a page), as every name column beside another does."""
 
 MAX_METADATA_BYTES = 64 * 1024
 """A memory's metadata object, as compact UTF-8 JSON: larger is a 413."""
@@ -30,3 +40,26 @@ END_OF_CALENDAR_S = 253402300800.0
 START_OF_CALENDAR_S = -62135596800.0
 """0001-01-01T00:00:00Z: an imported time may reach back this far (an export of a version that
 took dates before 1970 still imports)."""
+
+
+def check_name(what: str, value: str) -> str:
+    """A name (user_id, agent_id, session_id, an id) within MAX_NAME_CHARS, else a 400."""
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidArgument(f"{what} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
+    return value
+
+
+def check_idempotency_key(key: str) -> str:
+    """An Idempotency-Key ("" for none) as a client may send it, else a 400."""
+    if len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not (key.isascii() and key.isprintable()):
+        raise InvalidArgument(
+            f"Idempotency-Key must be up to {MAX_IDEMPOTENCY_KEY_CHARS} printable ASCII characters"
+        )
+    return key
+
+
+def check_key(what: str, key: str) -> str:
+    """A state key within MAX_KEY_CHARS, else a 400."""
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidArgument(f"{what} has {len(key):,} characters; at most {MAX_KEY_CHARS}")
+    return key

@@ -19,8 +19,11 @@ from services.store.reembed import ReembedPlan
 from services.store.server import running_server
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
+from shared.leases import LEASE_NAME_MAX, lease_name
+from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
+from shared.store_client import state_op
 from tests.support import StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -338,6 +341,60 @@ async def test_a_lease_is_one_holders_until_released_or_expired(
         await claim(store, "pass", "", 60)
     with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
         await claim(store, "pass", "a", -1)
+
+
+def wide_name(start: int) -> str:
+    """A name as long as a client may send (256 characters), each four bytes of UTF-8."""
+    return "".join(chr(0x1F300 + (start + i) % 0x500) for i in range(MAX_NAME_CHARS))
+
+
+async def test_names_as_long_and_wide_as_a_client_may_send_work_everywhere(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    user, agent, session = wide_name(0), wide_name(1), wide_name(2)
+    owner = common_pb2.Scope(user_id=user, agent_id=agent)
+    key = "k" * MAX_IDEMPOTENCY_KEY_CHARS
+    for text in ("I paddle a red kayak on weekends", "The kayak needs a new seat"):
+        op = insert(text, user=user, agent=agent, layer=L2, session=session)
+        request = store_pb2.ApplyRequest(scope=owner, ops=[op], idempotency_key=key[1:] + text[:1])
+        first, again = await store.Apply(request), await store.Apply(request)
+        assert again.replayed and again.memories[0].id == first.memories[0].id
+
+    rows = await store.ListMemories(store_pb2.ListMemoriesRequest(scope=owner))
+    assert sorted(m.content for m in rows.memories) == [
+        "I paddle a red kayak on weekends", "The kayak needs a new seat"
+    ]
+    assert {m.owner.session_id for m in rows.memories} == {session}
+    found = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=owner, query="kayak"))
+    assert len(found.hits) == 2
+    assert await claim(store, lease_name("extract", user, agent), "a", 60) == (True, "a")
+
+
+async def test_longer_names_and_keys_are_refused_and_change_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    too_long = "n" * (MAX_NAME_CHARS + 1)
+    refused = [
+        store_pb2.ApplyRequest(scope=scope(too_long), ops=[insert("a", user=too_long)]),
+        store_pb2.ApplyRequest(scope=scope(), ops=[insert("a", agent=too_long)]),
+        store_pb2.ApplyRequest(scope=scope(), ops=[insert("a", session=too_long)]),
+        store_pb2.ApplyRequest(
+            scope=scope(), ops=[insert("a")], idempotency_key="k" * (MAX_IDEMPOTENCY_KEY_CHARS + 1)
+        ),
+        store_pb2.ApplyRequest(
+            scope=scope(),
+            ops=[insert("a"), state_op("s" * (MAX_KEY_CHARS + 1), {"a": 1})],
+        ),
+    ]
+    for request in refused:
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await store.Apply(request)
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(too_long)))
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await claim(store, "x" * (LEASE_NAME_MAX + 1), "a", 60)
+    everyone = await store.ListMemories(store_pb2.ListMemoriesRequest(scope=scope(all_users=True)))
+    assert list(everyone.memories) == []
 
 
 async def test_a_scope_reaches_every_user_of_its_alias_group(

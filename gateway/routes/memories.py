@@ -28,6 +28,7 @@ from gateway.shapes import layer_counts, list_items, rfc3339
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extraction_status
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
+from shared.limits import check_idempotency_key
 from shared.pb import common_pb2, extractor_pb2, store_pb2
 from shared.store_client import get_many, update_op
 from shared.text import value_key
@@ -36,7 +37,6 @@ from shared.tombstones import without_tombstone
 log = logging.getLogger(__name__)
 
 LIST_LIMIT_DEFAULT = 20
-IDEMPOTENCY_KEY_MAX = 255
 UNSCOPED_DELETE = (
     "unscoped delete refused: pass layer/user_id/agent_id/id, or all=true to wipe the entire store"
 )
@@ -108,12 +108,7 @@ async def add(request: web.Request) -> web.Response:
 
 def _idempotency_key(request: web.Request) -> str:
     """The Idempotency-Key header ("" without one); a key no client would send is refused."""
-    key = request.headers.get("Idempotency-Key", "").strip()
-    if len(key) > IDEMPOTENCY_KEY_MAX or not (key.isascii() and key.isprintable()):
-        raise InvalidArgument(
-            f"Idempotency-Key must be up to {IDEMPOTENCY_KEY_MAX} printable ASCII characters"
-        )
-    return key
+    return check_idempotency_key(request.headers.get("Idempotency-Key", "").strip())
 
 
 async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str) -> str:

@@ -19,6 +19,7 @@ from services.store.repo import Repo
 from services.store.rows import Rows, Vectors, Writes
 from shared.errors import Conflict, InvalidArgument, NotFound, Unimplemented
 from shared.grants import Grant
+from shared.limits import check_name
 from shared.passages import Passage
 
 DEFAULT_ACTOR = "api"
@@ -58,6 +59,8 @@ class Core:
     ) -> Reach:
         """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
         with a caller's grant, an owner outside it is refused and everyone is the granted."""
+        check_name("scope.user_id", user_id)
+        check_name("scope.agent_id", agent_id)
         if all_users:
             reach = Reach(None, agent_id)
         elif not user_id:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from services.store.core import Core
 from shared.errors import InvalidArgument
+from shared.leases import LEASE_NAME_MAX
 
 PREFIX = "lease/"
 """Leases live in the state table under this prefix, beside the consolidator's state."""
-MAX_NAME = 300
 ACTOR = "lease"
 
 
@@ -46,8 +46,8 @@ async def claim(core: Core, name: str, holder: str, ttl_s: float) -> Lease:
 
 
 def _check(name: str, holder: str, ttl_s: float) -> None:
-    if not name or len(name) > MAX_NAME:
-        raise InvalidArgument(f"a lease name is 1 to {MAX_NAME} characters")
+    if not name or len(name) > LEASE_NAME_MAX:
+        raise InvalidArgument(f"a lease name is 1 to {LEASE_NAME_MAX} characters")
     if not holder:
         raise InvalidArgument("holder is required")
     if not math.isfinite(ttl_s) or ttl_s < 0:

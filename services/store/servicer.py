@@ -32,6 +32,7 @@ from services.store.store import Store
 from shared.errors import Conflict, InvalidArgument
 from shared.grants import current_grant
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
+from shared.limits import check_idempotency_key
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import grpc_errors
 
@@ -185,6 +186,7 @@ def _key(request: store_pb2.ApplyRequest) -> IdempotencyKey | None:
     write), or None without one."""
     if not request.idempotency_key:
         return None
+    check_idempotency_key(request.idempotency_key)
     write = store_pb2.ApplyRequest(scope=request.scope, ops=request.ops)
     digest = hashlib.sha256(write.SerializeToString(deterministic=True)).hexdigest()
     scope = request.scope

@@ -25,6 +25,7 @@ from services.store.model import (
     Update,
 )
 from shared.errors import InvalidArgument, PermissionDenied
+from shared.limits import check_key, check_name
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
@@ -75,6 +76,10 @@ def check_ids(ids: Sequence[str]) -> None:
 
 
 def _owned(reach: Reach, op: Insert | PutEdge, where: str) -> None:
+    check_name(f"{where}: owner.user_id", op.user_id)
+    check_name(f"{where}: owner.agent_id", op.agent_id)
+    if isinstance(op, Insert):
+        check_name(f"{where}: owner.session_id", op.session_id)
     if not reach.contains(op.user_id, op.agent_id):
         raise PermissionDenied(f"{where}: owner {op.user_id!r} is outside the request scope")
 
@@ -108,6 +113,7 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
 def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
     if not op.key:
         raise InvalidArgument(f"{where}: set_state needs a key")
+    check_key(f"{where}: set_state key", op.key)
     if op.value_json:
         try:
             json.loads(op.value_json)

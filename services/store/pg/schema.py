@@ -19,7 +19,8 @@ import asyncpg
 
 from shared.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: the first; 2: the session neighbours index without agent_id."""
 
 # A lock id of this project's: held while the schema is created or migrated, so replicas
 # starting together do not race.
@@ -75,8 +76,11 @@ CREATE INDEX IF NOT EXISTS memories_extraction ON memories(extraction_status);
 CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
 CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
   WHERE superseded_by != '';
-CREATE INDEX IF NOT EXISTS memories_neighbours
-  ON memories(user_id, agent_id, session_id, layer, seq);
+-- A turn's neighbours in its session. Not by agent_id as well: three names of up to 256
+-- characters (1 KiB of UTF-8 each) would not fit one index entry (version 1 had it).
+DROP INDEX IF EXISTS memories_neighbours;
+CREATE INDEX IF NOT EXISTS memories_session_turns
+  ON memories(user_id, session_id, layer, seq);
 CREATE INDEX IF NOT EXISTS memories_terms ON memories USING gin (user_id, content_terms);
 
 CREATE TABLE IF NOT EXISTS vectors (
@@ -192,7 +196,7 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
                 "a re-embed is not built for the PostgreSQL store yet"
             )
         await conn.execute(_tables(ndim))
-        if version is None:
+        if version != SCHEMA_VERSION:
             await conn.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES ($1, $2)",
                 SCHEMA_VERSION,
