@@ -70,18 +70,27 @@ def insert(user: str, layer: str, content: str, **fields: Any) -> store_pb2.Op:
 
 
 async def seed(stack: Stack, user: str) -> dict[str, str]:
-    """Rows in all layers, turns with context and clause keys, retired/restored rows, an edge."""
+    """Rows in all layers, turns with context, clause and fact keys, retired/restored rows, an
+    edge."""
+    added = []
     for text in ("I had a dentist appointment on Tuesday.", LONG_TEXT, "I drink green tea daily."):
         status, body = await call(
             stack, "POST", "/api/v1/add", json={"text": text, "user_id": user, "session_id": "s1"}
         )
         assert status == 200, body
+        added.append(body["memory_id"])
     rows = await apply(
         stack,
         user,
         *(insert(user, layer, f"{layer} note: my favourite tea is sencha") for layer in LAYERS),
         insert(user, "l3_fact", "My favourite tea is oolong.", metadata_json='{"k": [1, 2]}'),
-        insert(user, "l7_intention", "Call the dentist again", due_at=1_900_000_000.0),
+        insert(
+            user,
+            "l7_intention",
+            "Call the dentist again",
+            due_at=1_900_000_000.0,
+            source_ids=[added[0]],
+        ),
     )
     ids = {common_pb2.Layer.Name(row.layer).lower(): row.id for row in rows[:8]}
     old, again = rows[8].id, rows[9].id
@@ -116,7 +125,7 @@ async def seed(stack: Stack, user: str) -> dict[str, str]:
             )
         ),
     )
-    return {"retired": old, "restored": again, **ids}
+    return {"retired": old, "restored": again, "dentist_turn": added[0], **ids}
 
 
 async def observed(stack: Stack, user: str) -> dict[str, Any]:

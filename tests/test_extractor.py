@@ -200,6 +200,32 @@ async def test_each_op_lands_in_its_layer_with_lifecycle_fields(api: Api, fake: 
     assert {r.extraction_status for r in raws} == {"done"}
 
 
+async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(
+    api: Api, fake: FakeLlm, embedder_address: str
+) -> None:
+    user = new_user()
+    learnt = "Dana's brother Leo adopted a beagle named Biscuit"
+    fake.on("m-beagle", {"facts": [{"text": learnt}]})
+    turn = await api.add("m-beagle We drove to the lake and Leo brought his new dog along.", user)
+    assert turn["extraction_status"] == "done"
+    (fact,) = await api.rows(user, "l3_fact")
+    assert list(fact.source_ids) == [turn["memory_id"]]
+
+    async with open_channel(embedder_address) as embedder_channel:
+        (query,), model_id = await EmbedderClient(embedder_channel).embed([learnt], is_query=True)
+    async with open_channel(api.store_address) as channel:
+        found = await store_pb2_grpc.StoreStub(channel).VectorSearch(
+            store_pb2.VectorSearchRequest(
+                scope=common_pb2.Scope(user_id=user), vector=query.tolist(), model_id=model_id,
+                layers=[common_pb2.L2_RAW, common_pb2.L3_FACT], k=2,
+            )
+        )
+    scores = {hit.memory.id: hit.score for hit in found.hits}
+    # The turn scores as the fact itself does: the fact is one of its keys.
+    assert set(scores) == {turn["memory_id"], fact.id}
+    assert scores[turn["memory_id"]] == pytest.approx(scores[fact.id], abs=2e-3)
+
+
 async def test_a_restated_fact_retires_the_old_one_as_restated(api: Api, fake: FakeLlm) -> None:
     user = new_user()
     fake.on("m-colour", {"facts": [{"text": "Carol's favourite colour is forest green"}]})

@@ -343,6 +343,53 @@ async def test_a_lease_is_one_holders_until_released_or_expired(
         await claim(store, "pass", "a", -1)
 
 
+async def test_a_live_fact_is_a_key_of_the_turn_it_cites_until_it_is_changed_or_erased(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    (turn,) = await apply(
+        store,
+        insert("We drove to the lake on Saturday and Mia brought her puppy.", layer=L2),
+    )
+    (elsewhere,) = await apply(store, insert("The dentist moved my cleaning to May.", layer=L2))
+    learnt = "The user's sister Mia owns a beagle called Biscuit"
+
+    async def turn_score(query: str) -> float:
+        hits = await vector_hits(store, embedder, query, layers=[L2], k=5)
+        return next(h.score for h in hits if h.memory.id == turn.id)
+
+    before = await turn_score(learnt)
+    (fact,) = await apply(store, insert(learnt, source_ids=[turn.id, "no-such-row"]))
+    (fact_hit,) = await vector_hits(store, embedder, learnt, layers=[L3])
+    assert fact_hit.score > before + 0.1
+    assert await turn_score(learnt) == pytest.approx(fact_hit.score, abs=2e-3)
+    # Only while the fact is live: retired, the turn is found by its own text alone.
+    for op, expected in (
+        (store_pb2.Op(retire=store_pb2.RetireOp(id=fact.id, superseded_how="forgotten")), before),
+        (store_pb2.Op(restore=store_pb2.RestoreOp(id=fact.id)), fact_hit.score),
+    ):
+        await store.Apply(store_pb2.ApplyRequest(scope=scope(), ops=[op]))
+        assert await turn_score(learnt) == pytest.approx(expected, abs=2e-3)
+    # A row of another layer (a summary) citing a turn gives it no key.
+    await apply(store, insert("Notes on pets", layer=common_pb2.L5_KNOWLEDGE,
+                              source_ids=[elsewhere.id]))
+    assert [h.memory.id for h in await vector_hits(store, embedder, "Notes on pets",
+                                                   layers=[L2], k=1, min_score=0.9)] == []
+
+    changed = "The user's sister Mia adopted a cat"
+    update = store_pb2.UpdateOp(id=fact.id, content=changed)
+    await store.Apply(store_pb2.ApplyRequest(scope=scope(), ops=[store_pb2.Op(update=update)]))
+    # The old text's key is gone: the turn scores as its own text or the changed fact does.
+    (now_hit,) = await vector_hits(store, embedder, learnt, layers=[L3])
+    assert now_hit.score < fact_hit.score - 0.1
+    assert await turn_score(learnt) == pytest.approx(max(before, now_hit.score), abs=2e-3)
+    (changed_hit,) = await vector_hits(store, embedder, changed, layers=[L3])
+    assert await turn_score(changed) == pytest.approx(changed_hit.score, abs=2e-3)
+
+    erase = store_pb2.Op(delete=store_pb2.DeleteOp(id=fact.id))
+    await store.Apply(store_pb2.ApplyRequest(scope=scope(), ops=[erase]))
+    assert await turn_score(changed) < changed_hit.score - 0.1
+
+
 def wide_name(start: int) -> str:
     """A name as long as a client may send (256 characters), each four bytes of UTF-8."""
     return "".join(chr(0x1F300 + (start + i) % 0x500) for i in range(MAX_NAME_CHARS))

@@ -64,6 +64,10 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     assert [e["action"] for e in restored["history"]] == ["insert", "retire", "restore"]
     long_turn = next(m for m in memories if m["memory"]["content"] == LONG_TEXT)
     assert {k["kind"] for k in long_turn["keys"]} == {"clause", "context"}
+    # The intention learnt from the dentist turn (retired, then restored) is a key of it.
+    dentist_turn = next(m for m in memories if m["memory"]["id"] == ids["dentist_turn"])
+    (fact_key,) = [k for k in dentist_turn["keys"] if k["kind"] == "fact"]
+    assert fact_key["text"] == "Call the dentist again" and fact_key["vector"]
     vector = np.frombuffer(base64.b64decode(long_turn["vector"]), dtype="<f4")
     assert vector.shape == (384,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-4
 

@@ -65,6 +65,7 @@ class Forgetting:
                 continue
             if value_key(memory.content) == key or hit.score >= NEAR_EXACT:
                 matches.setdefault(memory.id, memory)
+        matches = _without_evidence(matches, key)
         if memory_tool:
             matches.update(await self._memory_tool_entries(scope, key))
         if not matches:
@@ -118,6 +119,23 @@ class Forgetting:
             if entries.keys() & set(row.source_ids):
                 entries[row.id] = row
         return entries
+
+
+def _without_evidence(
+    matches: dict[str, common_pb2.Memory], key: str
+) -> dict[str, common_pb2.Memory]:
+    """The matches but the turns that only cite the value: a fact is also a key of the turns it
+    was learnt from, so they match its text; they are its evidence, tombstoned, not retired."""
+    cited = {source for memory in matches.values() for source in memory.source_ids}
+    return {
+        memory_id: memory
+        for memory_id, memory in matches.items()
+        if not (
+            memory_id in cited
+            and memory.layer == common_pb2.L2_RAW
+            and value_key(memory.content) != key
+        )
+    }
 
 
 def _from_memory_tool(raw: common_pb2.Memory) -> bool:

@@ -119,6 +119,7 @@ async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:
     key = await w.tx.insert(row, vector)
     w.changes.add(row.user_id, key, vector)
     await w.add_keys(row, run.vectors)
+    await w.add_fact_keys(row, vector)
     await w.tx.audit(
         actor=w.actor, action="insert", row=row, before=None, after=row,
         reason=run.reason, at=w.now,

@@ -12,7 +12,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.store.index import IndexChanges
-from services.store.keys import CONTEXT_LAYERS, NEIGHBOUR_GAP_S, context_text, own_keys
+from services.store.keys import (
+    CLAUSE,
+    CONTEXT_LAYERS,
+    FACT,
+    FACT_KEY_LAYERS,
+    NEIGHBOUR_GAP_S,
+    context_text,
+    own_keys,
+)
 from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, RETIRED, MemoryRow, Reach
 from services.store.repo import Repo
@@ -146,13 +154,19 @@ class Write:
     async def change(
         self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str
     ) -> MemoryRow | None:
-        """Updates one row's fields and audits it; returns the row as it is now."""
+        """Updates one row's fields and audits it; returns the row as it is now. A fact that is
+        retired stops being a key of its turns, and one restored is again."""
         await self.tx.update(before.id, {"updated_at": self.now, **fields})
         after = await self.tx.get(before.id)
         await self.tx.audit(
             actor=self.actor, action=action, row=before, before=before, after=after,
             reason=reason, at=self.now,
         )
+        if after is not None and before.status != after.status:
+            if after.status == ACTIVE:
+                await self.add_fact_keys(after, await self.tx.vector(after.id))
+            elif before.status == ACTIVE:
+                await self.drop_fact_keys(before)
         return after
 
     async def add_keys(
@@ -188,10 +202,40 @@ class Write:
         old, new = await self.tx.replace_vector(before.id, self.core.model.model_id, vector)
         self.changes.remove(before.user_id, old)
         self.changes.add(before.user_id, new, vector)
-        for clause_key in await self.tx.drop_clause_keys(before.id):
+        for clause_key in await self.tx.drop_vector_keys(before.id, CLAUSE):
             self.changes.remove(before.user_id, clause_key)
+        await self.drop_fact_keys(before)
         row = replace(before, content=content, created_at=self.now)
         await self.add_keys(row, vectors, neighbour=False)
+        await self.add_fact_keys(row, vector)
+
+    async def add_fact_keys(self, row: MemoryRow, vector: np.ndarray) -> None:
+        """Makes a live fact (or intention) a key of each turn it cites, with its text and
+        vector."""
+        if row.status != ACTIVE:
+            return
+        for turn in await self._cited_turns(row):
+            key = await self.tx.add_clause_key(
+                turn.id, FACT, row.content, self.core.model.model_id, vector
+            )
+            self.changes.add(turn.user_id, key, vector)
+
+    async def drop_fact_keys(self, row: MemoryRow) -> None:
+        """Takes a fact's keys (its text as it is now) off the turns it cites."""
+        for turn in await self._cited_turns(row):
+            for key in await self.tx.drop_vector_keys(turn.id, FACT, row.content):
+                self.changes.remove(turn.user_id, key)
+
+    async def _cited_turns(self, row: MemoryRow) -> list[MemoryRow]:
+        """The owner's turns a row of a fact-key layer cites; none for another layer."""
+        if row.layer not in FACT_KEY_LAYERS:
+            return []
+        turns = []
+        for source_id in dict.fromkeys(row.source_ids):
+            turn = await self.tx.get(source_id)
+            if turn is not None and turn.layer in CONTEXT_LAYERS and turn.user_id == row.user_id:
+                turns.append(turn)
+        return turns
 
 
 async def target(tx: Writes, reach: Reach, memory_id: str) -> MemoryRow:

@@ -1,4 +1,5 @@
-"""Extra search keys of a memory: its sentences and its place in the conversation.
+"""Extra search keys of a memory: its sentences, its place in the conversation, and for a turn
+what was learnt from it.
 
 A key is a text that is embedded and indexed like the memory's own, but a hit on it returns the
 memory itself; the key's text is never shown.
@@ -13,6 +14,10 @@ from shared.passages import Passage, spans_of
 
 CLAUSE = "clause"
 CONTEXT = "context"
+FACT = "fact"
+# The kinds of key that have a vector (a context key is found by its words only).
+VECTOR_KINDS = frozenset({CLAUSE, FACT})
+KINDS = (CLAUSE, CONTEXT, FACT)
 
 # A memory this long or longer is also indexed under each of its sentences.
 CLAUSE_MIN_CHARS = 160
@@ -24,6 +29,9 @@ NEIGHBOUR_CHARS = 400
 NEIGHBOUR_GAP_S = 6 * 3600.0
 # Layers whose rows are turns of a conversation, so their neighbours are context.
 CONTEXT_LAYERS = frozenset({"l2_raw"})
+# Layers of what is learnt from a turn: such a row that cites turns (source_ids) is also a key
+# of each of them, with its own text and vector, so a turn is found by its facts' words too.
+FACT_KEY_LAYERS = frozenset({"l3_fact", "l7_intention"})
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 

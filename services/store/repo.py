@@ -44,6 +44,10 @@ _OWNER_KEY_OF = "(SELECT owner_key FROM memories WHERE id = ?)"
 # told apart by this offset (the vectors table's keys stay far below it).
 CLAUSE_KEY_OFFSET = 1 << 40
 
+# A row's extra vector keys of one kind, and of one text unless that is NULL (parameters:
+# memory id, kind, text).
+VECTOR_KEYS_OF = "memory_id = ? AND kind = ? AND vector IS NOT NULL AND text = COALESCE(?, text)"
+
 _COLUMNS = (
     "id, user_id, agent_id, session_id, layer, content, label, count, hits, source_ids, "
     "metadata, model_id, created_at, updated_at, event_at, valid_to, due_at, status, "
@@ -250,21 +254,24 @@ class Tx:
         await self._conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
         return key
 
-    async def clause_keys(self, memory_id: str) -> list[int]:
-        """The index keys of a row's clause vectors."""
+    async def vector_keys(self, memory_id: str) -> list[int]:
+        """The index keys of every extra vector key of a row (clauses, facts)."""
         rows = await self._conn.execute_fetchall(
             "SELECT key FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL",
             (memory_id,),
         )
         return [CLAUSE_KEY_OFFSET + r[0] for r in rows]
 
-    async def drop_clause_keys(self, memory_id: str) -> list[int]:
-        """Removes a row's clause keys; returns their index keys."""
-        keys = await self.clause_keys(memory_id)
-        await self._conn.execute(
-            "DELETE FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL", (memory_id,)
+    async def drop_vector_keys(
+        self, memory_id: str, kind: str, text: str | None = None
+    ) -> list[int]:
+        """Removes a row's extra vector keys of one kind (with that text, when given); returns
+        their index keys."""
+        rows = await self._conn.execute_fetchall(
+            f"DELETE FROM memory_keys WHERE {VECTOR_KEYS_OF} RETURNING key",
+            (memory_id, kind, text),
         )
-        return keys
+        return [CLAUSE_KEY_OFFSET + r[0] for r in rows]
 
     async def add_clause_key(
         self, memory_id: str, kind: str, text: str, model_id: str, vector: np.ndarray

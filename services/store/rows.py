@@ -53,12 +53,15 @@ class Writes(Protocol):
         """Erases a row (its vector and keyword entry go with it); returns the vector's key."""
         ...
 
-    async def clause_keys(self, memory_id: str) -> list[int]:
-        """The index keys of a row's clause vectors."""
+    async def vector_keys(self, memory_id: str) -> list[int]:
+        """The index keys of every extra vector key of a row (clauses, facts)."""
         ...
 
-    async def drop_clause_keys(self, memory_id: str) -> list[int]:
-        """Removes a row's clause keys; returns their index keys."""
+    async def drop_vector_keys(
+        self, memory_id: str, kind: str, text: str | None = None
+    ) -> list[int]:
+        """Removes a row's extra vector keys of one kind (with that text, when given); returns
+        their index keys."""
         ...
 
     async def add_clause_key(

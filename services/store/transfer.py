@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from services.store.core import DEFAULT_ACTOR, Core, Write
-from services.store.keys import CLAUSE, own_keys
+from services.store.keys import VECTOR_KINDS, own_keys
 from services.store.model import AuditEntry, MemoryRow, Reach
 from services.store.pg.repo import PgRepo
 from services.store.pg.transfer_repo import PgTransfer, one_snapshot
@@ -97,7 +97,7 @@ class _Row:
 
     line: MemoryLine
     vector: np.ndarray
-    clause_vectors: list[np.ndarray]
+    key_vectors: list[np.ndarray]
 
 
 def _parsed(
@@ -131,11 +131,11 @@ def _with_ids(items: list[MemoryLine | EdgeLine]) -> list[MemoryLine | EdgeLine]
     return out
 
 
-def _clause_texts(line: MemoryLine) -> list[tuple[str, np.ndarray | None]]:
-    """The clause keys a row gets: the line's own, or those an ordinary write derives."""
+def _vector_key_texts(line: MemoryLine) -> list[tuple[str, np.ndarray | None]]:
+    """The vector keys a row gets: the line's own, or the clauses an ordinary write derives."""
     if line.keys is None:
         return [(key.text, None) for key in own_keys(line.row.content)]
-    return [(key.text, key.vector) for key in line.keys if key.kind == CLAUSE]
+    return [(key.text, key.vector) for key in line.keys if key.kind in VECTOR_KINDS]
 
 
 def _to_embed(lines: Sequence[MemoryLine]) -> tuple[list[Passage], list[bool]]:
@@ -144,17 +144,17 @@ def _to_embed(lines: Sequence[MemoryLine]) -> tuple[list[Passage], list[bool]]:
     passages: list[Passage] = []
     wanted: list[bool] = []
     for line in lines:
-        clauses = _clause_texts(line)
-        needed = [vector is None for _, vector in clauses]
+        keys = _vector_key_texts(line)
+        needed = [vector is None for _, vector in keys]
         if line.vector is not None and not any(needed):
             continue
         try:
-            spans = spans_of(line.row.content, [text for text, _ in clauses])
-        except ValueError:  # a file's clause that is not part of the text: embed it alone
+            spans = spans_of(line.row.content, [text for text, _ in keys])
+        except ValueError:  # a key that is not part of the text (a fact's): embed it alone
             if line.vector is None:
                 passages.append(Passage(line.row.content))
                 wanted.append(True)
-            passages += [Passage(text) for text, vector in clauses if vector is None]
+            passages += [Passage(text) for text, vector in keys if vector is None]
             wanted += [True for need in needed if need]
             continue
         own = tuple(span for span, need in zip(spans, needed, strict=True) if need)
@@ -169,8 +169,8 @@ def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Ro
     ready = []
     for line in lines:
         vector = line.vector if line.vector is not None else next(fresh)
-        clauses = [v if v is not None else next(fresh) for _, v in _clause_texts(line)]
-        ready.append(_Row(line, vector, clauses))
+        keys = [v if v is not None else next(fresh) for _, v in _vector_key_texts(line)]
+        ready.append(_Row(line, vector, keys))
     return ready
 
 
@@ -230,7 +230,8 @@ async def _write_row(w: Write, ready: _Row, after: _After) -> None:
     row, line = ready.line.row, ready.line
     w.changes.add(row.user_id, await w.tx.insert(row, ready.vector), ready.vector)
     if line.keys is None:
-        await w.add_keys(row, iter(ready.clause_vectors))
+        await w.add_keys(row, iter(ready.key_vectors))
+        await w.add_fact_keys(row, ready.vector)
     else:
         await _write_keys(w, ready, line.keys, after)
     if line.history is None:
@@ -241,12 +242,12 @@ async def _write_row(w: Write, ready: _Row, after: _After) -> None:
 
 
 async def _write_keys(w: Write, ready: _Row, keys: Sequence[KeyLine], after: _After) -> None:
-    """The keys a line brought, as they were: clause keys with vectors, the context key's text."""
+    """The keys a line brought, as they were: vector keys with vectors, the context key's text."""
     row = ready.line.row
-    clause_vectors = iter(ready.clause_vectors)
+    key_vectors = iter(ready.key_vectors)
     for key in keys:
-        if key.kind == CLAUSE:
-            vector = next(clause_vectors)
+        if key.kind in VECTOR_KINDS:
+            vector = next(key_vectors)
             index_key = await w.tx.add_clause_key(
                 row.id, key.kind, key.text, w.core.model.model_id, vector
             )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from services.store.keys import CLAUSE, CONTEXT
+from services.store.keys import KINDS, VECTOR_KINDS
 from services.store.model import (
     ACTIVE,
     LAYERS,
@@ -292,13 +292,13 @@ def _keys(value: Any, reuse: bool, ctx: LineContext) -> tuple[KeyLine, ...]:
     keys = []
     for i, key in enumerate(value):
         what = f"keys[{i}]"
-        if not isinstance(key, dict) or key.get("kind") not in (CLAUSE, CONTEXT):
-            raise InvalidArgument(f"{what} must be an object of kind {CLAUSE!r} or {CONTEXT!r}")
+        if not isinstance(key, dict) or key.get("kind") not in KINDS:
+            raise InvalidArgument(f"{what} must be an object of kind " + " or ".join(KINDS))
         text = _string(f"{what}.text", key.get("text"))
         if not text.strip():
             raise InvalidArgument(f"{what}.text is required")
         vector = _reusable(key.get("vector"), f"{what}.vector", reuse, ctx)
-        keys.append(KeyLine(key["kind"], text, vector if key["kind"] == CLAUSE else None))
+        keys.append(KeyLine(key["kind"], text, vector if key["kind"] in VECTOR_KINDS else None))
     return tuple(keys)
 
 

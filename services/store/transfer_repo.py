@@ -82,7 +82,8 @@ class TransferRows(ABC):
         return {r[0]: (r[1], self._float32(r[2])) for r in rows}
 
     async def keys_of(self, memory_ids: Sequence[str]) -> dict[str, list[StoredKey]]:
-        """Each row's extra keys, in the order they were made."""
+        """Each row's extra keys: those with a vector in the order they were made, then its
+        context key (the order an import writes them in)."""
         return keys_by_memory(await self._among(KEYS_OF, memory_ids), self._float32)
 
     async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
@@ -122,7 +123,7 @@ EDGES_AFTER = "SELECT seq, {columns} FROM graph_edges WHERE {where} ORDER BY seq
 VECTORS_OF = "SELECT memory_id, model_id, vector FROM vectors WHERE memory_id {among}"
 KEYS_OF = (
     "SELECT memory_id, kind, text, model_id, vector FROM memory_keys WHERE memory_id {among} "
-    "ORDER BY key"
+    "ORDER BY vector IS NULL, key"
 )
 HISTORY_OF = (
     "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason FROM audit "

@@ -18,6 +18,7 @@ from services.store.repo import (
     _UPDATABLE,
     ADD_AUDIT,
     CLAUSE_KEY_OFFSET,
+    VECTOR_KEYS_OF,
     _edge,
     _erased,
     _filters,
@@ -136,18 +137,21 @@ class PgWrites:
         await self._execute("DELETE FROM memories WHERE id = ?", memory_id)
         return key
 
-    async def clause_keys(self, memory_id: str) -> list[int]:
-        """The index keys of a row's clause vectors."""
+    async def vector_keys(self, memory_id: str) -> list[int]:
+        """The index keys of every extra vector key of a row (clauses, facts)."""
         rows = await self._fetch(
             "SELECT key FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL", memory_id
         )
         return [CLAUSE_KEY_OFFSET + r[0] for r in rows]
 
-    async def drop_clause_keys(self, memory_id: str) -> list[int]:
-        """Removes a row's clause keys; returns their index keys."""
+    async def drop_vector_keys(
+        self, memory_id: str, kind: str, text: str | None = None
+    ) -> list[int]:
+        """Removes a row's extra vector keys of one kind (with that text, when given); returns
+        their index keys."""
         rows = await self._fetch(
-            "DELETE FROM memory_keys WHERE memory_id = ? AND vector IS NOT NULL RETURNING key",
-            memory_id,
+            f"DELETE FROM memory_keys WHERE {VECTOR_KEYS_OF} RETURNING key",
+            memory_id, kind, text,
         )
         return [CLAUSE_KEY_OFFSET + r[0] for r in rows]
 
