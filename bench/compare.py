@@ -109,6 +109,8 @@ def latency(values: list[float]) -> dict[str, float]:
     return {
         "p50": round(statistics.median(values), 2),
         "p95": round(percentile(values, 0.95), 2),
+        "p99": round(percentile(values, 0.99), 2),
+        "max": round(max(values), 2),
         "mean": round(statistics.fmean(values), 2),
         "n": len(values),
     }
