@@ -162,7 +162,7 @@ class Write:
             actor=self.actor, action=action, row=before, before=before, after=after,
             reason=reason, at=self.now,
         )
-        if after is not None and before.status != after.status:
+        if after is not None and after.layer in FACT_KEY_LAYERS and before.status != after.status:
             if after.status == ACTIVE:
                 await self.add_fact_keys(after, await self.tx.vector(after.id))
             elif before.status == ACTIVE:
