@@ -9,13 +9,13 @@ from services.store.model import MemoryRow
 
 async def erase(w: Write, row: MemoryRow, reason: str) -> None:
     """Deletes row with its vector, clause, fact and context keys (and, for a fact, the keys
-    it gave the turns it cites); its audit entries keep ids,
-    owner, actor, times and states but none of its text; the turns beside it lose it from
-    their context keys. The write merges the keyword indexes and checkpoints on commit."""
+    it gave the turns it cites); its audit entries keep ids, owner, actor, times and states but
+    none of its text; the turns beside it lose it from their context keys. The write merges the
+    keyword indexes and checkpoints on commit."""
     beside = await w.tx.turns_beside(row) if row.layer in CONTEXT_LAYERS else (None, None)
     await w.drop_fact_keys(row)
-    for clause_key in await w.tx.vector_keys(row.id):
-        w.changes.remove(row.user_id, clause_key)
+    for key in await w.tx.vector_keys(row.id):
+        w.changes.remove(row.user_id, key)
     w.changes.remove(row.user_id, await w.tx.delete(row.id))
     await w.tx.audit(
         actor=w.actor, action="delete", row=row, before=row, after=None, reason=reason, at=w.now,

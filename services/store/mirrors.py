@@ -95,8 +95,8 @@ class Mirrors:
     async def _retire_all(self, change: FactChange, mirrors: list[MemoryRow]) -> None:
         for mirror in mirrors:
             if change.how == ERASED:
-                for clause_key in await self._tx.vector_keys(mirror.id):
-                    self._changes.remove(mirror.user_id, clause_key)
+                for key in await self._tx.vector_keys(mirror.id):
+                    self._changes.remove(mirror.user_id, key)
                 self._changes.remove(mirror.user_id, await self._tx.delete(mirror.id))
                 await self._tx.audit(actor=self._actor, action="delete", row=mirror,
                                      before=mirror, after=None, reason=REASON, at=self._now)
