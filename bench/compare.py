@@ -30,14 +30,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import numpy as np
 
 from bench.locomo_retrieval import DEFAULT_DATA, load
@@ -46,6 +47,7 @@ from bench.seeding import Seeder
 from services.embedder.models import find_model_files
 from services.embedder.onnx_encoder import OnnxEncoder
 from services.store.keys import clauses
+from services.store.pg import indexes
 from tests.support import base_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -442,15 +444,18 @@ async def grow(
     bulk: bool,
     args: argparse.Namespace,
     seeder: Seeder | None,
+    dsn: str = "",
 ) -> dict[str, Any]:
     """Adds texts[start:] to both sides and measures each add path on its own slice (with a
     seeder, all but the last args.measured are seeded first, untimed)."""
     n = len(texts)
-    seeded = Tally()
+    seeded, built = Tally(), Tally()
     if seeder is not None and n - start > args.measured:
         began = time.perf_counter()
-        await seed(ours, peer, seeder, texts, owners, start, n - args.measured)
+        async with hnsw_built_after(dsn, args.defer_indexes) as built:
+            await seed(ours, peer, seeder, texts, owners, start, n - args.measured)
         seeded = Tally(n - args.measured - start, time.perf_counter() - began)
+        built.count = seeded.count
         start = n - args.measured
     remaining = n - start
     one = min(args.one_client, remaining // 4)
@@ -533,12 +538,35 @@ async def grow(
         )
         progress(f"imported {hi}/{n}")
     progress("")
-    # seeded: the untimed part, here given its rate (with chromadb's seeding in between)
+    # seeded: the untimed part, here given its rate (with chromadb's seeding in between, and
+    # the HNSW build when deferred, which index_build times on its own)
     tallies["seeded"] = seeded
+    tallies["index_build"] = built
     return {
         name: {"count": t.count, "seconds": round(t.seconds, 2), "per_s": t.rate()}
         for name, t in tallies.items()
     }
+
+
+@asynccontextmanager
+async def hnsw_built_after(dsn: str, memory: str | None) -> AsyncIterator[Tally]:
+    """With a PostgreSQL store and memory given: its HNSW indexes deferred while the body runs,
+    then built with that maintenance_work_mem (services/store/pg/indexes.py); the tally times
+    the build."""
+    built = Tally()
+    if not dsn or memory is None:
+        yield built
+        return
+    conn = await asyncpg.connect(dsn)
+    try:
+        await indexes.defer(conn)
+        yield built
+        progress("building the HNSW indexes")
+        began = time.perf_counter()
+        await indexes.build(conn, memory)
+        built.seconds = time.perf_counter() - began
+    finally:
+        await conn.close()
 
 
 async def seed(
@@ -743,7 +771,7 @@ async def grow_through(
             started = time.perf_counter()
             adds = await grow(
                 ours, peer, texts[:size], owner_ids[:size], stored, bulk, args,
-                seeder if bulk else None,
+                seeder if bulk else None, project.dsn,
             )
             stored = size
             grown_s = time.perf_counter() - started
@@ -876,6 +904,8 @@ def backends_table(reports: list[dict[str, Any]]) -> str:
         ("bulk import memories/s (embedded)", lambda r: f"{r['adds']['ours_bulk']['per_s']}"),
         ("bulk import memories/s (seeding, vectors given)",
          lambda r: f"{r['adds'].get('seeded', {}).get('per_s') or 'n/a'}"),
+        ("of which HNSW build s (--defer-indexes)",
+         lambda r: f"{r['adds'].get('index_build', {}).get('seconds') or 'n/a'}"),
         ("search p50 / p95 ms, hybrid", lambda r: p50_p95(r["search"]["latency_ms"], "hybrid")),
         ("search p50 / p95 ms, vector", lambda r: p50_p95(r["search"]["latency_ms"], "vector")),
         ("RSS MiB, all services (and PostgreSQL)", lambda r: f"{r['rss_mib']['ours']}"),
@@ -933,6 +963,9 @@ def main() -> int:
     parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting of the throwaway PostgreSQL, such as "
                         "shared_buffers=4GB (repeatable; default: the server as the tests run it)")
+    parser.add_argument("--defer-indexes", metavar="MEMORY",
+                        help="PostgreSQL: seed with the HNSW indexes deferred, then build them "
+                        "with this maintenance_work_mem, such as 8GB (pg/indexes.py)")
     parser.add_argument("--no-peer", action="store_true",
                         help="without chromadb: only this project is grown and timed")
     parser.add_argument("--table", type=Path, nargs="+", metavar="RESULTS",
