@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -24,9 +25,13 @@ import time
 from typing import Any
 
 import asyncpg
+from tqdm import tqdm
 
 from services.store.pg.schema import HNSW_DEFERRED, HNSW_INDEXES, SCHEMA_LOCK, hnsw_deferred
 from shared.errors import ConfigError
+
+# How often the build's progress bar asks the server how far it is.
+PROGRESS_EVERY_S = 1.0
 
 
 async def defer(conn: asyncpg.Connection) -> None:
@@ -82,10 +87,39 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             await defer(conn)
         elif args.command == "build":
             began = time.perf_counter()
-            await build(conn, args.memory, args.workers)
+            watcher = asyncio.create_task(_show_progress(args.dsn, conn.get_server_pid()))
+            try:
+                await build(conn, args.memory, args.workers)
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             print(f"built in {time.perf_counter() - began:.1f} s", file=sys.stderr)
         return await status(conn)
     finally:
+        await conn.close()
+
+
+async def _show_progress(dsn: str, builder: int) -> None:
+    """A bar on stderr of the table blocks the build has read, from PostgreSQL's progress view
+    (pgvector reports each table's scan), polled every second until cancelled."""
+    conn = await asyncpg.connect(dsn)
+    bar = tqdm(desc="hnsw", unit=" blocks", file=sys.stderr)
+    try:
+        while True:
+            row = await conn.fetchrow(
+                "SELECT relid::regclass::text AS tab, phase, blocks_total, blocks_done "
+                "FROM pg_stat_progress_create_index WHERE pid = $1",
+                builder,
+            )
+            if row is not None:
+                bar.set_description(f"hnsw on {row['tab']}: {row['phase']}", refresh=False)
+                bar.total = row["blocks_total"] or None
+                bar.n = row["blocks_done"]
+                bar.refresh()
+            await asyncio.sleep(PROGRESS_EVERY_S)
+    finally:
+        bar.close()
         await conn.close()
 
 
