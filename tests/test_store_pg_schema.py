@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from services.store.pg.schema import SCHEMA_VERSION, create_or_migrate
+from services.store.pg.schema import GIN_PENDING_KB, SCHEMA_VERSION, create_or_migrate
 
 NDIM = 8
 
@@ -38,5 +38,43 @@ async def test_a_version_1_database_loses_the_index_that_long_names_overflow(
         assert "memories_neighbours" not in found and "memories_session_turns" in found
         versions = await conn.fetch("SELECT version FROM schema_version ORDER BY version")
         assert [r[0] for r in versions] == [1, SCHEMA_VERSION]
+    finally:
+        await conn.close()
+
+
+async def gin_options(conn: asyncpg.Connection) -> dict[str, list[str] | None]:
+    rows = await conn.fetch(
+        "SELECT relname, reloptions FROM pg_class WHERE relname = ANY($1::text[])",
+        ["memories_terms", "memory_keys_terms"],
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database_gets_them(
+    pg_databases: Any,
+) -> None:
+    limit = [f"gin_pending_list_limit={GIN_PENDING_KB}"]
+    conn = await asyncpg.connect(pg_databases.new_dsn())
+    try:
+        await create_or_migrate(conn, NDIM, "test")
+        assert await gin_options(conn) == {"memories_terms": limit, "memory_keys_terms": limit}
+        # As version 2 left it: the server's default limit, and rows waiting in the list.
+        await conn.execute(
+            "ALTER INDEX memories_terms RESET (gin_pending_list_limit); "
+            "ALTER INDEX memory_keys_terms RESET (gin_pending_list_limit); "
+            "DELETE FROM schema_version; "
+            "INSERT INTO schema_version (version, applied_at) VALUES (2, 0); "
+            "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+            "VALUES ('m1', 'u', 'l1_turn', 'pending words', 0, 0)"
+        )
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        pending = "SELECT pending_tuples FROM pgstatginindex('memories_terms')"
+        assert await conn.fetchval(pending) == 1
+
+        await create_or_migrate(conn, NDIM, "test")
+
+        assert await gin_options(conn) == {"memories_terms": limit, "memory_keys_terms": limit}
+        assert await conn.fetchval(pending) == 0
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
     finally:
         await conn.close()
