@@ -321,6 +321,10 @@ class Peer:
                 await self.proc.wait()
 
 
+class SearchFailed(RuntimeError):
+    """A search the server answered with an error."""
+
+
 class Ours:
     """This project through its REST API."""
 
@@ -395,7 +399,7 @@ class Ours:
             data = await reply.json()
         ms = (time.perf_counter() - started) * 1000.0
         if reply.status != 200:
-            raise RuntimeError(f"search: {reply.status} {data}")
+            raise SearchFailed(f"{reply.status} {data} after {ms:.0f} ms")
         found = sum(len(data["memories"].get(c, [])) for c in data["order"] if c != "now")
         return ms, found
 
@@ -639,6 +643,7 @@ async def searches(
     """Every question on every side, the order rotating per question; warm-up first."""
     times: dict[str, list[float]] = {"hybrid": [], "vector": [], "chromadb": [], "floor": []}
     found: dict[str, list[int]] = {"hybrid": [], "vector": [], "chromadb": []}
+    failed: dict[str, list[str]] = {}
 
     for warm in questions[:WARM_UP]:
         await ours.search(warm, owner_of(0, owners), "hybrid")
@@ -654,7 +659,12 @@ async def searches(
             reader: str, q: str = question, o: str = owner
         ) -> Callable[[], Awaitable[None]]:
             async def step() -> None:
-                ms, n = await ours.search(q, o, reader)
+                try:
+                    ms, n = await ours.search(q, o, reader)
+                except SearchFailed as exc:  # counted and shown, not hidden in percentiles
+                    failed.setdefault(reader, []).append(str(exc))
+                    print(f"{reader} search failed: {exc}", flush=True)
+                    return
                 times[reader].append(ms)
                 found[reader].append(n)
 
@@ -679,6 +689,7 @@ async def searches(
         "latency_ms": {name: latency(v) for name, v in times.items() if v},
         "mean_results": {name: round(statistics.fmean(v), 2) for name, v in found.items() if v},
         "search_service_stage_ms": stage_times(log_path, offset),
+        "failed": failed,
     }
 
 
@@ -908,6 +919,9 @@ def backends_table(reports: list[dict[str, Any]]) -> str:
          lambda r: f"{r['adds'].get('index_build', {}).get('seconds') or 'n/a'}"),
         ("search p50 / p95 ms, hybrid", lambda r: p50_p95(r["search"]["latency_ms"], "hybrid")),
         ("search p50 / p95 ms, vector", lambda r: p50_p95(r["search"]["latency_ms"], "vector")),
+        ("searches failed, hybrid / vector", lambda r: " / ".join(
+            str(len(r["search"].get("failed", {}).get(name, []))) for name in ("hybrid", "vector")
+        )),
         ("RSS MiB, all services (and PostgreSQL)", lambda r: f"{r['rss_mib']['ours']}"),
         ("PSS MiB, all services (and PostgreSQL)", lambda r: f"{r['rss_mib']['ours_pss']}"),
         ("disk KiB per memory", lambda r: f"{r['disk']['ours_kib_per_memory']}"),

@@ -51,8 +51,9 @@ async def defer(conn: asyncpg.Connection) -> None:
 async def build(
     conn: asyncpg.Connection, memory: str | None = None, workers: int | None = None
 ) -> None:
-    """Creates the HNSW indexes that are missing, then clears the deferral; with memory (such
-    as '4GB': the graph is built fastest when it fits) and workers for this build only."""
+    """Creates the HNSW indexes that are missing, analyzes the tables, then clears the
+    deferral; with memory (such as '4GB': the graph is built fastest when it fits) and workers
+    for this build only."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
         if memory is not None:
@@ -63,6 +64,9 @@ async def build(
             )
         for create in HNSW_INDEXES.values():
             await conn.execute(create)
+        # The planner's figures of the loaded tables, as a search needs them at once; while
+        # the build ran, the server's own ANALYZE had to wait for it.
+        await conn.execute("ANALYZE memories, vectors, memory_keys")
         await conn.execute("DELETE FROM store_meta WHERE key = $1", HNSW_DEFERRED)
 
 
