@@ -25,9 +25,9 @@ GIN_PENDING_KB."""
 
 GIN_PENDING_KB = 128
 """The most a GIN index keeps of new rows in its pending list before merging them in (the
-server's default is 4 MB). Every keyword search reads the whole list, so a full one of 4 MB
-(about 5,000 rows) cost a search more than the rest of its keyword work at 20,000 memories;
-merging 128 kB at a time costs a write about as much as merging 4 MB."""
+server's default is 4 MB). Every keyword search reads the whole list: with 4,894 rows waiting
+there at 20,000 memories it cost a search more than the rest of its keyword work. At 128 kB,
+loading those 20,000 rows took 6.5 s against 5.7 s (README)."""
 
 _GIN_INDEXES = ("memories_terms", "memory_keys_terms")
 
