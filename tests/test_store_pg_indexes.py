@@ -23,6 +23,11 @@ async def hnsw_indexes(db: Database) -> set[str]:
     return {r[0] for r in rows}
 
 
+async def all_visible_pages(db: Database) -> int:
+    visible = "SELECT relallvisible FROM pg_class WHERE relname = 'memory_keys'"
+    return int(await db.fetchval(visible))
+
+
 def indexes_command(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HYATLAS_STORE_DSN": dsn}
     return subprocess.run(
@@ -64,12 +69,14 @@ async def test_deferred_indexes_stay_away_across_a_start_and_come_back_when_buil
     db = await Database(dsn).open(NDIM)  # as a store starts
     try:
         assert await hnsw_indexes(db) == set()
+        assert await all_visible_pages(db) == 0
         built = indexes_command(dsn, "build", "--memory", "64MB", "--workers", "1")
         assert built.returncode == 0, built.stderr
         state = json.loads(built.stdout)
         assert state["deferred"] is False
         assert all(size > 0 for size in state["indexes"].values())
         assert await hnsw_indexes(db) == set(HNSW_INDEXES)
+        assert await all_visible_pages(db) > 0  # vacuumed: counts read indexes alone
         found, best = await nearest_found(db, query)
         assert len(set(found) & set(best)) >= 9
     finally:

@@ -77,6 +77,23 @@ async def test_postings_are_counted_again_once_the_index_has_grown(db: Database)
     assert await _counts(db, ["otter", "heron"]) == (3, [2, 1])
 
 
+@pytest.mark.parametrize("index", [text.OWN_TEXT, text.CONTEXT_KEYS], ids=["own", "context"])
+async def test_an_owners_rows_are_counted_from_an_index_alone_once_vacuumed(
+    db: Database, index: text.TextIndex
+) -> None:
+    await add_rows(db, [f"turn {i} of a long talk" for i in range(3000)], context=True)
+    await db.execute("VACUUM (ANALYZE) memories, memory_keys")
+    sql, values = text.counting(index, text._owned(index, ALICE), [""])
+    async with text._reading(db) as reader:
+        plan = "\n".join(
+            r[0] for r in await reader.fetch(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", *values)
+        )
+        counted = (await reader.fetch(sql, *values))[0][1]
+    assert counted == 3000
+    # Both the newest rowid and the owner's rows read from an index, no row of the table.
+    assert plan.count("Index Only Scan") == plan.count("Heap Fetches: 0") == 2, plan
+
+
 async def test_a_common_terms_postings_beyond_the_budget_are_estimated_from_the_newest(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

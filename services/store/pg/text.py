@@ -276,29 +276,35 @@ async def _counted(
     """The index's newest rowid, and how many of the owner's rows hold each term, up to one
     more than keywords.POSTING_BUDGET (the empty term: how many rows the owner has, all), in
     one statement."""
+    sql, values = counting(index, owned, terms)
+    row = (await reader.fetch(sql, *values))[0]
+    return int(row[0]), {term: int(n) for term, n in zip(terms, row[1:], strict=True)}
+
+
+def counting(
+    index: TextIndex, owned: tuple[list[str], list[Any]], terms: Sequence[str]
+) -> tuple[str, list[Any]]:
+    """_counted's statement and its parameters. The owner's rows (the empty term) are counted
+    from a btree index alone once the table is vacuumed (memories_session_turns,
+    memory_keys_context_owner): the GIN index's count reads every row."""
     where, params = owned
-    counts = []
+    counts: list[str] = []
+    values: list[Any] = []
     for term in terms:
         if not term:
             counts.append(f"(SELECT count(*) FROM {index.table} {_where(where)})")
+            values += params
             continue
         holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
         counts.append(
             f"(SELECT count(*) FROM (SELECT FROM {index.table} {_where([*where, holds])} "
             "LIMIT ?) AS postings)"
         )
-    row = (
-        await reader.fetch(
-            f"SELECT (SELECT coalesce(max({index.rowid}), 0) FROM {index.table})"
-            + "".join(f", {count}" for count in counts),
-            *[
-                p
-                for term in terms
-                for p in (*params, *([term, keywords.POSTING_BUDGET + 1] if term else []))
-            ],
-        )
-    )[0]
-    return int(row[0]), {term: int(n) for term, n in zip(terms, row[1:], strict=True)}
+        values += [*params, term, keywords.POSTING_BUDGET + 1]
+    sql = f"SELECT (SELECT coalesce(max({index.rowid}), 0) FROM {index.table})" + "".join(
+        f", {count}" for count in counts
+    )
+    return sql, values
 
 
 async def _newest_shares(
