@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from services.store import keywords
+from services.store import keywords, retrieval
 from services.store.config import StoreConfig
 from services.store.reembed import ReembedPlan
 from services.store.server import running_server
@@ -603,6 +603,44 @@ async def test_vector_search_drops_hits_below_min_score_and_respects_filters(
     facts = await vector_hits(store, embedder, "what food do I like", layers=[L3, L7])
     assert {h.memory.layer for h in facts} == {L3, L7}
     assert await vector_hits(store, embedder, "what food do I like", user="bob") == []
+
+
+@pytest.mark.sqlite_only  # the SQLite store's usearch indexes (PgVectors has its own path)
+@pytest.mark.parametrize("widest", [64, retrieval.WIDEST], ids=["scored", "widened"])
+async def test_a_filtered_vector_search_finds_the_few_rows_that_pass_behind_nearer_ones(
+    tmp_path: Path,
+    embedder_address: str,
+    embedder: EmbedderClient,
+    monkeypatch: pytest.MonkeyPatch,
+    widest: int,
+) -> None:
+    # Raw rows nearer the query than any fact fill the first 64 keys an index search gives.
+    monkeypatch.setattr(retrieval, "WIDEST", widest)
+    monkeypatch.setattr(retrieval, "EXACT_CHUNK", 1)  # every passing key scored, one at a time
+    scored_all = []
+    exact = retrieval._exact
+
+    async def spied(*args: Any) -> Any:
+        scored_all.append(True)
+        return await exact(*args)
+
+    monkeypatch.setattr(retrieval, "_exact", spied)
+    query = "what food do I like"
+    facts = [
+        "The user's favourite food is sushi",
+        "The user cooks ramen on Sundays",
+        "The quarterly tax report is due in April",
+    ]
+    async with serving_store(tmp_path, embedder_address, exact_search_up_to=0) as store:
+        await apply(store, *[insert(f"{query}? take {i}", layer=L2) for i in range(300)])
+        ids = [m.id for m in await apply(store, *[insert(fact) for fact in facts])]
+        hits = await vector_hits(store, embedder, query, layers=[L3], k=2)
+
+    asked, _ = await embedder.embed([query], is_query=True)
+    stored, _ = await embedder.embed(facts, is_query=False)
+    cosines = stored @ asked[0] / np.linalg.norm(stored, axis=1)
+    assert [h.memory.id for h in hits] == [ids[i] for i in np.argsort(-cosines)[:2]]
+    assert scored_all == ([True] if widest == 64 else [])
 
 
 async def test_vector_search_with_another_model_is_refused(

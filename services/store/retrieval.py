@@ -20,6 +20,12 @@ from shared.errors import Conflict, InvalidArgument
 EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
 OVERSAMPLE = 4
+# When filters leave too few of those, the search is widened, four times over each time, up to
+# this many keys; past it, every key that passes the filters is scored.
+WIDEST = 16_384
+# Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
+# not by the owner's (at 1,000,000 memories all of them at once took more than 20 GB).
+EXACT_CHUNK = 65_536
 
 
 async def keyword_search(
@@ -129,17 +135,20 @@ async def _search_user(
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
     count = max(k * OVERSAMPLE, 64)
-    found = await core.indexes.search(reach.user_ids[0], query, count, core.exact_up_to)
-    if found.size == 0:
-        return []
-    keys, scores = found.keys, found.scores
-    scored = [(key, score) for key, score in zip(keys.tolist(), scores.tolist(), strict=True)]
-    hits = await _rows_of_best(core, reach, layers, include_superseded, scored, k, min_score)
-    # Scope, layer and status filters may leave too few: then score just the rows that pass.
-    exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
-    if len(hits) >= k or exhausted:
-        return hits[:k]
-    return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+    while True:
+        found = await core.indexes.search(reach.user_ids[0], query, count, core.exact_up_to)
+        if found.size == 0:
+            return []
+        keys, scores = found.keys, found.scores
+        scored = list(zip(keys.tolist(), scores.tolist(), strict=True))
+        hits = await _rows_of_best(core, reach, layers, include_superseded, scored, k, min_score)
+        exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
+        if len(hits) >= k or exhausted:
+            return hits[:k]
+        if count >= WIDEST:
+            # The filters pass few of the nearest keys: score just the keys that pass.
+            return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+        count = min(count * 4, WIDEST)
 
 
 async def _rows_of_best(
@@ -161,7 +170,8 @@ async def _rows_of_best(
         )
         if len(hits) >= k or read >= len(scored):
             return hits[:k]
-        step = scored[read : read + (k - len(hits)) * 5 // 4 + 4]
+        # As many as the hits missing, or as many as read so far when filters drop most.
+        step = scored[read : read + max((k - len(hits)) * 5 // 4 + 4, read)]
         read += len(step)
         rows.update(
             await core.repo.rows_for_keys(
@@ -181,15 +191,25 @@ async def _exact(
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
     candidates = await core.repo.keys_in(reach, layers, include_superseded)
-    keys, matrix = await core.indexes.vectors(reach.user_ids[0], candidates)
-    if not keys:
-        return []
-    norms = np.linalg.norm(matrix, axis=1)
-    norms[norms == 0] = 1.0
-    scores = (matrix @ query) / norms
-    # A memory may hold several keys (its clauses): take enough to fill k memories.
-    top = np.argsort(-scores)[: k * (1 + MAX_CLAUSES)]
-    chosen = [(keys[i], float(scores[i])) for i in top if scores[i] >= min_score]
+    # A memory may hold several keys (its clauses): keep enough to fill k memories.
+    keep = k * (1 + MAX_CLAUSES)
+    best_keys, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    for start in range(0, len(candidates), EXACT_CHUNK):
+        chunk = candidates[start : start + EXACT_CHUNK]
+        keys, matrix = await core.indexes.vectors(reach.user_ids[0], chunk)
+        if not keys:
+            continue
+        norms = np.linalg.norm(matrix, axis=1)
+        norms[norms == 0] = 1.0
+        best_keys = np.concatenate([best_keys, np.asarray(keys, dtype=np.int64)])
+        best_scores = np.concatenate([best_scores, (matrix @ query) / norms])
+        top = np.argsort(-best_scores, kind="stable")[:keep]
+        best_keys, best_scores = best_keys[top], best_scores[top]
+    chosen = [
+        (int(key), float(score))
+        for key, score in zip(best_keys, best_scores, strict=True)
+        if score >= min_score
+    ]
     rows = await core.repo.rows_for_keys(
         [key for key, _ in chosen], reach, layers, include_superseded
     )
