@@ -24,7 +24,8 @@ OVERSAMPLE = 4
 # this many keys; past it, every key that passes the filters is scored.
 WIDEST = 16_384
 # Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
-# not by the owner's (at 1,000,000 memories all of them at once took more than 20 GB).
+# not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
+# first searches and was killed).
 EXACT_CHUNK = 65_536
 
 
