@@ -122,7 +122,12 @@ def test_a_small_index_is_written_in_process(
     assert len(Index.restore(str(tmp_path / "small.usearch"))) == 100
 
 
-def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(tmp_path: Path) -> None:
+def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     index = _index_of(8000)
     with pytest.raises(RuntimeError):
         save_index(index, str(tmp_path / "missing-folder" / "big.usearch"))
+    # The warning says why the child failed, in the child's own words.
+    [warning] = [r.getMessage() for r in caplog.records if "forked save" in r.getMessage()]
+    assert "(RuntimeError: " in warning

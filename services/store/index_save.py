@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import warnings
+from typing import BinaryIO
 
 from usearch.index import Index
 
@@ -30,6 +31,7 @@ def save_index(index: Index, path: str) -> None:
     if index.serialized_length < DETACH_FROM_BYTES or not hasattr(os, "fork"):
         index.save(path)
         return
+    reading, writing = os.pipe()
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns about fork in a threaded process; the child runs no Python
@@ -37,29 +39,45 @@ def save_index(index: Index, path: str) -> None:
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError as exc:
+        os.close(reading)
+        os.close(writing)
         log.warning("could not fork to save %s (%s); saving in-process", path, exc)
         index.save(path)
         return
     if pid == 0:  # the child
-        code = 1
-        try:
-            index.save(path)
-            code = 0
-        finally:
-            os._exit(code)
-    if not _child_succeeded(pid):
-        log.warning("the forked save of %s failed; saving in-process", path)
+        _save_and_exit(index, path, writing)
+    os.close(writing)
+    os.set_blocking(reading, False)  # the child's report is in the pipe by the time it ends
+    with os.fdopen(reading, "rb") as why:
+        failure = _child_failure(pid, why)
+    if failure:
+        log.warning("the forked save of %s failed (%s); saving in-process", path, failure)
         index.save(path)
 
 
-def _child_succeeded(pid: int) -> bool:
-    """Waits for the child (sleeping between looks, so the GIL is free); stops it past the limit."""
+def _save_and_exit(index: Index, path: str, report: int) -> None:
+    """The child's whole life: the write, then its error (if any) on the report pipe."""
+    code = 1
+    try:
+        index.save(path)
+        code = 0
+    except BaseException as exc:
+        os.write(report, f"{type(exc).__name__}: {exc}"[:500].encode(errors="replace"))
+    finally:
+        os._exit(code)
+
+
+def _child_failure(pid: int, report: BinaryIO) -> str:
+    """Waits for the child (sleeping between looks, so the GIL is free) and says why it failed
+    ("" when it did not); stops it past the limit."""
     deadline = time.monotonic() + CHILD_LIMIT_S
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status) == 0
+            code = os.waitstatus_to_exitcode(status)
+            said = (report.read() or b"").decode(errors="replace")
+            return "" if code == 0 else said or f"exit code {code}"
         time.sleep(_POLL_S)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    return False
+    return f"still writing after {CHILD_LIMIT_S:.0f} s"
