@@ -55,12 +55,21 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level)
 
 
+# The project's own loggers: DEBUG reaches these only.
+OWN_LOGGERS = ("services", "shared", "gateway", "hyatlas_cli", "__main__")
+
+
 def apply_log_level(level: str) -> None:
-    """Applies HYATLAS_LOG_LEVEL; every service's main() calls it right after reading its config."""
-    logging.getLogger().setLevel(level)
-    # gRPC's own debug lines would bury the ones DEBUG is asked for (search's per-stage timings).
-    grpc_level = max(logging.INFO, logging.getLevelNamesMapping()[level])
-    logging.getLogger("grpc").setLevel(grpc_level)
+    """Applies HYATLAS_LOG_LEVEL; every service's main() calls it right after reading its config.
+
+    Libraries log at INFO at most: their debug lines would bury the ones DEBUG is asked for
+    (search's per-stage timings), and aiosqlite's repeat every statement's parameters, the
+    memories' texts and vectors among them.
+    """
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    libraries = max(logging.INFO, logging.getLevelNamesMapping()[level])
+    logging.getLogger().setLevel(libraries)
 
 
 def background(

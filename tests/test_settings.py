@@ -15,7 +15,7 @@ from services.search.config import SearchConfig
 from services.store.config import StoreConfig
 from shared.aliases import Aliases
 from shared.errors import ConfigError
-from shared.runtime import apply_log_level
+from shared.runtime import OWN_LOGGERS, apply_log_level
 from shared.settings import Settings, parse_go_duration, read_duration
 
 
@@ -144,14 +144,22 @@ def test_every_service_takes_the_log_level(tmp_path: Path) -> None:
     assert [config.log_level for config in configs] == ["DEBUG"] * len(configs)
 
 
-def test_debug_reaches_the_services_own_lines_but_not_grpcs() -> None:
-    root, grpc_logger = logging.getLogger(), logging.getLogger("grpc")
-    saved = (root.level, grpc_logger.level)
+def test_debug_reaches_the_services_own_lines_but_no_librarys(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    names = ("", *OWN_LOGGERS)
+    saved = {name: logging.getLogger(name).level for name in names}
+    own, library = logging.getLogger("services.store.repo"), logging.getLogger("aiosqlite")
     try:
-        apply_log_level("DEBUG")
-        assert (root.level, grpc_logger.level) == (logging.DEBUG, logging.INFO)
-        apply_log_level("WARNING")
-        assert (root.level, grpc_logger.level) == (logging.WARNING, logging.WARNING)
+        with caplog.at_level(logging.NOTSET):  # the capture keeps what the loggers let through
+            logging.getLogger().setLevel(logging.NOTSET)
+            apply_log_level("DEBUG")
+            own.debug("ours")
+            library.debug("a statement and its parameters")
+            library.info("theirs")
+            apply_log_level("WARNING")
+            own.info("ours, below the level")
+        assert [r.getMessage() for r in caplog.records] == ["ours", "theirs"]
     finally:
-        root.setLevel(saved[0])
-        grpc_logger.setLevel(saved[1])
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
