@@ -139,8 +139,10 @@ async def search(
             held = len(terms) if plan.exact else max(1, matched_terms(term_stems, text))
             if held >= least:
                 found.append((row, -score, held))
-        if len(found) >= k or not more:
-            return found[:k]
+            if len(found) == k:
+                return found
+        if not more:
+            return found
         limit *= 4
 
 
