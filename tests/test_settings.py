@@ -144,7 +144,7 @@ def test_every_service_takes_the_log_level(tmp_path: Path) -> None:
     assert [config.log_level for config in configs] == ["DEBUG"] * len(configs)
 
 
-def test_debug_reaches_the_services_own_lines_but_no_librarys(
+def test_debug_reaches_the_projects_own_lines_and_libraries_stay_at_info(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     names = ("", *OWN_LOGGERS)
@@ -152,7 +152,6 @@ def test_debug_reaches_the_services_own_lines_but_no_librarys(
     own, library = logging.getLogger("services.store.repo"), logging.getLogger("aiosqlite")
     try:
         with caplog.at_level(logging.NOTSET):  # the capture keeps what the loggers let through
-            logging.getLogger().setLevel(logging.NOTSET)
             apply_log_level("DEBUG")
             own.debug("ours")
             library.debug("a statement and its parameters")
