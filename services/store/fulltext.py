@@ -176,8 +176,8 @@ async def _plan(
 async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[int]:
     """How many rows each expression finds, up to one past the posting budget, in one
     statement: finding_terms decides the same for any count past the budget, and counting
-    stops there instead of reading a common term's every posting (at 100,000 rows that took
-    a search's counts from 5.3 to 1.3 ms)."""
+    stops there instead of reading a common term's every posting (on a bare FTS5 table of
+    100,000 bench texts, one index's counts for a search went from 5.3 to 1.3 ms)."""
     one = (
         f"(SELECT count(*) FROM (SELECT 1 FROM {index.table} WHERE {index.table} MATCH ? "
         "LIMIT ?))"
