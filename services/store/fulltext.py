@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 class TextIndex:
     """One FTS5 table, its text column, and how its rowids reach the memories table."""
 
+    name: str
+    """How rows.Rows.text_search names it; each index is read on a connection of its own."""
     table: str
     column: str
     join: str
@@ -35,9 +37,11 @@ class TextIndex:
 
 
 OWN_TEXT = TextIndex(
+    "own",
     "memories_fts", "content", "CROSS JOIN memories m ON m.seq = j.value", "m.content"
 )
 CONTEXT_KEYS = TextIndex(
+    "context",
     "memory_keys_fts",
     "text",
     "CROSS JOIN memory_keys mk ON mk.key = j.value CROSS JOIN memories m ON m.id = mk.memory_id",
@@ -46,7 +50,7 @@ CONTEXT_KEYS = TextIndex(
 
 
 # The indexes by the names rows.Rows.text_search takes.
-BY_NAME = {"own": OWN_TEXT, "context": CONTEXT_KEYS}
+BY_NAME = {index.name: index for index in (OWN_TEXT, CONTEXT_KEYS)}
 
 
 class OwnerShares:
@@ -124,8 +128,7 @@ async def search(
     while True:
         ranked, more = await _ranked(repo, index, plan, limit)
         rows = await repo.rows_at_text_hits(
-            index.join,
-            index.text,
+            index,
             [rowid for rowid, _ in ranked],
             reach,
             layers,
@@ -183,7 +186,7 @@ async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[
         "LIMIT ?))"
     )
     past_budget = keywords.POSTING_BUDGET + 1
-    rows = await repo.text_reader.execute_fetchall(
+    rows = await repo.text_reader(index.name).execute_fetchall(
         f"SELECT {', '.join([one] * len(matches))}",
         tuple(value for match in matches for value in (match, past_budget)),
     )
@@ -192,7 +195,7 @@ async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[
 
 async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
     """The rowid from which on the newest POSTING_BUDGET rows the expression finds lie."""
-    rows = await repo.text_reader.execute_fetchall(
+    rows = await repo.text_reader(index.name).execute_fetchall(
         f"SELECT rowid FROM {index.table} WHERE {index.table} MATCH ? "
         "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
         (match, keywords.POSTING_BUDGET - 1),
@@ -211,7 +214,7 @@ async def _ranked(
         window = "" if query.since is None else "AND rowid >= ?"
         params = (query.match,) if query.since is None else (query.match, query.since)
         rows = list(
-            await repo.text_reader.execute_fetchall(
+            await repo.text_reader(index.name).execute_fetchall(
                 # The owner key column weighs nothing: only the text's terms rank.
                 f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
                 f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",

@@ -571,13 +571,14 @@ def row_json(row: MemoryRow | None) -> str:
 
 
 class Repo:
-    """The store's SQLite database: a writer connection and a reader connection."""
+    """The store's SQLite database: a writer connection, a reader connection, and a reader for
+    each keyword index."""
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._text_reader: aiosqlite.Connection | None = None
+        self._text_readers: dict[str, aiosqlite.Connection] = {}
 
     async def __aenter__(self) -> Repo:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -587,20 +588,23 @@ class Repo:
         # Reads go to their own connection so they never see a half-done Apply.
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
-        # Keyword searches read on a connection (and thread) of their own, beside vector ones.
-        self._text_reader = await self._connect()
-        await self._text_reader.execute("PRAGMA query_only = ON")
+        # Keyword searches read on connections (and threads) of their own, one per index: the
+        # indexes of one search are read side by side, and beside vector searches.
+        for name in fulltext.BY_NAME:
+            self._text_readers[name] = await self._connect()
+            await self._text_readers[name].execute("PRAGMA query_only = ON")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        """Closes both connections; closing twice is harmless."""
-        for conn in (self._text_reader, self._reader, self._writer):
+        """Closes every connection; closing twice is harmless."""
+        for conn in (*self._text_readers.values(), self._reader, self._writer):
             if conn is not None:
                 await conn.close()
-        self._text_reader = self._reader = self._writer = None
+        self._text_readers.clear()
+        self._reader = self._writer = None
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.db_path, isolation_level=None)
@@ -619,12 +623,11 @@ class Repo:
             raise RuntimeError("repo is closed")
         return self._writer
 
-    @property
-    def text_reader(self) -> aiosqlite.Connection:
-        """The connection keyword searches go through (committed data only)."""
-        if self._text_reader is None:
+    def text_reader(self, index: str) -> aiosqlite.Connection:
+        """The connection searches of a keyword index go through (committed data only)."""
+        if index not in self._text_readers:
             raise RuntimeError("repo is closed")
-        return self._text_reader
+        return self._text_readers[index]
 
     @property
     def reader(self) -> aiosqlite.Connection:
@@ -814,20 +817,20 @@ class Repo:
 
     async def rows_at_text_hits(
         self,
-        join: str,
-        text: str,
+        index: fulltext.TextIndex,
         rowids: Sequence[int],
         reach: Reach,
         layers: Sequence[str],
         include_superseded: bool,
     ) -> dict[int, tuple[MemoryRow, str]]:
-        """The rows behind keyword-index rowids (joined as fulltext.TextIndex says), with the
-        indexed text, keeping only those inside reach and layers."""
+        """The rows behind keyword-index rowids (joined as the index says), with the indexed
+        text, keeping only those inside reach and layers."""
         if not rowids:
             return {}
         where, params = _filters(reach, layers, include_superseded)
-        rows = await self.text_reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS}, {text}, j.value FROM json_each(?) AS j {join} {_where(where)}",
+        rows = await self.text_reader(index.name).execute_fetchall(
+            f"SELECT {_M_COLUMNS}, {index.text}, j.value FROM json_each(?) AS j {index.join} "
+            f"{_where(where)}",
             (json.dumps(list(rowids)), *params),
         )
         return {int(r[28]): (_row(r), str(r[27])) for r in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -53,15 +54,15 @@ async def keyword_search(
         return KeywordResult([], [], 0)
     least = min(min_terms, len(terms)) if min_terms else required
     k = page_size(k, "k")
-    found = await repo.text_search("own", terms, least, reach, layers, include_superseded, k)
-    hits = await annotated(repo, [Scored(r, s, n) for r, s, n in found])
-    context_hits: list[Scored] = []
-    if context_keys:
-        around = await repo.text_search(
-            "context", terms, least, reach, layers, include_superseded, k
-        )
-        context_hits = await annotated(repo, [Scored(r, s, n) for r, s, n in around])
-    return KeywordResult(hits, terms, required, context_hits)
+
+    async def hits_of(index: str) -> list[Scored]:
+        found = await repo.text_search(index, terms, least, reach, layers, include_superseded, k)
+        return await annotated(repo, [Scored(r, s, n) for r, s, n in found])
+
+    # The two indexes are read side by side (each on its own connection).
+    indexes = ("own", "context") if context_keys else ("own",)
+    hits, *around = await asyncio.gather(*(hits_of(index) for index in indexes))
+    return KeywordResult(hits, terms, required, around[0] if around else [])
 
 
 async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
