@@ -118,6 +118,13 @@ class ReadWriteLock:
                 self._changed.notify_all()
 
 
+def _keys_in(index: Index) -> set[int]:
+    """Every key an index holds, read in one call: usearch looks each key up by offset when
+    index.keys is iterated, which grows with the square of its size (over ten minutes at
+    540,000 keys)."""
+    return set(np.asarray(index.keys).tolist())
+
+
 class VectorIndexes:
     """One usearch index per user; keys are the vectors table's keys."""
 
@@ -171,10 +178,7 @@ class VectorIndexes:
         if index is None:
             index = self._new()
         want = await self._keys_of(user_id)
-        # One call for all the keys: usearch looks each key up by offset when iterated, so a
-        # loop over index.keys grows with the square of its size (over ten minutes at 540,000
-        # keys, with the event loop blocked).
-        have = set(np.asarray(index.keys).tolist())
+        have = await asyncio.to_thread(_keys_in, index)
         stale = sorted(have - want)
         missing = sorted(want - have)
         if stale:
