@@ -715,14 +715,22 @@ class Repo:
         )
         return _row(next(iter(rows))) if rows else None
 
-    async def get_many(self, reach: Reach, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
-        """The rows with these ids that lie inside the reach, by id."""
+    async def get_many(
+        self,
+        reach: Reach,
+        memory_ids: Sequence[str],
+        layers: Sequence[str] = (),
+        include_superseded: bool = True,
+    ) -> dict[str, MemoryRow]:
+        """The rows with these ids that lie inside the reach (and layers, when given), by id."""
         if not memory_ids:
             return {}
-        where, params = _filters(reach)
-        where.append(f"m.id IN ({','.join('?' * len(memory_ids))})")
+        where, params = _filters(reach, layers, include_superseded)
+        # Driven by the ids (CROSS JOIN fixes the order), not by a scan of the owner's rows.
         rows = await self.reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)}", (*params, *memory_ids)
+            f"SELECT {_M_COLUMNS} FROM json_each(?) AS j CROSS JOIN memories m ON m.id = j.value "
+            f"{_where(where)}",
+            (json.dumps(list(memory_ids)), *params),
         )
         found = (_row(r) for r in rows)
         return {row.id: row for row in found}
@@ -870,34 +878,21 @@ class Repo:
         )
         return {memory_id: before for memory_id, before in rows}
 
-    async def rows_for_keys(
-        self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
-    ) -> dict[int, MemoryRow]:
-        """The rows behind vector keys, keeping only those inside reach and layers."""
+    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
+        """The id of the memory behind each vector key (own or extra) that still exists."""
         if not keys:
             return {}
-        where, params = _filters(reach, layers, include_superseded)
         own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
-        clause = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
-        found: dict[int, MemoryRow] = {}
-        if own:
-            # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
-            rows = await self.reader.execute_fetchall(
-                f"SELECT {_M_COLUMNS}, v.key FROM json_each(?) AS j "
-                "CROSS JOIN vectors v ON v.key = j.value "
-                f"CROSS JOIN memories m ON m.id = v.memory_id {_where(where)}",
-                (json.dumps(own), *params),
-            )
-            found.update((r[27], _row(r)) for r in rows)
-        if clause:
-            rows = await self.reader.execute_fetchall(
-                f"SELECT {_M_COLUMNS}, mk.key FROM json_each(?) AS j "
-                "CROSS JOIN memory_keys mk ON mk.key = j.value "
-                f"CROSS JOIN memories m ON m.id = mk.memory_id {_where(where)}",
-                (json.dumps(clause), *params),
-            )
-            found.update((CLAUSE_KEY_OFFSET + r[27], _row(r)) for r in rows)
-        return found
+        extra = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+        # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
+        rows = await self.reader.execute_fetchall(
+            "SELECT v.key, v.memory_id FROM json_each(?) AS j "
+            "CROSS JOIN vectors v ON v.key = j.value UNION ALL "
+            "SELECT ? + mk.key, mk.memory_id FROM json_each(?) AS j "
+            "CROSS JOIN memory_keys mk ON mk.key = j.value",
+            (json.dumps(own), CLAUSE_KEY_OFFSET, json.dumps(extra)),
+        )
+        return {int(key): memory_id for key, memory_id in rows}
 
     async def keys_in(
         self, reach: Reach, layers: Sequence[str], include_superseded: bool

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from services.store.core import Core
 from services.store.keys import CONTEXT_LAYERS, MAX_CLAUSES, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
-from services.store.model import KeywordResult, MemoryRow, Reach, Scored
+from services.store.model import KeywordResult, Reach, Scored
 from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
@@ -162,24 +162,27 @@ async def _rows_of_best(
     k: int,
     min_score: float,
 ) -> list[Scored]:
-    """The best k memories behind scored keys (best first), reading rows a slice at a time:
-    most searches need only the first k keys' rows."""
-    rows: dict[int, MemoryRow] = {}
+    """The best k memories behind scored keys (best first): each memory at its best key's
+    score, its row read once, a slice of memories at a time (most searches need one)."""
+    scored = [(key, score) for key, score in scored if score >= min_score]
+    owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
+    best: dict[str, float] = {}
+    for key, score in scored:
+        memory_id = owners.get(key)
+        if memory_id is not None:
+            best[memory_id] = max(score, best.get(memory_id, score))
+    ranked = sorted(best.items(), key=lambda item: item[1], reverse=True)
+    hits: list[Scored] = []
     read = 0
-    while True:
-        hits = _best_per_memory(
-            (rows[key], score) for key, score in scored[:read] if key in rows and score >= min_score
-        )
-        if len(hits) >= k or read >= len(scored):
-            return hits[:k]
+    while len(hits) < k and read < len(ranked):
         # As many as the hits missing, or as many as read so far when filters drop most.
-        step = scored[read : read + max((k - len(hits)) * 5 // 4 + 4, read)]
+        step = ranked[read : read + max((k - len(hits)) * 5 // 4 + 4, read)]
         read += len(step)
-        rows.update(
-            await core.repo.rows_for_keys(
-                [key for key, _ in step], reach, layers, include_superseded
-            )
+        rows = await core.repo.get_many(
+            reach, [memory_id for memory_id, _ in step], layers, include_superseded
         )
+        hits.extend(Scored(rows[m], score) for m, score in step if m in rows)
+    return hits[:k]
 
 
 async def _exact(
@@ -212,17 +215,4 @@ async def _exact(
         for key, score in zip(best_keys, best_scores, strict=True)
         if score >= min_score
     ]
-    rows = await core.repo.rows_for_keys(
-        [key for key, _ in chosen], reach, layers, include_superseded
-    )
-    return _best_per_memory((rows[key], score) for key, score in chosen if key in rows)[:k]
-
-
-def _best_per_memory(scored: Iterable[tuple[MemoryRow, float]]) -> list[Scored]:
-    """One hit per memory, at the best score any of its keys got, best first."""
-    best: dict[str, Scored] = {}
-    for row, score in scored:
-        kept = best.get(row.id)
-        if kept is None or score > kept.score:
-            best[row.id] = Scored(row, score)
-    return sorted(best.values(), key=lambda hit: hit.score, reverse=True)
+    return await _rows_of_best(core, reach, layers, include_superseded, chosen, k, min_score)

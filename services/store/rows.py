@@ -233,8 +233,14 @@ class Rows(Protocol):
         """One row by id, whoever owns it (callers check the scope)."""
         ...
 
-    async def get_many(self, reach: Reach, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
-        """The rows with these ids that lie inside the reach, by id."""
+    async def get_many(
+        self,
+        reach: Reach,
+        memory_ids: Sequence[str],
+        layers: Sequence[str] = (),
+        include_superseded: bool = True,
+    ) -> dict[str, MemoryRow]:
+        """The rows with these ids that lie inside the reach (and layers, when given), by id."""
         ...
 
     async def count_buckets(self, reach: Reach, query: CountQuery) -> list[int]:
@@ -256,10 +262,8 @@ class Rows(Protocol):
         session (same owner and layer), when it was written at most gap_s earlier."""
         ...
 
-    async def rows_for_keys(
-        self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
-    ) -> dict[int, MemoryRow]:
-        """The rows behind vector keys, keeping only those inside reach and layers."""
+    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
+        """The id of the memory behind each vector key (own or extra) that still exists."""
         ...
 
     async def keys_in(

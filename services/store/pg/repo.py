@@ -113,11 +113,17 @@ class PgRepo:
         rows = await self.db.fetch(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", memory_id)
         return _row(rows[0]) if rows else None
 
-    async def get_many(self, reach: Reach, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
-        """The rows with these ids that lie inside the reach, by id."""
+    async def get_many(
+        self,
+        reach: Reach,
+        memory_ids: Sequence[str],
+        layers: Sequence[str] = (),
+        include_superseded: bool = True,
+    ) -> dict[str, MemoryRow]:
+        """The rows with these ids that lie inside the reach (and layers, when given), by id."""
         if not memory_ids:
             return {}
-        where, params = _filters(reach)
+        where, params = _filters(reach, layers, include_superseded)
         where.append("m.id = ANY(?::text[])")
         rows = await self.db.fetch(
             f"SELECT {_M_COLUMNS} FROM memories m {_where(where)}", *params, list(memory_ids)
@@ -204,23 +210,18 @@ class PgRepo:
         )
         return {memory_id: before for memory_id, before in rows}
 
-    async def rows_for_keys(
-        self, keys: Sequence[int], reach: Reach, layers: Sequence[str], include_superseded: bool
-    ) -> dict[int, MemoryRow]:
-        """The rows behind vector keys, keeping only those inside reach and layers."""
-        where, params = _filters(reach, layers, include_superseded)
-        found: dict[int, MemoryRow] = {}
-        for table, offset in (("vectors", 0), ("memory_keys", CLAUSE_KEY_OFFSET)):
-            wanted = [int(k) - offset for k in keys if (k >= CLAUSE_KEY_OFFSET) == bool(offset)]
-            if not wanted:
-                continue
-            rows = await self.db.fetch(
-                f"SELECT {_M_COLUMNS}, v.key FROM {table} v JOIN memories m ON m.id = v.memory_id "
-                f"{_where(['v.key = ANY(?::bigint[])', *where])}",
-                wanted, *params,
-            )
-            found.update((offset + r[27], _row(r)) for r in rows)
-        return found
+    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
+        """The id of the memory behind each vector key (own or extra) that still exists."""
+        if not keys:
+            return {}
+        own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
+        extra = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+        rows = await self.db.fetch(
+            "SELECT key, memory_id FROM vectors WHERE key = ANY(?::bigint[]) UNION ALL "
+            "SELECT ?::bigint + key, memory_id FROM memory_keys WHERE key = ANY(?::bigint[])",
+            own, CLAUSE_KEY_OFFSET, extra,
+        )
+        return {int(key): memory_id for key, memory_id in rows}
 
     async def keys_in(
         self, reach: Reach, layers: Sequence[str], include_superseded: bool
