@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.search import ranking
 from services.search.config import SearchConfig
@@ -251,6 +253,69 @@ def test_mmr_lifts_a_different_memory_over_a_repeat_of_the_first() -> None:
         "a2",
         "b",
     ]
+
+
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a and b else 0.0
+
+
+def _near_duplicates_pair_by_pair(ranked: list[Candidate]) -> list[str]:
+    """The demotion as its docstring states it, one pair at a time."""
+    seen: list[frozenset[str]] = []
+    for candidate in ranked:
+        words = ranking.tokens(candidate.content)
+        if any(_jaccard(words, other) >= ranking.NEAR_DUPLICATE for other in seen):
+            candidate.fused *= ranking.NEAR_DUPLICATE_PENALTY
+        else:
+            seen.append(words)
+    return ids(sorted(ranked, key=lambda c: c.fused, reverse=True))
+
+
+def _mmr_pair_by_pair(ranked: list[Candidate], lam: float) -> list[str]:
+    """Maximal marginal relevance as its docstring states it, one pair at a time."""
+    top = ranked[0].fused or 1.0
+    left = list(ranked)
+    picked: list[Candidate] = []
+    while left:
+        def value(c: Candidate) -> float:
+            overlap = max(
+                (_jaccard(ranking.tokens(c.content), ranking.tokens(p.content)) for p in picked),
+                default=0.0,
+            )
+            return lam * c.fused / top - (1.0 - lam) * overlap
+
+        best = max(left, key=value)
+        picked.append(best)
+        left.remove(best)
+    return ids(picked)
+
+
+_phrases = st.lists(
+    st.sampled_from(["dog", "Dog", "walk", "park", "the", "a", "!", "vet"]), max_size=6
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    contents=st.lists(_phrases.map(" ".join), min_size=3, max_size=25),
+    scores=st.lists(st.sampled_from([1.0, 0.9, 0.9, 0.5, 0.25, 0.1]), min_size=25, max_size=25),
+    lam=st.sampled_from([0.0, 0.3, 0.7, 0.99]),
+)
+def test_the_pairwise_passes_match_a_pair_by_pair_reading(
+    contents: list[str], scores: list[float], lam: float
+) -> None:
+    def ranked() -> list[Candidate]:
+        given = zip(contents, scores[: len(contents)], strict=True)
+        found = [cand(f"m{i}", text, fused=score) for i, (text, score) in enumerate(given)]
+        return sorted(found, key=lambda c: c.fused, reverse=True)
+
+    pairs = ranking.overlaps(ranked())
+    words = [ranking.tokens(c.content) for c in ranked()]
+    assert pairs.tolist() == [[_jaccard(a, b) for b in words] for a in words]
+    expected = _near_duplicates_pair_by_pair(ranked())
+    assert ids(ranking.demote_near_duplicates(ranked(), ctx())) == expected
+    settings_ = RankingSettings(mmr_lambda=lam)
+    assert ids(ranking.mmr(ranked(), ctx(settings=settings_))) == _mmr_pair_by_pair(ranked(), lam)
 
 
 def test_a_request_can_switch_stages_off() -> None:
