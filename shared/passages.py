@@ -1,8 +1,9 @@
 """A text to embed together with spans of it (its sentences) that get vectors of their own.
 
-With HYATLAS_EMBED_POOLED_SPANS, a model that pools token states (mean pooling) gives a span the
-mean of its tokens' states from the text's one run: the sentence in its context, at no extra
-model run. Otherwise (and for any other model) the span's text is embedded on its own.
+With HYATLAS_EMBED_POOLED_SPANS on (the default), a model that pools token states (mean
+pooling) gives a span the mean of its tokens' states from the text's one run: the sentence in
+its context, at no extra model run. Otherwise (and for any other model) the span's text is
+embedded on its own.
 """
 
 from __future__ import annotations

@@ -224,9 +224,9 @@ class Settings:
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
     embed_max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
-    embed_pooled_spans: bool = False
+    embed_pooled_spans: bool = True
     """HYATLAS_EMBED_POOLED_SPANS: a memory's sentences get vectors pooled from its own model
-    run (one model input a memory) instead of each sentence embedded alone."""
+    run (one model input a memory); off embeds each sentence alone."""
     embed_max_queue: int = 256
     """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; past it, RESOURCE_EXHAUSTED."""
 
@@ -391,7 +391,7 @@ class Settings:
             model_dir=Path(model_dir_raw).expanduser() if model_dir_raw else None,
             embed_threads=read_int(env, "HYATLAS_EMBED_THREADS", 2, 1, 64),
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
-            embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", False),
+            embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", True),
             embed_max_queue=read_int(env, "HYATLAS_EMBED_MAX_QUEUE", 256, 1, 1_000_000),
             mode=mode,
             sync_extract=sync_extract,

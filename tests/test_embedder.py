@@ -119,9 +119,8 @@ LONG = (
 SPANS = [(0, 62), (63, 109), (110, len(LONG))]
 
 
-async def test_spans_are_embedded_alone_by_default(embedder_address: str) -> None:
-    async with open_channel(embedder_address) as channel:
-        stub = embedder_pb2_grpc.EmbedderStub(channel)
+async def test_spans_are_embedded_alone_when_pooling_is_off(tmp_path: Path) -> None:
+    async with serving(config_for(tmp_path, pooled_spans=False)) as (stub, _):
         reply = await stub.Embed(
             embedder_pb2.EmbedRequest(
                 texts=[LONG], spans=[embedder_pb2.Span(start=s, end=e) for s, e in SPANS]
@@ -131,12 +130,13 @@ async def test_spans_are_embedded_alone_by_default(embedder_address: str) -> Non
     np.testing.assert_allclose([list(v.values) for v in reply.span_vectors], alone, atol=1e-5)
 
 
-async def test_pooled_spans_get_vectors_from_their_texts_run_in_the_requests_order(
-    tmp_path: Path,
+async def test_spans_are_pooled_from_their_texts_run_by_default_in_the_requests_order(
+    embedder_address: str,
 ) -> None:
     sentences = [LONG[s:e] for s, e in SPANS]
     spans = SPANS
-    async with serving(config_for(tmp_path, pooled_spans=True)) as (stub, _):
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
         reply = await stub.Embed(
             embedder_pb2.EmbedRequest(
                 texts=["a short note", LONG],

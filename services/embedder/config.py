@@ -40,7 +40,7 @@ class EmbedderConfig:
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
     max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
-    pooled_spans: bool = False
+    pooled_spans: bool = True
     """HYATLAS_EMBED_POOLED_SPANS: spans pooled from their text's run, else embedded alone."""
     max_queue: int = 256
     """HYATLAS_EMBED_MAX_QUEUE: most vectors waiting to be made; more are refused."""
