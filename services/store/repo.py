@@ -44,6 +44,15 @@ _OWNER_KEY_OF = "(SELECT owner_key FROM memories WHERE id = ?)"
 # told apart by this offset (the vectors table's keys stay far below it).
 CLAUSE_KEY_OFFSET = 1 << 40
 
+
+def split_keys(keys: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Vector keys as the vectors table's keys (a row's own) and the memory_keys table's
+    (its extra keys, the offset taken off)."""
+    own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
+    extra = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+    return own, extra
+
+
 # A row's extra vector keys of one kind, and of one text unless that is NULL (parameters:
 # memory id, kind, text).
 VECTOR_KEYS_OF = "memory_id = ? AND kind = ? AND vector IS NOT NULL AND text = COALESCE(?, text)"
@@ -882,8 +891,7 @@ class Repo:
         """The id of the memory behind each vector key (own or extra) that still exists."""
         if not keys:
             return {}
-        own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
-        extra = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+        own, extra = split_keys(keys)
         # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
         rows = await self.reader.execute_fetchall(
             "SELECT v.key, v.memory_id FROM json_each(?) AS j "
@@ -935,16 +943,16 @@ class Repo:
         """The stored vectors of keys, in the order given."""
         found: dict[int, np.ndarray] = {}
         for start in range(0, len(keys), 5000):
-            chunk = [int(k) for k in keys[start : start + 5000]]
+            own, extra = split_keys(keys[start : start + 5000])
             rows = await self.reader.execute_fetchall(
                 "SELECT key, vector FROM vectors WHERE key IN (SELECT value FROM json_each(?))",
-                (json.dumps([k for k in chunk if k < CLAUSE_KEY_OFFSET]),),
+                (json.dumps(own),),
             )
             for key, blob in rows:
                 found[key] = unblob(blob)
             rows = await self.reader.execute_fetchall(
                 "SELECT key, vector FROM memory_keys WHERE key IN (SELECT value FROM json_each(?))",
-                (json.dumps([k - CLAUSE_KEY_OFFSET for k in chunk if k >= CLAUSE_KEY_OFFSET]),),
+                (json.dumps(extra),),
             )
             for key, blob in rows:
                 found[CLAUSE_KEY_OFFSET + key] = unblob(blob)

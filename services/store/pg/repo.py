@@ -33,6 +33,7 @@ from services.store.repo import (
     _row,
     _where,
     replacement_chains,
+    split_keys,
 )
 
 # SQLite orders text by its bytes; PostgreSQL by the database's collation unless told.
@@ -214,8 +215,7 @@ class PgRepo:
         """The id of the memory behind each vector key (own or extra) that still exists."""
         if not keys:
             return {}
-        own = [int(k) for k in keys if k < CLAUSE_KEY_OFFSET]
-        extra = [int(k) - CLAUSE_KEY_OFFSET for k in keys if k >= CLAUSE_KEY_OFFSET]
+        own, extra = split_keys(keys)
         rows = await self.db.fetch(
             "SELECT key, memory_id FROM vectors WHERE key = ANY(?::bigint[]) UNION ALL "
             "SELECT ?::bigint + key, memory_id FROM memory_keys WHERE key = ANY(?::bigint[])",
