@@ -16,6 +16,7 @@ import pytest
 from services.store import keywords, retrieval
 from services.store.config import StoreConfig
 from services.store.reembed import ReembedPlan
+from services.store.repo import MEMORY_IDS_OF_KEYS
 from services.store.server import running_server
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
@@ -523,6 +524,11 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     assert db.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_keys'"
     ).fetchone() == (1,)
+    # So do indexes: a vector search maps its keys to memories without reading their rows.
+    plan = db.execute("EXPLAIN QUERY PLAN " + MEMORY_IDS_OF_KEYS, ("[1]", 0, "[1]")).fetchall()
+    steps = [row[3] for row in plan]
+    assert "SEARCH v USING COVERING INDEX vectors_key_memory (key=?)" in steps
+    assert "SEARCH mk USING COVERING INDEX memory_keys_key_memory (key=?)" in steps
     db.close()
 
 

@@ -53,6 +53,16 @@ def split_keys(keys: Sequence[int]) -> tuple[list[int], list[int]]:
     return own, extra
 
 
+# The memory of each vector key (parameters: own keys as JSON, CLAUSE_KEY_OFFSET, extra keys as
+# JSON). Driven by the keys (CROSS JOIN fixes the order), through indexes of (key, memory_id):
+# a search's keys lie all over the tables, and their rows are large.
+MEMORY_IDS_OF_KEYS = (
+    "SELECT v.key, v.memory_id FROM json_each(?) AS j "
+    "CROSS JOIN vectors v INDEXED BY vectors_key_memory ON v.key = j.value UNION ALL "
+    "SELECT ? + mk.key, mk.memory_id FROM json_each(?) AS j "
+    "CROSS JOIN memory_keys mk INDEXED BY memory_keys_key_memory ON mk.key = j.value"
+)
+
 # A row's extra vector keys of one kind, and of one text unless that is NULL (parameters:
 # memory id, kind, text).
 VECTOR_KEYS_OF = "memory_id = ? AND kind = ? AND vector IS NOT NULL AND text = COALESCE(?, text)"
@@ -892,13 +902,8 @@ class Repo:
         if not keys:
             return {}
         own, extra = split_keys(keys)
-        # Driven by the keys (CROSS JOIN fixes the order), not by a scan of the owner's rows.
         rows = await self.reader.execute_fetchall(
-            "SELECT v.key, v.memory_id FROM json_each(?) AS j "
-            "CROSS JOIN vectors v ON v.key = j.value UNION ALL "
-            "SELECT ? + mk.key, mk.memory_id FROM json_each(?) AS j "
-            "CROSS JOIN memory_keys mk ON mk.key = j.value",
-            (json.dumps(own), CLAUSE_KEY_OFFSET, json.dumps(extra)),
+            MEMORY_IDS_OF_KEYS, (json.dumps(own), CLAUSE_KEY_OFFSET, json.dumps(extra))
         )
         return {int(key): memory_id for key, memory_id in rows}
 

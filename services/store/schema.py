@@ -94,6 +94,10 @@ CREATE TABLE IF NOT EXISTS memory_keys (
   owner_key TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
+-- Key to memory without reading the rows, which their inline vectors make large: a vector search
+-- maps its nearest keys to memories through these two (repo.MEMORY_IDS_OF_KEYS).
+CREATE INDEX IF NOT EXISTS memory_keys_key_memory ON memory_keys(key, memory_id);
+CREATE INDEX IF NOT EXISTS vectors_key_memory ON vectors(key, memory_id);
 -- The L5 graph: relations with their evidence and both time axes.
 CREATE TABLE IF NOT EXISTS graph_edges (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
