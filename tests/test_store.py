@@ -16,7 +16,7 @@ import pytest
 from services.store import keywords, retrieval
 from services.store.config import StoreConfig
 from services.store.reembed import ReembedPlan
-from services.store.repo import MEMORY_IDS_OF_KEYS
+from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.server import running_server
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
@@ -529,6 +529,9 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     steps = [row[3] for row in plan]
     assert "SEARCH v USING COVERING INDEX vectors_key_memory (key=?)" in steps
     assert "SEARCH mk USING COVERING INDEX memory_keys_key_memory (key=?)" in steps
+    # And a store counts its vectors' models at open without reading the vectors.
+    plan = db.execute("EXPLAIN QUERY PLAN " + VECTOR_MODELS).fetchall()
+    assert [row[3] for row in plan] == ["SCAN vectors USING COVERING INDEX vectors_model"]
     db.close()
 
 

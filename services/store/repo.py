@@ -63,6 +63,10 @@ MEMORY_IDS_OF_KEYS = (
     "CROSS JOIN memory_keys mk INDEXED BY memory_keys_key_memory ON mk.key = j.value"
 )
 
+# How many vectors each model made: read from the (model_id) index, not the rows, so a store
+# opens without reading every vector (cold, 82 MB at 100,000 memories).
+VECTOR_MODELS = "SELECT model_id, count(*) FROM vectors INDEXED BY vectors_model GROUP BY model_id"
+
 # A row's extra vector keys of one kind, and of one text unless that is NULL (parameters:
 # memory id, kind, text).
 VECTOR_KEYS_OF = "memory_id = ? AND kind = ? AND vector IS NOT NULL AND text = COALESCE(?, text)"
@@ -722,9 +726,7 @@ class Repo:
 
     async def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model made."""
-        rows = await self.reader.execute_fetchall(
-            "SELECT model_id, count(*) FROM vectors GROUP BY model_id"
-        )
+        rows = await self.reader.execute_fetchall(VECTOR_MODELS)
         return {r[0]: r[1] for r in rows}
 
     async def get(self, memory_id: str) -> MemoryRow | None:

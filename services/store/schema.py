@@ -98,6 +98,8 @@ CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
 -- maps its nearest keys to memories through these two (repo.MEMORY_IDS_OF_KEYS).
 CREATE INDEX IF NOT EXISTS memory_keys_key_memory ON memory_keys(key, memory_id);
 CREATE INDEX IF NOT EXISTS vectors_key_memory ON vectors(key, memory_id);
+-- Which models the vectors come from, counted at every open (repo.VECTOR_MODELS).
+CREATE INDEX IF NOT EXISTS vectors_model ON vectors(model_id);
 -- The L5 graph: relations with their evidence and both time axes.
 CREATE TABLE IF NOT EXISTS graph_edges (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
