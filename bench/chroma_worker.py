@@ -81,7 +81,7 @@ def main() -> int:
                 query_texts=[cmd["text"]], n_results=cmd["k"], where=where or None
             )
             ms = (time.perf_counter() - started) * 1000.0
-            reply = {"ms": ms, "n": len(found["ids"][0])}
+            reply = {"ms": ms, "docs": (found["documents"] or [[]])[0]}
         elif op == "embed_one":
             started = time.perf_counter()
             encoder.encode([cmd["text"]])

@@ -41,7 +41,7 @@ import aiohttp
 import asyncpg
 import numpy as np
 
-from bench.locomo_retrieval import DEFAULT_DATA, load
+from bench.locomo_retrieval import DEFAULT_DATA, Question, Turn, load
 from bench.postgres import BACKENDS, Databases, throwaway
 from bench.seeding import Seeder
 from services.embedder.models import find_model_files
@@ -95,6 +95,27 @@ def memory_text(turns: list[str], part: tuple[int, int | None]) -> str:
     """The text of one memory."""
     a, b = part
     return turns[a] if b is None else f"{turns[a]} {turns[b]}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A question asked of both sides, and the texts of the turns that answer it."""
+
+    text: str
+    answers: tuple[str, ...]
+
+
+def probes(questions: list[Question], turns_by_owner: dict[str, list[Turn]]) -> list[Probe]:
+    """The questions with their evidence turns' texts: a memory holding one answers it."""
+    texts = {(owner, t.dia_id): t.text for owner, rows in turns_by_owner.items() for t in rows}
+    return [
+        Probe(q.text, tuple(texts[(q.owner, e)] for e in sorted(q.evidence))) for q in questions
+    ]
+
+
+def answered(probe: Probe, found: list[str]) -> bool:
+    """Whether a memory among the first K holds one of the turns that answer the question."""
+    return any(answer in text for text in found[:K] for answer in probe.answers)
 
 
 def owner_of(index: int, owners: int) -> str:
@@ -393,7 +414,7 @@ class Ours:
             )
         return seconds
 
-    async def search(self, query: str, owner: str, reader: str) -> tuple[float, int]:
+    async def search(self, query: str, owner: str, reader: str) -> tuple[float, list[str]]:
         body = {"query": query, "user_id": owner, "limit": K, "reader": reader}
         started = time.perf_counter()
         async with self.http.post(f"{self.base}/api/v1/search", json=body) as reply:
@@ -401,7 +422,12 @@ class Ours:
         ms = (time.perf_counter() - started) * 1000.0
         if reply.status != 200:
             raise SearchFailed(f"{reply.status} {data} after {ms:.0f} ms")
-        found = sum(len(data["memories"].get(c, [])) for c in data["order"] if c != "now")
+        found = [
+            memory["content"]
+            for channel in data["order"]
+            if channel != "now"
+            for memory in data["memories"].get(channel, [])
+        ]
         return ms, found
 
     async def flush(self) -> None:
@@ -642,48 +668,53 @@ def stage_times(log_path: Path, offset: int) -> dict[str, dict[str, float]]:
 
 
 async def searches(
-    ours: Ours, peer: Peer | None, questions: list[str], owners: int, log_path: Path
+    ours: Ours, peer: Peer | None, questions: list[Probe], owners: int, log_path: Path
 ) -> dict[str, Any]:
-    """Every question on every side, the order rotating per question; warm-up first."""
+    """Every question on every side, the order rotating per question; warm-up first. With one
+    owner, also the share of questions each side answers (see answered); spread over owners,
+    a question's turns mostly belong to others, so it is not counted."""
     times: dict[str, list[float]] = {"hybrid": [], "vector": [], "chromadb": [], "floor": []}
     found: dict[str, list[int]] = {"hybrid": [], "vector": [], "chromadb": []}
+    hits: dict[str, list[bool]] = {"hybrid": [], "vector": [], "chromadb": []}
     failed: dict[str, list[str]] = {}
 
     for warm in questions[:WARM_UP]:
-        await ours.search(warm, owner_of(0, owners), "hybrid")
-        await ours.search(warm, owner_of(0, owners), "vector")
+        await ours.search(warm.text, owner_of(0, owners), "hybrid")
+        await ours.search(warm.text, owner_of(0, owners), "vector")
         if peer is not None:
-            await peer.call(op="query", text=warm, k=K, where=None)
+            await peer.call(op="query", text=warm.text, k=K, where=None)
     offset = await asyncio.to_thread(lambda: log_path.stat().st_size)
     for index, question in enumerate(questions):
         owner = owner_of(index, owners)
         where = {"user_id": owner} if owners > 1 else None
 
         def ours_step(
-            reader: str, q: str = question, o: str = owner
+            reader: str, q: Probe = question, o: str = owner
         ) -> Callable[[], Awaitable[None]]:
             async def step() -> None:
                 try:
-                    ms, n = await ours.search(q, o, reader)
+                    ms, texts = await ours.search(q.text, o, reader)
                 except SearchFailed as exc:  # counted and shown, not hidden in percentiles
                     failed.setdefault(reader, []).append(str(exc))
                     print(f"{reader} search failed: {exc}", flush=True)
                     return
                 times[reader].append(ms)
-                found[reader].append(n)
+                found[reader].append(len(texts))
+                hits[reader].append(answered(q, texts))
 
             return step
 
         def peer_steps(
-            peer: Peer, q: str = question, w: dict[str, str] | None = where
+            peer: Peer, q: Probe = question, w: dict[str, str] | None = where
         ) -> tuple[Step, Step]:
             async def peer_query() -> None:
-                reply = await peer.call(op="query", text=q, k=K, where=w)
+                reply = await peer.call(op="query", text=q.text, k=K, where=w)
                 times["chromadb"].append(reply["ms"])
-                found["chromadb"].append(reply["n"])
+                found["chromadb"].append(len(reply["docs"]))
+                hits["chromadb"].append(answered(q, reply["docs"]))
 
             async def floor_embed() -> None:
-                times["floor"].append((await peer.call(op="embed_one", text=q))["ms"])
+                times["floor"].append((await peer.call(op="embed_one", text=q.text))["ms"])
 
             return peer_query, floor_embed
 
@@ -692,6 +723,11 @@ async def searches(
     return {
         "latency_ms": {name: latency(v) for name, v in times.items() if v},
         "mean_results": {name: round(statistics.fmean(v), 2) for name, v in found.items() if v},
+        "answered": (
+            {name: round(statistics.fmean(v), 3) for name, v in hits.items() if v}
+            if owners == 1
+            else {}
+        ),
         "search_service_stage_ms": stage_times(log_path, offset),
         "failed": failed,
     }
@@ -701,7 +737,7 @@ async def run_layout(
     owners: int,
     sizes: list[int],
     texts: list[str],
-    questions: list[str],
+    questions: list[Probe],
     args: argparse.Namespace,
     seeding: tuple[list[str], list[tuple[int, int | None]]] | None,
     databases: Databases | None,
@@ -766,7 +802,7 @@ async def grow_through(
     owners: int,
     sizes: list[int],
     texts: list[str],
-    questions: list[str],
+    questions: list[Probe],
     args: argparse.Namespace,
     seeder: Seeder | None,
 ) -> list[dict[str, Any]]:
@@ -799,7 +835,7 @@ async def grow_through(
                 "owners": owners,
                 "backend": args.backend,
                 "store_replicas": args.store_replicas,
-        "pooled_spans": args.pooled_spans,
+                "pooled_spans": args.pooled_spans,
                 "bulk_path": bulk,
                 "import_status": status,
                 "adds": adds,
@@ -890,6 +926,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{ratio(lat[reader]['p50'], peer.get('p50'))} / "
                 f"{ratio(lat[reader]['p95'], peer.get('p95'))}")
         add("floor: raw single-query embed p50 / p95 ms", "", p50_p95(lat, "floor"), "")
+        if share := row["search"].get("answered"):
+            add(f"questions with an answering turn in the top {K}, hybrid / vector (chromadb)",
+                f"{share.get('hybrid')} / {share.get('vector')}", f"{share.get('chromadb', 'n/a')}",
+                ratio(share.get("hybrid"), share.get("chromadb")))
         rss = row["rss_mib"]
         postgres = " and PostgreSQL" if "postgres" in rss["ours_by_service"] else ""
         add(f"RSS MiB (all services{postgres} vs chromadb's process)", f"{rss['ours']}",
@@ -1017,7 +1057,7 @@ def main() -> int:
     parts = memory_parts(turns, sizes[-1])
     texts = [memory_text(turns, part) for part in parts]
     step = max(1, len(qs) // args.queries)
-    questions = [q.text for q in qs[::step]][: args.queries]
+    questions = probes(qs[::step][: args.queries], turns_by_owner)
     started = datetime.now(UTC)
     load_start = os.getloadavg()
     print(f"{len(texts)} texts (mean {statistics.fmean(map(len, texts)):.0f} chars), "
