@@ -519,7 +519,12 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
         )
         assert list(other.hits) == []
     db = sqlite3.connect(tmp_path / "hyatlas.db")
-    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (2,)
+    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+    # The FTS5 tables are gone: the keyword indexes are folders beside the database now.
+    assert db.execute(
+        "SELECT count(*) FROM sqlite_master WHERE name LIKE '%fts%'"
+    ).fetchone() == (0,)
+    assert (tmp_path / "keywords" / "own" / "meta.json").exists()
     # Tables added without a version step reach a migrated store too.
     assert db.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_keys'"

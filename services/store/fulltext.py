@@ -1,4 +1,4 @@
-"""Keyword search over the FTS5 indexes: one owner's postings, a bounded amount of them.
+"""Keyword search over the keyword indexes: one owner's postings, a bounded amount of them.
 
 A search of a user who holds a small share of the rows matches the owner key as well as the
 terms, so it reads that user's postings only. A relaxed search (fewer terms than all) whose
@@ -9,14 +9,18 @@ read, filtered, and counted for the terms they hold.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import tantivy
+
 from services.store import keywords
 from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
+from services.store.text_index import KeywordIndex
 
 if TYPE_CHECKING:
     from services.store.repo import Repo
@@ -24,26 +28,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TextIndex:
-    """One FTS5 table, its text column, and how its rowids reach the memories table."""
+    """One keyword index and how its ids reach the memories table."""
 
     name: str
     """How rows.Rows.text_search names it; each index is read on a connection of its own."""
-    table: str
-    column: str
     join: str
-    """FROM-clause tail joining json_each `j` (the rowids) to the memories table `m`."""
+    """FROM-clause tail joining json_each `j` (the ids) to the memories table `m`."""
     text: str
     """The SQL expression of the indexed text."""
 
 
-OWN_TEXT = TextIndex(
-    "own",
-    "memories_fts", "content", "CROSS JOIN memories m ON m.seq = j.value", "m.content"
-)
+OWN_TEXT = TextIndex("own", "CROSS JOIN memories m ON m.seq = j.value", "m.content")
 CONTEXT_KEYS = TextIndex(
     "context",
-    "memory_keys_fts",
-    "text",
     "CROSS JOIN memory_keys mk ON mk.key = j.value CROSS JOIN memories m ON m.id = mk.memory_id",
     "mk.text",
 )
@@ -82,32 +79,9 @@ class OwnerShares:
 SHARES = OwnerShares()
 
 
-@dataclass(frozen=True)
-class _Query:
-    match: str
-    """The MATCH expression that finds candidate rows."""
-    since: int | None = None
-    """Only rowids from this one on (the newest postings), when the budget ran out."""
-
-
-@dataclass(frozen=True)
-class _Plan:
-    queries: tuple[_Query, ...]
-    """Each finds candidates; a row's best score among them ranks it."""
-    exact: bool
-    """Whether every row found holds all the terms."""
-    kept: float = 1.0
-    """About what share of the rows found belong to the owner (rows are filtered after)."""
-
-
 def owner_token(user_id: str) -> str:
     """The owner key a user's rows are indexed under (schema.py computes the same in SQL)."""
     return "o" + user_id.encode().hex().upper()
-
-
-def _phrase(term: str) -> str:
-    # A double-quoted FTS5 string is a phrase: its content is never parsed as query syntax.
-    return '"' + term.replace('"', '""') + '"'
 
 
 async def search(
@@ -121,107 +95,143 @@ async def search(
     k: int,
 ) -> list[tuple[MemoryRow, float, int]]:
     """Rows holding at least `least` of the terms, best bm25 first: (row, score, terms held)."""
-    plan = await _plan(repo, index, terms, least, reach)
+    keyword = await repo.keyword_index(index.name)
+    owner, kept = await _owner(repo, reach)
     term_stems = [stem(t) for t in terms]
     # A few more than k: filters (agent, layer, status, another owner) usually drop a few.
-    limit = math.ceil((k + k // 4 + 8) / plan.kept)
+    limit = math.ceil((k + k // 4 + 8) / kept)
     while True:
-        ranked, more = await _ranked(repo, index, plan, limit)
+        found_ids = await asyncio.to_thread(_Finder(keyword, owner).find, terms, least, limit)
         rows = await repo.rows_at_text_hits(
-            index,
-            [rowid for rowid, _ in ranked],
-            reach,
-            layers,
-            include_superseded,
+            index, [row_id for row_id, _ in found_ids.ranked], reach, layers, include_superseded
         )
         found = []
-        for rowid, score in ranked:
-            if rowid not in rows:
+        for row_id, score in found_ids.ranked:
+            if row_id not in rows:
                 continue
-            row, text = rows[rowid]
-            held = len(terms) if plan.exact else max(1, matched_terms(term_stems, text))
+            row, text = rows[row_id]
+            held = len(terms) if found_ids.exact else max(1, matched_terms(term_stems, text))
             if held >= least:
-                found.append((row, -score, held))
+                found.append((row, score, held))
             if len(found) == k:
                 return found
-        if not more:
+        if not found_ids.more:
             return found
         limit *= 4
 
 
-async def _plan(
-    repo: Repo, index: TextIndex, terms: Sequence[str], least: int, reach: Reach
-) -> _Plan:
-    phrases = [f"{index.column} : {_phrase(t)}" for t in terms]
-    owner = ""
+async def _owner(repo: Repo, reach: Reach) -> tuple[str | None, float]:
+    """The owner key to match, if matching it narrows the search, and about what share of the
+    rows found will be the owner's."""
     one = reach.user_ids[0] if reach.user_ids is not None and len(reach.user_ids) == 1 else None
     share = 1.0 if one is None else await SHARES.share(repo, one)
     if one is not None and share < SHARES.SMALL:
-        owner = f'owner_key : "{owner_token(one)}" AND '
-    kept = 1.0 if owner or one is None else max(share, 0.05)
-    if least >= len(terms):
-        return _Plan((_Query(owner + " AND ".join(phrases)),), exact=True, kept=kept)
-    postings = await _counts(repo, index, [f"{owner}{p}" for p in phrases])
-    chosen = finding_terms(postings, least, keywords.POSTING_BUDGET)
-    match = f"{owner}({' OR '.join(phrases[i] for i in chosen)})"
-    if sum(postings[i] for i in chosen) <= keywords.POSTING_BUDGET:
-        return _Plan((_Query(match),), exact=False, kept=kept)
-    # Too many postings: all the terms among the newest rows, and the rarest terms (those
-    # that fit the budget) among all rows, so an old row holding a rare term is still found.
-    newest = _Query(match, await _newest_from(repo, index, match))
-    rare = finding_terms(postings, 1, keywords.POSTING_BUDGET, rarest=False)
-    if not rare:
-        return _Plan((newest,), exact=False, kept=kept)
-    everywhere = _Query(f"{owner}({' OR '.join(phrases[i] for i in rare)})")
-    return _Plan((newest, everywhere), exact=False, kept=kept)
+        return owner_token(one), 1.0
+    return None, 1.0 if one is None else max(share, 0.05)
 
 
-async def _counts(repo: Repo, index: TextIndex, matches: Sequence[str]) -> list[int]:
-    """How many rows each expression finds, up to one past the posting budget, in one
-    statement: finding_terms decides the same for any count past the budget, and counting
-    stops there instead of reading a common term's every posting (on a bare FTS5 table of
-    100,000 bench texts, one index's counts for a search went from 5.3 to 1.3 ms)."""
-    one = (
-        f"(SELECT count(*) FROM (SELECT 1 FROM {index.table} WHERE {index.table} MATCH ? "
-        "LIMIT ?))"
-    )
-    past_budget = keywords.POSTING_BUDGET + 1
-    rows = await repo.text_reader(index.name).execute_fetchall(
-        f"SELECT {', '.join([one] * len(matches))}",
-        tuple(value for match in matches for value in (match, past_budget)),
-    )
-    return [int(n) for n in next(iter(rows))]
+@dataclass(frozen=True)
+class _Found:
+    ranked: list[tuple[int, float]]
+    """Ids, best bm25 first (higher is better)."""
+    more: bool
+    """Whether a query may have found more."""
+    exact: bool
+    """Whether every row found holds all the terms."""
 
 
-async def _newest_from(repo: Repo, index: TextIndex, match: str) -> int | None:
-    """The rowid from which on the newest POSTING_BUDGET rows the expression finds lie."""
-    rows = await repo.text_reader(index.name).execute_fetchall(
-        f"SELECT rowid FROM {index.table} WHERE {index.table} MATCH ? "
-        "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (match, keywords.POSTING_BUDGET - 1),
-    )
-    return next((int(r[0]) for r in rows), None)
+def _int(value: float | None) -> int:
+    if value is None:  # a segment without the field: never written by this store
+        raise RuntimeError("a keyword index document has no id")
+    return int(value)
 
 
-async def _ranked(
-    repo: Repo, index: TextIndex, plan: _Plan, limit: int
-) -> tuple[list[tuple[int, float]], bool]:
-    """Up to limit rowids the plan finds, best bm25 first (lower is better, as FTS5 gives it),
-    and whether a query may have more."""
-    best: dict[int, float] = {}
-    more = False
-    for query in plan.queries:
-        window = "" if query.since is None else "AND rowid >= ?"
-        params = (query.match,) if query.since is None else (query.match, query.since)
-        rows = list(
-            await repo.text_reader(index.name).execute_fetchall(
-                # The owner key column weighs nothing: only the text's terms rank.
-                f"SELECT rowid, bm25({index.table}, 1.0, 0.0) AS score FROM {index.table} "
-                f"WHERE {index.table} MATCH ? {window} ORDER BY score LIMIT ?",
-                (*params, limit),
-            )
+def _filter(query: tantivy.Query) -> tantivy.Query:
+    """A query that only decides which rows count: it adds nothing to their bm25."""
+    return tantivy.Query.const_score_query(query, 0.0)
+
+
+class _Finder:
+    """The queries of one search on one index, run on its current searcher (in a thread)."""
+
+    def __init__(self, keyword: KeywordIndex, owner: str | None) -> None:
+        self.schema = keyword.schema
+        self.keyword = keyword
+        self.searcher = keyword.index.searcher()
+        self.owner = None if owner is None else _filter(
+            tantivy.Query.term_query(self.schema, "owner", owner, index_option="basic")
         )
-        more = more or len(rows) == limit
-        for rowid, score in rows:
-            best[int(rowid)] = min(float(score), best.get(int(rowid), float("inf")))
-    return sorted(best.items(), key=lambda item: item[1])[:limit], more
+
+    def _term(self, field: str, value: str) -> tantivy.Query:
+        return tantivy.Query.term_query(self.schema, field, value, index_option="freq")
+
+    def _all(self, *queries: tantivy.Query | None) -> tantivy.Query:
+        must = tantivy.Occur.Must
+        return tantivy.Query.boolean_query([(must, q) for q in queries if q is not None])
+
+    def _any(self, queries: Sequence[tantivy.Query]) -> tantivy.Query:
+        should = tantivy.Occur.Should
+        return tantivy.Query.boolean_query([(should, q) for q in queries])
+
+    def find(self, words: Sequence[str], least: int, limit: int) -> _Found:
+        terms = self.keyword.terms(words)
+        found = [None if t is None else self._term("text", t) for t in terms]
+        if least >= len(words):
+            if any(q is None for q in found):
+                return _Found([], False, True)
+            return self._ranked([self._all(self.owner, *found)], limit, exact=True)
+        postings = [0 if t is None else self._postings(t) for t in terms]
+        chosen = [i for i in finding_terms(postings, least, keywords.POSTING_BUDGET) if found[i]]
+        if not chosen:
+            return _Found([], False, False)
+        match = self._all(self.owner, self._any([q for i in chosen if (q := found[i])]))
+        if sum(postings[i] for i in chosen) <= keywords.POSTING_BUDGET:
+            return self._ranked([match], limit, exact=False)
+        # Too many postings: all the terms among the newest rows, and the rarest terms (those
+        # that fit the budget) among all rows, so an old row holding a rare term is still found.
+        queries = [self._newest(match)]
+        rare = finding_terms(postings, 1, keywords.POSTING_BUDGET, rarest=False)
+        rare_found = [q for i in rare if (q := found[i])]
+        if rare_found:
+            queries.append(self._all(self.owner, self._any(rare_found)))
+        return self._ranked(queries, limit, exact=False)
+
+    def _postings(self, term: str) -> int:
+        """How many rows hold a term: the owner's, up to one past the posting budget, when the
+        owner is matched (finding_terms decides the same for any count past it); else all of
+        them (deleted rows too, until their segment is merged)."""
+        if self.owner is None:
+            return int(self.searcher.doc_freq("text", term))
+        query = self._all(self.owner, self._term("text", term))
+        return len(self.searcher.search(query, keywords.POSTING_BUDGET + 1, count=False).hits)
+
+    def _newest(self, match: tantivy.Query) -> tantivy.Query:
+        """The match among the newest POSTING_BUDGET rows it finds."""
+        hits = self.searcher.search(
+            match,
+            1,
+            count=False,
+            offset=keywords.POSTING_BUDGET - 1,
+            order_by_field="id",
+            order=tantivy.Order.Desc,
+        ).hits
+        if not hits:
+            return match
+        since = _int(self.searcher.fast_field_values("id", [hits[0][1]])[0])
+        window = tantivy.Query.range_query(
+            self.schema, "id", tantivy.FieldType.Integer, since, None
+        )
+        return self._all(match, _filter(window))
+
+    def _ranked(self, queries: Sequence[tantivy.Query], limit: int, exact: bool) -> _Found:
+        best: dict[int, float] = {}
+        more = False
+        for query in queries:
+            hits = self.searcher.search(query, limit, count=False).hits
+            more = more or len(hits) == limit
+            ids = self.searcher.fast_field_values("id", [address for _, address in hits])
+            for (score, _), value in zip(hits, ids, strict=True):
+                row_id = _int(value)
+                best[row_id] = max(float(score), best.get(row_id, float(score)))
+        ranked = sorted(best.items(), key=lambda item: -item[1])[:limit]
+        return _Found(ranked, more, exact)

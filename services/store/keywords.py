@@ -21,7 +21,7 @@ STOP_WORDS = frozenset(
         "ll", "re", "ve",
     }
 )
-# Letters and digits only: the FTS5 unicode61 tokenizer splits on everything else, underscore too.
+# Letters and digits only: the keyword indexes split on everything else, underscore too.
 _WORD = re.compile(r"[^\W_]+")
 
 
@@ -40,17 +40,17 @@ def required_terms(n: int) -> int:
 # rarest terms find rows, and only among the newest of them.
 POSTING_BUDGET = 2000
 
-_STEMMER = Stemmer.Stemmer("porter")
+_STEMMER = Stemmer.Stemmer("english")
 
 
 def stem(word: str) -> str:
-    """A word's stem, as the keyword index's porter tokenizer makes it."""
+    """A word's stem, as the keyword indexes make it (Snowball English)."""
     return str(_STEMMER.stemWord(word.lower()))
 
 
 @functools.lru_cache(maxsize=4096)
 def _words_from(term_stem: str) -> re.Pattern[str]:
-    # Porter changes only a word's ending, so every word with this stem starts with the stem
+    # Stemming changes only a word's ending, so every word with this stem starts with the stem
     # less its last letter (happy -> happi, ponies -> poni, ay -> ai). The pattern starts with
     # those letters, so the regex engine looks for them as a plain string (a lookbehind first
     # made it try every position: three times slower on long texts).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from services.store.model import (
     Reach,
 )
 from services.store.schema import create_or_migrate
+from services.store.text_index import SOURCES, KeywordIndex
 
 # One audit entry, whoever writes it (a mutation, or an import of history from elsewhere).
 ADD_AUDIT = (
@@ -43,6 +45,8 @@ _OWNER_KEY_OF = "(SELECT owner_key FROM memories WHERE id = ?)"
 # Vector keys of clause rows live in the same usearch index as memories' own vectors; they are
 # told apart by this offset (the vectors table's keys stay far below it).
 CLAUSE_KEY_OFFSET = 1 << 40
+
+log = logging.getLogger(__name__)
 
 
 def split_keys(keys: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -531,11 +535,20 @@ class Tx:
         return found[0], found[1]
 
     async def merge_keyword_indexes(self) -> None:
-        """Merges each keyword index into one segment: a deleted text's terms stay in the old
-        segments (behind a delete marker) until then."""
-        for table in ("memories_fts", "memory_keys_fts"):
-            await self._conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+        """Marks the keyword indexes for a rebuild, in this transaction: a deleted text's terms
+        stay in their old segments till then. Repo.checkpoint rebuilds them once the delete is
+        committed, and a store that stopped before it does so when it opens."""
+        await self._conn.execute(
+            "INSERT INTO store_meta (key, value) VALUES (?, '1') "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (KEYWORDS_PURGE,),
+        )
 
+
+# A store_meta key: the keyword indexes still hold a deleted text's terms.
+KEYWORDS_PURGE = "keywords_purge"
+# Log rows the keyword indexes hold are deleted once this many have gathered.
+PRUNE_EVERY = 1000
 
 # What a deleted row's audit entries keep: who and what it was, never what it said.
 ERASE_KEEPS = (
@@ -603,6 +616,9 @@ class Repo:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._text_readers: dict[str, aiosqlite.Connection] = {}
+        self._keywords: dict[str, KeywordIndex] = {}
+        self._follower: asyncio.Task[None] | None = None
+        self._pruned = 0
 
     async def __aenter__(self) -> Repo:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -617,6 +633,13 @@ class Repo:
         for name in fulltext.BY_NAME:
             self._text_readers[name] = await self._connect()
             await self._text_readers[name].execute("PRAGMA query_only = ON")
+        purge = await self.get_meta(KEYWORDS_PURGE) is not None
+        for name, source in SOURCES.items():
+            index = KeywordIndex(self.db_path.parent / "keywords" / name, source)
+            await index.open(self._text_readers[name], rebuild=purge)
+            self._keywords[name] = index
+        if purge:
+            await self.writer.execute("DELETE FROM store_meta WHERE key = ?", (KEYWORDS_PURGE,))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -624,6 +647,11 @@ class Repo:
 
     async def close(self) -> None:
         """Closes every connection; closing twice is harmless."""
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
         for conn in (*self._text_readers.values(), self._reader, self._writer):
             if conn is not None:
                 await conn.close()
@@ -653,6 +681,34 @@ class Repo:
             raise RuntimeError("repo is closed")
         return self._text_readers[index]
 
+    async def keyword_index(self, name: str) -> KeywordIndex:
+        """A keyword index, once it holds every committed change."""
+        index = self._keywords.get(name)
+        if index is None:
+            raise RuntimeError("repo is closed")
+        await index.follow(self.text_reader(name))
+        return index
+
+    def _follow_soon(self) -> None:
+        """Has the keyword indexes apply a commit's changes in the background, so a search
+        seldom waits for them."""
+        if self._follower is None or self._follower.done():
+            self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        try:
+            for name, index in self._keywords.items():
+                await index.follow(self.text_reader(name))
+        except Exception:  # a search applies the changes then, or reports the failure
+            log.exception("keyword indexes could not follow the change log")
+
+    async def _prune_text_changes(self) -> None:
+        """Deletes the log rows every keyword index holds (inside a write's transaction)."""
+        held = min((index.applied for index in self._keywords.values()), default=0)
+        if held - self._pruned >= PRUNE_EVERY:
+            await self.writer.execute("DELETE FROM text_changes WHERE seq <= ?", (held,))
+            self._pruned = held
+
     @property
     def reader(self) -> aiosqlite.Connection:
         """The connection reads go through (it sees committed data only)."""
@@ -664,6 +720,10 @@ class Repo:
         """Copies the write-ahead log into the database and truncates it (as far as readers
         allow: a page a reader still needs stays until the next checkpoint)."""
         await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if await self.get_meta(KEYWORDS_PURGE) is not None:
+            for name, index in self._keywords.items():
+                await index.rebuild(self.text_reader(name))
+            await self.writer.execute("DELETE FROM store_meta WHERE key = ?", (KEYWORDS_PURGE,))
 
     @contextlib.asynccontextmanager
     async def transaction(
@@ -674,6 +734,7 @@ class Repo:
         transaction open, and one cancelled once the commit began still gets `committed`."""
         try:
             await self.writer.execute("BEGIN IMMEDIATE")
+            await self._prune_text_changes()
             yield Tx(self.writer)
         except BaseException:
             await self._rollback()
@@ -686,6 +747,7 @@ class Repo:
         except BaseException:
             await self._rollback()
             raise
+        self._follow_soon()
         if committed is not None:
             await committed()
 
@@ -828,7 +890,7 @@ class Repo:
         include_superseded: bool,
         k: int,
     ) -> list[tuple[MemoryRow, float, int]]:
-        """Keyword search of one FTS5 index (see fulltext.search)."""
+        """Keyword search of one keyword index (see fulltext.search)."""
         return await fulltext.search(
             self, fulltext.BY_NAME[index], terms, least, reach, layers, include_superseded, k
         )

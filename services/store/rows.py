@@ -176,8 +176,9 @@ class Writes(Protocol):
         ...
 
     async def merge_keyword_indexes(self) -> None:
-        """Makes a deleted text's terms leave the keyword index's files (SQLite: FTS5 keeps
-        them in old segments behind a delete marker until a merge)."""
+        """Has a deleted text's terms leave the keyword index's files (SQLite: tantivy keeps
+        them in old segments till the indexes are rebuilt, which checkpoint does after the
+        commit)."""
         ...
 
 

@@ -8,7 +8,7 @@ import aiosqlite
 
 from shared.errors import ConfigError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Rows and their keys carry an owner key: one token per user id ('o' and the id's hex), indexed
 # beside the text, so a keyword search reads only its owner's postings.
@@ -167,43 +167,36 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE INDEX IF NOT EXISTS idempotency_keys_created ON idempotency_keys(created_at);
 """
 
-_KEYWORD_INDEXES = """
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-  content, owner_key, content='memories', content_rowid='seq', tokenize='porter unicode61'
+# Every change to an indexed text is logged beside it, in its transaction: the keyword indexes
+# (text_index.py, tantivy folders beside the database) follow the log.
+_TEXT_LOG = """
+CREATE TABLE IF NOT EXISTS text_changes (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  kind TEXT NOT NULL,
+  id INTEGER NOT NULL
 );
-CREATE TRIGGER IF NOT EXISTS memories_fts_insert AFTER INSERT ON memories BEGIN
-  INSERT INTO memories_fts(rowid, content, owner_key)
-  VALUES (new.seq, new.content, new.owner_key);
+CREATE TRIGGER IF NOT EXISTS memories_text_insert AFTER INSERT ON memories BEGIN
+  INSERT INTO text_changes(kind, id) VALUES ('own', new.seq);
 END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_delete AFTER DELETE ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, content, owner_key)
-  VALUES ('delete', old.seq, old.content, old.owner_key);
+CREATE TRIGGER IF NOT EXISTS memories_text_delete AFTER DELETE ON memories BEGIN
+  INSERT INTO text_changes(kind, id) VALUES ('own', old.seq);
 END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_update AFTER UPDATE OF content ON memories BEGIN
-  INSERT INTO memories_fts(memories_fts, rowid, content, owner_key)
-  VALUES ('delete', old.seq, old.content, old.owner_key);
-  INSERT INTO memories_fts(rowid, content, owner_key)
-  VALUES (new.seq, new.content, new.owner_key);
+CREATE TRIGGER IF NOT EXISTS memories_text_update AFTER UPDATE OF content ON memories BEGIN
+  INSERT INTO text_changes(kind, id) VALUES ('own', new.seq);
 END;
 
 -- Context keys only: clause keys are found by their vectors.
-CREATE VIRTUAL TABLE IF NOT EXISTS memory_keys_fts USING fts5(
-  text, owner_key, content='memory_keys', content_rowid='key', tokenize='porter unicode61'
-);
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_insert AFTER INSERT ON memory_keys
+CREATE TRIGGER IF NOT EXISTS memory_keys_text_insert AFTER INSERT ON memory_keys
 WHEN new.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(rowid, text, owner_key) VALUES (new.key, new.text, new.owner_key);
+  INSERT INTO text_changes(kind, id) VALUES ('context', new.key);
 END;
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_delete AFTER DELETE ON memory_keys
+CREATE TRIGGER IF NOT EXISTS memory_keys_text_delete AFTER DELETE ON memory_keys
 WHEN old.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text, owner_key)
-  VALUES ('delete', old.key, old.text, old.owner_key);
+  INSERT INTO text_changes(kind, id) VALUES ('context', old.key);
 END;
-CREATE TRIGGER IF NOT EXISTS memory_keys_fts_update AFTER UPDATE OF text ON memory_keys
+CREATE TRIGGER IF NOT EXISTS memory_keys_text_update AFTER UPDATE OF text ON memory_keys
 WHEN old.kind = 'context' BEGIN
-  INSERT INTO memory_keys_fts(memory_keys_fts, rowid, text, owner_key)
-  VALUES ('delete', old.key, old.text, old.owner_key);
-  INSERT INTO memory_keys_fts(rowid, text, owner_key) VALUES (new.key, new.text, new.owner_key);
+  INSERT INTO text_changes(kind, id) VALUES ('context', new.key);
 END;
 """
 
@@ -213,20 +206,19 @@ ALTER TABLE memories ADD COLUMN owner_key TEXT GENERATED ALWAYS AS ('o' || hex(u
 ALTER TABLE memory_keys ADD COLUMN owner_key TEXT NOT NULL DEFAULT '';
 UPDATE memory_keys SET owner_key =
   (SELECT m.owner_key FROM memories m WHERE m.id = memory_keys.memory_id);
-DROP TRIGGER memories_fts_insert;
-DROP TRIGGER memories_fts_delete;
-DROP TRIGGER memories_fts_update;
-DROP TRIGGER memory_keys_fts_insert;
-DROP TRIGGER memory_keys_fts_delete;
-DROP TRIGGER memory_keys_fts_update;
-DROP TABLE memories_fts;
-DROP TABLE memory_keys_fts;
 """
 
-_REINDEX = """
-INSERT INTO memories_fts(memories_fts) VALUES ('rebuild');
-INSERT INTO memory_keys_fts(rowid, text, owner_key)
-  SELECT key, text, owner_key FROM memory_keys WHERE kind = 'context';
+# Versions 1 and 2 kept the keyword indexes in FTS5 tables; the store builds the tantivy
+# indexes from the rows when it opens (they have no position yet).
+_FROM_FTS5 = """
+DROP TRIGGER IF EXISTS memories_fts_insert;
+DROP TRIGGER IF EXISTS memories_fts_delete;
+DROP TRIGGER IF EXISTS memories_fts_update;
+DROP TRIGGER IF EXISTS memory_keys_fts_insert;
+DROP TRIGGER IF EXISTS memory_keys_fts_delete;
+DROP TRIGGER IF EXISTS memory_keys_fts_update;
+DROP TABLE IF EXISTS memories_fts;
+DROP TABLE IF EXISTS memory_keys_fts;
 """
 
 
@@ -237,13 +229,14 @@ async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
         raise ConfigError(
             f"{path} has schema version {version}; this build knows up to {SCHEMA_VERSION}"
         )
-    if version == 1:
-        # One transaction: a crash mid-way leaves version 1 as it was.
-        await conn.executescript(f"BEGIN IMMEDIATE; {_FROM_1} {_KEYWORD_INDEXES} {_REINDEX}")
+    if version in (1, 2):
+        # One transaction: a crash mid-way leaves the older version as it was.
+        steps = (_FROM_1 if version == 1 else "") + _FROM_FTS5
+        await conn.executescript(f"BEGIN IMMEDIATE; {steps} {_TEXT_LOG}")
         await _set_version(conn)
         await conn.execute("COMMIT")
     # Also after a migration: tables added since without a version step reach every store.
-    await conn.executescript(_TABLES + _KEYWORD_INDEXES)
+    await conn.executescript(_TABLES + _TEXT_LOG)
     if version is None:
         await _set_version(conn)
 

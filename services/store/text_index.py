@@ -1,0 +1,224 @@
+"""The keyword indexes (tantivy): the memories' own texts and the context keys, each a folder
+beside the database that follows the text_changes log SQLite's triggers write.
+
+A row's change is logged in the same transaction as the row, so the log is as durable as the
+rows. An index applies the log from the position it last committed (a file beside its segments,
+written after each commit); applying is idempotent (a changed row is deleted, then added as it
+now reads), so a crash between the two commits only replays. A search first applies what is
+pending, so it sees every acknowledged write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import tantivy
+
+log = logging.getLogger(__name__)
+
+ANALYZER = "words"
+# Log rows applied in one batch (one commit): a bulk import's rows are applied in a few.
+BATCH = 20_000
+# The indexing arena of one writer, the smallest tantivy takes.
+WRITER_HEAP = 15_000_000
+
+
+def analyzer() -> tantivy.TextAnalyzer:
+    """How a text becomes terms: runs of letters and digits, lower case, accents folded,
+    Snowball English stems (keywords.stem makes the same)."""
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(255))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.ascii_fold())
+        .filter(tantivy.Filter.stemmer("english"))
+        .build()
+    )
+
+
+def _schema() -> tantivy.Schema:
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("text", stored=False, tokenizer_name=ANALYZER, index_option="freq")
+    builder.add_text_field("owner", stored=False, tokenizer_name="raw", index_option="basic")
+    builder.add_integer_field("id", stored=False, indexed=True, fast=True)
+    return builder.build()
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one index's texts come from in SQLite."""
+
+    name: str
+    rows: str
+    """SELECT of (id, text, owner key) for every indexed row."""
+    some: str
+    """The same for the ids of a JSON array (?)."""
+
+
+OWN = Source(
+    "own",
+    "SELECT seq, content, owner_key FROM memories",
+    "SELECT seq, content, owner_key FROM memories WHERE seq IN (SELECT value FROM json_each(?))",
+)
+CONTEXT = Source(
+    "context",
+    "SELECT key, text, owner_key FROM memory_keys WHERE kind = 'context'",
+    "SELECT key, text, owner_key FROM memory_keys WHERE kind = 'context' "
+    "AND key IN (SELECT value FROM json_each(?))",
+)
+SOURCES = {source.name: source for source in (OWN, CONTEXT)}
+
+
+class KeywordIndex:
+    """One tantivy index following its source through the change log."""
+
+    def __init__(self, folder: Path, source: Source) -> None:
+        self.folder = folder
+        self.source = source
+        self.schema = _schema()
+        self.analyzer = analyzer()
+        self.applied = 0
+        """The highest log seq this index holds (committed)."""
+        self._index: tantivy.Index | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def _position(self) -> Path:
+        return self.folder / "applied"
+
+    async def open(self, conn: aiosqlite.Connection, rebuild: bool = False) -> None:
+        """Opens the index, or builds it when asked, when it is missing or when it is ahead
+        of the log (a database put back from an older copy); then applies what is pending."""
+        high = await log_high(conn)
+        applied = _read_position(self._position)
+        if rebuild or applied is None or applied > high:
+            await self.rebuild(conn)
+        else:
+            self._index = self._opened(self.folder)
+            self.applied = applied
+        await self.follow(conn)
+
+    def _opened(self, folder: Path) -> tantivy.Index:
+        index = tantivy.Index(self.schema, path=str(folder), reuse=True)
+        index.register_tokenizer(ANALYZER, self.analyzer)
+        return index
+
+    @property
+    def index(self) -> tantivy.Index:
+        if self._index is None:
+            raise RuntimeError(f"text index {self.source.name} is not open")
+        return self._index
+
+    async def follow(self, conn: aiosqlite.Connection) -> None:
+        """Applies the log rows after the index's position, a batch per commit."""
+        async with self._lock:
+            while True:
+                # The log's end first: every row up to it is committed by then.
+                high = await log_high(conn)
+                if high <= self.applied:
+                    return
+                changes = await conn.execute_fetchall(
+                    "SELECT seq, id FROM text_changes WHERE seq > ? AND seq <= ? AND kind = ? "
+                    "ORDER BY seq LIMIT ?",
+                    (self.applied, high, self.source.name, BATCH),
+                )
+                batch = list(changes)
+                if not batch:
+                    # Only other indexes' rows lie beyond: this one holds all of its own.
+                    self.applied = max(self.applied, high)
+                    return
+                ids = sorted({int(row_id) for _, row_id in batch})
+                rows = await conn.execute_fetchall(self.source.some, (json.dumps(ids),))
+                await asyncio.to_thread(self._apply, ids, list(rows), int(batch[-1][0]))
+
+    def _apply(self, ids: Sequence[int], rows: Sequence[Sequence[Any]], upto: int) -> None:
+        writer = self.index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        for row_id in ids:
+            writer.delete_documents_by_term("id", row_id)
+        _add(writer, rows)
+        writer.commit()
+        writer.wait_merging_threads()
+        _write_position(self._position, upto)
+        self.index.reload()
+        self.applied = upto
+
+    async def rebuild(self, conn: aiosqlite.Connection) -> None:
+        """Builds the index anew from every row, then swaps it in: also how a deleted text's
+        terms leave the index's files (tantivy keeps them in old segments till a merge)."""
+        async with self._lock:
+            await conn.execute("BEGIN")  # one snapshot: the log's end and the rows agree
+            try:
+                high = await log_high(conn)
+                rows = list(await conn.execute_fetchall(self.source.rows))
+            finally:
+                await conn.execute("COMMIT")
+            self._index = await asyncio.to_thread(self._build, rows, high)
+            self.applied = high
+
+    def _build(self, rows: Sequence[Sequence[Any]], high: int) -> tantivy.Index:
+        fresh = self.folder.with_name(self.folder.name + ".new")
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        index = self._opened(fresh)
+        writer = index.writer(heap_size=WRITER_HEAP * 4, num_threads=1)
+        _add(writer, rows)
+        writer.commit()
+        writer.wait_merging_threads()
+        _write_position(fresh / "applied", high)
+        old = self.folder.with_name(self.folder.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.folder.exists():
+            self.folder.rename(old)
+        fresh.rename(self.folder)
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("built keyword index %s: %d rows", self.source.name, len(rows))
+        return self._opened(self.folder)
+
+    def terms(self, words: Sequence[str]) -> list[str | None]:
+        """Each query word's term in the index (None for one the analyzer drops)."""
+        found = []
+        for word in words:
+            tokens = self.analyzer.analyze(word)
+            found.append(tokens[0] if tokens else None)
+        return found
+
+
+def _add(writer: tantivy.IndexWriter, rows: Sequence[Sequence[Any]]) -> None:
+    """Adds (id, text, owner key) rows as documents."""
+    for row_id, text, owner in rows:
+        writer.add_document(tantivy.Document(id=int(row_id), text=str(text), owner=str(owner)))
+
+
+async def log_high(conn: aiosqlite.Connection) -> int:
+    """The highest seq the change log ever gave (its rows may be pruned since)."""
+    rows = list(
+        await conn.execute_fetchall(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'text_changes'"
+        )
+    )
+    return int(rows[0][0]) if rows else 0
+
+
+def _read_position(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_position(path: Path, seq: int) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w") as out:
+        out.write(str(seq))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
