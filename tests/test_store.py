@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,10 +15,12 @@ import numpy as np
 import pytest
 
 from services.store import keywords, retrieval
+from services.store import repo as repo_module
 from services.store.config import StoreConfig
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.server import running_server
+from services.store.text_index import SOURCES, KeywordIndex
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.leases import LEASE_NAME_MAX, lease_name
@@ -538,6 +541,89 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     plan = db.execute("EXPLAIN QUERY PLAN " + VECTOR_MODELS).fetchall()
     assert [row[3] for row in plan] == ["SCAN vectors USING COVERING INDEX vectors_model"]
     db.close()
+
+
+def _keyword_doc_freq(data_dir: Path, name: str, term: str) -> int:
+    """How many documents of a keyword index's files hold a term (deleted ones too)."""
+    index = KeywordIndex(data_dir / "keywords" / name, SOURCES[name])
+    return int(index.opened_at(index.folder).searcher().doc_freq("text", term))
+
+
+@pytest.mark.sqlite_only
+async def test_an_erase_leaves_no_term_of_the_deleted_text_in_the_keyword_index(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("the zephyrine lighthouse keeper", layer=L2), insert("a fact"))
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="zephyrine")
+        )
+        assert [h.hit.memory.content for h in found.hits] == ["the zephyrine lighthouse keeper"]
+        reply = await stub.DeleteMemories(
+            store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L2], actor="api")
+        )
+        assert reply.deleted == 1
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="zephyrine")
+        )
+        assert list(found.hits) == []
+    # A delete alone leaves the term in the segment's dictionary; the rebuild takes it out.
+    assert _keyword_doc_freq(tmp_path, "own", keywords.stem("zephyrine")) == 0
+    assert _keyword_doc_freq(tmp_path, "own", keywords.stem("fact")) == 1
+
+
+@pytest.mark.sqlite_only
+async def test_the_keyword_indexes_catch_up_with_rows_written_while_they_were_behind(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("an old harbour", layer=L2))
+    # Rows that reached SQLite without the indexes applying them (a store killed between the
+    # two commits), and an index folder lost.
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    db.execute(
+        "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+        "VALUES ('m9', 'alice', 'l2_raw', 'a marmalade cat', 1, 1)"
+    )
+    db.commit()
+    db.close()
+    shutil.rmtree(tmp_path / "keywords" / "context")
+    async with serving_store(tmp_path, embedder_address) as stub:
+        for query, content in (("marmalade", "a marmalade cat"), ("harbour", "an old harbour")):
+            found = await stub.KeywordSearch(
+                store_pb2.KeywordSearchRequest(scope=scope(), query=query, context_keys=True)
+            )
+            assert [h.hit.memory.content for h in found.hits] == [content]
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="harbour", context_keys=True)
+        )
+        assert [h.hit.memory.content for h in found.context_hits] == ["an old harbour"]
+
+
+@pytest.mark.sqlite_only
+async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "PRUNE_EVERY", 2)
+    async with serving_store(tmp_path, embedder_address) as stub:
+        for n in range(6):
+            await apply(stub, insert(f"note number {n}"))
+            # A search applies what is pending, so the next write may prune it.
+            await stub.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="note"))
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="note", k=10)
+        )
+        assert len(found.hits) == 6
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    left = db.execute("SELECT count(*) FROM text_changes").fetchone()[0]
+    db.close()
+    assert left <= 2
+
+
+def test_the_keyword_indexes_stem_a_word_as_matched_terms_does() -> None:
+    words = "walking happiness ponies relational generously skies agreed hoping dancing running"
+    terms = KeywordIndex(Path("unused"), SOURCES["own"]).terms(words.split())
+    assert terms == [keywords.stem(word) for word in words.split()]
 
 
 async def test_keyword_search_needs_all_of_three_terms_and_three_of_four(

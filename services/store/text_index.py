@@ -103,11 +103,13 @@ class KeywordIndex:
         if rebuild or applied is None or applied > high:
             await self.rebuild(conn)
         else:
-            self._index = self._opened(self.folder)
+            self._index = self.opened_at(self.folder)
             self.applied = applied
         await self.follow(conn)
 
-    def _opened(self, folder: Path) -> tantivy.Index:
+    def opened_at(self, folder: Path) -> tantivy.Index:
+        """The index in a folder (created there if it holds none), with this index's schema
+        and analyzer."""
         index = tantivy.Index(self.schema, path=str(folder), reuse=True)
         index.register_tokenizer(ANALYZER, self.analyzer)
         return index
@@ -153,35 +155,39 @@ class KeywordIndex:
 
     async def rebuild(self, conn: aiosqlite.Connection) -> None:
         """Builds the index anew from every row, then swaps it in: also how a deleted text's
-        terms leave the index's files (tantivy keeps them in old segments till a merge)."""
+        terms leave the index's files (tantivy keeps them in old segments till a merge).
+        Searches go on with the old index while the new one is built."""
+        await conn.execute("BEGIN")  # one snapshot: the log's end and the rows agree
+        try:
+            high = await log_high(conn)
+            rows = list(await conn.execute_fetchall(self.source.rows))
+        finally:
+            await conn.execute("COMMIT")
+        fresh = await asyncio.to_thread(self._build, rows, high)
         async with self._lock:
-            await conn.execute("BEGIN")  # one snapshot: the log's end and the rows agree
-            try:
-                high = await log_high(conn)
-                rows = list(await conn.execute_fetchall(self.source.rows))
-            finally:
-                await conn.execute("COMMIT")
-            self._index = await asyncio.to_thread(self._build, rows, high)
+            self._index = await asyncio.to_thread(self._swap, fresh)
             self.applied = high
+        log.info("built keyword index %s: %d rows", self.source.name, len(rows))
 
-    def _build(self, rows: Sequence[Sequence[Any]], high: int) -> tantivy.Index:
+    def _build(self, rows: Sequence[Sequence[Any]], high: int) -> Path:
         fresh = self.folder.with_name(self.folder.name + ".new")
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
-        index = self._opened(fresh)
-        writer = index.writer(heap_size=WRITER_HEAP * 4, num_threads=1)
+        writer = self.opened_at(fresh).writer(heap_size=WRITER_HEAP * 4, num_threads=1)
         _add(writer, rows)
         writer.commit()
         writer.wait_merging_threads()
         _write_position(fresh / "applied", high)
+        return fresh
+
+    def _swap(self, fresh: Path) -> tantivy.Index:
         old = self.folder.with_name(self.folder.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if self.folder.exists():
             self.folder.rename(old)
         fresh.rename(self.folder)
         shutil.rmtree(old, ignore_errors=True)
-        log.info("built keyword index %s: %d rows", self.source.name, len(rows))
-        return self._opened(self.folder)
+        return self.opened_at(self.folder)
 
     def terms(self, words: Sequence[str]) -> list[str | None]:
         """Each query word's term in the index (None for one the analyzer drops)."""
