@@ -536,11 +536,12 @@ class Tx:
 
     async def merge_keyword_indexes(self) -> None:
         """Marks the keyword indexes for a rebuild, in this transaction: a deleted text's terms
-        stay in their old segments till then. Repo.checkpoint rebuilds them once the delete is
-        committed, and a store that stopped before it does so when it opens."""
+        stay in their old segments till then. Repo.checkpoint starts the rebuild once the
+        delete is committed, and a store that stopped before it ended rebuilds when it opens.
+        The mark counts erases, so a rebuild clears only the erases it saw."""
         await self._conn.execute(
             "INSERT INTO store_meta (key, value) VALUES (?, '1') "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            "ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
             (KEYWORDS_PURGE,),
         )
 
@@ -618,6 +619,7 @@ class Repo:
         self._text_readers: dict[str, aiosqlite.Connection] = {}
         self._keywords: dict[str, KeywordIndex] = {}
         self._follower: asyncio.Task[None] | None = None
+        self._purger: asyncio.Task[None] | None = None
         self._pruned = 0
 
     async def __aenter__(self) -> Repo:
@@ -647,11 +649,12 @@ class Repo:
 
     async def close(self) -> None:
         """Closes every connection; closing twice is harmless."""
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
-            self._follower = None
+        for task in (self._follower, self._purger):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._follower = self._purger = None
         for conn in (*self._text_readers.values(), self._reader, self._writer):
             if conn is not None:
                 await conn.close()
@@ -720,10 +723,25 @@ class Repo:
         """Copies the write-ahead log into the database and truncates it (as far as readers
         allow: a page a reader still needs stays until the next checkpoint)."""
         await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        if await self.get_meta(KEYWORDS_PURGE) is not None:
-            for name, index in self._keywords.items():
-                await index.rebuild(self.text_reader(name))
-            await self.writer.execute("DELETE FROM store_meta WHERE key = ?", (KEYWORDS_PURGE,))
+        if await self.get_meta(KEYWORDS_PURGE) is not None and (
+            self._purger is None or self._purger.done()
+        ):
+            self._purger = asyncio.get_running_loop().create_task(self._purge())
+
+    async def _purge(self) -> None:
+        """Rebuilds the keyword indexes behind searches and writes (the erased rows are out of
+        them already), then clears the erases it saw."""
+        try:
+            while (mark := await self.get_meta(KEYWORDS_PURGE)) is not None:
+                for name, index in self._keywords.items():
+                    await index.rebuild(self.text_reader(name))
+                # Inside a write's transaction if one is open: rolled back with it, the mark
+                # only brings another rebuild.
+                await self.writer.execute(
+                    "DELETE FROM store_meta WHERE key = ? AND value = ?", (KEYWORDS_PURGE, mark)
+                )
+        except Exception:  # the mark stays: the next erase or open rebuilds
+            log.exception("rebuilding the keyword indexes after an erase failed")
 
     @contextlib.asynccontextmanager
     async def transaction(
