@@ -26,7 +26,7 @@ from services.store.model import (
     Reach,
 )
 from services.store.schema import create_or_migrate
-from services.store.text_index import SOURCES, KeywordIndex
+from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
 
 # One audit entry, whoever writes it (a mutation, or an import of history from elsewhere).
 ADD_AUDIT = (
@@ -637,7 +637,7 @@ class Repo:
             await self._text_readers[name].execute("PRAGMA query_only = ON")
         purge = await self.get_meta(KEYWORDS_PURGE) is not None
         for name, source in SOURCES.items():
-            index = KeywordIndex(self.db_path.parent / "keywords" / name, source)
+            index = KeywordIndex(self.db_path.parent / KEYWORDS_FOLDER / name, source)
             await index.open(self._text_readers[name], rebuild=purge)
             self._keywords[name] = index
         if purge:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from services.store.core import Core
+from services.store.text_index import KEYWORDS_FOLDER
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ def snapshot_name(at: datetime) -> str:
 
 
 def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
-    """The database through SQLite's online backup, and every other data file as it is."""
+    """The database through SQLite's online backup, and every other data file as it is but
+    the keyword indexes."""
     with (
         contextlib.closing(sqlite3.connect(data_dir / DB_NAME)) as source,
         contextlib.closing(sqlite3.connect(staging / DB_NAME)) as copy,
@@ -63,6 +65,8 @@ def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
             not path.is_file()
             or (relative.parent == Path(".") and relative.name.startswith(DB_NAME))
             or path.suffix == ".tmp"
+            # Written beside searches, so a copy could be torn; rebuilt from the rows instead.
+            or relative.parts[0] == KEYWORDS_FOLDER
             or any(path.is_relative_to(folder) for folder in skip)
         ):
             continue

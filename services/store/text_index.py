@@ -25,6 +25,9 @@ import tantivy
 
 log = logging.getLogger(__name__)
 
+# The folder under the data directory that holds the indexes; snapshots leave it out (a store
+# builds missing indexes from the rows when it opens).
+KEYWORDS_FOLDER = "keywords"
 ANALYZER = "words"
 # Log rows applied in one batch (one commit): a bulk import's rows are applied in a few.
 BATCH = 20_000
@@ -100,11 +103,14 @@ class KeywordIndex:
         of the log (a database put back from an older copy); then applies what is pending."""
         high = await log_high(conn)
         applied = _read_position(self._position)
-        if rebuild or applied is None or applied > high:
+        if not rebuild and applied is not None and applied <= high:
+            try:
+                self._index = self.opened_at(self.folder)
+                self.applied = applied
+            except ValueError as exc:  # tantivy's error for files it cannot read
+                log.warning("keyword index %s is unreadable (%s); building it", self.folder, exc)
+        if self._index is None:
             await self.rebuild(conn)
-        else:
-            self._index = self.opened_at(self.folder)
-            self.applied = applied
         await self.follow(conn)
 
     def opened_at(self, folder: Path) -> tantivy.Index:
