@@ -163,12 +163,11 @@ class KeywordIndex:
         """Builds the index anew from every row, then swaps it in: also how a deleted text's
         terms leave the index's files (tantivy keeps them in old segments till a merge).
         Searches go on with the old index while the new one is built."""
-        await conn.execute("BEGIN")  # one snapshot: the log's end and the rows agree
-        try:
-            high = await log_high(conn)
-            rows = list(await conn.execute_fetchall(self.source.rows))
-        finally:
-            await conn.execute("COMMIT")
+        # The log's end first: the rows read after it hold every change up to it, and the
+        # changes after it are applied again once the index is swapped in (applying is
+        # idempotent).
+        high = await log_high(conn)
+        rows = list(await conn.execute_fetchall(self.source.rows))
         fresh = await asyncio.to_thread(self._build, rows, high)
         async with self._lock:
             self._index = await asyncio.to_thread(self._swap, fresh)
