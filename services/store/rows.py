@@ -187,7 +187,8 @@ class Rows(Protocol):
 
     async def checkpoint(self) -> None:
         """Makes deleted text leave the database's files as far as the backend can (SQLite:
-        the write-ahead log is folded in and truncated)."""
+        the write-ahead log is folded in and truncated, and after an erase the keyword indexes
+        are rebuilt in the background)."""
         ...
 
     def transaction(
