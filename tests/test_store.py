@@ -618,8 +618,10 @@ async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
     async with serving_store(tmp_path, embedder_address) as stub:
         for n in range(6):
             await apply(stub, insert(f"note number {n}"))
-            # A search applies what is pending, so the next write may prune it.
-            await stub.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="note"))
+            # A search of both indexes applies what is pending, so the next write may prune it.
+            await stub.KeywordSearch(
+                store_pb2.KeywordSearchRequest(scope=scope(), query="note", context_keys=True)
+            )
         found = await stub.KeywordSearch(
             store_pb2.KeywordSearchRequest(scope=scope(), query="note", k=10)
         )

@@ -550,6 +550,9 @@ class Tx:
 KEYWORDS_PURGE = "keywords_purge"
 # Log rows the keyword indexes hold are deleted once this many have gathered.
 PRUNE_EVERY = 1000
+# How long the keyword indexes gather commits before applying them in the background: a
+# tantivy commit costs about 17 ms (a writer, a segment), more than a small write's own work.
+FOLLOW_DELAY_S = 0.5
 
 # What a deleted row's audit entries keep: who and what it was, never what it said.
 ERASE_KEEPS = (
@@ -694,11 +697,12 @@ class Repo:
 
     def _follow_soon(self) -> None:
         """Has the keyword indexes apply a commit's changes in the background, so a search
-        seldom waits for them."""
+        seldom waits for them, gathering the commits of FOLLOW_DELAY_S in one."""
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def _follow(self) -> None:
+        await asyncio.sleep(FOLLOW_DELAY_S)
         try:
             for name, index in self._keywords.items():
                 await index.follow(self.text_reader(name))
