@@ -430,7 +430,15 @@ class Ours:
         ]
         return ms, found
 
-    async def flush(self) -> None:
+    async def flush(self, tries: int = 1) -> None:
+        """POST /api/v1/flush; a 503 (the write deadline passed while the store worked) is
+        tried again, up to `tries` times in all: the store goes on with the work meanwhile."""
+        for _ in range(tries - 1):
+            async with self.http.post(f"{self.base}/api/v1/flush", json={}) as reply:
+                if reply.status == 200:
+                    return
+                if reply.status != 503:
+                    raise RuntimeError(f"flush: {reply.status} {await reply.text()}")
         async with self.http.post(f"{self.base}/api/v1/flush", json={}) as reply:
             if reply.status != 200:
                 raise RuntimeError(f"flush: {reply.status} {await reply.text()}")
@@ -638,6 +646,9 @@ async def seed(
             b64=seeder.matrix(chunk_lo, chunk_hi),
         )
         progress(f"seeded {chunk_hi}/{hi}")
+    # The store's keyword indexes apply what the seeding wrote after its commits; the flush
+    # waits for them, so that work is the seeding's and not the measured adds' and searches'.
+    await ours.flush(tries=60)
 
 
 SEARCH_LINE = re.compile(

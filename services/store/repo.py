@@ -725,9 +725,12 @@ class Repo:
 
     async def checkpoint(self) -> None:
         """Copies the write-ahead log into the database and truncates it (as far as readers
-        allow: a page a reader still needs stays until the next checkpoint); after an erase,
-        starts the keyword indexes' rebuild in the background."""
+        allow: a page a reader still needs stays until the next checkpoint), has the keyword
+        indexes apply every pending change, and after an erase starts their rebuild in the
+        background."""
         await self.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for name in self._keywords:
+            await self.keyword_index(name)
         if await self.get_meta(KEYWORDS_PURGE) is not None and (
             self._purger is None or self._purger.done()
         ):
