@@ -163,7 +163,7 @@ OPERATIONS: list[Op] = [
           obj("memory_id", "history", memory_id=STR, history=arr(obj(
               "seq", "at", "actor", "action", seq=INT, at=STR, actor=STR, action=STR,
               reason=STR, before=nullable(ANY_OBJ), after=nullable(ANY_OBJ))))),
-    Op("POST", "/api/v1/flush", "Persists the vector indexes",
+    Op("POST", "/api/v1/flush", "Persists the vector indexes; keyword indexes catch up",
        reply=obj("flushed", "vectors", flushed=BOOL, vectors=INT)),
     *both("/api/v1/search", "Ranked memories of one owner in channels",
           {"query": TEXT, "limit": INT, "layer": LAYER, **OWNER, "user_ids": arr(NAME),

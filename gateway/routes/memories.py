@@ -391,6 +391,7 @@ async def history(request: web.Request) -> web.Response:
 @routes.post("/api/v1/flush")
 @writes
 async def flush(request: web.Request) -> web.Response:
-    """Persists the store's vector indexes now (before a hard stop)."""
+    """Persists the store's vector indexes now (before a hard stop) and has its keyword indexes
+    apply what is pending."""
     reply = await request.app[STORE].Flush(store_pb2.FlushRequest(), timeout=rpc_timeout(request))
     return json_response({"flushed": True, "vectors": reply.vectors})
