@@ -626,6 +626,13 @@ class Repo:
         self._pruned = 0
 
     async def __aenter__(self) -> Repo:
+        try:
+            return await self._open()
+        except BaseException:
+            await self.close()  # what was opened before the failure
+            raise
+
+    async def _open(self) -> Repo:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = await self._connect()
         await self._writer.execute("PRAGMA journal_mode = WAL")

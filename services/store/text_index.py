@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +176,10 @@ class KeywordIndex:
         log.info("built keyword index %s: %d rows", self.source.name, len(rows))
 
     def _build(self, rows: Sequence[Sequence[Any]], high: int) -> Path:
-        fresh = self.folder.with_name(self.folder.name + ".new")
-        shutil.rmtree(fresh, ignore_errors=True)
-        fresh.mkdir(parents=True)
+        # A folder of its own: a build whose caller was cancelled (the store stopping) may go
+        # on in its thread while the next one starts.
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=self.folder.name + ".new-", dir=self.folder.parent))
         writer = self.opened_at(fresh).writer(heap_size=WRITER_HEAP * 4, num_threads=1)
         _add(writer, rows)
         writer.commit()
