@@ -2,9 +2,9 @@
 
 A search of a user who holds a small share of the rows matches the owner key as well as the
 terms, so it reads that user's postings only. A relaxed search (fewer terms than all) whose
-terms hold more than keywords.POSTING_BUDGET postings ranks all of them among the newest rows
-that hold them, and its rarest terms (those within the budget) among all rows. Rows are then
-read, filtered, and counted for the terms they hold.
+terms hold more than keywords.POSTING_BUDGET postings ranks all of them among about the newest
+rows that hold that many, and its rarest terms (those within the budget) among all rows. Rows
+are then read, filtered, and counted for the terms they hold.
 """
 
 from __future__ import annotations
@@ -185,11 +185,12 @@ class _Finder:
         if not chosen:
             return _Found([], False, False)
         match = self._all(self.owner, self._any([q for i in chosen if (q := found[i])]))
-        if sum(postings[i] for i in chosen) <= keywords.POSTING_BUDGET:
+        read = sum(postings[i] for i in chosen)
+        if read <= keywords.POSTING_BUDGET:
             return self._ranked([match], limit, exact=False)
         # Too many postings: all the terms among the newest rows, and the rarest terms (those
         # that fit the budget) among all rows, so an old row holding a rare term is still found.
-        queries = [self._newest(match)]
+        queries = [self._newest(match, read)]
         rare = finding_terms(postings, 1, keywords.POSTING_BUDGET, rarest=False)
         rare_found = [q for i in rare if (q := found[i])]
         if rare_found:
@@ -205,19 +206,28 @@ class _Finder:
         query = self._all(self.owner, self._term("text", term))
         return len(self.searcher.search(query, keywords.POSTING_BUDGET + 1, count=False).hits)
 
-    def _newest(self, match: tantivy.Query) -> tantivy.Query:
-        """The match among the newest POSTING_BUDGET rows it finds."""
-        hits = self.searcher.search(
-            match,
-            1,
-            count=False,
-            offset=keywords.POSTING_BUDGET - 1,
-            order_by_field="id",
-            order=tantivy.Order.Desc,
-        ).hits
-        if not hits:
-            return match
-        since = _int(self.searcher.fast_field_values("id", [hits[0][1]])[0])
+    def _newest(self, match: tantivy.Query, postings: int) -> tantivy.Query:
+        """The match among about the newest POSTING_BUDGET rows it finds.
+
+        Without an owner filter the postings are all rows' and the window is the newest
+        POSTING_BUDGET / postings of the ids, as if the terms were spread evenly over time (no
+        read at all: finding the exact window means visiting every row that matches). The
+        owner's window is found exactly: the rows visited are only the owner's.
+        """
+        if self.owner is None:
+            since = self.keyword.newest_ids(keywords.POSTING_BUDGET / postings)
+        else:
+            hits = self.searcher.search(
+                match,
+                1,
+                count=False,
+                offset=keywords.POSTING_BUDGET - 1,
+                order_by_field="id",
+                order=tantivy.Order.Desc,
+            ).hits
+            if not hits:
+                return match
+            since = _int(self.searcher.fast_field_values("id", [hits[0][1]])[0])
         window = tantivy.Query.range_query(
             self.schema, "id", tantivy.FieldType.Integer, since, None
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -92,6 +93,8 @@ class KeywordIndex:
         self.analyzer = analyzer()
         self.applied = 0
         """The highest log seq this index holds (committed)."""
+        self.ids = IdSpan(0, 0)
+        """About the lowest and the highest id indexed (the lowest may since be deleted)."""
         self._index: tantivy.Index | None = None
         self._lock = asyncio.Lock()
 
@@ -107,6 +110,7 @@ class KeywordIndex:
         if not rebuild and applied is not None and applied <= high:
             try:
                 self._index = self.opened_at(self.folder)
+                self.ids = await asyncio.to_thread(_id_span, self._index)
                 self.applied = applied
             except ValueError as exc:  # tantivy's error for files it cannot read
                 log.warning("keyword index %s is unreadable (%s); building it", self.folder, exc)
@@ -158,6 +162,7 @@ class KeywordIndex:
         writer.wait_merging_threads()
         _write_position(self._position, upto)
         self.index.reload()
+        self.ids = self.ids.widened([int(row[0]) for row in rows])
         self.applied = upto
 
     async def rebuild(self, conn: aiosqlite.Connection) -> None:
@@ -172,6 +177,7 @@ class KeywordIndex:
         fresh = await asyncio.to_thread(self._build, rows, high)
         async with self._lock:
             self._index = await asyncio.to_thread(self._swap, fresh)
+            self.ids = IdSpan(0, 0).widened([int(row[0]) for row in rows])
             self.applied = high
         log.info("built keyword index %s: %d rows", self.source.name, len(rows))
 
@@ -196,6 +202,11 @@ class KeywordIndex:
         shutil.rmtree(old, ignore_errors=True)
         return self.opened_at(self.folder)
 
+    def newest_ids(self, share: float) -> int:
+        """The lowest id of about the newest `share` of the index's ids (ids only grow)."""
+        count = math.ceil((self.ids.high - self.ids.low + 1) * min(max(share, 0.0), 1.0))
+        return self.ids.high - count + 1
+
     def terms(self, words: Sequence[str]) -> list[str | None]:
         """Each query word's term in the index (None for one the analyzer drops)."""
         found = []
@@ -203,6 +214,33 @@ class KeywordIndex:
             tokens = self.analyzer.analyze(word)
             found.append(tokens[0] if tokens else None)
         return found
+
+
+@dataclass(frozen=True)
+class IdSpan:
+    low: int
+    high: int
+
+    def widened(self, ids: Sequence[int]) -> IdSpan:
+        """The span holding these ids too (an empty span, 0 to 0, holds none)."""
+        if not ids:
+            return self
+        low = min(ids) if self.high == 0 else min(self.low, *ids)
+        return IdSpan(low, max(self.high, *ids))
+
+
+def _id_span(index: tantivy.Index) -> IdSpan:
+    """The lowest and the highest id an index holds (two reads of the id column)."""
+    searcher = index.searcher()
+    ends = []
+    for order in (tantivy.Order.Asc, tantivy.Order.Desc):
+        hits = searcher.search(
+            tantivy.Query.all_query(), 1, count=False, order_by_field="id", order=order
+        ).hits
+        if not hits:
+            return IdSpan(0, 0)
+        ends.append(int(searcher.fast_field_values("id", [hits[0][1]])[0] or 0))
+    return IdSpan(ends[0], ends[1])
 
 
 def _add(writer: tantivy.IndexWriter, rows: Sequence[Sequence[Any]]) -> None:
