@@ -6,6 +6,8 @@ import contextlib
 import json
 import shutil
 import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHA
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import state_op
-from tests.support import StoreBackend, assert_eventually, running_stack
+from tests.support import WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -584,6 +586,46 @@ async def test_an_erase_leaves_no_term_of_the_deleted_text_in_the_keyword_index(
             ).fetchone() == (0,)
         )
         db.close()
+
+
+@pytest.mark.sqlite_only
+async def test_a_store_stopped_mid_build_waits_for_the_build_to_give_up_and_leaves_no_folder(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, ended = threading.Event(), threading.Event()
+    build = KeywordIndex._build
+
+    def build_till_closing(index: KeywordIndex, rows: Any, high: int) -> Path:
+        # The erase's rebuild holds on till the store is stopping, then goes on.
+        started.set()
+        try:
+            while not index._closing and time.monotonic() < started_at + WAIT_CEILING_S:
+                time.sleep(0.01)
+            return build(index, rows, high)
+        finally:
+            ended.set()
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("the zephyrine lighthouse keeper", layer=L2))
+        monkeypatch.setattr(KeywordIndex, "_build", build_till_closing)
+        started_at = time.monotonic()
+        await stub.DeleteMemories(
+            store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L2], actor="api")
+        )
+        await assert_eventually(started.is_set)
+    assert ended.is_set()  # the store's close waited for the build's thread
+    assert not list((tmp_path / "keywords").glob("*.new-*"))
+    # A build folder left by a store killed mid-build is removed when the next one opens.
+    monkeypatch.setattr(KeywordIndex, "_build", build)
+    left = tmp_path / "keywords" / "own.new-killed"
+    left.mkdir()
+    (left / "meta.json").write_text("{}")
+    async with serving_store(tmp_path, embedder_address) as stub:
+        assert not left.exists()
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="zephyrine")
+        )
+        assert list(found.hits) == []
 
 
 @pytest.mark.sqlite_only

@@ -665,6 +665,9 @@ class Repo:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._follower = self._purger = None
+        for index in self._keywords.values():
+            await index.close()
+        self._keywords.clear()
         for conn in (*self._text_readers.values(), self._reader, self._writer):
             if conn is not None:
                 await conn.close()

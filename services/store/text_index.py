@@ -17,15 +17,16 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import tantivy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The folder under the data directory that holds the indexes; snapshots leave it out (a store
 # builds missing indexes from the rows when it opens).
@@ -35,6 +36,12 @@ ANALYZER = "words"
 BATCH = 20_000
 # The indexing arena of one writer, the smallest tantivy takes.
 WRITER_HEAP = 15_000_000
+# A build checks between this many rows whether its index is closing.
+BUILD_STEP = 5_000
+
+
+class Closing(Exception):
+    """A build given up because its index is closing."""
 
 
 def analyzer() -> tantivy.TextAnalyzer:
@@ -97,6 +104,8 @@ class KeywordIndex:
         """About the lowest and the highest id indexed (the lowest may since be deleted)."""
         self._index: tantivy.Index | None = None
         self._lock = asyncio.Lock()
+        self._closing = False
+        self._threads: set[asyncio.Future[Any]] = set()
 
     @property
     def _position(self) -> Path:
@@ -107,10 +116,11 @@ class KeywordIndex:
         of the log (a database put back from an older copy); then applies what is pending."""
         high = await log_high(conn)
         applied = _read_position(self._position)
+        self._remove_leftovers()
         if not rebuild and applied is not None and applied <= high:
             try:
                 self._index = self.opened_at(self.folder)
-                self.ids = await asyncio.to_thread(_id_span, self._index)
+                self.ids = await self._in_thread(_id_span, self._index)
                 self.applied = applied
             except ValueError as exc:  # tantivy's error for files it cannot read
                 log.warning("keyword index %s is unreadable (%s); building it", self.folder, exc)
@@ -151,7 +161,7 @@ class KeywordIndex:
                     return
                 ids = sorted({int(row_id) for _, row_id in batch})
                 rows = await conn.execute_fetchall(self.source.some, (json.dumps(ids),))
-                await asyncio.to_thread(self._apply, ids, list(rows), int(batch[-1][0]))
+                await self._in_thread(self._apply, ids, list(rows), int(batch[-1][0]))
 
     def _apply(self, ids: Sequence[int], rows: Sequence[Sequence[Any]], upto: int) -> None:
         writer = self.index.writer(heap_size=WRITER_HEAP, num_threads=1)
@@ -174,9 +184,9 @@ class KeywordIndex:
         # idempotent).
         high = await log_high(conn)
         rows = list(await conn.execute_fetchall(self.source.rows))
-        fresh = await asyncio.to_thread(self._build, rows, high)
+        fresh = await self._in_thread(self._build, rows, high)
         async with self._lock:
-            self._index = await asyncio.to_thread(self._swap, fresh)
+            self._index = await self._in_thread(self._swap, fresh)
             self.ids = IdSpan(0, 0).widened([int(row[0]) for row in rows])
             self.applied = high
         log.info("built keyword index %s: %d rows", self.source.name, len(rows))
@@ -187,11 +197,21 @@ class KeywordIndex:
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         fresh = Path(tempfile.mkdtemp(prefix=self.folder.name + ".new-", dir=self.folder.parent))
         writer = self.opened_at(fresh).writer(heap_size=WRITER_HEAP * 4, num_threads=1)
-        _add(writer, rows)
+        for start in range(0, len(rows), BUILD_STEP):
+            self._unless_closing(fresh)
+            _add(writer, rows[start : start + BUILD_STEP])
         writer.commit()
         writer.wait_merging_threads()
+        self._unless_closing(fresh)
         _write_position(fresh / "applied", high)
         return fresh
+
+    def _unless_closing(self, fresh: Path) -> None:
+        """Gives a build up (its folder removed; what its writer holds uncommitted is dropped
+        with it) once the index is closing."""
+        if self._closing:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise Closing(self.source.name)
 
     def _swap(self, fresh: Path) -> tantivy.Index:
         old = self.folder.with_name(self.folder.name + ".old")
@@ -201,6 +221,26 @@ class KeywordIndex:
         fresh.rename(self.folder)
         shutil.rmtree(old, ignore_errors=True)
         return self.opened_at(self.folder)
+
+    async def close(self) -> None:
+        """Waits for the work of its threads: a build gives up (its caller may be cancelled,
+        its thread goes on till it checks); the application of a batch ends."""
+        self._closing = True
+        await asyncio.gather(*self._threads, return_exceptions=True)
+
+    async def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        """Runs work in a thread of the loop's executor, known to close() till it ends."""
+        future = asyncio.get_running_loop().run_in_executor(None, work, *args)
+        self._threads.add(future)
+        future.add_done_callback(self._threads.discard)
+        return await asyncio.shield(future)
+
+    def _remove_leftovers(self) -> None:
+        """Removes the folders of builds and swaps a stopped store left unfinished."""
+        name = self.folder.name
+        builds = self.folder.parent.glob(name + ".new-*")
+        for folder in (*builds, self.folder.with_name(name + ".old")):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def newest_ids(self, share: float) -> int:
         """The lowest id of about the newest `share` of the index's ids (ids only grow)."""
