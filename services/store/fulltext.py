@@ -96,28 +96,62 @@ async def search(
 ) -> list[tuple[MemoryRow, float, int]]:
     """Rows holding at least `least` of the terms, best bm25 first: (row, score, terms held)."""
     keyword = await repo.keyword_index(index.name)
-    owner, kept = await _owner(repo, reach)
-    term_stems = [stem(t) for t in terms]
+    owner, share = await _owner(repo, reach)
     # A few more than k: filters (agent, layer, status, another owner) usually drop a few.
-    limit = math.ceil((k + k // 4 + 8) / kept)
+    limit = math.ceil((k + k // 4 + 8) / share)
+    term_stems = [stem(t) for t in terms]
     while True:
         found_ids = await asyncio.to_thread(_Finder(keyword, owner).find, terms, least, limit)
-        rows = await repo.rows_at_text_hits(
-            index, [row_id for row_id, _ in found_ids.ranked], reach, layers, include_superseded
-        )
-        found = []
-        for row_id, score in found_ids.ranked:
-            if row_id not in rows:
-                continue
-            row, text = rows[row_id]
-            held = len(terms) if found_ids.exact else max(1, matched_terms(term_stems, text))
-            if held >= least:
-                found.append((row, score, held))
-            if len(found) == k:
-                return found
-        if not found_ids.more:
+        kept = _Kept(terms, term_stems, least, found_ids.exact)
+        found = await kept.rows(repo, index, found_ids.ranked, reach, layers, include_superseded, k)
+        if len(found) == k or not found_ids.more:
             return found
         limit *= 4
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """Which rows found a search keeps: those holding `least` of its terms."""
+
+    terms: Sequence[str]
+    term_stems: Sequence[str]
+    least: int
+    exact: bool
+    """Whether every row found holds all the terms."""
+
+    async def rows(
+        self,
+        repo: Repo,
+        index: TextIndex,
+        ranked: Sequence[tuple[int, float]],
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        k: int,
+    ) -> list[tuple[MemoryRow, float, int]]:
+        """The best k rows kept (row, score, terms held), read a slice at a time: the rows
+        still missing (most searches need no more), or as many as read so far when filters
+        drop most."""
+        found: list[tuple[MemoryRow, float, int]] = []
+        read = 0
+        while len(found) < k and read < len(ranked):
+            step = ranked[read : read + max(k - len(found), read)]
+            read += len(step)
+            rows = await repo.rows_at_text_hits(
+                index, [row_id for row_id, _ in step], reach, layers, include_superseded
+            )
+            for row_id, score in step:
+                if row_id in rows and len(found) < k:
+                    row, text = rows[row_id]
+                    held = self._held(text)
+                    if held >= self.least:
+                        found.append((row, score, held))
+        return found
+
+    def _held(self, text: str) -> int:
+        if self.exact:
+            return len(self.terms)
+        return max(1, matched_terms(self.term_stems, text))
 
 
 async def _owner(repo: Repo, reach: Reach) -> tuple[str | None, float]:

@@ -57,12 +57,15 @@ async def keyword_search(
 
     async def hits_of(index: str) -> list[Scored]:
         found = await repo.text_search(index, terms, least, reach, layers, include_superseded, k)
-        return await annotated(repo, [Scored(r, s, n) for r, s, n in found])
+        return [Scored(r, s, n) for r, s, n in found]
 
-    # The two indexes are read side by side (each on its own connection).
+    # The two indexes are read side by side (each on its own connection), their hits annotated
+    # together.
     indexes = ("own", "context") if context_keys else ("own",)
     hits, *around = await asyncio.gather(*(hits_of(index) for index in indexes))
-    return KeywordResult(hits, terms, required, around[0] if around else [])
+    context = around[0] if around else []
+    both = await annotated(repo, hits + context)
+    return KeywordResult(both[: len(hits)], terms, required, both[len(hits) :])
 
 
 async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
