@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -128,9 +129,29 @@ def _chmod_unless_link(path: Path, mode: int) -> None:
             path.chmod(mode)
 
 
+# glibc gives a thread that finds the heap busy an arena of its own (up to eight a core), and
+# what is freed in an arena stays mapped there: with the threads of tantivy, SQLite and gRPC the
+# store held 744-795 MB after seeding 100,000 memories with the default, 661-691 with two.
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt's parameter number for it (malloc.h)
+
+
+def limit_malloc_arenas() -> bool:
+    """Caps glibc's malloc arenas at MALLOC_ARENAS, unless MALLOC_ARENA_MAX says otherwise
+    (glibc reads that itself). False where there is no glibc mallopt."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
+    except (OSError, AttributeError):
+        return False
+
+
 def run_service(service: str, main: Callable[[], Awaitable[None]]) -> None:
-    """Runs a service's main() with a private umask; a ConfigError exits with status 2."""
+    """Runs a service's main() with a private umask and few malloc arenas; a ConfigError exits
+    with status 2."""
     os.umask(PRIVATE_UMASK)
+    limit_malloc_arenas()
     setup_logging(service)
     try:
         asyncio.run(main())  # type: ignore[arg-type]
