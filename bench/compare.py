@@ -433,15 +433,12 @@ class Ours:
     async def flush(self, tries: int = 1) -> None:
         """POST /api/v1/flush; a 503 (the write deadline passed while the store worked) is
         tried again, up to `tries` times in all: the store goes on with the work meanwhile."""
-        for _ in range(tries - 1):
+        for tried in range(1, tries + 1):
             async with self.http.post(f"{self.base}/api/v1/flush", json={}) as reply:
                 if reply.status == 200:
                     return
-                if reply.status != 503:
+                if reply.status != 503 or tried == tries:
                     raise RuntimeError(f"flush: {reply.status} {await reply.text()}")
-        async with self.http.post(f"{self.base}/api/v1/flush", json={}) as reply:
-            if reply.status != 200:
-                raise RuntimeError(f"flush: {reply.status} {await reply.text()}")
 
 
 # --- one owner layout, grown through the sizes ---------------------------------------------
