@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from usearch.index import Index, ScalarKind
 
 from services.store import keywords, retrieval
 from services.store import repo as repo_module
@@ -932,6 +933,33 @@ async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
         hits = await vector_hits(stub, embedder, "stamp collection")
         assert [h.memory.id for h in hits] == [row.id]
     assert files[0].exists()
+
+
+@pytest.mark.sqlite_only
+async def test_an_index_file_of_half_precision_is_rebuilt_at_8_bits_from_sqlite(
+    tmp_path: Path, embedder_address: str, embedder: EmbedderClient
+) -> None:
+    async with serving_store(tmp_path, embedder_address, save_every_s=None) as stub:
+        (stamps,) = await apply(stub, insert("Erin collects vintage stamps"))
+        (boat,) = await apply(stub, insert("Erin owns a sailboat"))
+        await vector_hits(stub, embedder, "stamps")
+        await stub.Flush(store_pb2.FlushRequest())
+    (path,) = (tmp_path / "vectors").glob("*.usearch")
+    saved = Index.restore(str(path))
+    assert saved is not None and saved.dtype == ScalarKind.I8
+    keys = np.asarray(saved.keys)
+    vectors = np.asarray([saved.get(key, dtype="f32") for key in keys])
+    # An older store's file: half precision, and (to tell it from a rebuilt one) each key
+    # holding the other row's vector.
+    older = Index(ndim=saved.ndim, metric="cos", dtype="f16")
+    older.add(keys, vectors[::-1].copy())
+    older.save(str(path))
+    async with serving_store(tmp_path, embedder_address) as stub:
+        hits = await vector_hits(stub, embedder, "a stamp collection", k=2)
+        assert [h.memory.id for h in hits] == [stamps.id, boat.id]
+        await stub.Flush(store_pb2.FlushRequest())
+    rebuilt = Index.restore(str(path))
+    assert rebuilt is not None and rebuilt.dtype == ScalarKind.I8
 
 
 async def test_an_index_behind_sqlite_is_caught_up_at_start(

@@ -161,6 +161,12 @@ def vector_blob(vector: np.ndarray) -> bytes:
     return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
 
 
+def as_stored(vectors: np.ndarray) -> np.ndarray:
+    """Vectors as the database gives them back (float32 of their half-precision values): a
+    vector index fed by writes holds what one built from the database would."""
+    return np.asarray(vectors, dtype="<f2").astype(np.float32)
+
+
 def unblob(blob: bytes) -> np.ndarray:
     """The float32 vector a stored blob holds."""
     if len(blob) % 4 == 2 and blob.startswith(_HALF):
