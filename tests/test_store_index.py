@@ -1,5 +1,5 @@
-"""The vector indexes' lock (writes are not starved, a save does not hold up searches) and how a
-large index is written (from a forked child)."""
+"""The vector indexes' lock (writes are not starved, a save does not hold up searches), loads a
+caller gives up on, and how a large index is written (from a forked child)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from usearch.index import Index
 
-from services.store.index import ReadWriteLock, new_index
+from services.store.index import IndexChanges, ReadWriteLock, VectorIndexes, new_index
 from services.store.index_save import DETACH_FROM_BYTES, save_index
 
 
@@ -80,6 +80,42 @@ async def test_searches_go_on_beside_a_save_that_a_write_waits_for() -> None:
     write.set()
     await asyncio.gather(*tasks)
     assert order == ["save", "search", "write"]
+
+
+def _unit_rows(count: int, ndim: int = 8) -> np.ndarray:
+    rows = np.random.default_rng(7).normal(size=(count, ndim)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+async def test_a_load_goes_on_when_the_search_that_started_it_gives_up(tmp_path: Path) -> None:
+    vectors = _unit_rows(3)
+    fetched: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def keys_of(user_id: str) -> set[int]:
+        return {1, 2, 3}
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        fetched.append(keys)
+        await release.wait()  # a large index being read from SQLite
+        return vectors[[key - 1 for key in keys]]
+
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    search = asyncio.create_task(indexes.search("alice", vectors[1], 3, exact_up_to=0))
+    await settle()
+    assert fetched == [[1, 2, 3]]
+    search.cancel()  # the search's deadline passed
+    with contextlib.suppress(asyncio.CancelledError):
+        await search
+    release.set()
+    # A write meanwhile waits for the same load, and does not add the keys it already read.
+    changes = IndexChanges()
+    changes.add("alice", 3, vectors[2])
+    await indexes.apply(changes)
+    found = await indexes.search("alice", vectors[1], 3, exact_up_to=0)
+    assert fetched == [[1, 2, 3]]  # loaded once
+    assert found.size == 3 and int(found.keys[0]) == 2
 
 
 def _index_of(count: int) -> Index:

@@ -147,6 +147,7 @@ class VectorIndexes:
         self._fetch = fetch
         self._budget = budget_bytes
         self._loaded: OrderedDict[str, Index] = OrderedDict()
+        self._loads: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         # usearch may not be searched while it grows or is saved while it changes.
         self._lock = ReadWriteLock()
@@ -216,14 +217,35 @@ class VectorIndexes:
             await self._save_one(user_id)
             del self._loaded[user_id]
 
+    async def _ensure_loaded(self, user_id: str) -> None:
+        """Loads a user's index in a task of its own, shared by every caller meanwhile: a caller
+        that gives up (a search past its deadline) leaves the load to finish, so a large index
+        built from SQLite is not started over by each search."""
+        if user_id in self._loaded:
+            return
+        task = self._loads.get(user_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load_when_free(user_id))
+            self._loads[user_id] = task
+            task.add_done_callback(lambda done: self._load_ended(user_id, done))
+        await asyncio.shield(task)
+
+    async def _load_when_free(self, user_id: str) -> None:
+        async with self._lock.writing():
+            if user_id not in self._loaded:
+                await self._load(user_id)
+
+    def _load_ended(self, user_id: str, task: asyncio.Task[None]) -> None:
+        self._loads.pop(user_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("vector index of %s could not be loaded: %s", index_file_name(user_id),
+                        task.exception())
+
     @contextlib.asynccontextmanager
     async def _reading(self, user_id: str) -> AsyncIterator[Index]:
         """A user's index, loaded if it is not, held for reading."""
         while True:
-            if user_id not in self._loaded:
-                async with self._lock.writing():
-                    if user_id not in self._loaded:
-                        await self._load(user_id)
+            await self._ensure_loaded(user_id)
             async with self._lock.reading():
                 index = self._loaded.get(user_id)
                 if index is None:
@@ -235,17 +257,21 @@ class VectorIndexes:
     async def apply(self, changes: IndexChanges) -> None:
         """Removes and adds the keys of one committed write. An index that is not loaded is
         loaded (from its file, caught up with SQLite, this write included), so no search ever
-        has to build a whole index."""
+        has to build a whole index. Keys the index holds already (a load that read this write)
+        are not added again."""
+        users = list(dict.fromkeys([*changes.removed, *changes.added]))
+        for user_id in users:
+            await self._ensure_loaded(user_id)
         async with self._lock.writing():
-            for user_id in dict.fromkeys([*changes.removed, *changes.added]):
+            for user_id in users:
                 index = self._loaded.get(user_id)
-                if index is None:
+                if index is None:  # evicted since: loading it catches up with this write
                     await self._load(user_id)
                     continue
                 removed = changes.removed.get(user_id)
                 if removed:
                     await asyncio.to_thread(index.remove, removed)
-                added = changes.added.get(user_id)
+                added = [(k, v) for k, v in changes.added.get(user_id, []) if k not in index]
                 if added:
                     await asyncio.to_thread(
                         index.add,
