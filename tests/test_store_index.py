@@ -15,6 +15,7 @@ from usearch.index import Index
 
 from services.store.index import IndexChanges, ReadWriteLock, VectorIndexes, new_index
 from services.store.index_save import DETACH_FROM_BYTES, save_index
+from tests.support import WAIT_CEILING_S
 
 
 async def settle() -> None:
@@ -90,20 +91,21 @@ def _unit_rows(count: int, ndim: int = 8) -> np.ndarray:
 async def test_a_load_goes_on_when_the_search_that_started_it_gives_up(tmp_path: Path) -> None:
     vectors = _unit_rows(3)
     fetched: list[list[int]] = []
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
 
     async def keys_of(user_id: str) -> set[int]:
         return {1, 2, 3}
 
     async def fetch(keys: list[int]) -> np.ndarray:
         fetched.append(keys)
+        entered.set()
         await release.wait()  # a large index being read from SQLite
         return vectors[[key - 1 for key in keys]]
 
     indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
     indexes.open()
     search = asyncio.create_task(indexes.search("alice", vectors[1], 3, exact_up_to=0))
-    await settle()
+    await asyncio.wait_for(entered.wait(), WAIT_CEILING_S)  # the load reads a file first
     assert fetched == [[1, 2, 3]]
     search.cancel()  # the search's deadline passed
     with contextlib.suppress(asyncio.CancelledError):
