@@ -120,6 +120,38 @@ async def test_a_load_goes_on_when_the_search_that_started_it_gives_up(tmp_path:
     assert found.size == 3 and int(found.keys[0]) == 2
 
 
+async def test_a_committed_write_reaches_its_index_though_its_caller_gives_up(
+    tmp_path: Path,
+) -> None:
+    vectors = _unit_rows(4)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def keys_of(user_id: str) -> set[int]:
+        return {1, 2, 3}  # read before the write below committed
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        entered.set()
+        await release.wait()
+        return vectors[[key - 1 for key in keys]]
+
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    search = asyncio.create_task(indexes.search("alice", vectors[0], 4, exact_up_to=0))
+    await asyncio.wait_for(entered.wait(), WAIT_CEILING_S)
+    changes = IndexChanges()
+    changes.add("alice", 4, vectors[3])
+    write = asyncio.create_task(indexes.apply(changes))
+    await settle()
+    assert not write.done()  # waiting for the load
+    write.cancel()  # the write's deadline passed while it waited for the load
+    with contextlib.suppress(asyncio.CancelledError):
+        await write
+    release.set()
+    await search
+    found = await indexes.search("alice", vectors[3], 4, exact_up_to=0)
+    assert found.size == 4 and int(found.keys[0]) == 4
+
+
 def _index_of(count: int) -> Index:
     index = new_index(384)
     vectors = np.random.default_rng(5).standard_normal((count, 384)).astype(np.float32)

@@ -258,7 +258,12 @@ class VectorIndexes:
         """Removes and adds the keys of one committed write. An index that is not loaded is
         loaded (from its file, caught up with SQLite, this write included), so no search ever
         has to build a whole index. Keys the index holds already (a load that read this write)
-        are not added again."""
+        are not added again. The write is committed: a caller that gives up (its deadline
+        passed) leaves this to finish, so a load that read the keys before the write committed
+        does not leave its keys out."""
+        await asyncio.shield(self._apply(changes))
+
+    async def _apply(self, changes: IndexChanges) -> None:
         users = list(dict.fromkeys([*changes.removed, *changes.added]))
         for user_id in users:
             await self._ensure_loaded(user_id)
