@@ -21,7 +21,7 @@ from services.search.model import (
     calibrated_floor,
 )
 from services.search.pipeline import LITE_PIPELINE, PLAIN_PIPELINE
-from services.store.keys import clauses, context_text, own_keys
+from services.store.keys import clauses, context_text, own_keys, passage_of
 from shared.errors import ConfigError
 
 # Wednesday 2024-05-15 14:30 UTC.
@@ -363,17 +363,32 @@ def test_retrieval_switches_are_accepted_as_disabled_stages() -> None:
 # Extra keys
 
 
-def test_a_long_memory_is_also_keyed_by_each_sentence() -> None:
+def test_a_long_memory_of_two_sentences_is_also_keyed_by_each() -> None:
     text = (
-        "We moved the staging box to the new rack last week. The garden app deploys there "
-        "first now. Priya owns the runbook and reviews every single change before Friday."
+        "We moved the staging box to the new rack last week, after the old one failed "
+        "during the heatwave. Priya owns the runbook and reviews every single change before Friday."
     )
     assert clauses(text) == [
-        "We moved the staging box to the new rack last week.",
-        "The garden app deploys there first now.",
+        "We moved the staging box to the new rack last week, after the old one failed "
+        "during the heatwave.",
         "Priya owns the runbook and reviews every single change before Friday.",
     ]
-    assert [k.kind for k in own_keys(text)] == ["clause"] * 3
+    assert [k.kind for k in own_keys(text)] == ["clause"] * 2
+
+
+def test_a_long_memory_of_more_sentences_is_keyed_by_two_even_runs_of_them() -> None:
+    text = (
+        "We moved the staging box to the new rack last week. The garden app deploys there "
+        "first now. Priya owns the runbook for it. Ok. She reviews every single change "
+        "before Friday."
+    )
+    assert clauses(text) == [
+        "We moved the staging box to the new rack last week. The garden app deploys there "
+        "first now.",
+        # a sentence too short to be a key on its own stays inside its run
+        "Priya owns the runbook for it. Ok. She reviews every single change before Friday.",
+    ]
+    assert passage_of(text).span_texts() == clauses(text)
 
 
 def test_a_short_memory_has_no_sentence_keys() -> None:

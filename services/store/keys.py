@@ -7,6 +7,7 @@ memory itself; the key's text is never shown.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -19,10 +20,14 @@ FACT = "fact"
 VECTOR_KINDS = frozenset({CLAUSE, FACT})
 KINDS = (CLAUSE, CONTEXT, FACT)
 
-# A memory this long or longer is also indexed under each of its sentences.
+# A memory this long or longer is also indexed under its sentences: under each while it has at
+# most MAX_CLAUSES of them, else under MAX_CLAUSES runs of adjacent sentences. Each key is a
+# vector the index holds in memory and on disk; past two, LoCoMo's hybrid gains nothing (README).
 CLAUSE_MIN_CHARS = 160
 CLAUSE_MIN_WORDS = 4
-MAX_CLAUSES = 12
+MAX_CLAUSES = 2
+# Memories written before sentences were grouped into runs hold up to this many sentence keys.
+MOST_CLAUSES_HELD = 12
 # A neighbour contributes at most this much text to a context key.
 NEIGHBOUR_CHARS = 400
 # A write this long after the one before starts a new sitting: they are not each other's context.
@@ -45,7 +50,8 @@ class KeyText:
 
 
 def clauses(content: str) -> list[str]:
-    """The sentences a long memory is also found by; none for a short one."""
+    """The sentences, or runs of sentences, a long memory is also found by; none for a short
+    one."""
     text = content.strip()
     if len(text) < CLAUSE_MIN_CHARS:
         return []
@@ -53,7 +59,24 @@ def clauses(content: str) -> list[str]:
     parts = [p for p in parts if len(p.split()) >= CLAUSE_MIN_WORDS]
     if len(parts) < 2:
         return []
-    return parts[:MAX_CLAUSES]
+    return _runs(text, parts, MAX_CLAUSES)
+
+
+def _runs(text: str, parts: list[str], most: int) -> list[str]:
+    """The parts as at most `most` runs of adjacent parts, each the text from its first part to
+    its last, cut where the runs' lengths come nearest to even."""
+    if len(parts) <= most:
+        return parts
+    spans = spans_of(text, parts)
+    reach = list(itertools.accumulate(end - start for start, end in spans))
+    cuts: list[int] = []
+    for run in range(1, most):
+        share = reach[-1] * run / most
+        first = cuts[-1] + 1 if cuts else 0
+        last = len(spans) - (most - run) - 1
+        cuts.append(min(range(first, last + 1), key=lambda i: abs(reach[i] - share)))
+    ends = zip([-1, *cuts], [*cuts, len(spans) - 1], strict=True)
+    return [text[spans[after + 1][0] : spans[end][1]] for after, end in ends]
 
 
 def _trim(text: str) -> str:

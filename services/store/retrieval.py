@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from services.store.core import Core
-from services.store.keys import CONTEXT_LAYERS, MAX_CLAUSES, NEIGHBOUR_GAP_S
+from services.store.keys import CONTEXT_LAYERS, MOST_CLAUSES_HELD, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
 from services.store.model import KeywordResult, Reach, Scored
 from services.store.rows import Rows
@@ -200,7 +200,7 @@ async def _exact(
     assert core.indexes is not None and reach.user_ids is not None
     candidates = await core.repo.keys_in(reach, layers, include_superseded)
     # A memory may hold several keys (its clauses): keep enough to fill k memories.
-    keep = k * (1 + MAX_CLAUSES)
+    keep = k * (1 + MOST_CLAUSES_HELD)
     best_keys, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     for start in range(0, len(candidates), EXACT_CHUNK):
         chunk = candidates[start : start + EXACT_CHUNK]
