@@ -22,7 +22,7 @@ KINDS = (CLAUSE, CONTEXT, FACT)
 
 # A memory this long or longer is also indexed under its sentences: under each while it has at
 # most MAX_CLAUSES of them, else under MAX_CLAUSES runs of adjacent sentences. Each key is a
-# vector the index holds in memory and on disk; past two, LoCoMo's hybrid gains nothing (README).
+# vector the index holds in memory and on disk; past two, LoCoMo's hybrid gains little (README).
 CLAUSE_MIN_CHARS = 160
 CLAUSE_MIN_WORDS = 4
 MAX_CLAUSES = 2
