@@ -96,6 +96,8 @@ def list_item(memory: common_pb2.Memory) -> dict[str, Any]:
     }
     if memory.HasField("event_at"):
         item["event_at"] = unix_seconds(memory.event_at)
+    if memory.HasField("due_at"):
+        item["due_at"] = unix_seconds(memory.due_at)
     if memory.HasField("invalid_at"):
         item["invalid_at"] = rfc3339(memory.invalid_at)
         item["superseded_by"] = memory.superseded_by

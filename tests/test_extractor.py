@@ -191,6 +191,10 @@ async def test_each_op_lands_in_its_layer_with_lifecycle_fields(api: Api, fake: 
     )
     assert intention.superseded_how == "done" and intention.status == "retired"
     assert datetime.fromtimestamp(intention.due_at, UTC).date().isoformat() == "2026-12-15"
+    listed = await api.ok("GET", "/api/v1/list", params={
+        "user_id": user, "layer": "l7_intention", "include_superseded": "true"})
+    (shown,) = [m for m in listed["memories"] if m["memory_id"] == intention.id]
+    assert shown["due_at"] == int(intention.due_at)
 
     (page,) = await api.rows(user, "l8_entity")
     assert page.content.startswith("Foxtrot: runs on Postgres 16\nHistory:\n- ")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from services.search.stages import DAY_S, text_key
 from tests.extractor_support import STACK, Api, new_user
 from tests.real_model_support import LlamaServer, ensure_llm_venv, running_llama_server
 from tests.support import Stack, running_stack
@@ -14,14 +18,16 @@ from tests.support import Stack, running_stack
 # The first run on a fresh machine builds llama-cpp-python (minutes); later runs reuse its wheel.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
+# The dates lie ahead of whenever the test runs, so the goals they set are still open.
+NEXT_YEAR = datetime.now(UTC).year + 1
 CONVERSATION = [
     "Hi! I'm Dana Whitfield and I work as a nurse at St. Mary's Hospital in Leeds.",
     "Big news: last month I moved from Leeds to Bristol, into a flat near the harbour.",
     "I started a new job at Bristol Royal Infirmary as a senior nurse in the children's ward.",
     "By the way, I really prefer tea to coffee, and I can't stand loud restaurants.",
-    "I plan to run the Bristol half marathon on 14 September 2026, so I'm training three "
-    "times a week.",
-    "Can you remind me to book a physio appointment before the end of August 2026?",
+    f"I plan to run the Bristol half marathon on 14 September {NEXT_YEAR}, so I'm training "
+    "three times a week.",
+    f"Can you remind me to book a physio appointment before the end of August {NEXT_YEAR}?",
 ]
 # Where the extractor puts what it derives from a turn (the raw turn itself stays in l2_raw).
 DERIVED_LAYERS = ("l1_profile", "l3_fact", "l5_knowledge", "l7_intention", "l8_entity")
@@ -65,6 +71,11 @@ def ultra(
         yield stack
 
 
+def _past_due(memory: dict[str, Any]) -> bool:
+    """Whether an intention's due date is more than a day gone (search no longer shows it)."""
+    return "due_at" in memory and memory["due_at"] + DAY_S < time.time()
+
+
 async def test_a_real_model_conversation_ends_extracted_searchable_and_digested(
     ultra: Stack,
 ) -> None:
@@ -88,16 +99,19 @@ async def test_a_real_model_conversation_ends_extracted_searchable_and_digested(
     assert {m["content"] for m in raw["memories"]} == set(CONVERSATION)
 
     # Whatever it derived, each live row is found by a search for its own text (of rows with
-    # the very same text, such as a lesson the model repeats, search shows one).
+    # the same text but for case and spacing, such as a lesson the model repeats, search shows
+    # one), but for an intention past its due date (the model may misread a date): search leaves
+    # that out.
     for layer in DERIVED_LAYERS:
         listed = await api.ok("GET", "/api/v1/list", params={"user_id": user, "layer": layer})
         for memory in listed["memories"]:
             hits = await api.search(memory["content"], user, layer=layer, limit=50)
-            found = {(hit["memory_id"], hit["content"]) for hit in hits}
-            assert any(
-                memory_id == memory["memory_id"] or content == memory["content"]
-                for memory_id, content in found
-            ), (memory, hits)
+            shown = any(
+                hit["memory_id"] == memory["memory_id"]
+                or text_key(hit["content"]) == text_key(memory["content"])
+                for hit in hits
+            )
+            assert shown is not _past_due(memory), (memory, hits)
 
     status = await api.status()
     assert status["llm"] == "ok", status
