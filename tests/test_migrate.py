@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.store_state import LONG_TEXT, call, export, seed
@@ -60,6 +62,26 @@ async def _migrate(source: Stack, target: Stack) -> dict[str, Any]:
     return reply
 
 
+def _vectors_apart(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Export lines with their vectors taken out, and those vectors in order."""
+    bare, vectors = json.loads(json.dumps(lines)), []
+    for line in bare:
+        for holder in [line, *line.get("keys", [])]:
+            if holder.get("vector"):
+                vectors.append(np.frombuffer(base64.b64decode(holder.pop("vector")), "<f4"))
+    return bare, np.array(vectors)
+
+
+def _assert_same(moved: list[dict[str, Any]], lines: list[dict[str, Any]]) -> None:
+    """The same lines, vectors up to PostgreSQL's half precision (SQLite keeps 8 bits a
+    component with its own scale; a half-precision value is within 1/2048 of it)."""
+    moved_bare, moved_vectors = _vectors_apart(moved)
+    bare, vectors = _vectors_apart(lines)
+    assert moved_bare == bare
+    assert moved_vectors.shape == vectors.shape and len(vectors) > 0
+    np.testing.assert_allclose(moved_vectors, vectors, rtol=1 / 2048, atol=1e-7)
+
+
 async def _search(stack: Stack, user: str, query: str) -> list[str]:
     status, body = await call(
         stack, "POST", "/api/v1/search", json={"query": query, "user_id": user, "limit": 10}
@@ -86,7 +108,7 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
         "errors": [],
     }
     # Every row with its vector, keys and history, and every edge, in the same order.
-    assert (await export(target))[1:] == lines
+    _assert_same(((await export(target))[1:]), lines)
     for user in users:
         long_turn = next(
             line["memory"]["id"]
@@ -106,4 +128,4 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
 
     again = await _migrate(source, target)
     assert (again["imported"], again["skipped"], again["refused"]) == (0, len(lines), 0)
-    assert (await export(target))[1:] == lines
+    _assert_same(((await export(target))[1:]), lines)

@@ -20,6 +20,7 @@ from usearch.index import Index, ScalarKind
 from services.store import keywords, retrieval
 from services.store import repo as repo_module
 from services.store.config import StoreConfig
+from services.store.model import MemoryRow
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.server import running_server
@@ -273,6 +274,28 @@ async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_t
     assert [e.seq for e in entries] == sorted(e.seq for e in entries)
     with raises_code(grpc.StatusCode.NOT_FOUND):
         await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope("mallory"), id=row.id))
+
+
+@pytest.mark.sqlite_only
+async def test_an_audit_entry_is_stored_without_default_fields_and_read_whole(
+    store: store_pb2_grpc.StoreStub, tmp_path: Path
+) -> None:
+    (row,) = await apply(store, insert("Bob likes tea"))
+    history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=row.id))
+    (entry,) = history.entries
+    whole = json.loads(entry.after_json)
+    assert whole["content"] == "Bob likes tea" and whole["status"] == "active"
+    assert (whole["label"], whole["metadata"], whole["source_ids"], whole["event_at"]) == (
+        "", {}, [], None)
+    columns = {"metadata" if f == "metadata_json" else f for f in MemoryRow.__dataclass_fields__}
+    assert set(whole) == columns
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    (stored,) = db.execute("SELECT after_json FROM audit WHERE memory_id = ?", (row.id,)).fetchone()
+    db.close()
+    kept = json.loads(stored)
+    assert kept["content"] == "Bob likes tea" and kept["id"] == row.id
+    assert not {"label", "metadata", "source_ids", "event_at", "status"} & set(kept)
+    assert {name: whole[name] for name in kept} == kept
 
 
 async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(
@@ -1191,7 +1214,7 @@ async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
     assert await profile(store) == []
 
 
-async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is_at_half_precision(
+async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is_at_8_bits(
     store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
 ) -> None:
     vectors, model_id = await embedder.embed(["Keeps bees on the roof"])
@@ -1202,9 +1225,12 @@ async def test_a_vector_that_comes_with_its_insert_is_stored_as_it_is_at_half_pr
     got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id,
                                                            with_vector=True))
     assert got.memory.model_id == model_id
-    # float16: each component within a thousandth, the direction within a millionth.
-    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=1e-3)
-    assert float(np.dot(got.vector, vectors[0])) == pytest.approx(1.0, abs=1e-6)
+    # 8 bits a component, the largest being 127 steps: each within half a step, the direction
+    # within a ten-thousandth.
+    step = float(np.abs(vectors[0]).max()) / 127
+    assert list(got.vector) == pytest.approx(vectors[0].tolist(), abs=step / 2 + 1e-6)
+    cosine = np.dot(got.vector, vectors[0]) / np.linalg.norm(got.vector)
+    assert float(cosine) == pytest.approx(1.0, abs=1e-4)
 
     wrong = insert("Keeps goats")
     wrong.insert.vector.extend(vectors[0].tolist())

@@ -69,7 +69,8 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     (fact_key,) = [k for k in dentist_turn["keys"] if k["kind"] == "fact"]
     assert fact_key["text"] == "Call the dentist again" and fact_key["vector"]
     vector = np.frombuffer(base64.b64decode(long_turn["vector"]), dtype="<f4")
-    assert vector.shape == (384,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-4
+    # A unit vector, as the store keeps it: 8 bits a component (within a thousandth).
+    assert vector.shape == (384,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-3
 
     status, reply = await _import(target, exported)
     assert status == 200, reply

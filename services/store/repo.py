@@ -8,6 +8,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
@@ -150,25 +151,43 @@ def _edge_filters(reach: Reach) -> tuple[list[str], list[Any]]:
     return ["undone = 0", *owned], list(params)
 
 
-# A stored vector is little-endian float16 after this tag; an untagged blob (written before
-# the tag existed) is little-endian float32. A float32 blob's length is a multiple of 4, a
-# tagged one's never is.
+# A stored vector is tagged. "q\0": a little-endian float32 scale, then one signed byte a
+# component, the component being the byte times the scale (the largest component is 127 of
+# them). "h\0": little-endian float16, as stores wrote before. An untagged blob (written before
+# the tags) is little-endian float32. A float32 blob's length is a multiple of 4, a tagged one's
+# never is.
+_BYTES = b"q\x00"
 _HALF = b"h\x00"
+_SCALE = np.dtype("<f4")
+
+
+def _quantized(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's float32 scale and its components as signed bytes of that scale."""
+    rows = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+    top = np.abs(rows).max(axis=1, initial=0.0)
+    scales = np.where(top > 0, top / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    return scales, np.rint(rows / scales[:, None]).astype(np.int8)
 
 
 def vector_blob(vector: np.ndarray) -> bytes:
-    """How a vector is stored (see unblob)."""
-    return _HALF + np.ascontiguousarray(vector, dtype="<f2").tobytes()
+    """How a vector is stored (see unblob): 8 bits a component and its own scale."""
+    scales, values = _quantized(vector)
+    return _BYTES + scales.astype(_SCALE).tobytes() + values.tobytes()
 
 
 def as_stored(vectors: np.ndarray) -> np.ndarray:
-    """Vectors as the database gives them back (float32 of their half-precision values): a
-    vector index fed by writes holds what one built from the database would."""
-    return np.asarray(vectors, dtype="<f2").astype(np.float32)
+    """Vectors as the database gives them back (float32 of their stored values): a vector
+    index fed by writes holds what one built from the database would."""
+    scales, values = _quantized(vectors)
+    return values.astype(np.float32) * scales[:, None]
 
 
 def unblob(blob: bytes) -> np.ndarray:
     """The float32 vector a stored blob holds."""
+    if len(blob) % 4 == 2 and blob.startswith(_BYTES):
+        scale = np.frombuffer(blob, dtype=_SCALE, count=1, offset=2)
+        return np.frombuffer(blob, dtype=np.int8, offset=2 + _SCALE.itemsize).astype(
+            np.float32) * scale[0]
     if len(blob) % 4 == 2 and blob.startswith(_HALF):
         return np.frombuffer(blob, dtype="<f2", offset=2).astype(np.float32)
     return np.frombuffer(blob, dtype="<f4")
@@ -598,7 +617,7 @@ def _erased(row_json: str) -> str:
     """An audit entry's row JSON with only the ERASE_KEEPS fields left."""
     if not row_json:
         return ""
-    data = json.loads(row_json)
+    data = json.loads(whole_row_json(row_json))
     return json.dumps({name: data[name] for name in ERASE_KEEPS if name in data}, sort_keys=True)
 
 
@@ -610,11 +629,42 @@ def row_fields(row: MemoryRow) -> dict[str, Any]:
     return data
 
 
+# Every field a row may leave at its default, with that default as row_fields gives it.
+_REQUIRED = {n for n, f in MemoryRow.__dataclass_fields__.items() if f.default is MISSING}
+_ROW_DEFAULTS = {
+    name: value
+    for name, value in row_fields(MemoryRow("", "", "", "", "", "")).items()
+    if name not in _REQUIRED
+}
+
+
 def row_json(row: MemoryRow | None) -> str:
-    """A row as a JSON object ("" for none), the shape audit entries keep."""
+    """A row as a JSON object ("" for none) without the fields it leaves at their defaults: the
+    shape audit entries are stored in (whole_row_json gives the rest back)."""
     if row is None:
         return ""
-    return json.dumps(row_fields(row), ensure_ascii=False, sort_keys=True)
+    fields = row_fields(row)
+    kept = {k: v for k, v in fields.items() if k not in _ROW_DEFAULTS or v != _ROW_DEFAULTS[k]}
+    return json.dumps(kept, ensure_ascii=False, sort_keys=True)
+
+
+def whole_row_json(row_json: str) -> str:
+    """A stored audit entry's row with every field; an erased entry (no content) as it is."""
+    if not row_json:
+        return ""
+    data = json.loads(row_json)
+    if "content" not in data:
+        return row_json
+    return json.dumps({**_ROW_DEFAULTS, **data}, ensure_ascii=False, sort_keys=True)
+
+
+def audit_entry(values: Sequence[Any]) -> AuditEntry:
+    """An audit entry as read from its table (seq, at, actor, action, memory_id, before_json,
+    after_json, reason), its rows whole."""
+    seq, at, actor, action, memory_id, before, after, reason = values
+    return AuditEntry(
+        seq, at, actor, action, memory_id, whole_row_json(before), whole_row_json(after), reason
+    )
 
 
 class Repo:
@@ -1162,4 +1212,4 @@ class Repo:
             "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
             (memory_id,),
         )
-        return [(AuditEntry(*r[:8]), r[8], r[9]) for r in rows]
+        return [(audit_entry(r[:8]), r[8], r[9]) for r in rows]

@@ -20,6 +20,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    audit_entry,
     unblob,
 )
 
@@ -172,7 +173,7 @@ def history_by_memory(rows: Iterable[Sequence[Any]]) -> dict[str, list[AuditEntr
     """The results of HISTORY_OF by memory id."""
     found: dict[str, list[AuditEntry]] = {}
     for r in rows:
-        found.setdefault(r[4], []).append(AuditEntry(*r))
+        found.setdefault(r[4], []).append(audit_entry(r))
     return found
 
 

@@ -32,6 +32,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    audit_entry,
     replacement_chains,
     split_keys,
 )
@@ -338,4 +339,4 @@ class PgRepo:
             "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
             memory_id,
         )
-        return [(AuditEntry(*r[:8]), r[8], r[9]) for r in rows]
+        return [(audit_entry(r[:8]), r[8], r[9]) for r in rows]
