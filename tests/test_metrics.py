@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,33 @@ def test_a_plain_grpc_client_finds_each_service_by_reflection_and_reads_its_metr
             )
             text = call(request, timeout=10).text
         assert "# TYPE hyatlas_grpc_request_seconds histogram" in text, service
+
+
+async def test_an_import_embeds_each_batch_once_while_the_one_before_is_written(
+    stack: Stack,
+) -> None:
+    lines = [json.dumps({"format": "hyatlas-export", "version": 1})] + [
+        json.dumps({"type": "memory", "memory": {"user_id": "bulk", "content": text}})
+        for text in [f"Turn {i} of the talk" for i in range(600)]
+    ]
+    before = await _scrape(stack)
+    status, text = await _call(stack, "POST", "/api/v1/import", data="\n".join(lines) + "\n",
+                               headers={"Content-Type": "application/x-ndjson"})
+    assert status == 200, text
+    assert json.loads(text)["imported"] == 600
+    after = await _scrape(stack)
+
+    def grew(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    # Two batches (500 lines and 100): each embedded ahead by EmbedImport, then written by
+    # ImportRows with those vectors, so every text went through the model once.
+    for method in ("EmbedImport", "ImportRows"):
+        assert grew("hyatlas_grpc_requests_total", service="store",
+                    method=f"/hyatlas.v1.Store/{method}", code="OK") == 2
+    assert grew("hyatlas_embedder_texts_total", service="embedder") == 600
+    status, text = await _call(stack, "GET", "/api/v1/list",
+                               params={"user_id": "bulk", "limit": "1000", "include_raw": "true"})
+    listed = json.loads(text)["memories"]
+    # Written in the file's order: the newest first.
+    assert [m["content"] for m in listed] == [f"Turn {i} of the talk" for i in reversed(range(600))]

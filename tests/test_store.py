@@ -1315,3 +1315,54 @@ async def test_a_nul_character_is_kept_by_sqlite_and_refused_by_postgresql(
     assert await listed(store) == []
     reply = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="a\x00b"))
     assert list(reply.hits) == []
+
+
+def _import_request(*texts: str, prefix: str = "imp", **fields: Any) -> store_pb2.ImportRowsRequest:
+    lines = [
+        store_pb2.ImportLine(line=i + 1, json=json.dumps({"type": "memory", "memory": {
+            "id": f"{prefix}-{i}", "user_id": "alice", "content": text}}))
+        for i, text in enumerate(texts)
+    ]
+    return store_pb2.ImportRowsRequest(scope=scope(), lines=lines, **fields)
+
+
+async def _stored_vector(store: store_pb2_grpc.StoreStub, memory_id: str) -> np.ndarray:
+    got = await store.GetMemory(
+        store_pb2.GetMemoryRequest(scope=scope(), id=memory_id, with_vector=True))
+    return np.array(got.vector, dtype=np.float32)
+
+
+async def test_an_import_takes_the_vectors_embedded_ahead_for_its_lines_when_they_fit(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    texts = ("Keeps bees on the roof", "Repairs old road bikes")
+    ahead = await store.EmbedImport(_import_request(*texts))
+    assert (ahead.rows, len(ahead.vectors)) == (2, 2 * 384 * 4)
+    (bees, bikes), model_id = await embedder.embed(list(texts))
+    assert ahead.model_id == model_id
+    rows = np.frombuffer(ahead.vectors, dtype="<f4").reshape(2, 384)
+    assert float(np.dot(rows[0], bees)) == pytest.approx(1.0, abs=1e-5)
+    # Given in swapped order, they are taken as they are: the bikes' vector for the bees.
+    swapped = rows[::-1].copy().tobytes()
+    reply = await store.ImportRows(
+        _import_request(*texts, vectors=swapped, vectors_model_id=ahead.model_id))
+    assert (reply.imported, list(reply.errors)) == (2, [])
+    assert float(np.dot(await _stored_vector(store, "imp-0"), bikes)) > 0.999
+    # Vectors that do not fit (two for one line; another model's) are not used: the line is
+    # embedded as it is written.
+    (tomatoes,), _ = await embedder.embed(["Grows tomatoes on the balcony"])
+    for prefix, fields in (
+        ("two", {"vectors": rows.tobytes(), "vectors_model_id": ahead.model_id}),
+        ("other", {"vectors": rows[:1].tobytes(), "vectors_model_id": "another-model"}),
+    ):
+        reply = await store.ImportRows(
+            _import_request("Grows tomatoes on the balcony", prefix=prefix, **fields))
+        assert reply.imported == 1
+        stored = await _stored_vector(store, f"{prefix}-0")
+        assert float(np.dot(stored, tomatoes)) > 0.999
+    # A bad line: nothing embedded ahead; the import names the line and writes nothing.
+    bad = _import_request("Fine line")
+    bad.lines.append(store_pb2.ImportLine(line=9, json="{not json"))
+    assert (await store.EmbedImport(bad)).rows == 0
+    refused = await store.ImportRows(bad)
+    assert [e.line for e in refused.errors] == [9] and refused.imported == 0

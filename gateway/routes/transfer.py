@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from aiohttp import web
 
 from gateway.params import Params
@@ -137,20 +139,47 @@ class _Import:
             self.errors.append({"line": line, "error": error})
 
 
-async def _send(request: web.Request, run: _Import, batch: list[store_pb2.ImportLine]) -> None:
-    """One batch to the store: written in one transaction, or refused with its bad lines."""
+def _rows_request(
+    request: web.Request, run: _Import, batch: list[store_pb2.ImportLine]
+) -> store_pb2.ImportRowsRequest:
     config = request.app[CONFIG]
-    reply = await request.app[STORE].ImportRows(
-        store_pb2.ImportRowsRequest(
-            scope=_import_scope(request),
-            lines=batch,
-            model_id=run.model_id,
-            extraction_status=extraction_status(config),
-            write_mode=config.mode,
-            actor="api",
-        ),
-        timeout=IMPORT_TIMEOUT_S,
+    return store_pb2.ImportRowsRequest(
+        scope=_import_scope(request),
+        lines=batch,
+        model_id=run.model_id,
+        extraction_status=extraction_status(config),
+        write_mode=config.mode,
+        actor="api",
     )
+
+
+async def _embedded(
+    request: web.Request, run: _Import, batch: list[store_pb2.ImportLine]
+) -> store_pb2.EmbedImportResponse | None:
+    """The store's vectors for a batch, asked for while the batch before is written; None
+    when it cannot give them (the batch is then embedded as it is written)."""
+    try:
+        return await request.app[STORE].EmbedImport(
+            _rows_request(request, run, batch), timeout=IMPORT_TIMEOUT_S
+        )
+    except grpc.aio.AioRpcError as exc:
+        log.info("import: embedding ahead failed (%s); the batch is embedded as written",
+                 exc.code().name)
+        return None
+
+
+async def _send(
+    request: web.Request,
+    run: _Import,
+    batch: list[store_pb2.ImportLine],
+    embedding: asyncio.Task[store_pb2.EmbedImportResponse | None],
+) -> None:
+    """One batch to the store: written in one transaction, or refused with its bad lines."""
+    rows = _rows_request(request, run, batch)
+    embedded = await embedding
+    if embedded is not None and embedded.model_id:
+        rows.vectors, rows.vectors_model_id = embedded.vectors, embedded.model_id
+    reply = await request.app[STORE].ImportRows(rows, timeout=IMPORT_TIMEOUT_S)
     run.imported += reply.imported
     run.skipped += reply.skipped
     for error in reply.errors:
@@ -198,8 +227,18 @@ async def _batches(
 async def import_jsonl(request: web.Request) -> web.Response:
     """Writes an export (or minimal memory lines) batch by batch; existing ids are skipped."""
     run = _Import()
-    async for batch in _batches(request, run):
-        await _send(request, run, batch)
+    # Each batch is embedded while the one before it is written; they are written in order.
+    queued: list[tuple[list[store_pb2.ImportLine], asyncio.Task[Any]]] = []
+    try:
+        async for batch in _batches(request, run):
+            queued.append((batch, asyncio.create_task(_embedded(request, run, batch))))
+            if len(queued) == 2:
+                await _send(request, run, *queued.pop(0))
+        while queued:
+            await _send(request, run, *queued.pop(0))
+    finally:
+        for _, embedding in queued:
+            embedding.cancel()
     body = {
         "lines": run.lines,
         "imported": run.imported,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
+import numpy as np
 
 from services.store.actors import actor_for, named_actor
 from services.store.idempotency import IdempotencyKey, Replayed
@@ -29,6 +30,7 @@ from services.store.model import (
     Update,
 )
 from services.store.store import Store
+from services.store.transfer import GivenVectors
 from shared.errors import Conflict, InvalidArgument
 from shared.grants import current_grant
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
@@ -305,6 +307,9 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def ImportRows(
         self, request: store_pb2.ImportRowsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ImportRowsResponse:
+        given = None
+        if request.vectors_model_id:
+            given = GivenVectors(request.vectors, request.vectors_model_id)
         done = await self._store.import_lines(
             self._reach(request.scope),
             [(line.line, line.json) for line in request.lines],
@@ -312,11 +317,27 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.extraction_status,
             request.write_mode,
             actor_for(request.actor, "", self._token_name()),
+            given,
         )
         return store_pb2.ImportRowsResponse(
             imported=done.imported,
             skipped=done.skipped,
             errors=[store_pb2.ImportError(line=n, error=e) for n, e in done.errors],
+        )
+
+    @grpc_errors
+    async def EmbedImport(
+        self, request: store_pb2.ImportRowsRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.EmbedImportResponse:
+        vectors = await self._store.embed_import(
+            self._reach(request.scope),
+            [(line.line, line.json) for line in request.lines],
+            request.model_id,
+        )
+        return store_pb2.EmbedImportResponse(
+            vectors=np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
+            rows=len(vectors),
+            model_id=self._store.model.model_id,
         )
 
     @grpc_errors

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from services.store import apply, graph, leases, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
@@ -232,6 +234,14 @@ class Store:
         """A page of the JSONL export (memories or edges), its cursor, and whether it is last."""
         return await transfer.export_page(self._core, reach, edges, after, limit)
 
+    def _line_context(
+        self, file_model_id: str, extraction_status: str, write_mode: str
+    ) -> LineContext:
+        return LineContext(
+            self.model.model_id, self.model.ndim, file_model_id, time.time(),
+            extraction_status, write_mode,
+        )
+
     async def import_lines(
         self,
         reach: Reach,
@@ -240,13 +250,19 @@ class Store:
         extraction_status: str = "",
         write_mode: str = "",
         actor: str = "",
+        given: transfer.GivenVectors | None = None,
     ) -> Imported:
-        """Numbered JSONL lines written in one transaction, or none when one is bad."""
-        ctx = LineContext(
-            self.model.model_id, self.model.ndim, file_model_id, time.time(),
-            extraction_status, write_mode,
-        )
-        return await transfer.import_lines(self._core, reach, lines, ctx, actor)
+        """Numbered JSONL lines written in one transaction, or none when one is bad; vectors
+        embed_import gave for the very lines are used instead of embedding them."""
+        ctx = self._line_context(file_model_id, extraction_status, write_mode)
+        return await transfer.import_lines(self._core, reach, lines, ctx, actor, given)
+
+    async def embed_import(
+        self, reach: Reach, lines: Sequence[tuple[int, str]], file_model_id: str
+    ) -> np.ndarray:
+        """The vectors import_lines would embed for the lines, written nowhere."""
+        ctx = self._line_context(file_model_id, "", "")
+        return await transfer.embed_lines(self._core, reach, lines, ctx)
 
     async def snapshot(self) -> Snapshot:
         """A snapshot of the data directory now (writes wait while it is copied)."""

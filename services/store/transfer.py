@@ -174,23 +174,86 @@ def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Ro
     return ready
 
 
-async def import_lines(
-    core: Core, reach: Reach, lines: Sequence[tuple[int, str]], ctx: LineContext, actor: str
-) -> Imported:
-    """Writes the lines in one transaction, or none of them if any is bad; existing ids skip."""
+@dataclass(frozen=True)
+class _Batch:
+    """An import batch's lines checked, with ids, and what of them needs embedding."""
+
+    items: list[MemoryLine | EdgeLine]
+    memories: list[MemoryLine]
+    passages: list[Passage]
+    wanted: list[bool]
+
+
+@dataclass(frozen=True)
+class GivenVectors:
+    """What embed_lines gave for a batch (little-endian float32 rows) and its model."""
+
+    data: bytes
+    model_id: str
+
+
+def _batch(
+    lines: Sequence[tuple[int, str]], reach: Reach, ctx: LineContext
+) -> tuple[_Batch | None, list[tuple[int, str]]]:
+    """The lines as a batch, or their errors when any line is bad."""
     if len(lines) > MAX_LIMIT:
         raise InvalidArgument(f"at most {MAX_LIMIT} lines a batch, got {len(lines)}")
     parsed, errors = _parsed(lines, reach, ctx)
     if errors:
-        return Imported(errors=errors)
+        return None, errors
     items = _with_ids(parsed)
     memories = [item for item in items if isinstance(item, MemoryLine)]
     passages, wanted = _to_embed(memories)
-    fresh = np.zeros((0, core.model.ndim), np.float32)
-    if passages:
-        fresh = (await core.embed(passages))[np.array(wanted, dtype=bool)]
-    rows = _ready(memories, iter(fresh))
-    edges = [item.edge for item in items if isinstance(item, EdgeLine)]
+    return _Batch(items, memories, passages, wanted), []
+
+
+async def _embedded(core: Core, batch: _Batch) -> np.ndarray:
+    """The vectors the batch needs, freshly embedded."""
+    if not batch.passages:
+        return np.zeros((0, core.model.ndim), np.float32)
+    return (await core.embed(batch.passages))[np.array(batch.wanted, dtype=bool)]
+
+
+def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarray | None:
+    """The given vectors when they are the store's model's, as many as the batch needs, and
+    finite and non-zero; else None (the batch is embedded as without them)."""
+    ndim = core.model.ndim
+    if given is None or given.model_id != core.model.model_id or len(given.data) % (4 * ndim):
+        return None
+    rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim).astype(np.float32)
+    if len(rows) != sum(batch.wanted) or not np.all(np.isfinite(rows)):
+        return None
+    return None if np.any(np.linalg.norm(rows, axis=1) == 0) else rows
+
+
+async def embed_lines(
+    core: Core, reach: Reach, lines: Sequence[tuple[int, str]], ctx: LineContext
+) -> np.ndarray:
+    """What import_lines would embed for the lines, written nowhere (none when one is bad)."""
+    batch, _ = _batch(lines, reach, ctx)
+    if batch is None:
+        return np.zeros((0, core.model.ndim), np.float32)
+    return await _embedded(core, batch)
+
+
+async def import_lines(
+    core: Core,
+    reach: Reach,
+    lines: Sequence[tuple[int, str]],
+    ctx: LineContext,
+    actor: str,
+    given: GivenVectors | None = None,
+) -> Imported:
+    """Writes the lines in one transaction, or none of them if any is bad; existing ids skip.
+    Vectors given for the very lines (embed_lines) are used instead of embedding them."""
+    batch, errors = _batch(lines, reach, ctx)
+    if batch is None:
+        return Imported(errors=errors)
+    fresh = _fitting(given, batch, core)
+    if fresh is None:
+        fresh = await _embedded(core, batch)
+    rows = _ready(batch.memories, iter(fresh))
+    edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
     done = Imported()
     async with core.writing(actor or DEFAULT_ACTOR) as w:
         sql = _within(w)
