@@ -179,9 +179,13 @@ class _Batch:
     """An import batch's lines checked, with ids, and what of them needs embedding."""
 
     items: list[MemoryLine | EdgeLine]
-    memories: list[MemoryLine]
     passages: list[Passage]
     wanted: list[bool]
+
+    @property
+    def memories(self) -> list[MemoryLine]:
+        """The memory lines, in order."""
+        return [item for item in self.items if isinstance(item, MemoryLine)]
 
 
 @dataclass(frozen=True)
@@ -202,9 +206,8 @@ def _batch(
     if errors:
         return None, errors
     items = _with_ids(parsed)
-    memories = [item for item in items if isinstance(item, MemoryLine)]
-    passages, wanted = _to_embed(memories)
-    return _Batch(items, memories, passages, wanted), []
+    passages, wanted = _to_embed([item for item in items if isinstance(item, MemoryLine)])
+    return _Batch(items, passages, wanted), []
 
 
 async def _embedded(core: Core, batch: _Batch) -> np.ndarray:
