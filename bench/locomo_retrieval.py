@@ -192,6 +192,7 @@ ABLATION = (
     "relaxed_keywords",
     "dates",
     "entities",
+    "speaker",
     "recency",
     "usage",
     "dedupe",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from services.search import ranking
 from services.search.config import SearchConfig
 from services.search.dates import parse_dates
-from services.search.entities import mentions, query_entities
+from services.search.entities import mentions, query_entities, subject_of
 from services.search.model import (
     Candidate,
     RankingSettings,
@@ -212,6 +212,30 @@ def test_memory_naming_the_querys_entity_is_favoured() -> None:
         cand("hers", "Priya: I made dal", fused=0.95),
     ]
     assert ids(ranking.boost_entities(ranked, ctx("what did Priya cook"))) == ["hers", "other"]
+
+
+def test_the_subject_of_a_query_is_the_first_name_it_holds() -> None:
+    assert subject_of("What does Ana think of Ben's plan?") == "Ana"
+    assert subject_of("Did Ben like the trip Ana planned?") == "Ben"
+    assert subject_of("where do I live?") is None
+    assert subject_of("what did we cook yesterday") is None
+
+
+def test_a_line_said_by_the_person_asked_about_rises_over_one_said_to_them() -> None:
+    ranked = [
+        cand("to", "Ben: Ana, how was your pottery class?", fused=1.0),
+        cand("by", "Ana: The pottery class calms me down.", fused=0.9),
+        cand("about", "Ben said Ana: that is how he greets her", fused=0.95),
+    ]
+    out = ranking.favour_the_speaker(ranked, ctx("What does Ana think of pottery?"))
+    assert ids(out) == ["by", "to", "about"]
+    assert out[0].fused == pytest.approx(0.9 * (1 + ranking.SPEAKER_BOOST))
+
+
+def test_a_query_naming_no_one_leaves_transcript_lines_as_they_were() -> None:
+    ranked = [cand("to", "Ben: how was pottery?", fused=1.0), cand("by", "Ana: calm", fused=0.9)]
+    out = ranking.favour_the_speaker(ranked, ctx("what calms me down?"))
+    assert [(c.memory_id, c.fused) for c in out] == [("to", 1.0), ("by", 0.9)]
 
 
 def test_recency_wins_close_calls_only_and_can_be_switched_off() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 # Capitalised words that open or fill a question without naming anything.
 COMMON_CAPITALISED = frozenset(
@@ -151,6 +151,27 @@ def _clean(name: str) -> str:
     return _POSSESSIVE.sub("", name.strip().strip(".-")).strip()
 
 
+def _capitalised_runs(text: str) -> Iterator[list[str]]:
+    """Each run of capitalised words in reading order, as its words that may be names (common
+    words and single letters left out); runs with none are skipped."""
+    for match in _CAPITALISED_RUN.finditer(text):
+        words = [_clean(w) for w in match[0].split()]
+        words = [w for w in words if w and w.lower() not in COMMON_CAPITALISED and len(w) > 1]
+        if words:
+            yield words
+
+
+def subject_of(query: str) -> str | None:
+    """The first name a query holds, in reading order: whom a question is most likely about
+    ("what does Ana think of Ben's plan?" is about Ana)."""
+    return next((words[0] for words in _capitalised_runs(query)), None)
+
+
+def speaker_pattern(name: str) -> re.Pattern[str]:
+    """The pattern of a transcript line said by name: the text opens with "Name:"."""
+    return re.compile(rf"\s*{re.escape(name)}\s*:", re.IGNORECASE)
+
+
 def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
     """The names a query mentions, longest first, without repeats.
 
@@ -162,11 +183,7 @@ def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
     names: list[str] = []
     for match in _QUOTED.finditer(query):
         names.append(match[1].strip())
-    for match in _CAPITALISED_RUN.finditer(query):
-        words = [_clean(w) for w in match[0].split()]
-        words = [w for w in words if w and w.lower() not in COMMON_CAPITALISED and len(w) > 1]
-        if not words:
-            continue
+    for words in _capitalised_runs(query):
         if len(words) > 1:
             names.append(" ".join(words))
         names.extend(words)

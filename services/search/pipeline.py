@@ -84,6 +84,7 @@ LITE_PIPELINE = Pipeline(
         Stage(GRAPH, join_graph),
         Stage("dates", ranking.boost_dates),
         Stage("entities", ranking.boost_entities),
+        Stage("speaker", ranking.favour_the_speaker),
         Stage("first_person", ranking.favour_the_owner),
         Stage("recency", ranking.boost_recency),
         Stage("usage", ranking.boost_usage),

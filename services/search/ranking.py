@@ -9,7 +9,12 @@ import re
 import numpy as np
 
 from services.search.dates import parse_dates
-from services.search.entities import mention_pattern, query_entities
+from services.search.entities import (
+    mention_pattern,
+    query_entities,
+    speaker_pattern,
+    subject_of,
+)
 from services.search.model import VECTOR, Candidate, SearchContext
 
 # Question words that make a query question-like rather than a keyword lookup.
@@ -148,6 +153,28 @@ def boost_entities(ranked: list[Candidate], ctx: SearchContext) -> list[Candidat
     for candidate in ranked:
         share = sum(1 for p in patterns if p.search(candidate.content)) / len(words)
         candidate.fused *= 1.0 + ENTITY_BOOST * share
+    return _resort(ranked)
+
+
+SPEAKER_BOOST = 0.15
+"""How much more a transcript line is worth when its speaker is the person the query is about."""
+
+
+def favour_the_speaker(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """A question about a named person favours what that person said.
+
+    A memory kept as a transcript line ("Ana: I signed up for a pottery class") has a speaker.
+    When the first name the query holds is that speaker ("what does Ana do to relax?"), the
+    line is likelier to answer than one where someone else talks to Ana or about her, which the
+    entity boost favours just as much.
+    """
+    subject = subject_of(ctx.query.text)
+    if subject is None:
+        return ranked
+    said_by = speaker_pattern(subject)
+    for candidate in ranked:
+        if said_by.match(candidate.content):
+            candidate.fused *= 1.0 + SPEAKER_BOOST
     return _resort(ranked)
 
 
