@@ -137,8 +137,10 @@ async def ask(
     reader: str,
     min_score: float | None,
     skip: tuple[str, ...] = (),
+    ranks: list[dict[str, object]] | None = None,
 ) -> dict[str, object]:
-    """Asks every question with one reader; returns the metric table and latencies."""
+    """Asks every question with one reader; returns the metric table and latencies. With
+    ranks, each question's top 10 is appended to it (for reading where a reader misses)."""
     groups = {name: Scores() for name in [*CATEGORIES.values(), "overall"]}
     latencies: list[float] = []
     for q in questions:
@@ -168,6 +170,16 @@ async def ask(
         evidence = {f"{q.owner}/{e}" for e in q.evidence}
         for name in (CATEGORIES[q.category], "overall"):
             groups[name].add(ranked, evidence)
+        if ranks is not None:
+            ranks.append(
+                {
+                    "reader": reader,
+                    "category": CATEGORIES[q.category],
+                    "question": q.text,
+                    "evidence": sorted(evidence),
+                    "top10": ranked[:10],
+                }
+            )
     latencies.sort()
     return {
         "metrics": {name: s.means() for name, s in groups.items()},
@@ -289,9 +301,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             ingest_s = time.perf_counter() - started
             print(f"ingested in {ingest_s:.1f}s ({len(ids) / ingest_s:.0f} turns/s)", flush=True)
             results: dict[str, dict[str, Any]] = {}
+            ranks: list[dict[str, object]] | None = [] if args.ranks else None
             for reader in args.readers:
                 results[reader] = await ask(
-                    http, stack.base_url, questions, ids, reader, args.min_score
+                    http, stack.base_url, questions, ids, reader, args.min_score, (), ranks
                 )
                 print_table(reader, results[reader])
             checks = print_checks(results)
@@ -305,6 +318,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                         http, stack.base_url, questions, ids, "hybrid", args.min_score, (name,)
                     )
                 print_ablation(full, ablation)
+    if args.ranks:
+        args.ranks.write_text("".join(json.dumps(row) + "\n" for row in ranks or []))
     return {
         "backend": args.backend,
         "data": str(args.data),
@@ -354,6 +369,13 @@ def main() -> int:
         default=None,
         help="the results file (default bench/results/locomo_retrieval.json, "
         "locomo_retrieval_postgres.json on PostgreSQL)",
+    )
+    parser.add_argument(
+        "--ranks",
+        type=Path,
+        default=None,
+        help="also write each question's top 10 per reader, with its category and evidence "
+        "turns, as JSON lines (owner/dia_id), to see where a reader misses",
     )
     args = parser.parse_args()
     if not args.data.exists():
