@@ -318,8 +318,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                         http, stack.base_url, questions, ids, "hybrid", args.min_score, (name,)
                     )
                 print_ablation(full, ablation)
-    if args.ranks:
-        args.ranks.write_text("".join(json.dumps(row) + "\n" for row in ranks or []))
+    if ranks is not None:
+        args.ranks.write_text("".join(json.dumps(row) + "\n" for row in ranks))
     return {
         "backend": args.backend,
         "data": str(args.data),
