@@ -34,7 +34,8 @@ from tests.support import ROOT, free_port
 log = logging.getLogger("chaos")
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SERVICES = ("store", "gateway", "embedder", "search", "extractor")
+SERVICES = ("store", "gateway", "embedder", "search")
+"""What lite mode runs (shared.settings.MODE_SERVICES, and the gateway)."""
 WRITERS = 4
 KILL_AT = 0.35
 """The share of a phase's writes sent before the kill."""

@@ -40,7 +40,7 @@ from shared.pb import (
     store_pb2_grpc,
 )
 from shared.rpc import ServiceClient, open_channel
-from shared.settings import Settings
+from shared.settings import MODE_SERVICES, Settings
 
 
 async def _channels(app: web.Application) -> AsyncIterator[None]:
@@ -53,13 +53,14 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
         open_channel(config.extractor_address, config.grpc_token) as extractor,
         open_channel(config.consolidator_address, config.grpc_token) as consolidator,
     ):
-        app[CHANNELS] = {
+        every = {
             "embedder": embedder,
             "store": store,
             "search": search,
             "extractor": extractor,
             "consolidator": consolidator,
         }
+        app[CHANNELS] = {name: every[name] for name in MODE_SERVICES[config.mode]}
         app[STORE] = ServiceClient(store_pb2_grpc.StoreStub(store), "store")
         app[SEARCH] = ServiceClient(search_pb2_grpc.SearchStub(search), "search")
         app[EXTRACTOR] = ServiceClient(extractor_pb2_grpc.ExtractorStub(extractor), "extractor")

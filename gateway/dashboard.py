@@ -27,7 +27,7 @@ from shared.errors import InvalidArgument, NotFound, ServiceError
 from shared.limits import MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2
 from shared.redact import shown_setting
-from shared.settings import Settings
+from shared.settings import SERVICES, Settings
 from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
@@ -260,8 +260,8 @@ async def system(request: web.Request) -> web.Response:
     """Service health, settings in force (no secrets), data directory size and snapshots."""
     settings = request.app[SETTINGS]
     states, model_id = await asyncio.gather(service_states(request.app), _store_model(request))
-    health = [{"name": name, "address": settings.addresses[name], "status": state}
-              for name, state in states.items()]
+    health = [{"name": name, "address": settings.addresses[name], "status": states.get(name, "off")}
+              for name in SERVICES]
     data_bytes, snapshots = await asyncio.gather(
         asyncio.to_thread(_tree_bytes, settings.data_dir),
         asyncio.to_thread(_snapshots, settings.snapshot_dir),

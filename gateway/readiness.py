@@ -10,21 +10,16 @@ from aiohttp import web
 from gateway.state import CHANNELS, CONFIG
 from shared.errors import Unavailable
 from shared.rpc import health_state
+from shared.settings import MODE_SERVICES
 
-# What every mode needs; ultra also needs the consolidator.
-REQUIRED = ("embedder", "store", "search", "extractor")
 HEALTH_TIMEOUT_S = 2.0
 
 routes = web.RouteTableDef()
 
 
-def required_services(mode: str) -> tuple[str, ...]:
-    """The backing services that must answer before this gateway is ready."""
-    return (*REQUIRED, "consolidator") if mode == "ultra" else REQUIRED
-
-
 async def service_states(app: web.Application) -> dict[str, str]:
-    """gRPC health of every backing service, asked at once: serving, not_serving, unreachable."""
+    """gRPC health of every backing service of the mode, asked at once: serving, not_serving,
+    unreachable."""
     channels = app[CHANNELS]
     states = await asyncio.gather(
         *(health_state(channel, HEALTH_TIMEOUT_S) for channel in channels.values())
@@ -34,7 +29,7 @@ async def service_states(app: web.Application) -> dict[str, str]:
 
 def is_ready(states: dict[str, str], mode: str) -> bool:
     """Whether every service the mode needs is serving."""
-    return all(states.get(name) == "serving" for name in required_services(mode))
+    return all(states.get(name) == "serving" for name in MODE_SERVICES[mode])
 
 
 async def wait_for_store(app: web.Application) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shared.addresses import endpoints
 from shared.errors import ConfigError
-from shared.settings import Settings, read_int
+from shared.settings import MODE_SERVICES, SERVICES, Settings, read_int
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "supervisord.conf"
@@ -21,14 +21,26 @@ POLL_S = 0.25
 
 
 def supervisor_env(settings: Settings) -> dict[str, str]:
-    """This environment with the data and run directories resolved, supervisord's own dir and
-    the number of store processes."""
+    """This environment with the data and run directories resolved, supervisord's own dir, the
+    number of store processes and which services the mode starts."""
     env = dict(os.environ)
     env["HYATLAS_GO_DATA"] = str(settings.data_dir)
     env["HYATLAS_RUN_DIR"] = str(settings.run_dir)
     env["HYATLAS_SUPERVISOR_DIR"] = str(settings.run_dir / "supervisor")
     env |= store_replicas(env, settings)
+    env |= started_services(settings.mode)
     return env
+
+
+def started_services(mode: str) -> dict[str, str]:
+    """HYATLAS_START_<SERVICE> (true or false), which supervisord reads as the autostart of the
+    services only some modes run: lite starts neither the extractor nor the consolidator."""
+    runs = MODE_SERVICES[mode]
+    return {
+        f"HYATLAS_START_{name.upper()}": "true" if name in runs else "false"
+        for name in SERVICES
+        if name not in MODE_SERVICES["lite"]
+    }
 
 
 def store_replicas(env: dict[str, str], settings: Settings) -> dict[str, str]:

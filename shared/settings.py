@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 
 MODES = ("lite", "pro", "ultra")
 SERVICES = ("embedder", "store", "search", "extractor", "consolidator")
+MODE_SERVICES = {
+    "lite": ("embedder", "store", "search"),
+    "pro": ("embedder", "store", "search", "extractor"),
+    "ultra": SERVICES,
+}
+"""The backing services each mode runs: lite stores and searches with no LLM; pro adds the
+extractor (its LLM calls, Now pages, episodes); ultra adds the consolidator (the slow path)."""
 OFF_WORDS = frozenset({"0", "off", "false", "no"})
 ON_WORDS = frozenset({"1", "on", "true", "yes"})
 

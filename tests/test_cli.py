@@ -23,7 +23,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> It
     data_dir = tmp_path_factory.mktemp("cli")
     with running_stack(
         data_dir,
-        ["store", "search", "extractor", "gateway"],
+        ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_ADMIN="on",
         HYATLAS_TOKEN=TOKEN,

@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from services.consolidator.admin import compact_turn
 from services.consolidator.cluster_ops import (
     MERGE_GUARD,
     Fetched,
@@ -31,6 +30,7 @@ from services.consolidator.plan import (
     read_plan,
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
+from services.store.compact import compact_turn
 from shared.pb import common_pb2, store_pb2
 
 KEYS = reply_keys(graph=True, arc=False)

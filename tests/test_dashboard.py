@@ -159,11 +159,11 @@ class Session:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
-    """A lite stack behind a token; the extractor serves forget."""
+    """A lite stack behind a token (lite runs no extractor: the store serves forget)."""
     data_dir: Path = tmp_path_factory.mktemp("dashboard")
     with running_stack(
         data_dir,
-        ["store", "search", "extractor", "gateway"],
+        ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_TOKEN=TOKEN,
     ) as running:
@@ -577,9 +577,8 @@ async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> No
     for service in ("gateway", "store", "search"):
         health = page.locator(f"tr[data-service={service}] .health")
         assert await health.inner_text() == "serving"
-    assert await page.locator("tr[data-service=consolidator] .health").inner_text() == (
-        "unreachable"
-    )
+    for service in ("extractor", "consolidator"):  # lite mode does not start them
+        assert await page.locator(f"tr[data-service={service}] .health").inner_text() == "off"
     assert await page.locator("tr[data-setting=token] td").inner_text() == "(set)"
     assert await page.locator("tr[data-setting=mode] td").inner_text() == "lite"
     # The floor and model search really uses: MiniLM's calibrated 0.30, not the 0.60 default.

@@ -38,11 +38,11 @@ YEAR_0 = "0001-01-01T00:00:00+14:00"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
-    """A lite stack with a token: store, search, extractor (forget) and the gateway."""
+    """A lite stack with a token: store, search and the gateway."""
     data_dir: Path = tmp_path_factory.mktemp("gateway-inputs")
     with running_stack(
         data_dir,
-        ["store", "search", "extractor", "gateway"],
+        ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_MODE="lite",
         HYATLAS_TOKEN=TOKEN,

@@ -53,11 +53,11 @@ def _json_lines(ctx: object, value: Any) -> bytes:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
-    """Every service in lite mode, admin on, with a token; a few rows to find."""
+    """Every service lite mode runs, admin on, with a token; a few rows to find."""
     data_dir: Path = tmp_path_factory.mktemp("fuzz")
     with running_stack(
         data_dir,
-        ["store", "search", "extractor", "consolidator", "gateway"],
+        ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_MODE="lite",
         HYATLAS_ADMIN="on",

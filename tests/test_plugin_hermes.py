@@ -108,7 +108,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> It
     """store + search + extractor + gateway in lite mode, shared by this module (tests use their
     own users); the extractor serves forget."""
     with running_stack(tmp_path_factory.mktemp("plugin-stack"),
-                       ["store", "search", "extractor", "gateway"],
+                       ["store", "search", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="lite") as s:
         yield s
 
@@ -444,7 +444,7 @@ def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_
     queued = hermes_cli(hermes_python, home, "add", "The", "boiler", "is", "serviced", "in", "May")
     assert queued.returncode == 0, queued.stderr
     assert json.loads(queued.stdout)["queued"] is True
-    with running_stack(tmp_path / "up", ["store", "search", "extractor", "gateway"],
+    with running_stack(tmp_path / "up", ["store", "search", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
         started = hermes_cli(hermes_python, home, "start")
         assert started.returncode == 0, started.stderr

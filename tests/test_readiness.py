@@ -36,7 +36,7 @@ async def test_readyz_is_503_until_every_backing_service_answers(
         assert body["services"]["embedder"] == "serving"
         assert body["services"]["store"] == "unreachable"
 
-        for service in ("store", "search", "extractor"):
+        for service in ("store", "search"):
             await asyncio.to_thread(stack.start, service)
 
         async def ready() -> dict:
@@ -46,10 +46,9 @@ async def test_readyz_is_503_until_every_backing_service_answers(
 
         body = await value_eventually(ready)
         assert body["status"] == "ready"
-        # Lite mode does not need the consolidator, which this stack does not run.
+        # Lite mode needs neither the extractor nor the consolidator (this stack runs neither).
         assert body["services"] == {"embedder": "serving", "store": "serving",
-                                    "search": "serving", "extractor": "serving",
-                                    "consolidator": "unreachable"}
+                                    "search": "serving"}
         status_body = await api.status()
         assert status_body["ready"] is True
         assert status_body["services"] == body["services"]
@@ -102,6 +101,17 @@ def _launch(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _program_states(supervisor_dir: Path) -> dict[str, str]:
+    """Each program's state as supervisorctl reports it."""
+    env = {"HYATLAS_SUPERVISOR_DIR": str(supervisor_dir)}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "supervisorctl"), "-c",
+         str(ROOT / "deploy" / "supervisord.conf"), "status"],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    return dict(line.split()[:2] for line in done.stdout.splitlines() if line.strip())
+
+
 async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready(
     tmp_path: Path,
 ) -> None:
@@ -129,6 +139,11 @@ async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready
             supervisor_dir = data_dir / "run" / "supervisor"
             assert (supervisor_dir / "supervisord.pid").exists()
             assert (supervisor_dir / "supervisor.sock").exists()
+            # Lite mode starts no extractor and no consolidator.
+            assert _program_states(supervisor_dir) == {
+                "embedder": "RUNNING", "store:store-0": "RUNNING", "search": "RUNNING",
+                "gateway": "RUNNING", "extractor": "STOPPED", "consolidator": "STOPPED",
+            }
     finally:
         for _, _, _, proc in launches:
             proc.send_signal(signal.SIGTERM)

@@ -57,3 +57,16 @@ def test_a_given_address_lists_one_endpoint_per_replica() -> None:
     }
     with pytest.raises(ConfigError, match="must list HYATLAS_STORE_REPLICAS=3 endpoints"):
         store_env(env)
+
+
+@pytest.mark.parametrize(
+    ("mode", "extractor", "consolidator"),
+    [("lite", "false", "false"), ("pro", "true", "false"), ("ultra", "true", "true")],
+)
+def test_a_mode_starts_only_the_services_it_uses(
+    mode: str, extractor: str, consolidator: str
+) -> None:
+    assert run_script().started_services(mode) == {
+        "HYATLAS_START_EXTRACTOR": extractor,
+        "HYATLAS_START_CONSOLIDATOR": consolidator,
+    }

@@ -79,10 +79,10 @@ def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(
     tmp_path_factory: pytest.TempPathFactory, embedder_address: str, tokens_file: Path
 ) -> Iterator[Stack]:
-    """Store, search, extractor (lite) and gateway with a tokens file, HYATLAS_TOKEN and admin."""
+    """Store, search and gateway (lite) with a tokens file, HYATLAS_TOKEN and admin."""
     with running_stack(
         tmp_path_factory.mktemp("tokens-stack"),
-        ["store", "search", "extractor", "gateway"],
+        ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_TOKENS_FILE=str(tokens_file),
         HYATLAS_TOKEN=LEGACY,

@@ -8,10 +8,12 @@ from aiohttp import web
 from gateway.params import Params
 from gateway.respond import json_response, request_params
 from gateway.routes.digest import PASS_TIMEOUT_S
-from gateway.state import CONFIG, CONSOLIDATOR, STORE
+from gateway.state import CONFIG, STORE
 from shared.errors import PermissionDenied
-from shared.pb import consolidator_pb2, store_pb2
+from shared.pb import store_pb2
 
+DEDUPE_DEFAULT = 0.92
+"""Cosine similarity at or above which dedupe_facts takes two live facts for one (threshold 0)."""
 ADMIN_OFF = "maintenance endpoints are off: restart the server with HYATLAS_ADMIN=on"
 
 routes = web.RouteTableDef()
@@ -29,8 +31,8 @@ async def _admin_params(request: web.Request) -> Params:
 async def compact_raw(request: web.Request) -> web.Response:
     """Caps raw turns (USER/ASSISTANT only, 4000 bytes a message, 12000 a turn); dry run first."""
     params = await _admin_params(request)
-    reply = await request.app[CONSOLIDATOR].CompactRaw(
-        consolidator_pb2.CompactRawRequest(dry_run=params.boolean("dry_run", True)),
+    reply = await request.app[STORE].CompactRaw(
+        store_pb2.CompactRawRequest(dry_run=params.boolean("dry_run", True)),
         timeout=PASS_TIMEOUT_S,
     )
     return json_response(
@@ -50,17 +52,16 @@ async def compact_raw(request: web.Request) -> web.Response:
 async def dedupe_facts(request: web.Request) -> web.Response:
     """Supersedes near-duplicate live facts of each person by the newer one; dry run first."""
     params = await _admin_params(request)
-    threshold = params.number("threshold", lo=0.0, hi=1.0)
-    reply = await request.app[CONSOLIDATOR].DedupeFacts(
-        consolidator_pb2.DedupeFactsRequest(
-            dry_run=params.boolean("dry_run", True), threshold=threshold or 0.0
-        ),
+    threshold = params.number("threshold", lo=0.0, hi=1.0) or DEDUPE_DEFAULT
+    dry_run = params.boolean("dry_run", True)
+    reply = await request.app[STORE].RestateFacts(
+        store_pb2.RestateFactsRequest(threshold=threshold, dry_run=dry_run),
         timeout=PASS_TIMEOUT_S,
     )
     return json_response(
         {
-            "dry_run": reply.dry_run,
-            "threshold": reply.threshold,
+            "dry_run": dry_run,
+            "threshold": threshold,
             "owners": reply.owners,
             "facts": reply.facts,
             "duplicates": reply.duplicates,

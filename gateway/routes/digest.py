@@ -10,11 +10,15 @@ from gateway.errors import error_extras
 from gateway.respond import all_users, json_response, request_params, rpc_timeout
 from gateway.shapes import rfc3339
 from gateway.state import CONFIG, CONSOLIDATOR, STORE
-from shared.errors import InvalidArgument, ServiceError
+from shared.errors import Conflict, InvalidArgument, ServiceError
 from shared.grants import current_grant
 from shared.pb import consolidator_pb2, store_pb2
 
 NO_SLOW_PATH = "this mode has no slow path; consolidation runs only in ultra"
+NO_UNDO = (
+    "a pass is reverted by the consolidator, which runs only in ultra mode; restart in ultra, "
+    "or restore single rows with /api/v1/restore"
+)
 PASS_TIMEOUT_S = 11 * 60.0
 ZERO_TIME = "0001-01-01T00:00:00Z"
 # Report fields the reference leaves out when empty.
@@ -128,6 +132,8 @@ async def undo_pass(request: web.Request) -> web.Response:
     pass_id = params.string("pass_id")
     if not pass_id:
         raise InvalidArgument("pass_id is required")
+    if request.app[CONFIG].mode != "ultra":
+        raise Conflict(NO_UNDO)
     reply = await request.app[CONSOLIDATOR].RevertPass(
         consolidator_pb2.RevertPassRequest(pass_id=pass_id, actor="api"),
         timeout=rpc_timeout(request),

@@ -1,4 +1,4 @@
-"""The extractor's routes: reprocess raw rows, hand over an LLM key, forget a value."""
+"""Extraction's routes: reprocess raw rows, hand over an LLM key; and forgetting a value."""
 
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ async def forget(request: web.Request) -> web.Response:
     metadata = params.obj("metadata")
     origin = metadata.get("write_origin") or params.string("source") or params.string("origin")
     origin = origin if isinstance(origin, str) else ""
-    reply = await request.app[EXTRACTOR].ForgetMemories(
-        extractor_pb2.ForgetMemoriesRequest(
+    reply = await request.app[STORE].Forget(
+        store_pb2.ForgetRequest(
             scope=owner_scope(params.string("user_id"), params.string("agent_id")),
             text=text,
             id=memory_id,

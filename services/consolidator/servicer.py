@@ -6,14 +6,10 @@ import dataclasses
 
 import grpc
 
-from services.consolidator import admin
 from services.consolidator.passes import Busy, Consolidator, Report
-from services.consolidator.survey import ACTOR
 from shared.errors import InvalidArgument
 from shared.pb import consolidator_pb2, consolidator_pb2_grpc
 from shared.rpc import grpc_errors
-
-DEDUPE_DEFAULT = 0.92
 
 
 def report_message(report: Report) -> consolidator_pb2.PassReport:
@@ -66,26 +62,4 @@ class ConsolidatorServicer(consolidator_pb2_grpc.ConsolidatorServicer):
             restored_ids=undone.restored_ids,
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
-        )
-
-    @grpc_errors
-    async def CompactRaw(
-        self, request: consolidator_pb2.CompactRawRequest, context: grpc.aio.ServicerContext
-    ) -> consolidator_pb2.CompactRawResponse:
-        result = await admin.compact_raw(self._consolidator.store, request.dry_run)
-        return consolidator_pb2.CompactRawResponse(**dataclasses.asdict(result))
-
-    @grpc_errors
-    async def DedupeFacts(
-        self, request: consolidator_pb2.DedupeFactsRequest, context: grpc.aio.ServicerContext
-    ) -> consolidator_pb2.DedupeFactsResponse:
-        threshold = request.threshold or DEDUPE_DEFAULT
-        if not 0 < threshold <= 1:
-            raise InvalidArgument(f"threshold {threshold} is outside (0, 1]")
-        # The store owns the restatement rule; the consolidator only serves the admin route.
-        found = await self._consolidator.store.restate_facts(threshold, request.dry_run, ACTOR)
-        return consolidator_pb2.DedupeFactsResponse(
-            dry_run=request.dry_run, threshold=threshold, owners=found.owners, facts=found.facts,
-            duplicates=found.duplicates, sample=list(found.sample),
-            rows_superseded=found.rows_superseded,
         )

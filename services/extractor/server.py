@@ -11,7 +11,6 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from services.extractor.config import ExtractorConfig
 from services.extractor.extract import Counters, Extraction
-from services.extractor.forget import Forgetting
 from services.extractor.living import Living
 from services.extractor.reconcile import Reconciler
 from services.extractor.servicer import ExtractorServicer
@@ -97,7 +96,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         stack.push_async_callback(worker.drain, config.stop_grace_s)
         background(stack, worker.run_catchup(), "catch-up")
         background(stack, living.run_episodes(), "episodes")
-        servicer = ExtractorServicer(worker, Forgetting(store, embedder))
+        servicer = ExtractorServicer(worker)
 
         def register(server: grpc.aio.Server) -> list[str]:
             extractor_pb2_grpc.add_ExtractorServicer_to_server(servicer, server)

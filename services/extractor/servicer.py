@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 
-from services.extractor.forget import Forgetting
 from services.extractor.worker import Worker
 from shared.errors import InvalidArgument
 from shared.pb import extractor_pb2, extractor_pb2_grpc
@@ -15,9 +14,8 @@ from shared.rpc import grpc_errors
 class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
     """Serves the Extractor contract."""
 
-    def __init__(self, worker: Worker, forgetting: Forgetting) -> None:
+    def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self._forgetting = forgetting
 
     @grpc_errors
     async def ExtractMemory(
@@ -70,20 +68,4 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
             failed=counters.failed,
             refused_forgotten=counters.refused_forgotten,
             in_flight=self._worker.in_flight,
-        )
-
-    @grpc_errors
-    async def ForgetMemories(
-        self, request: extractor_pb2.ForgetMemoriesRequest, context: grpc.aio.ServicerContext
-    ) -> extractor_pb2.ForgetMemoriesResponse:
-        result = await self._forgetting.forget(
-            request.scope,
-            text=request.text,
-            memory_id=request.id,
-            reason=request.reason,
-            origin=request.origin,
-            memory_tool=request.memory_tool,
-        )
-        return extractor_pb2.ForgetMemoriesResponse(
-            memories=result.memories, evidence_ids=result.evidence_ids
         )

@@ -10,7 +10,6 @@ import numpy as np
 from services.store.cascade import restatable, restate_one, settle
 from services.store.core import Core
 from services.store.model import ACTIVE, ListQuery, MemoryRow, Reach
-from services.store.validate import MAX_LIMIT
 
 SAMPLES = 5
 REASON = "admin dedupe_facts"
@@ -44,15 +43,8 @@ def restated_pairs(rows: list[MemoryRow], vectors: np.ndarray, threshold: float)
 
 
 async def _live_facts(core: Core) -> list[MemoryRow]:
-    rows: list[MemoryRow] = []
-    while True:
-        query = ListQuery(
-            layers=("l3_fact",), newest_first=False, limit=MAX_LIMIT, offset=len(rows)
-        )
-        page, total = await core.repo.list_rows(Reach(None), query)
-        rows += page
-        if not page or len(rows) >= total:
-            return [r for r in rows if restatable(r)]
+    rows = await core.all_rows(Reach(None), ListQuery(layers=("l3_fact",)))
+    return [r for r in rows if restatable(r)]
 
 
 async def dedupe_facts(core: Core, threshold: float, dry_run: bool, actor: str) -> Dedupe:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from shared.layers import LAYER_NAMES
 
 LAYERS = tuple(LAYER_NAMES.values())
+MAX_LIMIT = 1000
+"""The most rows one page, search or id list may hold: more is refused, never cut."""
 SUPERSEDED_HOW = (
     "replaced",
     "updated",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -11,6 +12,7 @@ import grpc
 import numpy as np
 
 from services.store.actors import actor_for, named_actor
+from services.store.forget import Forget
 from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.model import (
     CountQuery,
@@ -582,6 +584,26 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         return store_pb2.RestateFactsResponse(
             owners=found.owners, facts=found.facts, duplicates=found.duplicates,
             sample=found.sample, rows_superseded=found.rows_superseded,
+        )
+
+    @grpc_errors
+    async def CompactRaw(
+        self, request: store_pb2.CompactRawRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.CompactRawResponse:
+        self._everyone("compacting raw turns")
+        actor = named_actor(request.actor, self._token_name())
+        found = await self._store.compact_raw(request.dry_run, actor)
+        return store_pb2.CompactRawResponse(**dataclasses.asdict(found))
+
+    @grpc_errors
+    async def Forget(
+        self, request: store_pb2.ForgetRequest, context: grpc.aio.ServicerContext
+    ) -> store_pb2.ForgetResponse:
+        asked = Forget(request.text, request.id, request.reason, request.memory_tool)
+        actor = actor_for("", request.origin, self._token_name())
+        found = await self._store.forget(self._reach(request.scope), asked, actor)
+        return store_pb2.ForgetResponse(
+            memories=[memory_message(r) for r in found.memories], evidence_ids=found.evidence_ids
         )
 
     @grpc_errors

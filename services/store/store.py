@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.store import apply, graph, leases, owners, retrieval, transfer, undo
+from services.store import apply, compact, forget, graph, leases, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
 from services.store.idempotency import IdempotencyKey, Replayed
@@ -98,6 +98,14 @@ class Store:
         """Applies ops in one transaction: every one of them, or none (None for a delete); a
         key used before for the same ops gives that write's answer instead."""
         return await apply.apply_ops(self._core, reach, ops, actor, reason, key)
+
+    async def forget(self, reach: Reach, asked: forget.Forget, actor: str) -> forget.Forgotten:
+        """Retires every live row in reach holding a value as forgotten, with tombstones."""
+        return await forget.forget(self._core, reach, asked, actor)
+
+    async def compact_raw(self, dry_run: bool, actor: str) -> compact.CompactResult:
+        """Caps every raw turn of every owner unless dry_run (admin compact_raw)."""
+        return await compact.compact_raw(self._core, dry_run, actor)
 
     async def undo_pass(self, pass_id: str, actor: str = "") -> Undone:
         """Reverts every change a consolidation pass made, newest first, in one transaction."""

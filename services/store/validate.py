@@ -12,6 +12,7 @@ import numpy as np
 from services.store.core import VectorModel
 from services.store.model import (
     LAYERS,
+    MAX_LIMIT,
     SUPERSEDED_HOW,
     Delete,
     EndEdge,
@@ -28,7 +29,6 @@ from shared.errors import InvalidArgument, PermissionDenied
 from shared.limits import check_key, check_name
 
 DEFAULT_LIMIT = 20
-MAX_LIMIT = 1000
 
 
 def metadata(text: str, where: str) -> str:

@@ -20,7 +20,7 @@ export async function render(root, ctx) {
         h("td", null, svc.name),
         h("td", null, h("span", { class: `health ${svc.status}` }, svc.status)),
         h("td", { class: "mono" }, svc.address))))),
-    h("p", { class: "muted" }, "Not every mode runs every service: lite needs no extractor, only ultra runs the consolidator."));
+    h("p", { class: "muted" }, "Not every mode runs every service (off: this mode does not start it): lite runs neither the extractor nor the consolidator, pro no consolidator."));
   const storage = h("section", { class: "panel", id: "data" }, h("h2", null, "Data directory"),
     h("dl", { class: "facts" },
       h("dt", null, "Path"), h("dd", { class: "mono" }, sys.data_dir),

@@ -1,17 +1,19 @@
-"""The two admin maintenance jobs: cap long raw turns, supersede near-duplicate facts."""
+"""Admin compact_raw: every raw turn keeps only its USER and ASSISTANT messages, each capped."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from services.consolidator.survey import ACTOR
-from shared.pb import common_pb2, store_pb2
-from shared.store_client import GraphStoreClient, update_op
+from services.store.apply import apply_ops
+from services.store.core import Core
+from services.store.model import ListQuery, Op, Reach, Update
 
 MESSAGE_BYTES = 4000
 TURN_BYTES = 12000
 SAMPLES = 5
+CHUNK = 200
+"""Rows rewritten in one transaction (each new text is embedded inside it)."""
 _ROLE = re.compile(r"^([A-Z][A-Z_]{1,20}):\s?", re.M)
 _KEPT_ROLES = ("USER", "ASSISTANT")
 
@@ -50,15 +52,12 @@ class CompactResult:
     rows_rewritten: int = 0
 
 
-async def compact_raw(store: GraphStoreClient, dry_run: bool) -> CompactResult:
+async def compact_raw(core: Core, dry_run: bool, actor: str) -> CompactResult:
     """Caps every raw turn; rewrites them unless dry_run (the audit log keeps the old text)."""
     result = CompactResult(dry_run)
-    everyone = common_pb2.Scope(all_users=True)
-    rows = await store.all_rows(
-        store_pb2.ListMemoriesRequest(scope=everyone, layers=[common_pb2.L2_RAW])
-    )
-    ops = []
-    for row in rows:
+    everyone = Reach(None)
+    ops: list[Op] = []
+    for row in await core.all_rows(everyone, ListQuery(layers=("l2_raw",))):
         result.rows_checked += 1
         compacted = compact_turn(row.content)
         result.bytes_before += len(row.content.encode())
@@ -67,10 +66,10 @@ async def compact_raw(store: GraphStoreClient, dry_run: bool) -> CompactResult:
             result.rows_changed += 1
             if len(result.sample) < SAMPLES:
                 result.sample.append(row.id)
-            ops.append(update_op(row.id, content=compacted))
+            ops.append(Update(row.id, content=compacted))
     if not dry_run:
-        for start in range(0, len(ops), 200):
-            chunk = ops[start : start + 200]
-            await store.apply(everyone, chunk, ACTOR, "admin compact_raw")
+        for start in range(0, len(ops), CHUNK):
+            chunk = ops[start : start + CHUNK]
+            await apply_ops(core, everyone, chunk, actor, "admin compact_raw")
             result.rows_rewritten += len(chunk)
     return result

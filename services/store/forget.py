@@ -1,0 +1,135 @@
+"""Forgetting a value: retire the rows that hold it and tombstone it on the turns they came from.
+
+One read of the candidates, one transaction for every change; the extractor later refuses a value
+tombstoned on the turn it reads (shared/tombstones).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from services.store.apply import apply_ops
+from services.store.core import Core
+from services.store.idempotency import Replayed
+from services.store.model import ACTIVE, ListQuery, MemoryRow, Op, Reach, Retire, Update
+from services.store.retrieval import vector_search
+from shared.errors import InvalidArgument
+from shared.passages import Passage
+from shared.text import value_key
+from shared.tombstones import with_tombstones
+
+NEAR_EXACT = 0.95
+"""A row this similar to the forgotten text holds the same value (a near-exact match)."""
+CANDIDATES = 100
+CANDIDATE_FLOOR = 0.5
+RAW = "l2_raw"
+DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
+
+
+@dataclass(frozen=True)
+class Forget:
+    """What to forget: exactly one of a text and a row's id."""
+
+    text: str = ""
+    memory_id: str = ""
+    reason: str = ""
+    memory_tool: bool = False
+    """Also match the memory tool's entries containing the text, and rows extracted from them."""
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """The rows retired as forgotten (after the change) and the turns given tombstones."""
+
+    memories: list[MemoryRow]
+    evidence_ids: list[str]
+
+
+async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgotten:
+    """Retires every live row in reach holding the value; NotFound for an unknown id."""
+    if bool(asked.text.strip()) == bool(asked.memory_id):
+        raise InvalidArgument("forget needs exactly one of text and id")
+    text, matches = asked.text, {}
+    if asked.memory_id:
+        row = await core.get(reach, asked.memory_id)
+        if row.status != ACTIVE:
+            return Forgotten([], [])
+        text, matches = row.content, {row.id: row}
+    key = value_key(text)
+    if not key:
+        raise InvalidArgument("text has nothing to match")
+    matches |= await _holding(core, reach, text, key, matches)
+    matches = _without_evidence(matches, key)
+    if asked.memory_tool:
+        matches |= await _memory_tool_entries(core, reach, key)
+    if not matches:
+        return Forgotten([], [])
+    return await _retire(core, reach, matches, key, asked.reason, actor)
+
+
+async def _holding(
+    core: Core, reach: Reach, text: str, key: str, known: dict[str, MemoryRow]
+) -> dict[str, MemoryRow]:
+    """Live rows whose text is the value, or nearly the same text."""
+    vector = (await core.embed([Passage(text)]))[0]
+    hits = await vector_search(
+        core, reach, vector.tolist(), core.model.model_id, (), CANDIDATES, CANDIDATE_FLOOR
+    )
+    return {
+        hit.memory.id: hit.memory
+        for hit in hits
+        if hit.memory.id not in known
+        and hit.memory.status == ACTIVE
+        and (value_key(hit.memory.content) == key or hit.score >= NEAR_EXACT)
+    }
+
+
+async def _retire(
+    core: Core, reach: Reach, matches: dict[str, MemoryRow], key: str, reason: str, actor: str
+) -> Forgotten:
+    """One transaction: each match retired as forgotten, each evidence turn tombstoned."""
+    evidence = {m.id: None for m in matches.values() if m.layer == RAW}
+    evidence |= {source: None for m in matches.values() for source in m.source_ids}
+    found = await core.repo.get_many(reach, list(evidence))
+    turns = [found[i] for i in evidence if i in found and found[i].layer == RAW]
+    values = sorted({key, *(value_key(m.content) for m in matches.values())} - {""})
+    why = reason or "forgotten on request"
+    now = time.time()
+    ops: list[Op] = [Retire(m.id, "forgotten", "", why) for m in matches.values()]
+    ops += [Update(t.id, metadata_json=with_tombstones(t.metadata_json, values, now))
+            for t in turns]
+    applied = await apply_ops(core, reach, ops, actor, f"forget: {why}"[:500])
+    rows = applied.rows if isinstance(applied, Replayed) else applied  # no key: never replayed
+    retired = [row for row in rows[: len(matches)] if row is not None]
+    return Forgotten(retired, [t.id for t in turns])
+
+
+async def _memory_tool_entries(core: Core, reach: Reach, key: str) -> dict[str, MemoryRow]:
+    """Live memory-tool turns whose text contains key, and the rows extracted from them."""
+    raws = await core.all_rows(reach, ListQuery(layers=(RAW,)))
+    entries = {r.id: r for r in raws if _from_memory_tool(r) and key in value_key(r.content)}
+    if not entries:
+        return {}
+    derived = await core.all_rows(reach, ListQuery(layers=DERIVED_FROM_ENTRIES))
+    return entries | {row.id: row for row in derived if entries.keys() & set(row.source_ids)}
+
+
+def _without_evidence(matches: dict[str, MemoryRow], key: str) -> dict[str, MemoryRow]:
+    """The matches but the turns that only cite the value: a fact is also a key of the turns it
+    was learnt from, so they match its text; they are its evidence, tombstoned, not retired."""
+    cited = {source for memory in matches.values() for source in memory.source_ids}
+    return {
+        memory_id: memory
+        for memory_id, memory in matches.items()
+        if not (memory_id in cited and memory.layer == RAW and value_key(memory.content) != key)
+    }
+
+
+def _from_memory_tool(raw: MemoryRow) -> bool:
+    try:
+        meta = json.loads(raw.metadata_json or "{}")
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and meta.get("write_origin") == "memory_tool"
