@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
     data_dir: Path = tmp_path_factory.mktemp("metrics")
+    # Lite, so the counts below are the test's own; the extractor and consolidator run for the
+    # reflection test, though the gateway gathers only the services lite runs.
     with running_stack(data_dir, ["store", "search", "extractor", "consolidator", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address) as running:
         yield running
@@ -80,24 +82,34 @@ async def test_metrics_count_requests_by_route_and_status_and_each_services_call
                 method="/hyatlas.v1.Store/Apply") == 1
     assert _value(after, "hyatlas_grpc_requests_in_flight", service="store") == 0
     assert _value(after, "hyatlas_service_up", service="store") == 1
-    # Each service's own figures: the embedder's batches, extraction outcomes (lite extracts
-    # nothing), consolidation passes (only ultra runs them).
+    # Each service's own figures: the embedder's batches; lite runs no extractor and no
+    # consolidator, so none of theirs are gathered.
     assert grew("hyatlas_embedder_texts_total", service="embedder") >= 2
     assert grew("hyatlas_embedder_runs_total", service="embedder") >= 1
     assert _value(after, "hyatlas_embedder_queue_calls", service="embedder") == 0
-    names = {s.name for s in after}
+    assert not {s.labels.get("service") for s in after} & {"extractor", "consolidator"}
+
+
+async def test_ultra_gathers_the_extractors_and_the_consolidators_figures(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(tmp_path, ["store", "search", "extractor", "consolidator", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="ultra") as ultra:
+        samples = await _scrape(ultra)
+    names = {s.name for s in samples}
     assert {"hyatlas_extractions_total", "hyatlas_extraction_refused_forgotten_total",
             "hyatlas_consolidation_passes_total", "hyatlas_consolidation_running"} <= names
-    assert _value(after, "hyatlas_extractions_total", service="extractor",
+    assert _value(samples, "hyatlas_extractions_total", service="extractor",
                   outcome="extracted") == 0
-    assert _value(after, "hyatlas_consolidation_passes_total", service="consolidator") == 0
+    assert _value(samples, "hyatlas_service_up", service="consolidator") == 1
 
 
 async def test_a_service_that_does_not_answer_is_reported_down(
     tmp_path: Path, embedder_address: str
 ) -> None:
+    # Ultra needs the consolidator, which this stack does not run.
     with running_stack(tmp_path, ["store", "search", "gateway"],
-                       HYATLAS_EMBEDDER_ADDR=embedder_address) as partial:
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="ultra") as partial:
         samples = await _scrape(partial)
     assert _value(samples, "hyatlas_service_up", service="store") == 1
     assert _value(samples, "hyatlas_service_up", service="consolidator") == 0
