@@ -139,11 +139,12 @@ async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready
             supervisor_dir = data_dir / "run" / "supervisor"
             assert (supervisor_dir / "supervisord.pid").exists()
             assert (supervisor_dir / "supervisor.sock").exists()
-            # Lite mode starts no extractor and no consolidator.
-            assert _program_states(supervisor_dir) == {
-                "embedder": "RUNNING", "store:store-0": "RUNNING", "search": "RUNNING",
-                "gateway": "RUNNING", "extractor": "STOPPED", "consolidator": "STOPPED",
-            }
+            # Lite mode starts no extractor and no consolidator (a started program may still be
+            # STARTING: supervisord calls it RUNNING once it has lived startsecs).
+            states = _program_states(supervisor_dir)
+            started = {name for name, state in states.items() if state in ("STARTING", "RUNNING")}
+            assert started == {"embedder", "store:store-0", "search", "gateway"}, states
+            assert (states["extractor"], states["consolidator"]) == ("STOPPED", "STOPPED")
     finally:
         for _, _, _, proc in launches:
             proc.send_signal(signal.SIGTERM)
