@@ -1,8 +1,10 @@
-"""RPCs one write and one search cost: every service's answered calls, counted around each one.
+"""RPCs one write, one search and one forget cost: every service's answered calls, counted
+around each one.
 
-Runs the whole stack (real embedder, store, search, extractor, gateway) on a temp dir; pro mode
-gets a scripted chat-completions server (extraction is synchronous, so the write returns only
-after its extraction). Prints a table and writes bench/results/rpc_counts.json.
+Runs the services each mode runs (real embedder, store, search, in pro the extractor, and the
+gateway) on a temp dir; pro mode gets a scripted chat-completions server (extraction is
+synchronous, so the write returns only after its extraction). Prints a table and writes
+bench/results/rpc_counts.json.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import aiohttp
 
 from shared.pb import introspect_pb2, introspect_pb2_grpc
 from shared.rpc import open_channel
+from shared.settings import MODE_SERVICES
 from tests.llm_fake import fake_llm_in_thread
 from tests.support import Stack, running_stack
 
-SERVICES = ["embedder", "store", "search", "extractor", "gateway"]
 RESULTS = Path(__file__).resolve().parent / "results" / "rpc_counts.json"
 FACTS = {"facts": [{"text": "Noor lives in Porto"}, {"text": "Noor prefers tea over coffee",
                                                      "label": "user_preferences"}]}
@@ -34,7 +36,7 @@ FACTS = {"facts": [{"text": "Noor lives in Porto"}, {"text": "Noor prefers tea o
 async def counts(stack: Stack) -> collections.Counter[str]:
     """Calls answered so far by every gRPC service of the stack, by method."""
     total: collections.Counter[str] = collections.Counter()
-    for service in SERVICES[:-1]:
+    for service in MODE_SERVICES[stack.env["HYATLAS_MODE"]]:
         async with open_channel(stack.address(service)) as channel:
             reply = await introspect_pb2_grpc.IntrospectStub(channel).GetRpcCounts(
                 introspect_pb2.GetRpcCountsRequest(), timeout=30
@@ -65,15 +67,18 @@ def stack_in(mode: str, tmp: Path) -> Iterator[Stack]:
             fake.default = {}
             env |= {"HYATLAS_LLM_BASE": fake.url, "HYATLAS_LLM_MODEL": "scripted",
                     "HYATLAS_LLM_KEY": "k", "HYATLAS_SYNC_EXTRACT": "on"}
-        yield stack.enter_context(running_stack(tmp / mode, SERVICES, **env))
+        services = [*MODE_SERVICES[mode], "gateway"]
+        yield stack.enter_context(running_stack(tmp / mode, services, **env))
 
 
 async def measure(tmp: Path) -> dict[str, dict[str, int]]:
-    """The RPCs of a write and a search in lite and pro, each after a warm-up of the same owner
-    (an owner's first write in pro also rebuilds its Now page, at most once per 15 minutes)."""
+    """The RPCs of a write, a search and a forget in lite and pro, each after a warm-up of the
+    same owner (an owner's first write in pro also rebuilds its Now page, at most once per 15
+    minutes)."""
     turn = {"text": "I moved to Porto last spring and I drink tea, never coffee.",
             "user_id": "bench"}
     search = {"query": "where do I live?", "user_id": "bench", "limit": 5}
+    forget = {"text": "I read a lot of history books.", "user_id": "bench"}
     found: dict[str, dict[str, int]] = {}
     for mode in ("lite", "pro"):
         with stack_in(mode, tmp) as stack:
@@ -81,6 +86,7 @@ async def measure(tmp: Path) -> dict[str, dict[str, int]]:
             found[f"{mode} write"] = await cost(stack, "/api/v1/add", turn)
             await cost(stack, "/api/v1/search", {**search, "query": "books"})
             found[f"{mode} search"] = await cost(stack, "/api/v1/search", search)
+            found[f"{mode} forget"] = await cost(stack, "/api/v1/forget", forget)
     return found
 
 
