@@ -26,6 +26,7 @@ BOTH_BACKENDS = frozenset(
         "test_extractor_living",
         "test_idempotency",
         "test_leases",
+        "test_lite_mode",
         "test_replica_turns",
         "test_search_first_person",
         "test_search_graph",

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, store_backend: str
+) -> Iterator[Stack]:
+    """Store (on each backend), search and the gateway, in lite mode with admin on."""
     with running_stack(
         tmp_path_factory.mktemp("lite"),
         ["store", "search", "gateway"],
