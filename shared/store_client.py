@@ -170,16 +170,6 @@ class GraphStoreClient(StoreClient):
             if not reply.edges or len(edges) >= reply.total:
                 return edges
 
-    async def restate_facts(
-        self, threshold: float, dry_run: bool, actor: str
-    ) -> store_pb2.RestateFactsResponse:
-        """The restatement rule over every stored fact (admin dedupe_facts)."""
-        reply: store_pb2.RestateFactsResponse = await self._stub.RestateFacts(
-            store_pb2.RestateFactsRequest(threshold=threshold, dry_run=dry_run, actor=actor),
-            timeout=self._timeout_s,
-        )
-        return reply
-
     async def undo_pass(self, pass_id: str, actor: str) -> store_pb2.UndoPassResponse:
         """Reverts one consolidation pass."""
         reply: store_pb2.UndoPassResponse = await self._stub.UndoPass(
