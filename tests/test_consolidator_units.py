@@ -30,7 +30,6 @@ from services.consolidator.plan import (
     read_plan,
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
-from services.store.compact import compact_turn
 from shared.pb import common_pb2, store_pb2
 
 KEYS = reply_keys(graph=True, arc=False)
@@ -116,13 +115,6 @@ def test_cross_topic_patterns_need_two_shown_schemas() -> None:
     reply = {"patterns": [{"text": "p", "schemas": [1, 2]}, {"text": "q", "schemas": [1, 9]}]}
     kept, refused = read_patterns(reply, 3)
     assert kept == [("p", (0, 1))] and len(refused) == 1
-
-
-def test_compacting_a_turn_keeps_user_and_assistant_capped() -> None:
-    turn = "USER: hi\n\nTOOL: " + "x" * 10 + "\n\nASSISTANT: " + "y" * 5000
-    compacted = compact_turn(turn)
-    assert "TOOL" not in compacted and compacted.startswith("USER: hi")
-    assert len(compacted.encode()) < 4100
 
 
 def fact(memory_id: str, created_at: float, *turns: str) -> common_pb2.Memory:
