@@ -117,17 +117,23 @@ class Supervised:
             self.proc.wait()
 
     def pid(self, service: str) -> int:
-        """The service's process id, as supervisord reports it."""
+        """The service's process id, as supervisord reports it (its first process: the store is
+        a group of HYATLAS_STORE_REPLICAS processes, store:store-0 and on)."""
+        names = [line.split()[0] for line in self._supervisorctl("status").splitlines() if line]
+        name = next((n for n in names if n.split(":")[0] == service), service)
+        reply = self._supervisorctl("pid", name).strip()
+        if not reply.isdigit() or int(reply) <= 0:
+            raise RuntimeError(f"supervisord reports no pid for {name}: {reply!r}")
+        return int(reply)
+
+    def _supervisorctl(self, *args: str) -> str:
         env = {**self.env, "HYATLAS_SUPERVISOR_DIR": str(self.data_dir / "run" / "supervisor")}
         done = subprocess.run(
             [str(Path(sys.executable).parent / "supervisorctl"), "-c",
-             str(ROOT / "deploy" / "supervisord.conf"), "pid", service],
+             str(ROOT / "deploy" / "supervisord.conf"), *args],
             env=env, capture_output=True, text=True, check=False,
         )
-        pid = int(done.stdout.strip() or 0)
-        if pid <= 0:
-            raise RuntimeError(f"supervisord reports no pid for {service}: {done.stdout!r}")
-        return pid
+        return done.stdout
 
     async def ready(self, session: aiohttp.ClientSession) -> bool:
         """Whether /readyz says every service answers."""
