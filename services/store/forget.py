@@ -97,7 +97,9 @@ async def _retire(
     values = sorted({key, *(value_key(m.content) for m in matches.values())} - {""})
     why = reason or "forgotten on request"
     now = time.time()
-    ops: list[Op] = [Retire(m.id, "forgotten", "", why) for m in matches.values()]
+    ops: list[Op] = [
+        Retire(m.id, superseded_how="forgotten", drop_reason=why) for m in matches.values()
+    ]
     ops += [Update(t.id, metadata_json=with_tombstones(t.metadata_json, values, now))
             for t in turns]
     applied = await apply_ops(core, reach, ops, actor, f"forget: {why}"[:500])

@@ -599,7 +599,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def Forget(
         self, request: store_pb2.ForgetRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ForgetResponse:
-        asked = Forget(request.text, request.id, request.reason, request.memory_tool)
+        asked = Forget(text=request.text, memory_id=request.id, reason=request.reason,
+                       memory_tool=request.memory_tool)
         actor = actor_for("", request.origin, self._token_name())
         found = await self._store.forget(self._reach(request.scope), asked, actor)
         return store_pb2.ForgetResponse(
