@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -425,6 +426,27 @@ async def test_restoring_a_forgotten_fact_lifts_its_tombstone_so_its_evidence_yi
     assert live == ["Rui paddles a red kayak"]
     trail = await api.ok("GET", "/api/v1/history", params={"id": fact.id, "user_id": user})
     assert ("restore", "dashboard") in [(e["action"], e["actor"]) for e in trail["history"]]
+
+
+async def test_two_forgets_at_once_of_facts_from_one_turn_keep_both_tombstones(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-pair", {"facts": [{"text": "Rui owns a grey bicycle"},
+                                 {"text": "Rui grows basil on the balcony"}]})
+    turn = await api.add("m-pair I ride my grey bicycle and grow basil on the balcony.", user)
+    facts = await api.rows(user, "l3_fact")
+    assert len(facts) == 2
+
+    await asyncio.gather(*(
+        api.ok("POST", "/api/v1/forget", json={"id": fact.id, "user_id": user})
+        for fact in facts
+    ))
+    stones = json.loads((await api.row(user, turn["memory_id"])).metadata_json)["forgotten"]
+    assert sorted(s["value"] for s in stones) == [
+        "rui grows basil on the balcony", "rui owns a grey bicycle"
+    ]
+    assert await api.rows(user, "l3_fact", retired=False) == []
 
 
 async def test_editing_a_turn_extracts_the_new_text_from_the_new_version(

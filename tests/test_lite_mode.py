@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
 from shared.tombstones import tombstones
 from tests.extractor_support import Api, by_content, new_user
 from tests.support import Stack, running_stack
@@ -55,6 +57,22 @@ async def test_forget_by_text_retires_the_turn_and_tombstones_its_value(api: Api
     assert (await api.row(user, kept)).status == "active"
     hits = await api.search("bank PIN", user)
     assert gone not in {hit["id"] for hit in hits}
+
+
+async def test_a_forgotten_turn_restored_over_grpc_loses_its_tombstone(api: Api) -> None:
+    user = new_user()
+    turn = (await api.add("My locker code is 2208", user))["memory_id"]
+    await api.ok("POST", "/api/v1/forget", json={"text": "My locker code is 2208", "user_id": user})
+    assert tombstones((await api.row(user, turn)).metadata_json) == ["my locker code is 2208"]
+
+    async with open_channel(api.store_address) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+            scope=common_pb2.Scope(user_id=user),
+            ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=turn))],
+            actor="another-tool",
+        ))
+    restored = await api.row(user, turn)
+    assert restored.status == "active" and tombstones(restored.metadata_json) == []
 
 
 async def test_forget_by_id_outside_the_owner_is_404_and_changes_nothing(api: Api) -> None:

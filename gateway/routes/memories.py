@@ -30,9 +30,6 @@ from gateway.wording import extraction_status
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.limits import check_idempotency_key
 from shared.pb import common_pb2, extractor_pb2, store_pb2
-from shared.store_client import get_many, update_op
-from shared.text import value_key
-from shared.tombstones import without_tombstone
 
 log = logging.getLogger(__name__)
 
@@ -238,24 +235,6 @@ async def _delete_one(
         raise NotFound(f"memory {memory_id!r} not found") from None
 
 
-async def _lifted_tombstones(
-    request: web.Request, scope: common_pb2.Scope, memory: common_pb2.Memory
-) -> list[store_pb2.Op]:
-    """Ops taking a forgotten row's value off its evidence's tombstones, so that restoring it
-    also lets extraction take the value from that evidence again."""
-    if memory.superseded_how != "forgotten":
-        return []
-    evidence = ([memory.id] if memory.layer == common_pb2.L2_RAW else []) + list(memory.source_ids)
-    raws = await get_many(request.app[STORE], scope, evidence, rpc_timeout(request))
-    value = value_key(memory.content)
-    ops = []
-    for raw in raws:
-        lifted = without_tombstone(raw.metadata_json, value)
-        if raw.layer == common_pb2.L2_RAW and lifted is not None:
-            ops.append(update_op(raw.id, metadata_json=lifted))
-    return ops
-
-
 @routes.post("/api/v1/restore")
 @writes
 async def restore(request: web.Request) -> web.Response:
@@ -272,8 +251,8 @@ async def restore(request: web.Request) -> web.Response:
     )
     if current.memory.status == "active":
         return json_response({"restored": False, "memory": list_items([current.memory])[0]})
+    # The store also lifts the tombstones a forgotten row's forget left on its turns.
     ops = [store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))]
-    ops += await _lifted_tombstones(request, scope, current.memory)
     try:
         # The store decides in the same transaction whether there is anything to restore.
         reply = await store.Apply(

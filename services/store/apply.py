@@ -11,6 +11,7 @@ import numpy as np
 
 from services.store.cascade import (
     fact_changes,
+    lift_tombstones,
     restate,
     restore_derived,
     retire_derived,
@@ -31,7 +32,9 @@ from services.store.keys import passage_of
 from services.store.mirrors import ERASED, FactChange, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    FORGOTTEN,
     KILLS_DERIVED,
+    RAW,
     Delete,
     EndEdge,
     Insert,
@@ -42,11 +45,13 @@ from services.store.model import (
     Restore,
     Retire,
     SetState,
+    Tombstone,
     Update,
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
 from shared.passages import Passage
+from shared.tombstones import with_tombstones
 
 
 @dataclass
@@ -186,6 +191,8 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
         raise Conflict(f"op {i}: memory {op.id!r} is not retired")
     after = await w.change(before, "restore", live_fields(), run.reason)
     await restore_derived(w, op.id)
+    if before.superseded_how == FORGOTTEN:
+        await lift_tombstones(w, before, run.reason)
     w.facts_changed += fact_changes(op, before, after)
     return after
 
@@ -204,6 +211,15 @@ async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     return after
 
 
+async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:
+    w = run.write
+    before = await target(w.tx, run.reach, op.id)
+    if before.layer != RAW:
+        raise InvalidArgument(f"op {i}: only a raw turn holds tombstones")
+    marked = with_tombstones(before.metadata_json, list(op.values), w.now)
+    return await w.change(before, "update", {"metadata": marked}, run.reason)
+
+
 _HANDLERS: dict[type, Callable[[_Apply, int, Any], Awaitable[MemoryRow | None]]] = {
     Insert: _insert,
     SetState: _set_state,
@@ -213,6 +229,7 @@ _HANDLERS: dict[type, Callable[[_Apply, int, Any], Awaitable[MemoryRow | None]]]
     Retire: _retire,
     Restore: _restore,
     Update: _update,
+    Tombstone: _tombstone,
 }
 
 

@@ -1,4 +1,5 @@
-"""What follows from a retire or restore: derived rows, entity pages, restatements, mirrors."""
+"""What follows from a retire or restore: derived rows, entity pages, restatements, mirrors,
+forget tombstones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
     KILLS_DERIVED,
+    RAW,
     RETIRED,
     MemoryRow,
     Op,
@@ -22,6 +24,8 @@ from services.store.model import (
 from services.store.retrieval import vector_search
 from shared.layers import EXPERIENCE
 from shared.pages import mark_lines, page_text_of
+from shared.text import value_key
+from shared.tombstones import without_tombstone
 
 
 def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
@@ -150,3 +154,17 @@ async def restore_derived(w: Write, memory_id: str) -> None:
         await w.change(row, "restore", live_fields(), f"evidence {memory_id} was restored")
         for edge in await w.tx.edges_of_memories([row.id]):
             await w.tx.update_edge(edge.id, stale=0)
+
+
+async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
+    """Takes a restored row's value off the tombstones its forget left on its turns (itself, if
+    a turn, and its evidence), as they read now, so extraction may take the value again."""
+    value = value_key(forgotten.content)
+    turns = ([forgotten.id] if forgotten.layer == RAW else []) + list(forgotten.source_ids)
+    for turn_id in dict.fromkeys(turns):
+        turn = await w.tx.get(turn_id)
+        if turn is None or turn.layer != RAW or turn.user_id != forgotten.user_id:
+            continue
+        lifted = without_tombstone(turn.metadata_json, value)
+        if lifted is not None:
+            await w.change(turn, "update", {"metadata": lifted}, reason)

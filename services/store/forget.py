@@ -1,30 +1,39 @@
 """Forgetting a value: retire the rows that hold it and tombstone it on the turns they came from.
 
-One read of the candidates, one transaction for every change; the extractor later refuses a value
-tombstoned on the turn it reads (shared/tombstones).
+One read of the candidates, one transaction for every change (the tombstones added to each turn's
+metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
+value tombstoned on the turn it reads (shared/tombstones). Restoring a forgotten row lifts its
+tombstones (cascade.lift_tombstones).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
 from services.store.apply import apply_ops
 from services.store.core import Core
 from services.store.idempotency import Replayed
-from services.store.model import ACTIVE, ListQuery, MemoryRow, Op, Reach, Retire, Update
+from services.store.model import (
+    ACTIVE,
+    FORGOTTEN,
+    RAW,
+    ListQuery,
+    MemoryRow,
+    Op,
+    Reach,
+    Retire,
+    Tombstone,
+)
 from services.store.retrieval import vector_search
 from shared.errors import InvalidArgument
 from shared.passages import Passage
 from shared.text import value_key
-from shared.tombstones import with_tombstones
 
 NEAR_EXACT = 0.95
 """A row this similar to the forgotten text holds the same value (a near-exact match)."""
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
-RAW = "l2_raw"
 DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
 
 
@@ -94,14 +103,12 @@ async def _retire(
     evidence |= {source: None for m in matches.values() for source in m.source_ids}
     found = await core.repo.get_many(reach, list(evidence))
     turns = [found[i] for i in evidence if i in found and found[i].layer == RAW]
-    values = sorted({key, *(value_key(m.content) for m in matches.values())} - {""})
+    values = tuple(sorted({key, *(value_key(m.content) for m in matches.values())} - {""}))
     why = reason or "forgotten on request"
-    now = time.time()
     ops: list[Op] = [
-        Retire(m.id, superseded_how="forgotten", drop_reason=why) for m in matches.values()
+        Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why) for m in matches.values()
     ]
-    ops += [Update(t.id, metadata_json=with_tombstones(t.metadata_json, values, now))
-            for t in turns]
+    ops += [Tombstone(t.id, values) for t in turns]
     applied = await apply_ops(core, reach, ops, actor, f"forget: {why}"[:500])
     rows = applied.rows if isinstance(applied, Replayed) else applied  # no key: never replayed
     retired = [row for row in rows[: len(matches)] if row is not None]

@@ -27,6 +27,10 @@ KILLS_DERIVED = frozenset({"replaced", "dropped", "done", "forgotten", "stale", 
 DERIVED_LAYERS = ("l5_knowledge", "l6_schema")
 ACTIVE = "active"
 RETIRED = "retired"
+RAW = "l2_raw"
+"""The layer of conversation turns: the evidence other rows are learnt from."""
+FORGOTTEN = "forgotten"
+"""How a row forgotten on request is retired (its value tombstoned on the turns it came from)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,17 @@ class Update:
 
 
 @dataclass(frozen=True)
+class Tombstone:
+    """Adds forget tombstones for values to a raw turn's metadata as it reads inside the write.
+
+    The store's own op (forget's): no Apply request carries one.
+    """
+
+    id: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Delete:
     """Erases a row, its vector and its keyword entry."""
 
@@ -202,7 +217,7 @@ class SetState:
     value_json: str
 
 
-Op = Insert | Retire | Restore | Update | Delete | PutEdge | EndEdge | SetState
+Op = Insert | Retire | Restore | Update | Tombstone | Delete | PutEdge | EndEdge | SetState
 
 
 @dataclass(frozen=True)

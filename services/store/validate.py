@@ -23,6 +23,7 @@ from services.store.model import (
     Restore,
     Retire,
     SetState,
+    Tombstone,
     Update,
 )
 from shared.errors import InvalidArgument, PermissionDenied
@@ -152,11 +153,12 @@ _CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
     Retire: _retire,
     Update: _update,
     Restore: _as_is,
+    Tombstone: _as_is,
     Delete: _as_is,
     EndEdge: _as_is,
 }
 # Ops that name their target by id.
-_BY_ID = (Retire, Update, Restore, Delete, EndEdge)
+_BY_ID = (Retire, Update, Restore, Tombstone, Delete, EndEdge)
 
 
 def validated(reach: Reach, ops: Sequence[Op]) -> list[Op]:
