@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,9 +18,12 @@ import grpc
 import numpy as np
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.embedder.batcher import MicroBatcher
 from services.embedder.config import EmbedderConfig
+from services.embedder.embedding import rows_in_call_order
 from services.embedder.models import (
     BGE_SMALL,
     MINILM,
@@ -269,6 +273,47 @@ async def test_request_larger_than_max_batch_spans_several_runs(tmp_path: Path) 
         assert running.embedder.batcher.runs == 3
         for text, row in zip(texts, rows, strict=True):
             np.testing.assert_allclose(row, (await embed(stub, [text]))[0], atol=1e-4)
+
+
+async def test_a_call_is_run_shortest_first_and_answered_in_its_own_order(
+    tmp_path: Path,
+) -> None:
+    texts = [SENTENCES[3], SENTENCES[0], SENTENCES[4], SENTENCES[7]]
+    spans = [(0, 0, 44), (0, 44, len(SENTENCES[3])), (3, 0, 40), (1, 0, 19)]
+
+    def request(order: list[int]) -> embedder_pb2.EmbedRequest:
+        at = {old: new for new, old in enumerate(order)}
+        return embedder_pb2.EmbedRequest(
+            texts=[texts[i] for i in order],
+            spans=[embedder_pb2.Span(text=at[t], start=a, end=b) for t, a, b in spans],
+        )
+
+    async with serving(config_for(tmp_path, max_batch=2)) as (stub, running):
+        before = running.embedder.batcher.runs
+        given = await stub.Embed(request([0, 1, 2, 3]))
+        assert running.embedder.batcher.runs - before == 2
+        reversed_call = await stub.Embed(request([3, 2, 1, 0]))
+        alone = await embed(stub, texts)
+        parts = await embed(stub, [texts[t][a:b] for t, a, b in spans])
+    rows = np.array([list(v.values) for v in given.vectors])
+    np.testing.assert_allclose(rows, alone, atol=1e-4)
+    back = np.array([list(v.values) for v in reversed_call.vectors])[::-1]
+    np.testing.assert_allclose(back, alone, atol=1e-4)
+    pooled = np.array([list(v.values) for v in given.span_vectors])
+    assert list((pooled @ parts.T).argmax(axis=1)) == [0, 1, 2, 3]
+    again = np.array([list(v.values) for v in reversed_call.span_vectors])
+    np.testing.assert_allclose(pooled, again, atol=1e-4)
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.randoms())
+def test_rows_in_call_order_undoes_any_order_of_passages(
+    rows_of: list[int], rng: random.Random
+) -> None:
+    order = list(range(len(rows_of)))
+    rng.shuffle(order)
+    taken = [(i, row) for i in order for row in range(rows_of[i])]
+    wanted = [(i, row) for i in range(len(rows_of)) for row in range(rows_of[i])]
+    assert [taken[k] for k in rows_in_call_order(order, rows_of)] == wanted
 
 
 class GatedRun:
@@ -524,7 +569,8 @@ async def test_remote_endpoint_embeds_in_order_with_model_and_key(tmp_path: Path
         "remote",
         True,
     )
-    assert seen[0] == {"auth": "Bearer k1", "model": "emb-x", "input": ["a", "abcd", ""]}
+    # Sent shortest first (as every call is taken), answered in the call's order.
+    assert seen[0] == {"auth": "Bearer k1", "model": "emb-x", "input": ["", "a", "abcd"]}
 
 
 async def test_remote_endpoint_failure_is_unavailable(tmp_path: Path) -> None:
