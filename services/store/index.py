@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -278,8 +279,11 @@ class VectorIndexes:
                     await asyncio.to_thread(index.remove, removed)
                 added = [(k, v) for k, v in changes.added.get(user_id, []) if k not in index]
                 if added:
+                    # On one thread: a write's keys are added while the embedder runs the next
+                    # texts on the cores (an import embeds ahead), and usearch's default of a
+                    # thread per core took them from it.
                     await asyncio.to_thread(
-                        index.add,
+                        functools.partial(index.add, threads=1),
                         np.array([key for key, _ in added], dtype=np.uint64),
                         as_stored(np.stack([vector for _, vector in added])),
                     )
