@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from services.store.apply import apply_ops
 from services.store.core import Core
-from services.store.model import ListQuery, Op, Reach, Update
+from services.store.model import RAW, ListQuery, Op, Reach, Update
 
 MESSAGE_BYTES = 4000
 TURN_BYTES = 12000
@@ -57,7 +57,7 @@ async def compact_raw(core: Core, dry_run: bool, actor: str) -> CompactResult:
     result = CompactResult(dry_run)
     everyone = Reach(None)
     ops: list[Op] = []
-    for row in await core.all_rows(everyone, ListQuery(layers=("l2_raw",))):
+    for row in await core.all_rows(everyone, ListQuery(layers=(RAW,))):
         result.rows_checked += 1
         compacted = compact_turn(row.content)
         result.bytes_before += len(row.content.encode())
