@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.compare import K, Ours, make_seeder, memory_parts, memory_text, seed
+from bench.compare import K, Ours, latency, make_seeder, memory_parts, memory_text, seed
 from bench.locomo_retrieval import DEFAULT_DATA, load
 from services.embedder.models import find_model_files
 from services.embedder.onnx_encoder import OnnxEncoder
@@ -123,15 +122,6 @@ async def timed(step: Step, text: str) -> float:
     started = time.perf_counter()
     await step(text)
     return (time.perf_counter() - started) * 1000.0
-
-
-def latency(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {
-        "p50": round(statistics.median(ordered), 2),
-        "p95": round(ordered[int(0.95 * (len(ordered) - 1))], 2),
-        "n": len(ordered),
-    }
 
 
 async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, dict[str, float]]:
