@@ -49,6 +49,11 @@ WARM_UP = 20
 Step = Callable[[str], Awaitable[Any]]
 
 
+def embedded(embedder: embedder_pb2_grpc.EmbedderStub, text: str) -> Awaitable[Any]:
+    """The embedder's Embed of one query."""
+    return embedder.Embed(embedder_pb2.EmbedRequest(texts=[text], is_query=True))
+
+
 @dataclass
 class Callers:
     """What the steps call: the REST client, each service's stub, the model in this process."""
@@ -102,7 +107,7 @@ def steps(callers: Callers, vectors: dict[str, Any]) -> dict[str, Step]:
         return await embedder.DescribeModel(embedder_pb2.DescribeModelRequest())
 
     async def embed(text: str) -> Any:
-        return await embedder.Embed(embedder_pb2.EmbedRequest(texts=[text], is_query=True))
+        return await embedded(embedder, text)
 
     return {
         "model in this process (to_thread)": model,
@@ -155,10 +160,7 @@ async def measure(args: argparse.Namespace, stack: Stack) -> dict[str, dict[str,
 
 async def timings(callers: Callers, asked: list[str]) -> dict[str, dict[str, float]]:
     """Every step for every question in turn, after a warm-up."""
-    vectors = {
-        text: await callers.embedder.Embed(embedder_pb2.EmbedRequest(texts=[text], is_query=True))
-        for text in asked
-    }
+    vectors = {text: await embedded(callers.embedder, text) for text in asked}
     named = steps(callers, vectors)
     for text in asked[:WARM_UP]:
         for step in named.values():
