@@ -743,6 +743,25 @@ async def test_keyword_search_needs_all_of_three_terms_and_three_of_four(
     assert all(hit.hit.score > 0 for hit in reply.hits)
 
 
+async def test_a_strict_search_past_the_budget_finds_an_old_row_holding_enough_terms(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The newest window is taken among the rows holding three of the four terms, so newer rows
+    # that hold one common term each do not crowd out an older row that holds three. (Bob's
+    # rows make alice's a small share: her window is then found among her rows.)
+    monkeypatch.setattr(keywords, "POSTING_BUDGET", 3)
+    for n in range(20):
+        await apply(store, insert(f"weather report {n}", user="bob"), user="bob")
+    (old,) = await apply(store, insert("harbor lantern festival"))
+    for word in ("harbor", "lantern", "festival"):
+        for n in range(4):
+            await apply(store, insert(f"{word} note {n}"))
+    reply = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="harbor lantern festival zeppelin")
+    )
+    assert [(h.hit.memory.id, h.matched_terms) for h in reply.hits] == [(old.id, 3)]
+
+
 @pytest.mark.parametrize(
     "query",
     [

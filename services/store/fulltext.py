@@ -207,6 +207,19 @@ class _Finder:
         should = tantivy.Occur.Should
         return tantivy.Query.boolean_query([(should, q) for q in queries])
 
+    def _at_least(self, queries: Sequence[tantivy.Query], least: int) -> tantivy.Query | None:
+        """Rows holding `least` of the terms, as a filter (the finding terms give the score);
+        None when any term will do.
+
+        Without it, a strict search of many terms read rows holding only the rare ones until
+        it had k that held enough: 50-110 ms at 100,000 memories of one owner.
+        """
+        if least <= 1:
+            return None
+        should = tantivy.Occur.Should
+        held = tantivy.Query.boolean_query([(should, q) for q in queries], least)
+        return _filter(held)
+
     def find(self, words: Sequence[str], least: int, limit: int) -> _Found:
         terms = self.keyword.terms(words)
         found = [None if t is None else self._term("text", t) for t in terms]
@@ -216,9 +229,11 @@ class _Finder:
             return self._ranked([self._all(self.owner, *found)], limit, exact=True)
         postings = [0 if t is None else self._postings(t) for t in terms]
         chosen = [i for i in finding_terms(postings, least, keywords.POSTING_BUDGET) if found[i]]
-        if not chosen:
+        known = [q for q in found if q is not None]
+        if not chosen or len(known) < least:
             return _Found([], False, False)
-        match = self._all(self.owner, self._any([q for i in chosen if (q := found[i])]))
+        at_least = self._at_least(known, least)
+        match = self._all(self.owner, self._any([q for i in chosen if (q := found[i])]), at_least)
         read = sum(postings[i] for i in chosen)
         if read <= keywords.POSTING_BUDGET:
             return self._ranked([match], limit, exact=False)
@@ -228,7 +243,7 @@ class _Finder:
         rare = finding_terms(postings, 1, keywords.POSTING_BUDGET, rarest=False)
         rare_found = [q for i in rare if (q := found[i])]
         if rare_found:
-            queries.append(self._all(self.owner, self._any(rare_found)))
+            queries.append(self._all(self.owner, self._any(rare_found), at_least))
         return self._ranked(queries, limit, exact=False)
 
     def _postings(self, term: str) -> int:

@@ -77,6 +77,9 @@ class _Query:
     """Whether a row must hold all of them (else any)."""
     newest: int | None = None
     """Only the newest this many rows it finds (the newest postings), when the budget ran out."""
+    least: int = 0
+    """Only rows holding this many of `held` (more than one: else any row found will do)."""
+    held: tuple[str, ...] = ()
 
 
 def _tsquery(query: _Query) -> tuple[str, list[str]]:
@@ -208,7 +211,8 @@ async def _plan(
     rows, postings = await POSTINGS.count(reader, index, owned, terms)
     weights = tuple(_idf(rows, n) for n in postings)
     chosen = finding_terms(postings, least, budget)
-    some = _Query(tuple(terms[i] for i in chosen))
+    held = _holding(terms, postings, least)
+    some = replace(held, terms=tuple(terms[i] for i in chosen))
     if sum(postings[i] for i in chosen) <= budget:
         return _Plan((some,), weights)
     # Too many postings: all the terms among the newest rows, and the rarest terms (those
@@ -217,7 +221,19 @@ async def _plan(
     rare = finding_terms(postings, 1, budget, rarest=False)
     if not rare:
         return _Plan((newest,), weights)
-    return _Plan((newest, _Query(tuple(terms[i] for i in rare))), weights)
+    return _Plan((newest, replace(held, terms=tuple(terms[i] for i in rare))), weights)
+
+
+def _holding(terms: Sequence[str], postings: Sequence[int], least: int) -> _Query:
+    """A query's condition that its rows hold `least` of the terms, so a search of many terms
+    does not read rows holding only its rarest until it has enough that hold more.
+
+    A filter ahead of matched_terms (which decides): a term without postings (none of the
+    owner's rows holds it, or PostgreSQL reads it as a stop word) is taken as held by every row.
+    """
+    unseen = sum(1 for n in postings if n == 0)
+    seen = tuple(term for term, n in zip(terms, postings, strict=True) if n)
+    return _Query((), least=least - unseen, held=seen)
 
 
 class Postings:
@@ -334,14 +350,19 @@ def _found(
     them newest first and stops there, so they are read once."""
     tsquery, terms = _tsquery(query)
     where = [*owned[0], f"{index.terms} @@ {tsquery}"]
+    params = [*owned[1], *terms]
+    if query.least > 1:
+        holds = f"({index.terms} @@ plainto_tsquery('english', ?))::int"
+        where.append(f"{' + '.join([holds] * len(query.held))} >= ?")
+        params += [*query.held, query.least]
     if query.newest is None:
-        return index.table, where, [*owned[1], *terms]
+        return index.table, where, params
     alias = index.table.split()[-1]
     newest = f"ORDER BY {index.rowid} DESC LIMIT ?"
     return (
         f"(SELECT * FROM {index.table} {_where(where)} {newest}) {alias}",
         [],
-        [*owned[1], *terms, query.newest],
+        [*params, query.newest],
     )
 
 
