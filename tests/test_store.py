@@ -807,16 +807,25 @@ async def test_vector_search_drops_hits_below_min_score_and_respects_filters(
 
 
 @pytest.mark.sqlite_only  # the SQLite store's usearch indexes (PgVectors has its own path)
-@pytest.mark.parametrize("widest", [64, retrieval.WIDEST], ids=["scored", "widened"])
+@pytest.mark.parametrize(
+    ("widest", "few", "scored_exactly"),
+    [(64, 0, True), (retrieval.WIDEST, 0, False), (retrieval.WIDEST, retrieval.FEW_PASSING, True)],
+    ids=["scored at the widest", "widened", "few pass"],
+)
 async def test_a_filtered_vector_search_finds_the_few_rows_that_pass_behind_nearer_ones(
     tmp_path: Path,
     embedder_address: str,
     embedder: EmbedderClient,
     monkeypatch: pytest.MonkeyPatch,
     widest: int,
+    few: int,
+    scored_exactly: bool,
 ) -> None:
     # Raw rows nearer the query than any fact fill the first 64 keys an index search gives.
+    # The three facts that pass the filter are scored exactly once the search has widened as
+    # far as it may, or at once when no more than `few` rows pass; else widening finds them.
     monkeypatch.setattr(retrieval, "WIDEST", widest)
+    monkeypatch.setattr(retrieval, "FEW_PASSING", few)
     monkeypatch.setattr(retrieval, "EXACT_CHUNK", 1)  # every passing key scored, one at a time
     scored_all = []
     exact = retrieval._exact
@@ -841,7 +850,7 @@ async def test_a_filtered_vector_search_finds_the_few_rows_that_pass_behind_near
     stored, _ = await embedder.embed(facts, is_query=False)
     cosines = stored @ asked[0] / np.linalg.norm(stored, axis=1)
     assert [h.memory.id for h in hits] == [ids[i] for i in np.argsort(-cosines)[:2]]
-    assert scored_all == ([True] if widest == 64 else [])
+    assert scored_all == ([True] if scored_exactly else [])
 
 
 async def test_vector_search_with_another_model_is_refused(
