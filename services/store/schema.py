@@ -54,6 +54,9 @@ CREATE TABLE IF NOT EXISTS memories (
 );
 CREATE INDEX IF NOT EXISTS memories_owner
   ON memories(user_id, agent_id, layer, status, created_at);
+-- A user's rows of a few layers across their agents (memories_owner has agent_id between):
+-- a search, list or count of a layer the user holds few rows of reads those rows only.
+CREATE INDEX IF NOT EXISTS memories_user_layer ON memories(user_id, layer, status);
 CREATE INDEX IF NOT EXISTS memories_extraction ON memories(extraction_status);
 CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
 
