@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from usearch.index import Index, ScalarKind
 
-from services.store import keywords, retrieval
+from services.store import fulltext, keywords, retrieval
 from services.store import repo as repo_module
 from services.store.config import StoreConfig
 from services.store.model import MemoryRow
@@ -760,6 +760,34 @@ async def test_a_strict_search_past_the_budget_finds_an_old_row_holding_enough_t
         store_pb2.KeywordSearchRequest(scope=scope(), query="harbor lantern festival zeppelin")
     )
     assert [(h.hit.memory.id, h.matched_terms) for h in reply.hits] == [(old.id, 3)]
+
+
+@pytest.mark.parametrize("few", [0, fulltext.FEW_PASSING], ids=["many pass", "few pass"])
+async def test_a_keyword_search_of_a_layer_finds_its_few_rows_behind_many_of_another(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch, few: int
+) -> None:
+    # With few rows in the layers asked for, SQLite's search looks among those rows only; the
+    # rows found are the same either way.
+    monkeypatch.setattr(fulltext, "FEW_PASSING", few)
+    await apply(store, *[insert(f"harbor lantern festival night {n}", layer=L2) for n in range(40)])
+    best, other, _ = await apply(
+        store,
+        insert("the harbor lantern festival was lovely"),
+        insert("a lantern by the harbor"),
+        insert("tax forms"),
+    )
+
+    async def found(**request: Any) -> list[tuple[str, int]]:
+        reply = await store.KeywordSearch(
+            store_pb2.KeywordSearchRequest(
+                scope=scope(), query="harbor lantern festival", layers=[L3], **request
+            )
+        )
+        return [(h.hit.memory.id, h.matched_terms) for h in reply.hits]
+
+    assert await found() == [(best.id, 3)]
+    assert await found(min_terms=1) == [(best.id, 3), (other.id, 2)]
+    assert await found(min_terms=2, k=1) == [(best.id, 3)]
 
 
 @pytest.mark.parametrize(

@@ -999,6 +999,22 @@ class Repo:
         )
         return [(u, a, int(live), int(retired), float(last)) for u, a, live, retired, last in rows]
 
+    async def text_ids_within(
+        self,
+        index: fulltext.TextIndex,
+        reach: Reach,
+        layers: Sequence[str],
+        include_superseded: bool,
+        most: int,
+    ) -> list[int] | None:
+        """The keyword-index ids of the rows inside reach and layers; None past `most`."""
+        where, params = _filters(reach, layers, include_superseded)
+        rows = await self.text_reader(index.name).execute_fetchall(
+            f"SELECT {index.ids} {_where(where)} LIMIT ?", (*params, most + 1)
+        )
+        ids = [int(r[0]) for r in rows]
+        return None if len(ids) > most else ids
+
     async def rows_at_text_hits(
         self,
         index: fulltext.TextIndex,
