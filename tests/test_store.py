@@ -20,7 +20,7 @@ from usearch.index import Index, ScalarKind
 from services.store import fulltext, keywords, retrieval
 from services.store import repo as repo_module
 from services.store.config import StoreConfig
-from services.store.model import MemoryRow
+from services.store.model import FEW_PASSING, MemoryRow
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.server import running_server
@@ -762,7 +762,7 @@ async def test_a_strict_search_past_the_budget_finds_an_old_row_holding_enough_t
     assert [(h.hit.memory.id, h.matched_terms) for h in reply.hits] == [(old.id, 3)]
 
 
-@pytest.mark.parametrize("few", [0, fulltext.FEW_PASSING], ids=["many pass", "few pass"])
+@pytest.mark.parametrize("few", [0, FEW_PASSING], ids=["many pass", "few pass"])
 async def test_a_keyword_search_of_a_layer_finds_its_few_rows_behind_many_of_another(
     store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch, few: int
 ) -> None:
@@ -837,7 +837,7 @@ async def test_vector_search_drops_hits_below_min_score_and_respects_filters(
 @pytest.mark.sqlite_only  # the SQLite store's usearch indexes (PgVectors has its own path)
 @pytest.mark.parametrize(
     ("widest", "few", "scored_exactly"),
-    [(64, 0, True), (retrieval.WIDEST, 0, False), (retrieval.WIDEST, retrieval.FEW_PASSING, True)],
+    [(64, 0, True), (retrieval.WIDEST, 0, False), (retrieval.WIDEST, FEW_PASSING, True)],
     ids=["scored at the widest", "widened", "few pass"],
 )
 async def test_a_filtered_vector_search_finds_the_few_rows_that_pass_behind_nearer_ones(

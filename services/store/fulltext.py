@@ -19,7 +19,7 @@ import tantivy
 
 from services.store import keywords
 from services.store.keywords import finding_terms, matched_terms, stem
-from services.store.model import MemoryRow, Reach
+from services.store.model import FEW_PASSING, MemoryRow, Reach
 from services.store.text_index import KeywordIndex
 
 if TYPE_CHECKING:
@@ -50,11 +50,6 @@ CONTEXT_KEYS = TextIndex(
     "mk.key AS id FROM memories m "
     "JOIN memory_keys mk ON mk.memory_id = m.id AND mk.kind = 'context'",
 )
-
-# A search of layers that hold this many of the reach's rows or fewer looks among those rows
-# only, every term at once (a search of a layer the user holds no rows of, behind 100,000 raw
-# turns, read the rows of 2,000 found ones and more to keep none: 31-33 ms p50).
-FEW_PASSING = 2_000
 
 
 # The indexes by the names rows.Rows.text_search takes.
@@ -212,8 +207,8 @@ class _Finder:
         self.owner = None if owner is None else _filter(
             tantivy.Query.term_query(self.schema, "owner", owner, index_option="basic")
         )
+        # The ids of the only rows that may be found, when few rows pass the search's filters.
         self.among = None if among is None else list(among)
-        """The ids of the only rows that may be found (few), when the search names them."""
 
     def _term(self, field: str, value: str) -> tantivy.Query:
         return tantivy.Query.term_query(self.schema, field, value, index_option="freq")

@@ -31,6 +31,11 @@ RAW = "l2_raw"
 """The layer of conversation turns: the evidence other rows are learnt from."""
 FORGOTTEN = "forgotten"
 """How a row forgotten on request is retired (its value tombstoned on the turns it came from)."""
+FEW_PASSING = 2_000
+"""A search whose filters pass this many of the reach's rows or fewer looks among those rows
+only (every key of them scored, every term matched against them at once) instead of searching
+all of the owner's and dropping what the filters refuse: a search of a layer the owner holds no
+rows of, behind 100,000 raw turns, took 157-163 ms (vectors) and 31-33 ms (keywords) that way."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 from services.store.core import Core
 from services.store.keys import CONTEXT_LAYERS, MOST_CLAUSES_HELD, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
-from services.store.model import KeywordResult, ListQuery, Reach, Scored
+from services.store.model import FEW_PASSING, KeywordResult, ListQuery, Reach, Scored
 from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
@@ -24,11 +24,6 @@ OVERSAMPLE = 4
 # When filters leave too few of those, the search is widened, four times over each time, up to
 # this many keys; past it, every key that passes the filters is scored.
 WIDEST = 16_384
-# When the first index search comes up short, the rows that pass the filters are counted; this
-# many or fewer are scored exactly at once rather than widened toward: a search of a layer the
-# owner holds few rows of, behind 100,000 of another, widened four times over four times and
-# read the memories behind 16,384 keys (157-163 ms p50).
-FEW_PASSING = 2_000
 # Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
 # not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
 # first searches and was killed).
@@ -156,7 +151,7 @@ async def _search_user(
         exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
         if len(hits) >= k or exhausted:
             return hits[:k]
-        if few is None:
+        if few is None:  # counted once the first search came up short: most never do
             few = await _few_pass(core, reach, layers, include_superseded)
         if few or count >= WIDEST:
             # The filters pass few of the nearest keys: score just the keys that pass.
