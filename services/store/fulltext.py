@@ -217,9 +217,10 @@ class _Finder:
         must = tantivy.Occur.Must
         return tantivy.Query.boolean_query([(must, q) for q in queries if q is not None])
 
-    def _any(self, queries: Sequence[tantivy.Query]) -> tantivy.Query:
+    def _any(self, queries: Sequence[tantivy.Query], least: int | None = None) -> tantivy.Query:
+        """Rows holding one of the queries' terms (or `least` of them)."""
         should = tantivy.Occur.Should
-        return tantivy.Query.boolean_query([(should, q) for q in queries])
+        return tantivy.Query.boolean_query([(should, q) for q in queries], least)
 
     def _at_least(self, queries: Sequence[tantivy.Query], least: int) -> tantivy.Query | None:
         """Rows holding `least` of the terms, as a filter (the finding terms give the score);
@@ -228,17 +229,13 @@ class _Finder:
         Without it, a strict search of many terms read rows holding only the rare ones until
         it had k that held enough: 50-110 ms at 100,000 memories of one owner.
         """
-        if least <= 1:
-            return None
-        should = tantivy.Occur.Should
-        held = tantivy.Query.boolean_query([(should, q) for q in queries], least)
-        return _filter(held)
+        return None if least <= 1 else _filter(self._any(queries, least))
 
     def find(self, words: Sequence[str], least: int, limit: int) -> _Found:
         terms = self.keyword.terms(words)
         found = [None if t is None else self._term("text", t) for t in terms]
         if self.among is not None:
-            return self._among_few(self.among, found, least, limit)
+            return self._among_few(found, least, limit)
         if least >= len(words):
             if any(q is None for q in found):
                 return _Found([], False, True)
@@ -262,14 +259,12 @@ class _Finder:
             queries.append(self._all(self.owner, self._any(rare_found), at_least))
         return self._ranked(queries, limit, exact=False)
 
-    def _among_few(
-        self, among: list[int], found: list[tantivy.Query | None], least: int, limit: int
-    ) -> _Found:
-        """The search among a few named rows: every term finds them, no budget."""
+    def _among_few(self, found: list[tantivy.Query | None], least: int, limit: int) -> _Found:
+        """The search among the few rows `among` names: every term finds them, no budget."""
         known = [q for q in found if q is not None]
-        if not among or len(known) < least:
+        if not self.among or len(known) < least:
             return _Found([], False, least >= len(found))
-        only = _filter(tantivy.Query.term_set_query(self.schema, "id", among))
+        only = _filter(tantivy.Query.term_set_query(self.schema, "id", self.among))
         if least >= len(found):
             return self._ranked([self._all(only, *known)], limit, exact=True)
         match = self._all(only, self._any(known), self._at_least(known, least))
