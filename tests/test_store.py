@@ -681,6 +681,71 @@ async def test_the_keyword_indexes_catch_up_with_rows_written_while_they_were_be
 
 
 @pytest.mark.sqlite_only
+async def test_a_keyword_index_applies_the_log_as_it_stood_and_leaves_later_writes_to_the_next(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only searches apply the log here: the background follower waits longer than the test.
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 3600.0)
+    apply_batch = KeywordIndex._apply
+    applied: list[int] = []
+
+    def apply_while_a_write_lands(index: KeywordIndex, ids: Any, rows: Any, upto: int) -> None:
+        if index.source.name == "own" and not applied:
+            # A write commits while the first batch is being applied.
+            db = sqlite3.connect(tmp_path / "hyatlas.db")
+            db.execute(
+                "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+                "VALUES ('late', 'alice', 'l2_raw', 'a late note', 1, 1)"
+            )
+            db.commit()
+            db.close()
+        if index.source.name == "own":
+            applied.append(len(rows))
+        apply_batch(index, ids, rows, upto)
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("an early note", layer=L2))
+        monkeypatch.setattr(KeywordIndex, "_apply", apply_while_a_write_lands)
+
+        async def found() -> list[str]:
+            reply = await stub.KeywordSearch(
+                store_pb2.KeywordSearchRequest(scope=scope(), query="note", k=10)
+            )
+            return sorted(h.hit.memory.content for h in reply.hits)
+
+        # The search applies what was committed when it began, in one batch, and returns.
+        assert await found() == ["an early note"]
+        assert applied == [1]
+        # The write that landed meanwhile is the next search's to apply.
+        assert await found() == ["a late note", "an early note"]
+        assert applied == [1, 1]
+
+
+@pytest.mark.sqlite_only
+async def test_a_write_made_while_the_indexes_follow_in_the_background_is_applied_in_a_next_round(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
+    follow = KeywordIndex.follow
+    wrote: list[bool] = []
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+
+        async def follow_then_write(index: KeywordIndex, conn: Any) -> None:
+            await follow(index, conn)
+            if index.source.name == "own" and not wrote:
+                wrote.append(True)
+                await apply(stub, insert("the zephyrine lighthouse keeper", layer=L2))
+
+        monkeypatch.setattr(KeywordIndex, "follow", follow_then_write)
+        await apply(stub, insert("an early note", layer=L2))
+        # No search comes: the follower's next round applies the write, as it does any other.
+        await assert_eventually(
+            lambda: _keyword_doc_freq(tmp_path, "own", keywords.stem("zephyrine")) == 1
+        )
+
+
+@pytest.mark.sqlite_only
 async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

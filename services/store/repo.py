@@ -678,6 +678,8 @@ class Repo:
         self._text_readers: dict[str, aiosqlite.Connection] = {}
         self._keywords: dict[str, KeywordIndex] = {}
         self._follower: asyncio.Task[None] | None = None
+        self._unfollowed = False
+        """Whether a commit came after the follower's last round began."""
         self._purger: asyncio.Task[None] | None = None
         self._pruned = 0
 
@@ -763,15 +765,19 @@ class Repo:
 
     def _follow_soon(self) -> None:
         """Has the keyword indexes apply a commit's changes in the background, so a search
-        seldom waits for them, gathering the commits of FOLLOW_DELAY_S in one."""
+        seldom waits for them, gathering the commits of FOLLOW_DELAY_S in one; commits made
+        while they apply are gathered for the next round."""
+        self._unfollowed = True
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def _follow(self) -> None:
-        await asyncio.sleep(FOLLOW_DELAY_S)
         try:
-            for name, index in self._keywords.items():
-                await index.follow(self.text_reader(name))
+            while self._unfollowed:
+                await asyncio.sleep(FOLLOW_DELAY_S)
+                self._unfollowed = False
+                for name, index in self._keywords.items():
+                    await index.follow(self.text_reader(name))
         except Exception:  # a search applies the changes then, or reports the failure
             log.exception("keyword indexes could not follow the change log")
 

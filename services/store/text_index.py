@@ -142,13 +142,16 @@ class KeywordIndex:
         return self._index
 
     async def follow(self, conn: aiosqlite.Connection) -> None:
-        """Applies the log rows after the index's position, a batch per commit."""
+        """Applies the log rows after the index's position, up to the log's end as it is now,
+        a batch per commit.
+
+        Rows committed meanwhile are left to the next follow: chasing them held the lock a
+        search waits on for as long as writes kept landing (seconds under four writers).
+        """
         async with self._lock:
-            while True:
-                # The log's end first: every row up to it is committed by then.
-                high = await log_high(conn)
-                if high <= self.applied:
-                    return
+            # Every row up to the log's end is committed by the time it is read.
+            high = await log_high(conn)
+            while high > self.applied:
                 changes = await conn.execute_fetchall(
                     "SELECT seq, id FROM text_changes WHERE seq > ? AND seq <= ? AND kind = ? "
                     "ORDER BY seq LIMIT ?",
