@@ -344,6 +344,22 @@ async def test_batcher_skips_a_call_whose_caller_gave_up() -> None:
     assert gate.seen == [["running"], ["kept", "too"]]
 
 
+async def test_an_urgent_call_runs_alone_before_the_calls_queued_ahead_of_it() -> None:
+    gate = GatedRun()
+    async with MicroBatcher(gate, max_batch=8) as batcher:
+        running = asyncio.create_task(batcher.embed(["a write in flight"]))
+        await assert_eventually(lambda: len(gate.seen) == 1)
+        writes = [asyncio.create_task(batcher.embed([f"write {n}"])) for n in range(2)]
+        query = asyncio.create_task(batcher.embed(["a query"], urgent=True))
+        await assert_eventually(lambda: batcher.waiting_calls == 3)
+        assert batcher.waiting_vectors == 3
+        gate.release.set()
+        assert (await query).tolist() == [[7.0, 1.0]]
+        for task in (running, *writes):
+            await task
+    assert gate.seen == [["a write in flight"], ["a query"], ["write 0", "write 1"]]
+
+
 async def test_closing_the_batcher_fails_waiting_calls_as_unavailable() -> None:
     gate = GatedRun()
     batcher = MicroBatcher(gate, max_batch=8)

@@ -31,6 +31,10 @@ class _Request(Generic[T]):
     parts: list[np.ndarray] = field(default_factory=list)
 
 
+# A request, and the range of its texts a run takes.
+_Slice = tuple[_Request[T], int, int]
+
+
 class MicroBatcher(Generic[T]):
     """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
 
@@ -38,6 +42,9 @@ class MicroBatcher(Generic[T]):
     to max_batch texts. A call with more texts than max_batch spans several runs. A call that
     would take the queue past max_queue vectors to make is refused (Overloaded) unless the queue
     is empty.
+
+    Urgent calls (a search's query) wait in a queue of their own, which the next run takes
+    alone: a query waits for the run in flight, not for the writes queued before it too.
     """
 
     def __init__(
@@ -53,6 +60,7 @@ class MicroBatcher(Generic[T]):
         self._max_batch = max(1, max_batch)
         self._max_queue = max(1, max_queue)
         self._queue: collections.deque[_Request[T]] = collections.deque()
+        self._urgent: collections.deque[_Request[T]] = collections.deque()
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -64,13 +72,16 @@ class MicroBatcher(Generic[T]):
     @property
     def waiting_calls(self) -> int:
         """Calls queued and not yet wholly taken into a run."""
-        return len(self._queue)
+        return len(self._queue) + len(self._urgent)
 
     @property
     def waiting_vectors(self) -> int:
         """Vectors still to make for the texts queued and not yet taken into a run."""
         return sum(
-            self._rows_of(text) for request in self._queue for text in request.texts[request.taken:]
+            self._rows_of(text)
+            for queue in (self._urgent, self._queue)
+            for request in queue
+            for text in request.texts[request.taken :]
         )
 
     async def __aenter__(self) -> MicroBatcher[T]:
@@ -95,13 +106,15 @@ class MicroBatcher(Generic[T]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
-        while self._queue:
-            request = self._queue.popleft()
-            if not request.future.done():
-                request.future.set_exception(Unavailable("embedder is stopping"))
+        for queue in (self._urgent, self._queue):
+            while queue:
+                request = queue.popleft()
+                if not request.future.done():
+                    request.future.set_exception(Unavailable("embedder is stopping"))
 
-    async def embed(self, texts: Sequence[T]) -> np.ndarray:
-        """The rows run_batch gives for texts, in order, computed in a shared run."""
+    async def embed(self, texts: Sequence[T], *, urgent: bool = False) -> np.ndarray:
+        """The rows run_batch gives for texts, in order, computed in a shared run (with other
+        urgent calls only, when urgent)."""
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
         waiting = self.waiting_vectors
@@ -111,18 +124,22 @@ class MicroBatcher(Generic[T]):
                 f"embedder queue is full ({waiting} vectors waiting, limit {self._max_queue})"
             )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(texts, future))
+        (self._urgent if urgent else self._queue).append(_Request(texts, future))
         self._wakeup.set()
         return await future
 
-    def _take(self) -> list[tuple[_Request[T], int, int]]:
-        """Slices of queued requests, in arrival order, up to max_batch texts."""
-        slices: list[tuple[_Request[T], int, int]] = []
+    def _take(self) -> list[_Slice[T]]:
+        """Slices of queued requests up to max_batch texts: the urgent ones if any wait, else
+        the others, in arrival order."""
+        return self._take_from(self._urgent) or self._take_from(self._queue)
+
+    def _take_from(self, queue: collections.deque[_Request[T]]) -> list[_Slice[T]]:
+        slices: list[_Slice[T]] = []
         room = self._max_batch
-        while self._queue and room > 0:
-            request = self._queue[0]
+        while queue and room > 0:
+            request = queue[0]
             if request.future.done():  # the caller gave up (deadline, cancel)
-                self._queue.popleft()
+                queue.popleft()
                 continue
             start = request.taken
             end = min(len(request.texts), start + room)
@@ -130,14 +147,14 @@ class MicroBatcher(Generic[T]):
             request.taken = end
             room -= end - start
             if end == len(request.texts):
-                self._queue.popleft()
+                queue.popleft()
         return slices
 
     async def _work(self) -> None:
         while True:
             await self._wakeup.wait()
             slices = self._take()
-            if not self._queue:
+            if not self._queue and not self._urgent:
                 self._wakeup.clear()
             if not slices:
                 continue

@@ -100,19 +100,22 @@ class Embedder:
         """Unit float32 rows for texts, in order; queries get the model's query prefix."""
         if is_query and self._info.query_prefix:
             texts = [self._info.query_prefix + text for text in texts]
-        return await self.embed_passages([Passage(text) for text in texts])
+        return await self.embed_passages([Passage(text) for text in texts], urgent=is_query)
 
-    async def embed_passages(self, passages: Sequence[Passage]) -> np.ndarray:
+    async def embed_passages(
+        self, passages: Sequence[Passage], *, urgent: bool = False
+    ) -> np.ndarray:
         """Unit float32 rows for each passage in order: its text's, then each span's.
 
         A call's passages go to the batcher shortest first: a long call is run max_batch texts
-        at a time, and texts of about one length in a run pad little.
+        at a time, and texts of about one length in a run pad little. Urgent ones (queries)
+        run before the writes' texts queued.
         """
         check_passages(passages)
         if not passages:
             return np.zeros((0, self._info.ndim), dtype=np.float32)
         order = sorted(range(len(passages)), key=lambda i: len(passages[i].text))
-        rows = await self._batcher.embed([passages[i] for i in order])
+        rows = await self._batcher.embed([passages[i] for i in order], urgent=urgent)
         return rows[rows_in_call_order(order, [p.rows for p in passages])]
 
     @property
