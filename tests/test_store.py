@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from usearch.index import Index, ScalarKind
 
-from services.store import fulltext, keywords, retrieval
+from services.store import fulltext, keywords, retrieval, text_index
 from services.store import repo as repo_module
 from services.store.config import StoreConfig
 from services.store.model import FEW_PASSING, MemoryRow
@@ -719,6 +719,35 @@ async def test_a_keyword_index_applies_the_log_as_it_stood_and_leaves_later_writ
         # The write that landed meanwhile is the next search's to apply.
         assert await found() == ["a late note", "an early note"]
         assert applied == [1, 1]
+
+
+@pytest.mark.sqlite_only
+async def test_a_batch_that_fails_to_apply_leaves_nothing_behind_and_is_applied_by_the_next_follow(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 3600.0)
+    add = text_index._add
+    failed: list[bool] = []
+
+    def add_then_fail_once(writer: Any, rows: Any) -> None:
+        add(writer, rows)  # half a batch in the writer when it fails
+        if not failed:
+            failed.append(True)
+            raise OSError("disk full")
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("an early note", layer=L2), insert("a second note", layer=L2))
+        monkeypatch.setattr(text_index, "_add", add_then_fail_once)
+        request = store_pb2.KeywordSearchRequest(scope=scope(), query="note", k=10)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.KeywordSearch(request)
+        # The writer kept for the next batch holds nothing of the failed one: each row once.
+        found = await stub.KeywordSearch(request)
+        assert sorted(h.hit.memory.content for h in found.hits) == [
+            "a second note",
+            "an early note",
+        ]
+    assert _keyword_doc_freq(tmp_path, "own", keywords.stem("note")) == 2
 
 
 @pytest.mark.sqlite_only

@@ -576,7 +576,8 @@ KEYWORDS_PURGE = "keywords_purge"
 # Log rows the keyword indexes hold are deleted once this many have gathered.
 PRUNE_EVERY = 1000
 # How long the keyword indexes gather commits before applying them in the background: a
-# tantivy commit costs about 17 ms (a writer, a segment), more than a small write's own work.
+# tantivy commit costs about 9 ms (a segment, its files synced), more than a small write's own
+# work.
 FOLLOW_DELAY_S = 0.5
 
 # What a deleted row's audit entries keep: who and what it was, never what it said.
