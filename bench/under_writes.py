@@ -23,9 +23,10 @@ import aiohttp
 from bench.compare import Ours, latency, make_seeder, memory_parts, memory_text, seed
 from bench.hops import commit
 from bench.locomo_retrieval import DEFAULT_DATA, load
+from bench.postgres import BACKENDS, throwaway
 from tests.support import running_stack
 
-RESULTS = Path(__file__).resolve().parent / "results" / "under_writes.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 OWNER = "bench"
 WARM_UP = 20
 
@@ -94,23 +95,38 @@ def main() -> int:
     parser.add_argument("--to-write", type=int, default=20_000, help="texts the writers may add")
     parser.add_argument("--questions", type=int, default=300, help="LoCoMo questions asked")
     parser.add_argument("--threads", type=int, default=2, help="the model's threads")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sqlite",
+        help="the store's: SQLite in the data dir, or a fresh database on a throwaway "
+        "PostgreSQL with pgvector (bench/postgres.py)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default bench/results/under_writes.json (under_writes_postgres.json on PostgreSQL)",
+    )
     args = parser.parse_args()
     started = datetime.now(UTC)
     load_start = os.getloadavg()
     with (
         tempfile.TemporaryDirectory(prefix="under-writes-") as tmp,
+        throwaway(args.backend, Path(tmp) / "postgres") as databases,
         running_stack(
             Path(tmp) / "data",
             ["embedder", "store", "search", "gateway"],
             HYATLAS_MODE="lite",
             HYATLAS_EMBED_THREADS=str(args.threads),
+            **({"HYATLAS_STORE_DSN": databases.new_dsn()} if databases else {}),
         ) as stack,
     ):
         result = asyncio.run(measure(args, stack.base_url))
     report = {
         "started": started.isoformat(timespec="seconds"),
         "commit": commit(),
+        "backend": args.backend,
         "memories": args.memories,
         "writers": args.writers,
         "questions": args.questions,
@@ -118,8 +134,10 @@ def main() -> int:
         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         **result,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    suffix = "" if args.backend == "sqlite" else f"_{args.backend}"
+    out = args.out or RESULTS / f"under_writes{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\n{args.memories:,} memories, one owner, {args.questions} hybrid searches; "
           f"{args.writers} writers added {result['adds_per_s_meanwhile']} a second meanwhile\n")
     print("| searches | p50 ms | p95 ms | p99 ms | max ms |\n|---|---|---|---|---|")
