@@ -42,7 +42,7 @@ import asyncpg
 import numpy as np
 
 from bench.locomo_retrieval import DEFAULT_DATA, Question, Turn, load
-from bench.postgres import BACKENDS, Databases, throwaway
+from bench.postgres import Databases, add_backend_argument, throwaway
 from bench.seeding import Seeder
 from services.embedder.models import find_model_files
 from services.embedder.onnx_encoder import OnnxEncoder
@@ -1024,9 +1024,7 @@ def main() -> int:
                         "embedded and timed)")
     parser.add_argument("--log-level", default="info",
                         help="debug: the search service logs per-stage timings, summarised")
-    parser.add_argument("--backend", choices=BACKENDS, default="sqlite",
-                        help="the store's: SQLite in the data dir, or a fresh database on a "
-                        "throwaway PostgreSQL with pgvector (bench/postgres.py)")
+    add_backend_argument(parser)
     parser.add_argument("--store-replicas", type=int, default=1,
                         help="store processes on the one PostgreSQL database, taking calls in "
                         "turn (HYATLAS_STORE_REPLICAS of scripts/run.py)")

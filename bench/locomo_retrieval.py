@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.postgres import BACKENDS, throwaway
+from bench.postgres import add_backend_argument, results_file, throwaway
 from tests.support import running_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,13 +356,7 @@ def main() -> int:
         action="store_true",
         help="also run the hybrid with each stage switched off in turn (skip_stages)",
     )
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="sqlite",
-        help="the store's: SQLite in the data dir, or a fresh database on a throwaway "
-        "PostgreSQL with pgvector (bench/postgres.py)",
-    )
+    add_backend_argument(parser)
     parser.add_argument(
         "--out",
         type=Path,
@@ -382,8 +376,7 @@ def main() -> int:
         print(f"no data at {args.data}", file=sys.stderr)
         return 1
     report = asyncio.run(run(args))
-    suffix = "" if args.backend == "sqlite" else f"_{args.backend}"
-    out = args.out or RESULTS / f"locomo_retrieval{suffix}.json"
+    out = args.out or results_file(RESULTS, "locomo_retrieval", args.backend)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0

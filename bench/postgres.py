@@ -3,6 +3,7 @@ one server in a folder of its own, a new empty database for each store that asks
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import subprocess
@@ -90,6 +91,23 @@ class Databases:
 
 BACKENDS = ("sqlite", "postgres")
 """The store backends a bench can run on: SQLite in the data dir, or a throwaway PostgreSQL."""
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """A bench's --backend: one of BACKENDS, SQLite unless told."""
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sqlite",
+        help="the store's: SQLite in the data dir, or a fresh database on a throwaway "
+        "PostgreSQL with pgvector (bench/postgres.py)",
+    )
+
+
+def results_file(folder: Path, stem: str, backend: str) -> Path:
+    """Where a bench writes its results on a backend: stem.json on SQLite, else
+    stem_<backend>.json."""
+    return folder / (f"{stem}.json" if backend == "sqlite" else f"{stem}_{backend}.json")
 
 
 @contextmanager

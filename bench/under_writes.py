@@ -23,7 +23,7 @@ import aiohttp
 from bench.compare import Ours, latency, make_seeder, memory_parts, memory_text, seed
 from bench.hops import commit
 from bench.locomo_retrieval import DEFAULT_DATA, load
-from bench.postgres import BACKENDS, throwaway
+from bench.postgres import add_backend_argument, results_file, throwaway
 from tests.support import running_stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,13 +95,7 @@ def main() -> int:
     parser.add_argument("--to-write", type=int, default=20_000, help="texts the writers may add")
     parser.add_argument("--questions", type=int, default=300, help="LoCoMo questions asked")
     parser.add_argument("--threads", type=int, default=2, help="the model's threads")
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="sqlite",
-        help="the store's: SQLite in the data dir, or a fresh database on a throwaway "
-        "PostgreSQL with pgvector (bench/postgres.py)",
-    )
+    add_backend_argument(parser)
     parser.add_argument(
         "--out",
         type=Path,
@@ -134,8 +128,7 @@ def main() -> int:
         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         **result,
     }
-    suffix = "" if args.backend == "sqlite" else f"_{args.backend}"
-    out = args.out or RESULTS / f"under_writes{suffix}.json"
+    out = args.out or results_file(RESULTS, "under_writes", args.backend)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\n{args.memories:,} memories, one owner, {args.questions} hybrid searches; "
