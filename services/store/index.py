@@ -34,6 +34,8 @@ DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
 # How an index stores a vector: a unit vector's components times 127, as 8-bit integers. Half
 # the memory and disk of half precision; LoCoMo's overall recall and NDCG as with half (README).
 PRECISION = ScalarKind.I8
+# A search for this many keys or fewer runs on the event loop (see VectorIndexes.search).
+QUICK_SEARCH_KEYS = 1024
 
 KeysOf = Callable[[str], Awaitable[set[int]]]
 FetchVectors = Callable[[list[int]], Awaitable[np.ndarray]]
@@ -324,9 +326,12 @@ class VectorIndexes:
             if size == 0:
                 empty = np.zeros(0, dtype=np.uint64)
                 return Matches(empty, np.zeros(0, dtype=np.float32), 0)
-            matches = await asyncio.to_thread(
+            search = functools.partial(
                 index.search, vector, min(count, size), exact=size <= exact_up_to
             )
+            # A search of the usual breadth takes under a millisecond (exact at 20,000 vectors
+            # 0.75 ms, approximate at 100,000 0.6): run here, it saves a thread's hand-off.
+            matches = search() if count <= QUICK_SEARCH_KEYS else await asyncio.to_thread(search)
         scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)
         return Matches(np.asarray(matches.keys), scores, size)
 
