@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -13,7 +14,13 @@ import numpy as np
 import pytest
 from usearch.index import Index
 
-from services.store.index import IndexChanges, ReadWriteLock, VectorIndexes, new_index
+from services.store.index import (
+    IndexChanges,
+    ReadWriteLock,
+    VectorIndexes,
+    index_file_name,
+    new_index,
+)
 from services.store.index_save import DETACH_FROM_BYTES, save_index
 from tests.support import WAIT_CEILING_S
 
@@ -150,6 +157,45 @@ async def test_a_committed_write_reaches_its_index_though_its_caller_gives_up(
     await search
     found = await indexes.search("alice", vectors[3], 4, exact_up_to=0)
     assert found.size == 4 and int(found.keys[0]) == 4
+
+
+async def test_two_saves_at_once_write_an_index_one_after_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors = _unit_rows(3)
+
+    async def keys_of(user_id: str) -> set[int]:
+        return set()
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    events: list[str] = []
+    first_in, release = threading.Event(), threading.Event()
+
+    def held_save(index: Index, path: str) -> None:
+        events.append("start")
+        first_in.set()
+        release.wait(WAIT_CEILING_S)
+        save_index(index, path)
+        events.append("end")
+
+    monkeypatch.setattr("services.store.index.save_index", held_save)
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    changes = IndexChanges()
+    for key in (1, 2, 3):
+        changes.add("alice", key, vectors[key - 1])
+    await indexes.apply(changes)
+    periodic = asyncio.create_task(indexes.save())
+    await asyncio.to_thread(first_in.wait, WAIT_CEILING_S)
+    flush = asyncio.create_task(indexes.save())  # while the periodic save writes the file
+    await settle()
+    release.set()
+    assert await periodic == 3 and await flush == 3
+    assert events == ["start", "end"]  # the second found nothing changed since
+    assert sorted(os.listdir(tmp_path)) == [index_file_name("alice")]  # no .tmp left
+    assert len(Index.restore(str(tmp_path / index_file_name("alice")))) == 3
 
 
 def _index_of(count: int) -> Index:

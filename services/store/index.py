@@ -154,6 +154,9 @@ class VectorIndexes:
         self._dirty: set[str] = set()
         # usearch may not be searched while it grows or is saved while it changes.
         self._lock = ReadWriteLock()
+        # One save at a time: two would write one index's file at once (the saver every
+        # HYATLAS_STORE_SAVE_EVERY, a flush, a snapshot).
+        self._saving = asyncio.Lock()
 
     def open(self) -> None:
         """Makes the folder and clears saves a crash cut short."""
@@ -357,7 +360,7 @@ class VectorIndexes:
 
     async def save(self) -> int:
         """Writes every changed index to disk (atomically); searches go on meanwhile."""
-        async with self._lock.reading(saving=True):
+        async with self._saving, self._lock.reading(saving=True):
             for user_id in sorted(self._dirty):
                 await self._save_one(user_id)
             return self.total
