@@ -237,6 +237,10 @@ def ready(url: str) -> bool:
         return False
 
 
+LOG_TAIL_CHARS = 8000
+"""How much of the services' log a failure prints."""
+
+
 @contextmanager
 def project_stack(
     tmp: Path, args: argparse.Namespace, databases: Databases | None
@@ -273,10 +277,15 @@ def project_stack(
         deadline = time.monotonic() + 180
         while not ready(f"{project.base_url}/readyz"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-4000:]
-                raise RuntimeError(f"the stack did not get ready:\n{tail}")
+                raise RuntimeError("the stack did not get ready")
             time.sleep(0.25)
         yield project
+    except Exception:
+        # The stack did not start or a step failed: what the services logged last tells why
+        # (the temp dir goes away).
+        tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        print(f"the services' log, last lines:\n{tail}", file=sys.stderr)
+        raise
     finally:
         left = [pid for s in children(proc.pid) for pid in [s, *children(s)]]
         proc.send_signal(signal.SIGTERM)
