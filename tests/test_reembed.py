@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from services.embedder.config import EmbedderConfig
@@ -21,12 +24,23 @@ from services.embedder.models import MINILM, MINILM_FP16
 from services.embedder.server import running_server
 from services.store import reembed
 from services.store.config import StoreConfig
+from services.store.model import Insert, ListQuery, Reach
+from services.store.server import running_store
 from shared.clients import EmbedderClient
-from shared.errors import ConfigError
+from shared.errors import ConfigError, Unavailable
+from shared.passages import Passage
 from shared.pb import common_pb2, embedder_pb2, embedder_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import LONG_TEXT, call
-from tests.support import ROOT, Stack, assert_eventually, running_stack, value_eventually
+from tests.support import (
+    ROOT,
+    WAIT_CEILING_S,
+    Stack,
+    StoreBackend,
+    assert_eventually,
+    running_stack,
+    value_eventually,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -264,6 +278,38 @@ async def test_the_embedder_runs_a_named_model_beside_its_configured_one(
         assert (await stub.Embed(embedder_pb2.EmbedRequest(texts=texts))).model_id == (
             MINILM_FP16.model_id
         )
+
+
+async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_nothing(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    config = StoreConfig(
+        data_dir=tmp_path,
+        address=f"unix:{tmp_path / 'store.sock'}",
+        embedder_address=embedder_address,
+        store_dsn=StoreBackend.dsn(tmp_path),
+    )
+    async with running_store(config) as store:
+        core = store._core
+        embedded = asyncio.Event()
+        real_embed = core.embed
+
+        async def embed_then_tell(passages: Sequence[Passage]) -> np.ndarray:
+            vectors = await real_embed(passages)
+            embedded.set()
+            return vectors
+
+        core.embed = embed_then_tell  # type: ignore[method-assign]
+        row = Insert("alice", "", "", "l3_fact", "Alice keeps bees on the roof.")
+        async with core.write_lock:  # held by a re-embed's switch
+            write = asyncio.create_task(store.apply(Reach(("alice",)), [row]))
+            await asyncio.wait_for(embedded.wait(), WAIT_CEILING_S)
+            core.model = dataclasses.replace(core.model, model_id="the-next-model")
+        with pytest.raises(Unavailable, match="send it again"):
+            await write
+        rows, total = await store.list_rows(Reach(("alice",)), ListQuery())
+        assert rows == [] and total == 0
+        assert (await store.stats(Reach(("alice",)))).vectors == 0
 
 
 def _folder(path: Path, marker: str | None) -> Path:

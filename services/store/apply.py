@@ -80,10 +80,13 @@ async def apply_ops(
     ids = {i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
     ops = resolved(ops, ids)
     passages, wanted = _to_embed(ops)
+    model_id = core.model.model_id
     vectors = await core.embed(passages) if passages else np.zeros((0, core.model.ndim))
     vectors = vectors[np.array(wanted, dtype=bool)] if passages else vectors
     results: list[MemoryRow | None] = []
-    async with core.writing(actor or DEFAULT_ACTOR) as w:
+    # Refused if a re-embed changed the model meanwhile (vectors given with ops are checked
+    # under the lock).
+    async with core.writing(actor or DEFAULT_ACTOR, model_id if passages else "") as w:
         # Checked under the write lock, so a key sent twice at once is applied once.
         if key is not None and (earlier := await replayed(w.tx, key, w.now)) is not None:
             return earlier

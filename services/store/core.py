@@ -25,7 +25,7 @@ from services.store.mirrors import FactChange
 from services.store.model import ACTIVE, MAX_LIMIT, RETIRED, ListQuery, MemoryRow, Reach
 from services.store.repo import Repo
 from services.store.rows import Rows, Vectors, Writes
-from shared.errors import Conflict, InvalidArgument, NotFound, Unimplemented
+from shared.errors import Conflict, InvalidArgument, NotFound, Unavailable, Unimplemented
 from shared.grants import Grant
 from shared.limits import check_name
 from shared.passages import Passage
@@ -126,9 +126,19 @@ class Core:
         return vectors
 
     @contextlib.asynccontextmanager
-    async def writing(self, actor: str) -> AsyncIterator[Write]:
-        """One write under the lock, in one transaction; the indexes follow once it commits."""
+    async def writing(self, actor: str, embedded_with: str = "") -> AsyncIterator[Write]:
+        """One write under the lock, in one transaction; the indexes follow once it commits.
+
+        embedded_with: the model that made the write's vectors before it waited for the lock.
+        When a re-embed moved the store to another model meanwhile, the write is refused
+        (Unavailable: nothing written, send it again), so no row keeps an old model's vector.
+        """
         async with self.write_lock:
+            if embedded_with and embedded_with != self.model.model_id:
+                raise Unavailable(
+                    f"the store moved from model {embedded_with!r} to {self.model.model_id!r} "
+                    "while this write was embedded; nothing was written, send it again"
+                )
             now = time.time()
             changes = IndexChanges()
 

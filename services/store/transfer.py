@@ -258,7 +258,8 @@ async def import_lines(
     rows = _ready(batch.memories, iter(fresh))
     edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
     done = Imported()
-    async with core.writing(actor or DEFAULT_ACTOR) as w:
+    # The lines were checked, and are embedded, for ctx's model: refused if it changed.
+    async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
         sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
         taken = await sql.existing_memory_ids([r.line.row.id for r in rows])
