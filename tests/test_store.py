@@ -796,6 +796,47 @@ async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
     assert left <= 2
 
 
+@pytest.mark.sqlite_only
+async def test_a_row_written_during_a_rebuild_is_found_after_it_though_the_log_was_pruned(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "PRUNE_EVERY", 1)
+    started, release = threading.Event(), threading.Event()
+    build = KeywordIndex._build
+
+    def held_build(index: KeywordIndex, rows: Any, high: int) -> Path:
+        if index.source.name == "own":
+            started.set()
+            release.wait(WAIT_CEILING_S)
+        return build(index, rows, high)
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("the zephyrine lighthouse keeper", layer=L2))
+        monkeypatch.setattr(KeywordIndex, "_build", held_build)
+        await stub.DeleteMemories(  # an erase: the keyword indexes are rebuilt behind it
+            store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L2], actor="api")
+        )
+        await assert_eventually(started.is_set)  # the rows are read, the build goes on
+        await apply(stub, insert("a quokka on the ferry"))
+        # The index in use applies the write, so the next write may prune its log row.
+        await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="quokka", context_keys=True)
+        )
+        await apply(stub, insert("another note"))
+        release.set()
+        db = sqlite3.connect(tmp_path / "hyatlas.db")
+        await assert_eventually(
+            lambda: db.execute(
+                "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
+            ).fetchone() == (0,)
+        )
+        db.close()
+        found = await stub.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query="quokka")
+        )
+        assert [h.hit.memory.content for h in found.hits] == ["a quokka on the ferry"]
+
+
 def test_the_keyword_indexes_stem_a_word_as_matched_terms_does() -> None:
     words = "walking happiness ponies relational generously skies agreed hoping dancing running"
     terms = KeywordIndex(Path("unused"), SOURCES["own"]).terms(words.split())

@@ -802,8 +802,9 @@ class Repo:
             log.exception("keyword indexes could not follow the change log")
 
     async def _prune_text_changes(self) -> None:
-        """Deletes the log rows every keyword index holds (inside a write's transaction)."""
-        held = min((index.applied for index in self._keywords.values()), default=0)
+        """Deletes the log rows no keyword index needs any more (inside a write's
+        transaction)."""
+        held = min((index.log_needed_after for index in self._keywords.values()), default=0)
         if held - self._pruned >= PRUNE_EVERY:
             await self.writer.execute("DELETE FROM text_changes WHERE seq <= ?", (held,))
             self._pruned = held

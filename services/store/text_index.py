@@ -109,6 +109,15 @@ class KeywordIndex:
         self._lock = asyncio.Lock()
         self._closing = False
         self._threads: set[asyncio.Future[Any]] = set()
+        self._rebuilds_from: list[int] = []
+        """The log positions rebuilds in progress read their rows at."""
+
+    @property
+    def log_needed_after(self) -> int:
+        """The log seq after which this index still needs every log row: what it applied, or
+        where a rebuild in progress read its rows (the new index applies the log from there
+        once it is swapped in), whichever is lower."""
+        return min([self.applied, *self._rebuilds_from])
 
     @property
     def _position(self) -> Path:
@@ -192,14 +201,18 @@ class KeywordIndex:
         Searches go on with the old index while the new one is built."""
         # The log's end first: the rows read after it hold every change up to it, and the
         # changes after it are applied again once the index is swapped in (applying is
-        # idempotent).
+        # idempotent; the log keeps them till then, see log_needed_after).
         high = await log_high(conn)
-        rows = list(await conn.execute_fetchall(self.source.rows))
-        fresh = await self._in_thread(self._build, rows, high)
-        async with self._lock:
-            self._index = await self._in_thread(self._swap, fresh)
-            self.ids = IdSpan(0, 0).widened([int(row[0]) for row in rows])
-            self.applied = high
+        self._rebuilds_from.append(high)
+        try:
+            rows = list(await conn.execute_fetchall(self.source.rows))
+            fresh = await self._in_thread(self._build, rows, high)
+            async with self._lock:
+                self._index = await self._in_thread(self._swap, fresh)
+                self.ids = IdSpan(0, 0).widened([int(row[0]) for row in rows])
+                self.applied = high
+        finally:
+            self._rebuilds_from.remove(high)
         log.info("built keyword index %s: %d rows", self.source.name, len(rows))
 
     def _build(self, rows: Sequence[Sequence[Any]], high: int) -> Path:
