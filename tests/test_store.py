@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
@@ -835,6 +836,63 @@ async def test_a_row_written_during_a_rebuild_is_found_after_it_though_the_log_w
             store_pb2.KeywordSearchRequest(scope=scope(), query="quokka")
         )
         assert [h.hit.memory.content for h in found.hits] == ["a quokka on the ferry"]
+
+
+class LogInMemory:
+    """The reads a keyword index makes of SQLite, from rows and a change log held here."""
+
+    def __init__(self, source_rows: str) -> None:
+        self.source_rows = source_rows
+        self.changes: list[tuple[int, int]] = []
+        self.rows: dict[int, tuple[int, str, str]] = {}
+
+    def write(self, row_id: int, text: str) -> None:
+        self.rows[row_id] = (row_id, text, "alice")
+        self.changes.append((len(self.changes) + 1, row_id))
+
+    async def execute_fetchall(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        if "sqlite_sequence" in sql:
+            return [(len(self.changes),)] if self.changes else []
+        if "FROM text_changes" in sql:
+            after, high, _, limit = params
+            return [c for c in self.changes if after < c[0] <= high][:limit]
+        if sql == self.source_rows:
+            return list(self.rows.values())
+        return [self.rows[i] for i in json.loads(params[0]) if i in self.rows]
+
+
+@pytest.mark.sqlite_only
+async def test_a_follow_whose_caller_gives_up_keeps_the_index_till_its_batch_is_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = LogInMemory(SOURCES["own"].rows)
+    index = KeywordIndex(tmp_path / "own", SOURCES["own"])
+    await index.open(log)  # type: ignore[arg-type]
+    log.write(7, "a quokka on the ferry")
+    applied: list[int] = []
+    entered, release = threading.Event(), threading.Event()
+    real_apply = KeywordIndex._apply
+
+    def held_apply(self: KeywordIndex, ids: Any, rows: Any, upto: int) -> None:
+        applied.append(upto)
+        entered.set()
+        release.wait(WAIT_CEILING_S)
+        real_apply(self, ids, rows, upto)
+
+    monkeypatch.setattr(KeywordIndex, "_apply", held_apply)
+    search = asyncio.create_task(index.follow(log))  # type: ignore[arg-type]
+    await asyncio.to_thread(entered.wait, WAIT_CEILING_S)
+    search.cancel()  # the search's deadline passed while its batch is applied
+    with pytest.raises(asyncio.CancelledError):
+        await search
+    later = asyncio.create_task(index.follow(log))  # type: ignore[arg-type]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    release.set()
+    await later
+    assert applied == [1]  # once: the later search waited for the batch in hand
+    assert index.applied == 1
+    await index.close()
 
 
 def test_the_keyword_indexes_stem_a_word_as_matched_terms_does() -> None:

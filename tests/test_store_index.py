@@ -198,6 +198,46 @@ async def test_two_saves_at_once_write_an_index_one_after_the_other(
     assert len(Index.restore(str(tmp_path / index_file_name("alice")))) == 3
 
 
+async def test_a_save_whose_caller_gives_up_finishes_before_the_next_one_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors = _unit_rows(2)
+
+    async def keys_of(user_id: str) -> set[int]:
+        return set()
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    events: list[str] = []
+    first_in, release = threading.Event(), threading.Event()
+
+    def held_save(index: Index, path: str) -> None:
+        events.append("start")
+        first_in.set()
+        release.wait(WAIT_CEILING_S)
+        save_index(index, path)
+        events.append("end")
+
+    monkeypatch.setattr("services.store.index.save_index", held_save)
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    changes = IndexChanges()
+    changes.add("alice", 1, vectors[0])
+    await indexes.apply(changes)
+    flush = asyncio.create_task(indexes.save())
+    await asyncio.to_thread(first_in.wait, WAIT_CEILING_S)
+    flush.cancel()  # the flush's deadline passed while the file is written
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    last = asyncio.create_task(indexes.save())  # as the store's close saves
+    await settle()
+    release.set()
+    assert await last == 1
+    assert events == ["start", "end"]  # the last save waited, and found nothing left to save
+    assert sorted(os.listdir(tmp_path)) == [index_file_name("alice")]
+
+
 def _index_of(count: int) -> Index:
     index = new_index(384)
     vectors = np.random.default_rng(5).standard_normal((count, 384)).astype(np.float32)

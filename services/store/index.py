@@ -359,7 +359,12 @@ class VectorIndexes:
         return [key for key, _ in found], np.stack([v for _, v in found]).astype(np.float32)
 
     async def save(self) -> int:
-        """Writes every changed index to disk (atomically); searches go on meanwhile."""
+        """Writes every changed index to disk (atomically); searches go on meanwhile. A caller
+        that gives up (a flush past its deadline, the periodic saver stopped) leaves the save
+        to finish: its thread would go on writing the file the next save writes too."""
+        return await asyncio.shield(self._save())
+
+    async def _save(self) -> int:
         async with self._saving, self._lock.reading(saving=True):
             for user_id in sorted(self._dirty):
                 await self._save_one(user_id)

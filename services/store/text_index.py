@@ -159,11 +159,16 @@ class KeywordIndex:
 
         Rows committed meanwhile are left to the next follow: chasing them held the lock a
         search waits on for as long as writes kept landing (up to 1.2 s under four writers).
+        A caller that gives up (a search past its deadline) leaves the batch in hand to be
+        applied under the lock: its thread goes on, and a second follow would apply it beside.
         """
+        await asyncio.shield(self._follow(conn))
+
+    async def _follow(self, conn: aiosqlite.Connection) -> None:
         async with self._lock:
             # Every row up to the log's end is committed by the time it is read.
             high = await log_high(conn)
-            while high > self.applied:
+            while high > self.applied and not self._closing:
                 changes = await conn.execute_fetchall(
                     "SELECT seq, id FROM text_changes WHERE seq > ? AND seq <= ? AND kind = ? "
                     "ORDER BY seq LIMIT ?",
