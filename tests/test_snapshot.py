@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from services.store import snapshot
 from tests.store_state import call, observed, seed
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -114,3 +115,26 @@ async def test_snapshots_follow_the_schedule_and_only_the_newest_are_kept(
         await assert_eventually(kept_two_of_three, interval_s=0.02)
     now = {path.name for path in folder.glob("hyatlas-*.zip")}
     assert sorted(seen | now)[-2:] == sorted(now)  # the newest two, however many came before
+
+
+def test_a_file_gone_between_listing_and_copying_is_left_out_of_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, staging = tmp_path / "data", tmp_path / "staging"
+    (data / "vectors").mkdir(parents=True)
+    staging.mkdir()
+    sqlite3.connect(data / snapshot.DB_NAME).close()
+    (data / "vectors" / "alice.usearch").write_bytes(b"kept")
+    (data / "vectors" / "bob.usearch").write_bytes(b"let go of while the copy runs")
+    copy2 = shutil.copy2
+
+    def copy_once_bob_is_gone(source: Path, target: Path) -> object:
+        if source.name == "bob.usearch":
+            source.unlink()  # after the listing and the check that it is a file
+        return copy2(source, target)
+
+    monkeypatch.setattr(snapshot.shutil, "copy2", copy_once_bob_is_gone)
+    snapshot._copy(data, staging, ())
+    assert (staging / "vectors" / "alice.usearch").read_bytes() == b"kept"
+    assert not (staging / "vectors" / "bob.usearch").exists()
+

@@ -71,7 +71,10 @@ def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
         ):
             continue
         (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, staging / relative)
+        # Gone since it was listed: an empty vector index let go of, or the unfinished index
+        # folder of a re-embed begun again. Neither belongs in a snapshot.
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(path, staging / relative)
 
 
 def _zip(staging: Path, path: Path) -> None:
