@@ -293,9 +293,10 @@ def _static_file(tail: str) -> Path:
     """The file under the dashboard folder a URL tail names; anything outside it is a 404."""
     try:
         path = (STATIC_DIR / (tail or "index.html")).resolve()
-    except (ValueError, OSError):  # a NUL byte, or a name the file system refuses
-        path = STATIC_DIR
-    if not path.is_relative_to(STATIC_DIR) or not path.is_file():
+        found = path.is_relative_to(STATIC_DIR) and path.is_file()
+    except (ValueError, OSError):  # a NUL byte, or a name the file system refuses (too long)
+        found = False
+    if not found:
         shown = tail[:MAX_NAME_CHARS].encode("utf-8", "replace").decode()
         raise NotFound(f"/dashboard/{shown} not found")
     return path

@@ -169,7 +169,8 @@ class TokenBook:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer":
             return None
-        secret = given.strip().encode()
+        # A header's bytes that are not UTF-8 arrive as surrogate escapes: given back as bytes.
+        secret = given.strip().encode("utf-8", "surrogateescape")
         found = None
         # Every token is compared, in constant time, so timing tells nothing about any of them.
         if self.token and hmac.compare_digest(secret, self.token.encode()):

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shared import client_json
 from shared.errors import InvalidArgument, TooLarge
 from shared.limits import (
     END_OF_CALENDAR_S,
@@ -34,10 +35,6 @@ _FALSE = frozenset({"false", "0", "no", "off"})
 _MISSING = object()
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 async def read_body(request: web.Request) -> dict[str, Any]:
     """The JSON object body ({} when there is none); malformed JSON or a non-object is a 400."""
     if not request.body_exists:
@@ -48,7 +45,9 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     try:
         # Decoded here, strictly: json.loads would take UTF-16 too, and lone surrogates with it.
         text = raw.decode("utf-8-sig")
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = client_json.loads(text)
+    except client_json.OutOfRange as exc:
+        raise InvalidArgument(f"bad body: {exc}") from None
     except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise InvalidArgument("bad body") from None
     except RecursionError:  # nested deeper than the parser's stack

@@ -26,7 +26,7 @@ def header_model(text: str) -> str | None:
     """
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None  # the line's own check reports it
     if not isinstance(value, dict) or "format" not in value or "type" in value:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import urllib.request
@@ -251,7 +252,9 @@ async def test_a_body_that_is_not_utf8_is_400_and_changes_nothing(
 # --- F4c: dashboard paths --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tail", ["%00", "a%00b.js", "%00%2F..%2Findex.html", "%ED%A0%80", "%FF"])
+@pytest.mark.parametrize(
+    "tail", ["%00", "a%00b.js", "%00%2F..%2Findex.html", "%ED%A0%80", "%FF", "a" * 300]
+)
 async def test_an_undecodable_or_nul_dashboard_path_is_404(
     session: aiohttp.ClientSession, row: str, tail: str
 ) -> None:
@@ -384,3 +387,54 @@ async def test_an_imported_line_over_a_limit_is_refused_and_changes_nothing(
     error = await _refused(session, row, 400, "POST", "/api/v1/import", data=line.encode())
     assert needle in error
     assert LONG_NAME not in error
+
+
+# --- numbers a store cannot hold, and other shapes a second audit found giving 500 -----------
+
+HUGE_INT = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/api/v1/add", '{"text": "x", "event_at": ' + HUGE_INT + "}"),
+        ("/api/v1/add", '{"text": "x", "metadata": {"n": 1e999}}'),
+        ("/api/v1/add", '{"text": "x", "metadata": {"n": -' + HUGE_INT + "}}"),
+        ("/api/v1/search", '{"query": "x", "min_score": ' + HUGE_INT + "}"),
+        ("/api/v1/search", '{"query": "x", "reference_time": -1e999}'),
+    ],
+)
+async def test_a_number_beyond_what_a_store_holds_is_400_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, path: str, raw: str
+) -> None:
+    error = await _refused(session, row, 400, "POST", path, **_raw(raw))
+    assert "range" in error
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("[" * 100_000, "not JSON: nested deeper"),
+        ('{"type": "memory", "memory": {"user_id": "u", "content": "x", "metadata": {"n": 1e999}}}',
+         "beyond a number's range"),
+    ],
+)
+async def test_an_import_line_nested_too_deep_or_out_of_range_is_400_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, line: str, needle: str
+) -> None:
+    error = await _refused(session, row, 400, "POST", "/api/v1/import", data=line.encode())
+    assert needle in error
+
+
+async def test_a_token_that_is_not_utf8_is_401(stack: Stack) -> None:
+    url = URL(stack.base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write(
+        b"GET /api/v1/status HTTP/1.1\r\nHost: " + f"{url.host}:{url.port}".encode()
+        + b"\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n"
+    )
+    await writer.drain()
+    status_line = await reader.readline()
+    writer.close()
+    assert status_line.split()[1] == b"401", status_line
+

@@ -25,6 +25,7 @@ from services.store.model import (
 )
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
+from shared import client_json
 from shared.errors import InvalidArgument
 from shared.limits import (
     END_OF_CALENDAR_S,
@@ -366,16 +367,14 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     return EdgeLine(Edge(**{**defaults, **values}))
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
     """One line of an import, checked; a bad one is refused with the reason."""
     try:
-        line = json.loads(text, parse_constant=_refuse_constant)
+        line = client_json.loads(text)
     except ValueError as exc:
         raise InvalidArgument(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument("not JSON: nested deeper than a line may be") from None
     if not isinstance(line, dict):
         raise InvalidArgument("a line must be a JSON object")
     kind = line.get("type")

@@ -26,6 +26,7 @@ from services.store.model import (
     Tombstone,
     Update,
 )
+from shared import client_json
 from shared.errors import InvalidArgument, PermissionDenied
 from shared.limits import check_key, check_name
 
@@ -37,8 +38,8 @@ def metadata(text: str, where: str) -> str:
     if not text.strip():
         return "{}"
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = client_json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{where}: metadata_json is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"{where}: metadata_json must be a JSON object")
@@ -117,8 +118,8 @@ def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
     check_key(f"{where}: set_state key", op.key)
     if op.value_json:
         try:
-            json.loads(op.value_json)
-        except json.JSONDecodeError as exc:
+            client_json.loads(op.value_json)
+        except (ValueError, RecursionError) as exc:
             raise InvalidArgument(f"{where}: value_json is not JSON: {exc}") from None
     return op
 
