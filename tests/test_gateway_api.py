@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -421,6 +422,22 @@ async def test_edit_stores_a_new_version_and_retires_the_old_one_as_replaced(api
                                        json={"user_id": user, **body})
         assert status == code, (body, reply)
     assert len((await api.listing(user, include_superseded=True))["memories"]) == 2
+
+
+async def test_two_edits_of_one_row_sent_at_once_leave_one_live_version(api: Api) -> None:
+    user = _user()
+    old = (await api.add("I live in Porto", user))["memory_id"]
+    replies = await asyncio.gather(*(
+        api.call("POST", "/api/v1/update", json={"id": old, "text": text, "user_id": user})
+        for text in ("I live in Lisbon", "I live in Braga")
+    ))
+    assert sorted(status for status, _ in replies) == [200, 409], replies
+    (kept,) = [body["memory_id"] for status, body in replies if status == 200]
+    live = (await api.listing(user))["memories"]
+    assert [m["memory_id"] for m in live] == [kept]
+    rows = {m["memory_id"]: m for m in
+            (await api.listing(user, include_superseded=True))["memories"]}
+    assert len(rows) == 2 and rows[old]["superseded_by"] == kept
 
 
 async def test_owners_lists_users_and_their_agents_with_counts_and_last_write(api: Api) -> None:

@@ -277,6 +277,22 @@ async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_t
         await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope("mallory"), id=row.id))
 
 
+async def test_retiring_a_retired_row_is_a_conflict_and_its_apply_writes_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (row,) = await apply(store, insert("Bob likes tea"))
+    forget = store_pb2.RetireOp(id=row.id, superseded_how="forgotten", drop_reason="asked")
+    await apply(store, store_pb2.Op(retire=forget))
+    # An edit that read the row before the forget: its new version and its retire.
+    edit = store_pb2.RetireOp(id=row.id, superseded_how="replaced", superseded_by="$new")
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+        await apply(store, insert("Bob likes green tea", ref="new"), store_pb2.Op(retire=edit))
+    assert "retired already (forgotten)" in info.value.details()
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    assert (got.memory.superseded_how, got.memory.superseded_by) == ("forgotten", "")
+    assert await listed(store, include_superseded=True) == ["Bob likes tea"]
+
+
 @pytest.mark.sqlite_only
 async def test_an_audit_entry_is_stored_without_default_fields_and_read_whole(
     store: store_pb2_grpc.StoreStub, tmp_path: Path

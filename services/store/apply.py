@@ -35,6 +35,7 @@ from services.store.model import (
     FORGOTTEN,
     KILLS_DERIVED,
     RAW,
+    RETIRED,
     Delete,
     EndEdge,
     Insert,
@@ -169,6 +170,13 @@ async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
 async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     w = run.write
     before = await target(w.tx, run.reach, op.id)
+    if before.status == RETIRED:
+        # Checked in the transaction: of two edits of one row sent at once, or an edit and a
+        # forget, the second finds it retired, rather than leave two live versions or replace
+        # the forget's mark.
+        raise Conflict(
+            f"op {i}: memory {op.id!r} is retired already ({before.superseded_how or 'retired'})"
+        )
     if op.superseded_by:
         if op.superseded_by == op.id:
             raise InvalidArgument(f"op {i}: a memory cannot supersede itself")
