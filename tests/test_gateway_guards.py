@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from gateway.routes import transfer as transfer_routes
 from gateway.routes.memories import UNSCOPED_DELETE
 from gateway.routes.transfer import EVERY_OWNER
+from gateway.state import CONFIG, STORE
+from shared.errors import Overloaded
+from shared.pb import store_pb2
 from shared.settings import Settings
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, Any]]]
@@ -356,3 +361,28 @@ async def test_store_down_is_503_json(client: TestClient[Any, Any]) -> None:
     assert "store.sock" in reply["error"]
     status, reply = await _status_and_json(client, "POST", "/api/v1/add", json={"text": "x"})
     assert status == 503 and reply["success"] is False
+
+
+async def test_an_import_batch_whose_embedding_ahead_is_refused_is_embedded_as_written(
+    tmp_path: Path,
+) -> None:
+    asked: list[int] = []
+
+    class RefusingStore:
+        """A store client whose ahead-embedding is refused, as the real one raises it."""
+
+        async def EmbedImport(self, request: Any, **call: Any) -> Any:
+            asked.append(len(request.lines))
+            raise Overloaded("embedder queue is full")
+
+    app = web.Application()
+    app[STORE] = RefusingStore()  # type: ignore[misc]
+    app[CONFIG] = GatewayConfig(
+        store_address=f"unix:{tmp_path / 'store.sock'}",
+        search_address=f"unix:{tmp_path / 'search.sock'}",
+        mode="lite",
+    )
+    request = make_mocked_request("POST", "/api/v1/import", app=app)
+    batch = [store_pb2.ImportLine(line=1, json='{"type": "memory"}')]
+    assert await transfer_routes._embedded(request, transfer_routes._Import(), batch) is None
+    assert asked == [1]

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from gateway.params import Params
@@ -162,9 +161,9 @@ async def _embedded(
         return await request.app[STORE].EmbedImport(
             _rows_request(request, run, batch), timeout=IMPORT_TIMEOUT_S
         )
-    except grpc.aio.AioRpcError as exc:
-        log.info("import: embedding ahead failed (%s); the batch is embedded as written",
-                 exc.code().name)
+    except ServiceError as exc:  # the store client raises these, never gRPC's own errors
+        log.info("import: embedding ahead failed (%s: %s); the batch is embedded as written",
+                 type(exc).__name__, exc.message)
         return None
 
 
