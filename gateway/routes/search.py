@@ -15,7 +15,7 @@ from gateway.respond import (
 )
 from gateway.shapes import search_response
 from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, Unimplemented
 from shared.pb import search_pb2, store_pb2
 
 SEARCH_LIMIT_DEFAULT = 5
@@ -44,9 +44,15 @@ async def search(request: web.Request) -> web.Response:
     # The search service refuses a limit over its maximum (400), never cuts it.
     limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else limit
     layer = params.string("layer")
-    user_ids = params.strings("user_ids")
+    named = [params.string("user_id"), *params.strings("user_ids")]
+    users = [user for user in dict.fromkeys(named) if user]
+    if len(users) > 1:  # never searched for only the first: that would drop the others unsaid
+        raise Unimplemented(
+            f"a search of several users at once ({len(users)} named) is not built yet: search "
+            "each, or make them one owner with HYATLAS_USER_ALIASES"
+        )
+    user_id = users[0] if users else ""
     agent_ids = params.strings("agent_ids")
-    user_id = params.string("user_id") or (user_ids[0] if user_ids else "")
     agent_id = params.string("agent_id") or (agent_ids[0] if agent_ids else "")
     min_score = params.number("min_score", lo=0.0, hi=1.0)
     reference_time = params.timestamp("reference_time")
