@@ -177,7 +177,7 @@ async def test_search_reads_user_ids_and_agent_ids_first_entry(api: Api) -> None
     # Several users at once are not searched (only the first would have been, unsaid).
     status, body = await api.call("POST", "/api/v1/search", json={
         "query": "staging database port", "user_id": user, "user_ids": ["someone-else"]})
-    assert status == 501 and "several users at once (2 named)" in body["error"]
+    assert status == 400 and "a search covers one user (2 named)" in body["error"]
 
 
 async def test_search_and_list_cover_the_alias_group(api: Api) -> None:

@@ -15,7 +15,7 @@ from gateway.respond import (
 )
 from gateway.shapes import search_response
 from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
-from shared.errors import InvalidArgument, Unimplemented
+from shared.errors import InvalidArgument
 from shared.pb import search_pb2, store_pb2
 
 SEARCH_LIMIT_DEFAULT = 5
@@ -47,9 +47,9 @@ async def search(request: web.Request) -> web.Response:
     named = [params.string("user_id"), *params.strings("user_ids")]
     users = [user for user in dict.fromkeys(named) if user]
     if len(users) > 1:  # never searched for only the first: that would drop the others unsaid
-        raise Unimplemented(
-            f"a search of several users at once ({len(users)} named) is not built yet: search "
-            "each, or make them one owner with HYATLAS_USER_ALIASES"
+        raise InvalidArgument(
+            f"a search covers one user ({len(users)} named): search each, or make them one "
+            "owner with HYATLAS_USER_ALIASES"
         )
     user_id = users[0] if users else ""
     agent_ids = params.strings("agent_ids")
