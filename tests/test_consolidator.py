@@ -566,8 +566,13 @@ async def test_edges_link_memories_of_one_session_and_each_to_its_nearest(api: A
     memory_nodes = {n["id"] for n in body["nodes"] if n["type"] == "memory"}
     assert memory_nodes == {tea, bikes, tea_again, fixes} and raw.id not in memory_nodes
 
+    assert body["total_memories"] == 4
     none = await api.ok("GET", "/api/v1/edges", params={"user_id": user, "k_semantic": 0})
     assert none["semantic"] == [] and len(none["co_session"]) == 2
+    # Fewer nodes than memories: the reply says how many there are.
+    newest = await api.ok("GET", "/api/v1/edges", params={"user_id": user, "n": 2})
+    assert len([n for n in newest["nodes"] if n["type"] == "memory"]) == 2
+    assert newest["total_memories"] == 4
     # The store refuses to link memories outside the scope.
     async with open_channel(api.store_address) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:

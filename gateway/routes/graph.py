@@ -152,7 +152,8 @@ async def graph_as_of(request: web.Request) -> web.Response:
 
 @routes.get("/api/v1/edges")
 async def edges_view(request: web.Request) -> web.Response:
-    """The L5 relations with their evidence turns, and links between the newest n live memories.
+    """The L5 relations with their evidence turns, and links between the newest n live memories
+    (at most MEMORY_NODES; total_memories says how many there are).
 
     co_session links each memory to the next one of its session (a chain per session, oldest
     first); semantic links each memory to its k_semantic nearest among those memories by their
@@ -177,6 +178,8 @@ async def edges_view(request: web.Request) -> web.Response:
             "co_session": _co_session(memories),
             "semantic": await _semantic(request, scope, memories, k),
             "total_edges": total,
+            # The memory nodes are the newest min(n, MEMORY_NODES) of these: said, not hidden.
+            "total_memories": listed.total,
         }
     )
 
