@@ -310,6 +310,20 @@ def _short(exc: openai.APIStatusError) -> str:
     return redact_text(str(exc))[:300]
 
 
+def shown_number(value: Any) -> int | None:
+    """The number a model wrote for an item it was shown (3, "3", "[3]", "[ 3 ]"); None for
+    anything else: a bool, a word, or a digit int() does not read ("²")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip().strip("[]").strip()
+        if text.isdecimal():
+            return int(text)
+    return None
+
+
 def parse_json_object(text: str) -> dict[str, Any]:
     """The first JSON object in text, after code fences; ValueError if there is none."""
     stripped = _FENCE.sub("", text.strip()).strip()

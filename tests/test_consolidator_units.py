@@ -30,6 +30,7 @@ from services.consolidator.plan import (
     read_plan,
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
+from shared.llm import shown_number
 from shared.pb import common_pb2, store_pb2
 
 KEYS = reply_keys(graph=True, arc=False)
@@ -245,3 +246,15 @@ def test_with_the_graph_off_a_plan_writes_no_edges_and_no_arc() -> None:
 def test_an_arc_is_written_only_by_the_call_that_asked_for_it() -> None:
     plan = Plan(arc="the story so far")
     assert cluster_ops(plan, fetched(arcs=None), graph=True).extra == []
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [(3, 3), ("3", 3), ("[3]", 3), ("[ 3 ]", 3), ("\u0663", 3), (True, None), ("\u00b2", None),
+     ("three", None), (None, None), ("", None)],
+)
+def test_a_number_the_model_wrote_is_read_only_when_int_reads_it(
+    written: object, read: int | None
+) -> None:
+    assert shown_number(written) == read
+

@@ -156,3 +156,29 @@ async def test_reconcile_updates_supersedes_and_links_only_what_it_was_shown(
 
     await assert_eventually(reconciled)
     assert (await api.status())["dropped_ops"] - before == 1
+
+
+async def test_a_reconcile_reply_naming_an_unreadable_number_is_dropped_and_the_turn_stays_done(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-rec3", {"facts": [{"text": "Rosa rows on the river on Sundays"}]})
+    await api.add("m-rec3 Rowing on the river on Sundays.", user)
+
+    def unreadable(r: Recorded) -> dict[str, Any]:  # a superscript digit: isdigit, not int
+        return {"ops": [{"op": "UPDATE", "new": "\u00b2", "old": r.number_of("on Sundays")}]}
+
+    fake.on("m-rec4", {"facts": [{"text": "Rosa rowed on the river again on Sunday"}]},
+            unreadable)
+    before = (await api.status())["dropped_ops"]
+    added = await api.add("m-rec4 Rosa rowed on the river again on Sunday.", user)
+
+    async def reconciled() -> None:
+        assert (await api.status())["dropped_ops"] - before == 1
+
+    await assert_eventually(reconciled)
+    turn = await api.row(user, added["memory_id"])
+    assert turn.extraction_status == "done"
+    facts = await api.rows(user, "l3_fact")
+    assert all(f.status == "active" for f in facts) and len(facts) == 2
+

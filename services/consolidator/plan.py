@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.errors import ServiceError
+from shared.llm import shown_number
 
 TEXT_CHARS = 2000
 NAME_CHARS = 200
@@ -73,23 +74,12 @@ class Plan:
     refused: list[str] = field(default_factory=list)
 
 
-def number(value: Any) -> int | None:
-    """A local number the model wrote (3, "3", "[3]"); None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        text = value.strip().strip("[]").strip()
-        if text.isdigit():
-            return int(text)
-    return None
 
 
 def _edge_number(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().strip("[]").upper().startswith("E"):
-        return number(value.strip().strip("[]")[1:])
-    return number(value)
+        return shown_number(value.strip().strip("[]")[1:])
+    return shown_number(value)
 
 
 def parse_date(value: Any) -> float | None:
@@ -153,7 +143,7 @@ class _PlanReader:
         if not isinstance(raw, list):
             self.refuse(f"{what}: no facts listed")
             return None
-        numbers = [number(v) for v in raw]
+        numbers = [shown_number(v) for v in raw]
         if any(n is None or not 1 <= n <= len(self.sources) for n in numbers):
             self.refuse(f"{what}: names a fact number that was not shown: {raw!r:.80}")
             return None
@@ -177,7 +167,7 @@ class _PlanReader:
 
     def drops(self, items: list[Any]) -> None:
         for item in items:
-            n = number(item.get("fact")) if isinstance(item, dict) else None
+            n = shown_number(item.get("fact")) if isinstance(item, dict) else None
             reason = _text(item.get("reason"), TEXT_CHARS) if isinstance(item, dict) else ""
             if n is None or not 1 <= n <= len(self.sources):
                 self.refuse(f"drop: names a fact number that was not shown: {item!r:.80}")
@@ -243,7 +233,7 @@ def read_patterns(reply: dict[str, Any], shown: int) -> tuple[list[Pattern], lis
     for item in patterns[:3]:
         text = _text(item.get("text"), TEXT_CHARS) if isinstance(item, dict) else ""
         raw = item.get("schemas") if isinstance(item, dict) else None
-        numbers = [number(v) for v in raw] if isinstance(raw, list) else []
+        numbers = [shown_number(v) for v in raw] if isinstance(raw, list) else []
         if not text or not numbers or any(n is None or not 1 <= n <= shown for n in numbers):
             refused.append(f"cross pattern: names a pattern that was not shown: {item!r:.80}")
             continue

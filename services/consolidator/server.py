@@ -53,6 +53,10 @@ async def run_schedule(consolidator: Consolidator, config: ConsolidatorConfig) -
             log.warning("consolidation pass failed: %s", exc.message)
             wait = config.catchup_s or config.every_s
             continue
+        except Exception:  # a bug: logged whole, and the schedule goes on
+            log.exception("consolidation pass failed")
+            wait = config.every_s
+            continue
         pending = report.clusters_pending > 0
         wait = (config.catchup_s or config.every_s) if pending else config.every_s
 

@@ -25,8 +25,9 @@ from services.extractor.prompt import (
     extraction_messages,
 )
 from services.extractor.reconcile import Reconciler
+from shared.errors import ServiceError
 from shared.layers import EXPERIENCE
-from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
+from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, update_op
 from shared.tombstones import tombstones
@@ -175,8 +176,10 @@ class Extraction:
         try:
             vectors, _ = await self.embedder.embed([m.content for m in facts])
             await self.reconciler.reconcile(scope, text, facts, list(vectors), model_id)
-        except (LlmUnavailable, LlmMalformed) as exc:
+        except ServiceError as exc:  # the LLM's failures, a busy embedder, a fact gone since
             log.warning("reconcile skipped: %s", exc.message)
+        except Exception:  # a bug: logged whole; the extraction stands and is not failed
+            log.exception("reconcile of %d facts failed; the extraction stands", len(facts))
         finally:
             self.counters.dropped_ops += self.reconciler.dropped
             self.reconciler.dropped = 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.llm import shown_number
 from shared.pb import common_pb2
 
 log = logging.getLogger(__name__)
@@ -126,11 +127,10 @@ class _PlanReader:
         self.plan = Plan()
 
     def pick(self, value: Any, kind: str) -> common_pb2.Memory:
-        if isinstance(value, str) and value.strip().lstrip("[").rstrip("]").isdigit():
-            value = int(value.strip().lstrip("[").rstrip("]"))
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = shown_number(value)
+        if number is None:
             raise _Unknown(value)
-        candidate = self.shown.get(value)
+        candidate = self.shown.get(number)
         if candidate is None or candidate.kind != kind:
             raise _Unknown(value)
         return candidate.memory

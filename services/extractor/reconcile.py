@@ -10,7 +10,7 @@ from typing import Any
 
 from services.extractor.prompt import TURN_CLOSE, TURN_OPEN
 from shared.layers import EXPERIENCE
-from shared.llm import LlmClient, ReplySchema, array_of, object_schema
+from shared.llm import LlmClient, ReplySchema, array_of, object_schema, shown_number
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op, update_op
 
@@ -46,14 +46,6 @@ RECONCILE_SCHEMA = ReplySchema(
 )
 
 
-def _number(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().strip("[]").isdigit():
-        return int(value.strip().strip("[]"))
-    return None
 
 
 class Reconciler:
@@ -127,7 +119,7 @@ class Reconciler:
             if not isinstance(item, dict):
                 continue
             kind = str(item.get("op", "")).upper()
-            new_n, old_n = _number(item.get("new")), _number(item.get("old"))
+            new_n, old_n = shown_number(item.get("new")), shown_number(item.get("old"))
             new = new_numbers.get(new_n) if new_n is not None else None
             old = old_numbers.get(old_n) if old_n is not None else None
             if kind not in ("UPDATE", "SUPERSEDE", "LINK") or new is None or old is None:
