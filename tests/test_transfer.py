@@ -243,3 +243,20 @@ async def test_an_export_cut_short_by_a_failing_store_is_seen_incomplete(target:
         target.procs["store"].kill()
         with pytest.raises(aiohttp.ClientPayloadError):
             await answer.read()
+
+
+async def test_an_import_stopped_part_way_says_what_it_wrote_before(target: Stack) -> None:
+    user = "stopped-part-way"
+    lines = [{"type": "memory", "memory": {"user_id": user, "content": f"Note number {n}."}}
+             for n in range(1000)]
+    over = b'{"type": "memory", "memory": {"content": "' + b"x" * (9 << 20) + b'"}}\n'
+    body = "".join(json.dumps(x) + "\n" for x in lines).encode() + over
+    status, reply = await _import(target, body)
+    # The first batch was written while the second was read; the long line stopped the rest.
+    assert status == 400, reply
+    assert "over the 8388608 byte limit" in reply["error"]
+    assert (reply["lines"], reply["imported"]) == (1000, 500)
+    status, listed = await call(target, "POST", "/api/v1/list",
+                                json={"user_id": user, "limit": 1000})
+    assert status == 200 and listed["total"] == 500
+

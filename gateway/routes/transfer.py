@@ -17,7 +17,7 @@ from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
-from shared.errors import InvalidArgument, PermissionDenied, ServiceError
+from shared.errors import InvalidArgument, PermissionDenied, ServiceError, Unavailable
 from shared.export_format import header, header_model
 from shared.pb import common_pb2, store_pb2
 
@@ -131,6 +131,16 @@ class _Import:
     refused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
 
+    def counts(self) -> dict[str, Any]:
+        """What the reply reports: lines read, rows written or skipped, lines refused."""
+        return {
+            "lines": self.lines,
+            "imported": self.imported,
+            "skipped": self.skipped,
+            "refused": self.refused,
+            "errors": self.errors,
+        }
+
     def refuse(self, line: int, error: str) -> None:
         """Counts a bad line, listing the first few."""
         self.refused += 1
@@ -235,16 +245,17 @@ async def import_jsonl(request: web.Request) -> web.Response:
                 await _send(request, run, *queued.pop(0))
         while queued:
             await _send(request, run, *queued.pop(0))
+    except ServiceError as exc:
+        if exc.http_status >= 500 and not isinstance(exc, Unavailable):
+            raise  # its words stay in the log
+        # Stopped part-way (a line over a limit, a busy store): the batches before are
+        # written, and the reply says how many, so a retry can skip them.
+        body = {**run.counts(), "error": exc.message}
+        return json_response(body, status=exc.http_status)
     finally:
         for _, embedding in queued:
             embedding.cancel()
-    body = {
-        "lines": run.lines,
-        "imported": run.imported,
-        "skipped": run.skipped,
-        "refused": run.refused,
-        "errors": run.errors,
-    }
+    body = run.counts()
     if run.errors:
         first = run.errors[0]
         body["error"] = f"line {first['line']}: {first['error']}"
