@@ -596,6 +596,19 @@ def _keyword_doc_freq(data_dir: Path, name: str, term: str) -> int:
     return int(index.opened_at(index.folder).searcher().doc_freq("text", term))
 
 
+async def _rebuilt_after_erase(data_dir: Path) -> None:
+    """Waits till the keyword rebuild an erase started has ended (its mark is cleared)."""
+    db = sqlite3.connect(data_dir / "hyatlas.db")
+    try:
+        await assert_eventually(
+            lambda: db.execute(
+                "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
+            ).fetchone() == (0,)
+        )
+    finally:
+        db.close()
+
+
 @pytest.mark.sqlite_only
 async def test_an_erase_leaves_no_term_of_the_deleted_text_in_the_keyword_index(
     tmp_path: Path, embedder_address: str
@@ -620,13 +633,7 @@ async def test_an_erase_leaves_no_term_of_the_deleted_text_in_the_keyword_index(
             lambda: _keyword_doc_freq(tmp_path, "own", keywords.stem("zephyrine")) == 0
         )
         assert _keyword_doc_freq(tmp_path, "own", keywords.stem("fact")) == 1
-        db = sqlite3.connect(tmp_path / "hyatlas.db")
-        await assert_eventually(
-            lambda: db.execute(
-                "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
-            ).fetchone() == (0,)
-        )
-        db.close()
+        await _rebuilt_after_erase(tmp_path)
 
 
 @pytest.mark.sqlite_only
@@ -841,13 +848,7 @@ async def test_a_row_written_during_a_rebuild_is_found_after_it_though_the_log_w
         )
         await apply(stub, insert("another note"))
         release.set()
-        db = sqlite3.connect(tmp_path / "hyatlas.db")
-        await assert_eventually(
-            lambda: db.execute(
-                "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
-            ).fetchone() == (0,)
-        )
-        db.close()
+        await _rebuilt_after_erase(tmp_path)
         found = await stub.KeywordSearch(
             store_pb2.KeywordSearchRequest(scope=scope(), query="quokka")
         )

@@ -159,41 +159,56 @@ async def test_a_committed_write_reaches_its_index_though_its_caller_gives_up(
     assert found.size == 4 and int(found.keys[0]) == 4
 
 
+class HeldSaves:
+    """Vector indexes of 8-d keys whose saves are recorded and hold, the first one till
+    released, inside the save's thread."""
+
+    def __init__(self, folder: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+        self.vectors = _unit_rows(count)
+        self.events: list[str] = []
+        self.first_in, self.release = threading.Event(), threading.Event()
+        monkeypatch.setattr("services.store.index.save_index", self._held_save)
+
+        async def keys_of(user_id: str) -> set[int]:
+            return set()
+
+        async def fetch(keys: list[int]) -> np.ndarray:
+            return self.vectors[[key - 1 for key in keys]]
+
+        self.indexes = VectorIndexes(folder, 8, keys_of, fetch)
+        self.indexes.open()
+
+    def _held_save(self, index: Index, path: str) -> None:
+        self.events.append("start")
+        self.first_in.set()
+        self.release.wait(WAIT_CEILING_S)
+        save_index(index, path)
+        self.events.append("end")
+
+    async def changed(self) -> None:
+        """alice's index holds every vector (keys from 1)."""
+        changes = IndexChanges()
+        for key, vector in enumerate(self.vectors, start=1):
+            changes.add("alice", key, vector)
+        await self.indexes.apply(changes)
+
+    async def first_save_in_its_thread(self) -> asyncio.Task[int]:
+        save = asyncio.create_task(self.indexes.save())
+        await asyncio.to_thread(self.first_in.wait, WAIT_CEILING_S)
+        return save
+
+
 async def test_two_saves_at_once_write_an_index_one_after_the_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vectors = _unit_rows(3)
-
-    async def keys_of(user_id: str) -> set[int]:
-        return set()
-
-    async def fetch(keys: list[int]) -> np.ndarray:
-        return vectors[[key - 1 for key in keys]]
-
-    events: list[str] = []
-    first_in, release = threading.Event(), threading.Event()
-
-    def held_save(index: Index, path: str) -> None:
-        events.append("start")
-        first_in.set()
-        release.wait(WAIT_CEILING_S)
-        save_index(index, path)
-        events.append("end")
-
-    monkeypatch.setattr("services.store.index.save_index", held_save)
-    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
-    indexes.open()
-    changes = IndexChanges()
-    for key in (1, 2, 3):
-        changes.add("alice", key, vectors[key - 1])
-    await indexes.apply(changes)
-    periodic = asyncio.create_task(indexes.save())
-    await asyncio.to_thread(first_in.wait, WAIT_CEILING_S)
-    flush = asyncio.create_task(indexes.save())  # while the periodic save writes the file
+    held = HeldSaves(tmp_path, monkeypatch, 3)
+    await held.changed()
+    periodic = await held.first_save_in_its_thread()
+    flush = asyncio.create_task(held.indexes.save())  # while the periodic save writes the file
     await settle()
-    release.set()
+    held.release.set()
     assert await periodic == 3 and await flush == 3
-    assert events == ["start", "end"]  # the second found nothing changed since
+    assert held.events == ["start", "end"]  # the second found nothing changed since
     assert sorted(os.listdir(tmp_path)) == [index_file_name("alice")]  # no .tmp left
     assert len(Index.restore(str(tmp_path / index_file_name("alice")))) == 3
 
@@ -201,40 +216,17 @@ async def test_two_saves_at_once_write_an_index_one_after_the_other(
 async def test_a_save_whose_caller_gives_up_finishes_before_the_next_one_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    vectors = _unit_rows(2)
-
-    async def keys_of(user_id: str) -> set[int]:
-        return set()
-
-    async def fetch(keys: list[int]) -> np.ndarray:
-        return vectors[[key - 1 for key in keys]]
-
-    events: list[str] = []
-    first_in, release = threading.Event(), threading.Event()
-
-    def held_save(index: Index, path: str) -> None:
-        events.append("start")
-        first_in.set()
-        release.wait(WAIT_CEILING_S)
-        save_index(index, path)
-        events.append("end")
-
-    monkeypatch.setattr("services.store.index.save_index", held_save)
-    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
-    indexes.open()
-    changes = IndexChanges()
-    changes.add("alice", 1, vectors[0])
-    await indexes.apply(changes)
-    flush = asyncio.create_task(indexes.save())
-    await asyncio.to_thread(first_in.wait, WAIT_CEILING_S)
+    held = HeldSaves(tmp_path, monkeypatch, 2)
+    await held.changed()
+    flush = await held.first_save_in_its_thread()
     flush.cancel()  # the flush's deadline passed while the file is written
     with pytest.raises(asyncio.CancelledError):
         await flush
-    last = asyncio.create_task(indexes.save())  # as the store's close saves
+    last = asyncio.create_task(held.indexes.save())  # as the store's close saves
     await settle()
-    release.set()
-    assert await last == 1
-    assert events == ["start", "end"]  # the last save waited, and found nothing left to save
+    held.release.set()
+    assert await last == 2
+    assert held.events == ["start", "end"]  # the last save waited, and found nothing left
     assert sorted(os.listdir(tmp_path)) == [index_file_name("alice")]
 
 
