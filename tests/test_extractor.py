@@ -361,6 +361,9 @@ async def test_a_forgotten_value_stays_forgotten_on_its_evidence_but_not_in_a_ne
     # Re-extracting the same evidence does not bring the value back.
     counts = await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
     assert counts == {"reprocessed": 1, "failed": 0, "skipped": 0}
+    # More than one listing's worth is refused, never cut unsaid.
+    status, body = await api.call("POST", "/api/v1/reprocess", json={"max": 1001})
+    assert status == 400 and "max is at most 1,000 a call" in body["error"]
     live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
     assert live == ["Ines lives in Porto"]
     assert (await api.status())["refused_forgotten"] >= 1

@@ -9,6 +9,7 @@ from shared.errors import InvalidArgument
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.redact import redact_url
 from shared.rpc import grpc_errors
+from shared.store_client import PAGE
 
 
 class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
@@ -34,6 +35,8 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
     ) -> extractor_pb2.ReprocessResponse:
         if request.max < 0:
             raise InvalidArgument("max must not be negative")
+        if request.max > PAGE:  # refused, never cut: one listing of the store gives PAGE rows
+            raise InvalidArgument(f"max is at most {PAGE:,} a call; call again for the rest")
         counts = await self._worker.reprocess(list(request.ids), request.max)
         return extractor_pb2.ReprocessResponse(
             reprocessed=counts.reprocessed, failed=counts.failed, skipped=counts.skipped
