@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support import WAIT_CEILING_S
+
 # An answer is the assistant's text, a dict (sent as JSON text), a function of the Recorded
 # request returning one of those, or one of these actions.
 HANG = "__hang__"  # never answers (the caller's timeout fires)
@@ -25,6 +27,11 @@ REJECT_FORMAT = "__reject_format__"  # HTTP 400 naming response_format
 def delayed(seconds: float, answer: Any) -> tuple[str, float, Any]:
     """An answer sent only after seconds."""
     return ("__delay__", seconds, answer)
+
+
+def held(gate: threading.Event, answer: Any) -> tuple[str, threading.Event, Any]:
+    """An answer sent only once the test sets gate (or the ceiling passes)."""
+    return ("__held__", gate, answer)
 
 
 def failing(status: int, message: str) -> tuple[str, int, str]:
@@ -130,6 +137,9 @@ class FakeLlm:
             reply = reply(record)
         if isinstance(reply, tuple) and reply and reply[0] == "__delay__":
             await asyncio.sleep(reply[1])
+            reply = reply[2]
+        if isinstance(reply, tuple) and reply and reply[0] == "__held__":
+            await asyncio.to_thread(reply[1].wait, WAIT_CEILING_S)
             reply = reply[2]
         if isinstance(reply, tuple) and reply and reply[0] == "__status__":
             return _error(reply[1], reply[2])

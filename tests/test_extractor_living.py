@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.extractor_support import STACK, Api, by_content, new_user
-from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
+from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack, value_eventually
 
 pytestmark = pytest.mark.slow
@@ -181,4 +182,42 @@ async def test_a_reconcile_reply_naming_an_unreadable_number_is_dropped_and_the_
     assert turn.extraction_status == "done"
     facts = await api.rows(user, "l3_fact")
     assert all(f.status == "active" for f in facts) and len(facts) == 2
+
+
+async def test_a_write_during_a_now_rebuild_gets_a_page_of_its_own_after_it(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+
+    def hold_the_first_page(record: Recorded) -> Any:
+        answer = _answer(record)
+        first = "Now page" in str(record.body["messages"][0]["content"]) and (
+            "stale-one" in record.user_message and "stale-two" not in record.user_message
+        )
+        return held(gate, answer) if first else answer
+
+    fake.on("m-stale1", {"facts": [{"text": "Tomas fixed the stale-one boiler"}]})
+    fake.on("m-stale2", {"facts": [{"text": "Tomas booked the stale-two plumber"}]})
+    fake.answer = hold_the_first_page
+    try:
+        await api.add("m-stale1 I fixed the boiler.", user)
+
+        def now_asked(word: str) -> list[Recorded]:
+            return [r for r in fake.requests if "Now page" in str(r.body["messages"][0]["content"])
+                    and word in r.user_message]
+
+        await assert_eventually(lambda: len(now_asked("stale-one")) == 1)  # and it is held
+        second = await api.add("m-stale2 I booked the plumber.", user)
+
+        async def extracted() -> None:
+            assert (await api.row(user, second["memory_id"])).extraction_status == "done"
+
+        await assert_eventually(extracted)
+        gate.set()
+        # The rebuild under way had read before the second write: one more follows it.
+        await assert_eventually(lambda: len(now_asked("stale-two")) == 1)
+    finally:
+        fake.answer = _answer
+        gate.set()
 

@@ -80,6 +80,10 @@ class Living:
         self.mode = mode
         self._last_now: dict[tuple[str, str], float] = {}
         self._now_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._now_reading: set[tuple[str, str]] = set()
+        """Owners whose rebuild has begun: it may have read the rows before a later write."""
+        self._now_again: set[tuple[str, str]] = set()
+        """Owners written to while their rebuild was under way: rebuilt once more after it."""
         self.now_pages = 0
         self.episodes = 0
         self._bad_episodes: dict[tuple[str, str, float], int] = {}
@@ -90,24 +94,38 @@ class Living:
         """Schedules the owner's Now page: now if due, else when it next may be rebuilt."""
         if self.mode not in LLM_MODES:
             return
-        owner = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
+        self._schedule_now((self.canonical_user(raw.owner.user_id), raw.owner.agent_id))
+
+    def _schedule_now(self, owner: tuple[str, str]) -> None:
         if owner in self._now_tasks:
-            return  # a rebuild is already waiting; it will read this write too
+            if owner in self._now_reading:
+                self._now_again.add(owner)  # the rebuild under way may have read before this
+            return  # a rebuild still waiting will read this write too
         wait = 0.0
         if self.now_every_s is not None and owner in self._last_now:
             wait = max(0.0, self._last_now[owner] + self.now_every_s - time.time())
         task = asyncio.create_task(self._rebuild_later(owner, wait), name=f"now {owner}")
         self._now_tasks[owner] = task
-        task.add_done_callback(lambda _: self._now_tasks.pop(owner, None))
+        task.add_done_callback(lambda done: self._now_ended(owner, done))
+
+    def _now_ended(self, owner: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._now_tasks.pop(owner, None)
+        again = owner in self._now_again
+        self._now_again.discard(owner)
+        if again and not task.cancelled():  # cancelled: the extractor is stopping
+            self._schedule_now(owner)
 
     async def _rebuild_later(self, owner: tuple[str, str], wait: float) -> None:
         await asyncio.sleep(wait)
+        self._now_reading.add(owner)
         try:
             await self.rebuild_now(*owner)
         except (LlmUnavailable, LlmMalformed) as exc:
             log.warning("now page of %s not rebuilt: %s", owner, exc.message)
         except Exception:
             log.exception("now page of %s not rebuilt", owner)
+        finally:
+            self._now_reading.discard(owner)
 
     async def rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
         """Writes a new Now page for the owner and retires the one it replaces (the rebuild of
