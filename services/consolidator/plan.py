@@ -74,8 +74,6 @@ class Plan:
     refused: list[str] = field(default_factory=list)
 
 
-
-
 def _edge_number(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().strip("[]").upper().startswith("E"):
         return shown_number(value.strip().strip("[]")[1:])

@@ -46,8 +46,6 @@ RECONCILE_SCHEMA = ReplySchema(
 )
 
 
-
-
 class Reconciler:
     """Runs the second call and applies its checked ops in one store transaction."""
 
