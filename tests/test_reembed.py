@@ -24,10 +24,11 @@ from services.embedder.models import MINILM, MINILM_FP16
 from services.embedder.server import running_server
 from services.store import reembed
 from services.store.config import StoreConfig
+from services.store.index import VectorIndexes
 from services.store.model import Insert, ListQuery, Reach
 from services.store.server import running_store
 from shared.clients import EmbedderClient
-from shared.errors import ConfigError, Unavailable
+from shared.errors import ConfigError, Conflict, Unavailable
 from shared.passages import Passage
 from shared.pb import common_pb2, embedder_pb2, embedder_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
@@ -310,6 +311,37 @@ async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_noth
         rows, total = await store.list_rows(Reach(("alice",)), ListQuery())
         assert rows == [] and total == 0
         assert (await store.stats(Reach(("alice",)))).vectors == 0
+
+
+async def test_a_vector_search_overtaken_by_a_model_switch_is_refused(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    config = StoreConfig(
+        data_dir=tmp_path,
+        address=f"unix:{tmp_path / 'store.sock'}",
+        embedder_address=embedder_address,
+    )
+    async with running_store(config) as store:
+        core = store._core
+        alice = Reach(("alice",))
+        await store.apply(alice, [Insert("alice", "", "", "l3_fact", "Alice keeps bees.")])
+        [query] = (await core.embed([Passage("who keeps bees")]))[:1]
+        assert isinstance(core.indexes, VectorIndexes)
+        indexes, real_search = core.indexes, core.indexes.search
+        waiting = asyncio.Event()
+
+        async def tell_then_search(*args: Any) -> Any:
+            waiting.set()
+            return await real_search(*args)
+
+        indexes.search = tell_then_search  # type: ignore[method-assign,assignment]
+        model = core.model
+        async with indexes.switching(model.ndim):  # a re-embed's swap, to a model alike
+            search = asyncio.create_task(store.vector_search(alice, query, model.model_id))
+            await asyncio.wait_for(waiting.wait(), WAIT_CEILING_S)  # checked, now waits
+            core.model = dataclasses.replace(model, model_id="the-next-model")
+        with pytest.raises(Conflict, match="the-next-model"):
+            await search
 
 
 def _folder(path: Path, marker: str | None) -> Path:

@@ -22,6 +22,7 @@ from services.store.index import (
     new_index,
 )
 from services.store.index_save import DETACH_FROM_BYTES, save_index
+from shared.errors import Conflict
 from tests.support import WAIT_CEILING_S
 
 
@@ -157,6 +158,24 @@ async def test_a_committed_write_reaches_its_index_though_its_caller_gives_up(
     await search
     found = await indexes.search("alice", vectors[3], 4, exact_up_to=0)
     assert found.size == 4 and int(found.keys[0]) == 4
+
+
+async def test_a_search_overtaken_by_a_switch_to_other_dimensions_is_refused(
+    tmp_path: Path,
+) -> None:
+    async def keys_of(user_id: str) -> set[int]:
+        return {1, 2}
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return _unit_rows(len(keys), indexes.ndim)  # the vectors of the model now served
+
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    async with indexes.switching(4):
+        search = asyncio.create_task(indexes.search("alice", _unit_rows(1)[0], 2, 0))
+        await settle()
+    with pytest.raises(Conflict, match="4 dimensions"):
+        await search
 
 
 class HeldSaves:

@@ -25,6 +25,7 @@ from usearch.index import Index, ScalarKind
 
 from services.store.index_save import save_index
 from services.store.repo import as_stored
+from shared.errors import Conflict
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +326,8 @@ class VectorIndexes:
     ) -> Matches:
         """The nearest keys in a user's index (brute force up to exact_up_to vectors)."""
         async with self._reading(user_id) as index:
+            if vector.shape != (self.ndim,):  # a re-embed switched models since it was checked
+                raise Conflict(f"the store's vectors have {self.ndim} dimensions now: search again")
             size = len(index)
             if size == 0:
                 empty = np.zeros(0, dtype=np.uint64)

@@ -99,13 +99,7 @@ async def vector_search(
     include_superseded: bool = False,
 ) -> list[Scored]:
     """The k rows in reach most similar to vector (cosine), none below min_score."""
-    if core.model.mismatch:
-        raise Conflict(core.model.mismatch)
-    if model_id != core.model.model_id:
-        raise Conflict(
-            f"the query vector comes from model {model_id!r} but the store holds "
-            f"{core.model.model_id!r} vectors"
-        )
+    _check_model(core, model_id)
     check_layers(layers)
     query = np.asarray(vector, dtype=np.float32)
     if query.shape != (core.model.ndim,):
@@ -126,7 +120,22 @@ async def vector_search(
         one = replace(reach, user_ids=(user_id,))
         hits.extend(await _search_user(core, one, query, layers, k, min_score, include_superseded))
     hits.sort(key=lambda hit: hit.score, reverse=True)
-    return await annotated(core.repo, hits[:k])
+    rows = await annotated(core.repo, hits[:k])
+    # A re-embed may have switched models while this searched: its hits could come from
+    # either model's index.
+    _check_model(core, model_id)
+    return rows
+
+
+def _check_model(core: Core, model_id: str) -> None:
+    """Refuses a query vector of another model than the store's."""
+    if core.model.mismatch:
+        raise Conflict(core.model.mismatch)
+    if model_id != core.model.model_id:
+        raise Conflict(
+            f"the query vector comes from model {model_id!r} but the store holds "
+            f"{core.model.model_id!r} vectors"
+        )
 
 
 async def _search_user(
