@@ -103,6 +103,14 @@ async def apply_ops(
     return results
 
 
+async def apply_unkeyed(
+    core: Core, reach: Reach, ops: Sequence[Op], actor: str, reason: str
+) -> list[MemoryRow | None]:
+    """apply_ops for the store's own writes, which carry no idempotency key (never replayed)."""
+    applied = await apply_ops(core, reach, ops, actor, reason)
+    return list(applied.rows) if isinstance(applied, Replayed) else applied
+
+
 def _to_embed(ops: Sequence[Op]) -> tuple[list[Passage], list[bool]]:
     """The new texts to embed with their clauses as spans, for one call, and which of the rows
     that gives are used (a text whose vector came with its op is not used again)."""
@@ -210,6 +218,11 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
 
 async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     w = run.write
+    if op.if_content is not None and not await _still_holds(w, op.id, op.if_content):
+        if op.content is not None:  # the vectors embedded for it go unused
+            for _ in range(passage_of(op.content).rows):
+                next(run.vectors)
+        return None
     before = await target(w.tx, run.reach, op.id)
     fields = _update_fields(op)
     if op.hits_delta:
@@ -220,6 +233,13 @@ async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     after = await w.change(before, "update", fields, run.reason)
     w.facts_changed += fact_changes(op, before, after)
     return after
+
+
+async def _still_holds(w: Write, memory_id: str, content: str) -> bool:
+    """Whether a row is still there, live, with this text (nobody edited or retired it since
+    the caller read it)."""
+    row = await w.tx.get(memory_id)
+    return row is not None and row.status == ACTIVE and row.content == content
 
 
 async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:

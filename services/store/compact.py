@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from services.store.apply import apply_ops
+from services.store.apply import apply_unkeyed
 from services.store.core import Core
 from services.store.model import RAW, ListQuery, Op, Reach, Update
 
@@ -53,7 +53,8 @@ class CompactResult:
 
 
 async def compact_raw(core: Core, dry_run: bool, actor: str) -> CompactResult:
-    """Caps every raw turn; rewrites them unless dry_run (the audit log keeps the old text)."""
+    """Caps every raw turn; rewrites them unless dry_run (the audit log keeps the old text).
+    A turn edited, retired or deleted since it was read is left as it is now."""
     result = CompactResult(dry_run)
     everyone = Reach(None)
     ops: list[Op] = []
@@ -66,10 +67,10 @@ async def compact_raw(core: Core, dry_run: bool, actor: str) -> CompactResult:
             result.rows_changed += 1
             if len(result.sample) < SAMPLES:
                 result.sample.append(row.id)
-            ops.append(Update(row.id, content=compacted))
+            ops.append(Update(row.id, content=compacted, if_content=row.content))
     if not dry_run:
         for start in range(0, len(ops), CHUNK):
             chunk = ops[start : start + CHUNK]
-            await apply_ops(core, everyone, chunk, actor, "admin compact_raw")
-            result.rows_rewritten += len(chunk)
+            written = await apply_unkeyed(core, everyone, chunk, actor, "admin compact_raw")
+            result.rows_rewritten += sum(row is not None for row in written)
     return result

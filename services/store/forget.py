@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from services.store.apply import apply_ops
+from services.store.apply import apply_unkeyed
 from services.store.core import Core
-from services.store.idempotency import Replayed
 from services.store.model import (
     ACTIVE,
     FORGOTTEN,
@@ -109,8 +108,7 @@ async def _retire(
         Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why) for m in matches.values()
     ]
     ops += [Tombstone(t.id, values) for t in turns]
-    applied = await apply_ops(core, reach, ops, actor, f"forget: {why}"[:500])
-    rows = applied.rows if isinstance(applied, Replayed) else applied  # no key: never replayed
+    rows = await apply_unkeyed(core, reach, ops, actor, f"forget: {why}"[:500])
     retired = [row for row in rows[: len(matches)] if row is not None]
     return Forgotten(retired, [t.id for t in turns])
 

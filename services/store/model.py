@@ -167,6 +167,8 @@ class Update:
     label: str | None = None
     hits_delta: int = 0
     """Added to the row's hits in the same transaction (instead of setting hits)."""
+    if_content: str | None = None
+    """Applied only while the row is live and still holds this text; else skipped (None)."""
 
 
 @dataclass(frozen=True)
