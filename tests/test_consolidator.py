@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,10 +15,16 @@ from typing import Any
 import grpc
 import pytest
 
-from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.pb import (
+    common_pb2,
+    consolidator_pb2,
+    consolidator_pb2_grpc,
+    store_pb2,
+    store_pb2_grpc,
+)
 from shared.rpc import open_channel
 from tests.extractor_support import Api
-from tests.llm_fake import ERROR, HANG, FakeLlm, Recorded, fake_llm_in_thread
+from tests.llm_fake import ERROR, HANG, FakeLlm, Recorded, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
@@ -428,6 +436,37 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
         # The finished cluster was not sent again.
         assert sum(1 for r in script.calls(user) if done_text in r.user_message) == 1
         del script.handlers[user]
+
+
+async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
+    api: Api, script: Script, ultra: Stack
+) -> None:
+    await settle(api)
+    user = marker()
+    texts = [f"{user} garden {w} plan" for w in ("tomato", "basil", "mint", "chili")]
+    await facts_from_turns(api, user, [(t, i) for i, t in enumerate(texts)], len(texts))
+    gate = threading.Event()
+    script.handlers[user] = lambda r: held(
+        gate, {**EMPTY, "drops": [{"fact": r.number_of(texts[0]), "reason": "stale"}]}
+    )
+    async with open_channel(ultra.address("consolidator")) as channel:
+        stub = consolidator_pb2_grpc.ConsolidatorStub(channel)
+        runs = (await stub.GetDigest(consolidator_pb2.GetDigestRequest(), timeout=10)).runs
+        call = stub.RunPass(consolidator_pb2.RunPassRequest(), timeout=120)
+        await assert_eventually(lambda: len(script.calls(user)) >= 1)
+        call.cancel()  # the caller gives up (a deadline) while the LLM answers
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        gate.set()
+
+        async def reported() -> None:
+            digest = await stub.GetDigest(consolidator_pb2.GetDigestRequest(), timeout=10)
+            assert digest.runs == runs + 1 and not digest.running
+
+        await assert_eventually(reported)
+    rows = {r.content: r for r in await api.rows(user, "l3_fact")}
+    assert rows[texts[0]].superseded_how == "dropped"
+    del script.handlers[user]
 
 
 async def test_admin_dedupe_and_compact_dry_run_first_then_change(

@@ -89,6 +89,7 @@ class Consolidator:
         self.last: Report | None = None
         self.last_at = 0.0
         self._lock = asyncio.Lock()
+        self._running_pass: asyncio.Task[Report] | None = None
         self._leases = leases
         self._vectors = Vectors(embedder)
 
@@ -117,7 +118,21 @@ class Consolidator:
         return sum(1 for o in owners for c in o.clusters if c.due() and not c.skipped(now))
 
     async def run_pass(self) -> Report:
-        """Runs one pass now; Busy if one is already running here or on another replica."""
+        """Runs one pass now; Busy if one is already running here or on another replica. A
+        caller that stops waiting (its deadline passed) does not cut the pass short: its report
+        is the last one all the same."""
+        self._running_pass = asyncio.create_task(self._run_pass(), name="consolidation pass")
+        return await asyncio.shield(self._running_pass)
+
+    async def stop(self) -> None:
+        """Cuts a pass in progress short (the service is stopping): what it applied stays,
+        its unfinished clusters stay due."""
+        if self._running_pass is not None:
+            self._running_pass.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._running_pass
+
+    async def _run_pass(self) -> Report:
         async with self._turn(wait=False):
             report = await self._pass()
             self.runs += 1

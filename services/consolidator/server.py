@@ -94,6 +94,7 @@ async def running_server(config: ConsolidatorConfig) -> AsyncIterator[str]:
             config.user_aliases.canonical,
             Leases(store, LeasePolicy(config.lease_ttl_s, config.lease_poll_s)),
         )
+        stack.push_async_callback(consolidator.stop)  # before the channels close
         servicer = ConsolidatorServicer(consolidator, ultra=config.mode == "ultra")
 
         def register(server: grpc.aio.Server) -> list[str]:
