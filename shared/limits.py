@@ -43,9 +43,12 @@ took dates before 1970 still imports)."""
 
 
 def check_name(what: str, value: str) -> str:
-    """A name (user_id, agent_id, session_id, an id) within MAX_NAME_CHARS, else a 400."""
+    """A name (user_id, agent_id, session_id, an id) within MAX_NAME_CHARS and without a NUL
+    character (PostgreSQL's text and JSON cannot hold one), else a 400."""
     if len(value) > MAX_NAME_CHARS:
         raise InvalidArgument(f"{what} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} may not hold a NUL character")
     return value
 
 

@@ -370,8 +370,8 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
 @pytest.mark.parametrize(
     ("memory", "needle"),
     [
-        ({"user_id": LONG_NAME, "content": "x"}, "memory.user_id is over 256 characters"),
-        ({"user_id": USER, "agent_id": LONG_NAME, "content": "x"}, "memory.agent_id is over"),
+        ({"user_id": LONG_NAME, "content": "x"}, "memory.user_id has 257 characters; at most 256"),
+        ({"user_id": USER, "agent_id": LONG_NAME, "content": "x"}, "memory.agent_id has 257"),
         ({"user_id": USER, "content": LONG_TEXT}, "memory.content is over 100,000 characters"),
         ({"user_id": USER, "content": "x", "id": LONG_NAME}, "is not a usable id"),
         ({"user_id": USER, "content": "x", "event_at": 1e300},

@@ -468,7 +468,12 @@ async def test_longer_names_and_keys_are_refused_and_change_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
     too_long = "n" * (MAX_NAME_CHARS + 1)
+    # A NUL in an id is refused by both backends (PostgreSQL could not read the JSON list).
+    with_nul_source = insert("b")
+    with_nul_source.insert.source_ids.append("x\x00y")
     refused = [
+        store_pb2.ApplyRequest(scope=scope(), ops=[insert("a"), with_nul_source]),
+        store_pb2.ApplyRequest(scope=scope(), ops=[insert("a", user="a\x00b")]),
         store_pb2.ApplyRequest(scope=scope(too_long), ops=[insert("a", user=too_long)]),
         store_pb2.ApplyRequest(scope=scope(), ops=[insert("a", agent=too_long)]),
         store_pb2.ApplyRequest(scope=scope(), ops=[insert("a", session=too_long)]),

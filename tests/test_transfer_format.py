@@ -165,6 +165,22 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             '{"type": "edge", "edge": {"user_id": "u", "subject": "a", "relation": "b"}}',
             "edge.object is required",
         ),
+        # What PostgreSQL cannot hold: an int32 column, an indexed id, a NUL in a JSON list.
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "count": 3000000000}}',
+            "memory.count must be an integer of 32 bits",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "superseded_by": "'
+            + "s" * 6000
+            + '"}}',
+            "memory.superseded_by has 6,000 characters",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", '
+            '"source_ids": ["a\\u0000b"]}}',
+            "memory.source_ids may not hold a NUL character",
+        ),
     ],
 )
 def test_a_bad_line_is_refused_with_its_reason(line: str, error: str) -> None:

@@ -32,6 +32,7 @@ from shared.limits import (
     MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
     START_OF_CALENDAR_S,
+    check_name,
 )
 
 DEFAULT_LAYER = "l2_raw"
@@ -135,8 +136,9 @@ def _string(name: str, value: Any) -> str:
 
 
 def _integer(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an integer")
+    # Counts travel as int32 (and PostgreSQL keeps them so).
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
+        raise InvalidArgument(f"{name} must be an integer of 32 bits")
     return value
 
 
@@ -228,11 +230,18 @@ def _check_times(values: Mapping[str, Any], what: str) -> None:
             raise InvalidArgument(f"{what}.{name} is not between the years 1 and 9999")
 
 
+# String fields that are text rather than a name or an id.
+_FREE_TEXT = frozenset({"content", "metadata_json", "drop_reason", "subject", "relation", "object"})
+
+
 def _check_lengths(values: Mapping[str, Any], what: str) -> None:
-    """The API's limits on owner names and text hold for imported lines too."""
-    for name in ("user_id", "agent_id", "session_id"):
-        if len(values.get(name, "")) > MAX_NAME_CHARS:
-            raise InvalidArgument(f"{what}.{name} is over {MAX_NAME_CHARS} characters")
+    """The API's limits on names, ids and text hold for imported lines too."""
+    for name, value in values.items():
+        if isinstance(value, str) and name not in _FREE_TEXT:
+            check_name(f"{what}.{name}", value)
+        elif isinstance(value, tuple):  # source_ids, fact_ids
+            for one in value:
+                check_name(f"{what}.{name}", one)
     if len(values.get("content", "")) > MAX_TEXT_CHARS:
         raise InvalidArgument(f"{what}.content is over {MAX_TEXT_CHARS:,} characters")
 

@@ -100,7 +100,13 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         refs.add(op.ref)
     if op.id and (op.id.startswith("$") or len(op.id) > 128 or not op.id.strip()):
         raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
+    _check_ids(op.source_ids, f"{where}: source_ids")
     return replace(op, metadata_json=metadata(op.metadata_json, where))
+
+
+def _check_ids(ids: Sequence[str], what: str) -> None:
+    for one in ids:
+        check_name(what, one)
 
 
 def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
@@ -109,6 +115,9 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
     if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
         raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
     _owned(reach, op, where)
+    _check_ids(op.source_ids, f"{where}: source_ids")
+    _check_ids(op.fact_ids, f"{where}: fact_ids")
+    check_name(f"{where}: memory_id", op.memory_id)
     return op
 
 
