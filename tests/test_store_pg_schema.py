@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
 
+from services.store.pg.db import Database
 from services.store.pg.schema import GIN_PENDING_KB, SCHEMA_VERSION, create_or_migrate
+from tests.support import WAIT_CEILING_S, assert_eventually
 
 NDIM = 8
 
@@ -78,3 +81,29 @@ async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database
         assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
     finally:
         await conn.close()
+
+
+async def test_a_start_while_a_write_is_open_waits_for_it_rather_than_lock_tables_beside_it(
+    pg_databases: Any,
+) -> None:
+    dsn = pg_databases.new_dsn()
+    database = await Database(dsn).open(NDIM)
+    starting = await asyncpg.connect(dsn)
+    try:
+        async with database.writing() as write:
+            # A delete locks memory_keys first, the schema's statements memories first.
+            await write.execute("DELETE FROM memory_keys WHERE memory_id = 'none'")
+            start = asyncio.create_task(create_or_migrate(starting, NDIM, "test"))
+            await assert_eventually(lambda: _waits_on_advisory_lock(database, starting))
+            await write.execute("DELETE FROM memories WHERE id = 'none'")
+        await asyncio.wait_for(start, WAIT_CEILING_S)
+    finally:
+        await starting.close()
+        await database.close()
+
+
+async def _waits_on_advisory_lock(database: Database, conn: asyncpg.Connection) -> bool:
+    waiting = await database.fetchval(
+        "SELECT wait_event FROM pg_stat_activity WHERE pid = ?", conn.get_server_pid()
+    )
+    return bool(waiting == "advisory")

@@ -14,13 +14,8 @@ from typing import Any
 import asyncpg
 from pgvector.asyncpg import register_vector
 
-from services.store.pg.schema import create_or_migrate
+from services.store.pg.schema import WRITE_LOCK, create_or_migrate
 from shared.errors import InvalidArgument
-
-# The project's advisory lock ids live in one place (schema.SCHEMA_LOCK is the first).
-WRITE_LOCK = 0x4859_0002
-"""Held by every write transaction: writes of all replicas are applied one at a time, as the
-SQLite store's single writer does, so per-owner order and read-your-write hold across them."""
 
 _PLACEHOLDER = re.compile(r"\?")
 

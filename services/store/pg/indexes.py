@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 from tqdm import tqdm
 
-from services.store.pg.schema import HNSW_DEFERRED, HNSW_INDEXES, SCHEMA_LOCK, hnsw_deferred
+from services.store.pg.schema import HNSW_DEFERRED, HNSW_INDEXES, hnsw_deferred, lock_schema
 from shared.errors import ConfigError
 
 # How often the build's progress bar asks the server how far it is.
@@ -39,7 +39,7 @@ PROGRESS_EVERY_S = 1.0
 async def defer(conn: asyncpg.Connection) -> None:
     """Drops the HNSW indexes and records that they are deferred."""
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        await lock_schema(conn)
         await conn.execute(
             "INSERT INTO store_meta (key, value) VALUES ($1, $2) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
@@ -57,7 +57,7 @@ async def build(
     analyzes the tables; with memory (such as '4GB': the graph is built fastest when it fits)
     and workers for this build only."""
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        await lock_schema(conn)
         if memory is not None:
             await conn.execute("SELECT set_config('maintenance_work_mem', $1, true)", memory)
         if workers is not None:

@@ -31,9 +31,14 @@ loading those 20,000 rows took 6.5 s against 5.7 s (README)."""
 
 _GIN_INDEXES = ("memories_terms", "memory_keys_terms")
 
-# A lock id of this project's: held while the schema is created or migrated, so replicas
-# starting together do not race.
+# The project's advisory lock ids.
 SCHEMA_LOCK = 0x4859_0001
+"""Held while the schema is created or migrated, so replicas starting together do not race."""
+WRITE_LOCK = 0x4859_0002
+"""Held by every write transaction: writes of all replicas are applied one at a time, as the
+SQLite store's single writer does, so per-owner order and read-your-write hold across them. A
+replica's start holds it too while its statements lock the tables (in their own order, which
+a write's could cross: a deadlock)."""
 
 
 def _tables(ndim: int) -> str:
@@ -202,11 +207,18 @@ HNSW_DEFERRED = "hnsw_deferred"
 """The store_meta key present while the HNSW indexes are deferred: a start does not build them."""
 
 
+async def lock_schema(conn: asyncpg.Connection) -> None:
+    """Takes SCHEMA_LOCK, then WRITE_LOCK, till the end of conn's transaction: for statements
+    that change the schema (writes wait meanwhile)."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+
+
 async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> None:
     """Creates a new database's schema for ndim-wide vectors, or checks an existing one; one
     replica at a time (an advisory lock), in one transaction."""
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        await lock_schema(conn)
         version = await _version(conn)
         if version is not None and version > SCHEMA_VERSION:
             raise ConfigError(
