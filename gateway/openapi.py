@@ -183,7 +183,7 @@ OPERATIONS: list[Op] = [
        {"key": TEXT, "llm_key": TEXT}, obj("ok", ok=BOOL, llm=STR)),
     Op("POST", "/api/v1/forget", "Retires the rows holding a value and tombstones it",
        {"text": TEXT, "old_text": TEXT, "id": NAME, "memory_id": NAME, **OWNER,
-        "reason": TEXT, "origin": NAME, "source": NAME, "metadata": METADATA},
+        "reason": TEXT, "origin": NAME, "source": NAME, "metadata": METADATA, "target": NAME},
        obj("forgotten", "memories", forgotten=INT, memories=arr(MEMORY),
            evidence_ids=arr(STR))),
     *both("/api/v1/digest", "GET: the last consolidation pass; POST: runs one now", {}, DIGEST),

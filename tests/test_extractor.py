@@ -511,6 +511,26 @@ async def test_a_memory_tool_entry_is_forgotten_by_part_of_its_text_with_what_ca
     assert (await api.row(user, other["memory_id"])).status == "active"
 
 
+async def test_a_memory_tool_remove_forgets_only_the_entry_hermes_removed(api: Api) -> None:
+    user = new_user()
+    entries = {
+        ("user", "Name: Al"): None,
+        ("memory", "Works in Dallas"): None,
+        ("memory", "Prefers a formal tone in emails"): None,
+        ("memory", "Al's sister lives in Oslo"): None,  # Al, but in the other target
+    }
+    for target, text in entries:
+        meta = {"write_origin": "memory_tool", "target": target}
+        entries[target, text] = (await api.add(text, user, metadata=meta))["memory_id"]
+    body = await api.ok("POST", "/api/v1/forget", json={
+        "text": "Al", "user_id": user, "source": "memory_tool", "target": "user",
+        "reason": "hermes memory tool remove"})
+    assert [m["memory_id"] for m in body["memories"]] == [entries["user", "Name: Al"]]
+    for (target, text), memory_id in entries.items():
+        status = (await api.row(user, memory_id)).status
+        assert status == ("retired" if text == "Name: Al" else "active"), text
+
+
 async def test_forget_by_text_reaches_a_note_older_than_a_thousand_newer_turns(
     api: Api, fake: FakeLlm
 ) -> None:

@@ -113,6 +113,7 @@ async def forget(request: web.Request) -> web.Response:
             reason=params.string("reason"),
             origin=origin,
             memory_tool=origin == "memory_tool",
+            target=params.string("target"),
         ),
         timeout=rpc_timeout(request),
     )

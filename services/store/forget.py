@@ -44,7 +44,12 @@ class Forget:
     memory_id: str = ""
     reason: str = ""
     memory_tool: bool = False
-    """Also match the memory tool's entries containing the text, and rows extracted from them."""
+    """The text names a memory-tool entry by a part of it (case-sensitive, as Hermes matches
+    it): the live entries containing it are forgotten with the rows extracted from them, not
+    the rows holding the text as a value (a part such as "Al" is no value)."""
+    target: str = ""
+    """With memory_tool: the tool's target whose entries match ("" any; so does an entry
+    written without one)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,11 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
     key = value_key(text)
     if not key:
         raise InvalidArgument("text has nothing to match")
-    matches |= await _holding(core, reach, text, key, matches)
-    matches = _without_evidence(matches, key)
-    if asked.memory_tool:
-        matches |= await _memory_tool_entries(core, reach, key)
+    if asked.memory_tool and not asked.memory_id:
+        matches = await _memory_tool_entries(core, reach, text.strip(), asked.target)
+    else:
+        matches |= await _holding(core, reach, text, key, matches)
+        matches = _without_evidence(matches, key)
     if not matches:
         return Forgotten([], [])
     return await _retire(core, reach, matches, key, asked.reason, actor)
@@ -113,10 +119,13 @@ async def _retire(
     return Forgotten(retired, [t.id for t in turns])
 
 
-async def _memory_tool_entries(core: Core, reach: Reach, key: str) -> dict[str, MemoryRow]:
-    """Live memory-tool turns whose text contains key, and the rows extracted from them."""
+async def _memory_tool_entries(
+    core: Core, reach: Reach, part: str, target: str
+) -> dict[str, MemoryRow]:
+    """Live memory-tool turns of the target whose text contains part, and the rows extracted
+    from them."""
     raws = await core.all_rows(reach, ListQuery(layers=(RAW,)))
-    entries = {r.id: r for r in raws if _from_memory_tool(r) and key in value_key(r.content)}
+    entries = {r.id: r for r in raws if part in r.content and _memory_tool_entry(r, target)}
     if not entries:
         return {}
     derived = await core.all_rows(reach, ListQuery(layers=DERIVED_FROM_ENTRIES))
@@ -134,9 +143,12 @@ def _without_evidence(matches: dict[str, MemoryRow], key: str) -> dict[str, Memo
     }
 
 
-def _from_memory_tool(raw: MemoryRow) -> bool:
+def _memory_tool_entry(raw: MemoryRow, target: str) -> bool:
+    """Whether the memory tool wrote the turn, to the target ("" any)."""
     try:
         meta = json.loads(raw.metadata_json or "{}")
     except ValueError:
         return False
-    return isinstance(meta, dict) and meta.get("write_origin") == "memory_tool"
+    if not isinstance(meta, dict) or meta.get("write_origin") != "memory_tool":
+        return False
+    return not target or meta.get("target", target) == target

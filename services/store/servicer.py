@@ -600,7 +600,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.ForgetRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ForgetResponse:
         asked = Forget(text=request.text, memory_id=request.id, reason=request.reason,
-                       memory_tool=request.memory_tool)
+                       memory_tool=request.memory_tool, target=request.target)
         actor = actor_for("", request.origin, self._token_name())
         found = await self._store.forget(self._reach(request.scope), asked, actor)
         return store_pb2.ForgetResponse(
