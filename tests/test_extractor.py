@@ -526,7 +526,7 @@ async def test_a_memory_tool_remove_forgets_only_the_entry_hermes_removed(api: A
         "text": "Al", "user_id": user, "source": "memory_tool", "target": "user",
         "reason": "hermes memory tool remove"})
     assert [m["memory_id"] for m in body["memories"]] == [entries["user", "Name: Al"]]
-    for (target, text), memory_id in entries.items():
+    for (_, text), memory_id in entries.items():
         status = (await api.row(user, memory_id)).status
         assert status == ("retired" if text == "Name: Al" else "active"), text
 

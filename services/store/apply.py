@@ -177,6 +177,8 @@ async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
 
 async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     w = run.write
+    if op.if_live and await _live(w, op.id) is None:
+        return None
     before = await target(w.tx, run.reach, op.id)
     if before.status == RETIRED:
         # Checked in the transaction: of two edits of one row sent at once, or an edit and a
@@ -235,11 +237,17 @@ async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     return after
 
 
-async def _still_holds(w: Write, memory_id: str, content: str) -> bool:
-    """Whether a row is still there, live, with this text (nobody edited or retired it since
-    the caller read it)."""
+async def _live(w: Write, memory_id: str) -> MemoryRow | None:
+    """The row as it is now, if it is there and live (nobody retired or erased it since the
+    caller read it)."""
     row = await w.tx.get(memory_id)
-    return row is not None and row.status == ACTIVE and row.content == content
+    return row if row is not None and row.status == ACTIVE else None
+
+
+async def _still_holds(w: Write, memory_id: str, content: str) -> bool:
+    """Whether a row is still live with this text (nobody edited it since the caller read it)."""
+    row = await _live(w, memory_id)
+    return row is not None and row.content == content
 
 
 async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:

@@ -111,7 +111,8 @@ async def _retire(
     values = tuple(sorted({key, *(value_key(m.content) for m in matches.values())} - {""}))
     why = reason or "forgotten on request"
     ops: list[Op] = [
-        Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why) for m in matches.values()
+        Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why, if_live=True)
+        for m in matches.values()
     ]
     ops += [Tombstone(t.id, values) for t in turns]
     rows = await apply_unkeyed(core, reach, ops, actor, f"forget: {why}"[:500])

@@ -141,6 +141,9 @@ class Retire:
     superseded_by: str = ""
     drop_reason: str = ""
     pass_id: str = ""
+    if_live: bool = False
+    """Skipped (None) when the row is retired or gone by now, rather than refused: for a
+    caller that read its candidates before the write (a forget)."""
 
 
 @dataclass(frozen=True)

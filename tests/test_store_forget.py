@@ -1,0 +1,42 @@
+"""Forget (services/store/forget.py) when a row it found changes before its write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.store import forget
+from services.store.config import StoreConfig
+from services.store.model import Insert, Reach, Retire
+from services.store.server import running_store
+
+VALUE = "Bo's locker code is 4471"
+
+
+async def test_a_match_retired_after_forget_found_it_is_left_as_it_is(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StoreConfig(
+        data_dir=tmp_path,
+        address=f"unix:{tmp_path / 'store.sock'}",
+        embedder_address=embedder_address,
+    )
+    async with running_store(config) as store:
+        alice = Reach(("alice",))
+        rows = await store.apply(alice, [Insert("alice", "", "", "l3_fact", VALUE)] * 2)
+        edited, other = (row.id for row in rows if row is not None)
+        real_search = forget.vector_search
+
+        async def found_then_edited(*args: Any) -> Any:
+            hits = await real_search(*args)
+            # The extractor replaces one of them before the forget writes.
+            await store.apply(alice, [Retire(edited, superseded_how="updated")])
+            return hits
+
+        monkeypatch.setattr(forget, "vector_search", found_then_edited)
+        gone = await store.forget(alice, forget.Forget(text=VALUE), actor="api")
+        assert [row.id for row in gone.memories] == [other]
+        assert (await store.get(alice, edited)).superseded_how == "updated"
+        assert (await store.get(alice, other)).superseded_how == "forgotten"
