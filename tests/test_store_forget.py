@@ -9,7 +9,7 @@ import pytest
 
 from services.store import forget
 from services.store.config import StoreConfig
-from services.store.model import Insert, Reach, Retire
+from services.store.model import RAW, Insert, Reach, Retire
 from services.store.server import running_store
 
 VALUE = "Bo's locker code is 4471"
@@ -40,3 +40,33 @@ async def test_a_match_retired_after_forget_found_it_is_left_as_it_is(
         assert [row.id for row in gone.memories] == [other]
         assert (await store.get(alice, edited)).superseded_how == "updated"
         assert (await store.get(alice, other)).superseded_how == "forgotten"
+
+
+async def test_a_memory_tool_entry_is_found_though_an_older_turn_is_retired_as_it_reads(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    config = StoreConfig(
+        data_dir=tmp_path,
+        address=f"unix:{tmp_path / 'store.sock'}",
+        embedder_address=embedder_address,
+    )
+    async with running_store(config) as store:
+        alice = Reach(("alice",))
+        older = [Insert("alice", "", "", RAW, f"turn {n}") for n in range(1000)]
+        turns = await store.apply(alice, older)
+        entry = Insert("alice", "", "", RAW, "Keeps the spare key under the blue pot",
+                       metadata_json='{"write_origin": "memory_tool", "target": "memory"}')
+        [note] = await store.apply(alice, [entry])
+        repo = store._core.repo
+        real_list = repo.list_rows
+
+        async def first_turn_retired_meanwhile(*args: Any) -> Any:
+            found = await real_list(*args)
+            if turns[0] is not None and (await store.get(alice, turns[0].id)).status == "active":
+                await store.apply(alice, [Retire(turns[0].id, superseded_how="forgotten")])
+            return found
+
+        repo.list_rows = first_turn_retired_meanwhile  # type: ignore[method-assign]
+        asked = forget.Forget(text="spare key", memory_tool=True, target="memory")
+        gone = await store.forget(alice, asked, actor="plugin")
+        assert note is not None and [row.id for row in gone.memories] == [note.id]

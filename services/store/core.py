@@ -22,7 +22,7 @@ from services.store.keys import (
     own_keys,
 )
 from services.store.mirrors import FactChange
-from services.store.model import ACTIVE, MAX_LIMIT, RETIRED, ListQuery, MemoryRow, Reach
+from services.store.model import ACTIVE, EVERY_ROW, RETIRED, ListQuery, MemoryRow, Reach
 from services.store.repo import Repo
 from services.store.rows import Rows, Vectors, Writes
 from shared.errors import Conflict, InvalidArgument, NotFound, Unavailable, Unimplemented
@@ -102,14 +102,10 @@ class Core:
         return row
 
     async def all_rows(self, reach: Reach, query: ListQuery) -> list[MemoryRow]:
-        """Every row the query matches inside the reach, oldest first, read a page at a time."""
-        rows: list[MemoryRow] = []
-        while True:
-            page_query = replace(query, newest_first=False, limit=MAX_LIMIT, offset=len(rows))
-            page, total = await self.repo.list_rows(reach, page_query)
-            rows += page
-            if not page or len(rows) >= total:
-                return rows
+        """Every row the query matches inside the reach, oldest first, in one read (pages read
+        one after another skip a row when one before it leaves the filter meanwhile)."""
+        every = replace(query, newest_first=False, limit=EVERY_ROW, offset=0)
+        return (await self.repo.list_rows(reach, every))[0]
 
     async def embed(self, passages: Sequence[Passage]) -> np.ndarray:
         """The vectors of passages (each text's, then its spans'), refused when the embedder's

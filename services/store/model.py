@@ -275,7 +275,11 @@ class ListQuery:
     newest_first: bool = True
     superseded_by: str = ""
     limit: int = 20
+    """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0
+
+
+EVERY_ROW = -1
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pgvector import HalfVector
 
 from services.store.model import (
     ACTIVE,
+    EVERY_ROW,
     RETIRED,
     AuditEntry,
     CountQuery,
@@ -173,7 +174,7 @@ class PgRepo:
         rows = await self.db.fetch(
             f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
             f"ORDER BY m.created_at {order}, m.seq {order} LIMIT ? OFFSET ?",
-            *params, query.limit, query.offset,
+            *params, None if query.limit == EVERY_ROW else query.limit, query.offset,
         )
         total = await self.db.fetchval(f"SELECT count(*) FROM memories m {_where(where)}", *params)
         return [_row(r) for r in rows], int(total)
