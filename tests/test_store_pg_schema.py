@@ -1,4 +1,5 @@
-"""The PostgreSQL store's schema: created once, and an older version brought up to date."""
+"""The PostgreSQL store's schema (created once, an older version brought up to date) and its
+write transactions' locks."""
 
 from __future__ import annotations
 
@@ -107,3 +108,41 @@ async def _waits_on_advisory_lock(database: Database, conn: asyncpg.Connection) 
         "SELECT wait_event FROM pg_stat_activity WHERE pid = ?", conn.get_server_pid()
     )
     return bool(waiting == "advisory")
+
+
+async def test_a_write_sees_what_the_write_before_it_committed_whatever_the_default_isolation(
+    pg_databases: Any,
+) -> None:
+    dsn = pg_databases.new_dsn()
+    await (await Database(dsn).open(NDIM)).close()  # the schema
+    conn = await asyncpg.connect(dsn)
+    name = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'")
+    await conn.close()
+    first, second = await Database(dsn).open(NDIM), await Database(dsn).open(NDIM)
+    try:
+        async with first.writing() as write:
+            await write.execute("INSERT INTO store_meta (key, value) VALUES ('k', 'first')")
+            seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+            async def read_after_lock() -> None:
+                async with second.writing() as later:
+                    seen.set_result(
+                        await later.fetchval("SELECT value FROM store_meta WHERE key = 'k'")
+                    )
+
+            reader = asyncio.create_task(read_after_lock())
+            await assert_eventually(lambda: _any_waits_on_advisory_lock(first))
+        await asyncio.wait_for(reader, WAIT_CEILING_S)
+        assert seen.result() == "first"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _any_waits_on_advisory_lock(database: Database) -> bool:
+    waiting = await database.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+        "AND datname = current_database()"
+    )
+    return bool(waiting == 1)

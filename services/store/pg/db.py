@@ -93,8 +93,10 @@ class Database:
     @contextlib.asynccontextmanager
     async def writing(self) -> AsyncIterator[asyncpg.Connection]:
         """A connection inside one write transaction that holds WRITE_LOCK: committed if the
-        block succeeds, rolled back otherwise (a cancelled caller included)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        block succeeds, rolled back otherwise (a cancelled caller included). Read committed
+        whatever the server's default, so each statement sees what the replica that held
+        the lock before committed."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
             await conn.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
             with text_checked():
                 yield conn
