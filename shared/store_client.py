@@ -13,22 +13,28 @@ from shared.rpc import ServiceClient
 
 # The store's largest page (ListMemories, ListEdges, GetMemories): a larger limit is refused.
 PAGE = 1000
+OVERLAP = 100
+"""Rows each page reads again of the page before: up to so many rows leaving the list (retired)
+while the pages are read shift none of the rest out of reach. The pages come oldest first, so
+rows written meanwhile come after them."""
 
 
 async def all_rows(
     store: ServiceClient, request: store_pb2.ListMemoriesRequest, timeout_s: float
 ) -> list[common_pb2.Memory]:
-    """Every row a list request matches, page by page (its limit and offset are ignored)."""
-    rows: list[common_pb2.Memory] = []
+    """Every row a list request matches, oldest first, in overlapping pages (its order, limit
+    and offset are ignored)."""
+    rows: dict[str, common_pb2.Memory] = {}
     page = store_pb2.ListMemoriesRequest()
     page.CopyFrom(request)
-    page.limit = PAGE
+    page.limit, page.order, page.offset = PAGE, "oldest", 0
     while True:
-        page.offset = len(rows)
         reply = await store.ListMemories(page, timeout=timeout_s)
-        rows.extend(reply.memories)
-        if not reply.memories or len(rows) >= reply.total:
-            return rows
+        for row in reply.memories:
+            rows.setdefault(row.id, row)
+        if len(reply.memories) < PAGE:
+            return list(rows.values())
+        page.offset += PAGE - OVERLAP
 
 
 async def get_many(

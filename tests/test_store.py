@@ -32,7 +32,7 @@ from shared.leases import LEASE_NAME_MAX, lease_name
 from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from shared.store_client import state_op
+from shared.store_client import PAGE, all_rows, state_op
 from tests.support import WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -462,6 +462,34 @@ async def test_names_as_long_and_wide_as_a_client_may_send_work_everywhere(
     found = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=owner, query="kayak"))
     assert len(found.hits) == 2
     assert await claim(store, lease_name("extract", user, agent), "a", 60) == (True, "a")
+
+
+class _RetiresBetweenPages:
+    """A store stub whose first ListMemories is followed by the retirement of the first rows
+    it listed."""
+
+    def __init__(self, stub: store_pb2_grpc.StoreStub, count: int) -> None:
+        self._stub, self._count = stub, count
+        self.retired: list[str] = []
+
+    async def ListMemories(self, request: Any, **call: Any) -> Any:  # noqa: N802
+        reply = await self._stub.ListMemories(request, **call)
+        if not self.retired:
+            self.retired = [m.id for m in reply.memories[: self._count]]
+            await apply(self._stub, *(
+                store_pb2.Op(retire=store_pb2.RetireOp(id=i)) for i in self.retired
+            ))
+        return reply
+
+
+async def test_reading_every_row_in_pages_misses_none_when_rows_before_leave_meanwhile(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    rows = await apply(store, *(insert(f"note {n}") for n in range(PAGE + 10)))
+    listing = _RetiresBetweenPages(store, 5)
+    read = await all_rows(listing, store_pb2.ListMemoriesRequest(scope=scope()), 30)  # type: ignore[arg-type]
+    staying = {row.id for row in rows} - set(listing.retired)
+    assert len(staying) == PAGE + 5 and staying <= {row.id for row in read}
 
 
 async def test_longer_names_and_keys_are_refused_and_change_nothing(
