@@ -164,7 +164,7 @@ OPERATIONS: list[Op] = [
               "seq", "at", "actor", "action", seq=INT, at=STR, actor=STR, action=STR,
               reason=STR, before=nullable(ANY_OBJ), after=nullable(ANY_OBJ))))),
     Op("POST", "/api/v1/flush", "Persists the vector indexes; keyword indexes catch up",
-       reply=obj("flushed", "vectors", flushed=BOOL, vectors=INT)),
+       reply=obj("flushed", flushed=BOOL, vectors=INT)),
     *both("/api/v1/search", "Ranked memories of one owner in channels",
           {"query": TEXT, "limit": INT, "layer": LAYER, **OWNER, "user_ids": arr(NAME),
            "agent_ids": arr(NAME), "min_score": {"type": "number", "minimum": 0, "maximum": 1},

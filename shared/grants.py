@@ -90,3 +90,11 @@ interceptor, sent on by every client call made while it is set. None: the servic
 def current_grant() -> Grant | None:
     """The grant of the call being served, None for a service's own work."""
     return CURRENT_GRANT.get()
+
+
+def service_context() -> contextvars.Context:
+    """A copy of the current context without the caller's grant: for background work a call
+    starts that serves the owner, not the caller (an alias group's Now page)."""
+    context = contextvars.copy_context()
+    context.run(CURRENT_GRANT.set, None)
+    return context

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest_asyncio
 from gateway.app import make_app
 from gateway.config import GatewayConfig
 from gateway.grants import ROUTE_SCOPES
+from shared.grants import CURRENT_GRANT, Grant, current_grant, service_context
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
 from tests.store_state import apply
@@ -29,6 +31,7 @@ ALICE_APP = "alice-app-secret-0123456789"
 ALICE_READER = "alice-reader-secret-0123456789"
 ALICE_AGENT = "alice-agent-secret-0123456789"
 LEGACY = "legacy-secret-0123456789"
+BOBBY, BOBBY_APP = "bobby", "bobby-app-secret-0123456789"  # bob's alias
 TOKENS = {
     "tokens": [
         {"name": "ops", "token": OPS, "users": ["*"], "agents": ["*"],
@@ -38,6 +41,8 @@ TOKENS = {
         {"name": "alice-reader", "token": ALICE_READER, "users": [ALICE], "agents": ["*"],
          "scopes": ["read"]},
         {"name": "alice-agent", "token": ALICE_AGENT, "users": [ALICE], "agents": ["coach"],
+         "scopes": ["read", "write"]},
+        {"name": "bobby-app", "token": BOBBY_APP, "users": [BOBBY], "agents": ["*"],
          "scopes": ["read", "write"]},
     ]
 }
@@ -87,6 +92,7 @@ def stack(
         HYATLAS_TOKENS_FILE=str(tokens_file),
         HYATLAS_TOKEN=LEGACY,
         HYATLAS_ADMIN="on",
+        HYATLAS_USER_ALIASES=f"{BOB},{BOBBY}",
     ) as running:
         yield running
 
@@ -147,6 +153,27 @@ def _bob_requests(bob_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("GET", "/dashboard/api/memory", {"params": {"id": bob_id, **who}}),
         ("GET", "/dashboard/api/writes", {"params": who}),
     ]
+
+
+async def test_a_token_for_one_alias_reaches_that_alias_and_not_the_rest_of_its_group(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    bobby, ops = Client(stack.base_url, BOBBY_APP), Client(stack.base_url, OPS)
+    mine = (await bobby.ok("POST", "/api/v1/add", json={"text": "bobby plays chess",
+                                                        "user_id": BOBBY}))["memory_id"]
+    listing = await bobby.ok("POST", "/api/v1/list", json={"user_id": BOBBY, "limit": 100})
+    assert [m["memory_id"] for m in listing["memories"]] == [mine]
+    found = await bobby.ok("POST", "/api/v1/search", json={"query": "green tea",
+                                                          "user_id": BOBBY})
+    hits = {m["memory_id"] for items in found["memories"].values() for m in items}
+    assert hits <= {mine}
+    status, _ = await bobby.call("GET", "/api/v1/history", params={"user_id": BOBBY,
+                                                                   "id": seeded[BOB][0]})
+    assert status == 404
+    assert (await bobby.call("POST", "/api/v1/list", json={"user_id": BOB}))[0] == 403
+    # A token reaching both reaches the group through either name.
+    listing = await ops.ok("POST", "/api/v1/list", json={"user_id": BOBBY, "limit": 100})
+    assert {mine, *seeded[BOB]} <= {m["memory_id"] for m in listing["memories"]}
 
 
 async def test_alice_token_acting_on_bob_is_refused_on_every_route_and_changes_nothing(
@@ -360,3 +387,29 @@ def _replace(path: Path, text: str) -> None:
     staged = path.with_suffix(".new")
     staged.write_text(text)
     os.replace(staged, path)
+
+
+async def test_the_whole_servers_figures_are_for_a_token_reaching_every_owner(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    alice, ops = Client(stack.base_url, ALICE_APP), Client(stack.base_url, OPS)
+    assert (await alice.call("GET", "/dashboard/api/system"))[0] == 403
+    assert "settings" in await ops.ok("GET", "/dashboard/api/system")
+    status = await alice.ok("GET", "/api/v1/status")
+    assert "writes" not in status and "searches" not in status
+    assert {"writes", "searches"} <= set(await ops.ok("GET", "/api/v1/status"))
+    assert await alice.ok("POST", "/api/v1/flush") == {"flushed": True}
+    assert "vectors" in await ops.ok("POST", "/api/v1/flush")
+
+
+async def test_background_work_a_call_starts_runs_without_the_callers_grant() -> None:
+    async def grant_seen() -> Grant | None:
+        return current_grant()
+
+    caller = CURRENT_GRANT.set(Grant.build("bobby-app", [BOBBY], ["*"], ["read", "write"]))
+    try:
+        assert await asyncio.create_task(grant_seen()) is not None
+        assert await asyncio.create_task(grant_seen(), context=service_context()) is None
+        assert current_grant() is not None  # the caller's own context keeps it
+    finally:
+        CURRENT_GRANT.reset(caller)

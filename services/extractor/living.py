@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.prompt import cap_utf8
+from shared.grants import service_context
 from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pb import common_pb2, store_pb2
@@ -104,7 +105,10 @@ class Living:
         wait = 0.0
         if self.now_every_s is not None and owner in self._last_now:
             wait = max(0.0, self._last_now[owner] + self.now_every_s - time.time())
-        task = asyncio.create_task(self._rebuild_later(owner, wait), name=f"now {owner}")
+        # The page is the owner's (its alias group's), whichever caller's write asked for it.
+        task = asyncio.create_task(
+            self._rebuild_later(owner, wait), name=f"now {owner}", context=service_context()
+        )
         self._now_tasks[owner] = task
         task.add_done_callback(lambda done: self._now_ended(owner, done))
 

@@ -29,7 +29,9 @@ function statusCards(status) {
     card("unextracted", "Unextracted", fmtCount(status.unextracted), status.extract_sync),
     card("consolidation", "Last consolidation", consolidated, consolidatedDetail),
     card("total", "Live memories", fmtCount(status.vdb_points), "all owners"),
-    card("pipeline", "Write pipeline", status.write_pipeline, `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start`),
+    card("pipeline", "Write pipeline", status.write_pipeline,
+      // The whole server's counts: not given to a token reaching only some owners.
+      status.writes === undefined ? "" : `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start`),
   );
 }
 
