@@ -24,6 +24,7 @@ from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
 from shared.errors import InvalidArgument, NotFound, ServiceError
+from shared.grants import current_grant
 from shared.limits import MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2
 from shared.redact import shown_setting
@@ -257,7 +258,11 @@ def settings_in_force(settings: Settings, model_id: str) -> dict[str, Any]:
 
 
 async def system(request: web.Request) -> web.Response:
-    """Service health, settings in force (no secrets), data directory size and snapshots."""
+    """Service health, settings in force (no secrets), data directory size and snapshots: the
+    server's, so for a token reaching every owner."""
+    grant = current_grant()
+    if grant is not None:
+        grant.check_everyone("the system view")
     settings = request.app[SETTINGS]
     states, model_id = await asyncio.gather(service_states(request.app), _store_model(request))
     health = [{"name": name, "address": settings.addresses[name], "status": states.get(name, "off")}

@@ -71,15 +71,17 @@ async def status(request: web.Request) -> web.Response:
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
     grant = current_grant()
-    # Its counts are the whole store's: not for a token reaching some owners.
-    if stats.HasField("reembed") and (grant is None or grant.unrestricted):
-        extras["reembed"] = reembed_status(stats.reembed)
-    if llm is not None:
-        extras.update(
-            dropped_ops=llm.dropped_ops,
-            refused_forgotten=llm.refused_forgotten,
-            extracting=llm.in_flight,
-        )
+    # The whole server's counts: not for a token reaching some owners.
+    if grant is None or grant.unrestricted:
+        extras.update(writes=counters.writes, searches=counters.searches)
+        if stats.HasField("reembed"):
+            extras["reembed"] = reembed_status(stats.reembed)
+        if llm is not None:
+            extras.update(
+                dropped_ops=llm.dropped_ops,
+                refused_forgotten=llm.refused_forgotten,
+                extracting=llm.in_flight,
+            )
     return json_response(
         {
             "status": "ok",
@@ -97,8 +99,6 @@ async def status(request: web.Request) -> web.Response:
             "uses_llm": config.mode != "lite",
             "extract_sync": extract_sync(config),
             "write_pipeline": pipeline,
-            "writes": counters.writes,
-            "searches": counters.searches,
             "layers": layer_counts(stats.layers),
             "graph_nodes": stats.graph_nodes,
             "graph_edges": stats.graph_edges,

@@ -66,7 +66,8 @@ class Core:
         self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None
     ) -> Reach:
         """The owners a scope reaches: the user's alias group (or everyone), maybe one agent;
-        with a caller's grant, an owner outside it is refused and everyone is the granted."""
+        with a caller's grant, an owner outside it is refused, everyone is the granted, and an
+        alias group is narrowed to the aliases the grant names."""
         check_name("scope.user_id", user_id)
         check_name("scope.agent_id", agent_id)
         if all_users:
@@ -80,9 +81,9 @@ class Core:
     def _granted(self, reach: Reach, user_id: str, all_users: bool, grant: Grant) -> Reach:
         if not all_users:
             grant.check_owner(user_id, reach.agent_id)
-        elif grant.users is not None:
-            groups = [self.alias_group(user) for user in sorted(grant.users)]
-            reach = replace(reach, user_ids=tuple(dict.fromkeys(u for g in groups for u in g)))
+        if grant.users is not None:
+            users = reach.user_ids if reach.user_ids is not None else sorted(grant.users)
+            reach = replace(reach, user_ids=tuple(u for u in users if u in grant.users))
         if grant.agents is not None:
             reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
         return reach
