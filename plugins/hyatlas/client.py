@@ -49,9 +49,9 @@ class HyAtlasClient:
         """Sends one request; returns the decoded JSON, raises Unreachable or HttpError."""
         url = self.base_url + path
         if query:
-            pairs = {k: str(v) for k, v in query.items() if v not in (None, "")}
+            pairs = {k: well_formed(str(v)) for k, v in query.items() if v not in (None, "")}
             url += "?" + urllib.parse.urlencode(pairs)
-        data = None if body is None else json.dumps(body).encode("utf-8")
+        data = None if body is None else json.dumps(well_formed(body)).encode("utf-8")
         sent = {"Accept": "application/json", "User-Agent": USER_AGENT, **(headers or {})}
         if data is not None:
             sent["Content-Type"] = "application/json"
@@ -161,6 +161,22 @@ class HyAtlasClient:
     def set_llm_key(self, key: str) -> dict[str, Any]:
         """POST /api/v1/llm/key: hand the extraction key to the server (kept in its memory)."""
         return self.request("POST", "/api/v1/llm/key", {"key": key})
+
+
+def well_formed(value: Any) -> Any:
+    """value with each lone surrogate in its strings (and keys) replaced by U+FFFD.
+
+    Text Python read with surrogateescape (a terminal's non-UTF-8 byte) holds lone surrogates;
+    the gateway refuses such a body for good, so the rest of the turn would be lost with them.
+    """
+    if isinstance(value, str):
+        # Through UTF-16, a proper surrogate pair becomes its character and a lone one U+FFFD.
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, dict):
+        return {well_formed(k): well_formed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [well_formed(item) for item in value]
+    return value
 
 
 def _error_text(raw: bytes) -> str:
