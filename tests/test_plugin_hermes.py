@@ -450,6 +450,36 @@ def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_
         [f"USER: {u}\n\nASSISTANT: {a}" for u, a in turns] + ["Noted from the CLI"])
 
 
+@pytest.mark.parametrize(("status", "content_type", "body"), [
+    (404, "application/json", '{"error": "not found"}'),  # a service without the route
+    (400, "text/html", "<html>Bad Request</html>"),  # a proxy's page, not the gateway's error
+], ids=["404-json", "400-html"])
+async def test_a_4xx_of_another_service_at_server_url_keeps_the_turn_until_the_gateway_answers(
+    tmp_path: Path, hermes_python: Path, status: int, content_type: str, body: str
+):
+    stored: list[str] = []
+    other_service = True
+
+    async def add(request: web.Request) -> web.Response:
+        if other_service:
+            return web.Response(status=status, text=body, content_type=content_type)
+        stored.append((await request.json())["text"])
+        return web.json_response({"success": True, "memory_id": "m1"})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/add", add)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
+        tried = await drive_async(hermes_python, home, "tried",
+                                  {"turns": [["My passport expires in June", "Noted."]]})
+        other_service = False
+        resumed = await drive_async(hermes_python, home, "resume", {"wait_s": 60})
+    [op] = tried["queue"]
+    assert op["dead"] is False and f"HTTP {status}" in op["last_error"], op
+    assert resumed["pending"] == 0
+    assert stored == ["USER: My passport expires in June\n\nASSISTANT: Noted."]
+
+
 def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_it(
     tmp_path: Path, hermes_python: Path, embedder_address: str
 ):

@@ -22,10 +22,13 @@ class Unreachable(ClientError):
 class HttpError(ClientError):
     """The gateway answered with an HTTP error status."""
 
-    def __init__(self, method: str, path: str, status: int, message: str) -> None:
+    def __init__(self, method: str, path: str, status: int, message: str,
+                 from_gateway: bool = False) -> None:
         super().__init__(f"{method} {path} -> HTTP {status}: {message}")
         self.status = status
         self.message = message
+        self.from_gateway = from_gateway
+        """Whether the body is the gateway's JSON error ({"error": ...}), not another server's."""
 
 
 class HyAtlasClient:
@@ -64,7 +67,9 @@ class HyAtlasClient:
                 raw = reply.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()
-            raise HttpError(method, path, exc.code, _error_text(raw)) from None
+            error = _gateway_error(raw)
+            message = raw[:300].decode("utf-8", "replace") if error is None else error
+            raise HttpError(method, path, exc.code, message, error is not None) from None
         except (TimeoutError, urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(
@@ -179,11 +184,12 @@ def well_formed(value: Any) -> Any:
     return value
 
 
-def _error_text(raw: bytes) -> str:
+def _gateway_error(raw: bytes) -> str | None:
+    """The message of the gateway's error body {"error": "..."}; None for any other body."""
     try:
         body = json.loads(raw)
     except ValueError:
-        return raw[:300].decode("utf-8", "replace")
-    if isinstance(body, dict) and body.get("error"):
-        return str(body["error"])
-    return raw[:300].decode("utf-8", "replace")
+        return None
+    if isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"]:
+        return body["error"]
+    return None

@@ -46,6 +46,20 @@ SENDERS: dict[str, Callable[[HyAtlasClient, dict[str, Any], str], Any]] = {
 }
 
 
+RETRIED_4XX = frozenset({401, 403, 404, 405, 408, 429})
+"""4xx answers a later try can change: a token, a timeout, a rate limit, or a route missing
+(404/405: server_url reaches another service, or a server without the route, for now)."""
+
+
+def refused_for_good(exc: HttpError) -> bool:
+    """Whether the gateway itself refused an op, so that sending it again cannot help.
+
+    Only its own JSON error counts: a proxy's or another service's 4xx page is retried like a
+    server that does not answer.
+    """
+    return exc.from_gateway and 400 <= exc.status < 500 and exc.status not in RETRIED_4XX
+
+
 def new_idempotency_key() -> str:
     """A key for one write, unique to it."""
     return uuid.uuid4().hex
@@ -167,7 +181,7 @@ class Outbox:
                         (time.time() + PARK_S, str(exc), op_id),
                     )
                     continue
-                if 400 <= exc.status < 500 and exc.status not in (401, 403, 408, 429):
+                if refused_for_good(exc):
                     log.error("gateway refused %s op %d for good: %s", kind, op_id, exc)
                     self._update(
                         "UPDATE ops SET attempts = attempts + 1, dead = 1, last_error = ?"

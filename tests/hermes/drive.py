@@ -184,6 +184,24 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
             "backing_off": backing_off}
 
 
+def tried(params: dict[str, Any]) -> dict[str, Any]:
+    """Turns queued and each sent at least once to whatever answers at server_url; the queue
+    and the status tool's answer after that."""
+    provider = _provider()
+    provider.initialize("s-tried", hermes_home=os.environ["HERMES_HOME"], platform="cli",
+                        agent_context="primary")
+    for user, assistant in params["turns"]:
+        provider.sync_turn(user, assistant, session_id="s-tried")
+    deadline = time.monotonic() + WAIT_CEILING_S
+    while (not all(op["attempts"] for op in provider.outbox.snapshot())
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    queue = provider.outbox.snapshot()
+    status = json.loads(provider.handle_tool_call("hyatlas_status", {}))
+    provider.shutdown()
+    return {"queue": queue, "status": status}
+
+
 def resume(params: dict[str, Any]) -> dict[str, Any]:
     """A new Hermes process with the gateway back: the queued turns go out on their own."""
     provider = _provider()
@@ -253,7 +271,8 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (discover, turns, memory_tool, tool_calls, context_writes,
-                                     down, outage, resume, autostart, dashboard, config)}
+                                     down, outage, tried, resume, autostart, dashboard,
+                                     config)}
 
 
 def main() -> None:
