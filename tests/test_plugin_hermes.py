@@ -480,6 +480,45 @@ async def test_a_4xx_of_another_service_at_server_url_keeps_the_turn_until_the_g
     assert stored == ["USER: My passport expires in June\n\nASSISTANT: Noted."]
 
 
+async def test_a_write_the_gateway_refused_is_counted_in_status_and_start_sends_it_again(
+    tmp_path: Path, hermes_python: Path
+):
+    stored: list[str] = []
+    refusing = True
+
+    async def add(request: web.Request) -> web.Response:
+        if refusing:  # e.g. a gateway that lacks something the write needs, until it is fixed
+            return web.json_response({"error": "bad body", "success": False}, status=400)
+        stored.append((await request.json())["text"])
+        return web.json_response({"success": True, "memory_id": "m1"})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"mode": "lite"})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/add", add)
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_get("/readyz", ready)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
+        tried = await drive_async(hermes_python, home, "tried",
+                                  {"turns": [["My locker code is 2231", "Noted."]]})
+        refusing = False
+        shown = await asyncio.to_thread(hermes_cli, hermes_python, home, "status")
+        started = await asyncio.to_thread(hermes_cli, hermes_python, home, "start")
+    assert [op["dead"] for op in tried["queue"]] == [True]
+    assert (tried["status"]["plugin_queue"], tried["status"]["plugin_refused"]) == (0, 1)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["plugin_refused"] == 1
+    assert started.returncode == 0, started.stderr
+    assert "1 refused writes queued again" in started.stdout
+    assert "0 still waiting, 0 refused" in started.stdout
+    assert stored == ["USER: My locker code is 2231\n\nASSISTANT: Noted."]
+
+
 def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_it(
     tmp_path: Path, hermes_python: Path, embedder_address: str
 ):
@@ -493,7 +532,7 @@ def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
         started = hermes_cli(hermes_python, home, "start")
         assert started.returncode == 0, started.stderr
-        assert "queued writes sent; 0 still waiting" in started.stdout
+        assert "queued writes sent; 0 still waiting, 0 refused" in started.stdout
         stored = contents(gateway(up, "POST", "/api/v1/list", {"user_id": "u-cli-queue"}))
     assert stored == ["The boiler is serviced in May"]
 

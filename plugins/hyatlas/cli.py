@@ -23,7 +23,7 @@ from .settings import (
     resolve_ids,
     state_dir,
 )
-from .tools import LAYERS, add_or_queue, forget_or_suggest
+from .tools import LAYERS, add_or_queue, forget_or_suggest, queue_counts
 
 
 def register_cli(subparser: argparse.ArgumentParser) -> None:
@@ -89,7 +89,8 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
     user_id, agent_id = resolve_ids(settings, hermes_identity())
     owner = {"user_id": args.user_id or user_id, "agent_id": args.agent_id or agent_id}
     if command == "status":
-        _print(client.status())
+        with _outbox(home, client) as outbox:
+            _print({**client.status(), **queue_counts(outbox)})
     elif command == "search":
         query = " ".join(args.query)
         answer = client.search(query, limit=args.limit, layer=args.layer or "", **owner)
@@ -121,9 +122,13 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         if not result.ready:
             return 1
         with _outbox(home, client) as outbox:
+            resent = outbox.resend_refused()
+            if resent:
+                print(f"{resent} refused writes queued again")
             if outbox.pending():
                 outbox.send_once()
-                print(f"queued writes sent; {outbox.pending()} still waiting")
+                print(f"queued writes sent; {outbox.pending()} still waiting, "
+                      f"{outbox.refused()} refused")
     elif command == "stop":
         print(ServerLauncher(settings, client, home).stop())
     return 0

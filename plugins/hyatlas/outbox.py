@@ -120,7 +120,7 @@ class Outbox:
         return int(cursor.lastrowid or 0)
 
     def pending(self, kind: str | None = None) -> int:
-        """How many ops wait to be sent (parked ones included, dead ones not)."""
+        """How many ops wait to be sent (parked ones included, refused ones not)."""
         sql = "SELECT COUNT(*) FROM ops WHERE dead = 0"
         args: tuple[Any, ...] = ()
         if kind:
@@ -128,6 +128,18 @@ class Outbox:
             args = (kind,)
         with self._db_lock:
             return int(self._db.execute(sql, args).fetchone()[0])
+
+    def refused(self) -> int:
+        """How many ops the gateway refused for good; they stay stored until resend_refused."""
+        with self._db_lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM ops WHERE dead = 1").fetchone()[0])
+
+    def resend_refused(self) -> int:
+        """Puts every refused op back in line, in its old place; returns how many."""
+        with self._db_lock:
+            cursor = self._db.execute("UPDATE ops SET dead = 0, not_before = 0 WHERE dead = 1")
+        self._wake.set()
+        return cursor.rowcount
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every stored op, oldest first (for status and tests)."""
@@ -182,7 +194,8 @@ class Outbox:
                     )
                     continue
                 if refused_for_good(exc):
-                    log.error("gateway refused %s op %d for good: %s", kind, op_id, exc)
+                    log.error("gateway refused %s op %d: %s; kept as refused "
+                              "(`hermes hyatlas start` sends it again)", kind, op_id, exc)
                     self._update(
                         "UPDATE ops SET attempts = attempts + 1, dead = 1, last_error = ?"
                         " WHERE id = ?",

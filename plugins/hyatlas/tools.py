@@ -118,10 +118,15 @@ def _text(args: dict[str, Any], key: str) -> str:
     return value.strip()
 
 
+def queue_counts(outbox: Outbox) -> dict[str, int]:
+    """The local queue as status answers show it: writes waiting, writes the server refused."""
+    return {"plugin_queue": outbox.pending(), "plugin_refused": outbox.refused()}
+
+
 def _status(scope: Scope, args: dict[str, Any]) -> Any:
     status = scope.client.status()
     if scope.outbox is not None:
-        status["plugin_queue"] = scope.outbox.pending()
+        status.update(queue_counts(scope.outbox))
     return status
 
 
