@@ -400,6 +400,39 @@ async def test_a_late_answer_fills_the_next_turn_and_a_timely_one_ends_the_back_
     assert len(result["warnings"]) == 1 and "did not answer within 0.5 s" in result["warnings"][0]
 
 
+async def test_a_turn_gets_the_recall_of_its_own_question_while_the_queued_one_still_runs(
+    tmp_path: Path, hermes_python: Path
+):
+    asked = asyncio.Event()
+
+    async def search(request: web.Request) -> web.Response:
+        query = (await request.json())["query"]
+        if query == "what is my dentist called":
+            await asked.wait()  # the queued recall is still running when the next turn asks
+        else:
+            asked.set()
+        item = {"memory_id": query, "content": f"answer to {query}", "layer": "l3_fact",
+                "score": 0.9, "gmt_created": 1764547200}
+        return web.json_response({"memories": {"normal": [item]}, "order": ["normal"]})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"mode": "lite"})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/search", search)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0)
+        try:
+            result = await drive_async(hermes_python, home, "next_question", {
+                "queued": "what is my dentist called",
+                "asked": "which flight do I take tomorrow"})
+        finally:
+            asked.set()
+    assert "answer to which flight do I take tomorrow" in result["recall"], result
+    assert "dentist" not in result["recall"]
+
+
 def test_dashboard_router_mounts_in_hermes_web_server_and_proxies_search(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

@@ -6,6 +6,7 @@ import collections
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,16 @@ CHECK_TIMEOUT_S = 5.0
 """How long the start-of-session check waits for the gateway's status."""
 
 
+@dataclass
+class Recall:
+    """One search for a session's recall: its query and, once done, its text."""
+
+    query: str
+    done: threading.Event = field(default_factory=threading.Event)
+    text: str | None = None
+    """The recall text; None while running or when the call failed."""
+
+
 class HyAtlasProvider(MemoryProvider):
     """Recall before each turn, durable writes after it, Hermes's memory tool mirrored."""
 
@@ -52,7 +63,7 @@ class HyAtlasProvider(MemoryProvider):
         self.writes = False
         self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._recall_lock = threading.Lock()
-        self._inflight: dict[str, threading.Thread] = {}
+        self._inflight: dict[str, Recall] = {}
         self.start_thread: threading.Thread | None = None
         self.check_thread: threading.Thread | None = None
 
@@ -193,23 +204,33 @@ class HyAtlasProvider(MemoryProvider):
                 self._recalls.popitem(last=False)
         return text
 
+    def _run_recall(self, recall: Recall, session_id: str) -> None:
+        assert self.settings is not None
+        try:
+            recall.text = self._recall(recall.query, session_id, self.settings.timeout_s)
+        finally:
+            recall.done.set()
+
     def _last_recall(self, session_id: str) -> str:
         with self._recall_lock:
             return self._recalls.get(session_id, "")
 
-    def _recall_in_background(self, query: str, session_id: str) -> threading.Thread:
-        """One recall thread per session at a time (a stuck call never piles up threads)."""
-        assert self.settings is not None
+    def _recall_in_background(self, query: str, session_id: str) -> Recall:
+        """The session's recall of query, started unless it is running already.
+
+        A recall of another query still running stands in for this one only during a back-off,
+        when no turn waits for recall (so a stuck call never piles up threads).
+        """
         with self._recall_lock:
             running = self._inflight.get(session_id)
-            if running is not None and running.is_alive():
+            if running is not None and not running.done.is_set() and (
+                    running.query == query or self.health.backing_off()):
                 return running
-            thread = threading.Thread(
-                target=self._recall, args=(query, session_id, self.settings.timeout_s),
-                name="hyatlas-recall", daemon=True)
-            self._inflight[session_id] = thread
-            thread.start()
-            return thread
+            recall = Recall(query)
+            self._inflight[session_id] = recall
+            threading.Thread(target=self._run_recall, args=(recall, session_id),
+                             name="hyatlas-recall", daemon=True).start()
+            return recall
 
     def prefetch(self, query: str, *, session_id: str = "") -> str:
         """Memories for this turn within the budget, else the session's last recall.
@@ -227,11 +248,11 @@ class HyAtlasProvider(MemoryProvider):
         if self.health.backing_off():
             return self._last_recall(sid)
         budget_s = self.settings.prefetch_budget_s
-        recall.join(budget_s)
-        if recall.is_alive():
+        if not recall.done.wait(budget_s):
             self.health.failed(
                 f"HyAtlas memory at {self.client.base_url} did not answer within {budget_s:g} s")
-        return self._last_recall(sid)
+        # Only this query's own answer: the last recall may answer another question.
+        return self._last_recall(sid) if recall.text is None else recall.text
 
     def queue_prefetch(self, query: str, *, session_id: str = "") -> None:
         """Warms the session's recall cache without holding Hermes's worker thread."""

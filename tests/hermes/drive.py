@@ -54,9 +54,9 @@ def discover(params: dict[str, Any]) -> dict[str, Any]:
 
 def _settle_recall(provider: Any, session_id: str) -> None:
     """Waits for the session's recall in flight, if any (the ceiling only guards a hang)."""
-    thread = provider._inflight.get(session_id)
-    if thread is not None:
-        thread.join(WAIT_CEILING_S)
+    recall = provider._inflight.get(session_id)
+    if recall is not None:
+        recall.done.wait(WAIT_CEILING_S)
 
 
 def turns(params: dict[str, Any]) -> dict[str, Any]:
@@ -86,6 +86,18 @@ def turns(params: dict[str, Any]) -> dict[str, Any]:
     manager.shutdown_all()
     return {"recalls": recalls, "final": final, "ids": ids, "system_prompt": system_prompt,
             "flushed": flushed}
+
+
+def next_question(params: dict[str, Any]) -> dict[str, Any]:
+    """Hermes queues a recall with the turn's message, then the next turn asks another."""
+    provider = _provider()
+    session = "s-next"
+    manager = _manager(provider, session, agent_context="primary")
+    manager.queue_prefetch_all(params["queued"], session_id=session)
+    manager.flush_pending(timeout=WAIT_CEILING_S)  # the queued recall is in flight now
+    recall = manager.prefetch_all(params["asked"], session_id=session)
+    manager.shutdown_all()
+    return {"recall": recall}
 
 
 def memory_tool(params: dict[str, Any]) -> dict[str, Any]:
@@ -270,9 +282,9 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
             "available": provider.is_available()}
 
 
-SCENARIOS = {f.__name__: f for f in (discover, turns, memory_tool, tool_calls, context_writes,
-                                     down, outage, tried, resume, autostart, dashboard,
-                                     config)}
+SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, tool_calls,
+                                     context_writes, down, outage, tried, resume, autostart,
+                                     dashboard, config)}
 
 
 def main() -> None:
