@@ -277,6 +277,35 @@ def test_non_primary_agent_context_never_writes(tmp_path: Path, hermes_python: P
     assert not (home / "hyatlas" / "outbox.sqlite3").exists()
 
 
+def test_a_corrupt_local_queue_is_moved_aside_and_turns_are_stored(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-corrupt",
+                     timeout_s=60.0)
+    garbage = b"garbage left by a full disk" * 200
+    (home / "hyatlas").mkdir(exist_ok=True)
+    (home / "hyatlas" / "outbox.sqlite3").write_bytes(garbage)
+    result = drive(hermes_python, home, "turns", {
+        "session_id": "s-corrupt", "turns": [["My locker is number 12", "Noted."]],
+        "final_query": "locker"})
+    assert all(result["flushed"]), result
+    [aside] = (home / "hyatlas").glob("outbox.sqlite3.corrupt-*")
+    assert aside.read_bytes() == garbage
+    stored = contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-corrupt"}))
+    assert stored == ["USER: My locker is number 12\n\nASSISTANT: Noted."]
+
+
+def test_each_write_a_local_queue_that_cannot_open_loses_is_logged(
+    tmp_path: Path, hermes_python: Path
+):
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}")
+    (home / "hyatlas" / "outbox.sqlite3").mkdir(parents=True)  # no database opens there
+    logged = drive(hermes_python, home, "logged_writes")["logged"]
+    unstored = [m for m in logged if "was not stored" in m]
+    assert len(unstored) == 2, logged  # the turn and the memory tool's add
+    assert all("local queue under" in m and "could not be opened" in m for m in unstored)
+
+
 def hermes_cli(hermes_python: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`hermes hyatlas ARGS` as a user runs it."""
     return subprocess.run([str(hermes_python.parent / "hermes"), "hyatlas", *args],

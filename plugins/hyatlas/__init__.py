@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from agent.memory_provider import MemoryProvider
 from .client import ClientError, HyAtlasClient
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
-from .outbox import Outbox
+from .outbox import Outbox, open_outbox
 from .recall import clean_message, format_recall, turn_text
 from .settings import (
     PluginSettings,
@@ -61,6 +62,8 @@ class HyAtlasProvider(MemoryProvider):
         self.session_id = ""
         self.agent_context = "primary"
         self.writes = False
+        self.queue_problem = "the local queue is not open"
+        """Why writes cannot be queued when the outbox is None."""
         self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._recall_lock = threading.Lock()
         self._inflight: dict[str, Recall] = {}
@@ -121,8 +124,7 @@ class HyAtlasProvider(MemoryProvider):
         self.client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
                                     token=settings.token)
         if self.writes:
-            self.outbox = Outbox(state_dir(home) / "outbox.sqlite3", self.client)
-            self.outbox.start()
+            self._open_outbox(home, self.client)
             self.launcher = ServerLauncher(settings, self.client, home)
             if settings.auto_start:
                 self.start_thread = threading.Thread(
@@ -135,6 +137,15 @@ class HyAtlasProvider(MemoryProvider):
             self.check_thread.start()
         log.info("hyatlas memory for user=%s agent=%s context=%s at %s", self.user_id,
                  self.agent_id, self.agent_context, settings.server_url)
+
+    def _open_outbox(self, home: Path, client: HyAtlasClient) -> None:
+        try:
+            self.outbox = open_outbox(state_dir(home) / "outbox.sqlite3", client)
+        except (OSError, sqlite3.Error) as exc:
+            self.queue_problem = f"the local queue under {home} could not be opened ({exc})"
+            log.error("hyatlas: %s; turns will not be stored", self.queue_problem)
+            return
+        self.outbox.start()
 
     def _start_server(self) -> None:
         assert self.launcher is not None
@@ -264,6 +275,13 @@ class HyAtlasProvider(MemoryProvider):
 
     # -- writes ------------------------------------------------------------------
 
+    def _queue(self, kind: str, payload: dict[str, Any]) -> None:
+        """Puts one write in the local queue; without a queue, says so for each write."""
+        if self.outbox is None:
+            log.warning("hyatlas: a memory %s was not stored: %s", kind, self.queue_problem)
+            return
+        self.outbox.put(kind, payload)
+
     def _owner(self, session_id: str = "") -> dict[str, str]:
         return {"user_id": self.user_id, "agent_id": self.agent_id,
                 "session_id": session_id or self.session_id}
@@ -278,12 +296,12 @@ class HyAtlasProvider(MemoryProvider):
     ) -> None:
         """Queues the turn's user and assistant text durably; never raises, never waits."""
         try:
-            if not self.writes or self.outbox is None:
+            if not self.writes:
                 return
             text = turn_text(user_content, assistant_content)
             if not text:
                 return
-            self.outbox.put("add", {
+            self._queue("add", {
                 "text": text,
                 **self._owner(session_id),
                 "metadata": {"write_origin": "sync_turn", "source": "hermes"},
@@ -300,14 +318,14 @@ class HyAtlasProvider(MemoryProvider):
     ) -> None:
         """Mirrors Hermes's memory tool: add -> raw write; replace/remove -> forget the old text."""
         try:
-            if not self.writes or self.outbox is None:
+            if not self.writes:
                 return
             meta = dict(metadata or {})
             session_id = str(meta.get("session_id") or "")
             old_text = str(meta.get("old_text") or "").strip()
             if action in ("replace", "remove"):
                 if old_text:
-                    self.outbox.put("forget", {
+                    self._queue("forget", {
                         "text": old_text,
                         **self._owner(session_id),
                         "reason": f"hermes memory tool {action}",
@@ -320,7 +338,7 @@ class HyAtlasProvider(MemoryProvider):
             if action in ("add", "replace") and content and content.strip():
                 extra = {f"hermes_{k}": str(v) for k, v in meta.items()
                          if k != "old_text" and v is not None}
-                self.outbox.put("add", {
+                self._queue("add", {
                     "text": content.strip(),
                     **self._owner(session_id),
                     "metadata": {**extra, "write_origin": "memory_tool", "target": str(target)},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 from .client import ClientError, HyAtlasClient, Unreachable
 from .health import START_HINT
 from .lifecycle import ServerLauncher
-from .outbox import Outbox
+from .outbox import Outbox, open_outbox
 from .recall import format_recall
 from .settings import (
     PluginSettings,
@@ -77,7 +78,7 @@ def _print(value: Any) -> None:
 @contextlib.contextmanager
 def _outbox(home: Path, client: HyAtlasClient) -> Iterator[Outbox]:
     """The same local queue the provider sends from (no sender thread of its own here)."""
-    outbox = Outbox(state_dir(home) / "outbox.sqlite3", client)
+    outbox = open_outbox(state_dir(home) / "outbox.sqlite3", client)
     try:
         yield outbox
     finally:
@@ -143,7 +144,7 @@ def hyatlas_command(args: argparse.Namespace) -> None:
     except Unreachable as exc:
         print(f"hyatlas: {exc}; {START_HINT}", file=sys.stderr)
         code = 1
-    except (ClientError, ValueError, OSError) as exc:
+    except (ClientError, ValueError, OSError, sqlite3.Error) as exc:
         print(f"hyatlas: {exc}", file=sys.stderr)
         code = 1
     if code:

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -65,6 +66,38 @@ def new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
 
+def _open_db(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute(SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(ops)")}
+        if "idempotency_key" not in columns:
+            db.executescript(KEYS_ADDED)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def open_outbox(path: Path, client: HyAtlasClient) -> Outbox:
+    """The outbox at path. A file there that is not a readable database is moved aside (kept,
+    with its -wal and -shm, as path.corrupt-TIME) and a new outbox is started in its place."""
+    try:
+        return Outbox(path, client)
+    except sqlite3.OperationalError:
+        raise  # it could not be opened or written at all: a new file there would fail the same
+    except sqlite3.DatabaseError as exc:
+        aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        log.warning("hyatlas outbox %s is not a readable database (%s); moved to %s",
+                    path, exc, aside)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    return Outbox(path, client)
+
+
 class Outbox:
     """Ops are committed to SQLite before put() returns and deleted only once the server took them.
 
@@ -84,14 +117,7 @@ class Outbox:
         self.client = client
         self._retry_min_s = retry_min_s
         self._retry_max_s = retry_max_s
-        self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False,
-                                   isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute(SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(ops)")}
-        if "idempotency_key" not in columns:
-            self._db.executescript(KEYS_ADDED)
+        self._db = _open_db(path)
         self._db_lock = threading.Lock()
         self._changed = threading.Condition()
         self._wake = threading.Event()

@@ -149,6 +149,30 @@ def context_writes(params: dict[str, Any]) -> dict[str, Any]:
     return {"writes": writes, "tool": tool, "outbox": provider.outbox is not None}
 
 
+class _Collected(logging.Handler):
+    """Keeps the messages logged at WARNING and above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def logged_writes(params: dict[str, Any]) -> dict[str, Any]:
+    """A turn and a memory-tool add of the main agent; what the plugin logged meanwhile."""
+    collected = _Collected()
+    logging.getLogger("hyatlas").addHandler(collected)
+    provider = _provider()
+    manager = _manager(provider, "s-logged", agent_context="primary")
+    manager.sync_all("My car is blue", "Noted.", session_id="s-logged")
+    manager.flush_pending(timeout=WAIT_CEILING_S)
+    manager.on_memory_write("add", "memory", "Car: blue", metadata={})
+    manager.shutdown_all()
+    return {"logged": collected.messages}
+
+
 def down(params: dict[str, Any]) -> dict[str, Any]:
     """Gateway away: prefetch and sync_turn return without raising; turns wait on disk."""
     provider = _provider()
@@ -283,8 +307,8 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, tool_calls,
-                                     context_writes, down, outage, tried, resume, autostart,
-                                     dashboard, config)}
+                                     context_writes, logged_writes, down, outage, tried, resume,
+                                     autostart, dashboard, config)}
 
 
 def main() -> None:
