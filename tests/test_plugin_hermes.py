@@ -637,6 +637,34 @@ def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     assert not (home / "hyatlas" / "server.pid").exists()
 
 
+@pytest.mark.parametrize("recorded", ["{pid}\n", "{pid} 1\n"],
+                         ids=["pid-only", "another-start-time"])
+def test_a_pid_file_naming_a_reused_pid_neither_stops_auto_start_nor_gets_that_process_killed(
+    tmp_path: Path, hermes_python: Path, recorded: str
+):
+    port = free_port()
+    out = tmp_path / "fake"
+    out.mkdir()
+    home = make_home(
+        tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}", auto_start=True,
+        server_command=f"{hermes_python} {FAKE_SERVER} {out}", server_cwd=str(tmp_path),
+        start_timeout_s=30,
+    )
+    # The server that wrote the pid file is gone, and an unrelated process now has its pid.
+    unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        (home / "hyatlas").mkdir(exist_ok=True)
+        (home / "hyatlas" / "server.pid").write_text(recorded.format(pid=unrelated.pid))
+        result = drive(hermes_python, home, "autostart", {"stop": True})
+        assert unrelated.poll() is None  # stop sent it no signal
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+    assert result["ready"] is True and result["pid"] not in (None, unrelated.pid), result
+    assert len((out / "starts.txt").read_text().split()) == 1
+    assert result["alive_after_stop"] is False
+
+
 def test_save_config_keeps_secrets_out_of_json_and_env_wins_over_files(
     tmp_path: Path, hermes_python: Path
 ):

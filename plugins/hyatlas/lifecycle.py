@@ -109,18 +109,17 @@ class ServerLauncher:
             handle.close()
 
     def read_pid(self) -> int | None:
-        """The pid in the pid file if that process is still alive."""
+        """The server's pid from the pid file, if that very process is still running.
+
+        The file holds the pid and the process's start time: once the server is gone, its pid
+        can be reused by an unrelated process, which must be neither trusted nor killed.
+        """
         try:
-            pid = int(self.pid_path.read_text().strip())
+            pid_text, started = self.pid_path.read_text().split(maxsplit=1)
+            pid = int(pid_text)
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        return pid
+        return pid if process_start(pid) == started.strip() else None
 
     def ensure_running(self) -> StartResult:
         """Starts the server if the gateway does not answer; waits until it is ready."""
@@ -160,7 +159,7 @@ class ServerLauncher:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.pid_path.write_text(f"{proc.pid}\n")
+        self.pid_path.write_text(f"{proc.pid} {process_start(proc.pid) or 'exited'}\n")
         log.info("hyatlas server started: %s (pid %d)", argv, proc.pid)
         return proc.pid
 
@@ -198,11 +197,28 @@ class ServerLauncher:
         deadline = time.monotonic() + grace_s
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(pid):
+        if self.read_pid() == pid:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         self.pid_path.unlink(missing_ok=True)
         return f"server stopped (pid {pid})"
+
+
+def process_start(pid: int) -> str | None:
+    """When process pid started, in the OS's words; None when no such process runs."""
+    if Path("/proc/self/stat").exists():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        # Field 22, starttime; field 2, the command name, may hold spaces and ")".
+        return stat.rsplit(")", 1)[1].split()[19]
+    try:  # no /proc (macOS, the BSDs)
+        done = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True,
+                              text=True, check=False)
+    except OSError:
+        return None
+    return " ".join(done.stdout.split()) or None
 
 
 def _alive(pid: int) -> bool:
