@@ -684,3 +684,25 @@ def test_save_config_keeps_secrets_out_of_json_and_env_wins_over_files(
                                 "server_url": "http://127.0.0.1:9", "llm_key": ""}
     assert result["available"] is True
 
+
+
+def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_setting(
+    tmp_path: Path, hermes_python: Path
+):
+    home = make_home(tmp_path, hermes_python, server_url="http://127.0.0.1:9", timeout_s=0)
+    fine = {"HYATLAS_TIMEOUT_S": "0.5"}  # the environment wins over config.yaml's timeout_s: 0
+    result = drive(hermes_python, home, "refused_settings", {"environs": [
+        {"HYATLAS_TIMEOUT_S": "-1"}, {**fine, "HYATLAS_PREFETCH_BUDGET_S": "0"},
+        {**fine, "HYATLAS_START_TIMEOUT_S": "inf"}, {**fine, "HYATLAS_PREFETCH_LIMIT": "0"}, fine,
+    ]})
+    assert result["errors"] == [
+        "HYATLAS_TIMEOUT_S='-1' must be a number above 0",
+        "HYATLAS_PREFETCH_BUDGET_S='0' must be a number above 0",
+        "HYATLAS_START_TIMEOUT_S='inf' must be a number above 0",
+        "HYATLAS_PREFETCH_LIMIT='0' must be a number above 0",
+        "",
+    ]
+    assert result["available"] is False  # config.yaml's own timeout_s: 0
+    status = hermes_cli(hermes_python, home, "status")
+    assert status.returncode == 1
+    assert f"{home / 'config.yaml'}: timeout_s=0 must be a number above 0" in status.stderr

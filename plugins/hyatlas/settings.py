@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import tempfile
@@ -91,6 +92,10 @@ ENV_NAMES: Mapping[str, str] = {
     "backoff_s": "HYATLAS_BACKOFF_S",
 }
 """The environment variable that overrides each setting."""
+
+POSITIVE = frozenset({"timeout_s", "prefetch_budget_s", "start_timeout_s", "prefetch_limit"})
+"""Settings that must be a finite number above 0: a zero timeout fails every call, and a
+negative one raises in the thread that waits with it."""
 
 MODES = ("", "lite", "pro", "ultra")
 SYNC_VALUES = ("", "on", "off")
@@ -211,6 +216,8 @@ def load_settings(
         if f.name in layered:
             label, raw = layered[f.name]
             values[f.name] = _coerce(label, raw, getattr(defaults, f.name))
+            if f.name in POSITIVE and not (math.isfinite(values[f.name]) and values[f.name] > 0):
+                raise ValueError(f"{label}={raw!r} must be a number above 0")
     settings = PluginSettings(**values)
     if settings.mode not in MODES:
         raise ValueError(f"mode={settings.mode!r} is not one of lite, pro, ultra")

@@ -306,9 +306,24 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
             "available": provider.is_available()}
 
 
+def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's load_settings on each environment: its error ("" when it loads)."""
+    provider = _provider()
+    settings_mod = sys.modules[type(provider).__module__ + ".settings"]
+    errors = []
+    for environ in params["environs"]:
+        try:
+            settings_mod.load_settings(os.environ["HERMES_HOME"], environ)
+        except ValueError as exc:
+            errors.append(str(exc))
+        else:
+            errors.append("")
+    return {"errors": errors, "available": provider.is_available()}
+
+
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, tool_calls,
                                      context_writes, logged_writes, down, outage, tried, resume,
-                                     autostart, dashboard, config)}
+                                     autostart, dashboard, config, refused_settings)}
 
 
 def main() -> None:
