@@ -599,6 +599,29 @@ def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_
     assert stored == ["The boiler is serviced in May"]
 
 
+async def test_hermes_hyatlas_start_fails_when_the_server_takes_none_of_the_queued_writes(
+    tmp_path: Path, hermes_python: Path
+):
+    async def busy(request: web.Request) -> web.Response:
+        return web.json_response({"error": "the store is busy", "success": False}, status=503)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/add", busy)
+    app.router.add_get("/readyz", ready)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
+        queued = await asyncio.to_thread(hermes_cli, hermes_python, home, "add", "A", "note")
+        started = await asyncio.to_thread(hermes_cli, hermes_python, home, "start")
+    assert json.loads(queued.stdout)["queued"] is True
+    assert started.returncode == 1
+    assert "sent" not in started.stdout
+    assert "queued writes not sent" in started.stderr and "HTTP 503" in started.stderr
+    assert "1 still waiting" in started.stderr
+
+
 def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     tmp_path: Path, hermes_python: Path
 ):

@@ -85,6 +85,24 @@ def _outbox(home: Path, client: HyAtlasClient) -> Iterator[Outbox]:
         outbox.close()
 
 
+def _send_queued(outbox: Outbox) -> int:
+    """Sends the local queue now, the writes the server refused included; 1 if it could not."""
+    resent = outbox.resend_refused()
+    if resent:
+        print(f"{resent} refused writes queued again")
+    if not outbox.pending():
+        return 0
+    if outbox.send_once():
+        print(f"queued writes sent; {outbox.pending()} still waiting, {outbox.refused()} refused")
+        return 0
+    if not outbox.last_error:  # it did not try: a Hermes session holds the sender role
+        print(f"a running Hermes session is sending the {outbox.pending()} queued writes")
+        return 0
+    print(f"hyatlas: queued writes not sent ({outbox.last_error}); {outbox.pending()} still "
+          "waiting", file=sys.stderr)
+    return 1
+
+
 def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home: Path) -> int:
     client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s, token=settings.token)
     user_id, agent_id = resolve_ids(settings, hermes_identity())
@@ -123,13 +141,7 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         if not result.ready:
             return 1
         with _outbox(home, client) as outbox:
-            resent = outbox.resend_refused()
-            if resent:
-                print(f"{resent} refused writes queued again")
-            if outbox.pending():
-                outbox.send_once()
-                print(f"queued writes sent; {outbox.pending()} still waiting, "
-                      f"{outbox.refused()} refused")
+            return _send_queued(outbox)
     elif command == "stop":
         print(ServerLauncher(settings, client, home).stop())
     return 0
