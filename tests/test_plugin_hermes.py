@@ -269,6 +269,23 @@ def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
     assert no_query == {"error": "query is required"}
 
 
+def test_recent_tool_reads_include_raw_given_as_a_word(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-raw")
+    answers = drive(hermes_python, home, "tool_calls", {"session_id": "s-raw", "calls": [
+        ["hyatlas_add", {"text": "The spare key is under the blue pot"}],
+        ["hyatlas_recent", {"include_raw": "false"}],
+        ["hyatlas_recent", {"include_raw": "true"}],
+        ["hyatlas_recent", {"include_raw": "maybe"}],
+    ]})["answers"]
+    added, without_raw, with_raw, unclear = answers
+    assert added["success"] is True
+    assert contents(without_raw) == []  # lite mode: the note is a raw row only
+    assert contents(with_raw) == ["The spare key is under the blue pot"]
+    assert "include_raw='maybe'" in unclear["error"]
+
+
 def test_non_primary_agent_context_never_writes(tmp_path: Path, hermes_python: Path):
     home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}")
     result = drive(hermes_python, home, "context_writes", {"agent_context": "cron"})

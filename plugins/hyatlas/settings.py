@@ -172,14 +172,19 @@ def _read_hermes_yaml(path: Path) -> dict[str, Any]:
     return merged
 
 
+def parse_flag(name: str, raw: Any) -> bool:
+    """A yes/no value: a bool, or true/false, on/off, yes/no, 1/0 in any case."""
+    word = str(raw).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r} is not one of true/false/on/off/1/0")
+
+
 def _coerce(name: str, raw: Any, default: Any) -> Any:
     if isinstance(default, bool):
-        word = str(raw).strip().lower()
-        if word in TRUE_WORDS:
-            return True
-        if word in FALSE_WORDS:
-            return False
-        raise ValueError(f"{name}={raw!r} is not one of true/false/on/off/1/0")
+        return parse_flag(name, raw)
     if isinstance(default, int):
         try:
             return int(raw)

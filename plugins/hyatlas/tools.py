@@ -9,6 +9,7 @@ from typing import Any
 
 from .client import ClientError, HttpError, HyAtlasClient, Unreachable
 from .outbox import Outbox, new_idempotency_key
+from .settings import parse_flag
 
 CANDIDATES = 3
 """How many close memories a forget by text that matched nothing offers instead."""
@@ -138,9 +139,10 @@ def _search(scope: Scope, args: dict[str, Any]) -> Any:
 
 
 def _recent(scope: Scope, args: dict[str, Any]) -> Any:
+    raw = args.get("include_raw")
     return scope.client.recent(
         user_id=scope.user_id, agent_id=scope.agent_id, limit=_limit(args, 20),
-        layer=_layer(args), include_raw=bool(args.get("include_raw", True)),
+        layer=_layer(args), include_raw=True if raw is None else parse_flag("include_raw", raw),
     )
 
 
