@@ -15,7 +15,6 @@ import pytest
 from usearch.index import Index
 
 from services.store.index import (
-    EXPANSION_ADD,
     IndexChanges,
     ReadWriteLock,
     VectorIndexes,
@@ -299,24 +298,3 @@ def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(
     # The warning says why the child failed, in the child's own words.
     [warning] = [r.getMessage() for r in caplog.records if "forked save" in r.getMessage()]
     assert "(RuntimeError: " in warning
-
-
-async def test_an_index_read_back_from_its_file_adds_with_the_store_s_expansion(
-    tmp_path: Path,
-) -> None:
-    vectors = _unit_rows(3)
-
-    async def keys_of(user_id: str) -> set[int]:
-        return {1, 2, 3}
-
-    async def fetch(keys: list[int]) -> np.ndarray:
-        return vectors[[key - 1 for key in keys]]
-
-    first = VectorIndexes(tmp_path, 8, keys_of, fetch)
-    first.open()
-    await first.search("alice", vectors[0], 3, exact_up_to=0)  # loaded from fetch
-    await first.save()
-    again = VectorIndexes(tmp_path, 8, keys_of, fetch)
-    await again.search("alice", vectors[0], 3, exact_up_to=0)  # read from the file
-    [index] = again._loaded.values()
-    assert index.expansion_add == EXPANSION_ADD != Index(ndim=8).expansion_add

@@ -35,10 +35,6 @@ DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
 # How an index stores a vector: a unit vector's components times 127, as 8-bit integers. Half
 # the memory and disk of half precision; LoCoMo's overall recall and NDCG as with half (README).
 PRECISION = ScalarKind.I8
-# How many candidates an add weighs when it links a new key into the graph (usearch's default
-# is 128). In-process at 200,000 keys, one thread: 0.20 ms a key against 0.80 at 128, the same
-# share of the compare bench's questions answered by memory vectors alone (README).
-EXPANSION_ADD = 64
 # A search for this many keys or fewer runs on the event loop (see VectorIndexes.search).
 QUICK_SEARCH_KEYS = 1024
 
@@ -75,7 +71,7 @@ class Matches:
 
 def new_index(ndim: int) -> Index:
     """An empty index: cosine, stored at PRECISION."""
-    return Index(ndim=ndim, metric="cos", dtype=PRECISION, expansion_add=EXPANSION_ADD)
+    return Index(ndim=ndim, metric="cos", dtype=PRECISION)
 
 
 def index_file_name(user_id: str) -> str:
@@ -191,7 +187,6 @@ class VectorIndexes:
             log.info("vector index %s holds %s vectors; rebuilding it at %s", path,
                      index.dtype.name, PRECISION.name)
             return None
-        index.expansion_add = EXPANSION_ADD  # type: ignore[misc]  # not kept in the file
         return index
 
     async def _load(self, user_id: str) -> None:
