@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from services.store.config import StoreConfig
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import Stack
+from tests.support import Stack, StoreBackend
 
 LAYERS = [
     "l1_profile",
@@ -27,6 +29,18 @@ LONG_TEXT = (
     "shade of blue. The kitchen still needs a proper wood stove for the winter."
 )
 QUERIES = ["farmhouse roof", "favourite tea", "dentist appointment", "sister painted rooms"]
+
+
+def store_config(data_dir: Path, embedder_address: str, **options: Any) -> StoreConfig:
+    """An in-process store's settings: its socket and data in data_dir, on the module's
+    backend."""
+    return StoreConfig(
+        data_dir=data_dir,
+        address=f"unix:{data_dir / 'store.sock'}",
+        embedder_address=embedder_address,
+        store_dsn=StoreBackend.dsn(data_dir),
+        **options,
+    )
 
 
 async def call(stack: Stack, method: str, path: str, **kw: Any) -> tuple[int, Any]:

@@ -32,12 +32,11 @@ from shared.errors import ConfigError, Conflict, Unavailable
 from shared.passages import Passage
 from shared.pb import common_pb2, embedder_pb2, embedder_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.store_state import LONG_TEXT, call
+from tests.store_state import LONG_TEXT, call, store_config
 from tests.support import (
     ROOT,
     WAIT_CEILING_S,
     Stack,
-    StoreBackend,
     assert_eventually,
     running_stack,
     value_eventually,
@@ -284,13 +283,7 @@ async def test_the_embedder_runs_a_named_model_beside_its_configured_one(
 async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_nothing(
     tmp_path: Path, embedder_address: str
 ) -> None:
-    config = StoreConfig(
-        data_dir=tmp_path,
-        address=f"unix:{tmp_path / 'store.sock'}",
-        embedder_address=embedder_address,
-        store_dsn=StoreBackend.dsn(tmp_path),
-    )
-    async with running_store(config) as store:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
         core = store._core
         embedded = asyncio.Event()
         real_embed = core.embed
@@ -316,12 +309,7 @@ async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_noth
 async def test_a_vector_search_overtaken_by_a_model_switch_is_refused(
     tmp_path: Path, embedder_address: str
 ) -> None:
-    config = StoreConfig(
-        data_dir=tmp_path,
-        address=f"unix:{tmp_path / 'store.sock'}",
-        embedder_address=embedder_address,
-    )
-    async with running_store(config) as store:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
         core = store._core
         alice = Reach(("alice",))
         await store.apply(alice, [Insert("alice", "", "", "l3_fact", "Alice keeps bees.")])

@@ -20,7 +20,6 @@ from usearch.index import Index, ScalarKind
 
 from services.store import fulltext, keywords, retrieval, text_index
 from services.store import repo as repo_module
-from services.store.config import StoreConfig
 from services.store.model import FEW_PASSING, MemoryRow
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
@@ -33,7 +32,8 @@ from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHA
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
-from tests.support import WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
+from tests.store_state import store_config
+from tests.support import WAIT_CEILING_S, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -44,13 +44,7 @@ async def serving_store(
     data_dir: Path, embedder_address: str, **options: Any
 ) -> AsyncIterator[store_pb2_grpc.StoreStub]:
     """An in-process store on a unix socket in data_dir, and a stub talking to it."""
-    config = StoreConfig(
-        data_dir=data_dir,
-        address=f"unix:{data_dir / 'store.sock'}",
-        embedder_address=embedder_address,
-        store_dsn=StoreBackend.dsn(data_dir),
-        **options,
-    )
+    config = store_config(data_dir, embedder_address, **options)
     async with running_server(config) as address, open_channel(address) as channel:
         yield store_pb2_grpc.StoreStub(channel)
 

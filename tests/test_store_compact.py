@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from services.store.compact import compact_turn
-from services.store.config import StoreConfig
 from services.store.model import RAW, Delete, Insert, ListQuery, Reach, Retire
 from services.store.server import running_store
 from shared.passages import Passage
+from tests.store_state import store_config
 from tests.support import WAIT_CEILING_S
 
 
@@ -32,12 +32,7 @@ def test_a_turn_without_roles_is_only_capped() -> None:
 async def test_a_turn_changed_while_compaction_embeds_is_left_as_it_is_now(
     tmp_path: Path, embedder_address: str
 ) -> None:
-    config = StoreConfig(
-        data_dir=tmp_path,
-        address=f"unix:{tmp_path / 'store.sock'}",
-        embedder_address=embedder_address,
-    )
-    async with running_store(config) as store:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
         core, alice = store._core, Reach(("alice",))
         turns = [f"USER: turn {n}\n\nTOOL: {'x' * 50}\n\nASSISTANT: fine" for n in range(3)]
         rows = await store.apply(alice, [Insert("alice", "", "", RAW, t) for t in turns])

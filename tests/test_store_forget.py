@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from services.store import forget
-from services.store.config import StoreConfig
 from services.store.model import RAW, Insert, Reach, Retire
 from services.store.server import running_store
+from tests.store_state import store_config
 
 VALUE = "Bo's locker code is 4471"
 
@@ -18,12 +18,7 @@ VALUE = "Bo's locker code is 4471"
 async def test_a_match_retired_after_forget_found_it_is_left_as_it_is(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = StoreConfig(
-        data_dir=tmp_path,
-        address=f"unix:{tmp_path / 'store.sock'}",
-        embedder_address=embedder_address,
-    )
-    async with running_store(config) as store:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
         alice = Reach(("alice",))
         rows = await store.apply(alice, [Insert("alice", "", "", "l3_fact", VALUE)] * 2)
         edited, other = (row.id for row in rows if row is not None)
@@ -45,12 +40,7 @@ async def test_a_match_retired_after_forget_found_it_is_left_as_it_is(
 async def test_a_memory_tool_entry_is_found_though_an_older_turn_is_retired_as_it_reads(
     tmp_path: Path, embedder_address: str
 ) -> None:
-    config = StoreConfig(
-        data_dir=tmp_path,
-        address=f"unix:{tmp_path / 'store.sock'}",
-        embedder_address=embedder_address,
-    )
-    async with running_store(config) as store:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
         alice = Reach(("alice",))
         older = [Insert("alice", "", "", RAW, f"turn {n}") for n in range(1000)]
         turns = await store.apply(alice, older)
