@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from shared import client_json
 from shared.errors import InvalidArgument, TooLarge
@@ -129,18 +130,24 @@ class Params:
     """Named parameters, looked up in the body and the query string in a chosen order."""
 
     def __init__(
-        self, query: Mapping[str, str], body: Mapping[str, Any], *, query_wins: bool = False
+        self, query: MultiMapping[str], body: Mapping[str, Any], *, query_wins: bool = False
     ) -> None:
         self._query = query
         self._body = body
         self._query_wins = query_wins
 
-    def _lookup(self, name: str) -> tuple[Any, bool]:
-        """The value and whether it came from the query string (so it is text)."""
+    def _lookup(self, name: str, *, many: bool = False) -> tuple[Any, bool]:
+        """The value and whether it came from the query string (so it is text). A name the
+        query string repeats gives all its values when many are wanted, else a 400."""
         in_body = name in self._body and self._body[name] is not None
         in_query = name in self._query
         if in_query and (self._query_wins or not in_body):
-            return self._query[name], True
+            values = self._query.getall(name)
+            if len(values) == 1:
+                return values[0], True
+            if not many:
+                raise InvalidArgument(f"{name} is given {len(values)} times; it takes one value")
+            return list(values), True
         if in_body:
             return self._body[name], False
         return _MISSING, False
@@ -209,8 +216,9 @@ class Params:
         raise InvalidArgument(f"{name} must be true or false")
 
     def strings(self, name: str) -> list[str]:
-        """A list of non-empty strings (a single string counts as a list of one)."""
-        value, _ = self._lookup(name)
+        """A list of non-empty strings (a single string counts as a list of one; in the query
+        string, the name repeated)."""
+        value, _ = self._lookup(name, many=True)
         if value is _MISSING:
             return []
         if isinstance(value, str):

@@ -154,7 +154,7 @@ async def test_add_then_search_finds_the_text(api: Api) -> None:
     assert not any(other["memories"].values())
 
 
-async def test_search_reads_user_ids_and_agent_ids_first_entry(api: Api) -> None:
+async def test_search_reads_the_one_owner_user_ids_and_agent_ids_name(api: Api) -> None:
     user = _user()
     mine = await api.add("The staging database runs on port 5433.", user, agent_id="ops-bot")
     await api.add("The staging database runs on port 6543.", user, agent_id="other-bot")
@@ -165,7 +165,7 @@ async def test_search_reads_user_ids_and_agent_ids_first_entry(api: Api) -> None
             "query": "staging database port",
             "user_id": user,
             "user_ids": [user, ""],
-            "agent_ids": ["ops-bot", "other-bot"],
+            "agent_ids": ["ops-bot", "", "ops-bot"],
             "min_score": 0,
             "limit": 10,
         },
@@ -177,7 +177,18 @@ async def test_search_reads_user_ids_and_agent_ids_first_entry(api: Api) -> None
     # Several users at once are not searched (only the first would have been, unsaid).
     status, body = await api.call("POST", "/api/v1/search", json={
         "query": "staging database port", "user_id": user, "user_ids": ["someone-else"]})
-    assert status == 400 and "a search covers one user (2 named)" in body["error"]
+    assert status == 400 and "a search covers one user (2 named" in body["error"]
+    status, body = await api.call("POST", "/api/v1/search", json={
+        "query": "staging database port", "user_id": user, "agent_ids": ["ops-bot", "other-bot"]})
+    assert status == 400 and "a search covers one agent (2 named" in body["error"]
+    # A list in the query string is its name repeated; a single value repeated is refused.
+    status, body = await api.call("GET", "/api/v1/search", params=[
+        ("query", "staging database port"), ("user_id", user),
+        ("agent_ids", "ops-bot"), ("agent_ids", "other-bot")])
+    assert status == 400 and "a search covers one agent (2 named" in body["error"]
+    status, body = await api.call("GET", "/api/v1/search", params=[
+        ("query", "staging"), ("query", "port"), ("user_id", user)])
+    assert status == 400 and "query is given 2 times" in body["error"]
 
 
 async def test_search_and_list_cover_the_alias_group(api: Api) -> None:

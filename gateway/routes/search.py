@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.params import Params
 from gateway.respond import (
     INT32_MIN,
     json_response,
@@ -32,6 +33,18 @@ def _reader(text: str) -> str:
     return READER_ALIASES.get(key, key)
 
 
+def _one_named(params: Params, one: str, many: str) -> str:
+    """The one owner name a search gives as `one` or in the list `many` ("" for none)."""
+    named = [name for name in dict.fromkeys([params.string(one), *params.strings(many)]) if name]
+    if len(named) > 1:  # never searched for only the first: that would drop the others unsaid
+        raise InvalidArgument(
+            f"a search covers one {one.removesuffix('_id')} ({len(named)} named in {one} and "
+            f"{many}): search each"
+            + (", or make them one owner with HYATLAS_USER_ALIASES" if one == "user_id" else "")
+        )
+    return named[0] if named else ""
+
+
 @routes.route("GET", "/api/v1/search")
 @routes.post("/api/v1/search")
 async def search(request: web.Request) -> web.Response:
@@ -44,16 +57,8 @@ async def search(request: web.Request) -> web.Response:
     # The search service refuses a limit over its maximum (400), never cuts it.
     limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else limit
     layer = params.string("layer")
-    named = [params.string("user_id"), *params.strings("user_ids")]
-    users = [user for user in dict.fromkeys(named) if user]
-    if len(users) > 1:  # never searched for only the first: that would drop the others unsaid
-        raise InvalidArgument(
-            f"a search covers one user ({len(users)} named): search each, or make them one "
-            "owner with HYATLAS_USER_ALIASES"
-        )
-    user_id = users[0] if users else ""
-    agent_ids = params.strings("agent_ids")
-    agent_id = params.string("agent_id") or (agent_ids[0] if agent_ids else "")
+    user_id = _one_named(params, "user_id", "user_ids")
+    agent_id = _one_named(params, "agent_id", "agent_ids")
     min_score = params.number("min_score", lo=0.0, hi=1.0)
     reference_time = params.timestamp("reference_time")
 
