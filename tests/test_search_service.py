@@ -202,6 +202,8 @@ def test_asking_for_a_layer_restricts_the_results(seeded: Seeded) -> None:
         ({"query": ""}, "query required"),
         ({"query": "tea", "reader": "fuzzy"}, "unknown reader"),
         ({"query": "tea", "scope": common_pb2.Scope()}, "user_id"),
+        ({"query": "tea", "reference_time": 1e17}, "reference_time"),
+        ({"query": "tea", "reference_time": float("nan")}, "reference_time"),
     ],
 )
 def test_bad_requests_are_invalid_arguments(

@@ -8,6 +8,7 @@ from typing import Any
 
 from shared.errors import InvalidArgument
 from shared.layers import LAYERS_BY_NAME
+from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 100
@@ -98,6 +99,10 @@ class SearchQuery:
             limit = DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             raise InvalidArgument(f"limit {limit} is over the maximum of {MAX_LIMIT}")
+        if reference_time is not None and not FIRST_TIME_S <= reference_time < END_OF_CALENDAR_S:
+            raise InvalidArgument(
+                f"reference_time {reference_time} is not between 1970 and the year 9999"
+            )
         return cls(
             scope=scope,
             text=text,
