@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from services.search import ranking
 from services.search.config import SearchConfig
 from services.search.dates import parse_dates
-from services.search.entities import mentions, query_entities, subject_of
+from services.search.entities import MOST_QUERY_NAMES, mentions, query_entities, subject_of
 from services.search.model import (
     Candidate,
     RankingSettings,
@@ -108,6 +108,12 @@ def test_possessives_and_quoted_names_count() -> None:
     names = query_entities('What is Jordan\'s plan for "garden app"?')
     assert "Jordan" in names
     assert "garden app" in names
+
+
+def test_a_long_capitalised_query_is_searched_by_its_longest_names_only() -> None:
+    text = " and ".join(f"Name{n:05d}" for n in range(5000)) + " and Featherstonehaugh"
+    names = query_entities(text)
+    assert len(names) == MOST_QUERY_NAMES and names[0] == "Featherstonehaugh"
 
 
 def test_known_entities_are_found_in_any_case() -> None:

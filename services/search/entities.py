@@ -172,8 +172,13 @@ def speaker_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"\s*{re.escape(name)}\s*:", re.IGNORECASE)
 
 
+MOST_QUERY_NAMES = 32
+"""The names a query is searched by at most (the longest): each costs a pattern run over every
+candidate, and a long capitalised text would hold thousands."""
+
+
 def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
-    """The names a query mentions, longest first, without repeats.
+    """The names a query mentions, longest first, without repeats, at most MOST_QUERY_NAMES.
 
     A capitalised word counts unless it is a common word (a question word opening the query is
     not a name); runs of capitalised words count as one name and as each of their words, so
@@ -193,7 +198,7 @@ def query_entities(query: str, known: Iterable[str] = ()) -> list[str]:
         if len(entity) > 1 and re.search(rf"\b{re.escape(entity.lower())}\b", lowered):
             names.append(entity)
     unique = list(dict.fromkeys(n for n in names if n))
-    return sorted(unique, key=len, reverse=True)
+    return sorted(unique, key=len, reverse=True)[:MOST_QUERY_NAMES]
 
 
 def mention_pattern(name: str) -> re.Pattern[str]:
