@@ -126,7 +126,7 @@ class FakeBackend:
             out.append(hit)
         return out, []
 
-    async def newest(self, scope, layers, k):  # type: ignore[no-untyped-def]
+    async def newest(self, scope, layers, k, label=""):  # type: ignore[no-untyped-def]
         return []
 
     async def live_edges(self, scope: Scope, limit: int) -> list[GraphEdge]:

@@ -244,3 +244,24 @@ def test_now_page_leads_the_order_in_llm_modes_and_stays_out_of_the_channels(
     assert reply.now.memory.content == "Now: training Biscuit."
     assert "Now: training Biscuit." not in [i.memory.content for i in items(reply)]
     assert not search(seeded.address, "training Biscuit").HasField("now")
+
+
+def test_the_now_page_is_found_however_many_episodes_came_after_it(
+    seeded: Seeded, tmp_path: Path, embedder_address: str
+) -> None:
+    page = new_memory("carol", common_pb2.L4_SUMMARY, "Now: planning the move.", "now_page")
+    apply(seeded.stack, "carol", [page])
+    episodes = [
+        new_memory("carol", common_pb2.L4_SUMMARY, f"Episode {n}: a talk about boxes.", "episode")
+        for n in range(30)
+    ]
+    apply(seeded.stack, "carol", episodes)
+    with running_stack(
+        tmp_path,
+        ["search"],
+        HYATLAS_MODE="pro",
+        HYATLAS_STORE_ADDR=seeded.stack.address("store"),
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+    ) as pro:
+        reply = search(pro.address("search"), "moving boxes", user_id="carol", min_score=0.0)
+    assert reply.now.memory.content == "Now: planning the move."

@@ -124,10 +124,12 @@ class GrpcBackend:
             around.append(candidate)
         return own, around
 
-    async def newest(self, scope: Scope, layers: Sequence[str], k: int) -> list[Candidate]:
-        """The k newest live memories of the layers."""
+    async def newest(
+        self, scope: Scope, layers: Sequence[str], k: int, label: str = ""
+    ) -> list[Candidate]:
+        """The k newest live memories of the layers (with that label, if one is given)."""
         request = store_pb2.ListMemoriesRequest(
-            scope=_scope(scope), layers=_layers(layers), limit=k, order="newest"
+            scope=_scope(scope), layers=_layers(layers), limit=k, order="newest", label=label
         )
         reply = await self._store.ListMemories(request, timeout=self._timeout_s)
         return [

@@ -30,8 +30,6 @@ from services.search.pipeline import (
 
 log = logging.getLogger(__name__)
 
-# L4 holds episode summaries next to the Now page; this many newest rows are looked through.
-NOW_PAGE_WINDOW = 20
 # The most live edges graph-assisted recall looks through for one query.
 GRAPH_EDGE_WINDOW = 1000
 # The most facts shown behind one schema.
@@ -67,8 +65,10 @@ class SearchBackend(Protocol):
         """Live memories holding the query's terms, and those whose context key holds them."""
         ...
 
-    async def newest(self, scope: Scope, layers: Sequence[str], k: int) -> list[Candidate]:
-        """The k newest live memories of the layers."""
+    async def newest(
+        self, scope: Scope, layers: Sequence[str], k: int, label: str = ""
+    ) -> list[Candidate]:
+        """The k newest live memories of the layers (with that label, if one is given)."""
         ...
 
     async def live_edges(self, scope: Scope, limit: int) -> list[GraphEdge]:
@@ -235,4 +235,7 @@ class SearchEngine:
         # Only the LLM modes write Now pages; lite skips the store call.
         if not self._now_pages:
             return []
-        return await self._backend.newest(query.scope, ["l4_summary"], NOW_PAGE_WINDOW)
+        # The newest Now page however many episode summaries came after it.
+        return await self._backend.newest(
+            query.scope, ["l4_summary"], 1, label=channels.NOW_PAGE_LABEL
+        )

@@ -274,6 +274,7 @@ class ListQuery:
     created_before: float | None = None
     newest_first: bool = True
     superseded_by: str = ""
+    label: str = ""
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0

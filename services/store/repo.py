@@ -994,6 +994,9 @@ class Repo:
         if query.superseded_by:
             where.append("m.superseded_by = ?")
             params.append(query.superseded_by)
+        if query.label:
+            where.append("m.label = ?")
+            params.append(query.label)
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(
             f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "

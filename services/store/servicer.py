@@ -36,7 +36,7 @@ from services.store.transfer import GivenVectors
 from shared.errors import Conflict, InvalidArgument
 from shared.grants import current_grant
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
-from shared.limits import check_idempotency_key
+from shared.limits import check_idempotency_key, check_name
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import grpc_errors
 
@@ -368,6 +368,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             created_before=_optional(request, "created_before"),
             newest_first=request.order != "oldest",
             superseded_by=request.superseded_by,
+            label=check_name("label", request.label),
             limit=request.limit,
             offset=request.offset,
         )

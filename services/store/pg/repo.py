@@ -162,6 +162,7 @@ class PgRepo:
             ("session_id", query.session_id),
             ("extraction_status", query.extraction_status),
             ("superseded_by", query.superseded_by),
+            ("label", query.label),
         ):
             if value:
                 where.append(f"m.{column} = ?")
