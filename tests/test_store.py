@@ -486,6 +486,16 @@ async def test_reading_every_row_in_pages_misses_none_when_rows_before_leave_mea
     assert len(staying) == PAGE + 5 and staying <= {row.id for row in read}
 
 
+@pytest.mark.parametrize("word", ["दुनिया", "ดนตรี", "naïve"])
+async def test_a_word_written_with_combining_marks_is_found_by_keyword(
+    store: store_pb2_grpc.StoreStub, word: str
+) -> None:
+    (row,) = await apply(store, insert(f"Notes ({word}) from the trip, kept for later"))
+    await apply(store, insert("Another note from the trip"))
+    reply = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query=word))
+    assert [h.hit.memory.id for h in reply.hits] == [row.id]
+
+
 async def test_longer_names_and_keys_are_refused_and_change_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
+import unicodedata
 from collections.abc import Sequence
 
 import Stemmer
+import tantivy
 
 STOP_WORDS = frozenset(
     {
@@ -21,13 +24,34 @@ STOP_WORDS = frozenset(
         "ll", "re", "ve",
     }
 )
-# Letters and digits only: the keyword indexes split on everything else, underscore too.
-_WORD = re.compile(r"[^\W_]+")
+
+
+@functools.cache
+def _word_char() -> str:
+    """What a word is made of, as the keyword indexes split text: letters and digits, and the
+    combining marks Unicode counts as alphabetic (a Devanagari vowel sign, not its virama),
+    which Python's \\w leaves out. The marks are the ones tantivy's tokenizer keeps in a word."""
+    marks = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] == "M"]
+    kept = set(tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).build().analyze(
+        " ".join(f"a{mark}a" for mark in marks)
+    ))
+    inside = "".join(mark for mark in marks if f"a{mark}a" in kept)
+    return rf"(?:[^\W_]|[{inside}])"
+
+
+@functools.cache
+def _words() -> re.Pattern[str]:
+    return re.compile(_word_char() + "+")
+
+
+def is_word_char(char: str) -> bool:
+    """Whether a character belongs to a word (see _word_char)."""
+    return re.fullmatch(_word_char(), char) is not None
 
 
 def query_terms(query: str) -> list[str]:
     """The distinct lowercase words of a query, stop words and single characters removed."""
-    words = (w for w in _WORD.findall(query.lower()) if len(w) > 1 and w not in STOP_WORDS)
+    words = (w for w in _words().findall(query.lower()) if len(w) > 1 and w not in STOP_WORDS)
     return list(dict.fromkeys(words))
 
 
@@ -54,7 +78,7 @@ def _words_from(term_stem: str) -> re.Pattern[str]:
     # less its last letter (happy -> happi, ponies -> poni, ay -> ai). The pattern starts with
     # those letters, so the regex engine looks for them as a plain string (a lookbehind first
     # made it try every position: three times slower on long texts).
-    return re.compile(re.escape(term_stem[:-1]) + r"[^\W_]*")
+    return re.compile(re.escape(term_stem[:-1]) + _word_char() + "*")
 
 
 def _words_like(term_stem: str, lower: str) -> list[str]:
@@ -63,7 +87,7 @@ def _words_like(term_stem: str, lower: str) -> list[str]:
     return [
         found.group()
         for found in _words_from(term_stem).finditer(lower)
-        if found.start() == 0 or not lower[found.start() - 1].isalnum()
+        if found.start() == 0 or not is_word_char(lower[found.start() - 1])
     ]
 
 
