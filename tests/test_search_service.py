@@ -224,6 +224,21 @@ def test_bad_requests_are_invalid_arguments(
     assert message in (caught.value.details() or "")
 
 
+def pro_search(
+    seeded: Seeded, tmp_path: Path, embedder_address: str, query: str, **fields: object
+) -> search_pb2.SearchMemoriesResponse:
+    """One search through a search service of pro mode (which shows Now pages) on the seeded
+    store, no score floor."""
+    with running_stack(
+        tmp_path,
+        ["search"],
+        HYATLAS_MODE="pro",
+        HYATLAS_STORE_ADDR=seeded.stack.address("store"),
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+    ) as pro:
+        return search(pro.address("search"), query, min_score=0.0, **fields)
+
+
 def test_now_page_leads_the_order_in_llm_modes_and_stays_out_of_the_channels(
     seeded: Seeded, tmp_path: Path, embedder_address: str
 ) -> None:
@@ -232,14 +247,7 @@ def test_now_page_leads_the_order_in_llm_modes_and_stays_out_of_the_channels(
         "alice",
         [new_memory("alice", common_pb2.L4_SUMMARY, "Now: training Biscuit.", "now_page")],
     )
-    with running_stack(
-        tmp_path,
-        ["search"],
-        HYATLAS_MODE="pro",
-        HYATLAS_STORE_ADDR=seeded.stack.address("store"),
-        HYATLAS_EMBEDDER_ADDR=embedder_address,
-    ) as pro:
-        reply = search(pro.address("search"), "training Biscuit", min_score=0.0, limit=20)
+    reply = pro_search(seeded, tmp_path, embedder_address, "training Biscuit", limit=20)
     assert list(reply.order) == ["now", *CHANNEL_NAMES]
     assert reply.now.memory.content == "Now: training Biscuit."
     assert "Now: training Biscuit." not in [i.memory.content for i in items(reply)]
@@ -256,12 +264,5 @@ def test_the_now_page_is_found_however_many_episodes_came_after_it(
         for n in range(30)
     ]
     apply(seeded.stack, "carol", episodes)
-    with running_stack(
-        tmp_path,
-        ["search"],
-        HYATLAS_MODE="pro",
-        HYATLAS_STORE_ADDR=seeded.stack.address("store"),
-        HYATLAS_EMBEDDER_ADDR=embedder_address,
-    ) as pro:
-        reply = search(pro.address("search"), "moving boxes", user_id="carol", min_score=0.0)
+    reply = pro_search(seeded, tmp_path, embedder_address, "moving boxes", user_id="carol")
     assert reply.now.memory.content == "Now: planning the move."
