@@ -469,6 +469,30 @@ async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
     del script.handlers[user]
 
 
+async def test_a_pass_asked_for_while_one_runs_is_refused_and_the_first_goes_on(
+    api: Api, script: Script, ultra: Stack
+) -> None:
+    await settle(api)
+    user = marker()
+    texts = [f"{user} kitchen {w} idea" for w in ("tiles", "taps", "shelves", "lamps")]
+    await facts_from_turns(api, user, [(t, i) for i, t in enumerate(texts)], len(texts))
+    gate = threading.Event()
+    script.handlers[user] = lambda r: held(
+        gate, {**EMPTY, "drops": [{"fact": r.number_of(texts[0]), "reason": "stale"}]}
+    )
+    async with open_channel(ultra.address("consolidator")) as channel:
+        stub = consolidator_pb2_grpc.ConsolidatorStub(channel)
+        first = stub.RunPass(consolidator_pb2.RunPassRequest(), timeout=120)
+        await assert_eventually(lambda: len(script.calls(user)) >= 1)
+        second = await stub.RunPass(consolidator_pb2.RunPassRequest(), timeout=30)
+        assert not second.ran and "already running" in second.reason
+        gate.set()
+        assert (await first).ran
+    rows = {r.content: r for r in await api.rows(user, "l3_fact")}
+    assert rows[texts[0]].superseded_how == "dropped"
+    del script.handlers[user]
+
+
 async def test_admin_dedupe_and_compact_dry_run_first_then_change(
     tmp_path: Path, embedder_address: str
 ) -> None:

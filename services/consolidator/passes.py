@@ -121,6 +121,9 @@ class Consolidator:
         """Runs one pass now; Busy if one is already running here or on another replica. A
         caller that stops waiting (its deadline passed) does not cut the pass short: its report
         is the last one all the same."""
+        if self._running_pass is not None and not self._running_pass.done():
+            # Checked before a task is made: the one running stays the one stop() cuts short.
+            raise Busy("a consolidation pass is already running")
         self._running_pass = asyncio.create_task(self._run_pass(), name="consolidation pass")
         return await asyncio.shield(self._running_pass)
 
