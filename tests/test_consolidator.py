@@ -438,9 +438,9 @@ async def test_kill_9_in_the_middle_of_a_pass_leaves_no_cluster_half_applied(
         del script.handlers[user]
 
 
-async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
-    api: Api, script: Script, ultra: Stack
-) -> None:
+async def held_drop(api: Api, script: Script) -> tuple[str, str, threading.Event]:
+    """A new user's four facts, whose pass's LLM answer (drop the first) waits for the gate:
+    the user, the fact dropped and the gate."""
     await settle(api)
     user = marker()
     texts = [f"{user} garden {w} plan" for w in ("tomato", "basil", "mint", "chili")]
@@ -449,6 +449,13 @@ async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
     script.handlers[user] = lambda r: held(
         gate, {**EMPTY, "drops": [{"fact": r.number_of(texts[0]), "reason": "stale"}]}
     )
+    return user, texts[0], gate
+
+
+async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
+    api: Api, script: Script, ultra: Stack
+) -> None:
+    user, dropped, gate = await held_drop(api, script)
     async with open_channel(ultra.address("consolidator")) as channel:
         stub = consolidator_pb2_grpc.ConsolidatorStub(channel)
         runs = (await stub.GetDigest(consolidator_pb2.GetDigestRequest(), timeout=10)).runs
@@ -465,21 +472,14 @@ async def test_a_pass_whose_caller_gives_up_finishes_and_is_the_last_report(
 
         await assert_eventually(reported)
     rows = {r.content: r for r in await api.rows(user, "l3_fact")}
-    assert rows[texts[0]].superseded_how == "dropped"
+    assert rows[dropped].superseded_how == "dropped"
     del script.handlers[user]
 
 
 async def test_a_pass_asked_for_while_one_runs_is_refused_and_the_first_goes_on(
     api: Api, script: Script, ultra: Stack
 ) -> None:
-    await settle(api)
-    user = marker()
-    texts = [f"{user} kitchen {w} idea" for w in ("tiles", "taps", "shelves", "lamps")]
-    await facts_from_turns(api, user, [(t, i) for i, t in enumerate(texts)], len(texts))
-    gate = threading.Event()
-    script.handlers[user] = lambda r: held(
-        gate, {**EMPTY, "drops": [{"fact": r.number_of(texts[0]), "reason": "stale"}]}
-    )
+    user, dropped, gate = await held_drop(api, script)
     async with open_channel(ultra.address("consolidator")) as channel:
         stub = consolidator_pb2_grpc.ConsolidatorStub(channel)
         first = stub.RunPass(consolidator_pb2.RunPassRequest(), timeout=120)
@@ -489,7 +489,7 @@ async def test_a_pass_asked_for_while_one_runs_is_refused_and_the_first_goes_on(
         gate.set()
         assert (await first).ran
     rows = {r.content: r for r in await api.rows(user, "l3_fact")}
-    assert rows[texts[0]].superseded_how == "dropped"
+    assert rows[dropped].superseded_how == "dropped"
     del script.handlers[user]
 
 
