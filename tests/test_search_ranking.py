@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from datetime import UTC, datetime
 
 import pytest
@@ -346,6 +347,28 @@ def test_the_pairwise_passes_match_a_pair_by_pair_reading(
     assert ids(ranking.demote_near_duplicates(ranked(), ctx())) == expected
     settings_ = RankingSettings(mmr_lambda=lam)
     assert ids(ranking.mmr(ranked(), ctx(settings=settings_))) == _mmr_pair_by_pair(ranked(), lam)
+
+
+def test_the_pairwise_passes_know_a_long_memory_by_its_first_words() -> None:
+    opening = " ".join(f"w{i}" for i in range(ranking.PAIRWISE_WORDS))
+    same_start = [cand("a", f"{opening} apples"), cand("b", f"{opening} pears and plums")]
+    assert ranking.overlaps(same_start).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert ranking.tokens(f"x {opening}") == ranking.tokens(f"x x {opening} tail")
+
+
+def test_a_window_of_long_memories_holds_little_memory() -> None:
+    # Sixty memories of 3,000 distinct words, each sharing half of them with the next: every
+    # word is held by two memories, 91,500 in all (a 44 MB matrix counted word by word).
+    block = 1500
+    texts = [" ".join(f"w{n}" for n in range(i * block, (i + 2) * block)) for i in range(60)]
+    head = [cand(f"m{i}", text, fused=1.0 - i / 100) for i, text in enumerate(texts)]
+    tracemalloc.start()
+    try:
+        ranking.overlaps(head)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20
 
 
 def test_a_request_can_switch_stages_off() -> None:

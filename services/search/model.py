@@ -148,7 +148,7 @@ class Candidate:
     fused: float = 0.0
     """The fused rank score that orders candidates."""
     words: frozenset[str] | None = None
-    """Its distinct lowercase words, once a pairwise stage has needed them."""
+    """Its first distinct lowercase words (ranking.tokens), once a pairwise stage needed them."""
     ranks: dict[str, int] = field(default_factory=dict)
     """1-based rank per source that ranked it."""
     graph: bool = False

@@ -255,9 +255,20 @@ def boost_usage(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     return _resort(ranked)
 
 
+PAIRWISE_WORDS = 256
+"""The pairwise passes know a memory by its first this many distinct words. A long memory's
+opening tells a repeat from another text as well as the whole of it does, and the cap bounds
+the matrix those passes build: a window of 300 memories of 100,000 characters held gigabytes."""
+
+
 def tokens(text: str) -> frozenset[str]:
-    """The distinct lowercase words of a text."""
-    return frozenset(_TOKEN.findall(text.lower()))
+    """The first PAIRWISE_WORDS distinct lowercase words of a text."""
+    found: dict[str, None] = {}
+    for match in _TOKEN.finditer(text.lower()):
+        found[match[0]] = None
+        if len(found) == PAIRWISE_WORDS:
+            break
+    return frozenset(found)
 
 
 def words_of(candidate: Candidate) -> frozenset[str]:
@@ -269,16 +280,21 @@ def words_of(candidate: Candidate) -> frozenset[str]:
 
 def overlaps(head: list[Candidate]) -> np.ndarray:
     """The Jaccard overlap of every two candidates' word sets (0 where either has none), as
-    one matrix product over the words they use."""
+    one matrix product over the words two or more of them use."""
     words = [words_of(candidate) for candidate in head]
     # Each word by its hash (string hashes are fixed within a process), numbered densely.
     hashed = np.fromiter((hash(word) for found in words for word in found), np.int64)
-    _, columns = np.unique(hashed, return_inverse=True)
+    _, columns, counts = np.unique(hashed, return_inverse=True, return_counts=True)
     rows = np.repeat(np.arange(len(head)), [len(found) for found in words])
-    holds = np.zeros((len(head), int(columns.max(initial=-1)) + 1), dtype=np.float64)
-    holds[rows, columns] = 1.0
-    shared = holds @ holds.T
-    sizes = holds.sum(axis=1)
+    # A word of one candidate only adds to its size, not to what any two share.
+    in_several = counts[columns] > 1
+    _, columns = np.unique(columns[in_several], return_inverse=True)
+    holds = np.zeros((len(head), int(columns.max(initial=-1)) + 1), dtype=np.float32)
+    holds[rows[in_several], columns] = 1.0
+    # Counts of at most PAIRWISE_WORDS are exact in 32-bit floats.
+    shared = (holds @ holds.T).astype(np.float64)
+    sizes = np.array([len(found) for found in words], dtype=np.float64)
+    np.fill_diagonal(shared, sizes)
     union = sizes[:, None] + sizes[None, :] - shared
     return np.divide(shared, union, out=np.zeros_like(shared), where=union > 0)
 
