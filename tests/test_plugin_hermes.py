@@ -479,6 +479,33 @@ async def test_a_turn_gets_the_recall_of_its_own_question_while_the_queued_one_s
     assert "dentist" not in result["recall"]
 
 
+async def test_a_recall_shows_as_many_memories_of_a_channel_as_prefetch_limit_asks_for(
+    tmp_path: Path, hermes_python: Path
+):
+    limits: list[int] = []
+
+    async def search(request: web.Request) -> web.Response:
+        body = await request.json()
+        limits.append(body["limit"])
+        items = [{"memory_id": f"m{i}", "content": f"memory number {i}", "layer": "l3_fact",
+                  "score": 0.9, "gmt_created": 1764547200} for i in range(body["limit"])]
+        return web.json_response({"memories": {"normal": items}, "order": ["normal"]})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"mode": "lite"})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/search", search)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0,
+                         prefetch_limit=7)
+        result = await drive_async(hermes_python, home, "next_question", {
+            "queued": "what is my dentist called", "asked": "which flight do I take"})
+    assert set(limits) == {7}
+    assert all(f"memory number {i}" in result["recall"] for i in range(7)), result
+
+
 def test_dashboard_router_mounts_in_hermes_web_server_and_proxies_search(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

@@ -207,7 +207,7 @@ class HyAtlasProvider(MemoryProvider):
         # A late answer still fills the cache, but only a timely one ends a back-off.
         if time.monotonic() - started <= self.settings.prefetch_budget_s:
             self.health.recovered()
-        text = format_recall(answer, query)
+        text = format_recall(answer, query, per_channel=self.settings.prefetch_limit)
         with self._recall_lock:
             self._recalls[session_id] = text
             self._recalls.move_to_end(session_id)

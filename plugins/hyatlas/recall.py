@@ -37,8 +37,9 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def format_recall(answer: dict[str, Any], query: str, per_channel: int = 5) -> str:
-    """The recalled memories grouped by channel, each line with its date; "" when none."""
+def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
+    """The recalled memories grouped by channel, at most per_channel of each (the limit the
+    search was asked for), each line with its date; "" when none."""
     memories = answer.get("memories") if isinstance(answer, dict) else None
     if not isinstance(memories, dict):
         return ""

@@ -80,7 +80,7 @@ def search(
     """Searches memories; the answer keeps the gateway's channels, plus the text Hermes recalls."""
     client, owner = _context(user_id, agent_id)
     answer = _call(client.search, q, limit=limit, layer=_check_layer(layer), **owner)
-    answer["recall_text"] = _recall_mod.format_recall(answer, q)
+    answer["recall_text"] = _recall_mod.format_recall(answer, q, per_channel=limit)
     return answer
 
 
