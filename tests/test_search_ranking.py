@@ -80,6 +80,21 @@ def test_a_query_without_dates_names_no_range() -> None:
     assert parse_dates("may I ask about the march of progress", REF) == []
 
 
+@pytest.mark.parametrize(
+    ("query", "reference_time", "kept"),
+    [
+        ("what did I do yesterday, and 99999999 days ago?", REF, "yesterday"),
+        ("tomorrow, or 9999999999 years ago", REF, "tomorrow"),
+        ("on 2023-02-30 or tomorrow", REF, "tomorrow"),
+        ("next year and tomorrow", datetime(9999, 6, 1, tzinfo=UTC).timestamp(), "tomorrow"),
+    ],
+)
+def test_a_date_off_the_calendar_is_skipped_and_the_querys_other_dates_kept(
+    query: str, reference_time: float, kept: str
+) -> None:
+    assert [r.text for r in parse_dates(query, reference_time)] == [kept]
+
+
 def test_date_parsing_is_deterministic_and_follows_the_reference_time() -> None:
     later = REF + 31 * DAY
     assert parse_dates("yesterday", REF) == parse_dates("yesterday", REF)

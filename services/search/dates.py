@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -105,22 +106,25 @@ def _days(first: date, count: int, text: str) -> TimeRange:
     return TimeRange(_ts(first), _ts(first + timedelta(days=count)), text)
 
 
-def _month(year: int, month: int, text: str) -> TimeRange | None:
-    if not 1 <= month <= 12:
-        return None
+def _month(year: int, month: int, text: str) -> TimeRange:
     following = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
     return TimeRange(_ts(date(year, month, 1)), _ts(following), text)
 
 
-def _day(year: int, month: int, day: int, text: str) -> TimeRange | None:
-    try:
-        return _days(date(year, month, day), 1, text)
-    except ValueError:
-        return None
+def _day(year: int, month: int, day: int, text: str) -> TimeRange:
+    return _days(date(year, month, day), 1, text)
+
+
+def _year(year: int, text: str) -> TimeRange:
+    return TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), text)
 
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else NUMBER_WORDS[word]
+
+
+Reader = Callable[[re.Match[str], date], TimeRange]
+"""Reads one kind of date from its match, against the reference day."""
 
 
 def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
@@ -129,63 +133,53 @@ def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
     Deterministic: the same words and reference time give the same ranges. Vague words get
     generous spans ("2 days ago" is that day give or take one, "recently" the last 30 days).
     """
-    try:
-        return _parse_dates(query.lower(), reference_time)
-    except (ValueError, OverflowError):
-        # A date past either end of the calendar ("99999999 days ago", "next year" in 9999)
-        # names no day a memory can have: the query is read as naming none.
-        return []
-
-
-def _parse_dates(text: str, reference_time: float) -> list[TimeRange]:
+    text = query.lower()
     today = datetime.fromtimestamp(reference_time, UTC).date()
     found: list[TimeRange] = []
     taken: list[tuple[int, int]] = []
-
-    def claim(match: re.Match[str]) -> bool:
-        span = match.span()
-        if any(span[0] < end and start < span[1] for start, end in taken):
-            return False
-        taken.append(span)
-        return True
-
-    def add(match: re.Match[str], found_range: TimeRange | None) -> None:
-        if found_range is not None and claim(match):
-            found.append(found_range)
-
-    for m in _ISO.finditer(text):
-        add(m, _day(int(m[1]), int(m[2]), int(m[3]), m[0]))
-    for m in _DAY_MONTH_YEAR.finditer(text):
-        add(m, _day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0]))
-    for m in _MONTH_DAY_YEAR.finditer(text):
-        add(m, _day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0]))
-    for m in _MONTH_YEAR.finditer(text):
-        add(m, _month(int(m[2]), MONTHS[m[1]], m[0]))
-    for m in _IN_MONTH.finditer(text):
-        month = MONTHS[m[1]]
-        # "in May" without a year is the latest May that has begun by the reference day.
-        year = today.year if month <= today.month else today.year - 1
-        add(m, _month(year, month, m[0]))
-    for m in _YEAR.finditer(text):
-        year = int(m[1])
-        add(m, TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), m[0]))
-    for m in _AGO.finditer(text):
-        days = _count(m[1]) * UNIT_DAYS[m[2]]
-        slack = max(1, days // 7)
-        add(m, _days(today - timedelta(days=days + slack), 2 * slack + 1, m[0]))
-    for m in _RELATIVE.finditer(text):
-        add(m, _relative(m[1], m[2], today, m[0]))
-    for m in _DAY_WORDS.finditer(text):
-        offset = {"today": 0, "tonight": 0, "yesterday": -1, "tomorrow": 1}.get(m[1], -2)
-        add(m, _days(today + timedelta(days=offset), 1, m[0]))
-    for m in _WEEKDAY_RE.finditer(text):
-        add(m, _weekday(m[1] or "", WEEKDAYS[m[2]], today, m[0]))
-    for m in _RECENTLY.finditer(text):
-        add(m, _days(today - timedelta(days=30), 31, m[0]))
+    # Earlier readers go first: words one has read ("May 8, 2023") are not read again ("May").
+    for pattern, read in _READERS:
+        for m in pattern.finditer(text):
+            found_range = _within_calendar(read, m, today)
+            if found_range is not None and not _overlaps(m.span(), taken):
+                taken.append(m.span())
+                found.append(found_range)
     return found
 
 
-def _relative(which: str, unit: str, today: date, text: str) -> TimeRange | None:
+def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:
+    return any(span[0] < end and start < span[1] for start, end in taken)
+
+
+def _within_calendar(read: Reader, m: re.Match[str], today: date) -> TimeRange | None:
+    """The range one reader finds in a match, or None for a date off the calendar."""
+    try:
+        return read(m, today)
+    except (ValueError, OverflowError):
+        # A date no calendar has ("2023-02-30") or past either end of it ("99999999 days ago",
+        # "next year" in 9999) names no day a memory can have; the query's other dates count.
+        return None
+
+
+def _in_month(m: re.Match[str], today: date) -> TimeRange:
+    month = MONTHS[m[1]]
+    # "in May" without a year is the latest May that has begun by the reference day.
+    year = today.year if month <= today.month else today.year - 1
+    return _month(year, month, m[0])
+
+
+def _ago(m: re.Match[str], today: date) -> TimeRange:
+    days = _count(m[1]) * UNIT_DAYS[m[2]]
+    slack = max(1, days // 7)
+    return _days(today - timedelta(days=days + slack), 2 * slack + 1, m[0])
+
+
+def _day_word(m: re.Match[str], today: date) -> TimeRange:
+    offset = {"today": 0, "tonight": 0, "yesterday": -1, "tomorrow": 1}.get(m[1], -2)
+    return _days(today + timedelta(days=offset), 1, m[0])
+
+
+def _relative(which: str, unit: str, today: date, text: str) -> TimeRange:
     step = {"last": -1, "past": -1, "previous": -1, "this": 0, "next": 1}[which]
     if unit == "week":
         monday = today - timedelta(days=today.weekday())
@@ -206,8 +200,7 @@ def _relative(which: str, unit: str, today: date, text: str) -> TimeRange | None
         return _month(month_index // 12, month_index % 12 + 1, text)
     if which == "past":
         return _days(today - timedelta(days=365), 366, text)
-    year = today.year + step
-    return TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), text)
+    return _year(today.year + step, text)
 
 
 def _weekday(which: str, weekday: int, today: date, text: str) -> TimeRange:
@@ -219,3 +212,19 @@ def _weekday(which: str, weekday: int, today: date, text: str) -> TimeRange:
         back = 7
     # A bare or "last" weekday is the latest one on or before the reference day.
     return _days(today - timedelta(days=back), 1, text)
+
+
+_READERS: tuple[tuple[re.Pattern[str], Reader], ...] = (
+    (_ISO, lambda m, _: _day(int(m[1]), int(m[2]), int(m[3]), m[0])),
+    (_DAY_MONTH_YEAR, lambda m, _: _day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0])),
+    (_MONTH_DAY_YEAR, lambda m, _: _day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0])),
+    (_MONTH_YEAR, lambda m, _: _month(int(m[2]), MONTHS[m[1]], m[0])),
+    (_IN_MONTH, _in_month),
+    (_YEAR, lambda m, _: _year(int(m[1]), m[0])),
+    (_AGO, _ago),
+    (_RELATIVE, lambda m, today: _relative(m[1], m[2], today, m[0])),
+    (_DAY_WORDS, _day_word),
+    (_WEEKDAY_RE, lambda m, today: _weekday(m[1] or "", WEEKDAYS[m[2]], today, m[0])),
+    (_RECENTLY, lambda m, today: _days(today - timedelta(days=30), 31, m[0])),
+)
+"""Each kind of date and its reader, in reading order."""
