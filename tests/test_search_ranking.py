@@ -56,6 +56,9 @@ def spans(query: str) -> list[tuple[str, str]]:
         ("what happened in May 2023", [("2023-05-01", "2023-05-31")]),
         ("what happened in March", [("2024-03-01", "2024-03-31")]),
         ("what happened in June", [("2023-06-01", "2023-06-30")]),
+        ("what did we do in may at the lake", [("2024-05-01", "2024-05-31")]),
+        ("what did we plan for this May.", [("2024-05-01", "2024-05-31")]),
+        ("since May, what changed", [("2024-05-01", "2024-05-31")]),
         ("the talk on 8 May, 2023", [("2023-05-08", "2023-05-08")]),
         ("the talk on May 8th, 2023", [("2023-05-08", "2023-05-08")]),
         ("the release of 2023-05-08", [("2023-05-08", "2023-05-08")]),
@@ -78,6 +81,13 @@ def test_a_query_without_dates_names_no_range() -> None:
     assert parse_dates("what is my favourite tea", REF) == []
     # A month name that is also a word is only a date after "in", "last", "this"...
     assert parse_dates("may I ask about the march of progress", REF) == []
+
+
+@pytest.mark.parametrize(
+    "query", ["this may help", "I think this may be wrong", "since may I ask what we planned"]
+)
+def test_may_the_verb_is_not_read_as_the_month(query: str) -> None:
+    assert parse_dates(query, REF) == []
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,13 @@ _DAY_MONTH_YEAR = re.compile(
 )
 _MONTH_DAY_YEAR = re.compile(rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b")
 _MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?,?\s+(\d{{4}})\b")
-_IN_MONTH = re.compile(rf"\b(?:in|during|since|last|this|of)\s+({_MONTH})\b")
+_IN_MONTH = re.compile(rf"\b(in|during|since|last|this|of)\s+({_MONTH})\b")
+# "May" is also the verb. After "this" or "since", words that can begin a clause ("this may
+# help", "since may I ask"), it is read as the month only where no word follows it ("this May.",
+# "since May, we"); after "in", "during", "last" and "of", which take a noun, always. In doubt
+# it names no date: a missed date only forgoes a boost, a false one lifts the wrong memories.
+_MAY_IS_A_VERB_AFTER = frozenset({"this", "since"})
+_NEXT_WORD = re.compile(r"\s+[^\W\d_]")
 _YEAR = re.compile(r"\b(?:in|during|of|since)\s+((?:19|20)\d{2})\b")
 _AGO = re.compile(rf"\b({_NUMBER})\s+(?:of\s+)?({_UNIT})s?\s+ago\b")
 _RELATIVE = re.compile(r"\b(last|this|next|past|previous)\s+(week|weekend|month|year)\b")
@@ -123,8 +129,8 @@ def _count(word: str) -> int:
     return int(word) if word.isdigit() else NUMBER_WORDS[word]
 
 
-Reader = Callable[[re.Match[str], date], TimeRange]
-"""Reads one kind of date from its match, against the reference day."""
+Reader = Callable[[re.Match[str], date], TimeRange | None]
+"""Reads one kind of date from its match, against the reference day (None: no date after all)."""
 
 
 def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
@@ -152,7 +158,7 @@ def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:
 
 
 def _within_calendar(read: Reader, m: re.Match[str], today: date) -> TimeRange | None:
-    """The range one reader finds in a match, or None for a date off the calendar."""
+    """The range one reader finds in a match, or None for none or a date off the calendar."""
     try:
         return read(m, today)
     except (ValueError, OverflowError):
@@ -161,8 +167,10 @@ def _within_calendar(read: Reader, m: re.Match[str], today: date) -> TimeRange |
         return None
 
 
-def _in_month(m: re.Match[str], today: date) -> TimeRange:
-    month = MONTHS[m[1]]
+def _in_month(m: re.Match[str], today: date) -> TimeRange | None:
+    if m[2] == "may" and m[1] in _MAY_IS_A_VERB_AFTER and _NEXT_WORD.match(m.string, m.end()):
+        return None
+    month = MONTHS[m[2]]
     # "in May" without a year is the latest May that has begun by the reference day.
     year = today.year if month <= today.month else today.year - 1
     return _month(year, month, m[0])
