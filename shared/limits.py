@@ -37,6 +37,10 @@ FIRST_TIME_S = 0.0
 END_OF_CALENDAR_S = 253402300800.0
 """10000-01-01T00:00:00Z: every time a client sends or an import carries lies before it."""
 
+MAX_UTC_OFFSET_MINUTES = 24 * 60 - 1
+"""The largest UTC offset a client may give a time, east or west: under a day, as an ISO 8601
+time writes it (+23:59). The clocks in use run from -12:00 to +14:00."""
+
 START_OF_CALENDAR_S = -62135596800.0
 """0001-01-01T00:00:00Z: an imported time may reach back this far (an export of a version that
 took dates before 1970 still imports)."""

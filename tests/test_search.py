@@ -10,6 +10,7 @@ from services.search.fusion import fuse_sources, reciprocal_rank_fusion
 from services.search.model import Candidate, Scope, SearchContext, SearchQuery
 from services.search.pipeline import LITE_PIPELINE
 from shared.errors import ConfigError, InvalidArgument
+from shared.limits import END_OF_CALENDAR_S
 
 NOW = 1_800_000_000.0
 DAY = 86400.0
@@ -330,6 +331,19 @@ def test_min_score_override_replaces_the_default_and_zero_disables() -> None:
     assert query(min_score=0.99).min_score == pytest.approx(0.99)
     with pytest.raises(InvalidArgument, match="min_score"):
         query(min_score=1.5)
+
+
+@pytest.mark.parametrize("minutes", [-1440, 1440, 2**31 - 1])
+def test_a_utc_offset_of_a_day_or_more_is_refused(minutes: int) -> None:
+    with pytest.raises(InvalidArgument, match=r"reference_utc_offset_minutes .* \(under a day\)"):
+        query(reference_utc_offset_minutes=minutes)
+
+
+def test_a_utc_offset_that_moves_the_reference_day_past_the_calendar_is_refused() -> None:
+    last_hour = END_OF_CALENDAR_S - 3600
+    assert query(reference_time=last_hour, reference_utc_offset_minutes=59).reference_time
+    with pytest.raises(InvalidArgument, match="in the year 10000"):
+        query(reference_time=last_hour, reference_utc_offset_minutes=60)
 
 
 def test_unknown_layer_is_refused() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tracemalloc
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -103,6 +103,50 @@ def test_a_date_off_the_calendar_is_skipped_and_the_querys_other_dates_kept(
     query: str, reference_time: float, kept: str
 ) -> None:
     assert [r.text for r in parse_dates(query, reference_time)] == [kept]
+
+
+# 20:00 on Wednesday 2024-05-15 at UTC-8, when it is already Thursday in UTC.
+EVENING_AT_UTC_MINUS_8 = datetime(2024, 5, 16, 4, tzinfo=UTC).timestamp()
+
+
+def test_yesterday_runs_from_midnight_to_midnight_by_the_askers_clock() -> None:
+    (found,) = parse_dates("what did I do yesterday", EVENING_AT_UTC_MINUS_8, -8 * 60)
+    local = timezone(timedelta(hours=-8))
+    assert found.start == datetime(2024, 5, 14, tzinfo=local).timestamp()
+    assert found.end == datetime(2024, 5, 15, tzinfo=local).timestamp()
+    # Without an offset the days are UTC's.
+    (in_utc,) = parse_dates("what did I do yesterday", EVENING_AT_UTC_MINUS_8)
+    assert in_utc.start == datetime(2024, 5, 15, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "today",
+        "tomorrow",
+        "last week",
+        "this weekend",
+        "on Monday",
+        "next Friday",
+        "3 days ago",
+        "in May",
+        "last month",
+        "next year",
+        "the talk on 8 May, 2023",
+        "recently",
+    ],
+)
+@pytest.mark.parametrize("offset_minutes", [-12 * 60, -8 * 60, 5 * 60 + 30, 14 * 60])
+def test_every_date_is_read_in_the_askers_days(query: str, offset_minutes: int) -> None:
+    # The asker's dates are those UTC reads at the same wall-clock time, each day starting
+    # as much earlier as their clock is ahead.
+    shift = offset_minutes * 60
+    theirs = parse_dates(query, EVENING_AT_UTC_MINUS_8, offset_minutes)
+    by_their_wall_clock = parse_dates(query, EVENING_AT_UTC_MINUS_8 + shift)
+    assert theirs
+    assert [(r.start, r.end) for r in theirs] == [
+        (r.start - shift, r.end - shift) for r in by_their_wall_clock
+    ]
 
 
 def test_date_parsing_is_deterministic_and_follows_the_reference_time() -> None:

@@ -204,6 +204,11 @@ def test_asking_for_a_layer_restricts_the_results(seeded: Seeded) -> None:
         ({"query": "tea", "scope": common_pb2.Scope()}, "user_id"),
         ({"query": "tea", "reference_time": 1e17}, "reference_time"),
         ({"query": "tea", "reference_time": float("nan")}, "reference_time"),
+        ({"query": "tea", "reference_utc_offset_minutes": -1440}, "reference_utc_offset_minutes"),
+        (
+            {"query": "tea", "reference_time": 253402300799.0, "reference_utc_offset_minutes": 60},
+            "in the year 10000",
+        ),
     ],
 )
 def test_bad_requests_are_invalid_arguments(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 
 MONTHS = {
     name: number
@@ -104,49 +104,64 @@ class TimeRange:
         return self.start <= when < self.end
 
 
-def _ts(day: date) -> float:
-    return datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+@dataclass(frozen=True, slots=True)
+class _Calendar:
+    """The asker's days: the reference day, and each day from midnight at their UTC offset."""
 
+    today: date
+    zone: timezone
 
-def _days(first: date, count: int, text: str) -> TimeRange:
-    return TimeRange(_ts(first), _ts(first + timedelta(days=count)), text)
+    @classmethod
+    def at(cls, reference_time: float, utc_offset_minutes: int) -> _Calendar:
+        """The calendar of someone at the given UTC offset at reference_time."""
+        zone = timezone(timedelta(minutes=utc_offset_minutes))
+        return cls(datetime.fromtimestamp(reference_time, zone).date(), zone)
 
+    def _start(self, day: date) -> float:
+        return datetime(day.year, day.month, day.day, tzinfo=self.zone).timestamp()
 
-def _month(year: int, month: int, text: str) -> TimeRange:
-    following = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
-    return TimeRange(_ts(date(year, month, 1)), _ts(following), text)
+    def days(self, first: date, count: int, text: str) -> TimeRange:
+        """The span of count days from the midnight that starts first."""
+        return TimeRange(self._start(first), self._start(first + timedelta(days=count)), text)
 
+    def day(self, year: int, month: int, day: int, text: str) -> TimeRange:
+        """The span of one day."""
+        return self.days(date(year, month, day), 1, text)
 
-def _day(year: int, month: int, day: int, text: str) -> TimeRange:
-    return _days(date(year, month, day), 1, text)
+    def month(self, year: int, month: int, text: str) -> TimeRange:
+        """The span of one month."""
+        following = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
+        return TimeRange(self._start(date(year, month, 1)), self._start(following), text)
 
-
-def _year(year: int, text: str) -> TimeRange:
-    return TimeRange(_ts(date(year, 1, 1)), _ts(date(year + 1, 1, 1)), text)
+    def year(self, year: int, text: str) -> TimeRange:
+        """The span of one year."""
+        return TimeRange(self._start(date(year, 1, 1)), self._start(date(year + 1, 1, 1)), text)
 
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else NUMBER_WORDS[word]
 
 
-Reader = Callable[[re.Match[str], date], TimeRange | None]
-"""Reads one kind of date from its match, against the reference day (None: no date after all)."""
+Reader = Callable[[re.Match[str], _Calendar], TimeRange | None]
+"""Reads one kind of date from its match, on the asker's calendar (None: no date after all)."""
 
 
-def parse_dates(query: str, reference_time: float) -> list[TimeRange]:
-    """Every date the query names, read against reference_time (unix seconds, UTC days).
+def parse_dates(query: str, reference_time: float, utc_offset_minutes: int = 0) -> list[TimeRange]:
+    """Every date the query names, read against reference_time (unix seconds) in the days of
+    someone at utc_offset_minutes ("yesterday" runs from their midnight to midnight; 0: UTC).
 
     Deterministic: the same words and reference time give the same ranges. Vague words get
     generous spans ("2 days ago" is that day give or take one, "recently" the last 30 days).
+    The reference time at the offset must fall within the calendar (SearchQuery checks it).
     """
     text = query.lower()
-    today = datetime.fromtimestamp(reference_time, UTC).date()
+    calendar = _Calendar.at(reference_time, utc_offset_minutes)
     found: list[TimeRange] = []
     taken: list[tuple[int, int]] = []
     # Earlier readers go first: words one has read ("May 8, 2023") are not read again ("May").
     for pattern, read in _READERS:
         for m in pattern.finditer(text):
-            found_range = _within_calendar(read, m, today)
+            found_range = _within_calendar(read, m, calendar)
             if found_range is not None and not _overlaps(m.span(), taken):
                 taken.append(m.span())
                 found.append(found_range)
@@ -157,82 +172,85 @@ def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:
     return any(span[0] < end and start < span[1] for start, end in taken)
 
 
-def _within_calendar(read: Reader, m: re.Match[str], today: date) -> TimeRange | None:
+def _within_calendar(read: Reader, m: re.Match[str], calendar: _Calendar) -> TimeRange | None:
     """The range one reader finds in a match, or None for none or a date off the calendar."""
     try:
-        return read(m, today)
+        return read(m, calendar)
     except (ValueError, OverflowError):
         # A date no calendar has ("2023-02-30") or past either end of it ("99999999 days ago",
         # "next year" in 9999) names no day a memory can have; the query's other dates count.
         return None
 
 
-def _in_month(m: re.Match[str], today: date) -> TimeRange | None:
+def _in_month(m: re.Match[str], calendar: _Calendar) -> TimeRange | None:
     if m[2] == "may" and m[1] in _MAY_IS_A_VERB_AFTER and _NEXT_WORD.match(m.string, m.end()):
         return None
     month = MONTHS[m[2]]
+    today = calendar.today
     # "in May" without a year is the latest May that has begun by the reference day.
     year = today.year if month <= today.month else today.year - 1
-    return _month(year, month, m[0])
+    return calendar.month(year, month, m[0])
 
 
-def _ago(m: re.Match[str], today: date) -> TimeRange:
+def _ago(m: re.Match[str], calendar: _Calendar) -> TimeRange:
     days = _count(m[1]) * UNIT_DAYS[m[2]]
     slack = max(1, days // 7)
-    return _days(today - timedelta(days=days + slack), 2 * slack + 1, m[0])
+    return calendar.days(calendar.today - timedelta(days=days + slack), 2 * slack + 1, m[0])
 
 
-def _day_word(m: re.Match[str], today: date) -> TimeRange:
+def _day_word(m: re.Match[str], calendar: _Calendar) -> TimeRange:
     offset = {"today": 0, "tonight": 0, "yesterday": -1, "tomorrow": 1}.get(m[1], -2)
-    return _days(today + timedelta(days=offset), 1, m[0])
+    return calendar.days(calendar.today + timedelta(days=offset), 1, m[0])
 
 
-def _relative(which: str, unit: str, today: date, text: str) -> TimeRange:
+def _relative(which: str, unit: str, calendar: _Calendar, text: str) -> TimeRange:
     step = {"last": -1, "past": -1, "previous": -1, "this": 0, "next": 1}[which]
+    today = calendar.today
     if unit == "week":
         monday = today - timedelta(days=today.weekday())
         if which == "past":
-            return _days(today - timedelta(days=7), 8, text)
-        return _days(monday + timedelta(weeks=step), 7, text)
+            return calendar.days(today - timedelta(days=7), 8, text)
+        return calendar.days(monday + timedelta(weeks=step), 7, text)
     if unit == "weekend":
         saturday = today - timedelta(days=(today.weekday() - 5) % 7)
         if step > 0 or (step == 0 and today.weekday() < 5):
             saturday += timedelta(weeks=1)
         if step < 0 and today.weekday() >= 5:
             saturday -= timedelta(weeks=1)
-        return _days(saturday, 2, text)
+        return calendar.days(saturday, 2, text)
     if unit == "month":
         if which == "past":
-            return _days(today - timedelta(days=30), 31, text)
+            return calendar.days(today - timedelta(days=30), 31, text)
         month_index = today.year * 12 + today.month - 1 + step
-        return _month(month_index // 12, month_index % 12 + 1, text)
+        return calendar.month(month_index // 12, month_index % 12 + 1, text)
     if which == "past":
-        return _days(today - timedelta(days=365), 366, text)
-    return _year(today.year + step, text)
+        return calendar.days(today - timedelta(days=365), 366, text)
+    return calendar.year(today.year + step, text)
 
 
-def _weekday(which: str, weekday: int, today: date, text: str) -> TimeRange:
+def _weekday(which: str, weekday: int, calendar: _Calendar, text: str) -> TimeRange:
+    today = calendar.today
     back = (today.weekday() - weekday) % 7
     if which == "next":
         ahead = (weekday - today.weekday()) % 7 or 7
-        return _days(today + timedelta(days=ahead), 1, text)
+        return calendar.days(today + timedelta(days=ahead), 1, text)
     if which == "last" and back == 0:
         back = 7
     # A bare or "last" weekday is the latest one on or before the reference day.
-    return _days(today - timedelta(days=back), 1, text)
+    return calendar.days(today - timedelta(days=back), 1, text)
 
 
 _READERS: tuple[tuple[re.Pattern[str], Reader], ...] = (
-    (_ISO, lambda m, _: _day(int(m[1]), int(m[2]), int(m[3]), m[0])),
-    (_DAY_MONTH_YEAR, lambda m, _: _day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0])),
-    (_MONTH_DAY_YEAR, lambda m, _: _day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0])),
-    (_MONTH_YEAR, lambda m, _: _month(int(m[2]), MONTHS[m[1]], m[0])),
+    (_ISO, lambda m, cal: cal.day(int(m[1]), int(m[2]), int(m[3]), m[0])),
+    (_DAY_MONTH_YEAR, lambda m, cal: cal.day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0])),
+    (_MONTH_DAY_YEAR, lambda m, cal: cal.day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0])),
+    (_MONTH_YEAR, lambda m, cal: cal.month(int(m[2]), MONTHS[m[1]], m[0])),
     (_IN_MONTH, _in_month),
-    (_YEAR, lambda m, _: _year(int(m[1]), m[0])),
+    (_YEAR, lambda m, cal: cal.year(int(m[1]), m[0])),
     (_AGO, _ago),
-    (_RELATIVE, lambda m, today: _relative(m[1], m[2], today, m[0])),
+    (_RELATIVE, lambda m, cal: _relative(m[1], m[2], cal, m[0])),
     (_DAY_WORDS, _day_word),
-    (_WEEKDAY_RE, lambda m, today: _weekday(m[1] or "", WEEKDAYS[m[2]], today, m[0])),
-    (_RECENTLY, lambda m, today: _days(today - timedelta(days=30), 31, m[0])),
+    (_WEEKDAY_RE, lambda m, cal: _weekday(m[1] or "", WEEKDAYS[m[2]], cal, m[0])),
+    (_RECENTLY, lambda m, cal: cal.days(cal.today - timedelta(days=30), 31, m[0])),
 )
 """Each kind of date and its reader, in reading order."""

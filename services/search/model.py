@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.errors import InvalidArgument
 from shared.layers import LAYERS_BY_NAME
-from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S
+from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S, MAX_UTC_OFFSET_MINUTES
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 100
@@ -55,6 +55,8 @@ class SearchQuery:
     sources: tuple[str, ...]
     session_id: str = ""
     reference_time: float | None = None
+    reference_utc_offset_minutes: int = 0
+    """The asker's UTC offset: the days the query's dates name start at their midnight."""
     plain: bool = False
     """The plain rank-fusion baseline: strict keywords, no extra keys, no boosts."""
     skip_stages: frozenset[str] = frozenset()
@@ -78,6 +80,7 @@ class SearchQuery:
         reader: str,
         session_id: str = "",
         reference_time: float | None = None,
+        reference_utc_offset_minutes: int = 0,
         skip_stages: Sequence[str] = (),
     ) -> SearchQuery:
         """Checks and normalises a request; bad input is an InvalidArgument."""
@@ -103,6 +106,7 @@ class SearchQuery:
             raise InvalidArgument(
                 f"reference_time {reference_time} is not between 1970 and the year 9999"
             )
+        _check_utc_offset(reference_time, reference_utc_offset_minutes)
         return cls(
             scope=scope,
             text=text,
@@ -112,8 +116,22 @@ class SearchQuery:
             sources=READERS[key],
             session_id=session_id,
             reference_time=reference_time,
+            reference_utc_offset_minutes=reference_utc_offset_minutes,
             plain=key == PLAIN_READER,
             skip_stages=frozenset(name.strip() for name in skip_stages if name.strip()),
+        )
+
+
+def _check_utc_offset(reference_time: float | None, minutes: int) -> None:
+    """Refuses an offset of a day or more, or one that moves the reference day off the calendar."""
+    if not -MAX_UTC_OFFSET_MINUTES <= minutes <= MAX_UTC_OFFSET_MINUTES:
+        raise InvalidArgument(
+            f"reference_utc_offset_minutes {minutes} is not between "
+            f"-{MAX_UTC_OFFSET_MINUTES} and {MAX_UTC_OFFSET_MINUTES} (under a day)"
+        )
+    if reference_time is not None and reference_time + minutes * 60 >= END_OF_CALENDAR_S:
+        raise InvalidArgument(
+            f"reference_time {reference_time} at UTC offset {minutes} minutes is in the year 10000"
         )
 
 

@@ -128,7 +128,7 @@ DATE_BOOST = 0.5
 
 def boost_dates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Favours memories whose event time (else write time) falls in a date the query names."""
-    ranges = parse_dates(ctx.query.text, ctx.reference_time)
+    ranges = parse_dates(ctx.query.text, ctx.reference_time, ctx.query.reference_utc_offset_minutes)
     if not ranges:
         return ranked
     for candidate in ranked:

@@ -71,6 +71,7 @@ class SearchServicer(search_pb2_grpc.SearchServicer):
             reference_time=(
                 request.reference_time if request.HasField("reference_time") else None
             ),
+            reference_utc_offset_minutes=request.reference_utc_offset_minutes,
             skip_stages=_stage_names(list(request.skip_stages)),
         )
         result = await self._engine.search(query)
