@@ -34,6 +34,11 @@ TIME: Schema = {
         {"type": "string", "format": "date"},
     ],
 }
+REFERENCE_TIME: Schema = {
+    **TIME,
+    "description": TIME["description"] + "; its UTC offset (whole minutes) sets the days the "
+    "query's dates name, from midnight to midnight there (none, or Z: UTC days)",
+}
 LAYER: Schema = {
     "type": "string", "maxLength": MAX_NAME_CHARS,
     "examples": ["*", *LAYER_NAMES.values()],
@@ -168,7 +173,7 @@ OPERATIONS: list[Op] = [
     *both("/api/v1/search", "Ranked memories of one owner in channels",
           {"query": TEXT, "limit": INT, "layer": LAYER, **OWNER, "user_ids": arr(NAME),
            "agent_ids": arr(NAME), "min_score": {"type": "number", "minimum": 0, "maximum": 1},
-           "reader": NAME, "session_id": NAME, "reference_time": TIME,
+           "reader": NAME, "session_id": NAME, "reference_time": REFERENCE_TIME,
            "skip_stages": arr(NAME)},
           obj("memories", "order", memories={"type": "object", "additionalProperties": arr(HIT)},
               order=arr(STR), now=HIT),

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -241,6 +241,12 @@ class Params:
 
     def timestamp(self, name: str) -> float | None:
         """A point in time as unix seconds or an RFC3339 / ISO date string; None when absent."""
+        found = self.time_and_offset(name)
+        return None if found is None else found[0]
+
+    def time_and_offset(self, name: str) -> tuple[float, timedelta] | None:
+        """A point in time as timestamp reads it, with the UTC offset it was written at (zero
+        for unix seconds, a "Z" time or one without an offset); None when absent."""
         value, _ = self._lookup(name)
         if value is _MISSING:
             return None
@@ -248,18 +254,19 @@ class Params:
             return parse_time(name, value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{name} must be unix seconds or an RFC3339 / ISO date string")
-        return _in_range(name, float(value))
+        return _in_range(name, float(value)), timedelta()
 
 
-def parse_time(name: str, text: str) -> float:
-    """Unix seconds from "1700000000", "2023-05-08", "2023-05-08T13:56:00Z" or "+02:00" offsets."""
+def parse_time(name: str, text: str) -> tuple[float, timedelta]:
+    """Unix seconds and the UTC offset from "1700000000", "2023-05-08", "2023-05-08T13:56:00Z"
+    or "+02:00" offsets (none: UTC)."""
     raw = text.strip()
     try:
         seconds = float(raw)
     except ValueError:
         pass
     else:
-        return _in_range(name, seconds)
+        return _in_range(name, seconds), timedelta()
     iso = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         moment = datetime.fromisoformat(iso)
@@ -270,7 +277,7 @@ def parse_time(name: str, text: str) -> float:
     if moment.tzinfo is None:  # a bare date or local time is read as UTC
         moment = moment.replace(tzinfo=UTC)
     # An offset can move a date at either end of the calendar out of it (year 0 or 10000).
-    return _in_range(name, moment.timestamp())
+    return _in_range(name, moment.timestamp()), moment.utcoffset() or timedelta()
 
 
 def _in_range(name: str, seconds: float) -> float:

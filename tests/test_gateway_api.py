@@ -203,6 +203,27 @@ async def test_search_and_list_cover_the_alias_group(api: Api) -> None:
     assert added["memory_id"] in [m["memory_id"] for m in listed["memories"]]
 
 
+async def test_query_dates_are_read_in_the_days_of_the_reference_times_utc_offset(
+    api: Api,
+) -> None:
+    user = _user()
+    # Tuesday and Wednesday mornings at UTC-8: both fall on Tuesday and Wednesday in UTC too.
+    tuesday = await api.add("I repotted the fern.", user, event_at="2024-05-14T10:00:00-08:00")
+    wednesday = await api.add("I repotted the cactus.", user, event_at="2024-05-15T10:00:00-08:00")
+
+    async def first_hit(reference_time: str) -> str:
+        status, body = await api.call("POST", "/api/v1/search", json={
+            "query": "what did I repot yesterday", "user_id": user, "min_score": 0,
+            "reference_time": reference_time})
+        assert status == 200, body
+        return str(body["memories"]["normal"][0]["memory_id"])
+
+    # Wednesday 20:00 at UTC-8 is Thursday 04:00 in UTC: "yesterday" is Tuesday there, and
+    # Wednesday for a caller whose reference time carries no offset.
+    assert await first_hit("2024-05-15T20:00:00-08:00") == tuesday["memory_id"]
+    assert await first_hit("2024-05-16T04:00:00Z") == wednesday["memory_id"]
+
+
 async def test_add_stores_owner_session_metadata_and_event_date(api: Api) -> None:
     user = _user()
     added = await api.add(

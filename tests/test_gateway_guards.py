@@ -233,6 +233,12 @@ async def test_json_that_is_not_an_object_is_400(client: TestClient[Any, Any]) -
         ("/api/v1/search", {"query": "q", "min_score": 1.5}, "min_score"),
         ("/api/v1/search", {"query": "q", "user_ids": "a,b,c", "agent_ids": [1]}, "agent_ids"),
         ("/api/v1/search", {"query": "q", "layer": "l9_dreams"}, "layer"),
+        # An offset in seconds, which ISO 8601 allows and RFC3339 does not.
+        (
+            "/api/v1/search",
+            {"query": "q", "reference_time": "2024-05-15T20:00+01:00:30"},
+            "reference_time",
+        ),
         ("/api/v1/list", {"limit": True}, "limit"),
         ("/api/v1/list", {"offset": -1}, "offset"),
         ("/api/v1/list", {"include_raw": "maybe"}, "include_raw"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from aiohttp import web
 
 from gateway.params import Params
@@ -45,6 +47,15 @@ def _one_named(params: Params, one: str, many: str) -> str:
     return named[0] if named else ""
 
 
+def _offset_minutes(offset: timedelta) -> int:
+    """A reference time's UTC offset in minutes: the days its query's dates name start at
+    midnight by that clock ("yesterday" at 20:00-08:00 is the day before there, not in UTC)."""
+    minutes, rest = divmod(offset, timedelta(minutes=1))
+    if rest:  # ISO 8601 and Python take seconds in an offset; RFC3339 and real clocks do not
+        raise InvalidArgument("the UTC offset of reference_time must be whole minutes (+hh:mm)")
+    return minutes
+
+
 @routes.route("GET", "/api/v1/search")
 @routes.post("/api/v1/search")
 async def search(request: web.Request) -> web.Response:
@@ -60,7 +71,7 @@ async def search(request: web.Request) -> web.Response:
     user_id = _one_named(params, "user_id", "user_ids")
     agent_id = _one_named(params, "agent_id", "agent_ids")
     min_score = params.number("min_score", lo=0.0, hi=1.0)
-    reference_time = params.timestamp("reference_time")
+    reference = params.time_and_offset("reference_time")
 
     req = search_pb2.SearchMemoriesRequest(
         scope=owner_scope(user_id, agent_id),
@@ -74,8 +85,9 @@ async def search(request: web.Request) -> web.Response:
     )
     if min_score is not None:
         req.min_score = min_score
-    if reference_time is not None:
-        req.reference_time = reference_time
+    if reference is not None:
+        req.reference_time = reference[0]
+        req.reference_utc_offset_minutes = _offset_minutes(reference[1])
     reply = await request.app[SEARCH].SearchMemories(req, timeout=rpc_timeout(request))
     request.app[COUNTERS].searches += 1
     return json_response(search_response(reply))
