@@ -124,7 +124,8 @@ class Core:
 
     @contextlib.asynccontextmanager
     async def writing(self, actor: str, embedded_with: str = "") -> AsyncIterator[Write]:
-        """One write under the lock, in one transaction; the indexes follow once it commits.
+        """One write under the lock, in one transaction; the indexes follow once it commits,
+        and an erase's text has left the files before it returns.
 
         embedded_with: the model that made the write's vectors before it waited for the lock.
         When a re-embed moved the store to another model meanwhile, the write is refused
@@ -151,6 +152,9 @@ class Core:
             if write.erased:
                 # The deleted text is still in the write-ahead log's older frames till then.
                 await self.repo.checkpoint()
+        if write.erased:
+            # Outside the lock: other writes go on while PostgreSQL vacuums.
+            await self.repo.purge_erased()
 
 
 @dataclass

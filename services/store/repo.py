@@ -861,6 +861,11 @@ class Repo:
         except Exception:  # the mark stays: the next erase or open rebuilds
             log.exception("rebuilding the keyword indexes after an erase failed")
 
+    async def purge_erased(self) -> None:
+        """Nothing: secure_delete overwrote an erased text in the database file, and the
+        checkpoint under the write lock took it out of the write-ahead log (it must not fall
+        inside another write's transaction)."""
+
     @contextlib.asynccontextmanager
     async def transaction(
         self, committed: Callable[[], Awaitable[None]] | None = None

@@ -186,9 +186,14 @@ class Rows(Protocol):
     """Reads of committed rows, and the transactions writes go through."""
 
     async def checkpoint(self) -> None:
-        """Makes deleted text leave the database's files as far as the backend can (SQLite:
-        the write-ahead log is folded in and truncated, and after an erase the keyword indexes
-        are rebuilt in the background)."""
+        """Makes deleted text leave the database's files as far as the backend can under the
+        write lock (SQLite: the write-ahead log is folded in and truncated, and after an erase
+        the keyword indexes are rebuilt in the background)."""
+        ...
+
+    async def purge_erased(self) -> None:
+        """Makes the text of rows erased before the call leave the database's files, outside
+        the write lock so other writes go on meanwhile (PostgreSQL: a vacuum)."""
         ...
 
     def transaction(

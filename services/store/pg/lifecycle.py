@@ -52,8 +52,8 @@ async def open_pg_store(
     """The store over the database at dsn (created or checked at open)."""
     served = await embedder.describe()
     db = await Database(dsn).open(served.ndim)
+    repo = PgRepo(db)
     try:
-        repo = PgRepo(db)
         model = await _model(repo, embedder)
         store = Store(
             repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to,
@@ -62,4 +62,5 @@ async def open_pg_store(
         log.info("store open on %s: model %s (%d-d)", redacted_dsn(dsn), model.model_id, model.ndim)
         yield store
     finally:
+        await repo.close()
         await db.close()

@@ -22,6 +22,7 @@ from services.store.model import (
 )
 from services.store.pg import text
 from services.store.pg.db import Database
+from services.store.pg.vacuum import Vacuums
 from services.store.pg.writes import PgWrites
 from services.store.repo import (
     _COLUMNS,
@@ -52,11 +53,21 @@ class PgRepo:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._vacuums = Vacuums(db)
+
+    async def close(self) -> None:
+        """Waits for the vacuum passes asked for (the pool is the caller's to close)."""
+        await self._vacuums.close()
 
     async def checkpoint(self) -> None:
-        """Vacuums the tables that hold text, so a deleted row's tuples are pruned from their
-        pages (PostgreSQL keeps a deleted tuple until a vacuum)."""
-        await self.db.execute("VACUUM memories, memory_keys, audit")
+        """Nothing: PostgreSQL's write-ahead log is the server's, and a deleted text leaves
+        the tables through purge_erased, which needs no write lock."""
+
+    async def purge_erased(self) -> None:
+        """Vacuums the tables that hold text, so the tuples of rows erased before the call are
+        pruned from their pages (PostgreSQL keeps a deleted tuple until a vacuum): returns once
+        a pass that began after the call has ended, one pass shared by the callers meanwhile."""
+        await self._vacuums.pass_after_now()
 
     @contextlib.asynccontextmanager
     async def transaction(

@@ -388,4 +388,4 @@ class PgWrites:
     async def merge_keyword_indexes(self) -> None:
         """Nothing: PostgreSQL's keyword index has no segments to merge. A deleted text's
         tuples (heap, TOAST and GIN entries) stay in the files until VACUUM reclaims them,
-        which cannot run inside a transaction; PgRepo.checkpoint runs it after the commit."""
+        which cannot run inside a transaction; PgRepo.purge_erased runs it after the commit."""
