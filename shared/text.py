@@ -1,4 +1,4 @@
-"""What counts as "the same value" across services: one normaliser for every text comparison."""
+"""What counts as "the same" across services: one normaliser for each kind of text compared."""
 
 from __future__ import annotations
 
@@ -10,3 +10,10 @@ def value_key(text: str) -> str:
     folded = unicodedata.normalize("NFKC", text).casefold()
     kept = "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in folded)
     return " ".join(kept.split())
+
+
+def edge_key(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
+    """An edge's names as they are compared: case-folded by Unicode's rules, so "Émile" and
+    "émile" name one entity in every service and on both store backends (SQL's lower() folds
+    ASCII alone in SQLite, and follows the database's locale in PostgreSQL)."""
+    return subject.casefold(), relation.casefold(), obj.casefold()

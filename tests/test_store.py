@@ -23,6 +23,7 @@ from services.store import repo as repo_module
 from services.store.model import FEW_PASSING, MemoryRow
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
+from services.store.schema import SCHEMA_VERSION
 from services.store.server import running_server
 from services.store.text_index import SOURCES, KeywordIndex
 from shared.aliases import Aliases
@@ -591,6 +592,10 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
         "INSERT INTO memory_keys (memory_id, kind, text) "
         "VALUES ('m1', 'context', 'before: a pendulum\nIvy restores old clocks')"
     )
+    db.execute(
+        "INSERT INTO graph_edges (id, user_id, subject, relation, object, recorded_at) "
+        "VALUES ('e1', 'alice', 'Émile', 'Lives In', 'Évora', 1)"
+    )
     db.commit()
     db.close()
     async with serving_store(tmp_path, embedder_address) as stub:
@@ -605,8 +610,14 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
             store_pb2.KeywordSearchRequest(scope=scope("bob"), query="clocks")
         )
         assert list(other.hits) == []
+        # An edge stored before its names had keys is found by its names in any case.
+        await apply(stub, store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=common_pb2.Owner(user_id="alice"), subject="émile", relation="LIVES IN",
+            object="évora", source_ids=["m1"])))
+        edges = await stub.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
+        assert [(e.id, list(e.source_ids)) for e in edges.edges] == [("e1", ["m1"])]
     db = sqlite3.connect(tmp_path / "hyatlas.db")
-    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (3,)
+    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     # The FTS5 tables are gone: the keyword indexes are folders beside the database now.
     assert db.execute(
         "SELECT count(*) FROM sqlite_master WHERE name LIKE '%fts%'"
@@ -1443,6 +1454,30 @@ async def test_edges_page_with_offset_and_total(store: store_pb2_grpc.StoreStub)
     assert [p.total for p in pages] == [5, 5, 5]
     subjects = [e.subject for p in pages for e in p.edges]
     assert subjects == ["s4", "s3", "s2", "s1", "s0"]
+
+
+async def test_edge_names_that_differ_only_in_case_name_one_entity_in_any_script(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raws = await apply(store, *(insert(f"turn {n}", layer=L2) for n in range(3)))
+
+    def put(subject: str, relation: str, obj: str, turns: list[common_pb2.Memory]) -> Any:
+        return store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=common_pb2.Owner(user_id="alice"), subject=subject, relation=relation,
+            object=obj, source_ids=[t.id for t in turns]))
+
+    await apply(store, put("Émile", "lives in", "Évora", raws[:2]))
+    # The same triple in other cases: more evidence for that edge (one turn would not do for
+    # a new one), not a second edge.
+    await apply(store, put("émile", "LIVES IN", "ÉVORA", raws[2:]))
+    await apply(store, put("ÉMILE", "knows", "Ødegaard", raws[:2]))
+    reply = await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
+    assert [(e.subject, e.relation, e.object, len(e.source_ids)) for e in reply.edges] == [
+        ("ÉMILE", "knows", "Ødegaard", 2),
+        ("Émile", "lives in", "Évora", 3),
+    ]
+    stats = await store.GetStats(store_pb2.GetStatsRequest(scope=scope()))
+    assert (stats.graph_nodes, stats.graph_edges) == (3, 2)
 
 
 async def test_count_memories_counts_rows_per_time_bucket(

@@ -84,6 +84,31 @@ async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database
         await conn.close()
 
 
+async def test_a_version_4_databases_edges_get_name_keys_that_ignore_case_in_any_script(
+    pg_databases: Any,
+) -> None:
+    conn = await asyncpg.connect(pg_databases.new_dsn())
+    try:
+        await create_or_migrate(conn, NDIM, "test")
+        # As version 4 left it: edges without name keys.
+        await conn.execute(
+            "ALTER TABLE graph_edges DROP COLUMN subject_key, DROP COLUMN relation_key, "
+            "DROP COLUMN object_key; "
+            "DELETE FROM schema_version; "
+            "INSERT INTO schema_version (version, applied_at) VALUES (4, 0); "
+            "INSERT INTO graph_edges (id, user_id, subject, relation, object, recorded_at) "
+            "VALUES ('e1', 'u', 'Émile', 'Lives In', 'ΣΟΦΊΑ', 0)"
+        )
+
+        await create_or_migrate(conn, NDIM, "test")
+
+        keys = await conn.fetchrow("SELECT subject_key, relation_key, object_key FROM graph_edges")
+        assert tuple(keys) == ("émile", "lives in", "σοφία")
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
+    finally:
+        await conn.close()
+
+
 async def test_a_start_while_a_write_is_open_waits_for_it_rather_than_lock_tables_beside_it(
     pg_databases: Any,
 ) -> None:

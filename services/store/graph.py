@@ -13,14 +13,16 @@ from services.store.model import Edge, EndEdge, PutEdge, Reach
 from services.store.rows import Rows
 from services.store.validate import check_ids, page_offset, page_size
 from shared.errors import InvalidArgument, NotFound
+from shared.text import edge_key
 
 
 async def put_edge(w: Write, reach: Reach, op: PutEdge, where: str) -> None:
-    """Adds an edge, or the op's evidence to the live edge with the same owner and triple."""
-    triple = (op.subject, op.relation, op.object)
+    """Adds an edge, or the op's evidence to the live edge with the same owner and names
+    (ignoring case: shared.text.edge_key)."""
     if op.memory_id:
         await target(w.tx, reach, op.memory_id)
-    existing = await w.tx.live_edge(op.user_id, op.agent_id, triple)
+    key = edge_key(op.subject, op.relation, op.object)
+    existing = await w.tx.live_edge(op.user_id, op.agent_id, key)
     if existing is not None:
         await _more_evidence(w, existing, op)
         return

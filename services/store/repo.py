@@ -28,6 +28,7 @@ from services.store.model import (
 )
 from services.store.schema import create_or_migrate
 from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
+from shared.text import edge_key
 
 # One audit entry, whoever writes it (a mutation, or an import of history from elsewhere).
 ADD_AUDIT = (
@@ -38,6 +39,17 @@ ADD_AUDIT = (
 _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
     "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
+)
+# An edge's names are compared by their keys (shared.text.edge_key), stored beside them: SQL's
+# lower() is not the same on the two backends.
+ADD_EDGE = (
+    f"INSERT INTO graph_edges ({_EDGE_COLUMNS}, subject_key, relation_key, object_key) "
+    f"VALUES ({','.join('?' * 19)})"
+)
+LIVE_EDGE = (
+    f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE user_id = ? AND agent_id = ? "
+    "AND subject_key = ? AND relation_key = ? AND object_key = ? "
+    "AND undone = 0 AND invalidated_at IS NULL ORDER BY seq DESC LIMIT 1"
 )
 
 # A key carries its memory's owner key, for the keyword index (the memory id is the parameter).
@@ -149,6 +161,16 @@ def _edge(r: Sequence[Any]) -> Edge:
         valid_to=r[13],
         stale=bool(r[14]),
         pass_id=r[15],
+    )
+
+
+def edge_values(edge: Edge) -> tuple[Any, ...]:
+    """An edge's values for ADD_EDGE, its name keys last."""
+    return (
+        edge.id, edge.user_id, edge.agent_id, edge.subject, edge.relation, edge.object,
+        edge.weight, json.dumps(list(edge.source_ids)), json.dumps(list(edge.fact_ids)),
+        edge.memory_id, edge.recorded_at, edge.invalidated_at, edge.valid_from, edge.valid_to,
+        int(edge.stale), edge.pass_id, *edge_key(edge.subject, edge.relation, edge.object),
     )
 
 
@@ -407,16 +429,10 @@ class Tx:
         return [_row(r) for r in rows]
 
     async def live_edge(
-        self, user_id: str, agent_id: str, triple: tuple[str, str, str]
+        self, user_id: str, agent_id: str, key: tuple[str, str, str]
     ) -> Edge | None:
-        """The owner's live edge with this triple (compared case-insensitively), if any."""
-        rows = await self._conn.execute_fetchall(
-            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE user_id = ? AND agent_id = ? "
-            "AND lower(subject) = lower(?) AND lower(relation) = lower(?) "
-            "AND lower(object) = lower(?) AND undone = 0 AND invalidated_at IS NULL "
-            "ORDER BY seq DESC LIMIT 1",
-            (user_id, agent_id, *triple),
-        )
+        """The owner's live edge whose names have this key (shared.text.edge_key), if any."""
+        rows = await self._conn.execute_fetchall(LIVE_EDGE, (user_id, agent_id, *key))
         return _edge(next(iter(rows))) if rows else None
 
     async def get_edge(self, edge_id: str) -> Edge | None:
@@ -428,15 +444,7 @@ class Tx:
 
     async def insert_edge(self, edge: Edge) -> None:
         """Adds an edge."""
-        await self._conn.execute(
-            f"INSERT INTO graph_edges ({_EDGE_COLUMNS}) VALUES ({','.join('?' * 16)})",
-            (
-                edge.id, edge.user_id, edge.agent_id, edge.subject, edge.relation, edge.object,
-                edge.weight, json.dumps(list(edge.source_ids)), json.dumps(list(edge.fact_ids)),
-                edge.memory_id, edge.recorded_at, edge.invalidated_at, edge.valid_from,
-                edge.valid_to, int(edge.stale), edge.pass_id,
-            ),
-        )
+        await self._conn.execute(ADD_EDGE, edge_values(edge))
 
     async def update_edge(self, edge_id: str, **fields: Any) -> None:
         """Sets columns of one edge (lists are stored as JSON)."""
@@ -1253,8 +1261,8 @@ class Repo:
         where.append("stale = 0 AND invalidated_at IS NULL")
         clause = "WHERE " + " AND ".join(where)
         rows = await self.reader.execute_fetchall(
-            f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
-            f"{clause} UNION SELECT lower(object) FROM graph_edges {clause})) "
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT subject_key FROM graph_edges "
+            f"{clause} UNION SELECT object_key FROM graph_edges {clause})) "
             f"FROM graph_edges {clause}",
             (*params, *params, *params),
         )

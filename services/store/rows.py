@@ -95,9 +95,9 @@ class Writes(Protocol):
         ...
 
     async def live_edge(
-        self, user_id: str, agent_id: str, triple: tuple[str, str, str]
+        self, user_id: str, agent_id: str, key: tuple[str, str, str]
     ) -> Edge | None:
-        """The owner's live edge with this triple (compared case-insensitively), if any."""
+        """The owner's live edge whose names have this key (shared.text.edge_key), if any."""
         ...
 
     async def get_edge(self, edge_id: str) -> Edge | None:

@@ -7,8 +7,9 @@ import time
 import aiosqlite
 
 from shared.errors import ConfigError
+from shared.text import edge_key
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Rows and their keys carry an owner key: one token per user id ('o' and the id's hex), indexed
 # beside the text, so a keyword search reads only its owner's postings.
@@ -122,7 +123,11 @@ CREATE TABLE IF NOT EXISTS graph_edges (
   valid_to REAL,
   stale INTEGER NOT NULL DEFAULT 0,
   undone INTEGER NOT NULL DEFAULT 0,
-  pass_id TEXT NOT NULL DEFAULT ''
+  pass_id TEXT NOT NULL DEFAULT '',
+  -- The names as they are compared (shared.text.edge_key): SQLite's lower() folds ASCII alone.
+  subject_key TEXT NOT NULL,
+  relation_key TEXT NOT NULL,
+  object_key TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS graph_edges_owner ON graph_edges(user_id, agent_id, recorded_at);
 CREATE INDEX IF NOT EXISTS graph_edges_memory ON graph_edges(memory_id);
@@ -211,6 +216,13 @@ UPDATE memory_keys SET owner_key =
   (SELECT m.owner_key FROM memories m WHERE m.id = memory_keys.memory_id);
 """
 
+# Versions 1 to 3 compared edge names with SQL's lower(); _key_edges fills the keys in.
+_EDGE_KEYS = """
+ALTER TABLE graph_edges ADD COLUMN subject_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE graph_edges ADD COLUMN relation_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE graph_edges ADD COLUMN object_key TEXT NOT NULL DEFAULT '';
+"""
+
 # Versions 1 and 2 kept the keyword indexes in FTS5 tables; the store builds the tantivy
 # indexes from the rows when it opens (they have no position yet).
 _FROM_FTS5 = """
@@ -232,16 +244,26 @@ async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
         raise ConfigError(
             f"{path} has schema version {version}; this build knows up to {SCHEMA_VERSION}"
         )
-    if version in (1, 2):
+    if version in (1, 2, 3):
         # One transaction: a crash mid-way leaves the older version as it was.
-        steps = (_FROM_1 if version == 1 else "") + _FROM_FTS5
-        await conn.executescript(f"BEGIN IMMEDIATE; {steps} {_TEXT_LOG}")
+        steps = (_FROM_1 if version == 1 else "") + (_FROM_FTS5 if version < 3 else "")
+        await conn.executescript(f"BEGIN IMMEDIATE; {steps} {_EDGE_KEYS} {_TEXT_LOG}")
+        await _key_edges(conn)
         await _set_version(conn)
         await conn.execute("COMMIT")
     # Also after a migration: tables added since without a version step reach every store.
     await conn.executescript(_TABLES + _TEXT_LOG)
     if version is None:
         await _set_version(conn)
+
+
+async def _key_edges(conn: aiosqlite.Connection) -> None:
+    """Version 4: each edge's name keys, from its names."""
+    edges = await conn.execute_fetchall("SELECT seq, subject, relation, object FROM graph_edges")
+    await conn.executemany(
+        "UPDATE graph_edges SET subject_key = ?, relation_key = ?, object_key = ? WHERE seq = ?",
+        [(*edge_key(subject, relation, obj), seq) for seq, subject, relation, obj in edges],
+    )
 
 
 async def _version(conn: aiosqlite.Connection) -> int | None:

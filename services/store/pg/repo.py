@@ -313,8 +313,8 @@ class PgRepo:
         where.append("stale = 0 AND invalidated_at IS NULL")
         clause = _where(where)
         ((edges, nodes),) = await self.db.fetch(
-            f"SELECT count(*), (SELECT count(*) FROM (SELECT lower(subject) FROM graph_edges "
-            f"{clause} UNION SELECT lower(object) FROM graph_edges {clause}) AS entities) "
+            f"SELECT count(*), (SELECT count(*) FROM (SELECT subject_key FROM graph_edges "
+            f"{clause} UNION SELECT object_key FROM graph_edges {clause}) AS entities) "
             f"FROM graph_edges {clause}",
             *params, *params, *params,
         )

@@ -18,10 +18,12 @@ import time
 import asyncpg
 
 from shared.errors import ConfigError
+from shared.text import edge_key
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """1: the first; 2: the session neighbours index without agent_id; 3: GIN pending lists of
-GIN_PENDING_KB; 4: memory_keys_context_owner."""
+GIN_PENDING_KB; 4: memory_keys_context_owner; 5: graph_edges' name keys (the SQLite store's
+version 4)."""
 
 GIN_PENDING_KB = 128
 """The most a GIN index keeps of new rows in its pending list before merging them in (the
@@ -162,7 +164,10 @@ CREATE TABLE IF NOT EXISTS graph_edges (
   valid_to DOUBLE PRECISION,
   stale INTEGER NOT NULL DEFAULT 0,
   undone INTEGER NOT NULL DEFAULT 0,
-  pass_id TEXT NOT NULL DEFAULT ''
+  pass_id TEXT NOT NULL DEFAULT '',
+  subject_key TEXT NOT NULL,
+  relation_key TEXT NOT NULL,
+  object_key TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS graph_edges_owner ON graph_edges(user_id, agent_id, recorded_at);
 CREATE INDEX IF NOT EXISTS graph_edges_memory ON graph_edges(memory_id);
@@ -233,6 +238,8 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
         await conn.execute(_tables(ndim))
         if version is not None and version < 3:
             await _bound_gin_pending_lists(conn)
+        if version is not None and version < 5:
+            await _key_edges(conn)
         if not await hnsw_deferred(conn):
             for create in HNSW_INDEXES.values():
                 await conn.execute(create)
@@ -249,6 +256,23 @@ async def _bound_gin_pending_lists(conn: asyncpg.Connection) -> None:
     for name in _GIN_INDEXES:
         await conn.execute(f"ALTER INDEX {name} SET (gin_pending_list_limit = {GIN_PENDING_KB})")
         await conn.execute("SELECT gin_clean_pending_list($1::regclass)", name)
+
+
+async def _key_edges(conn: asyncpg.Connection) -> None:
+    """Version 5: each edge's name keys, from its names (lower() compared them before, by the
+    database's locale)."""
+    for column in ("subject_key", "relation_key", "object_key"):
+        await conn.execute(
+            f"ALTER TABLE graph_edges ADD COLUMN IF NOT EXISTS {column} TEXT NOT NULL DEFAULT ''"
+        )
+    edges = await conn.fetch("SELECT seq, subject, relation, object FROM graph_edges")
+    await conn.executemany(
+        "UPDATE graph_edges SET subject_key = $1, relation_key = $2, object_key = $3 "
+        "WHERE seq = $4",
+        [(*edge_key(e["subject"], e["relation"], e["object"]), e["seq"]) for e in edges],
+    )
+    for column in ("subject_key", "relation_key", "object_key"):
+        await conn.execute(f"ALTER TABLE graph_edges ALTER COLUMN {column} DROP DEFAULT")
 
 
 async def _version(conn: asyncpg.Connection) -> int | None:

@@ -17,13 +17,16 @@ from services.store.repo import (
     _M_COLUMNS,
     _UPDATABLE,
     ADD_AUDIT,
+    ADD_EDGE,
     CLAUSE_KEY_OFFSET,
+    LIVE_EDGE,
     VECTOR_KEYS_OF,
     _edge,
     _erased,
     _filters,
     _row,
     _where,
+    edge_values,
     row_json,
 )
 from shared.errors import Conflict
@@ -228,16 +231,10 @@ class PgWrites:
         return [_row(r) for r in rows]
 
     async def live_edge(
-        self, user_id: str, agent_id: str, triple: tuple[str, str, str]
+        self, user_id: str, agent_id: str, key: tuple[str, str, str]
     ) -> Edge | None:
-        """The owner's live edge with this triple (compared case-insensitively), if any."""
-        found = await self._fetchrow(
-            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE user_id = ? AND agent_id = ? "
-            "AND lower(subject) = lower(?) AND lower(relation) = lower(?) "
-            "AND lower(object) = lower(?) AND undone = 0 AND invalidated_at IS NULL "
-            "ORDER BY seq DESC LIMIT 1",
-            user_id, agent_id, *triple,
-        )
+        """The owner's live edge whose names have this key (shared.text.edge_key), if any."""
+        found = await self._fetchrow(LIVE_EDGE, user_id, agent_id, *key)
         return _edge(found) if found is not None else None
 
     async def get_edge(self, edge_id: str) -> Edge | None:
@@ -250,13 +247,7 @@ class PgWrites:
     async def insert_edge(self, edge: Edge) -> None:
         """Adds an edge; an id already stored is refused, as insert refuses a row's."""
         try:
-            await self._execute(
-                f"INSERT INTO graph_edges ({_EDGE_COLUMNS}) VALUES ({','.join('?' * 16)})",
-                edge.id, edge.user_id, edge.agent_id, edge.subject, edge.relation, edge.object,
-                edge.weight, json.dumps(list(edge.source_ids)), json.dumps(list(edge.fact_ids)),
-                edge.memory_id, edge.recorded_at, edge.invalidated_at, edge.valid_from,
-                edge.valid_to, int(edge.stale), edge.pass_id,
-            )
+            await self._execute(ADD_EDGE, *edge_values(edge))
         except asyncpg.UniqueViolationError as exc:
             raise Conflict(f"edge {edge.id!r} already exists") from exc
 
