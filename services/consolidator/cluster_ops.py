@@ -12,6 +12,7 @@ import numpy as np
 from services.consolidator.plan import Drop, EdgeOp, EndEdge, Merge, Plan, Schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op
+from shared.text import edge_key
 
 MERGE_GUARD = 0.65
 SCHEMA_DUPLICATE = 0.92
@@ -197,9 +198,10 @@ def edge_ops(
     data: Fetched,
     merged_into: Mapping[str, str],
 ) -> ClusterOps:
-    """Each edge put (with an L5 row when its triple is new to the owner); each end applied."""
+    """Each edge put (with an L5 row when its names are new to the owner, ignoring case as the
+    store does: shared.text.edge_key); each end applied."""
     ops = ClusterOps()
-    live = {_triple(e.subject, e.relation, e.object) for e in data.owner_edges}
+    live = {edge_key(e.subject, e.relation, e.object) for e in data.owner_edges}
     for n, edge in enumerate(edges):
         shown = [data.facts[i] for i in edge.facts]
         put = store_pb2.PutEdgeOp(
@@ -216,9 +218,9 @@ def edge_ops(
         )
         if edge.valid_from is not None:
             put.valid_from = edge.valid_from
-        triple = _triple(edge.subject, edge.relation, edge.object)
-        if triple not in live:
-            live.add(triple)
+        key = edge_key(edge.subject, edge.relation, edge.object)
+        if key not in live:
+            live.add(key)
             ops.extra.append(store_pb2.Op(insert=_knowledge_row(put, f"k{n}")))
             put.memory_id = f"$k{n}"
             ops.counts.edges += 1
@@ -282,7 +284,3 @@ def _evidence(facts: Sequence[common_pb2.Memory], merged_into: Mapping[str, str]
 
 def _turns(facts: Sequence[common_pb2.Memory]) -> list[str]:
     return list(dict.fromkeys(s for f in facts for s in f.source_ids))
-
-
-def _triple(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
-    return subject.lower(), relation.lower(), obj.lower()
