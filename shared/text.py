@@ -12,8 +12,13 @@ def value_key(text: str) -> str:
     return " ".join(kept.split())
 
 
+def name_key(name: str) -> str:
+    """A graph node's or relation's name as it is compared: case-folded by Unicode's rules, so
+    "Émile" and "émile" name one entity in every service and on both store backends (SQL's
+    lower() folds ASCII alone in SQLite, and follows the database's locale in PostgreSQL)."""
+    return name.casefold()
+
+
 def edge_key(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
-    """An edge's names as they are compared: case-folded by Unicode's rules, so "Émile" and
-    "émile" name one entity in every service and on both store backends (SQL's lower() folds
-    ASCII alone in SQLite, and follows the database's locale in PostgreSQL)."""
-    return subject.casefold(), relation.casefold(), obj.casefold()
+    """An edge's names as they are compared (name_key)."""
+    return name_key(subject), name_key(relation), name_key(obj)

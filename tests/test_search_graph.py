@@ -59,6 +59,8 @@ def test_edges_touching_a_named_node_give_their_memory_and_evidence_ids_ignoring
     assert linked_memory_ids(edges, ["PRIYA"]) == ["e1", "f1", "f2", "e2", "f3"]
     assert linked_memory_ids(edges, ["Nobody"]) == []
     assert linked_memory_ids(edges, []) == []
+    # Case-folded as the store folds edge names: ß is ss, as in its capital form.
+    assert linked_memory_ids([GraphEdge("Strauß", "Wien", (), "e4")], ["STRAUSS"]) == ["e4"]
 
 
 def test_node_labels_count_as_names_in_any_case() -> None:

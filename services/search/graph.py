@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from services.search.entities import query_entities
 from services.search.model import Candidate, SearchContext
+from shared.text import name_key
 
 GRAPH = "graph"
 """The stage name that switches graph-assisted recall off (retrieval and ranking both)."""
@@ -34,14 +35,14 @@ class GraphEdge:
 def linked_memory_ids(edges: Iterable[GraphEdge], names: Sequence[str]) -> list[str]:
     """Ids of the edge memories and evidence facts of edges touching a named node, in order.
 
-    A node matches when its label equals one of the names, ignoring case.
+    A node matches when its label equals one of the names, ignoring case (shared.text.name_key).
     """
-    wanted = {n.strip().lower() for n in names if n.strip()}
+    wanted = {name_key(n.strip()) for n in names if n.strip()}
     if not wanted:
         return []
     ids: list[str] = []
     for edge in edges:
-        if edge.subject.strip().lower() in wanted or edge.object.strip().lower() in wanted:
+        if name_key(edge.subject.strip()) in wanted or name_key(edge.object.strip()) in wanted:
             if edge.memory_id:
                 ids.append(edge.memory_id)
             ids.extend(edge.fact_ids)
