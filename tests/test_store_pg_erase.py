@@ -1,10 +1,12 @@
-"""Erasing on PostgreSQL: the vacuum that takes a deleted text out of the tables runs after the
-write lock is released, one pass at a time, and the delete answers once a pass covering it ran."""
+"""Writes on PostgreSQL: the vacuum that takes a deleted text out of the tables runs after the
+write lock is released, one pass at a time, and the delete answers once a pass covering it ran;
+a write is dated once it holds the replicas' write lock."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import asyncpg
 
+from services.store.pg.schema import WRITE_LOCK
 from services.store.server import running_server
 from shared.pb import store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
@@ -85,3 +88,31 @@ async def test_writes_go_on_while_a_deletes_vacuum_waits_and_deletes_meanwhile_s
 
 async def only(stub: store_pb2_grpc.StoreStub, content: str) -> bool:
     return await listed(stub) == [content]
+
+
+async def write_waits(conn: asyncpg.Connection) -> bool:
+    """Whether a session waits for an advisory lock (the store's write waiting for WRITE_LOCK)."""
+    sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    return bool(await conn.fetchval(sql))
+
+
+async def test_a_write_that_waited_for_another_replicas_lock_is_dated_after_it(
+    tmp_path: Path, embedder_address: str, pg_databases: Any
+) -> None:
+    # Write times follow the order writes commit in, whichever replica made them.
+    dsn = pg_databases.new_dsn()
+    config = replace(store_config(tmp_path, embedder_address), store_dsn=dsn)
+    async with (
+        running_server(config) as address,
+        open_channel(address) as channel,
+        connected(dsn) as watcher,
+        connected(dsn) as other_replica,
+    ):
+        stub = store_pb2_grpc.StoreStub(channel)
+        async with other_replica.transaction():
+            await other_replica.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
+            write = asyncio.create_task(apply(stub, insert("written after the other replica")))
+            await assert_eventually(lambda: write_waits(watcher))
+            released_after = time.time()
+        (row,) = await asyncio.wait_for(write, WAIT_CEILING_S)
+        assert row.created_at >= released_after

@@ -137,7 +137,6 @@ class Core:
                     f"the store moved from model {embedded_with!r} to {self.model.model_id!r} "
                     "while this write was embedded; nothing was written, send it again"
                 )
-            now = time.time()
             changes = IndexChanges()
 
             async def follow() -> None:
@@ -145,7 +144,9 @@ class Core:
                     await self.indexes.apply(changes)
 
             async with self.repo.transaction(follow) as tx:
-                write = Write(self, tx, actor, now, changes)
+                # Dated once the transaction holds the database's write lock (on PostgreSQL
+                # shared by every replica), so write times follow the order writes commit in.
+                write = Write(self, tx, actor, time.time(), changes)
                 yield write
                 if write.erased:
                     await tx.merge_keyword_indexes()
