@@ -63,7 +63,7 @@ class Gateway:
         """The JSON body of a request that must succeed."""
         status, body = await self.call(method, path, params)
         if status >= 400:
-            raise GatewayError(_error(status, body))
+            raise GatewayError(refusal(status, body))
         return body
 
     async def export_to(self, out: IO[bytes], params: Mapping[str, str]) -> int:
@@ -75,7 +75,7 @@ class Gateway:
                 session.get(self.url + "/api/v1/export", params=params) as reply,
             ):
                 if reply.status >= 400:
-                    raise GatewayError(_error(reply.status, await reply.json(content_type=None)))
+                    raise GatewayError(refusal(reply.status, await reply.json(content_type=None)))
                 with _bar("export", None) as bar:
                     async for chunk in reply.content.iter_chunked(CHUNK_BYTES):
                         out.write(chunk)
@@ -111,7 +111,7 @@ class Gateway:
             ):
                 if exported.status >= 400:
                     body = await exported.json(content_type=None)
-                    raise GatewayError(f"export from {self.url}: {_error(exported.status, body)}")
+                    raise GatewayError(f"export from {self.url}: {refusal(exported.status, body)}")
                 with _lines_bar("migrate") as bar:
                     async with sink.post(
                         target.url + "/api/v1/import", data=_counted(exported.content, bar)
@@ -123,7 +123,7 @@ class Gateway:
                 "rows already moved are skipped"
             ) from None
         if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
-            raise GatewayError(f"import into {target.url}: {_error(reply.status, body)}")
+            raise GatewayError(f"import into {target.url}: {refusal(reply.status, body)}")
         return reply.status, body
 
 
@@ -153,6 +153,7 @@ def progress_bar(what: str, total: int) -> tqdm[Any]:
     return tqdm(total=total, desc=what, unit="rows", file=sys.stderr)
 
 
-def _error(status: int, body: Any) -> str:
+def refusal(status: int, body: Any) -> str:
+    """A refused request in one line: its status and the server's words."""
     message = body.get("error") if isinstance(body, dict) else None
     return f"HTTP {status}: {message or body}"

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hyatlas_cli.client import Gateway, GatewayError, progress_bar
+from hyatlas_cli.client import Gateway, GatewayError, progress_bar, refusal
 
 # A scheduled snapshot older than this many intervals means the schedule has stalled.
 STALE_INTERVALS = 2
@@ -50,9 +50,18 @@ async def export(gateway: Gateway, args: argparse.Namespace) -> int:
 
 async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
     """Sends a JSONL file to the import route and prints what it did; 1 if a line was refused."""
-    code, reply = await gateway.import_from(Path(args.file), _owner(args))
+    return _imported(*await gateway.import_from(Path(args.file), _owner(args)))
+
+
+def _imported(code: int, reply: Any) -> int:
+    """Prints an import's reply (its counts); the exit code: 0 when every line was taken, 1
+    when a line was refused, 2 (a refusal on stderr) when the request was refused or cut short."""
     _print(reply)
-    return 0 if code == 200 else 1
+    if code == 200:
+        return 0
+    if isinstance(reply, dict) and reply.get("refused"):
+        return 1
+    raise GatewayError(refusal(code, reply))
 
 
 async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
@@ -68,9 +77,7 @@ async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
             "embedded again there",
             file=sys.stderr,
         )
-    code, reply = await gateway.copy_to(target)
-    _print(reply)
-    return 0 if code == 200 else 1
+    return _imported(*await gateway.copy_to(target))
 
 
 async def _model(gateway: Gateway) -> str:

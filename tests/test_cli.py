@@ -93,10 +93,17 @@ def test_status_snapshot_and_doctor(stack: Stack) -> None:
     assert "ok   status: mode=lite, embed=" in done.stdout
 
 
-def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack) -> None:
+def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack, tmp_path: Path) -> None:
     done = hyatlas(stack, "status", token="wrong")
     assert done.returncode == 2
     assert done.stderr.startswith("hyatlas status: HTTP 401: a valid bearer token is required")
+    lines = tmp_path / "good.jsonl"
+    lines.write_text('{"type": "memory", "memory": {"user_id": "x", "content": "fine"}}\n')
+    done = hyatlas(stack, "import", str(lines), token="wrong")
+    assert done.returncode == 2  # a refused request, not a refused line
+    # After the progress bar, the refusal's one line.
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("hyatlas import: HTTP 401: a valid bearer token is required")
 
 
 def test_migrating_a_server_into_itself_is_refused(stack: Stack) -> None:
