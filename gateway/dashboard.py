@@ -226,23 +226,26 @@ def _snapshots(folder: Path) -> list[dict[str, Any]]:
         return []
     found = []
     for path in folder.iterdir():
-        if path.is_file():
+        try:
+            if not path.is_file():
+                continue
             stat = path.stat()
-            found.append(
-                {"name": path.name, "bytes": stat.st_size, "modified": rfc3339(stat.st_mtime)}
-            )
+        except OSError:
+            continue  # pruned while we listed
+        found.append(
+            {"name": path.name, "bytes": stat.st_size, "modified": rfc3339(stat.st_mtime)}
+        )
     return sorted(found, key=lambda item: item["modified"], reverse=True)
 
 
-async def _store_model(request: web.Request) -> str:
-    """The model the store embeds with ("" while the store does not answer)."""
+async def _store_stats(request: web.Request) -> store_pb2.GetStatsResponse:
+    """The store's model and backend (empty while the store does not answer)."""
     try:
-        stats = await request.app[STORE].GetStats(
+        return await request.app[STORE].GetStats(
             store_pb2.GetStatsRequest(scope=all_users()), timeout=HEALTH_TIMEOUT_S
         )
     except ServiceError:
-        return ""
-    return stats.model_id
+        return store_pb2.GetStatsResponse()
 
 
 def settings_in_force(settings: Settings, model_id: str) -> dict[str, Any]:
@@ -264,7 +267,7 @@ async def system(request: web.Request) -> web.Response:
     if grant is not None:
         grant.check_everyone("the system view")
     settings = request.app[SETTINGS]
-    states, model_id = await asyncio.gather(service_states(request.app), _store_model(request))
+    states, stats = await asyncio.gather(service_states(request.app), _store_stats(request))
     health = [{"name": name, "address": settings.addresses[name], "status": states.get(name, "off")}
               for name in SERVICES]
     data_bytes, snapshots = await asyncio.gather(
@@ -275,7 +278,8 @@ async def system(request: web.Request) -> web.Response:
         {
             "services": [{"name": "gateway", "address": "(this process)", "status": "serving"}]
             + health,
-            "settings": settings_in_force(settings, model_id),
+            "settings": settings_in_force(settings, stats.model_id),
+            "store_backend": stats.backend,
             "data_dir": str(settings.data_dir),
             "data_bytes": data_bytes,
             "snapshots": {

@@ -124,7 +124,7 @@ async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
     checks.append(("status", code == 200, _status_line(state) if code == 200 else str(state)))
     code, system = await gateway.call("GET", "/dashboard/api/system")
     if code == 200:
-        checks.append(_snapshot_check(system["snapshots"]))
+        checks.append(_snapshot_check(system))
     failed = [name for name, ok, _ in checks if not ok]
     for name, ok, detail in checks:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
@@ -136,8 +136,11 @@ def _status_line(state: dict[str, Any]) -> str:
     return ", ".join(f"{name}={state[name]}" for name in fields if name in state)
 
 
-def _snapshot_check(snapshots: dict[str, Any]) -> tuple[str, bool, str]:
+def _snapshot_check(system: dict[str, Any]) -> tuple[str, bool, str]:
+    snapshots = system["snapshots"]
     every_s, files = snapshots["every_s"], snapshots["files"]
+    if system.get("store_backend") == "postgresql":
+        return ("snapshots", True, "not taken on PostgreSQL: back the database up with pg_dump")
     if not every_s:
         return ("snapshots", True, "off (HYATLAS_SNAPSHOT_EVERY)")
     if not files:

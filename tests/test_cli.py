@@ -91,6 +91,7 @@ def test_status_snapshot_and_doctor(stack: Stack) -> None:
     assert done.returncode == 0, done.stdout
     assert done.stdout.startswith("ok   services ready")
     assert "ok   status: mode=lite, embed=" in done.stdout
+    assert "ok   snapshots: off (HYATLAS_SNAPSHOT_EVERY)" in done.stdout
 
 
 def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack, tmp_path: Path) -> None:

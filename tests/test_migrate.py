@@ -129,3 +129,16 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
     again = await _migrate(source, target)
     assert (again["imported"], again["skipped"], again["refused"]) == (0, len(lines), 0)
     _assert_same(((await export(target))[1:]), lines)
+
+
+async def test_a_server_on_postgresql_says_it_takes_no_snapshots(target: Stack) -> None:
+    status, reply = await call(target, "POST", "/api/v1/admin/snapshot")
+    assert status == 501 and "pg_dump" in reply["error"], reply
+    status, system = await call(target, "GET", "/dashboard/api/system")
+    assert status == 200 and system["store_backend"] == "postgresql"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "hyatlas_cli", "--url", target.base_url, "doctor"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert "ok   snapshots: not taken on PostgreSQL" in done.stdout, done.stdout

@@ -88,6 +88,11 @@ class Core:
             reach = replace(reach, agent_ids=tuple(sorted(grant.agents)))
         return reach
 
+    @property
+    def backend(self) -> str:
+        """Where the rows are kept: "sqlite" or "postgresql"."""
+        return "sqlite" if isinstance(self.repo, Repo) else "postgresql"
+
     def sqlite(self, what: str) -> Repo:
         """The SQLite database, for what only the SQLite store has built; on another backend
         `what` answers UNIMPLEMENTED."""

@@ -453,6 +453,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             data_dir=stats.data_dir,
             graph_nodes=stats.graph_nodes,
             graph_edges=stats.graph_edges,
+            backend=self._store.backend,
             reembed=store_pb2.Reembed(
                 to_model_id=progress.to_model_id,
                 done=progress.done,

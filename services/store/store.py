@@ -67,6 +67,11 @@ class Store:
         """The model the store's vectors come from (a re-embed changes it when it is done)."""
         return self._core.model
 
+    @property
+    def backend(self) -> str:
+        """Where the rows are kept: "sqlite" or "postgresql"."""
+        return self._core.backend
+
     def start_reembed(
         self, embedder: ModelSource, folder: Path, target: VectorModel, plan: ReembedPlan
     ) -> Reembedder:
@@ -274,6 +279,7 @@ class Store:
 
     async def snapshot(self) -> Snapshot:
         """A snapshot of the data directory now (writes wait while it is copied)."""
+        self._core.sqlite("a snapshot (back PostgreSQL up with pg_dump)")
         if self.snapshots is None:
             raise Conflict("this store was started without a snapshot folder")
         return await self.snapshots.take()
