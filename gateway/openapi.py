@@ -245,7 +245,7 @@ OPERATIONS: list[Op] = [
            days=arr(obj("date", "raw", "derived", date=STR, raw=INT, derived=INT)))),
     Op("GET", "/dashboard/api/system", "Service health, settings, data size, snapshots",
        reply=obj("services", "settings", services=arr(ANY_OBJ), settings=ANY_OBJ, data_dir=STR,
-                 data_bytes=INT, snapshots=ANY_OBJ, now=STR)),
+                 data_bytes=INT, snapshots=ANY_OBJ, store_backend=STR, now=STR)),
     Op("GET", "/dashboard/api/search-stages", "The ranking stages skip_stages may name",
        reply=obj("stages", stages=arr(STR))),
 ]
