@@ -413,3 +413,29 @@ async def test_background_work_a_call_starts_runs_without_the_callers_grant() ->
         assert current_grant() is not None  # the caller's own context keeps it
     finally:
         CURRENT_GRANT.reset(caller)
+
+
+def test_without_admin_a_token_for_some_owners_exports_them_and_one_for_all_is_refused(
+    tmp_path: Path, embedder_address: str, tokens_file: Path
+) -> None:
+    async def exported(token: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(
+            stack.base_url + "/api/v1/export", headers={"Authorization": f"Bearer {token}"}
+        ) as reply:
+            return reply.status, await reply.text()
+
+    async def check() -> None:
+        ops = Client(stack.base_url, OPS)
+        for user in (ALICE, BOB):
+            await ops.ok("POST", "/api/v1/add", json={"text": f"{user} rows", "user_id": user})
+        status, text = await exported(ALICE_APP)
+        assert status == 200, text
+        assert '"alice rows"' in text and '"bob rows"' not in text
+        status, text = await exported(OPS)
+        assert status == 403 and "HYATLAS_ADMIN=on" in text
+
+    with running_stack(
+        tmp_path, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_TOKENS_FILE=str(tokens_file),
+    ) as stack:
+        asyncio.run(check())
