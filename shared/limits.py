@@ -28,6 +28,17 @@ fit one PostgreSQL index entry (a third of a page), as every name column beside 
 MAX_METADATA_BYTES = 64 * 1024
 """A memory's metadata object, as compact UTF-8 JSON: larger is a 413."""
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The largest gRPC message a service sends or takes."""
+
+TRANSFER_BUDGET_BYTES = 16 * 1024 * 1024
+"""What the JSONL lines of one export page or one import batch add up to at most (besides at
+most so many lines): well under MAX_MESSAGE_BYTES, as a call carries vectors and framing too."""
+
+MAX_TRANSFER_LINE_BYTES = 48 * 1024 * 1024
+"""One JSONL line alone in an export page or import batch (a memory with a long history can be
+larger than TRANSFER_BUDGET_BYTES): a larger line cannot go in one call, and is a 413."""
+
 MAX_JSON_DEPTH = 32
 """How deeply a request body's arrays and objects may nest."""
 

@@ -23,11 +23,11 @@ from prometheus_client.registry import Collector
 from shared.addresses import balancing, channel_target, unix_path
 from shared.errors import ServiceError, error_for_status
 from shared.grants import CURRENT_GRANT, Grant
+from shared.limits import MAX_MESSAGE_BYTES
 from shared.pb import introspect_pb2, introspect_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -17,12 +17,14 @@ from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
-from shared.errors import InvalidArgument, PermissionDenied, ServiceError, Unavailable
+from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge, Unavailable
 from shared.export_format import header, header_model
 from shared.grants import current_grant
+from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.pb import common_pb2, store_pb2
 
-# Lines a store call carries: a page of the export, a transaction of the import.
+# Lines a store call carries at most: a page of the export, a transaction of the import (each
+# also ends early at shared.limits.TRANSFER_BUDGET_BYTES, so a call stays under gRPC's limit).
 PAGE_LINES = 500
 BATCH_LINES = 500
 # One import batch may embed a few thousand texts on a busy machine.
@@ -208,8 +210,10 @@ def _import_scope(request: web.Request) -> common_pb2.Scope:
 async def _batches(
     request: web.Request, run: _Import
 ) -> AsyncIterator[list[store_pb2.ImportLine]]:
-    """The body's lines in batches; a first line that is an export header sets the model."""
+    """The body's lines in batches of at most BATCH_LINES lines and TRANSFER_BUDGET_BYTES
+    (a longer line goes alone); a first line that is an export header sets the model."""
     batch: list[store_pb2.ImportLine] = []
+    batch_bytes = 0
     first = True
     poisoned = False  # a line that is not UTF-8 refuses its whole batch
     async for number, raw in _numbered_lines(request):
@@ -226,11 +230,22 @@ async def _batches(
                 run.model_id = model_id
                 continue
         run.lines += 1
+        size = len(raw)
+        if size > MAX_TRANSFER_LINE_BYTES:
+            raise TooLarge(
+                f"line {number} is {size:,} bytes; at most {MAX_TRANSFER_LINE_BYTES:,} go to "
+                "the store in one call"
+            )
+        if batch and batch_bytes + size > TRANSFER_BUDGET_BYTES:
+            if not poisoned:
+                yield batch
+            batch, batch_bytes, poisoned = [], 0, False
         batch.append(store_pb2.ImportLine(line=number, json=text))
+        batch_bytes += size
         if len(batch) == BATCH_LINES:
             if not poisoned:
                 yield batch
-            batch, poisoned = [], False
+            batch, batch_bytes, poisoned = [], 0, False
     if batch and not poisoned:
         yield batch
 

@@ -29,7 +29,8 @@ from services.store.transfer_format import (
 )
 from services.store.transfer_repo import SqliteTransfer, TransferRows
 from services.store.validate import MAX_LIMIT, page_size
-from shared.errors import InvalidArgument, ServiceError
+from shared.errors import InvalidArgument, ServiceError, TooLarge
+from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.passages import Passage, spans_of
 
 IMPORT_REASON = "import"
@@ -64,19 +65,34 @@ class Imported:
 async def export_page(
     core: Core, reach: Reach, edges: bool, after: int, limit: int
 ) -> tuple[list[str], int, bool]:
-    """Lines after the cursor, the cursor of the last one, and whether none follow."""
+    """Lines after the cursor, the cursor of the last one, and whether none follow. A page
+    ends early, before the limit, where its lines would pass TRANSFER_BUDGET_BYTES."""
     limit = page_size(limit)
     async with _committed(core) as sql:
         if edges:
-            found_edges = await sql.edges_after(reach, after, limit)
-            cursors = [seq for seq, _ in found_edges]
-            lines = [edge_line(edge) for _, edge in found_edges]
+            found: list[tuple[int, dict[str, Any]]] = [
+                (seq, edge_line(edge)) for seq, edge in await sql.edges_after(reach, after, limit)
+            ]
         else:
-            found = await sql.rows_after(reach, after, limit)
-            cursors = [seq for seq, _ in found]
-            lines = await _memory_lines(sql, [row for _, row in found])
-    text = [json.dumps(line, ensure_ascii=False) for line in lines]
-    return text, (cursors[-1] if cursors else after), len(cursors) < limit
+            rows = await sql.rows_after(reach, after, limit)
+            lines = await _memory_lines(sql, [row for _, row in rows])
+            found = [(seq, line) for (seq, _), line in zip(rows, lines, strict=True)]
+    text: list[str] = []
+    cursor, size = after, 0
+    for seq, line in found:
+        rendered = json.dumps(line, ensure_ascii=False)
+        size += len(rendered.encode())
+        if text and size > TRANSFER_BUDGET_BYTES:
+            return text, cursor, False  # the next page starts at this line
+        if size > MAX_TRANSFER_LINE_BYTES:
+            kind = line["type"]
+            raise TooLarge(
+                f"{kind} {line[kind]['id']!r} is {size:,} bytes as an export line; "
+                f"at most {MAX_TRANSFER_LINE_BYTES:,} can be exported"
+            )
+        text.append(rendered)
+        cursor = seq
+    return text, cursor, len(found) < limit
 
 
 async def _memory_lines(sql: TransferRows, rows: Sequence[MemoryRow]) -> list[dict[str, Any]]:

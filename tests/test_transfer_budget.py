@@ -1,0 +1,122 @@
+"""Export and import past gRPC's message limit: an in-process store and gateway, with the limit
+and the transfer budgets lowered so a few large memories reach them."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import make_app
+from gateway.config import GatewayConfig
+from gateway.routes import transfer as gateway_transfer
+from services.store import transfer as store_transfer
+from services.store.server import running_server
+from shared import rpc
+from shared.settings import Settings
+from tests.store_state import store_config
+
+MESSAGE_BYTES = 256 * 1024
+BUDGET_BYTES = 64 * 1024
+LINE_BYTES = 128 * 1024
+TEXT = "The lighthouse keeper writes the weather down every evening. " * 300  # 18 KB
+
+
+@pytest.fixture
+async def gateway(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[TestClient[Any, Any]]:
+    """A gateway and store whose calls carry at most MESSAGE_BYTES, as 64 MiB would."""
+    monkeypatch.setattr(rpc, "CHANNEL_OPTIONS", [
+        ("grpc.max_send_message_length", MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MESSAGE_BYTES),
+    ])
+    for module in (store_transfer, gateway_transfer):
+        monkeypatch.setattr(module, "TRANSFER_BUDGET_BYTES", BUDGET_BYTES)
+        monkeypatch.setattr(module, "MAX_TRANSFER_LINE_BYTES", LINE_BYTES)
+    config = store_config(tmp_path, embedder_address)
+    async with running_server(config) as address:
+        gateway_config = GatewayConfig(
+            store_address=address,
+            search_address=f"unix:{tmp_path / 'search.sock'}",
+            mode="lite",
+            rpc_timeout_s=30.0,
+        )
+        settings = Settings(data_dir=tmp_path, run_dir=tmp_path / "run")
+        client = TestClient(TestServer(make_app(gateway_config, settings), host="127.0.0.1"))
+        await client.start_server()
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+async def _model(client: TestClient[Any, Any]) -> str:
+    async with client.get("/api/v1/export", params={"user_id": "nobody"}) as reply:
+        assert reply.status == 200, await reply.text()
+        head: str = json.loads((await reply.text()).splitlines()[0])["model_id"]
+        return head
+
+
+def _line(user: str, n: int, model: str, text: str = TEXT) -> str:
+    vector = np.random.default_rng(n).standard_normal(384).astype("<f4")
+    vector /= np.linalg.norm(vector)
+    entry = {"at": 1.0, "actor": "api", "action": "insert", "reason": "", "before": None,
+             "after": {"content": text}}
+    return json.dumps({
+        "type": "memory",
+        "memory": {"user_id": user, "id": f"{user}-{n}", "content": f"{n} {text}"},
+        "vector": base64.b64encode(vector.tobytes()).decode(),
+        "model_id": model,
+        "keys": [],
+        "history": [entry],
+    })
+
+
+async def _import(client: TestClient[Any, Any], lines: list[str]) -> tuple[int, Any]:
+    body = "".join(line + "\n" for line in lines).encode()
+    async with client.post("/api/v1/import", data=body) as reply:
+        return reply.status, await reply.json()
+
+
+async def test_memories_past_the_message_limit_import_and_export_in_smaller_calls(
+    gateway: TestClient[Any, Any],
+) -> None:
+    model = await _model(gateway)
+    lines = [_line("keeper", n, model) for n in range(12)]  # 36 KB each, 440 KB in all
+    assert sum(len(line) for line in lines) > MESSAGE_BYTES
+    status, reply = await _import(gateway, lines)
+    assert status == 200, reply
+    assert (reply["imported"], reply["refused"]) == (12, 0)
+
+    async with gateway.get("/api/v1/export", params={"user_id": "keeper"}) as answer:
+        assert answer.status == 200
+        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
+    assert [line["memory"]["id"] for line in exported] == [f"keeper-{n}" for n in range(12)]
+    assert all(line["history"][0]["after"]["content"] == TEXT for line in exported)
+
+
+async def test_a_line_too_large_for_one_call_is_a_413_naming_it(
+    gateway: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = await _model(gateway)
+    huge = _line("keeper", 1, model, text=TEXT * 4)  # 145 KB
+    status, reply = await _import(gateway, [_line("keeper", 0, model), huge])
+    assert status == 413, reply
+    assert reply["error"] == (
+        f"line 2 is {len(huge):,} bytes; at most {LINE_BYTES:,} go to the store in one call"
+    )
+
+    # A row written while lines could be larger is refused by name when exported.
+    status, reply = await _import(gateway, [_line("keeper", 0, model)])
+    assert status == 200, reply
+    monkeypatch.setattr(store_transfer, "MAX_TRANSFER_LINE_BYTES", 20 * 1024)
+    async with gateway.get("/api/v1/export", params={"user_id": "keeper"}) as answer:
+        assert answer.status == 413
+        assert "memory 'keeper-0' is " in (await answer.json())["error"]
