@@ -267,6 +267,37 @@ async def test_a_pass_merges_drops_and_builds_schemas_and_edges_with_evidence_an
     del script.handlers[user]
 
 
+async def test_facts_of_two_agents_of_one_person_are_never_merged_across_them(
+    api: Api, script: Script
+) -> None:
+    user = f"agents-{uuid.uuid4().hex[:8]}"
+    raws = await store_apply(
+        api.store_address, user, new(user, L2, f"{user} turn 0"), new(user, L2, f"{user} turn 1")
+    )
+    work = f"{user} project Kilo stores its data in Postgres 15"
+    home = f"{user} project Kilo now stores its data in Postgres 15"
+    for agent, text, raw in (("work-bot", work, raws[0]), ("home-bot", home, raws[1])):
+        owner = common_pb2.Owner(user_id=user, agent_id=agent)
+        insert = store_pb2.NewMemory(owner=owner, layer=L3, content=text, source_ids=[raw.id])
+        await store_apply(api.store_address, user, store_pb2.Op(insert=insert))
+
+    def merge(record: Recorded) -> Any:
+        if work not in record.user_message or home not in record.user_message:
+            return EMPTY
+        shown = [record.number_of(work), record.number_of(home)]
+        return {**EMPTY, "merges": [{"facts": shown, "text": home}]}
+
+    script.handlers[user] = merge
+    await digest(api)
+    assert not [r for r in script.calls(user) if work in r.user_message and home in r.user_message]
+    facts = await api.rows(user, "l3_fact")
+    assert {(f.owner.agent_id, f.content, f.status) for f in facts} == {
+        ("work-bot", work, "active"),
+        ("home-bot", home, "active"),
+    }
+    del script.handlers[user]
+
+
 async def test_malformed_or_partial_replies_retire_nothing(api: Api, script: Script) -> None:
     user = marker()
     a, b = f"{user} likes green tea", f"{user} enjoys green tea a lot"

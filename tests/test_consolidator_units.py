@@ -134,7 +134,7 @@ VECTORS = {"a": unit(1, 0, 0), "b": unit(1, 0.2, 0), "c": unit(0, 0, 1)}
 
 BASE = Fetched(
     pass_id="p1",
-    owner_id="alice",
+    owner=common_pb2.Owner(user_id="alice", agent_id="bot"),
     cluster_id=7,
     facts=FACTS,
     fact_vectors=VECTORS,

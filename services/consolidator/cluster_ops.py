@@ -76,7 +76,9 @@ class Fetched:
     """What the decisions about one cluster read, fetched before they run."""
 
     pass_id: str
-    owner_id: str
+    owner: common_pb2.Owner
+    """The cluster's user and agent (every fact of a cluster has that agent), who the pass's
+    rows belong to."""
     cluster_id: int
     facts: Sequence[common_pb2.Memory]
     """The cluster's facts as shown to the model (plan numbers index them)."""
@@ -180,7 +182,7 @@ def schema_ops(
         known.append(vector)
         shown = [data.facts[i] for i in schema.facts]
         row = store_pb2.NewMemory(
-            owner=common_pb2.Owner(user_id=data.owner_id, agent_id=shown[0].owner.agent_id),
+            owner=data.owner,
             layer=common_pb2.L6_SCHEMA,
             content=schema.text,
             source_ids=_evidence(shown, merged_into),
@@ -258,7 +260,7 @@ def arc_ops(arc: str, data: Fetched) -> ClusterOps:
     if not arc or data.arcs is None:
         return ClusterOps()
     row = store_pb2.NewMemory(
-        owner=common_pb2.Owner(user_id=data.owner_id),
+        owner=data.owner,
         layer=common_pb2.L4_SUMMARY,
         content=arc,
         label=ARC,

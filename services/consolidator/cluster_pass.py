@@ -159,7 +159,7 @@ async def _fetched(
     )
     return Fetched(
         pass_id=pass_id,
-        owner_id=owner.id,
+        owner=common_pb2.Owner(user_id=owner.user_id, agent_id=owner.agent_id),
         cluster_id=cluster.id,
         facts=facts,
         fact_vectors=fact_vectors,

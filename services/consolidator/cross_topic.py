@@ -91,7 +91,7 @@ def _pattern_ops(
         seen.append(vector)
         evidence = list(dict.fromkeys(f for i in picked for f in schemas[i].source_ids))
         row = store_pb2.NewMemory(
-            owner=common_pb2.Owner(user_id=owner.id),
+            owner=common_pb2.Owner(user_id=owner.user_id, agent_id=owner.agent_id),
             layer=common_pb2.L6_SCHEMA,
             content=text,
             source_ids=evidence,

@@ -1,4 +1,8 @@
-"""The state layout of passes and the survey that brings each owner's clusters up to date."""
+"""The state layout of passes and the survey that brings each owner's clusters up to date.
+
+An owner is a person as one of their agents (or none) holds them: facts of two agents of one
+person are never clustered together, so no pass merges one agent's memory into another's scope.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from shared.store_client import GraphStoreClient, state_op
 ACTOR = "consolidator"
 STATE = "consolidator/"
 CLUSTERS = f"{STATE}cluster/"
+# Between the user and the agent in an agent's owner name; a person's own name is their user id.
+AGENT_MARK = "/agent:"
 
 
 def cluster_key(owner: str, cluster_id: int) -> str:
@@ -41,25 +47,36 @@ def pass_key(pass_id: str, owner: str, cluster_id: int) -> str:
     return f"{pass_prefix(pass_id)}{owner}/{cluster_id}"
 
 
-def owner_scope(owner: str) -> common_pb2.Scope:
-    """The scope of one person."""
-    return common_pb2.Scope(user_id=owner)
+def owner_name(user_id: str, agent_id: str) -> str:
+    """The name an owner's state keys carry: the user id, with the agent's after AGENT_MARK."""
+    return f"{user_id}{AGENT_MARK}{agent_id}" if agent_id else user_id
+
+
+def owner_scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
+    """The scope of one person, or of one of their agents."""
+    return common_pb2.Scope(user_id=user_id, agent_id=agent_id)
 
 
 @dataclass
 class Owner:
-    """One person's live facts and topic clusters."""
+    """One person's live facts and topic clusters, as one agent (or none) holds them."""
 
-    id: str
+    user_id: str
+    agent_id: str
     facts: dict[str, common_pb2.Memory]
     clusters: list[Cluster]
     meta: dict[str, Any]
     arc_asked: bool = False
 
     @property
+    def id(self) -> str:
+        """The owner's name in state keys and reports."""
+        return owner_name(self.user_id, self.agent_id)
+
+    @property
     def scope(self) -> common_pb2.Scope:
-        """The person's scope (the store expands it to the alias group)."""
-        return owner_scope(self.id)
+        """The owner's scope (the store expands the user to the alias group)."""
+        return owner_scope(self.user_id, self.agent_id)
 
 
 async def survey(
@@ -79,8 +96,12 @@ async def survey(
         ),
     )
     by_owner: dict[str, dict[str, common_pb2.Memory]] = {}
+    scopes: dict[str, tuple[str, str]] = {}
     for fact in facts:
-        by_owner.setdefault(canonical_user(fact.owner.user_id), {})[fact.id] = fact
+        user_id, agent_id = canonical_user(fact.owner.user_id), fact.owner.agent_id
+        name = owner_name(user_id, agent_id)
+        scopes[name] = (user_id, agent_id)
+        by_owner.setdefault(name, {})[fact.id] = fact
     stored = _stored_clusters(state)
     owners: list[Owner] = []
     for owner_id in sorted(set(by_owner) | set(stored)):
@@ -92,9 +113,11 @@ async def survey(
         clusters, meta_changed = _clusters_now(old, list(rows), by_id, meta, config, now)
         ops = _upkeep_ops(owner_id, before, clusters, meta if meta_changed else None)
         if ops:
-            await store.apply(owner_scope(owner_id), ops, ACTOR, "clusters")
+            # Clusters left without facts are state alone, written in any owner's name.
+            scope = owner_scope(*scopes[owner_id]) if rows else common_pb2.Scope(all_users=True)
+            await store.apply(scope, ops, ACTOR, "clusters")
         if rows:
-            owners.append(Owner(owner_id, rows, clusters, meta))
+            owners.append(Owner(*scopes[owner_id], rows, clusters, meta))
     return owners
 
 
