@@ -1,9 +1,17 @@
-"""Entity pages (L8): their text, rendered from their metadata without the stale lines."""
+"""Entity pages (L8): their text, rendered from their metadata without the stale lines.
+
+A page keeps its current state and its MAX_PAGE_HISTORY latest earlier states; an older one is
+dropped when a new state pushes it out (the facts that fed it stay, with their own history).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
+
+MAX_PAGE_HISTORY = 20
+"""The earlier states a page keeps, newest first: without a bound an entity that changes every
+turn grows a page (and each extraction prompt showing it) until the embedder refuses it."""
 
 
 def page_text(

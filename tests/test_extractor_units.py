@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from services.extractor.fact_ops import OpBuilder, Turn
-from services.extractor.parse import Candidate, FactOp, IntentionOp, Plan, read_plan
-from services.extractor.prompt import cap_utf8, page_content
+from services.extractor.fact_ops import OpBuilder, Turn, page_ops
+from services.extractor.parse import Candidate, FactOp, IntentionOp, PageOp, Plan, read_plan
+from services.extractor.prompt import (
+    MAX_PAGE_SHOWN_BYTES,
+    cap_utf8,
+    extraction_messages,
+    page_content,
+    page_metadata,
+)
 from shared.llm import (
     LlmClient,
     LlmKeys,
@@ -19,6 +27,7 @@ from shared.llm import (
     object_schema,
     parse_json_object,
 )
+from shared.pages import MAX_PAGE_HISTORY
 from shared.pb import common_pb2
 from shared.text import value_key
 from tests.llm_fake import ERROR, Recorded, failing, running_fake_llm
@@ -291,3 +300,25 @@ def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -
     builder.add_intentions(plan, [])
     assert [op.insert.content for op in builder.ops] == ["Owns a bike"]
     assert builder.refused_count == 3  # two facts and the intention
+
+
+def test_a_page_keeps_its_latest_states_and_the_prompt_shows_it_capped() -> None:
+
+    page = common_pb2.Memory(id="page-1", layer=common_pb2.L8_ENTITY)
+    page.metadata_json = page_metadata("Foxtrot", "project", "state 0", [])
+    for n in range(1, MAX_PAGE_HISTORY + 6):
+        state = f"state {n}: the team reworked the ingestion pipeline " * 8
+        (op,) = page_ops(OpBuilder(_turn(set())), [PageOp("Foxtrot", state, "project", page)], {})
+        page.content, page.metadata_json = op.update.content, op.update.metadata_json
+    history = json.loads(page.metadata_json)["history"]
+    # Newest first: the state before the current one down to the oldest kept.
+    assert len(history) == MAX_PAGE_HISTORY
+    assert history[0]["state"].startswith(f"state {MAX_PAGE_HISTORY + 4}:")
+    assert history[-1]["state"].startswith("state 5:")
+    assert page.content.count("\n- ") == MAX_PAGE_HISTORY
+
+    shown = extraction_messages("hello", datetime(2026, 12, 4), [Candidate(1, "page", page)])
+    pages = shown[1]["content"].split("Entity pages:\n", 1)[1].split("\n\nThe new turn", 1)[0]
+    assert len(page.content.encode()) > 4 * MAX_PAGE_SHOWN_BYTES
+    assert pages.startswith("[1] Foxtrot: state 25:")
+    assert len(pages.encode()) < MAX_PAGE_SHOWN_BYTES + 100  # and its notes

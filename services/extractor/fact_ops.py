@@ -14,6 +14,7 @@ import numpy as np
 from services.extractor.parse import Candidate, PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
+from shared.pages import MAX_PAGE_HISTORY
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
 from shared.text import value_key
@@ -176,6 +177,7 @@ def _page_update(
     history = [h for h in meta.get("history", []) if isinstance(h, dict)]
     if state:
         history.insert(0, _history_entry(page, meta, state))
+    del history[MAX_PAGE_HISTORY:]
     kind = page_op.kind or str(meta.get("kind") or "")
     new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts))
     new_meta["since"] = datetime.now(UTC).strftime("%Y-%m-%d")

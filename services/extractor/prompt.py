@@ -12,6 +12,8 @@ from shared.llm import ReplySchema, array_of, object_schema
 from shared.pages import page_text
 
 MAX_TEXT_BYTES = 16_000
+# An entity page as the prompt shows it: its state and latest history, however long the page.
+MAX_PAGE_SHOWN_BYTES = 2_000
 ELLIPSIS = "…"
 TURN_OPEN = "<turn>"
 TURN_CLOSE = "</turn>"
@@ -114,7 +116,10 @@ def _line(candidate: Candidate) -> str:
     if memory.count > 1:
         notes.append(f"said {memory.count} times")
     notes.append(f"stored {_day(memory.created_at)}")
-    content = " ".join(memory.content.split()) if candidate.kind != "page" else memory.content
+    if candidate.kind == "page":
+        content = cap_utf8(memory.content, MAX_PAGE_SHOWN_BYTES)
+    else:
+        content = " ".join(memory.content.split())
     return f"[{candidate.number}] {content} ({'; '.join(notes)})"
 
 
