@@ -80,7 +80,8 @@ def internal_message(error_id: str) -> str:
     return f"internal error (id {error_id})"
 
 
-def _service_error(request: web.Request, exc: ServiceError) -> web.Response:
+def client_message(request: web.Request, exc: ServiceError) -> str:
+    """What a client is told of a ServiceError; an unexpected one's words go to the log only."""
     message = exc.message
     if isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
@@ -89,5 +90,9 @@ def _service_error(request: web.Request, exc: ServiceError) -> web.Response:
         error_id = new_error_id()
         log.error("%s %s: %s (error id %s)", request.method, request.path, message, error_id)
         message = internal_message(error_id)
+    return message
+
+
+def _service_error(request: web.Request, exc: ServiceError) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
-    return error_response(request, exc.http_status, message, headers)
+    return error_response(request, exc.http_status, client_message(request, exc), headers)

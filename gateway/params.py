@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +18,6 @@ from shared.limits import (
     FIRST_TIME_S,
     MAX_JSON_DEPTH,
     MAX_METADATA_BYTES,
-    MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
     check_name,
 )
@@ -29,8 +27,6 @@ from shared.limits import (
 FREE_TEXT = frozenset({"text", "data", "query", "old_text", "reason", "key", "llm_key", "node"})
 TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
 
-# A \\uXXXX escape of a UTF-16 surrogate: the only way JSON text decodes to one.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 _MISSING = object()
@@ -55,62 +51,11 @@ async def read_body(request: web.Request) -> dict[str, Any]:
         raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"bad body: expected a JSON object, got {type(value).__name__}")
-    # Both checks walk the body, so each runs only when the raw bytes leave it in doubt.
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
-        check_depth(value)
-    if _SURROGATE_ESCAPE.search(text):
-        check_unicode(value)
-    return value
-
-
-def check_depth(value: Any) -> None:
-    """Refuses a JSON value whose arrays and objects nest over MAX_JSON_DEPTH levels."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:  # a loop, not recursion: the depth is what is being checked
-        item, depth = pending.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidArgument(f"bad body: nested over {MAX_JSON_DEPTH} levels deep")
-        children = item.values() if isinstance(item, dict) else item
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-
-
-def check_unicode(value: Any) -> None:
-    """Refuses a JSON value holding a string (or key) that is not valid Unicode, such as a lone
-    surrogate "\\ud800", which no store can encode."""
-    try:  # one pass in C; the walk below runs only to name the culprit
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        where = _surrogate_at(value, "body")[:MAX_NAME_CHARS]
-        raise InvalidArgument(
-            f"bad body: {where} is not valid Unicode (a lone surrogate)"
-        ) from None
-
-
-def _surrogate_at(value: Any, where: str) -> str:
-    """Where in value a string UTF-8 cannot encode lies ("" if none; the depth is bounded)."""
-    if isinstance(value, str):
-        return "" if _encodes(value) else where
-    if isinstance(value, list):
-        children = [(f"{where}[{index}]", child) for index, child in enumerate(value)]
-    elif isinstance(value, dict):
-        if not all(_encodes(key) for key in value):
-            return f"a key of {where}"
-        children = [(f"{where}.{key}", child) for key, child in value.items()]
-    else:
-        return ""
-    for path, child in children:
-        found = _surrogate_at(child, path)
-        if found:
-            return found
-    return ""
-
-
-def _encodes(text: str) -> bool:
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        client_json.check_decoded(text, value, "body")
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"bad body: {exc.message}") from None
+    return value
 
 
 def check_string(name: str, value: str) -> str:

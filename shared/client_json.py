@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
+
+from shared.errors import InvalidArgument
+from shared.limits import MAX_JSON_DEPTH, MAX_NAME_CHARS
 
 LARGEST_INTEGER = 2**63
 """Integers are within ± this (what SQLite, PostgreSQL and most JSON peers hold exactly)."""
+
+# A \\uXXXX escape of a UTF-16 surrogate: the only way UTF-8 JSON text decodes to one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class OutOfRange(ValueError):
@@ -41,3 +48,67 @@ def loads(text: str) -> Any:
         parse_float=_finite_float,
         parse_int=_bounded_int,
     )
+
+
+def check_decoded(text: str, value: Any, where: str) -> None:
+    """Refuses what loads(text) gave when it nests over MAX_JSON_DEPTH levels or holds a string
+    that is not valid Unicode; where names value in the error. Each check walks value, so each
+    runs only when text leaves it in doubt."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        check_depth(value, where)
+    check_strings(text, value, where)
+
+
+def check_strings(text: str, value: Any, where: str) -> None:
+    """Refuses what loads(text) gave when a string (or key) in it is not valid Unicode; the
+    walk runs only when text holds an escape of a surrogate."""
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(value, where)
+
+
+def check_depth(value: Any, where: str, levels: int = MAX_JSON_DEPTH) -> None:
+    """Refuses a JSON value whose arrays and objects nest over levels deep."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:  # a loop, not recursion: the depth is what is being checked
+        item, depth = pending.pop()
+        if depth > levels:
+            raise InvalidArgument(f"{where} is nested over {levels} levels deep")
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def check_unicode(value: Any, where: str) -> None:
+    """Refuses a JSON value holding a string (or key) that is not valid Unicode, such as a lone
+    surrogate "\\ud800", which no store can encode."""
+    try:  # one pass in C; the walk below runs only to name the culprit
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        culprit = _surrogate_at(value, where)[:MAX_NAME_CHARS]
+        raise InvalidArgument(f"{culprit} is not valid Unicode (a lone surrogate)") from None
+
+
+def _surrogate_at(value: Any, where: str) -> str:
+    """Where in value a string UTF-8 cannot encode lies ("" if none; the depth is bounded)."""
+    if isinstance(value, str):
+        return "" if _encodes(value) else where
+    if isinstance(value, list):
+        children = [(f"{where}[{index}]", child) for index, child in enumerate(value)]
+    elif isinstance(value, dict):
+        if not all(_encodes(key) for key in value):
+            return f"a key of {where}"
+        children = [(f"{where}.{key}", child) for key, child in value.items()]
+    else:
+        return ""
+    for path, child in children:
+        found = _surrogate_at(child, path)
+        if found:
+            return found
+    return ""
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

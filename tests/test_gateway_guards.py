@@ -20,7 +20,7 @@ from gateway.routes import transfer as transfer_routes
 from gateway.routes.memories import UNSCOPED_DELETE
 from gateway.routes.transfer import EVERY_OWNER
 from gateway.state import CONFIG, STORE
-from shared.errors import Overloaded
+from shared.errors import Internal, Overloaded
 from shared.pb import store_pb2
 from shared.settings import Settings
 
@@ -392,3 +392,30 @@ async def test_an_import_batch_whose_embedding_ahead_is_refused_is_embedded_as_w
     batch = [store_pb2.ImportLine(line=1, json='{"type": "memory"}')]
     assert await transfer_routes._embedded(request, transfer_routes._Import(), batch) is None
     assert asked == [1]
+
+
+async def test_an_import_whose_later_batch_fails_says_what_the_batches_before_wrote(
+    client: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[int] = []
+
+    async def no_vectors(*args: Any) -> None:
+        return None
+
+    async def send(request: web.Request, run: Any, batch: list[Any], embedding: Any) -> None:
+        await embedding
+        sent.append(len(batch))
+        if len(sent) == 2:
+            raise Internal("UnicodeEncodeError: secret-row-text")
+        run.imported += len(batch)
+
+    monkeypatch.setattr(transfer_routes, "_embedded", no_vectors)
+    monkeypatch.setattr(transfer_routes, "_send", send)
+    line = b'{"type": "memory", "memory": {"user_id": "u", "content": "x"}}\n'
+    status, body = await _status_and_json(
+        client, "POST", "/api/v1/import", data=io.BytesIO(line * 600)
+    )
+    # The first batch was written; the reply says so, so a retry can skip it.
+    assert status == 500 and sent == [500, 100]
+    assert (body["lines"], body["imported"]) == (600, 500)
+    assert body["error"].startswith("internal error (id ") and "secret" not in body["error"]

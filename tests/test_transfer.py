@@ -114,6 +114,20 @@ async def test_a_bad_line_is_refused_with_its_number_and_its_batch_is_not_applie
     assert listing["total"] == 0
 
 
+async def test_a_line_with_a_lone_surrogate_is_refused_with_its_number_and_its_batch_kept_out(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    good = json.dumps({"type": "memory", "memory": {"user_id": user, "content": "Fine."}})
+    bad = good.replace("Fine.", "a\\ud800b")  # a \\u escape: json.dumps would double it
+    status, reply = await _import(target, (good + "\n" + bad + "\n").encode())
+    assert status == 400, reply
+    assert reply["error"] == "line 2: line.memory.content is not valid Unicode (a lone surrogate)"
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (2, 0, 1)
+    status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
+    assert listing["total"] == 0
+
+
 async def test_a_header_of_another_format_is_refused_and_changes_nothing(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     line = {"type": "memory", "memory": {"user_id": user, "content": "Some text."}}

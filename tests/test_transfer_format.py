@@ -181,6 +181,31 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             '"source_ids": ["a\\u0000b"]}}',
             "memory.source_ids may not hold a NUL character",
         ),
+        # A lone surrogate, which no store can encode, wherever the line holds it.
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "a\\ud800b"}}',
+            "line.memory.content is not valid Unicode",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", '
+            '"metadata": {"k": ["\\udfff"]}}}',
+            "line.memory.metadata.k[0] is not valid Unicode",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x \\ud800"}, '
+            '"vector": "AACAPwAAAAAAAAAAAAAAAA==", "model_id": "m", "keys": []}',
+            "line.memory.content is not valid Unicode",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, "history": [{"at": 1, '
+            '"actor": "api", "action": "insert", "after": {"content": "\\ud800"}}]}',
+            "line.history[0].after.content is not valid Unicode",
+        ),
+        (
+            '{"type": "edge", "edge": {"user_id": "u", "subject": "a", "relation": "b", '
+            '"object": "\\udbff"}}',
+            "line.edge.object is not valid Unicode",
+        ),
     ],
 )
 def test_a_bad_line_is_refused_with_its_reason(line: str, error: str) -> None:

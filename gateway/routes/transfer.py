@@ -12,12 +12,13 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.errors import client_message
 from gateway.params import Params
 from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
-from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge, Unavailable
+from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge
 from shared.export_format import header, header_model
 from shared.grants import current_grant
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
@@ -265,11 +266,9 @@ async def import_jsonl(request: web.Request) -> web.Response:
         while queued:
             await _send(request, run, *queued.pop(0))
     except ServiceError as exc:
-        if exc.http_status >= 500 and not isinstance(exc, Unavailable):
-            raise  # its words stay in the log
-        # Stopped part-way (a line over a limit, a busy store): the batches before are
-        # written, and the reply says how many, so a retry can skip them.
-        body = {**run.counts(), "error": exc.message}
+        # Stopped part-way (a line over a limit, a busy or failing store): the batches before
+        # are written, and the reply says how many, so a retry can skip them.
+        body = {**run.counts(), "error": client_message(request, exc)}
         return json_response(body, status=exc.http_status)
     finally:
         for _, embedding in queued:

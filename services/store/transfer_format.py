@@ -386,6 +386,8 @@ def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
         raise InvalidArgument("not JSON: nested deeper than a line may be") from None
     if not isinstance(line, dict):
         raise InvalidArgument("a line must be a JSON object")
+    # Every string of the line at once: a lone surrogate is refused here, not by the database.
+    client_json.check_strings(text, line, "line")
     kind = line.get("type")
     if kind == "memory":
         return _memory(line, ctx)
