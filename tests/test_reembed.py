@@ -12,7 +12,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -27,6 +27,7 @@ from services.store.config import StoreConfig
 from services.store.index import VectorIndexes
 from services.store.model import Insert, ListQuery, Reach
 from services.store.server import running_store
+from services.store.servicer import StoreServicer
 from shared.clients import EmbedderClient
 from shared.errors import ConfigError, Conflict, Unavailable
 from shared.passages import Passage
@@ -304,6 +305,30 @@ async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_noth
         rows, total = await store.list_rows(Reach(("alice",)), ListQuery())
         assert rows == [] and total == 0
         assert (await store.stats(Reach(("alice",)))).vectors == 0
+
+
+async def test_vectors_embedded_ahead_for_an_import_name_the_model_that_made_them(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
+        core = store._core
+        made_with = core.model.model_id
+        real_embed = core.embed
+
+        async def embed_then_switch(passages: Sequence[Passage]) -> np.ndarray:
+            vectors = await real_embed(passages)
+            # A re-embed's switch lands once the vectors are made, before they are sent.
+            core.model = dataclasses.replace(core.model, model_id="the-next-model")
+            return vectors
+
+        core.embed = embed_then_switch  # type: ignore[method-assign]
+        line = {"type": "memory", "memory": {"user_id": "alice", "content": "Alice keeps bees."}}
+        request = store_pb2.ImportRowsRequest(
+            scope=common_pb2.Scope(all_users=True),
+            lines=[store_pb2.ImportLine(line=1, json=json.dumps(line))],
+        )
+        reply = await StoreServicer(store).EmbedImport(request, cast(Any, None))
+        assert (reply.rows, reply.model_id) == (1, made_with)
 
 
 async def test_a_vector_search_overtaken_by_a_model_switch_is_refused(

@@ -331,7 +331,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def EmbedImport(
         self, request: store_pb2.ImportRowsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.EmbedImportResponse:
-        vectors = await self._store.embed_import(
+        vectors, model_id = await self._store.embed_import(
             self._reach(request.scope),
             [(line.line, line.json) for line in request.lines],
             request.model_id,
@@ -339,7 +339,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         return store_pb2.EmbedImportResponse(
             vectors=np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
             rows=len(vectors),
-            model_id=self._store.model.model_id,
+            model_id=model_id,
         )
 
     @grpc_errors

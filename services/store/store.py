@@ -272,8 +272,9 @@ class Store:
 
     async def embed_import(
         self, reach: Reach, lines: Sequence[tuple[int, str]], file_model_id: str
-    ) -> np.ndarray:
-        """The vectors import_lines would embed for the lines, written nowhere."""
+    ) -> tuple[np.ndarray, str]:
+        """The vectors import_lines would embed for the lines, written nowhere, and the model
+        that made them."""
         ctx = self._line_context(file_model_id, "", "")
         return await transfer.embed_lines(self._core, reach, lines, ctx)
 

@@ -226,11 +226,14 @@ def _batch(
     return _Batch(items, passages, wanted), []
 
 
-async def _embedded(core: Core, batch: _Batch) -> np.ndarray:
-    """The vectors the batch needs, freshly embedded."""
+async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
+    """The vectors the batch needs, freshly embedded, and the model that made them."""
+    # Read before embedding: core.embed asks for this model and refuses vectors of another.
+    model_id = core.model.model_id
     if not batch.passages:
-        return np.zeros((0, core.model.ndim), np.float32)
-    return (await core.embed(batch.passages))[np.array(batch.wanted, dtype=bool)]
+        return np.zeros((0, core.model.ndim), np.float32), model_id
+    vectors = await core.embed(batch.passages)
+    return vectors[np.array(batch.wanted, dtype=bool)], model_id
 
 
 def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarray | None:
@@ -247,11 +250,12 @@ def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarra
 
 async def embed_lines(
     core: Core, reach: Reach, lines: Sequence[tuple[int, str]], ctx: LineContext
-) -> np.ndarray:
-    """What import_lines would embed for the lines, written nowhere (none when one is bad)."""
+) -> tuple[np.ndarray, str]:
+    """What import_lines would embed for the lines, written nowhere (none when one is bad),
+    and the model that made them: a re-embed may move the store on meanwhile."""
     batch, _ = _batch(lines, reach, ctx)
     if batch is None:
-        return np.zeros((0, core.model.ndim), np.float32)
+        return np.zeros((0, ctx.ndim), np.float32), ctx.model_id
     return await _embedded(core, batch)
 
 
@@ -270,7 +274,7 @@ async def import_lines(
         return Imported(errors=errors)
     fresh = _fitting(given, batch, core)
     if fresh is None:
-        fresh = await _embedded(core, batch)
+        fresh, _ = await _embedded(core, batch)
     rows = _ready(batch.memories, iter(fresh))
     edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
     done = Imported()
