@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -12,14 +11,13 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from shared import client_json
-from shared.errors import InvalidArgument, TooLarge
+from shared.errors import InvalidArgument
 from shared.limits import (
     END_OF_CALENDAR_S,
     FIRST_TIME_S,
     MAX_JSON_DEPTH,
-    MAX_METADATA_BYTES,
-    MAX_TEXT_CHARS,
     check_name,
+    check_text,
 )
 
 # Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
@@ -59,13 +57,10 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def check_string(name: str, value: str) -> str:
-    """A string parameter within its length limit: free text (FREE_TEXT) up to MAX_TEXT_CHARS
-    (else 413), any other up to MAX_NAME_CHARS (else 400)."""
+    """A string parameter within its limits: free text (FREE_TEXT) as check_text takes it, any
+    other as check_name does."""
     if name in FREE_TEXT:
-        if len(value) > MAX_TEXT_CHARS:
-            raise TooLarge(
-                f"{name} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}"
-            )
+        check_text(name, value)
     else:
         check_name(name, value)
     return value
@@ -173,15 +168,13 @@ class Params:
         return [check_string(name, item).strip() for item in value if item.strip()]
 
     def obj(self, name: str) -> dict[str, Any]:
-        """A JSON object parameter (body only) of at most MAX_METADATA_BYTES; {} when absent."""
+        """A JSON object parameter (body only) within check_object's limits; {} when absent."""
         value, from_query = self._lookup(name)
         if value is _MISSING:
             return {}
         if from_query or not isinstance(value, dict):
             raise InvalidArgument(f"{name} must be a JSON object")
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
-        if size > MAX_METADATA_BYTES:
-            raise TooLarge(f"{name} is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}")
+        client_json.check_object(name, value)
         return dict(value)
 
     def timestamp(self, name: str) -> float | None:

@@ -7,8 +7,8 @@ import math
 import re
 from typing import Any
 
-from shared.errors import InvalidArgument
-from shared.limits import MAX_JSON_DEPTH, MAX_NAME_CHARS
+from shared.errors import InvalidArgument, TooLarge
+from shared.limits import MAX_JSON_DEPTH, MAX_METADATA_BYTES, MAX_NAME_CHARS
 
 LARGEST_INTEGER = 2**63
 """Integers are within ± this (what SQLite, PostgreSQL and most JSON peers hold exactly)."""
@@ -64,6 +64,17 @@ def check_strings(text: str, value: Any, where: str) -> None:
     walk runs only when text holds an escape of a surrogate."""
     if _SURROGATE_ESCAPE.search(text):
         check_unicode(value, where)
+
+
+def check_object(what: str, value: dict[str, Any]) -> str:
+    """A metadata object as compact JSON, when it nests at most MAX_JSON_DEPTH levels (else a
+    400) and takes at most MAX_METADATA_BYTES of UTF-8 (else a 413)."""
+    check_depth(value, what)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode())
+    if size > MAX_METADATA_BYTES:
+        raise TooLarge(f"{what} is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}")
+    return text
 
 
 def check_depth(value: Any, where: str, levels: int = MAX_JSON_DEPTH) -> None:

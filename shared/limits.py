@@ -3,7 +3,7 @@ embedder."""
 
 from __future__ import annotations
 
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, TooLarge
 
 MAX_TEXT_CHARS = 100_000
 """A memory's text, a search query, a value to forget: longer is a 413."""
@@ -64,6 +64,13 @@ def check_name(what: str, value: str) -> str:
         raise InvalidArgument(f"{what} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
     if "\x00" in value:
         raise InvalidArgument(f"{what} may not hold a NUL character")
+    return value
+
+
+def check_text(what: str, value: str) -> str:
+    """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413."""
+    if len(value) > MAX_TEXT_CHARS:
+        raise TooLarge(f"{what} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}")
     return value
 
 

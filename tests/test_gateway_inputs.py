@@ -372,7 +372,10 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
     [
         ({"user_id": LONG_NAME, "content": "x"}, "memory.user_id has 257 characters; at most 256"),
         ({"user_id": USER, "agent_id": LONG_NAME, "content": "x"}, "memory.agent_id has 257"),
-        ({"user_id": USER, "content": LONG_TEXT}, "memory.content is over 100,000 characters"),
+        ({"user_id": USER, "content": LONG_TEXT},
+         "memory.content has 100,001 characters; the limit is 100,000"),
+        ({"user_id": USER, "content": "x", "metadata": {"x": "y" * 200_000}},
+         "memory.metadata is 200,008 bytes as JSON; the limit is 65,536"),
         ({"user_id": USER, "content": "x", "id": LONG_NAME}, "is not a usable id"),
         ({"user_id": USER, "content": "x", "event_at": 1e300},
          "memory.event_at is not between the years 1 and 9999"),
@@ -417,6 +420,10 @@ async def test_a_number_beyond_what_a_store_holds_is_400_and_changes_nothing(
         ("[" * 100_000, "not JSON: nested deeper"),
         ('{"type": "memory", "memory": {"user_id": "u", "content": "x", "metadata": {"n": 1e999}}}',
          "beyond a number's range"),
+        # Deep enough to parse, and then to fail every page that shows the row.
+        ('{"type": "memory", "memory": {"user_id": "u", "content": "x", "metadata": '
+         + '{"a":' * 500 + "1" + "}" * 500 + "}}",
+         "line 1: memory.metadata is nested over 32 levels deep"),
     ],
 )
 async def test_an_import_line_nested_too_deep_or_out_of_range_is_400_and_changes_nothing(

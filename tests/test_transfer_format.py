@@ -19,7 +19,7 @@ from services.store.transfer_format import (
     parse_line,
 )
 from services.store.transfer_repo import StoredKey
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, ServiceError
 from shared.export_format import header, header_model
 
 CTX = LineContext(
@@ -30,6 +30,8 @@ CTX = LineContext(
     extraction_status="skipped",
     write_mode="lite",
 )
+DEEP = '{"a":' * 40 + "1" + "}" * 40
+LONG_TEXT = "t" * 100_001
 UNIT = np.array([0.5, 0.5, 0.5, 0.5], dtype="<f4")
 
 
@@ -181,6 +183,38 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             '"source_ids": ["a\\u0000b"]}}',
             "memory.source_ids may not hold a NUL character",
         ),
+        # The API's limits on metadata, on a row's in history, on text of keys and edges.
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "metadata": '
+            + DEEP
+            + "}}",
+            "memory.metadata is nested over 32 levels deep",
+        ),
+        (
+            json.dumps({"type": "memory", "memory": {
+                "user_id": "u", "content": "x", "metadata": {"x": "y" * 200_000}}}),
+            "memory.metadata is 200,008 bytes as JSON; the limit is 65,536",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, "history": [{"at": 1, '
+            '"actor": "api", "action": "insert", "after": {"metadata": ' + DEEP + "}}]}",
+            "history[0].after.metadata is nested over 32 levels deep",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, "history": [{"at": 1, '
+            '"actor": "api", "action": "insert", "before": {"label": ' + DEEP + "}}]}",
+            "history[0].before is nested over 33 levels deep",
+        ),
+        (
+            json.dumps({"type": "memory", "memory": {"user_id": "u", "content": "x"},
+                        "keys": [{"kind": "clause", "text": LONG_TEXT}]}),
+            "keys[0].text has 100,001 characters; the limit is 100,000",
+        ),
+        (
+            json.dumps({"type": "edge", "edge": {
+                "user_id": "u", "subject": "a", "relation": "b", "object": LONG_TEXT}}),
+            "edge.object has 100,001 characters; the limit is 100,000",
+        ),
         # A lone surrogate, which no store can encode, wherever the line holds it.
         (
             '{"type": "memory", "memory": {"user_id": "u", "content": "a\\ud800b"}}',
@@ -209,7 +243,7 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
     ],
 )
 def test_a_bad_line_is_refused_with_its_reason(line: str, error: str) -> None:
-    with pytest.raises(InvalidArgument) as refused:
+    with pytest.raises(ServiceError) as refused:  # InvalidArgument, TooLarge for a size
         parse_line(line, CTX)
     assert refused.value.message.startswith(error)
 

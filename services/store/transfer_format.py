@@ -29,10 +29,11 @@ from shared import client_json
 from shared.errors import InvalidArgument
 from shared.limits import (
     END_OF_CALENDAR_S,
+    MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
-    MAX_TEXT_CHARS,
     START_OF_CALENDAR_S,
     check_name,
+    check_text,
 )
 
 DEFAULT_LAYER = "l2_raw"
@@ -167,7 +168,7 @@ def _boolean(name: str, value: Any) -> bool:
 def _metadata(name: str, value: Any) -> str:
     if not isinstance(value, dict):
         raise InvalidArgument(f"{name} must be a JSON object")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return client_json.check_object(name, value)  # the API's limits on metadata
 
 
 # A checker per annotation of the row and edge dataclasses, so a new column is covered at once.
@@ -230,20 +231,21 @@ def _check_times(values: Mapping[str, Any], what: str) -> None:
             raise InvalidArgument(f"{what}.{name} is not between the years 1 and 9999")
 
 
-# String fields that are text rather than a name or an id.
-_FREE_TEXT = frozenset({"content", "metadata_json", "drop_reason", "subject", "relation", "object"})
+# String fields of a row or an edge that are text rather than a name or an id.
+_FREE_TEXT = frozenset({"content", "drop_reason", "subject", "relation", "object"})
 
 
 def _check_lengths(values: Mapping[str, Any], what: str) -> None:
-    """The API's limits on names, ids and text hold for imported lines too."""
+    """The API's limits on names, ids and text hold for imported lines too (a row's metadata
+    is checked as it is read)."""
     for name, value in values.items():
-        if isinstance(value, str) and name not in _FREE_TEXT:
-            check_name(f"{what}.{name}", value)
+        if name == "metadata_json":
+            continue
+        if isinstance(value, str):
+            (check_text if name in _FREE_TEXT else check_name)(f"{what}.{name}", value)
         elif isinstance(value, tuple):  # source_ids, fact_ids
             for one in value:
                 check_name(f"{what}.{name}", one)
-    if len(values.get("content", "")) > MAX_TEXT_CHARS:
-        raise InvalidArgument(f"{what}.content is over {MAX_TEXT_CHARS:,} characters")
 
 
 def _row(value: Any, ctx: LineContext) -> MemoryRow:
@@ -304,7 +306,7 @@ def _keys(value: Any, reuse: bool, ctx: LineContext) -> tuple[KeyLine, ...]:
         what = f"keys[{i}]"
         if not isinstance(key, dict) or key.get("kind") not in KINDS:
             raise InvalidArgument(f"{what} must be an object of kind " + " or ".join(KINDS))
-        text = _string(f"{what}.text", key.get("text"))
+        text = check_text(f"{what}.text", _string(f"{what}.text", key.get("text")))
         if not text.strip():
             raise InvalidArgument(f"{what}.text is required")
         vector = _reusable(key.get("vector"), f"{what}.vector", reuse, ctx)
@@ -313,10 +315,18 @@ def _keys(value: Any, reuse: bool, ctx: LineContext) -> tuple[KeyLine, ...]:
 
 
 def _json_text(value: Any, what: str) -> str:
+    """A row as a history entry holds it ("" for none), within the limits a row is: its
+    metadata as the API's, its text as check_text, and no deeper than its metadata allows."""
     if value is None:
         return ""
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what} must be an object or null")
+    if isinstance(value.get("metadata"), dict):
+        _metadata(f"{what}.metadata", value["metadata"])
+    client_json.check_depth(value, what, MAX_JSON_DEPTH + 1)  # a row holds its metadata
+    for name in _FREE_TEXT.intersection(value):
+        if isinstance(value[name], str):
+            check_text(f"{what}.{name}", value[name])
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
@@ -328,16 +338,18 @@ def _history(value: Any) -> tuple[AuditEntry, ...]:
         what = f"history[{i}]"
         if not isinstance(item, dict):
             raise InvalidArgument(f"{what} must be an object")
+        actor, action = _string(f"{what}.actor", item.get("actor")), item.get("action")
+        reason = _string(f"{what}.reason", item.get("reason", ""))
         entries.append(
             AuditEntry(
                 seq=0,
                 at=_number(f"{what}.at", item.get("at")),
-                actor=_string(f"{what}.actor", item.get("actor")),
-                action=_string(f"{what}.action", item.get("action")),
+                actor=check_name(f"{what}.actor", actor),
+                action=check_name(f"{what}.action", _string(f"{what}.action", action)),
                 memory_id="",
                 before_json=_json_text(item.get("before"), f"{what}.before"),
                 after_json=_json_text(item.get("after"), f"{what}.after"),
-                reason=_string(f"{what}.reason", item.get("reason", "")),
+                reason=check_text(f"{what}.reason", reason),
             )
         )
     return tuple(entries)
