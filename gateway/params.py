@@ -20,8 +20,8 @@ from shared.limits import (
     check_text,
 )
 
-# Parameters that carry free text (up to MAX_TEXT_CHARS); every other string is a name or an id
-# (up to MAX_NAME_CHARS).
+# Parameters that carry free text (check_text: up to MAX_TEXT_CHARS, no NUL); every other string
+# is a name or an id (check_name: up to MAX_NAME_CHARS).
 FREE_TEXT = frozenset({"text", "data", "query", "old_text", "reason", "key", "llm_key", "node"})
 TIME_RANGE = "must lie between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
 

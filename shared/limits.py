@@ -68,9 +68,13 @@ def check_name(what: str, value: str) -> str:
 
 
 def check_text(what: str, value: str) -> str:
-    """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413."""
+    """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413, and
+    without a NUL character (PostgreSQL's text cannot hold one), else a 400: refused alike on
+    either backend, so a store can move from one to the other."""
     if len(value) > MAX_TEXT_CHARS:
         raise TooLarge(f"{what} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} may not hold a NUL character")
     return value
 
 

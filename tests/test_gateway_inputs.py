@@ -127,6 +127,23 @@ async def test_a_text_over_the_limit_is_413_and_changes_nothing(
     assert f"the limit is {MAX_TEXT_CHARS:,}" in error
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "name"),
+    [
+        ("/api/v1/add", {"text": "a\x00b", "user_id": USER}, "text"),
+        ("/api/v1/add", {"data": "a\x00b", "user_id": USER}, "data"),
+        ("/api/v1/update", {"id": "$row", "text": "a\x00b", "user_id": USER}, "text"),
+    ],
+)
+async def test_a_text_holding_a_nul_is_400_on_either_backend_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, path: str, body: dict[str, Any], name: str
+) -> None:
+    # SQLite would keep it, PostgreSQL cannot: refused alike, a store can move between them.
+    body = {key: row if value == "$row" else value for key, value in body.items()}
+    error = await _refused(session, row, 400, "POST", path, json=body)
+    assert error == f"{name} may not hold a NUL character"
+
+
 async def test_a_text_at_the_limit_is_stored_and_a_later_turn_still_embeds_with_it(
     session: aiohttp.ClientSession,
 ) -> None:
@@ -376,6 +393,8 @@ async def test_an_unexpected_failure_replies_with_a_reference_and_logs_the_rest(
          "memory.content has 100,001 characters; the limit is 100,000"),
         ({"user_id": USER, "content": "x", "metadata": {"x": "y" * 200_000}},
          "memory.metadata is 200,008 bytes as JSON; the limit is 65,536"),
+        ({"user_id": USER, "content": "a\x00b"},
+         "line 1: memory.content may not hold a NUL character"),
         ({"user_id": USER, "content": "x", "id": LONG_NAME}, "is not a usable id"),
         ({"user_id": USER, "content": "x", "event_at": 1e300},
          "memory.event_at is not between the years 1 and 9999"),

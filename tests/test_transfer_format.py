@@ -215,6 +215,16 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
                 "user_id": "u", "subject": "a", "relation": "b", "object": LONG_TEXT}}),
             "edge.object has 100,001 characters; the limit is 100,000",
         ),
+        # A NUL in free text, which PostgreSQL cannot hold (SQLite can: refused on both).
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "a\\u0000b"}}',
+            "memory.content may not hold a NUL character",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x"}, '
+            '"keys": [{"kind": "clause", "text": "\\u0000"}]}',
+            "keys[0].text may not hold a NUL character",
+        ),
         # A lone surrogate, which no store can encode, wherever the line holds it.
         (
             '{"type": "memory", "memory": {"user_id": "u", "content": "a\\ud800b"}}',
