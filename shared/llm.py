@@ -24,7 +24,14 @@ REMINDER = (
     "Your previous reply was not a valid JSON object. Reply again with exactly one JSON object "
     "in the format described, and nothing else: no prose, no code fences."
 )
-_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*|\s*```$")
+_OPENING_FENCE = re.compile(r"```[a-zA-Z0-9_-]*")
+MAX_REPLY_CHARS = 100_000
+"""The longest reply parsed (some 25,000 tokens, far past what any prompt here asks for): a
+longer one is a runaway generation, and refusing it bounds the work a parse does on the loop."""
+MAX_OBJECT_STARTS = 16
+"""How many "{" a reply that is not one JSON object is searched from for the first object: each
+try is linear, so a reply of nothing but braces costs a bounded number of passes."""
+_DECODER = json.JSONDecoder()
 # The primary's share of one call's time when a fallback stands behind it.
 PRIMARY_SHARE = 2 / 3
 DEFAULT_MAX_TOKENS = 1024
@@ -325,49 +332,45 @@ def shown_number(value: Any) -> int | None:
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
-    """The first JSON object in text, after code fences; ValueError if there is none."""
-    stripped = _FENCE.sub("", text.strip()).strip()
+    """The first JSON object in text, after code fences; ValueError if there is none, if it
+    nests too deeply to decode, or if the text is longer than MAX_REPLY_CHARS."""
+    if len(text) > MAX_REPLY_CHARS:
+        raise ValueError(f"reply has {len(text):,} characters; at most {MAX_REPLY_CHARS:,} read")
+    unfenced = _unfenced(text)
     try:
-        value = json.loads(stripped)
-    except ValueError:
-        block = _first_object(stripped)
-        if block is None:
-            raise ValueError("no JSON object found") from None
-        value = json.loads(block)
+        value = json.loads(unfenced)
+    except (ValueError, RecursionError):
+        value = _first_object(unfenced)
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {type(value).__name__}")
     return value
 
 
-def _first_object(text: str) -> str | None:
-    """The first balanced {...} block, skipping braces inside strings."""
+def _unfenced(text: str) -> str:
+    """text without a Markdown code fence around it; the closing fence is found with endswith,
+    since a regex anchored at the end rescans every run of spaces (quadratic in a long reply)."""
+    text = text.strip()
+    opening = _OPENING_FENCE.match(text)
+    if opening:
+        text = text[opening.end() :]
+    if text.endswith("```"):
+        text = text[:-3]
+    return text.strip()
+
+
+def _first_object(text: str) -> dict[str, Any]:
+    """The object decoded from the first of up to MAX_OBJECT_STARTS "{" that starts one."""
     start = text.find("{")
-    while start != -1:
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    block = text[start : i + 1]
-                    try:
-                        json.loads(block)
-                    except ValueError:
-                        break
-                    return block
-        start = text.find("{", start + 1)
-    return None
+    for _try in range(MAX_OBJECT_STARTS):
+        if start == -1:
+            break
+        try:
+            value, _end = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            start = text.find("{", start + 1)
+            continue
+        return value
+    raise ValueError("no JSON object found")
 
 
 def llm_client(settings: LlmSettings) -> LlmClient:

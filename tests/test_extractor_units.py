@@ -6,10 +6,12 @@ import json
 import logging
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import shared.llm
 from services.extractor.fact_ops import OpBuilder, Turn, page_ops
 from services.extractor.parse import Candidate, FactOp, IntentionOp, PageOp, Plan, read_plan
 from services.extractor.prompt import (
@@ -22,6 +24,7 @@ from services.extractor.prompt import (
 from shared.llm import (
     LlmClient,
     LlmKeys,
+    LlmMalformed,
     LlmUnavailable,
     ReplySchema,
     object_schema,
@@ -322,3 +325,48 @@ def test_a_page_keeps_its_latest_states_and_the_prompt_shows_it_capped() -> None
     assert len(page.content.encode()) > 4 * MAX_PAGE_SHOWN_BYTES
     assert pages.startswith("[1] Foxtrot: state 25:")
     assert len(pages.encode()) < MAX_PAGE_SHOWN_BYTES + 100  # and its notes
+@pytest.mark.parametrize(
+    "reply", ['{"facts": ' + "[" * 1200, '{"facts": ' + "[" * 1200 + "]" * 1200 + "}"]
+)
+def test_a_reply_nested_too_deeply_is_refused_as_no_object(reply: str) -> None:
+    with pytest.raises(ValueError):
+        parse_json_object(reply)
+
+
+def test_a_reply_longer_than_the_cap_is_refused_unread() -> None:
+    reply = '{"facts": []}' + " " * 200_000
+    with pytest.raises(ValueError, match="characters"):
+        parse_json_object(reply)
+
+
+class _CountingDecoder(json.JSONDecoder):
+    """Counts the places a reply is decoded from."""
+
+    tries = 0
+
+    def raw_decode(self, s: str, idx: int = 0) -> tuple[Any, int]:
+        self.tries += 1
+        return super().raw_decode(s, idx)
+
+
+def test_a_reply_of_braces_is_searched_from_a_bounded_number_of_places(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoder = _CountingDecoder()
+    monkeypatch.setattr(shared.llm, "_DECODER", decoder)
+    with pytest.raises(ValueError):
+        parse_json_object("{" * 16_000)
+    assert decoder.tries <= shared.llm.MAX_OBJECT_STARTS
+
+
+def test_a_run_of_spaces_before_the_object_is_read() -> None:
+    assert parse_json_object("```json\n" + " " * 50_000 + '{"facts": []}\n```') == {"facts": []}
+
+
+async def test_a_reply_nested_too_deeply_twice_is_a_malformed_reply() -> None:
+    async with running_fake_llm() as fake:
+        fake.default = '{"facts": ' + "[" * 1200
+        client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        with pytest.raises(LlmMalformed):
+            await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
+        assert len(fake.requests) == 2  # the reply and the one retry with a reminder
