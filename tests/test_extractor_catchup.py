@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from services.extractor.extract import Extraction
+from shared.errors import Overloaded
+from shared.llm import LlmUnavailable
+from shared.pb import store_pb2
+from shared.rpc import open_channel
+from shared.store_client import StoreClient
 from tests.extractor_support import STACK, Api, new_user
-from tests.llm_fake import HANG, FakeLlm, delayed, fake_llm_in_thread
+from tests.llm_fake import HANG, FakeLlm, delayed, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack
+from tests.test_consolidator import L2, new, store_apply
 
 pytestmark = pytest.mark.slow
 
@@ -183,3 +192,57 @@ async def test_a_clean_stop_finishes_the_extraction_in_flight(
         assert [f.content for f in await api.rows(user, "l3_fact")] == ["Pia restores old boats"]
     finally:
         background.start("extractor")
+
+
+async def test_a_reply_nested_too_deeply_counts_a_try_each_run(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    fake.on("m-deep", '{"facts": ' + "[" * 1200)
+    added = await api.add("m-deep A turn the model answers with endless brackets.", user)
+
+    async def out_of_tries() -> None:
+        raw = await api.row(user, added["memory_id"])
+        assert raw.extraction_tries == 3 and raw.extraction_status == "failed"
+
+    await assert_eventually(out_of_tries)
+
+
+async def test_every_failure_but_an_unreachable_service_counts_a_try(api: Api) -> None:
+    user = new_user()
+    (raw,) = await store_apply(api.store_address, user, new(user, L2, "a turn that fails"))
+    async with open_channel(api.store_address) as channel:
+        extraction = Extraction(StoreClient(channel), cast(Any, None), cast(Any, None))
+        await extraction.fail(raw, LlmUnavailable("timed out"))
+        await extraction.fail(raw, Overloaded("the embedder is busy"))
+        assert (await api.row(user, raw.id)).extraction_tries == 0
+        await extraction.fail(raw, RecursionError("maximum recursion depth exceeded"))
+        failed = await api.row(user, raw.id)
+    assert (failed.extraction_status, failed.extraction_tries) == ("failed", 1)
+
+
+async def test_a_row_deleted_during_its_extraction_is_skipped_and_reprocess_goes_on(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+    fake.on("m-gone", held(gate, {"facts": [{"text": "Ida deleted a turn"}]}))
+    fake.on("m-kept", {"facts": [{"text": "Ida bakes rye bread"}]})
+    gone, kept = await store_apply(
+        api.store_address, user,
+        new(user, L2, "m-gone A turn deleted meanwhile."), new(user, L2, "m-kept I bake rye."),
+    )
+    reprocess = asyncio.create_task(
+        api.call("POST", "/api/v1/reprocess", json={"ids": [gone.id, kept.id]})
+    )
+    try:
+        await assert_eventually(lambda: len(fake.for_marker("m-gone")) == 1)
+        await store_apply(api.store_address, user, _delete(gone.id))
+    finally:
+        gate.set()
+    status, counts = await reprocess
+    assert status == 200, counts
+    assert (counts["reprocessed"], counts["failed"], counts["skipped"]) == (1, 0, 1)
+    assert (await api.row(user, kept.id)).extraction_status == "done"
+
+
+def _delete(memory_id: str) -> store_pb2.Op:
+    return store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))

@@ -25,7 +25,7 @@ from services.extractor.prompt import (
     extraction_messages,
 )
 from services.extractor.reconcile import Reconciler
-from shared.errors import ServiceError
+from shared.errors import ServiceError, Unavailable
 from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
@@ -123,7 +123,7 @@ class Extraction:
         try:
             reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
         except LlmMalformed as exc:
-            await self._fail(scope, raw, str(exc.message), count_try=True)
+            await self.fail(raw, exc)
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
@@ -184,21 +184,20 @@ class Extraction:
             self.counters.dropped_ops += self.reconciler.dropped
             self.reconciler.dropped = 0
 
-    async def fail(self, raw: common_pb2.Memory, error: str) -> None:
-        """Marks a row failed after a model error (which does not count a try)."""
-        await self._fail(owner_scope(raw), raw, error, count_try=False)
-
-    async def _fail(
-        self, scope: common_pb2.Scope, raw: common_pb2.Memory, error: str, *, count_try: bool
-    ) -> None:
-        self.counters.failed += 1
-        self.counters.last_error = error
+    async def fail(self, raw: common_pb2.Memory, exc: Exception) -> None:
+        """Marks a row failed after exc. Every failure counts a try but Unavailable (the model,
+        the embedder or the store unreachable or overloaded): that one says nothing of the row,
+        while any other would recur each run, so catch-up gives up on it after its tries."""
+        error = exc.message if isinstance(exc, ServiceError) else str(exc) or type(exc).__name__
         fields: dict[str, Any] = {"extraction_status": FAILED}
-        if count_try:
+        if not isinstance(exc, Unavailable):
             fields["extraction_tries"] = raw.extraction_tries + 1
         await self.store.apply(
-            scope, [update_op(raw.id, **fields)], ACTOR, f"extraction failed: {error}"[:500]
+            owner_scope(raw), [update_op(raw.id, **fields)], ACTOR,
+            f"extraction failed: {error}"[:500],
         )
+        self.counters.failed += 1
+        self.counters.last_error = error
 
     def _candidates(
         self,

@@ -170,13 +170,20 @@ class Worker:
                 return outcome
             except LlmUnavailable as exc:
                 log.warning("extraction of %s failed: %s", raw.id, exc.message)
-                self.extraction.counters.last_error = exc.message
-                await self.extraction.fail(raw, exc.message)
+                await self._mark_failed(raw, exc)
                 raise
             except Exception as exc:
                 log.exception("extraction of %s failed", raw.id)
-                await self.extraction.fail(raw, str(exc) or type(exc).__name__)
-                return Outcome(FAILED, str(exc))
+                return await self._mark_failed(raw, exc)
+
+    async def _mark_failed(self, raw: common_pb2.Memory, exc: Exception) -> Outcome:
+        """Marks the row failed; a row deleted meanwhile is skipped, since nothing is left to
+        mark and a run of many rows goes on to the next."""
+        try:
+            await self.extraction.fail(raw, exc)
+        except NotFound:
+            return Outcome(SKIPPED, "the row is gone")
+        return Outcome(FAILED, str(exc))
 
     async def _extract_one(self, raw: common_pb2.Memory) -> Outcome:
         """Runs (or joins) the extraction of one row; LlmUnavailable propagates."""
