@@ -18,11 +18,12 @@ from aiohttp import web
 from gateway.params import Params
 from gateway.readiness import service_states
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
-from gateway.shapes import list_item, rfc3339
+from gateway.shapes import list_item
 from gateway.state import STORE
 from services.search.model import calibrated_floor
 from services.search.pipeline import switchable_names
 from shared.aliases import Aliases
+from shared.dates import rfc3339
 from shared.errors import InvalidArgument, NotFound, ServiceError
 from shared.grants import current_grant
 from shared.limits import MAX_NAME_CHARS

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from shared.dates import rfc3339
 from shared.layers import LAYER_NAMES, layer_name
 from shared.pb import common_pb2, search_pb2
 
 CHANNELS = ("pages", "profile", "proactive", "experiences", "normal")
-
-
-def rfc3339(seconds: float) -> str:
-    """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z; "" for a time no calendar
-    date shows (a row stored before dates were range-checked may hold one)."""
-    try:
-        moment = datetime.fromtimestamp(int(seconds), UTC)
-    except (ValueError, OverflowError, OSError):
-        return ""
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def unix_seconds(seconds: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from services.consolidator.cluster_ops import (
     merge_ops,
     schema_ops,
 )
+from services.consolidator.cluster_pass import run_cluster
 from services.consolidator.clusters import Cluster, assign, rebuilt
+from services.consolidator.passes import Report
 from services.consolidator.plan import (
     Drop,
     EdgeOp,
@@ -30,6 +33,7 @@ from services.consolidator.plan import (
     read_plan,
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
+from services.consolidator.survey import Owner
 from shared.llm import shown_number
 from shared.pb import common_pb2, store_pb2
 
@@ -258,3 +262,48 @@ def test_a_number_the_model_wrote_is_read_only_when_int_reads_it(
 ) -> None:
     assert shown_number(written) == read
 
+
+
+PAST_THE_CALENDAR = "9999-12-31T23:59:59-23:59"  # the year 10000 in UTC
+STORED_PAST_THE_CALENDAR = 253402387139.0  # what such a date was stored as before the check
+
+
+def test_an_edge_date_past_the_calendar_in_utc_is_dropped_and_the_edge_kept() -> None:
+    edge = {"subject": "A", "relation": "uses", "object": "B", "facts": [1, 2]}
+    reply = {
+        **FULL,
+        "edges": [{**edge, "valid_from": PAST_THE_CALENDAR}],
+        "end_edges": [{"edge": "E1", "valid_to": PAST_THE_CALENDAR}],
+    }
+    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], 1)
+    assert [e.valid_from for e in plan.edges] == [None]
+    assert [e.valid_to for e in plan.end_edges] == [None]
+
+
+def test_a_stored_date_no_calendar_shows_gives_way_to_the_day_the_fact_was_stored() -> None:
+    fact = common_pb2.Memory(
+        content="Ann keeps the contract", event_at=STORED_PAST_THE_CALENDAR, created_at=86_400
+    )
+    messages = consolidation_messages([fact], [], [], None, graph=False)
+    assert "[1] (1970-01-02) Ann keeps the contract" in messages[-1]["content"]
+
+
+class _BrokenStore:
+    """A store whose reads fail as a bug in the pass would: with no error the pass expects."""
+
+    async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+        raise RuntimeError("a bug")
+
+    async def edges(self, scope: common_pb2.Scope) -> list[store_pb2.Edge]:
+        raise RuntimeError("a bug")
+
+
+async def test_any_failure_of_one_cluster_is_that_clusters_failure() -> None:
+    cluster = Cluster(7, ["f1"])
+    owner = Owner("ann", {"f1": common_pb2.Memory(id="f1", content="Ann")}, [cluster], {})
+    report = Report(pass_id="p1")
+    done = await run_cluster(
+        cast(Any, _BrokenStore()), cast(Any, None), cast(Any, None), True, report, owner, cluster
+    )
+    assert done is False
+    assert report.errors == ["cluster ann#7: failed (RuntimeError); see the consolidator log"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from services.extractor.prompt import (
     page_content,
     page_metadata,
 )
+from shared.dates import day, parse_date, rfc3339
 from shared.llm import (
     LlmClient,
     LlmKeys,
@@ -306,7 +307,6 @@ def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -
 
 
 def test_a_page_keeps_its_latest_states_and_the_prompt_shows_it_capped() -> None:
-
     page = common_pb2.Memory(id="page-1", layer=common_pb2.L8_ENTITY)
     page.metadata_json = page_metadata("Foxtrot", "project", "state 0", [])
     for n in range(1, MAX_PAGE_HISTORY + 6):
@@ -325,6 +325,8 @@ def test_a_page_keeps_its_latest_states_and_the_prompt_shows_it_capped() -> None
     assert len(page.content.encode()) > 4 * MAX_PAGE_SHOWN_BYTES
     assert pages.startswith("[1] Foxtrot: state 25:")
     assert len(pages.encode()) < MAX_PAGE_SHOWN_BYTES + 100  # and its notes
+
+
 @pytest.mark.parametrize(
     "reply", ['{"facts": ' + "[" * 1200, '{"facts": ' + "[" * 1200 + "]" * 1200 + "}"]
 )
@@ -370,3 +372,47 @@ async def test_a_reply_nested_too_deeply_twice_is_a_malformed_reply() -> None:
         with pytest.raises(LlmMalformed):
             await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
         assert len(fake.requests) == 2  # the reply and the one retry with a reminder
+
+
+PAST_THE_CALENDAR = "9999-12-31T23:59:59-23:59"  # the year 10000 in UTC
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("2026-03-01", 1772323200.0),
+        ("2026-03-01T12:00:00z", 1772366400.0),
+        ("9999-12-31", 253402214400.0),
+        (PAST_THE_CALENDAR, None),
+        ("0001-01-01T00:00:00+23:59", None),
+        ("1969-12-31", None),
+        ("soon", None),
+    ],
+)
+def test_a_model_date_is_read_only_within_the_times_a_client_may_send(
+    value: str, seconds: float | None
+) -> None:
+    assert parse_date(value) == seconds
+
+
+def test_a_fact_dated_past_the_calendar_is_kept_without_its_date() -> None:
+    reply = {
+        "facts": [{"text": "Ann keeps the contract forever", "event_at": PAST_THE_CALENDAR}],
+        "intentions": [{"text": "Ann renews the contract", "due_at": PAST_THE_CALENDAR}],
+    }
+    plan = read_plan(reply, {})
+    assert [(f.text, f.event_at) for f in plan.facts] == [("Ann keeps the contract forever", None)]
+    assert [(i.text, i.due_at) for i in plan.intentions] == [("Ann renews the contract", None)]
+
+
+def test_a_stored_date_no_calendar_shows_is_left_out_of_the_prompt() -> None:
+    fact = common_pb2.Memory(
+        content="Ann keeps the contract", event_at=253402387139.0, created_at=86_400
+    )
+    intention = common_pb2.Memory(content="Ann renews it", due_at=float("inf"), created_at=0)
+    candidates = [Candidate(1, "fact", fact), Candidate(2, "intention", intention)]
+    messages = extraction_messages("Ann again", datetime(2026, 3, 1, tzinfo=UTC), candidates)
+    text = "\n".join(m["content"] for m in messages)
+    assert "[1] Ann keeps the contract (stored 1970-01-02)" in text
+    assert "[2] Ann renews it (stored 1970-01-01)" in text
+    assert (day(253402387139.0), rfc3339(float("nan"))) == ("", "")

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from gateway.errors import error_extras
 from gateway.respond import all_users, json_response, request_params, rpc_timeout
-from gateway.shapes import rfc3339
 from gateway.state import CONFIG, CONSOLIDATOR, STORE
+from shared.dates import rfc3339
 from shared.errors import Conflict, InvalidArgument, ServiceError
 from shared.grants import current_grant
 from shared.pb import consolidator_pb2, store_pb2

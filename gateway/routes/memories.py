@@ -24,9 +24,10 @@ from gateway.respond import (
     rpc_timeout,
     writes,
 )
-from gateway.shapes import layer_counts, list_items, rfc3339
+from gateway.shapes import layer_counts, list_items
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extraction_status
+from shared.dates import rfc3339
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.grants import current_grant
 from shared.limits import check_idempotency_key

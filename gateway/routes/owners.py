@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.respond import all_users, json_response, request_params, rpc_timeout
-from gateway.shapes import rfc3339
 from gateway.state import STORE
+from shared.dates import rfc3339
 from shared.pb import common_pb2, store_pb2
 
 routes = web.RouteTableDef()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ from shared.store_client import GraphStoreClient, state_op
 if TYPE_CHECKING:
     from services.consolidator.passes import Report
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Shown:
@@ -49,8 +52,30 @@ async def run_cluster(
     owner: Owner,
     cluster: Cluster,
 ) -> bool:
-    """One call for one cluster, its checked ops applied in one transaction; True if done."""
+    """One call for one cluster, its checked ops applied in one transaction; True if done.
+
+    Any failure is this cluster's alone: logged, reported and (returning False) charged to it,
+    so one cluster that trips a bug cannot fail the pass of every other cluster and owner.
+    """
     where = f"cluster {owner.id}#{cluster.id}"
+    try:
+        return await _run_cluster(store, llm, vectors, graph, report, owner, cluster, where)
+    except Exception as exc:
+        log.exception("%s failed", where)
+        report.errors.append(f"{where}: failed ({type(exc).__name__}); see the consolidator log")
+        return False
+
+
+async def _run_cluster(
+    store: GraphStoreClient,
+    llm: LlmClient,
+    vectors: Vectors,
+    graph: bool,
+    report: Report,
+    owner: Owner,
+    cluster: Cluster,
+    where: str,
+) -> bool:
     facts = [owner.facts[m] for m in cluster.members if m in owner.facts]
     # Claimed before the first await, so one cluster per owner and pass asks for the arc.
     ask_arc = graph and not owner.arc_asked

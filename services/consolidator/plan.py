@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from shared.dates import parse_date
 from shared.errors import ServiceError
 from shared.llm import shown_number
 
@@ -78,19 +78,6 @@ def _edge_number(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().strip("[]").upper().startswith("E"):
         return shown_number(value.strip().strip("[]")[1:])
     return shown_number(value)
-
-
-def parse_date(value: Any) -> float | None:
-    """Unix seconds of a "YYYY-MM-DD" (or ISO date-time, read as UTC); None otherwise."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def _text(value: Any, limit: int) -> str:

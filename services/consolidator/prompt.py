@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
+from shared.dates import day
 from shared.llm import ReplySchema, array_of, object_schema
 from shared.pb import common_pb2, store_pb2
 
@@ -90,10 +90,6 @@ def consolidation_schema(graph: bool, arc: bool) -> ReplySchema:
     return ReplySchema("consolidation", object_schema({k: _KEY_SCHEMAS[k] for k in keys}))
 
 
-def _date(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
-
-
 def consolidation_messages(
     facts: Sequence[common_pb2.Memory],
     schemas: Sequence[common_pb2.Memory],
@@ -107,8 +103,10 @@ def consolidation_messages(
     system += _REPLY.replace("{KEYS}", ", ".join(f'"{k}"' for k in reply_keys(graph, asks_arc)))
     lines = ["FACTS:"]
     for n, fact in enumerate(facts, start=1):
-        when = _date(fact.event_at if fact.HasField("event_at") else fact.created_at)
-        lines.append(f"[{n}] ({when}) {fact.content[:FACT_CHARS]}")
+        # A date no calendar shows (stored before dates were range-checked) gives way to the
+        # day the fact was stored, as a fact without an event date shows.
+        event = day(fact.event_at) if fact.HasField("event_at") else ""
+        lines.append(f"[{n}] ({event or day(fact.created_at)}) {fact.content[:FACT_CHARS]}")
     if schemas:
         lines.append("EXISTING PATTERNS:")
         lines += [f"- {s.content[:SCHEMA_CHARS]}" for s in schemas[:SCHEMAS_SHOWN]]

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.extractor.prompt import cap_utf8
+from shared.dates import day
 from shared.grants import service_context
 from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
@@ -45,8 +46,10 @@ NOW_SCHEMA = ReplySchema("now_page", object_schema({"now": {"type": "string"}}))
 EPISODE_SCHEMA = ReplySchema("episode_summary", object_schema({"summary": {"type": "string"}}))
 
 
-def _day(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
+def _due(memory: common_pb2.Memory) -> str:
+    """The note ' (due YYYY-MM-DD)' for a row with a due date a calendar shows; "" otherwise."""
+    due = day(memory.due_at) if memory.HasField("due_at") else ""
+    return f" (due {due})" if due else ""
 
 
 def _meta(memory: common_pb2.Memory) -> dict[str, object]:
@@ -151,14 +154,13 @@ class Living:
         pages = await live(common_pb2.L8_ENTITY, 5)
         if not intentions and not facts:
             return None
-        lines = [f"Today is {_day(time.time())}."]
+        lines = [f"Today is {day(time.time())}."]
         lines.append("Open intentions:")
         lines += [
-            f"- {m.content}" + (f" (due {_day(m.due_at)})" if m.HasField("due_at") else "")
-            for m in intentions
+            f"- {m.content}{_due(m)}" for m in intentions
         ] or ["(none)"]
         lines.append("Recent facts, newest first:")
-        lines += [f"- {m.content} (stored {_day(m.created_at)})" for m in facts] or ["(none)"]
+        lines += [f"- {m.content} (stored {day(m.created_at)})" for m in facts] or ["(none)"]
         if pages:
             lines.append("Entity pages:")
             lines += [f"- {cap_utf8(m.content, 600)}" for m in pages]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from shared.dates import parse_date
 from shared.llm import shown_number
 from shared.pb import common_pb2
 
@@ -15,24 +15,6 @@ log = logging.getLogger(__name__)
 _PREFERENCES = "user_preferences"
 # Labels a fact may carry; anything else the model invents is kept as no label.
 FACT_LABELS = frozenset({_PREFERENCES, "user_info", "project", "event", "decision", "other"})
-
-
-def parse_date(value: Any) -> float | None:
-    """Unix seconds from "YYYY-MM-DD" or an ISO date-time (read as UTC); None otherwise."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    raw = value.strip()
-    if raw[-1:] in ("Z", "z"):
-        raw = raw[:-1] + "+00:00"
-    try:
-        moment = datetime.fromisoformat(raw)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    if not 1900 <= moment.year <= 9999:
-        return None
-    return moment.timestamp()
 
 
 @dataclass(frozen=True)

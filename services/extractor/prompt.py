@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from services.extractor.parse import Candidate
+from shared.dates import day
 from shared.llm import ReplySchema, array_of, object_schema
 from shared.pages import page_text
 
@@ -102,20 +103,16 @@ def cap_utf8(text: str, limit: int = MAX_TEXT_BYTES) -> str:
     return data[:room].decode("utf-8", errors="ignore") + ELLIPSIS
 
 
-def _day(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d")
-
-
 def _line(candidate: Candidate) -> str:
     memory = candidate.memory
     notes = []
-    if memory.HasField("event_at"):
-        notes.append(f"event {_day(memory.event_at)}")
-    if memory.HasField("due_at"):
-        notes.append(f"due {_day(memory.due_at)}")
+    if memory.HasField("event_at") and (event := day(memory.event_at)):
+        notes.append(f"event {event}")
+    if memory.HasField("due_at") and (due := day(memory.due_at)):
+        notes.append(f"due {due}")
     if memory.count > 1:
         notes.append(f"said {memory.count} times")
-    notes.append(f"stored {_day(memory.created_at)}")
+    notes.append(f"stored {day(memory.created_at)}")
     if candidate.kind == "page":
         content = cap_utf8(memory.content, MAX_PAGE_SHOWN_BYTES)
     else:

@@ -1,0 +1,52 @@
+"""Calendar dates of unix times: read from a model's reply, shown in prompts and replies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S
+
+
+def parse_date(value: Any) -> float | None:
+    """Unix seconds of a "YYYY-MM-DD" or an ISO date-time (read as UTC without an offset);
+    None for anything else, or for a time outside the range a client may send (checked in UTC,
+    since an offset can carry 9999-12-31 into the year 10000)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    raw = value.strip()
+    if raw[-1:] in ("Z", "z"):
+        raw = raw[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:
+        seconds = moment.timestamp()
+    except (OverflowError, ValueError):
+        return None
+    return seconds if FIRST_TIME_S <= seconds < END_OF_CALENDAR_S else None
+
+
+def _moment(seconds: float) -> datetime | None:
+    """The UTC moment of unix seconds; None for a time no calendar date shows (a row stored
+    before dates were range-checked may hold one)."""
+    try:
+        return datetime.fromtimestamp(int(seconds), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def day(seconds: float) -> str:
+    """The UTC date, e.g. 2026-10-09; "" for a time no calendar date shows."""
+    moment = _moment(seconds)
+    return moment.strftime("%Y-%m-%d") if moment else ""
+
+
+def rfc3339(seconds: float) -> str:
+    """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z; "" for a time no calendar
+    date shows."""
+    moment = _moment(seconds)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment else ""
