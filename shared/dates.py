@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S
+from shared.limits import END_OF_CALENDAR_S, START_OF_CALENDAR_S
 
 
 def parse_date(value: Any) -> float | None:
     """Unix seconds of a "YYYY-MM-DD" or an ISO date-time (read as UTC without an offset);
-    None for anything else, or for a time outside the range a client may send (checked in UTC,
-    since an offset can carry 9999-12-31 into the year 10000)."""
+    None for anything else, or for a time off the calendar (checked in UTC, since an offset can
+    carry 9999-12-31 into the year 10000). A fact may date from before 1970 (a birth date)."""
     if not isinstance(value, str) or not value.strip():
         return None
     raw = value.strip()
@@ -27,7 +27,7 @@ def parse_date(value: Any) -> float | None:
         seconds = moment.timestamp()
     except (OverflowError, ValueError):
         return None
-    return seconds if FIRST_TIME_S <= seconds < END_OF_CALENDAR_S else None
+    return seconds if START_OF_CALENDAR_S <= seconds < END_OF_CALENDAR_S else None
 
 
 def _moment(seconds: float) -> datetime | None:
@@ -42,11 +42,11 @@ def _moment(seconds: float) -> datetime | None:
 def day(seconds: float) -> str:
     """The UTC date, e.g. 2026-10-09; "" for a time no calendar date shows."""
     moment = _moment(seconds)
-    return moment.strftime("%Y-%m-%d") if moment else ""
+    return moment.date().isoformat() if moment else ""
 
 
 def rfc3339(seconds: float) -> str:
     """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z; "" for a time no calendar
     date shows."""
     moment = _moment(seconds)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment else ""
+    return moment.isoformat().replace("+00:00", "Z") if moment else ""
