@@ -300,7 +300,7 @@ class _BrokenStore:
 
 async def test_any_failure_of_one_cluster_is_that_clusters_failure() -> None:
     cluster = Cluster(7, ["f1"])
-    owner = Owner("ann", {"f1": common_pb2.Memory(id="f1", content="Ann")}, [cluster], {})
+    owner = Owner("ann", "", {"f1": common_pb2.Memory(id="f1", content="Ann")}, [cluster], {})
     report = Report(pass_id="p1")
     done = await run_cluster(
         cast(Any, _BrokenStore()), cast(Any, None), cast(Any, None), True, report, owner, cluster
