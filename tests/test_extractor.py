@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,8 +18,8 @@ from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
-from tests.llm_fake import HANG, FakeLlm, Recorded, fake_llm_in_thread
-from tests.support import Stack, running_stack
+from tests.llm_fake import HANG, FakeLlm, Recorded, fake_llm_in_thread, held
+from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -467,6 +468,75 @@ async def test_editing_a_turn_extracts_the_new_text_from_the_new_version(
     assert list(facts["Ana lives in Lisbon"].source_ids) == [edited["memory_id"]]
     old = await api.row(user, first["memory_id"])
     assert (old.superseded_how, old.superseded_by) == ("replaced", edited["memory_id"])
+
+
+async def _turn_once_asked(api: Api, fake: FakeLlm, marker: str, user: str) -> str:
+    """The id of the user's one turn, once its extraction is waiting on the model."""
+    await assert_eventually(lambda: len(fake.for_marker(marker)) >= 1)
+    (turn,) = await api.rows(user, "l2_raw")
+    return turn.id
+
+
+async def test_a_turn_forgotten_while_it_is_extracted_leaves_no_fact_of_it(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+    ssn = {"facts": [{"text": "Zed's social security number is 078-05-1120"}]}
+    fake.on("m-ssn", held(gate, ssn))
+    add = asyncio.create_task(api.add("m-ssn my SSN is 078-05-1120", user))
+    turn_id = await _turn_once_asked(api, fake, "m-ssn", user)
+    forgotten = await api.ok("POST", "/api/v1/forget", json={"id": turn_id, "user_id": user})
+    assert forgotten["forgotten"] == 1
+    gate.set()
+    assert (await add)["extraction_status"] == "skipped"
+    assert await api.rows(user, "l3_fact") == []
+    assert await api.search("social security number", user) == []
+
+
+async def test_a_turn_edited_while_it_is_extracted_keeps_only_the_facts_of_its_new_text(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+    fake.on("m-held-city", held(gate, {"facts": [{"text": "Ana lives in Porto"}]}))
+    fake.on("m-new-city", {"facts": [{"text": "Ana lives in Lisbon"}]})
+    add = asyncio.create_task(api.add("m-held-city I live in Porto.", user))
+    turn_id = await _turn_once_asked(api, fake, "m-held-city", user)
+    edit = asyncio.create_task(api.ok("POST", "/api/v1/update", json={
+        "id": turn_id, "text": "m-new-city I live in Lisbon.", "user_id": user}))
+    await assert_eventually(lambda: _retired(api, user, turn_id))
+    gate.set()
+    assert (await add)["extraction_status"] == "skipped"
+    edited = await edit
+    assert edited["extraction_status"] == "done"
+    facts = await api.rows(user, "l3_fact")
+    assert [(f.content, list(f.source_ids)) for f in facts] == [
+        ("Ana lives in Lisbon", [edited["memory_id"]])
+    ]
+
+
+async def test_a_value_forgotten_while_its_turn_is_re_extracted_stays_forgotten(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+    fake.on("m-canoe", {"facts": [{"text": "Rui paddles a green canoe"}]},
+            held(gate, {"facts": [{"text": "Rui paddles a green canoe"}]}))
+    turn = await api.add("m-canoe I paddle a green canoe.", user)
+    (fact,) = await api.rows(user, "l3_fact")
+    again = asyncio.create_task(
+        api.ok("POST", "/api/v1/reprocess", json={"ids": [turn["memory_id"]]})
+    )
+    await assert_eventually(lambda: len(fake.for_marker("m-canoe")) == 2)
+    await api.ok("POST", "/api/v1/forget", json={"id": fact.id, "user_id": user})
+    gate.set()
+    await again
+    assert await api.rows(user, "l3_fact", retired=False) == []
+
+
+async def _retired(api: Api, user: str, memory_id: str) -> bool:
+    return (await api.row(user, memory_id)).status == "retired"
 
 
 async def test_forget_needs_text_or_id_and_an_unknown_id_is_404(api: Api) -> None:

@@ -25,7 +25,7 @@ from services.extractor.prompt import (
     extraction_messages,
 )
 from services.extractor.reconcile import Reconciler
-from shared.errors import ServiceError, Unavailable
+from shared.errors import Conflict, ServiceError, Unavailable
 from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
@@ -74,6 +74,15 @@ class Outcome:
 
     status: str
     error: str = ""
+
+
+def done_op(raw: common_pb2.Memory) -> store_pb2.Op:
+    """Marks a turn extracted on condition that it is still as read: forgotten, edited or given
+    tombstones meanwhile, the store refuses the whole extraction, so no fact of it stays live."""
+    read = store_pb2.Unchanged(content=raw.content, tombstones=tombstones(raw.metadata_json))
+    return store_pb2.Op(
+        update=store_pb2.UpdateOp(id=raw.id, extraction_status=DONE, require=read)
+    )
 
 
 def owner_scope(memory: common_pb2.Memory) -> common_pb2.Scope:
@@ -129,8 +138,12 @@ class Extraction:
         self.counters.dropped_ops += plan.dropped
         pages = [r for r in context.open_rows if r.layer == common_pb2.L8_ENTITY]
         ops = await self._ops(raw, plan, candidates, pages)
-        ops.append(update_op(raw.id, extraction_status=DONE))
-        applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
+        ops.append(done_op(raw))
+        try:
+            applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
+        except Conflict as exc:  # the turn (or a row it retires) changed since it was read
+            log.info("extraction of %s dropped: %s", raw.id, exc.message)
+            return Outcome(SKIPPED, exc.message)
         self.counters.extracted += 1
         self.counters.last_error = ""  # the pipeline works again
         if self.reconciler is not None:

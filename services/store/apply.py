@@ -47,12 +47,13 @@ from services.store.model import (
     Retire,
     SetState,
     Tombstone,
+    Unchanged,
     Update,
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
 from shared.passages import Passage
-from shared.tombstones import with_tombstones
+from shared.tombstones import tombstones, with_tombstones
 
 
 @dataclass
@@ -220,6 +221,10 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
 
 async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     w = run.write
+    if op.require is not None and not await _unchanged(w, op.id, op.require):
+        raise Conflict(
+            f"op {i}: memory {op.id!r} was retired, edited or given tombstones since it was read"
+        )
     if op.if_content is not None and not await _still_holds(w, op.id, op.if_content):
         if op.content is not None:  # the vectors embedded for it go unused
             for _ in range(passage_of(op.content).rows):
@@ -248,6 +253,16 @@ async def _still_holds(w: Write, memory_id: str, content: str) -> bool:
     """Whether a row is still live with this text (nobody edited it since the caller read it)."""
     row = await _live(w, memory_id)
     return row is not None and row.content == content
+
+
+async def _unchanged(w: Write, memory_id: str, read: Unchanged) -> bool:
+    """Whether a row is still live with the text and forget tombstones the caller read."""
+    row = await _live(w, memory_id)
+    return (
+        row is not None
+        and row.content == read.content
+        and frozenset(tombstones(row.metadata_json)) == read.tombstones
+    )
 
 
 async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:

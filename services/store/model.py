@@ -172,6 +172,17 @@ class Update:
     """Added to the row's hits in the same transaction (instead of setting hits)."""
     if_content: str | None = None
     """Applied only while the row is live and still holds this text; else skipped (None)."""
+    require: Unchanged | None = None
+    """Applied only while the row is still as the caller read it; else the whole Apply is
+    refused (Conflict), for a write that is void once its evidence changed (an extraction)."""
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """A row as a caller read it: live, with this text and these forget tombstones."""
+
+    content: str
+    tombstones: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

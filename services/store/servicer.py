@@ -29,6 +29,7 @@ from services.store.model import (
     Retire,
     Scored,
     SetState,
+    Unchanged,
     Update,
 )
 from services.store.store import Store
@@ -133,6 +134,11 @@ def _update(u: store_pb2.UpdateOp) -> Op:
     return Update(
         id=u.id,
         hits_delta=u.hits_delta,
+        require=(
+            Unchanged(u.require.content, frozenset(u.require.tombstones))
+            if u.HasField("require")
+            else None
+        ),
         **{
             name: getattr(u, name)
             for name in (
