@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
-from tests.test_store import apply, insert, scope, serving_store
+from tests.test_store import apply, insert, listed, scope, serving_store
 
 L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
 L5, L6 = common_pb2.L5_KNOWLEDGE, common_pb2.L6_SCHEMA
@@ -170,6 +170,51 @@ async def test_undo_reverts_every_change_of_a_pass_and_nothing_else(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await store.UndoPass(store_pb2.UndoPassRequest(pass_id="never"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def merge_pass(stub: store_pb2_grpc.StoreStub, pass_id: str) -> tuple[list[str], str]:
+    """Two facts merged by a pass into a new one: their ids and the merged row's."""
+    _, fact_ids = await two_turns_two_facts(stub)
+    retires = [
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(
+                id=f, superseded_how="merged", superseded_by="$m", pass_id=pass_id
+            )
+        )
+        for f in fact_ids
+    ]
+    (merged, *_) = await apply(
+        stub, insert("Foxtrot runs Postgres 16", ref="m", pass_id=pass_id), *retires
+    )
+    return fact_ids, merged.id
+
+
+async def test_undo_keeps_retired_what_a_pass_merged_into_a_row_forgotten_since(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    fact_ids, merged = await merge_pass(store, "p-forgot")
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=merged))
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-forgot", actor="api"))
+    assert (list(reply.restored_ids), sorted(reply.kept_ids)) == ([], sorted(fact_ids))
+    assert await listed(store, layers=[L3]) == []
+
+
+async def test_undo_keeps_retired_what_a_pass_merged_into_a_row_replaced_since(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    fact_ids, merged = await merge_pass(store, "p-replaced")
+    await apply(
+        store,
+        insert("Foxtrot runs Postgres 17", ref="fix"),
+        store_pb2.Op(
+            retire=store_pb2.RetireOp(id=merged, superseded_how="replaced", superseded_by="$fix")
+        ),
+    )
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-replaced", actor="api"))
+    assert (list(reply.restored_ids), sorted(reply.kept_ids)) == ([], sorted(fact_ids))
+    assert await listed(store, layers=[L3]) == ["Foxtrot runs Postgres 17"]
 
 
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:

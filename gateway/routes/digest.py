@@ -145,5 +145,6 @@ async def undo_pass(request: web.Request) -> web.Response:
             "restored": list(reply.restored_ids),
             "retired": list(reply.undone_ids),
             "edges": list(reply.edge_ids),
+            "kept": list(reply.kept_ids),
         }
     )

@@ -62,4 +62,5 @@ class ConsolidatorServicer(consolidator_pb2_grpc.ConsolidatorServicer):
             restored_ids=undone.restored_ids,
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
+            kept_ids=undone.kept_ids,
         )

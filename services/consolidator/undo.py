@@ -19,6 +19,7 @@ async def revert_pass(
     prefix = pass_prefix(pass_id)
     records, clusters = await asyncio.gather(store.state(prefix), store.state(CLUSTERS))
     ops: list[store_pb2.Op] = []
+    kept = set(undone.kept_ids)
     for key, value in records.items():
         owner, cluster_id = key[len(prefix) :].rsplit("/", 1)
         record = json.loads(value)
@@ -28,7 +29,8 @@ async def revert_pass(
         cluster = Cluster.from_json(json.loads(stored))
         gone = set(record["inserted"])
         cluster.members = [m for m in cluster.members if m not in gone]
-        cluster.members += [m for m in record["retired"] if m not in cluster.members]
+        back = [m for m in record["retired"] if m not in kept]  # kept ones stay retired
+        cluster.members += [m for m in back if m not in cluster.members]
         cluster.done = cluster.hash
         ops.append(state_op(cluster_key(owner, int(cluster_id)), cluster.to_json()))
     if ops:

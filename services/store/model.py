@@ -270,6 +270,8 @@ class Undone:
     restored_ids: list[str] = field(default_factory=list)
     undone_ids: list[str] = field(default_factory=list)
     edge_ids: list[str] = field(default_factory=list)
+    kept_ids: list[str] = field(default_factory=list)
+    """Rows the pass retired left retired, as what replaced them is gone since."""
 
 
 @dataclass(frozen=True)

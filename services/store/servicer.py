@@ -552,6 +552,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             restored_ids=undone.restored_ids,
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
+            kept_ids=undone.kept_ids,
         )
 
     def _model_id(self) -> str:

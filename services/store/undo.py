@@ -7,7 +7,7 @@ import json
 from services.store.cascade import restore_derived, retire_derived, settle
 from services.store.core import DEFAULT_ACTOR, Core, Write, live_fields, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
-from services.store.model import ACTIVE, RETIRED, Undone
+from services.store.model import ACTIVE, RETIRED, MemoryRow, Undone
 from shared.errors import InvalidArgument, NotFound
 
 
@@ -30,7 +30,8 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
 
 
 async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
-    """Retires a row the pass inserted, or restores one it retired (if still so)."""
+    """Retires a row the pass inserted, or restores one it retired (if still so, and what
+    replaced it still stands)."""
     row = await w.tx.get(target)
     if row is None:
         return
@@ -42,6 +43,9 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         for edge in await w.tx.edges_of_memories([target]):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
+        if not await _successor_stands(w, undone, row):
+            undone.kept_ids.append(target)
+            return
         await w.change(row, "restore", live_fields(), why)
         undone.restored_ids.append(target)
         await restore_derived(w, target)
@@ -49,6 +53,18 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         return
     if is_preference_fact(row):
         w.facts_changed.append(FactChange(row, kind == "retire", "undone"))
+
+
+async def _successor_stands(w: Write, undone: Undone, row: MemoryRow) -> bool:
+    """Whether the row that replaced a retired one (if any) is live, or retired only by this
+    undo: one forgotten, replaced or deleted since the pass took its value with it, so the rows
+    merged into it stay retired (a forgotten value must not come back)."""
+    if not row.superseded_by:
+        return True
+    successor = await w.tx.get(row.superseded_by)
+    return successor is not None and (
+        successor.status == ACTIVE or successor.id in undone.undone_ids
+    )
 
 
 async def _undo_edge(
