@@ -535,6 +535,37 @@ async def test_a_value_forgotten_while_its_turn_is_re_extracted_stays_forgotten(
     assert await api.rows(user, "l3_fact", retired=False) == []
 
 
+async def test_a_lesson_learnt_again_on_reprocess_is_kept_once(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    lesson = "Run the migrations before deploying the API"
+    fake.on("m-lesson", {"facts": [], "experiences": [{"text": lesson}]})
+    first = await api.add("m-lesson the deploy failed because migrations had not run", user)
+    for _ in range(3):
+        await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
+    rows = await api.rows(user, "l3_fact")
+    assert [(r.content, r.status) for r in rows] == [(lesson, "retired")] * 3 + [
+        (lesson, "active")
+    ]
+    assert {r.superseded_how for r in rows[:3]} == {"restated"}
+
+
+async def test_an_open_intention_not_shown_to_the_model_is_not_added_twice(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    oldest = "Mia plans to renew her passport"
+    fake.on("m-passport", {"intentions": [{"text": oldest}]})
+    await api.add("m-passport I need to renew my passport.", user)
+    fake.on("m-chores", {"intentions": [{"text": f"Mia plans chore {n}"} for n in range(10)]})
+    await api.add("m-chores my list of ten chores", user)
+    fake.on("m-renewal", {"intentions": [{"text": oldest}]})
+    await api.add("m-renewal Still need that passport renewed.", user)
+    shown = fake.for_marker("m-renewal")[-1].user_message
+    assert oldest not in shown  # only the ten newest open intentions are shown
+    live = [r.content for r in await api.rows(user, "l7_intention", retired=False)]
+    assert live.count(oldest) == 1 and len(live) == 11
+
+
 async def _retired(api: Api, user: str, memory_id: str) -> bool:
     return (await api.row(user, memory_id)).status == "retired"
 

@@ -301,7 +301,7 @@ def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -
                  refused_vectors=[[0.0, 1.0]])
     builder = OpBuilder(turn)
     builder.add_facts(plan)
-    builder.add_intentions(plan, [])
+    builder.add_intentions(plan)
     assert [op.insert.content for op in builder.ops] == ["Owns a bike"]
     assert builder.refused_count == 3  # two facts and the intention
 

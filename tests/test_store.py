@@ -323,6 +323,22 @@ async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(
     assert await listed(store) == []
 
 
+async def test_a_fact_restates_only_a_fact_and_an_experience_only_an_experience(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    text, lesson = "Run the migrations before deploying", "task_experience"
+    (fact,) = await apply(store, insert(text, restates_at=0.92))
+    (first,) = await apply(store, insert(text, label=lesson, restates_at=0.92))
+    (again,) = await apply(store, insert(text, label=lesson, restates_at=0.92))
+    reply = await store.ListMemories(
+        store_pb2.ListMemoriesRequest(scope=scope(), layers=[L3], include_superseded=True)
+    )
+    status = {m.id: (m.status, m.superseded_by) for m in reply.memories}
+    assert status == {
+        fact.id: ("active", ""), first.id: ("retired", again.id), again.id: ("active", "")
+    }
+
+
 async def test_another_owners_row_is_not_found_and_stays_unchanged(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

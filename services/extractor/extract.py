@@ -30,6 +30,7 @@ from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, update_op
+from shared.text import value_key
 from shared.tombstones import tombstones
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,7 @@ class Extraction:
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
-        pages = [r for r in context.open_rows if r.layer == common_pb2.L8_ENTITY]
-        ops = await self._ops(raw, plan, candidates, pages)
+        ops = await self._ops(raw, plan, context.open_rows)
         ops.append(done_op(raw))
         try:
             applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
@@ -236,21 +236,25 @@ class Extraction:
         self,
         raw: common_pb2.Memory,
         plan: Plan,
-        candidates: Sequence[Candidate],
-        pages: Sequence[common_pb2.Memory],
+        open_rows: Sequence[common_pb2.Memory],
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
+        pages = [r for r in open_rows if r.layer == common_pb2.L8_ENTITY]
+        intentions = frozenset(
+            value_key(r.content) for r in open_rows if r.layer == common_pb2.L7_INTENTION
+        )
         refused = set(tombstones(raw.metadata_json))
         new_texts = [f.text for f in plan.facts] + plan.experiences
         (vectors, vectors_model), (refused_vectors, _) = await asyncio.gather(
             self._embed(new_texts), self._embed(sorted(refused))
         )
         builder = OpBuilder(
-            Turn(raw, refused, refused_vectors, vectors, vectors_model, self.dedupe_score)
+            Turn(raw, refused, refused_vectors, vectors, vectors_model, self.dedupe_score,
+                 intentions)
         )
         builder.add_facts(plan)
         builder.add_experiences(plan)
-        builder.add_intentions(plan, candidates)
+        builder.add_intentions(plan)
         if builder.refused_count:
             self.counters.refused_forgotten += builder.refused_count
             log.info("refused %d forgotten values from raw row %s", builder.refused_count, raw.id)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from services.extractor.parse import Candidate, PageOp, Plan
+from services.extractor.parse import PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
 from shared.pages import MAX_PAGE_HISTORY
@@ -36,6 +36,8 @@ class Turn:
     """One per new fact, then one per experience, in plan order."""
     vectors_model: str
     dedupe_score: float
+    open_intentions: frozenset[str] = frozenset()
+    """Value keys of all the owner's open intentions, not only the ones the model was shown."""
 
 
 @dataclass
@@ -108,17 +110,19 @@ class OpBuilder:
                 self.retire(fact.updates, "updated", f"${row.ref}")
 
     def add_experiences(self, plan: Plan) -> None:
-        """Lessons learned, kept apart from the facts about the user."""
+        """Lessons learned, kept apart from the facts about the user; one learnt again
+        restates the old copy (the store's restatement rule), so a reprocess adds none."""
         for j, text in enumerate(plan.experiences, start=len(plan.facts)):
             if self.forgotten(text, self.turn.vectors[j]):
                 self.refused_count += 1
                 continue
             row = self.base(common_pb2.L3_FACT, text, EXPERIENCE)
+            row.restates_at = self.turn.dedupe_score
             self.ops.append(self._with_vector(row, self.turn.vectors[j]))
 
-    def add_intentions(self, plan: Plan, candidates: Sequence[Candidate]) -> None:
+    def add_intentions(self, plan: Plan) -> None:
         """New intentions (not one already open), and the ones the turn closed."""
-        open_keys = {value_key(c.memory.content) for c in candidates if c.kind == "intention"}
+        open_keys = set(self.turn.open_intentions)
         for intention in plan.intentions:
             key = value_key(intention.text)
             if key in self.turn.refused:

@@ -42,9 +42,22 @@ def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[Fac
     return gone + ([FactChange(after, True)] if now_is else [])
 
 
+RESTATE_CANDIDATES = 5
+"""The nearest live L3 rows a new one looks through for the nearest of its own kind."""
+
+
 def restatable(row: MemoryRow) -> bool:
-    """The restatement rule's subjects: facts, never experiences (lessons are kept apart)."""
+    """Facts, never experiences: the rows the admin dedupe folds together (lessons are kept
+    apart)."""
     return row.layer == "l3_fact" and row.label != EXPERIENCE
+
+
+def same_kind(old: MemoryRow, new: MemoryRow) -> bool:
+    """Whether new may restate old: a fact restates a fact and an experience (a lesson learnt
+    again) an experience, never one the other."""
+    return old.layer == new.layer == "l3_fact" and (old.label == EXPERIENCE) == (
+        new.label == EXPERIENCE
+    )
 
 
 async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> list[FactChange]:
@@ -56,17 +69,19 @@ async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> 
 async def restate(
     w: Write, new: MemoryRow, vector: np.ndarray, at: float, spared: set[str]
 ) -> list[FactChange]:
-    """The restatement rule: the owner's live fact nearest to a new one, at cosine >= at,
-    is retired as restated by it (experiences never; nor rows this Apply names itself)."""
-    if not restatable(new):
+    """The restatement rule: the owner's live row nearest to a new fact or experience among
+    those of its kind, at cosine >= at, is retired as restated by it (not a row this Apply
+    names itself)."""
+    if new.layer != "l3_fact":
         return []
     core = w.core
     reach = core.reach(new.user_id, new.agent_id)
     hits = await vector_search(
-        core, reach, vector.tolist(), core.model.model_id, ["l3_fact"], 1, at
+        core, reach, vector.tolist(), core.model.model_id, ["l3_fact"], RESTATE_CANDIDATES, at
     )
-    old = await w.tx.get(hits[0].memory.id) if hits else None
-    if old is None or old.id in spared or old.status != ACTIVE or not restatable(old):
+    kin = next((h.memory for h in hits if h.memory.id != new.id and same_kind(h.memory, new)), None)
+    old = await w.tx.get(kin.id) if kin is not None else None
+    if old is None or old.id in spared or old.status != ACTIVE:
         return []
     return await restate_one(w, old, new, f"restated by {new.id}")
 
