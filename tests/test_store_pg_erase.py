@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,19 @@ async def vacuums_of_memories(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval(sql))
 
 
-async def test_writes_go_on_while_a_deletes_vacuum_waits_and_deletes_meanwhile_share_one_pass(
+@dataclass
+class PgStore:
+    """A store on a fresh PostgreSQL database, its stub, and a connection to watch it with."""
+
+    dsn: str
+    stub: store_pb2_grpc.StoreStub
+    watcher: asyncpg.Connection
+
+
+@contextlib.asynccontextmanager
+async def pg_store(
     tmp_path: Path, embedder_address: str, pg_databases: Any
-) -> None:
+) -> AsyncIterator[PgStore]:
     dsn = pg_databases.new_dsn()
     config = replace(store_config(tmp_path, embedder_address), store_dsn=dsn)
     async with (
@@ -68,11 +78,18 @@ async def test_writes_go_on_while_a_deletes_vacuum_waits_and_deletes_meanwhile_s
         open_channel(address) as channel,
         connected(dsn) as watcher,
     ):
-        stub = store_pb2_grpc.StoreStub(channel)
+        yield PgStore(dsn, store_pb2_grpc.StoreStub(channel), watcher)
+
+
+async def test_writes_go_on_while_a_deletes_vacuum_waits_and_deletes_meanwhile_share_one_pass(
+    tmp_path: Path, embedder_address: str, pg_databases: Any
+) -> None:
+    async with pg_store(tmp_path, embedder_address, pg_databases) as pg:
+        stub, watcher = pg.stub, pg.watcher
         rows = await apply(stub, *(insert(f"the secret of room {n}") for n in range(4)))
         deletes = [store_pb2.Op(delete=store_pb2.DeleteOp(id=row.id)) for row in rows]
         before = await vacuums_of_memories(watcher)
-        async with vacuum_held(dsn):
+        async with vacuum_held(pg.dsn):
             first = asyncio.create_task(apply(stub, deletes[0]))
             await assert_eventually(lambda: vacuum_waits(watcher))
             # A ceiling, not a timing: with the vacuum under the write lock these never end.
@@ -100,19 +117,14 @@ async def test_a_write_that_waited_for_another_replicas_lock_is_dated_after_it(
     tmp_path: Path, embedder_address: str, pg_databases: Any
 ) -> None:
     # Write times follow the order writes commit in, whichever replica made them.
-    dsn = pg_databases.new_dsn()
-    config = replace(store_config(tmp_path, embedder_address), store_dsn=dsn)
     async with (
-        running_server(config) as address,
-        open_channel(address) as channel,
-        connected(dsn) as watcher,
-        connected(dsn) as other_replica,
+        pg_store(tmp_path, embedder_address, pg_databases) as pg,
+        connected(pg.dsn) as other_replica,
     ):
-        stub = store_pb2_grpc.StoreStub(channel)
         async with other_replica.transaction():
             await other_replica.execute("SELECT pg_advisory_xact_lock($1)", WRITE_LOCK)
-            write = asyncio.create_task(apply(stub, insert("written after the other replica")))
-            await assert_eventually(lambda: write_waits(watcher))
+            write = asyncio.create_task(apply(pg.stub, insert("written after the other replica")))
+            await assert_eventually(lambda: write_waits(pg.watcher))
             released_after = time.time()
         (row,) = await asyncio.wait_for(write, WAIT_CEILING_S)
         assert row.created_at >= released_after
