@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,20 @@ def hermes_env(home: Path, **extra: str) -> dict[str, str]:
     env.update(HOME=str(home.parent), HERMES_HOME=str(home), PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
+
+
+def searching_gateway(
+    search: Callable[[web.Request], Awaitable[web.Response]],
+) -> web.Application:
+    """A stand-in gateway in lite mode whose searches the test answers."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"mode": "lite"})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/search", search)
+    return app
 
 
 def make_home(tmp: Path, hermes_python: Path, **settings: Any) -> Path:
@@ -414,9 +428,6 @@ async def test_a_late_answer_fills_the_next_turn_and_a_timely_one_ends_the_back_
 ):
     searches: list[str] = []
 
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response({"mode": "lite"})
-
     async def search(request: web.Request) -> web.Response:
         query = (await request.json())["query"]
         searches.append(query)
@@ -426,10 +437,7 @@ async def test_a_late_answer_fills_the_next_turn_and_a_timely_one_ends_the_back_
                 "layer": "l2_raw", "score": 0.9, "gmt_created": 1764547200}
         return web.json_response({"memories": {"normal": [item]}, "order": ["normal"]})
 
-    app = web.Application()
-    app.router.add_get("/api/v1/status", status)
-    app.router.add_post("/api/v1/search", search)
-    async with serving_http(app) as url:
+    async with serving_http(searching_gateway(search)) as url:
         home = make_home(tmp_path, hermes_python, server_url=url,
                          prefetch_budget_s=0.5, backoff_s=600.0)
         result = await drive_async(hermes_python, home, "outage", {
@@ -461,13 +469,7 @@ async def test_a_turn_gets_the_recall_of_its_own_question_while_the_queued_one_s
                 "score": 0.9, "gmt_created": 1764547200}
         return web.json_response({"memories": {"normal": [item]}, "order": ["normal"]})
 
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response({"mode": "lite"})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/status", status)
-    app.router.add_post("/api/v1/search", search)
-    async with serving_http(app) as url:
+    async with serving_http(searching_gateway(search)) as url:
         home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0)
         try:
             result = await drive_async(hermes_python, home, "next_question", {
@@ -491,13 +493,7 @@ async def test_a_recall_shows_as_many_memories_of_a_channel_as_prefetch_limit_as
                   "score": 0.9, "gmt_created": 1764547200} for i in range(body["limit"])]
         return web.json_response({"memories": {"normal": items}, "order": ["normal"]})
 
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response({"mode": "lite"})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/status", status)
-    app.router.add_post("/api/v1/search", search)
-    async with serving_http(app) as url:
+    async with serving_http(searching_gateway(search)) as url:
         home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0,
                          prefetch_limit=7)
         result = await drive_async(hermes_python, home, "next_question", {
