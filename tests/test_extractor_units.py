@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import pytest
 
 import shared.llm
 from services.extractor.fact_ops import OpBuilder, Turn, page_ops
+from services.extractor.owner_locks import OwnerLocks
 from services.extractor.parse import Candidate, FactOp, IntentionOp, PageOp, Plan, read_plan
 from services.extractor.prompt import (
     MAX_PAGE_SHOWN_BYTES,
@@ -416,3 +418,28 @@ def test_a_stored_date_no_calendar_shows_is_left_out_of_the_prompt() -> None:
     assert "[1] Ann keeps the contract (stored 1970-01-02)" in text
     assert "[2] Ann renews it (stored 1970-01-01)" in text
     assert (day(253402387139.0), rfc3339(float("nan"))) == ("", "")
+
+
+async def test_an_owners_lock_serialises_its_work_and_is_dropped_when_nobody_wants_it() -> None:
+    locks = OwnerLocks()
+    order: list[str] = []
+    first_in, let_first_go = asyncio.Event(), asyncio.Event()
+
+    async def work(owner: str, name: str, held: asyncio.Event | None = None) -> None:
+        async with locks.hold(owner):
+            order.append(f"{name} in")
+            if held is not None:
+                first_in.set()
+                await held.wait()
+            order.append(f"{name} out")
+
+    first = asyncio.create_task(work("ann", "first", let_first_go))
+    await first_in.wait()
+    second = asyncio.create_task(work("ann", "second"))
+    await work("bob", "other owner")  # another owner's work does not wait
+    assert len(locks) == 1  # ann's, held and waited for
+    let_first_go.set()
+    await asyncio.gather(first, second)
+    assert order == ["first in", "other owner in", "other owner out", "first out",
+                     "second in", "second out"]
+    assert len(locks) == 0

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 from services.extractor.extract import (
@@ -19,6 +18,7 @@ from services.extractor.extract import (
     owner_scope,
 )
 from services.extractor.living import Living
+from services.extractor.owner_locks import OwnerLocks
 from shared.errors import NotFound
 from shared.leases import Leases, lease_name
 from shared.llm import LlmClient, LlmUnavailable
@@ -81,7 +81,7 @@ class Worker:
         self.store = store
         self.mode = mode
         self.policy = policy
-        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks = OwnerLocks()
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self._wake = asyncio.Event()
         self._catchup_lock = asyncio.Lock()
@@ -153,7 +153,7 @@ class Worker:
         failed."""
         owner = (chosen.owner.user_id, chosen.owner.agent_id)
         lease = self.leases.held(lease_name(OWNER_LEASE, *owner), wait=True)
-        async with self._locks[owner], lease:
+        async with self._locks.hold(owner), lease:
             # Read only now: another extraction of the owner, here or on another replica, may
             # have changed what it is shown, or extracted this very row, meanwhile.
             try:
