@@ -67,9 +67,13 @@ def check_strings(text: str, value: Any, where: str) -> None:
 
 
 def check_object(what: str, value: dict[str, Any]) -> str:
-    """A metadata object as compact JSON, when it nests at most MAX_JSON_DEPTH levels (else a
-    400) and takes at most MAX_METADATA_BYTES of UTF-8 (else a 413)."""
+    """A metadata object as compact JSON, when it nests at most MAX_JSON_DEPTH levels and
+    holds no NUL character in a string or key (else a 400: PostgreSQL's JSON cannot hold one,
+    so SQLite is not let keep one either) and takes at most MAX_METADATA_BYTES of UTF-8 (else a
+    413)."""
     check_depth(value, what)
+    if _holds_nul(value):
+        raise InvalidArgument(f"{what} may not hold a NUL character")
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     size = len(text.encode())
     if size > MAX_METADATA_BYTES:
@@ -86,6 +90,22 @@ def check_depth(value: Any, where: str, levels: int = MAX_JSON_DEPTH) -> None:
             raise InvalidArgument(f"{where} is nested over {levels} levels deep")
         children = item.values() if isinstance(item, dict) else item
         pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a string or key anywhere in a JSON value holds a NUL (its depth is checked)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def check_unicode(value: Any, where: str) -> None:

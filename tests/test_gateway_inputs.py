@@ -133,6 +133,8 @@ async def test_a_text_over_the_limit_is_413_and_changes_nothing(
         ("/api/v1/add", {"text": "a\x00b", "user_id": USER}, "text"),
         ("/api/v1/add", {"data": "a\x00b", "user_id": USER}, "data"),
         ("/api/v1/update", {"id": "$row", "text": "a\x00b", "user_id": USER}, "text"),
+        ("/api/v1/add", {"text": "ok", "metadata": {"k": ["a\x00b"]}, "user_id": USER},
+         "metadata"),
     ],
 )
 async def test_a_text_holding_a_nul_is_400_on_either_backend_and_changes_nothing(

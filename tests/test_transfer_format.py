@@ -225,6 +225,11 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             '"keys": [{"kind": "clause", "text": "\\u0000"}]}',
             "keys[0].text may not hold a NUL character",
         ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", '
+            '"metadata": {"k\\u0000": 1}}}',
+            "memory.metadata may not hold a NUL character",
+        ),
         # A lone surrogate, which no store can encode, wherever the line holds it.
         (
             '{"type": "memory", "memory": {"user_id": "u", "content": "a\\ud800b"}}',
