@@ -4,6 +4,8 @@ write transactions' locks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -20,19 +22,36 @@ async def indexes(conn: asyncpg.Connection) -> set[str]:
     return {r[0] for r in rows}
 
 
-async def test_a_version_1_database_loses_the_index_that_long_names_overflow(
-    pg_databases: Any,
-) -> None:
+@contextlib.asynccontextmanager
+async def fresh_schema(pg_databases: Any) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to a new database holding the current schema."""
     conn = await asyncpg.connect(pg_databases.new_dsn())
     try:
         await create_or_migrate(conn, NDIM, "test")
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def as_version(conn: asyncpg.Connection, version: int, changes: str) -> None:
+    """Takes the schema back to how an older version left it: its changes, then the version."""
+    await conn.execute(
+        f"{changes}; DELETE FROM schema_version; "
+        f"INSERT INTO schema_version (version, applied_at) VALUES ({version}, 0)"
+    )
+
+
+async def test_a_version_1_database_loses_the_index_that_long_names_overflow(
+    pg_databases: Any,
+) -> None:
+    async with fresh_schema(pg_databases) as conn:
         # As version 1 left it: the neighbours index by user, agent and session.
-        await conn.execute(
+        await as_version(
+            conn,
+            1,
             "DROP INDEX memories_session_turns; "
             "CREATE INDEX memories_neighbours "
-            "ON memories(user_id, agent_id, session_id, layer, seq); "
-            "DELETE FROM schema_version; "
-            "INSERT INTO schema_version (version, applied_at) VALUES (1, 0)"
+            "ON memories(user_id, agent_id, session_id, layer, seq)",
         )
 
         await create_or_migrate(conn, NDIM, "test")
@@ -42,8 +61,6 @@ async def test_a_version_1_database_loses_the_index_that_long_names_overflow(
         assert "memories_neighbours" not in found and "memories_session_turns" in found
         versions = await conn.fetch("SELECT version FROM schema_version ORDER BY version")
         assert [r[0] for r in versions] == [1, SCHEMA_VERSION]
-    finally:
-        await conn.close()
 
 
 async def gin_options(conn: asyncpg.Connection) -> dict[str, list[str] | None]:
@@ -58,18 +75,16 @@ async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database
     pg_databases: Any,
 ) -> None:
     limit = [f"gin_pending_list_limit={GIN_PENDING_KB}"]
-    conn = await asyncpg.connect(pg_databases.new_dsn())
-    try:
-        await create_or_migrate(conn, NDIM, "test")
+    async with fresh_schema(pg_databases) as conn:
         assert await gin_options(conn) == {"memories_terms": limit, "memory_keys_terms": limit}
         # As version 2 left it: the server's default limit, and rows waiting in the list.
-        await conn.execute(
+        await as_version(
+            conn,
+            2,
             "ALTER INDEX memories_terms RESET (gin_pending_list_limit); "
             "ALTER INDEX memory_keys_terms RESET (gin_pending_list_limit); "
-            "DELETE FROM schema_version; "
-            "INSERT INTO schema_version (version, applied_at) VALUES (2, 0); "
             "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
-            "VALUES ('m1', 'u', 'l1_turn', 'pending words', 0, 0)"
+            "VALUES ('m1', 'u', 'l1_turn', 'pending words', 0, 0)",
         )
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
         pending = "SELECT pending_tuples FROM pgstatginindex('memories_terms')"
@@ -80,24 +95,20 @@ async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database
         assert await gin_options(conn) == {"memories_terms": limit, "memory_keys_terms": limit}
         assert await conn.fetchval(pending) == 0
         assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
-    finally:
-        await conn.close()
 
 
 async def test_a_version_4_databases_edges_get_name_keys_that_ignore_case_in_any_script(
     pg_databases: Any,
 ) -> None:
-    conn = await asyncpg.connect(pg_databases.new_dsn())
-    try:
-        await create_or_migrate(conn, NDIM, "test")
+    async with fresh_schema(pg_databases) as conn:
         # As version 4 left it: edges without name keys.
-        await conn.execute(
+        await as_version(
+            conn,
+            4,
             "ALTER TABLE graph_edges DROP COLUMN subject_key, DROP COLUMN relation_key, "
             "DROP COLUMN object_key; "
-            "DELETE FROM schema_version; "
-            "INSERT INTO schema_version (version, applied_at) VALUES (4, 0); "
             "INSERT INTO graph_edges (id, user_id, subject, relation, object, recorded_at) "
-            "VALUES ('e1', 'u', 'Émile', 'Lives In', 'ΣΟΦΊΑ', 0)"
+            "VALUES ('e1', 'u', 'Émile', 'Lives In', 'ΣΟΦΊΑ', 0)",
         )
 
         await create_or_migrate(conn, NDIM, "test")
@@ -105,8 +116,6 @@ async def test_a_version_4_databases_edges_get_name_keys_that_ignore_case_in_any
         keys = await conn.fetchrow("SELECT subject_key, relation_key, object_key FROM graph_edges")
         assert tuple(keys) == ("émile", "lives in", "σοφία")
         assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
-    finally:
-        await conn.close()
 
 
 async def test_a_start_while_a_write_is_open_waits_for_it_rather_than_lock_tables_beside_it(
