@@ -691,7 +691,104 @@ def audit_entry(values: Sequence[Any]) -> AuditEntry:
     )
 
 
-class Repo:
+class SharedReads:
+    """The reads whose SQL is the same on SQLite and PostgreSQL (`?` parameters); each
+    backend's repo says how a statement runs (_fetch)."""
+
+    async def _fetch(self, sql: str, *params: Any) -> Sequence[Sequence[Any]]:
+        raise NotImplementedError
+
+    async def get_meta(self, key: str) -> str | None:
+        """A value of the store_meta table."""
+        rows = await self._fetch("SELECT value FROM store_meta WHERE key = ?", key)
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def get(self, memory_id: str) -> MemoryRow | None:
+        """One row by id, whoever owns it (callers check the scope)."""
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", memory_id)
+        return _row(rows[0]) if rows else None
+
+    async def user_ids(self) -> list[str]:
+        """Every user id that has rows."""
+        rows = await self._fetch("SELECT DISTINCT user_id FROM memories")
+        return [r[0] for r in rows]
+
+    async def keys_in(
+        self, reach: Reach, layers: Sequence[str], include_superseded: bool
+    ) -> list[int]:
+        """Every vector key of the rows inside reach and layers."""
+        where, params = _filters(reach, layers, include_superseded)
+        rows = await self._fetch(
+            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
+            *params,
+        )
+        clause = await self._fetch(
+            "SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
+            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
+            *params,
+        )
+        return [int(r[0]) for r in rows] + [CLAUSE_KEY_OFFSET + int(r[0]) for r in clause]
+
+    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
+        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
+        where, params = _filters(reach)
+        rows = await self._fetch(
+            f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
+            "GROUP BY m.layer, m.status",
+            *params,
+        )
+        live: dict[str, int] = {}
+        retired = 0
+        for layer, status, n in rows:
+            if status == RETIRED:
+                retired += n
+            else:
+                live[layer] = live.get(layer, 0) + n
+        unextracted_where = [
+            *where,
+            "m.layer = 'l2_raw'",
+            "m.status = 'active'",
+            "m.extraction_status IN ('pending', 'failed')",
+        ]
+        ((unextracted,),) = await self._fetch(
+            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
+        )
+        ((vectors,),) = await self._fetch(
+            f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"{_where(where)}",
+            *params,
+        )
+        return live, retired, int(unextracted), int(vectors)
+
+    async def list_edges(
+        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
+    ) -> tuple[list[Edge], int]:
+        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
+        where, params = _edge_filters(reach)
+        if as_of is not None:
+            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
+            params.extend([as_of, as_of])
+        elif not include_stale:
+            where.append("stale = 0 AND invalidated_at IS NULL")
+        clause = _where(where)
+        rows = await self._fetch(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
+            *params, limit, offset,
+        )
+        ((total,),) = await self._fetch(f"SELECT count(*) FROM graph_edges {clause}", *params)
+        return [_edge(r) for r in rows], int(total)
+
+    async def history(self, memory_id: str) -> list[tuple[AuditEntry, str, str]]:
+        """The audit entries of one row, oldest first, each with the owner it was recorded under."""
+        rows = await self._fetch(
+            "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason, "
+            "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
+            memory_id,
+        )
+        return [(audit_entry(r[:8]), r[8], r[9]) for r in rows]
+
+
+class Repo(SharedReads):
     """The store's SQLite database: a writer connection, a reader connection, a reader for
     each keyword index, and one for short reads by key on the event loop (keyed_read)."""
 
@@ -824,6 +921,9 @@ class Repo:
             raise RuntimeError("repo is closed")
         return self._reader
 
+    async def _fetch(self, sql: str, *params: Any) -> Sequence[Sequence[Any]]:
+        return list(await self.reader.execute_fetchall(sql, params))
+
     async def keyed_read(
         self,
         keys: int,
@@ -910,13 +1010,6 @@ class Repo:
                 raise
             # Nothing was open: the BEGIN itself failed.
 
-    async def get_meta(self, key: str) -> str | None:
-        """A value of the store_meta table."""
-        rows = await self.reader.execute_fetchall(
-            "SELECT value FROM store_meta WHERE key = ?", (key,)
-        )
-        return next(iter(rows))[0] if rows else None
-
     async def set_meta(self, key: str, value: str) -> None:
         """Sets a value of the store_meta table."""
         await self.writer.execute(
@@ -940,13 +1033,6 @@ class Repo:
         """How many vectors each embedding model made."""
         rows = await self.reader.execute_fetchall(VECTOR_MODELS)
         return {r[0]: r[1] for r in rows}
-
-    async def get(self, memory_id: str) -> MemoryRow | None:
-        """One row by id, whoever owns it (callers check the scope)."""
-        rows = await self.reader.execute_fetchall(
-            f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (memory_id,)
-        )
-        return _row(next(iter(rows))) if rows else None
 
     async def get_many(
         self,
@@ -1145,22 +1231,6 @@ class Repo:
         )
         return {int(key): memory_id for key, memory_id in rows}
 
-    async def keys_in(
-        self, reach: Reach, layers: Sequence[str], include_superseded: bool
-    ) -> list[int]:
-        """Every vector key of the rows inside reach and layers."""
-        where, params = _filters(reach, layers, include_superseded)
-        rows = await self.reader.execute_fetchall(
-            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
-            params,
-        )
-        clause = await self.reader.execute_fetchall(
-            f"SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
-            params,
-        )
-        return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
-
     async def vector_keys_of(self, user_id: str) -> set[int]:
         """Every vector key of a user's rows (their own vectors and their clause keys)."""
         rows = await self.reader.execute_fetchall(
@@ -1176,11 +1246,6 @@ class Repo:
         )
         keys.update(CLAUSE_KEY_OFFSET + int(r[0]) for r in clause)
         return keys
-
-    async def user_ids(self) -> list[str]:
-        """Every user id that has rows."""
-        rows = await self.reader.execute_fetchall("SELECT DISTINCT user_id FROM memories")
-        return [r[0] for r in rows]
 
     async def vectors_for_keys(self, keys: Sequence[int], ndim: int) -> np.ndarray:
         """The stored vectors of keys, in the order given."""
@@ -1203,57 +1268,6 @@ class Repo:
         for i, key in enumerate(keys):
             matrix[i] = found[int(key)]
         return matrix
-
-    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
-        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
-        where, params = _filters(reach)
-        rows = await self.reader.execute_fetchall(
-            f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
-            "GROUP BY m.layer, m.status",
-            params,
-        )
-        live: dict[str, int] = {}
-        retired = 0
-        for layer, status, n in rows:
-            if status == RETIRED:
-                retired += n
-            else:
-                live[layer] = live.get(layer, 0) + n
-        unextracted_where = [
-            *where,
-            "m.layer = 'l2_raw'",
-            "m.status = 'active'",
-            "m.extraction_status IN ('pending', 'failed')",
-        ]
-        unextracted = await self.reader.execute_fetchall(
-            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", params
-        )
-        vectors = await self.reader.execute_fetchall(
-            f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "
-            f"{_where(where)}",
-            params,
-        )
-        return live, retired, next(iter(unextracted))[0], next(iter(vectors))[0]
-
-    async def list_edges(
-        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
-    ) -> tuple[list[Edge], int]:
-        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
-        where, params = _edge_filters(reach)
-        if as_of is not None:
-            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
-            params.extend([as_of, as_of])
-        elif not include_stale:
-            where.append("stale = 0 AND invalidated_at IS NULL")
-        clause = "WHERE " + " AND ".join(where)
-        rows = await self.reader.execute_fetchall(
-            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
-            (*params, limit, offset),
-        )
-        total = await self.reader.execute_fetchall(
-            f"SELECT count(*) FROM graph_edges {clause}", params
-        )
-        return [_edge(r) for r in rows], next(iter(total))[0]
 
     async def graph_counts(self, reach: Reach) -> tuple[int, int]:
         """Live edges in a reach and the distinct entities they join."""
@@ -1286,11 +1300,3 @@ class Repo:
                 total += path.stat().st_size
         return total
 
-    async def history(self, memory_id: str) -> list[tuple[AuditEntry, str, str]]:
-        """The audit entries of one row, oldest first, each with the owner it was recorded under."""
-        rows = await self.reader.execute_fetchall(
-            "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason, "
-            "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
-            (memory_id,),
-        )
-        return [(audit_entry(r[:8]), r[8], r[9]) for r in rows]

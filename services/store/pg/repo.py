@@ -12,10 +12,7 @@ from pgvector import HalfVector
 from services.store.model import (
     ACTIVE,
     EVERY_ROW,
-    RETIRED,
-    AuditEntry,
     CountQuery,
-    Edge,
     ListQuery,
     MemoryRow,
     Reach,
@@ -26,15 +23,13 @@ from services.store.pg.vacuum import Vacuums
 from services.store.pg.writes import PgWrites
 from services.store.repo import (
     _COLUMNS,
-    _EDGE_COLUMNS,
     _M_COLUMNS,
     CLAUSE_KEY_OFFSET,
-    _edge,
+    SharedReads,
     _edge_filters,
     _filters,
     _row,
     _where,
-    audit_entry,
     replacement_chains,
     split_keys,
 )
@@ -48,12 +43,15 @@ def _array(vector: HalfVector) -> np.ndarray:
     return vector.to_numpy().astype(np.float32)
 
 
-class PgRepo:
+class PgRepo(SharedReads):
     """The store's rows in PostgreSQL (see rows.Rows for what each method does)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
         self._vacuums = Vacuums(db)
+
+    async def _fetch(self, sql: str, *params: Any) -> Sequence[Sequence[Any]]:
+        return list(await self.db.fetch(sql, *params))
 
     async def close(self) -> None:
         """Waits for the vacuum passes asked for (the pool is the caller's to close)."""
@@ -93,11 +91,6 @@ class PgRepo:
         """Keyword search of one tsvector index (see pg.text.search)."""
         return await text.search(self.db, index, terms, least, reach, layers, include_superseded, k)
 
-    async def get_meta(self, key: str) -> str | None:
-        """A value of the store_meta table."""
-        value = await self.db.fetchval("SELECT value FROM store_meta WHERE key = ?", key)
-        return str(value) if value is not None else None
-
     async def set_meta(self, key: str, value: str) -> None:
         """Sets a value of the store_meta table."""
         await self.db.execute(
@@ -121,11 +114,6 @@ class PgRepo:
         """How many vectors each embedding model made."""
         rows = await self.db.fetch("SELECT model_id, count(*) FROM vectors GROUP BY model_id")
         return {r[0]: r[1] for r in rows}
-
-    async def get(self, memory_id: str) -> MemoryRow | None:
-        """One row by id, whoever owns it (callers check the scope)."""
-        rows = await self.db.fetch(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", memory_id)
-        return _row(rows[0]) if rows else None
 
     async def get_many(
         self,
@@ -237,76 +225,6 @@ class PgRepo:
         )
         return {int(key): memory_id for key, memory_id in rows}
 
-    async def keys_in(
-        self, reach: Reach, layers: Sequence[str], include_superseded: bool
-    ) -> list[int]:
-        """Every vector key of the rows inside reach and layers."""
-        where, params = _filters(reach, layers, include_superseded)
-        rows = await self.db.fetch(
-            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
-            *params,
-        )
-        clause = await self.db.fetch(
-            "SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
-            *params,
-        )
-        return [r[0] for r in rows] + [CLAUSE_KEY_OFFSET + r[0] for r in clause]
-
-    async def user_ids(self) -> list[str]:
-        """Every user id that has rows."""
-        rows = await self.db.fetch("SELECT DISTINCT user_id FROM memories")
-        return [r[0] for r in rows]
-
-    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
-        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
-        where, params = _filters(reach)
-        rows = await self.db.fetch(
-            f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
-            "GROUP BY m.layer, m.status",
-            *params,
-        )
-        live: dict[str, int] = {}
-        retired = 0
-        for layer, status, n in rows:
-            if status == RETIRED:
-                retired += n
-            else:
-                live[layer] = live.get(layer, 0) + n
-        unextracted_where = [
-            *where,
-            "m.layer = 'l2_raw'",
-            "m.status = 'active'",
-            "m.extraction_status IN ('pending', 'failed')",
-        ]
-        unextracted = await self.db.fetchval(
-            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
-        )
-        vectors = await self.db.fetchval(
-            f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "
-            f"{_where(where)}",
-            *params,
-        )
-        return live, retired, int(unextracted), int(vectors)
-
-    async def list_edges(
-        self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
-    ) -> tuple[list[Edge], int]:
-        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
-        where, params = _edge_filters(reach)
-        if as_of is not None:
-            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
-            params.extend([as_of, as_of])
-        elif not include_stale:
-            where.append("stale = 0 AND invalidated_at IS NULL")
-        clause = _where(where)
-        rows = await self.db.fetch(
-            f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
-            *params, limit, offset,
-        )
-        total = await self.db.fetchval(f"SELECT count(*) FROM graph_edges {clause}", *params)
-        return [_edge(r) for r in rows], int(total)
-
     async def graph_counts(self, reach: Reach) -> tuple[int, int]:
         """The distinct entities live edges in a reach join, and those edges (as SQLite's)."""
         where, params = _edge_filters(reach)
@@ -345,11 +263,3 @@ class PgRepo:
         """The size of the database on disk."""
         return int(await self.db.fetchval("SELECT pg_database_size(current_database())"))
 
-    async def history(self, memory_id: str) -> list[tuple[AuditEntry, str, str]]:
-        """The audit entries of one row, oldest first, each with the owner it was recorded under."""
-        rows = await self.db.fetch(
-            "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason, "
-            "user_id, agent_id FROM audit WHERE memory_id = ? ORDER BY seq",
-            memory_id,
-        )
-        return [(audit_entry(r[:8]), r[8], r[9]) for r in rows]
