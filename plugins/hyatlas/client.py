@@ -137,15 +137,16 @@ class HyAtlasClient:
 
     def recent(
         self, *, user_id: str, agent_id: str, limit: int = 20, layer: str = "",
-        include_raw: bool = True,
+        include_raw: bool = True, offset: int = 0, include_superseded: bool = False,
     ) -> dict[str, Any]:
         """POST /api/v1/list, newest first."""
         body: dict[str, Any] = {
             "user_id": user_id,
             "agent_id": agent_id,
             "limit": limit,
-            "offset": 0,
+            "offset": offset,
             "include_raw": include_raw,
+            "include_superseded": include_superseded,
         }
         if layer:
             body["layer"] = layer

@@ -15,12 +15,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .client import ClientError, HttpError, HyAtlasClient
+from .client import ClientError, HttpError, HyAtlasClient, well_formed
 
 log = logging.getLogger("hyatlas.outbox")
 
 PARK_S = 600.0
 """How long a forget waits before it is retried when the server does not offer forget yet."""
+
+KEY_KEPT_S = 24 * 3600.0
+"""How long the server remembers an Idempotency-Key (KEPT_S in services/store/idempotency.py)."""
+
+CLOCK_SLACK_S = 3600.0
+"""How far this machine's clock and the server's may differ when judging a key's age."""
+
+MAX_OPS = 10_000
+"""The most ops an outbox keeps; past it the oldest go, logged and counted as dropped."""
+
+LIST_PAGE = 200
+"""Rows per page when looking for a write the server may already hold."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ops (
@@ -34,6 +46,10 @@ CREATE TABLE IF NOT EXISTS ops (
   last_error TEXT NOT NULL DEFAULT '',
   idempotency_key TEXT NOT NULL DEFAULT ''
 )
+"""
+# How many ops left the outbox without being sent, by reason.
+DROPPED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dropped (reason TEXT PRIMARY KEY, ops INTEGER NOT NULL)
 """
 # An outbox file from before keys: its ops get one each, kept from then on.
 KEYS_ADDED = """
@@ -66,12 +82,45 @@ def new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
 
+def already_stored(client: HyAtlasClient, payload: dict[str, Any], since: float) -> bool:
+    """Whether the server holds this add's raw row, written at or after since: the same text,
+    agent and session among the owner's raw rows (retired ones too), newest first."""
+    wanted = (well_formed(payload.get("text", "")), payload.get("agent_id", ""),
+              payload.get("session_id", ""))
+    offset = 0
+    while True:
+        listed = client.recent(
+            user_id=payload.get("user_id", ""), agent_id=payload.get("agent_id", ""),
+            layer="l2_raw", limit=LIST_PAGE, offset=offset, include_superseded=True,
+        )
+        rows = listed.get("memories") or []
+        if any((row.get("content"), row.get("agent_id", ""), row.get("session_id", "")) == wanted
+               for row in rows):
+            return True
+        offset += len(rows)
+        if not rows or rows[-1].get("gmt_created", 0) < since or offset >= listed.get("total", 0):
+            return False
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (the connection otherwise commits each statement alone)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 def _open_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute(SCHEMA)
+        db.execute(DROPPED_SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(ops)")}
         if "idempotency_key" not in columns:
             db.executescript(KEYS_ADDED)
@@ -112,11 +161,15 @@ class Outbox:
         *,
         retry_min_s: float = 0.25,
         retry_max_s: float = 10.0,
+        max_ops: int = MAX_OPS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.client = client
         self._retry_min_s = retry_min_s
         self._retry_max_s = retry_max_s
+        self._max_ops = max_ops
+        self._clock = clock
         self._db = _open_db(path)
         self._db_lock = threading.Lock()
         self._changed = threading.Condition()
@@ -137,13 +190,35 @@ class Outbox:
         if kind not in SENDERS:
             raise ValueError(f"unknown outbox op {kind!r}")
         key = idempotency_key or new_idempotency_key()
-        with self._db_lock:
+        with self._db_lock, _transaction(self._db):
             cursor = self._db.execute(
                 "INSERT INTO ops (kind, payload, created_at, idempotency_key) VALUES (?, ?, ?, ?)",
-                (kind, json.dumps(payload), time.time(), key),
+                (kind, json.dumps(payload), self._clock(), key),
             )
+            over = int(self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]) - self._max_ops
+            if over > 0:
+                self._db.execute(
+                    "DELETE FROM ops WHERE id IN (SELECT id FROM ops ORDER BY id LIMIT ?)", (over,)
+                )
+                self._count_dropped("over_limit", over)
+        if over > 0:
+            log.error("hyatlas outbox holds more than %d writes: the %d oldest were dropped unsent",
+                      self._max_ops, over)
         self._wake.set()
         return int(cursor.lastrowid or 0)
+
+    def _count_dropped(self, reason: str, ops: int) -> None:
+        self._db.execute(
+            "INSERT INTO dropped (reason, ops) VALUES (?, ?)"
+            " ON CONFLICT(reason) DO UPDATE SET ops = ops + excluded.ops",
+            (reason, ops),
+        )
+
+    def dropped(self) -> dict[str, int]:
+        """How many ops left unsent, by reason: over_limit (the outbox was full, lost) and
+        already_stored (queued past the server's key window and found on the server)."""
+        with self._db_lock:
+            return dict(self._db.execute("SELECT reason, ops FROM dropped ORDER BY reason"))
 
     def pending(self, kind: str | None = None) -> int:
         """How many ops wait to be sent (parked ones included, refused ones not)."""
@@ -176,18 +251,18 @@ class Outbox:
             ).fetchall()
         return [
             {"id": r[0], "kind": r[1], "payload": json.loads(r[2]), "attempts": r[3],
-             "parked": r[4] > time.time(), "dead": bool(r[5]), "last_error": r[6]}
+             "parked": r[4] > self._clock(), "dead": bool(r[5]), "last_error": r[6]}
             for r in rows
         ]
 
-    def _next_due(self) -> tuple[int, str, dict[str, Any], str] | None:
+    def _next_due(self) -> tuple[int, str, dict[str, Any], str, float] | None:
         with self._db_lock:
             row = self._db.execute(
-                "SELECT id, kind, payload, idempotency_key FROM ops"
+                "SELECT id, kind, payload, idempotency_key, created_at FROM ops"
                 " WHERE dead = 0 AND not_before <= ? ORDER BY id LIMIT 1",
-                (time.time(),),
+                (self._clock(),),
             ).fetchone()
-        return None if row is None else (row[0], row[1], json.loads(row[2]), row[3])
+        return None if row is None else (row[0], row[1], json.loads(row[2]), row[3], row[4])
 
     def _update(self, sql: str, args: tuple[Any, ...]) -> None:
         with self._db_lock:
@@ -206,8 +281,10 @@ class Outbox:
             item = self._next_due()
             if item is None:
                 return True
-            op_id, kind, payload, key = item
+            op_id, kind, payload, key, created_at = item
             try:
+                if self._stored_before(op_id, kind, payload, created_at):
+                    continue
                 SENDERS[kind](self.client, payload, key)
             except HttpError as exc:
                 if kind == "forget" and exc.status in (404, 405, 501):
@@ -216,7 +293,7 @@ class Outbox:
                     self._update(
                         "UPDATE ops SET attempts = attempts + 1, not_before = ?, last_error = ?"
                         " WHERE id = ?",
-                        (time.time() + PARK_S, str(exc), op_id),
+                        (self._clock() + PARK_S, str(exc), op_id),
                     )
                     continue
                 if refused_for_good(exc):
@@ -236,6 +313,25 @@ class Outbox:
             self.last_error = ""
             self._update("DELETE FROM ops WHERE id = ?", (op_id,))
         return False
+
+    def _stored_before(
+        self, op_id: int, kind: str, payload: dict[str, Any], created_at: float
+    ) -> bool:
+        """Whether an add queued longer than the server keeps its key is already stored; if so
+        it is dropped, since sending it again under a forgotten key would store it twice."""
+        age_s = self._clock() - created_at
+        if kind != "add" or age_s < KEY_KEPT_S - CLOCK_SLACK_S:
+            return False
+        if not already_stored(self.client, payload, created_at - CLOCK_SLACK_S):
+            return False
+        log.warning("hyatlas outbox: a write queued %.1f h ago is already stored on the server; "
+                    "dropped instead of sent again", age_s / 3600)
+        with self._db_lock, _transaction(self._db):
+            self._db.execute("DELETE FROM ops WHERE id = ?", (op_id,))
+            self._count_dropped("already_stored", 1)
+        with self._changed:
+            self._changed.notify_all()
+        return True
 
     def send_once(self) -> bool:
         """Sends what is due now from this thread, unless another process holds the sender role."""
@@ -291,7 +387,7 @@ class Outbox:
             ).fetchone()
         if row is None or row[0] is None:
             return 60.0
-        return max(0.05, min(60.0, row[0] - time.time()))
+        return max(0.05, min(60.0, row[0] - self._clock()))
 
     @contextlib.contextmanager
     def _sender_role(self) -> Iterator[bool]:

@@ -119,9 +119,11 @@ def _text(args: dict[str, Any], key: str) -> str:
     return value.strip()
 
 
-def queue_counts(outbox: Outbox) -> dict[str, int]:
-    """The local queue as status answers show it: writes waiting, writes the server refused."""
-    return {"plugin_queue": outbox.pending(), "plugin_refused": outbox.refused()}
+def queue_counts(outbox: Outbox) -> dict[str, Any]:
+    """The local queue as status answers show it: writes waiting, writes the server refused,
+    and writes that left unsent, by reason."""
+    return {"plugin_queue": outbox.pending(), "plugin_refused": outbox.refused(),
+            "plugin_dropped": outbox.dropped()}
 
 
 def _status(scope: Scope, args: dict[str, Any]) -> Any:

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 # The longest a scenario waits for a condition; it returns as soon as the condition holds.
@@ -321,9 +322,36 @@ def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errors, "available": provider.is_available()}
 
 
+def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
+    """Queues params["ops"] ([payload, key] pairs) in an outbox of its own, lets its clock run
+    params["age_s"] on, sends once; what is left, what was dropped and what was logged."""
+    provider = _provider()
+    package = type(provider).__module__
+    outbox_mod = sys.modules[package + ".outbox"]
+    client_mod = sys.modules[package + ".client"]
+    now = [time.time()]
+    outbox = outbox_mod.Outbox(
+        Path(os.environ["HERMES_HOME"]) / "aged-outbox.sqlite3",
+        client_mod.HyAtlasClient(params["server_url"]),
+        max_ops=params.get("max_ops", outbox_mod.MAX_OPS), clock=lambda: now[0],
+    )
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("hyatlas.outbox").addHandler(handler)
+    for payload, key in params["ops"]:
+        outbox.put("add", payload, key)
+    now[0] += params["age_s"]
+    sent = outbox.send_once() if params.get("send", True) else None
+    result = {"sent": sent, "queued": [op["payload"]["text"] for op in outbox.snapshot()],
+              "dropped": outbox.dropped(), "logged": logged}
+    outbox.close()
+    return result
+
+
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, tool_calls,
                                      context_writes, logged_writes, down, outage, tried, resume,
-                                     autostart, dashboard, config, refused_settings)}
+                                     autostart, dashboard, config, refused_settings, aged_outbox)}
 
 
 def main() -> None:
