@@ -88,11 +88,12 @@ def search(
 def recent(
     layer: str = "",
     limit: int = Query(20, ge=1, le=200),
+    offset: int = Query(0, ge=0),
     include_raw: bool = True,
     user_id: str = "",
     agent_id: str = "",
 ) -> Any:
-    """The newest memories (the gateway's /api/v1/list)."""
+    """The newest memories from offset on, with the total (the gateway's /api/v1/list)."""
     client, owner = _context(user_id, agent_id)
-    return _call(client.recent, limit=limit, layer=_check_layer(layer),
+    return _call(client.recent, limit=limit, offset=offset, layer=_check_layer(layer),
                  include_raw=include_raw, **owner)

@@ -83,17 +83,42 @@
         }));
   }
 
+  const RECENT_PAGE = 30;
+
   function Recent() {
     const [rows, setRows] = React.useState([]);
+    const [total, setTotal] = React.useState(null);
+    const [loading, setLoading] = React.useState(true);
     const [error, setError] = React.useState("");
-    React.useEffect(function () {
-      api("/recent?limit=30").then(function (b) { setRows(b.memories || []); })
-        .catch(function (e) { setError(String(e)); });
-    }, []);
+    function load(offset) {
+      setLoading(true);
+      api("/recent?limit=" + RECENT_PAGE + "&offset=" + offset).then(function (b) {
+        setRows(function (old) {
+          // Writes since the last page shift it: a row already shown is not shown twice.
+          const kept = old.slice(0, offset);
+          const shown = new Set(kept.map(function (m) { return m.memory_id; }));
+          return kept.concat((b.memories || []).filter(function (m) {
+            return !shown.has(m.memory_id);
+          }));
+        });
+        setTotal(typeof b.total === "number" ? b.total : null);
+      }).catch(function (e) { setError(String(e)); })
+        .finally(function () { setLoading(false); });
+    }
+    React.useEffect(function () { load(0); }, []);
     if (error) return h("p", { className: "hyatlas-error" }, error);
-    return h("ul", null, rows.map(function (m) {
-      return h(MemoryRow, { key: m.memory_id, memory: m });
-    }));
+    // Never a silent cut: the count says how many rows exist beyond the ones shown.
+    const more = total === null ? rows.length % RECENT_PAGE === 0 && rows.length > 0
+      : rows.length < total;
+    const count = total === null ? rows.length + (more ? "+" : "") : rows.length + " of " + total;
+    return h("div", null,
+      h("p", { className: "hyatlas-count" }, loading && !rows.length ? "Loading…"
+        : "Showing " + count + " memories, newest first"),
+      h("ul", null, rows.map(function (m) {
+        return h(MemoryRow, { key: m.memory_id, memory: m });
+      })),
+      more && h("button", { type: "button", disabled: loading,
+        onClick: function () { load(rows.length); } }, "Show " + RECENT_PAGE + " more"));
   }
 
   function Section(props) {

@@ -1,0 +1,95 @@
+"""The plugin's Memory tab in Hermes's own dashboard, in headless Chromium, against a real stack."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, async_playwright
+
+from tests.support import Stack, free_port, http_ok, running_stack
+from tests.test_plugin_hermes import gateway, hermes_env, hermes_python, make_home
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["hermes_python"]  # a fixture this module's tests use
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update"]
+SERVE = ("import sys, uvicorn; from hermes_cli import web_server; "
+         "uvicorn.run(web_server.app, host='127.0.0.1', port=int(sys.argv[1]), "
+         "log_level='warning')")
+START_S = 120.0
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Debian's chromium is not installed: run `make browser`", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """store + gateway in lite mode, shared by this module (each test has its own user)."""
+    with running_stack(tmp_path_factory.mktemp("plugin-dashboard"), ["store", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="lite") as s:
+        yield s
+
+
+@contextlib.contextmanager
+def hermes_dashboard(hermes_python: Path, home: Path) -> Iterator[str]:
+    """Hermes's web server (its dashboard and the plugin's tab) on a free port; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = home / "dashboard.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(hermes_python), "-c", SERVE, str(port)],
+                                env=hermes_env(home), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_S
+        while not http_ok(url + "/"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, "Hermes's dashboard did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        chromium = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_rest(
+    tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser
+) -> None:
+    user = "u-recent-tab"
+    for i in range(45):
+        gateway(stack, "POST", "/api/v1/add", {"text": f"Recent note number {i}", "user_id": user})
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
+    with hermes_dashboard(hermes_python, home) as url:
+        page = await browser.new_page()
+        await page.goto(url + "/hyatlas")
+        count = page.locator(".hyatlas-count")
+        await count.get_by_text("Showing 30 of 45 memories").wait_for()
+        rows = page.locator(".hyatlas-count + ul > li.hyatlas-row")
+        assert await rows.count() == 30
+        assert "Recent note number 44" in await rows.first.inner_text()
+        await page.get_by_role("button", name="Show 30 more").click()
+        await count.get_by_text("Showing 45 of 45 memories").wait_for()
+        assert await rows.count() == 45
+        assert "Recent note number 0" in await rows.last.inner_text()
+        assert await page.get_by_role("button", name="Show 30 more").count() == 0
+        await page.close()
