@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support import Stack, free_port, running_stack
-from tests.test_plugin_hermes import drive, gateway, hermes_python, make_home
+from tests.test_plugin_hermes import drive, gateway, hermes_cli, hermes_python, make_home
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +79,9 @@ def test_a_write_queued_past_the_key_window_that_the_server_stored_is_not_stored
     assert _stored(stack, user) == [first["text"]]
     assert result["dropped"] == {"already_stored": 1}
     assert any("already stored" in line for line in result["logged"]), result["logged"]
+    shown = hermes_cli(hermes_python, home, "status")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["plugin_dropped"] == {"already_stored": 1}
 
 
 def test_a_write_queued_past_the_key_window_that_the_server_lacks_is_sent(

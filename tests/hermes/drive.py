@@ -12,7 +12,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 # The longest a scenario waits for a condition; it returns as soon as the condition holds.
@@ -323,15 +322,16 @@ def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
-    """Queues params["ops"] ([payload, key] pairs) in an outbox of its own, lets its clock run
+    """Queues params["ops"] ([payload, key] pairs) in the home's outbox, lets its clock run
     params["age_s"] on, sends once; what is left, what was dropped and what was logged."""
     provider = _provider()
     package = type(provider).__module__
     outbox_mod = sys.modules[package + ".outbox"]
     client_mod = sys.modules[package + ".client"]
+    state_dir = sys.modules[package + ".settings"].state_dir
     now = [time.time()]
     outbox = outbox_mod.Outbox(
-        Path(os.environ["HERMES_HOME"]) / "aged-outbox.sqlite3",
+        state_dir(os.environ["HERMES_HOME"]) / "outbox.sqlite3",
         client_mod.HyAtlasClient(params["server_url"]),
         max_ops=params.get("max_ops", outbox_mod.MAX_OPS), clock=lambda: now[0],
     )
