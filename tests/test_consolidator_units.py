@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -34,8 +35,11 @@ from services.consolidator.plan import (
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
 from services.consolidator.survey import Owner
-from shared.llm import shown_number
+from services.consolidator.vectors import Vectors
+from shared.errors import Unavailable
+from shared.llm import LlmClient, LlmKeys, shown_number
 from shared.pb import common_pb2, store_pb2
+from tests.llm_fake import running_fake_llm
 
 KEYS = reply_keys(graph=True, arc=False)
 FULL = {"merges": [], "drops": [], "schemas": [], "edges": [], "end_edges": []}
@@ -307,3 +311,46 @@ async def test_any_failure_of_one_cluster_is_that_clusters_failure() -> None:
     )
     assert done is False
     assert report.errors == ["cluster ann#7: failed (RuntimeError); see the consolidator log"]
+
+
+class _StoreFailingOnce:
+    """A store that reads nothing and fails the first apply with error."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error: Exception | None = error
+
+    async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+        return []
+
+    async def all_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
+        return []
+
+    async def edges(self, scope: common_pb2.Scope) -> list[store_pb2.Edge]:
+        return []
+
+    async def apply(self, *args: object) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
+class _Embedder:
+    async def embed(self, texts: Sequence[str], *, is_query: bool = False) -> tuple[Any, str]:
+        return np.ones((len(texts), 3), dtype=np.float32), "m"
+
+
+@pytest.mark.parametrize("error", [Unavailable("the store is down"), RuntimeError("a bug")])
+async def test_a_cluster_that_fails_after_claiming_the_arc_leaves_it_to_the_next_cluster(
+    error: Exception,
+) -> None:
+    clusters = [Cluster(1, ["f1"]), Cluster(2, ["f2"])]
+    facts = {f: common_pb2.Memory(id=f, content=f"Ann fact {f}") for f in ("f1", "f2")}
+    owner = Owner("ann", "", facts, clusters, {})
+    report = Report(pass_id="p1")
+    store, vectors = cast(Any, _StoreFailingOnce(error)), Vectors(_Embedder())
+    async with running_fake_llm() as fake:
+        fake.default = {**FULL, "arc": "Ann is heading somewhere."}
+        llm = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
+        done = [await run_cluster(store, llm, vectors, True, report, owner, c) for c in clusters]
+        assert done == [False, True]
+        assert ["CURRENT ARC:" in r.prompt for r in fake.requests] == [True, True]

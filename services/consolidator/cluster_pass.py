@@ -58,12 +58,21 @@ async def run_cluster(
     so one cluster that trips a bug cannot fail the pass of every other cluster and owner.
     """
     where = f"cluster {owner.id}#{cluster.id}"
+    # Claimed before the first await, so one cluster per owner and pass asks for the arc; a
+    # failed cluster gives the claim back, so a later cluster of the pass asks instead.
+    ask_arc = graph and not owner.arc_asked
+    owner.arc_asked = True
     try:
-        return await _run_cluster(store, llm, vectors, graph, report, owner, cluster, where)
+        done = await _run_cluster(
+            store, llm, vectors, graph, report, owner, cluster, ask_arc, where
+        )
     except Exception as exc:
         log.exception("%s failed", where)
         report.errors.append(f"{where}: failed ({type(exc).__name__}); see the consolidator log")
-        return False
+        done = False
+    if ask_arc and not done:
+        owner.arc_asked = False
+    return done
 
 
 async def _run_cluster(
@@ -74,19 +83,16 @@ async def _run_cluster(
     report: Report,
     owner: Owner,
     cluster: Cluster,
+    ask_arc: bool,
     where: str,
 ) -> bool:
     facts = [owner.facts[m] for m in cluster.members if m in owner.facts]
-    # Claimed before the first await, so one cluster per owner and pass asks for the arc.
-    ask_arc = graph and not owner.arc_asked
-    owner.arc_asked = True
     shown = await _shown(store, owner, cluster, ask_arc)
     try:
         plan = await _ask(llm, graph, report, facts, shown)
     except (LlmUnavailable, LlmMalformed, PartialReply) as exc:
         report.failed_calls += 1
         report.errors.append(f"{where}: {exc.message}; nothing was applied")
-        owner.arc_asked = owner.arc_asked and not ask_arc
         return False
     fetched = await _fetched(vectors, report.pass_id, owner, cluster, facts, plan, shown)
     ops = cluster_ops(plan, fetched, graph=graph)
