@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -21,6 +24,7 @@ from services.consolidator.cluster_ops import (
 )
 from services.consolidator.cluster_pass import run_cluster
 from services.consolidator.clusters import Cluster, assign, rebuilt
+from services.consolidator.config import ConsolidatorConfig
 from services.consolidator.passes import Report
 from services.consolidator.plan import (
     Drop,
@@ -34,6 +38,7 @@ from services.consolidator.plan import (
     read_plan,
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
+from services.consolidator.schedule import run_jobs
 from services.consolidator.survey import Owner
 from services.consolidator.vectors import Vectors
 from shared.errors import Unavailable
@@ -354,3 +359,36 @@ async def test_a_cluster_that_fails_after_claiming_the_arc_leaves_it_to_the_next
         done = [await run_cluster(store, llm, vectors, True, report, owner, c) for c in clusters]
         assert done == [False, True]
         assert ["CURRENT ARC:" in r.prompt for r in fake.requests] == [True, True]
+
+
+class _StateStore:
+    """A store with no pass state that takes every apply."""
+
+    async def state(self, prefix: str) -> dict[str, str]:
+        return {}
+
+    async def apply(self, *args: object) -> None:
+        return None
+
+
+async def test_a_failing_worker_cancels_and_awaits_the_other_before_its_error_goes_up() -> None:
+    other_started = asyncio.Event()
+    stopped: list[int] = []
+
+    async def run(owner: Owner, cluster: Cluster) -> bool:
+        if cluster.id == 1:
+            await other_started.wait()
+            raise RuntimeError("a bug")
+        other_started.set()
+        try:
+            await asyncio.Event().wait()  # a call still out when the first worker fails
+        finally:
+            stopped.append(cluster.id)
+        return True
+
+    owner = Owner("ann", "", {}, [Cluster(1, []), Cluster(2, [])], {})
+    jobs = deque((owner, c) for c in owner.clusters)
+    config = ConsolidatorConfig("", "", "", parallel=2)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await run_jobs(cast(Any, _StateStore()), config, Report(), jobs, time.monotonic(), run)
+    assert stopped == [2]

@@ -6,9 +6,9 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.consolidator.clusters import Cluster, median
 from services.consolidator.config import ConsolidatorConfig
@@ -81,7 +81,7 @@ async def run_jobs(
             else:
                 failed.append((owner, cluster))
 
-    await asyncio.gather(*(worker() for _ in range(config.parallel)))
+    await _together([worker() for _ in range(config.parallel)])
     report.clusters_pending = len(jobs) + len(failed)
     ops = [state_op(DURATIONS_KEY, durations[-DURATIONS_KEPT:])] if succeeded else []
     if len(failed) >= 2 and succeeded == 0:
@@ -94,6 +94,18 @@ async def run_jobs(
         ops += _charged(report, failed, time.time())
     if ops:
         await store.apply(common_pb2.Scope(all_users=True), ops, ACTOR, "pass schedule")
+
+
+async def _together(workers: Sequence[Coroutine[Any, Any, None]]) -> None:
+    """Runs the workers at once; when one fails (or this is cancelled) the others are
+    cancelled and awaited before the error goes up, so none outlives the pass's lock."""
+    tasks = [asyncio.create_task(w) for w in workers]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _charged(report: Report, failed: Sequence[Job], now: float) -> list[store_pb2.Op]:
