@@ -27,7 +27,12 @@ def parse_date(value: Any) -> float | None:
         seconds = moment.timestamp()
     except (OverflowError, ValueError):
         return None
-    return seconds if START_OF_CALENDAR_S <= seconds < END_OF_CALENDAR_S else None
+    return seconds if on_calendar(seconds) else None
+
+
+def on_calendar(seconds: float) -> bool:
+    """Whether a calendar date shows unix seconds: the years 1 to 9999, in UTC."""
+    return START_OF_CALENDAR_S <= seconds < END_OF_CALENDAR_S
 
 
 def _moment(seconds: float) -> datetime | None:

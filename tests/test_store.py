@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import grpc
 import numpy as np
 import pytest
 from usearch.index import Index, ScalarKind
 
-from services.store import fulltext, keywords, retrieval, text_index
+from services.store import fulltext, keywords, off_calendar, retrieval, text_index
 from services.store import repo as repo_module
 from services.store.model import FEW_PASSING, MemoryRow
 from services.store.reembed import ReembedPlan
@@ -34,7 +35,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
 from tests.store_state import store_config
-from tests.support import WAIT_CEILING_S, assert_eventually, running_stack
+from tests.support import WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -270,6 +271,50 @@ async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_t
     assert [e.seq for e in entries] == sorted(e.seq for e in entries)
     with raises_code(grpc.StatusCode.NOT_FOUND):
         await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope("mallory"), id=row.id))
+
+
+async def _as_stored_before_dates_were_checked(
+    data_dir: Path, memory_id: str, store_backend: str
+) -> None:
+    """Gives a row dates off the calendar (as a store took them before it range-checked dates)
+    and takes the store back to before it checked its dates."""
+    statements = [
+        f"UPDATE memories SET event_at = 1e13, due_at = -1e12 WHERE id = '{memory_id}'",
+        f"DELETE FROM store_meta WHERE key = '{off_calendar.CHECKED}'",
+    ]
+    if store_backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(data_dir / "hyatlas.db")) as db, db:
+            for statement in statements:
+                db.execute(statement)
+        return
+    conn = await asyncpg.connect(StoreBackend.dsn(data_dir))
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def test_dates_stored_off_the_calendar_are_cleared_at_open_with_an_audit_entry(
+    tmp_path: Path, embedder_address: str, store_backend: str
+) -> None:
+    dates = {"event_at": 1.7e9, "valid_to": 1.8e9, "due_at": 1.75e9}
+    async with serving_store(tmp_path, embedder_address) as stub:
+        (row,) = await apply(stub, insert("Ann renews her passport", layer=L7, **dates))
+    await _as_stored_before_dates_were_checked(tmp_path, row.id, store_backend)
+
+    async with serving_store(tmp_path, embedder_address) as stub:
+        got = (await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))).memory
+        history = await stub.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=row.id))
+    assert not got.HasField("event_at") and not got.HasField("due_at")
+    assert got.valid_to == 1.8e9 and got.content == "Ann renews her passport"
+    assert [e.action for e in history.entries] == ["insert", "update"]
+    cleared = history.entries[-1]
+    assert cleared.actor == "store"
+    assert cleared.reason == f"event_at, due_at {off_calendar.REASON}"
+    before, after = json.loads(cleared.before_json), json.loads(cleared.after_json)
+    assert (before["event_at"], before["due_at"]) == (1e13, -1e12)
+    assert (after["event_at"], after["due_at"], after["valid_to"]) == (None, None, 1.8e9)
 
 
 async def test_retiring_a_retired_row_is_a_conflict_and_its_apply_writes_nothing(

@@ -12,6 +12,7 @@ from pathlib import Path
 from services.store import reembed
 from services.store.core import VectorModel
 from services.store.index import DEFAULT_BUDGET_BYTES, VectorIndexes
+from services.store.off_calendar import clear_off_calendar_dates
 from services.store.reembed import ModelSource, ReembedPlan
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
@@ -94,6 +95,7 @@ async def open_store(
     re-embeds the store when the embedder's configured model is not the one it was built with."""
     async with contextlib.AsyncExitStack() as stack:
         repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
+        await clear_off_calendar_dates(repo)
         model, target = await _vector_models(repo, embedder)
         folder = data_dir / "vectors"
         await asyncio.to_thread(reembed.settle_index_folders, folder, model.model_id)

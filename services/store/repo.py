@@ -26,6 +26,7 @@ from services.store.model import (
     MemoryRow,
     Reach,
 )
+from services.store.off_calendar import DATES
 from services.store.schema import create_or_migrate
 from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
 from shared.text import edge_key
@@ -100,6 +101,10 @@ _COLUMNS = (
     "metadata, model_id, created_at, updated_at, event_at, valid_to, due_at, status, "
     "invalid_at, superseded_by, superseded_how, drop_reason, retired_by, pass_id, "
     "extraction_status, extraction_tries, write_mode"
+)
+# Rows with a date outside [start, end): the bounds are the parameters, twice per date.
+OFF_CALENDAR = f"SELECT {_COLUMNS} FROM memories WHERE " + " OR ".join(
+    f"NOT ({name} >= ? AND {name} < ?)" for name in DATES
 )
 _M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
 _UPDATABLE = frozenset(
@@ -270,6 +275,11 @@ class Tx:
             "AND label = ? ORDER BY created_at, seq",
             (user_id, agent_id, layer, label),
         )
+        return [_row(r) for r in rows]
+
+    async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
+        """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
+        rows = await self._conn.execute_fetchall(OFF_CALENDAR, (start, end) * len(DATES))
         return [_row(r) for r in rows]
 
     async def vector(self, memory_id: str) -> np.ndarray:

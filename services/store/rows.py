@@ -27,6 +27,10 @@ class Writes(Protocol):
         """Every row (live or retired) of one owner, layer and label, oldest first."""
         ...
 
+    async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
+        """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
+        ...
+
     async def vector(self, memory_id: str) -> np.ndarray:
         """A row's stored vector."""
         ...

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from services.store.core import VectorModel
+from services.store.off_calendar import clear_off_calendar_dates
 from services.store.pg.db import Database, redacted_dsn
 from services.store.pg.repo import PgRepo
 from services.store.pg.vectors import PgVectors
@@ -54,6 +55,7 @@ async def open_pg_store(
     db = await Database(dsn).open(served.ndim)
     repo = PgRepo(db)
     try:
+        await clear_off_calendar_dates(repo)
         model = await _model(repo, embedder)
         store = Store(
             repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to,

@@ -10,6 +10,7 @@ import asyncpg
 import numpy as np
 
 from services.store.model import Edge, MemoryRow, Reach
+from services.store.off_calendar import DATES
 from services.store.pg.db import numbered
 from services.store.repo import (
     _COLUMNS,
@@ -20,6 +21,7 @@ from services.store.repo import (
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
     LIVE_EDGE,
+    OFF_CALENDAR,
     VECTOR_KEYS_OF,
     _edge,
     _erased,
@@ -74,6 +76,10 @@ class PgWrites:
             user_id, agent_id, layer, label,
         )
         return [_row(r) for r in rows]
+
+    async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
+        """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
+        return [_row(r) for r in await self._fetch(OFF_CALENDAR, *(start, end) * len(DATES))]
 
     async def vector(self, memory_id: str) -> np.ndarray:
         """A row's stored vector."""
