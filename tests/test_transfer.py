@@ -137,6 +137,30 @@ async def test_a_header_of_another_format_is_refused_and_changes_nothing(target:
     assert listing["total"] == 0
 
 
+async def test_an_edge_sharing_a_memorys_id_is_imported_not_skipped(target: Stack) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    first, second = f"{user}-a", f"{user}-b"
+
+    def memory(memory_id: str) -> dict[str, Any]:
+        return {"type": "memory", "memory": {"user_id": user, "content": "Ana paints.",
+                                             "id": memory_id}}
+
+    def edge(edge_id: str) -> dict[str, Any]:
+        return {"type": "edge", "edge": {"user_id": user, "id": edge_id, "subject": "Ana",
+                                         "relation": "paints", "object": edge_id}}
+
+    status, reply = await _import(target, [memory(first), edge(first)])  # in one batch
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (2, 0), reply
+    status, reply = await _import(target, [memory(second)])
+    assert status == 200 and reply["imported"] == 1, reply
+    status, reply = await _import(target, [edge(second)])  # the memory is in the store
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (1, 0), reply
+    exported = await export(target, user_id=user)
+    assert sorted(line["edge"]["id"] for line in exported if line.get("type") == "edge") == [
+        first, second
+    ]
+
+
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     turns = [

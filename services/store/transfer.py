@@ -282,8 +282,8 @@ async def import_lines(
     async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
         sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
+        # Memories and edges are separate tables: an edge may share a memory's id.
         taken = await sql.existing_memory_ids([r.line.row.id for r in rows])
-        taken |= await sql.existing_edge_ids([e.id for e in edges])
         after = _After()
         for row in rows:
             if row.line.row.id in taken:
@@ -294,6 +294,7 @@ async def import_lines(
             done.imported += 1
         await sql.add_context_keys(after.context_keys)
         await sql.add_history(after.history)
+        taken = await sql.existing_edge_ids([e.id for e in edges])
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1
