@@ -59,20 +59,23 @@ took dates before 1970 still imports)."""
 
 def check_name(what: str, value: str) -> str:
     """A name (user_id, agent_id, session_id, an id) within MAX_NAME_CHARS and without a NUL
-    character (PostgreSQL's text and JSON cannot hold one), else a 400."""
+    character (check_no_nul), else a 400."""
     if len(value) > MAX_NAME_CHARS:
         raise InvalidArgument(f"{what} has {len(value):,} characters; at most {MAX_NAME_CHARS}")
-    if "\x00" in value:
-        raise InvalidArgument(f"{what} may not hold a NUL character")
-    return value
+    return check_no_nul(what, value)
 
 
 def check_text(what: str, value: str) -> str:
     """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413, and
-    without a NUL character (PostgreSQL's text cannot hold one), else a 400: refused alike on
-    either backend, so a store can move from one to the other."""
+    without a NUL character (check_no_nul)."""
     if len(value) > MAX_TEXT_CHARS:
         raise TooLarge(f"{what} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+    return check_no_nul(what, value)
+
+
+def check_no_nul(what: str, value: str) -> str:
+    """A string without a NUL character, else a 400: PostgreSQL's text cannot hold one, so
+    SQLite is not let keep one either, and a store can move from one backend to the other."""
     if "\x00" in value:
         raise InvalidArgument(f"{what} may not hold a NUL character")
     return value

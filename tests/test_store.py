@@ -590,6 +590,40 @@ async def test_longer_names_and_keys_are_refused_and_change_nothing(
     assert list(everyone.memories) == []
 
 
+async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_changes_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # The gateway refuses it too; a direct gRPC caller meets the same rule on either backend.
+    (kept,) = await apply(store, insert("kept fact"))
+    owner = common_pb2.Owner(user_id="alice")
+    edge = store_pb2.PutEdgeOp(owner=owner, subject="Ana", relation="paints", object="a\x00b")
+    refused = [
+        ("op 0: content", [insert("a\x00b")]),
+        ("op 0: label", [insert("a", label="a\x00b")]),
+        ("op 0: subject", [store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=owner, subject="a\x00b", relation="paints", object="walls"))]),
+        ("op 1: object", [insert("a"), store_pb2.Op(put_edge=edge)]),
+        ("op 0: content", [store_pb2.Op(update=store_pb2.UpdateOp(id=kept.id, content="a\x00b"))]),
+        ("op 0: drop_reason", [store_pb2.Op(retire=store_pb2.RetireOp(
+            id=kept.id, superseded_how="dropped", drop_reason="a\x00b"))]),
+    ]
+    for where, ops in refused:
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await apply(store, *ops)
+        assert caught.value.details() == f"{where} may not hold a NUL character"
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+        await apply(store, insert("a"), reason="a\x00b")
+    assert caught.value.details() == "reason may not hold a NUL character"
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+        await store.Forget(store_pb2.ForgetRequest(scope=scope(), text="kept\x00fact"))
+    assert caught.value.details() == "text may not hold a NUL character"
+    assert await listed(store) == ["kept fact"]
+    edges = await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
+    assert edges.total == 0
+    history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=kept.id))
+    assert [e.action for e in history.entries] == ["insert"]
+
+
 async def test_a_scope_reaches_every_user_of_its_alias_group(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:

@@ -26,6 +26,7 @@ from services.store.model import (
 )
 from services.store.retrieval import vector_search
 from shared.errors import InvalidArgument
+from shared.limits import check_no_nul
 from shared.passages import Passage
 from shared.text import value_key
 
@@ -64,6 +65,7 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
     """Retires every live row in reach holding the value; NotFound for an unknown id."""
     if bool(asked.text.strip()) == bool(asked.memory_id):
         raise InvalidArgument("forget needs exactly one of text and id")
+    check_no_nul("text", asked.text)
     text, matches = asked.text, {}
     if asked.memory_id:
         row = await core.get(reach, asked.memory_id)

@@ -28,7 +28,7 @@ from services.store.model import (
 )
 from shared import client_json
 from shared.errors import InvalidArgument, PermissionDenied
-from shared.limits import check_key, check_name
+from shared.limits import check_key, check_name, check_no_nul
 
 DEFAULT_LIMIT = 20
 
@@ -93,6 +93,7 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: insert needs a layer (l1_profile..l8_entity)")
     if not op.content.strip():
         raise InvalidArgument(f"{where}: insert needs non-empty content")
+    _free_text(where, content=op.content, label=op.label)
     _owned(reach, op, where)
     if op.ref:
         if op.ref in refs:
@@ -102,6 +103,13 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
     _check_ids(op.source_ids, f"{where}: source_ids")
     return replace(op, metadata_json=metadata(op.metadata_json, where))
+
+
+def _free_text(where: str, **texts: str | None) -> None:
+    """Refuses a NUL character in the free text an op stores (the gateway refuses it too)."""
+    for name, text in texts.items():
+        if text is not None:
+            check_no_nul(f"{where}: {name}", text)
 
 
 def _check_ids(ids: Sequence[str], what: str) -> None:
@@ -114,6 +122,7 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: an edge needs owner.user_id")
     if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
         raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
+    _free_text(where, subject=op.subject, relation=op.relation, object=op.object)
     _owned(reach, op, where)
     _check_ids(op.source_ids, f"{where}: source_ids")
     _check_ids(op.fact_ids, f"{where}: fact_ids")
@@ -139,6 +148,7 @@ def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
             f"{where}: superseded_how {op.superseded_how!r} is not one of "
             + ", ".join(SUPERSEDED_HOW)
         )
+    _free_text(where, drop_reason=op.drop_reason)
     return op
 
 
@@ -147,6 +157,7 @@ def _update(op: Update, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: content cannot be emptied")
     if op.hits is not None and op.hits_delta:
         raise InvalidArgument(f"{where}: set hits or add hits_delta, not both")
+    _free_text(where, content=op.content, label=op.label)
     if op.metadata_json is not None:
         return replace(op, metadata_json=metadata(op.metadata_json, where))
     return op
@@ -171,8 +182,10 @@ _CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
 _BY_ID = (Retire, Update, Restore, Tombstone, Delete, EndEdge)
 
 
-def validated(reach: Reach, ops: Sequence[Op]) -> list[Op]:
-    """The ops, checked one by one, with their metadata made compact JSON."""
+def validated(reach: Reach, ops: Sequence[Op], reason: str = "") -> list[Op]:
+    """The ops (and the reason their audit entries give), checked one by one, with their
+    metadata made compact JSON."""
+    check_no_nul("reason", reason)
     refs: set[str] = set()
     checked: list[Op] = []
     for i, op in enumerate(ops):
