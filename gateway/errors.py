@@ -58,16 +58,20 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        message = _AIOHTTP_MESSAGES.get(exc.status, exc.reason.lower())
-        if exc.status == 413:
-            limit = request.app[CONFIG].max_body_bytes
-            message = f"request body is over the {limit // (1024 * 1024)} MiB limit"
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return error_response(request, exc.status, message, headers)
+        return error_response(request, exc.status, http_message(request, exc), headers)
     except Exception:
         error_id = new_error_id()
         log.exception("%s %s failed (error id %s)", request.method, request.path, error_id)
         return error_response(request, 500, internal_message(error_id))
+
+
+def http_message(request: web.Request, exc: web.HTTPException) -> str:
+    """What a client is told of one of aiohttp's HTTP errors (a 4xx it raised or we did)."""
+    if exc.status == 413:
+        limit = request.app[CONFIG].max_body_bytes
+        return f"request body is over the {limit // (1024 * 1024)} MiB limit"
+    return _AIOHTTP_MESSAGES.get(exc.status, exc.reason.lower())
 
 
 def new_error_id() -> str:

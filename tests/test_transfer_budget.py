@@ -3,6 +3,7 @@ and the transfer budgets lowered so a few large memories reach them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -30,9 +31,13 @@ TEXT = "The lighthouse keeper writes the weather down every evening. " * 300  # 
 
 @pytest.fixture
 async def gateway(
-    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    embedder_address: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[TestClient[Any, Any]]:
-    """A gateway and store whose calls carry at most MESSAGE_BYTES, as 64 MiB would."""
+    """A gateway and store whose calls carry at most MESSAGE_BYTES, as 64 MiB would; a test
+    may pass the gateway's settings (indirect parametrization)."""
     monkeypatch.setattr(rpc, "CHANNEL_OPTIONS", [
         ("grpc.max_send_message_length", MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MESSAGE_BYTES),
@@ -47,6 +52,7 @@ async def gateway(
             search_address=f"unix:{tmp_path / 'search.sock'}",
             mode="lite",
             rpc_timeout_s=30.0,
+            **getattr(request, "param", {}),
         )
         settings = Settings(data_dir=tmp_path, run_dir=tmp_path / "run")
         client = TestClient(TestServer(make_app(gateway_config, settings), host="127.0.0.1"))
@@ -120,3 +126,29 @@ async def test_a_line_too_large_for_one_call_is_a_413_naming_it(
     async with gateway.get("/api/v1/export", params={"user_id": "keeper"}) as answer:
         assert answer.status == 413
         assert "memory 'keeper-0' is " in (await answer.json())["error"]
+
+
+@pytest.mark.parametrize("gateway", [{"body_timeout_s": 1.0}], indirect=True)
+async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
+    gateway: TestClient[Any, Any],
+) -> None:
+    model = await _model(gateway)
+    # One line a batch (two pass the budget): the first is written while the next are read.
+    body = "".join(_line("stalled", n, model) + "\n" for n in range(3)).encode()
+    reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
+    try:
+        writer.write(
+            b"POST /api/v1/import HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n"
+        )  # and never the last chunk
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        length = int(head.lower().split("content-length:")[1].split("\r\n")[0])
+        reply = json.loads(await reader.readexactly(length))
+    finally:
+        writer.close()
+    assert head.startswith("HTTP/1.1 408"), head
+    assert reply == {"lines": 3, "imported": 1, "skipped": 0, "refused": 0, "errors": [],
+                     "error": "request body not received within 1s"}
+    async with gateway.get("/api/v1/export", params={"user_id": "stalled"}) as answer:
+        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
+    assert [line["memory"]["id"] for line in exported] == ["stalled-0"]

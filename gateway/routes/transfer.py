@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import client_message
+from gateway.errors import client_message, http_message
 from gateway.params import Params
 from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
@@ -251,6 +251,13 @@ async def _batches(
         yield batch
 
 
+def _stopped(run: _Import, error: str, status: int) -> web.Response:
+    """The reply to an import stopped part-way (a line over a limit, a busy or failing store,
+    a client that stopped sending): the batches before are written, and the counts say so, so
+    a retry can skip them."""
+    return json_response({**run.counts(), "error": error}, status=status)
+
+
 @routes.post("/api/v1/import")
 @streams_body
 async def import_jsonl(request: web.Request) -> web.Response:
@@ -266,10 +273,9 @@ async def import_jsonl(request: web.Request) -> web.Response:
         while queued:
             await _send(request, run, *queued.pop(0))
     except ServiceError as exc:
-        # Stopped part-way (a line over a limit, a busy or failing store): the batches before
-        # are written, and the reply says how many, so a retry can skip them.
-        body = {**run.counts(), "error": client_message(request, exc)}
-        return json_response(body, status=exc.http_status)
+        return _stopped(run, client_message(request, exc), exc.http_status)
+    except web.HTTPRequestTimeout as exc:
+        return _stopped(run, http_message(request, exc), exc.status)
     finally:
         for _, embedding in queued:
             embedding.cancel()
