@@ -27,6 +27,7 @@ from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.schema import SCHEMA_VERSION
 from services.store.server import running_server
 from services.store.text_index import SOURCES, KeywordIndex
+from services.store.transfer_repo import TransferRows
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.leases import LEASE_NAME_MAX, lease_name
@@ -622,6 +623,33 @@ async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_change
     assert edges.total == 0
     history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=kept.id))
     assert [e.action for e in history.entries] == ["insert"]
+
+
+async def test_an_export_page_is_one_moment_though_a_write_lands_between_its_reads(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (row,) = await apply(store, insert("The boat is blue."))
+
+    async def page() -> list[Any]:
+        reply = await store.ExportPage(store_pb2.ExportPageRequest(scope=scope(), limit=10))
+        return [json.loads(text) for text in reply.lines]
+
+    before = await page()
+    vectors_of = TransferRows.vectors_of
+
+    async def after_a_write(self: TransferRows, memory_ids: Any) -> Any:
+        # The page's rows are read; its vectors, keys and history are not yet.
+        monkeypatch.setattr(TransferRows, "vectors_of", vectors_of)
+        await apply(store, store_pb2.Op(update=store_pb2.UpdateOp(
+            id=row.id, content="The boat is red.")))
+        return await vectors_of(self, memory_ids)
+
+    monkeypatch.setattr(TransferRows, "vectors_of", after_a_write)
+    assert await page() == before
+    (now,) = await page()
+    assert now["memory"]["content"] == "The boat is red."
+    assert [entry["action"] for entry in now["history"]] == ["insert", "update"]
+    assert now["vector"] != before[0]["vector"]
 
 
 async def test_a_scope_reaches_every_user_of_its_alias_group(

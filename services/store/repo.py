@@ -800,12 +800,15 @@ class SharedReads:
 
 class Repo(SharedReads):
     """The store's SQLite database: a writer connection, a reader connection, a reader for
-    each keyword index, and one for short reads by key on the event loop (keyed_read)."""
+    each keyword index, one for reads that must see one moment (read_snapshot), and one for
+    short reads by key on the event loop (keyed_read)."""
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._snapshots: aiosqlite.Connection | None = None
+        self._snapshot_lock = asyncio.Lock()
         self._quick: sqlite3.Connection | None = None
         self._text_readers: dict[str, aiosqlite.Connection] = {}
         self._keywords: dict[str, KeywordIndex] = {}
@@ -830,6 +833,8 @@ class Repo(SharedReads):
         # Reads go to their own connection so they never see a half-done Apply.
         self._reader = await self._connect()
         await self._reader.execute("PRAGMA query_only = ON")
+        self._snapshots = await self._connect()
+        await self._snapshots.execute("PRAGMA query_only = ON")
         self._quick = _quick_connection(self.db_path)
         # Keyword searches read on connections (and threads) of their own, one per index: the
         # indexes of one search are read side by side, and beside vector searches.
@@ -859,13 +864,13 @@ class Repo(SharedReads):
         for index in self._keywords.values():
             await index.close()
         self._keywords.clear()
-        for conn in (*self._text_readers.values(), self._reader, self._writer):
+        for conn in (*self._text_readers.values(), self._snapshots, self._reader, self._writer):
             if conn is not None:
                 await conn.close()
         if self._quick is not None:
             self._quick.close()
         self._text_readers.clear()
-        self._reader = self._writer = self._quick = None
+        self._reader = self._snapshots = self._writer = self._quick = None
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.db_path, isolation_level=None)
@@ -933,6 +938,27 @@ class Repo(SharedReads):
 
     async def _fetch(self, sql: str, *params: Any) -> Sequence[Sequence[Any]]:
         return list(await self.reader.execute_fetchall(sql, params))
+
+    @contextlib.asynccontextmanager
+    async def read_snapshot(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A connection for reads that must agree: inside one read transaction, they all see
+        the rows committed when the first of them ran (WAL: writes go on meanwhile). One
+        holder at a time; the shared reader would put other requests' reads in the past."""
+        async with self._snapshot_lock:
+            if self._snapshots is None:
+                raise RuntimeError("repo is closed")
+            conn = self._snapshots
+            try:
+                await conn.execute("BEGIN")
+                yield conn
+            finally:
+                # Runs after any statement still queued on the connection's thread, a BEGIN
+                # whose caller was cancelled too.
+                try:
+                    await conn.execute("ROLLBACK")
+                except sqlite3.OperationalError:
+                    if conn.in_transaction:
+                        raise
 
     async def keyed_read(
         self,

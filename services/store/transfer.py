@@ -38,12 +38,14 @@ IMPORT_REASON = "import"
 
 @contextlib.asynccontextmanager
 async def _committed(core: Core) -> AsyncIterator[TransferRows]:
-    """The export's SQL on the store's committed rows, in whichever backend holds them."""
+    """The export's SQL on the store's committed rows as of one moment (so a page's rows,
+    vectors, keys and history agree), in whichever backend holds them."""
     if isinstance(core.repo, PgRepo):
         async with one_snapshot(core.repo.db) as sql:
             yield sql
     else:
-        yield SqliteTransfer(core.sqlite("export").reader)
+        async with core.sqlite("export").read_snapshot() as conn:
+            yield SqliteTransfer(conn)
 
 
 def _within(w: Write) -> TransferRows:

@@ -189,9 +189,10 @@ def history_params(entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> list[tupl
 
 
 class SqliteTransfer(TransferRows):
-    """TransferRows on one SQLite connection: the reader for an export, the writer (inside the
-    import's transaction) for an import. A list of ids is one JSON parameter; a context key
-    carries its memory's owner key (for the owner-scoped keyword index)."""
+    """TransferRows on one SQLite connection: a read snapshot (Repo.read_snapshot) for an
+    export, the writer (inside the import's transaction) for an import. A list of ids is one
+    JSON parameter; a context key carries its memory's owner key (for the owner-scoped keyword
+    index)."""
 
     AMONG = "IN (SELECT value FROM json_each(?))"
     ADD_CONTEXT_KEY = (
