@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -13,8 +14,12 @@ from typing import IO, Any
 import aiohttp
 from tqdm import tqdm
 
+from shared.export_format import cut_short_reason
+
 DEFAULT_URL = "http://127.0.0.1:19528"
 CHUNK_BYTES = 1 << 16
+# What of an export's end is kept to read a last line saying why it was cut short.
+TAIL_BYTES = 1 << 16
 # Export and import run as long as they need; only connecting is bounded.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
 CALL_TIMEOUT = aiohttp.ClientTimeout(total=15 * 60, sock_connect=10)
@@ -67,8 +72,9 @@ class Gateway:
         return body
 
     async def export_to(self, out: IO[bytes], params: Mapping[str, str]) -> int:
-        """Streams an export into out with a progress bar; returns the lines written."""
-        lines = 0
+        """Streams an export into out with a progress bar; returns the lines written. An export
+        cut short is a GatewayError, naming the reason when the server's last line gives it."""
+        lines, tail = 0, b""
         try:
             async with (
                 aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=self._headers()) as session,
@@ -81,8 +87,10 @@ class Gateway:
                         out.write(chunk)
                         lines += chunk.count(b"\n")
                         bar.update(len(chunk))
+                        tail = (tail + chunk)[-TAIL_BYTES:]
         except aiohttp.ClientError as exc:
-            raise GatewayError(f"export from {self.url} failed: {exc}") from None
+            why = _cut_short(tail) or exc
+            raise GatewayError(f"export from {self.url} failed: {why}") from None
         return lines
 
     async def import_from(self, path: Path, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -125,6 +133,15 @@ class Gateway:
         if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
             raise GatewayError(f"import into {target.url}: {refusal(reply.status, body)}")
         return reply.status, body
+
+
+def _cut_short(tail: bytes) -> str | None:
+    """Why the server cut an export short, when the last line received says so."""
+    try:
+        reason = cut_short_reason(json.loads(tail.rstrip(b"\n").rpartition(b"\n")[2]))
+    except (ValueError, RecursionError):  # a line cut in the middle, or no line at all
+        return None
+    return None if reason is None else f"cut short by the server: {reason} (the output ends there)"
 
 
 async def _counted(content: aiohttp.StreamReader, bar: tqdm[Any]) -> AsyncIterator[bytes]:

@@ -1,4 +1,5 @@
-"""The first line of a JSONL export: what it is, its version, and the model of its vectors."""
+"""The first line of a JSONL export (what it is, its version, the model of its vectors) and
+the last line of one cut short."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def header_model(text: str) -> str | None:
     if not isinstance(model_id, str):
         raise InvalidArgument("the header's model_id must be a string")
     return model_id
+
+
+def cut_short(message: str) -> dict[str, Any]:
+    """The last line of an export stopped after its 200 went out: why it stopped."""
+    return {"error": message}
+
+
+def cut_short_reason(value: Any) -> str | None:
+    """Why an export stopped, when a parsed line is its cut_short line; else None."""
+    if isinstance(value, dict) and set(value) == {"error"} and isinstance(value["error"], str):
+        return value["error"]
+    return None

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import make_app
 from gateway.config import GatewayConfig
 from gateway.routes import transfer as gateway_transfer
+from hyatlas_cli.client import Gateway, GatewayError
 from services.store import transfer as store_transfer
 from services.store.server import running_server
 from shared import rpc
@@ -152,3 +156,34 @@ async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
     async with gateway.get("/api/v1/export", params={"user_id": "stalled"}) as answer:
         exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
     assert [line["memory"]["id"] for line in exported] == ["stalled-0"]
+
+
+async def test_an_export_cut_short_after_its_first_page_ends_with_a_line_saying_why(
+    gateway: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = await _model(gateway)
+    status, reply = await _import(
+        gateway, [_line("cut", 0, model, text="short"), _line("cut", 1, model)]
+    )
+    assert status == 200, reply
+    # A row written while lines could be larger, on the second page: the 200 went out.
+    monkeypatch.setattr(store_transfer, "MAX_TRANSFER_LINE_BYTES", 20 * 1024)
+    monkeypatch.setattr(gateway_transfer, "PAGE_LINES", 1)
+    received: list[bytes] = []
+    async with gateway.get("/api/v1/export", params={"user_id": "cut"}) as answer:
+        assert answer.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):  # and the stream is left unended
+            while line := await answer.content.readline():
+                received.append(line)
+    head, first, last = (json.loads(line) for line in received)
+    assert first["memory"]["id"] == "cut-0"
+    reason = last["error"]
+    assert "memory 'cut-1' is " in reason and "can be exported" in reason
+
+    # The command line names the reason; an import of what arrived refuses that line.
+    cli = Gateway(url=str(gateway.make_url("")).rstrip("/"))
+    with pytest.raises(GatewayError, match=re.escape(f"cut short by the server: {reason}")):
+        await cli.export_to(io.BytesIO(), {"user_id": "cut"})
+    status, reply = await _import(gateway, [line.decode().rstrip("\n") for line in received])
+    assert status == 400, reply
+    assert reply["errors"] == [{"line": 3, "error": f"the export was cut short here: {reason}"}]

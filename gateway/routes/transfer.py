@@ -19,7 +19,7 @@ from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
 from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge
-from shared.export_format import header, header_model
+from shared.export_format import cut_short, header, header_model
 from shared.grants import current_grant
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.pb import common_pb2, store_pb2
@@ -92,10 +92,12 @@ async def export(request: web.Request) -> web.StreamResponse:
         async for page in pages:
             await response.write(_jsonl(page.lines))
     except ServiceError as exc:
-        # The 200 went out with the first page: cut the stream so the client sees it incomplete.
+        # The 200 went out with the first page: a last line says why, and the stream is left
+        # unended (the connection closes once that line is sent) so a client sees it incomplete.
         log.error("export cut short: %s", exc)
+        await response.write(_jsonl([json.dumps(cut_short(client_message(request, exc)))]))
         if request.transport is not None:
-            request.transport.abort()
+            request.transport.close()
         return response
     await response.write_eof()
     return response

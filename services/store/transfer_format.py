@@ -27,6 +27,7 @@ from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
 from shared import client_json
 from shared.errors import InvalidArgument
+from shared.export_format import cut_short_reason
 from shared.limits import (
     END_OF_CALENDAR_S,
     MAX_JSON_DEPTH,
@@ -401,6 +402,9 @@ def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
     # Every string of the line at once: a lone surrogate is refused here, not by the database.
     client_json.check_strings(text, line, "line")
     kind = line.get("type")
+    reason = cut_short_reason(line)
+    if reason is not None:
+        raise InvalidArgument(f"the export was cut short here: {reason}")
     if kind == "memory":
         return _memory(line, ctx)
     if kind == "edge":
