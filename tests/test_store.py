@@ -619,7 +619,9 @@ async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_change
         await store.Forget(store_pb2.ForgetRequest(scope=scope(), text="kept\x00fact"))
     assert caught.value.details() == "text may not hold a NUL character"
     assert await listed(store) == ["kept fact"]
-    found = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="another"))
+    found = await store.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query="another")
+    )
     assert list(found.hits) == []
     edges = await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
     assert edges.total == 0
