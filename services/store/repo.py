@@ -952,8 +952,8 @@ class Repo(SharedReads):
                 await conn.execute("BEGIN")
                 yield conn
             finally:
-                # Runs after any statement still queued on the connection's thread, a BEGIN
-                # whose caller was cancelled too.
+                # aiosqlite runs statements in order, so this comes after any still queued (a
+                # BEGIN whose caller was cancelled included): no transaction stays open.
                 try:
                     await conn.execute("ROLLBACK")
                 except sqlite3.OperationalError:
