@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hyatlas_cli.client import Gateway, GatewayError, progress_bar, refusal
 
@@ -42,10 +45,28 @@ async def export(gateway: Gateway, args: argparse.Namespace) -> int:
     if args.output == "-":
         lines = await gateway.export_to(sys.stdout.buffer, _owner(args))
     else:
-        with await asyncio.to_thread(Path(args.output).open, "wb") as out:
+        async with _replacing(Path(args.output)) as out:
             lines = await gateway.export_to(out, _owner(args))
     print(f"exported {max(lines - 1, 0)} lines to {args.output}", file=sys.stderr)
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _replacing(path: Path) -> AsyncIterator[IO[bytes]]:
+    """A new file beside path, renamed over it once the block completes and removed if it
+    fails: an export cut short or refused leaves the previous file as it was."""
+    out = await asyncio.to_thread(_beside, path)
+    try:
+        with out:
+            yield out
+        await asyncio.to_thread(os.replace, out.name, path)
+    except BaseException:
+        await asyncio.to_thread(Path(out.name).unlink, missing_ok=True)
+        raise
+
+
+def _beside(path: Path) -> IO[bytes]:
+    return tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=f".{path.name}.", delete=False)
 
 
 async def import_(gateway: Gateway, args: argparse.Namespace) -> int:

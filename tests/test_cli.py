@@ -111,3 +111,17 @@ def test_migrating_a_server_into_itself_is_refused(stack: Stack) -> None:
     done = hyatlas(stack, "migrate", "--to", stack.base_url + "/")
     assert done.returncode == 2
     assert done.stderr.startswith(f"hyatlas migrate: --to {stack.base_url} is the server")
+
+
+def test_a_refused_export_leaves_the_previous_file_as_it_was(stack: Stack, tmp_path: Path) -> None:
+    previous = tmp_path / "prev.jsonl"
+    previous.write_text("a good export\n")
+    done = hyatlas(stack, "export", "-o", str(previous), token="wrong")
+    assert done.returncode == 2
+    assert done.stderr.startswith("hyatlas export: HTTP 401: a valid bearer token is required")
+    assert previous.read_text() == "a good export\n"
+    assert list(tmp_path.iterdir()) == [previous]  # no temporary left beside it
+    done = hyatlas(stack, "export", "--user-id", "nobody", "-o", str(previous))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(previous.read_text())["format"] == "hyatlas-export"
+    assert list(tmp_path.iterdir()) == [previous]
