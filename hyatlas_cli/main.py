@@ -55,7 +55,10 @@ async def export(gateway: Gateway, args: argparse.Namespace) -> int:
 async def _replacing(path: Path) -> AsyncIterator[IO[bytes]]:
     """A new file beside path, renamed over it once the block completes and removed if it
     fails: an export cut short or refused leaves the previous file as it was."""
-    out = await asyncio.to_thread(_beside, path)
+    try:
+        out = await asyncio.to_thread(_beside, path)
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with out:
             yield out
@@ -211,11 +214,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one command; a refusal or an unreachable gateway is one line on stderr and exit 2."""
+    """Runs one command; a refusal, an unreachable gateway or a file that cannot be read or
+    written is one line on stderr and exit 2."""
     args = parser().parse_args(argv)
     gateway = Gateway.from_env(args.url)
     try:
         return asyncio.run(COMMANDS[args.command](gateway, args))
-    except GatewayError as exc:
+    except (GatewayError, OSError) as exc:
         print(f"hyatlas {args.command}: {exc}", file=sys.stderr)
         return 2

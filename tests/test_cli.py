@@ -125,3 +125,18 @@ def test_a_refused_export_leaves_the_previous_file_as_it_was(stack: Stack, tmp_p
     assert done.returncode == 0, done.stderr
     assert json.loads(previous.read_text())["format"] == "hyatlas-export"
     assert list(tmp_path.iterdir()) == [previous]
+
+
+def test_a_file_that_cannot_be_read_or_written_is_one_line_and_exit_2(
+    stack: Stack, tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.jsonl"
+    done = hyatlas(stack, "import", str(missing))
+    assert (done.returncode, done.stderr) == (
+        2, f"hyatlas import: [Errno 2] No such file or directory: '{missing}'\n"
+    )
+    nowhere = tmp_path / "no-such-dir" / "out.jsonl"
+    done = hyatlas(stack, "export", "-o", str(nowhere))
+    assert (done.returncode, done.stderr) == (
+        2, f"hyatlas export: [Errno 2] No such file or directory: '{nowhere}'\n"
+    )
