@@ -16,17 +16,23 @@ from tests.support import ROOT, Stack, running_stack
 pytestmark = pytest.mark.slow
 
 TOKEN = "cli-t0ken"
+ALICE_APP = "cli-alice-app-0123456789"  # a token reaching one owner
+TOKENS = {"tokens": [{"name": "alice-app", "token": ALICE_APP, "users": ["alice"],
+                      "agents": ["*"], "scopes": ["read", "write"]}]}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("cli")
+    tokens_file = data_dir / "tokens.json"
+    tokens_file.write_text(json.dumps(TOKENS))
     with running_stack(
         data_dir,
         ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_ADMIN="on",
         HYATLAS_TOKEN=TOKEN,
+        HYATLAS_TOKENS_FILE=str(tokens_file),
         HYATLAS_SNAPSHOT_DIR=str(data_dir.parent / "cli-snapshots"),
     ) as running:
         yield running
@@ -92,6 +98,17 @@ def test_status_snapshot_and_doctor(stack: Stack) -> None:
     assert done.stdout.startswith("ok   services ready")
     assert "ok   status: mode=lite, embed=" in done.stdout
     assert "ok   snapshots: off (HYATLAS_SNAPSHOT_EVERY)" in done.stdout
+
+
+def test_doctor_says_the_snapshot_check_is_skipped_for_a_token_that_cannot_see_it(
+    stack: Stack,
+) -> None:
+    done = hyatlas(stack, "doctor", token=ALICE_APP)
+    assert done.returncode == 0, done.stdout
+    assert "ok   status: mode=lite" in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        "skip snapshots: this token cannot see the server's snapshots"
+    )
 
 
 def test_a_wrong_token_is_one_line_on_stderr_and_exit_2(stack: Stack, tmp_path: Path) -> None:
