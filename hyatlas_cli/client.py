@@ -165,8 +165,8 @@ def _lines_bar(what: str) -> tqdm[Any]:
     return tqdm(desc=what, unit=" lines", unit_scale=True, file=sys.stderr)
 
 
-def progress_bar(what: str, total: int) -> tqdm[Any]:
-    """A bar counting rows on stderr."""
+def progress_bar(what: str, total: int | None) -> tqdm[Any]:
+    """A bar counting rows on stderr (a count alone without a total)."""
     return tqdm(total=total, desc=what, unit="rows", file=sys.stderr)
 
 

@@ -16,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from tqdm import tqdm
+
 from hyatlas_cli.client import Gateway, GatewayError, progress_bar, refusal
 
 # A scheduled snapshot older than this many intervals means the schedule has stalled.
@@ -127,17 +129,30 @@ async def reembed(gateway: Gateway, args: argparse.Namespace) -> int:
     if job is None:
         print(f"nothing to re-embed: every vector is of {state['embed']}", file=sys.stderr)
         return 0
-    with progress_bar(f"re-embed to {job['to_model']}", job["total"]) as bar:
+    if "total" not in job:
+        print(
+            "this token reaches only some owners: the re-embed's counts (the whole store's) "
+            "are not shown to it",
+            file=sys.stderr,
+        )
+    with progress_bar(f"re-embed to {job['to_model']}", job.get("total")) as bar:
         while job is not None:
-            bar.total = job["total"]
-            bar.update(job["done"] - bar.n)
-            bar.set_postfix_str(job["state"] + (f": {job['error']}" if job["error"] else ""))
+            _show(bar, job)
             await asyncio.sleep(args.every)
             state = await gateway.ok("GET", "/api/v1/status")
             job = state.get("reembed")
-        bar.update(bar.total - bar.n)
+        if bar.total is not None:
+            bar.update(bar.total - bar.n)
     print(f"re-embedded: searches use {state['embed']}", file=sys.stderr)
     return 0
+
+
+def _show(bar: tqdm[Any], job: dict[str, Any]) -> None:
+    """Moves the bar to where a re-embed stands (its state alone when its counts are hidden)."""
+    if "total" in job:
+        bar.total = job["total"]
+        bar.update(job["done"] - bar.n)
+    bar.set_postfix_str(job["state"] + (f": {job['error']}" if job.get("error") else ""))
 
 
 async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ TARGETS = {
 }
 LATE = ("I keep my bicycle in the garden shed.", "where is my bike stored")
 FILLERS = 160
+OPS, ALICE_APP = "reembed-ops-0123456789", "reembed-alice-app-0123456789"  # alice's: one owner
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +145,8 @@ def _persisted(db_path: Path) -> tuple[int, int]:
     return int(staged), int(cursor[0]) if cursor else 0
 
 
-def _hyatlas_reembed(stack: Stack) -> subprocess.CompletedProcess[str]:
-    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url}
+def _hyatlas_reembed(stack: Stack, token: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url, "HYATLAS_TOKEN": token}
     return subprocess.run(
         [sys.executable, "-m", "hyatlas_cli", "reembed", "--every", "0.2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
@@ -238,6 +239,49 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
         stack.start("store")
         assert "reembed" not in await _status(stack)
         assert await _top_hit(stack, user, LATE[1]) == (late, MINILM_FP16.model_id)
+
+
+async def test_a_token_reaching_some_owners_sees_a_reembed_run_and_follows_it_without_counts(
+    tmp_path: Path, fp16_dir: Path
+) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{
+        "name": "alice-app", "token": ALICE_APP, "users": ["alice"], "agents": ["*"],
+        "scopes": ["read", "write"],
+    }]}))
+    ops, alice = ({"Authorization": f"Bearer {token}"} for token in (OPS, ALICE_APP))
+    with running_stack(
+        tmp_path / "data",
+        ["embedder", "store", "gateway"],
+        HYATLAS_REEMBED_BATCH="4",
+        HYATLAS_REEMBED_ROWS_PER_S="15",
+        HYATLAS_TOKENS_FILE=str(tokens),
+        HYATLAS_TOKEN=OPS,
+    ) as stack:
+        code, body = await call(
+            stack, "POST", "/api/v1/import", data=_fillers("alice"), headers=ops
+        )
+        assert code == 200, body
+        stack.procs["store"].stop()
+        stack.procs["embedder"].stop()
+        stack.env["HYATLAS_MODEL_DIR"] = str(fp16_dir)
+        stack.start("embedder")
+        stack.start("store")
+
+        async def running() -> None:
+            code, body = await call(stack, "GET", "/api/v1/status", headers=alice)
+            assert code == 200, body
+            # That it runs and to which model; its counts are the whole store's.
+            assert body["reembed"]["to_model"] == MINILM_FP16.model_id
+            assert set(body["reembed"]) == {"to_model", "state"}
+
+        await assert_eventually(running)
+        shown = await asyncio.to_thread(_hyatlas_reembed, stack, ALICE_APP)
+    assert shown.returncode == 0, shown.stderr
+    assert "nothing to re-embed" not in shown.stderr
+    assert "the re-embed's counts (the whole store's) are not shown" in shown.stderr
+    assert f"re-embed to {MINILM_FP16.model_id}" in shown.stderr
+    assert f"re-embedded: searches use {MINILM_FP16.model_id}" in shown.stderr
 
 
 async def test_hyatlas_reembed_says_when_there_is_nothing_to_do(

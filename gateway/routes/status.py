@@ -42,15 +42,13 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return None
 
 
-def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
-    """A re-embed in progress: searches use the model in `embed` until it is done."""
-    return {
-        "to_model": job.to_model_id,
-        "done": job.done,
-        "total": job.total,
-        "state": job.state,
-        "error": job.error,
-    }
+def reembed_status(job: store_pb2.Reembed, whole_server: bool) -> dict[str, Any]:
+    """A re-embed in progress: searches use the model in `embed` until it is done. Its counts
+    (and its error) are the whole store's: only for a token reaching every owner."""
+    shown: dict[str, Any] = {"to_model": job.to_model_id, "state": job.state}
+    if whole_server:
+        shown.update(done=job.done, total=job.total, error=job.error)
+    return shown
 
 
 @routes.route("*", "/api/v1/status")
@@ -71,11 +69,12 @@ async def status(request: web.Request) -> web.Response:
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
     grant = current_grant()
+    whole_server = grant is None or grant.unrestricted
+    if stats.HasField("reembed"):
+        extras["reembed"] = reembed_status(stats.reembed, whole_server)
     # The whole server's counts: not for a token reaching some owners.
-    if grant is None or grant.unrestricted:
+    if whole_server:
         extras.update(writes=counters.writes, searches=counters.searches)
-        if stats.HasField("reembed"):
-            extras["reembed"] = reembed_status(stats.reembed)
         if llm is not None:
             extras.update(
                 dropped_ops=llm.dropped_ops,
