@@ -29,6 +29,15 @@ class GatewayError(Exception):
     """The gateway refused a request or could not be reached; the message says which."""
 
 
+class GatewayUnavailable(GatewayError):
+    """The gateway did not answer, or answered 503: it may answer again soon."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """How long the gateway asked to be left alone, when it said."""
+
+
 @dataclass(frozen=True)
 class Gateway:
     """Where the gateway listens and the bearer token it wants (HYATLAS_TOKEN), if any."""
@@ -55,21 +64,33 @@ class Gateway:
         self, method: str, path: str, params: Mapping[str, str] | None = None
     ) -> tuple[int, Any]:
         """One request: its status and its JSON body."""
+        status, body, _ = await self._request(method, path, params)
+        return status, body
+
+    async def ok(self, method: str, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """The JSON body of a request that must succeed; a 503 is GatewayUnavailable."""
+        status, body, retry_after_s = await self._request(method, path, params)
+        if status == 503:
+            raise GatewayUnavailable(refusal(status, body), retry_after_s)
+        if status >= 400:
+            raise GatewayError(refusal(status, body))
+        return body
+
+    async def _request(
+        self, method: str, path: str, params: Mapping[str, str] | None
+    ) -> tuple[int, Any, float | None]:
+        """One request: its status, its JSON body and its Retry-After in seconds, if any."""
         try:
             async with (
                 aiohttp.ClientSession(timeout=CALL_TIMEOUT, headers=self._headers()) as session,
                 session.request(method, self.url + path, params=params) as reply,
             ):
-                return reply.status, await reply.json(content_type=None)
+                retry_after = reply.headers.get("Retry-After", "")
+                # Seconds only: an HTTP date is left to the caller's own pause.
+                retry_after_s = float(retry_after) if retry_after.isdigit() else None
+                return reply.status, await reply.json(content_type=None), retry_after_s
         except aiohttp.ClientError as exc:
-            raise GatewayError(f"cannot reach the gateway at {self.url}: {exc}") from None
-
-    async def ok(self, method: str, path: str, params: Mapping[str, str] | None = None) -> Any:
-        """The JSON body of a request that must succeed."""
-        status, body = await self.call(method, path, params)
-        if status >= 400:
-            raise GatewayError(refusal(status, body))
-        return body
+            raise GatewayUnavailable(f"cannot reach the gateway at {self.url}: {exc}") from None
 
     async def export_to(self, out: IO[bytes], params: Mapping[str, str]) -> int:
         """Streams an export into out with a progress bar; returns the lines written. An export
@@ -168,6 +189,11 @@ def _lines_bar(what: str) -> tqdm[Any]:
 def progress_bar(what: str, total: int | None) -> tqdm[Any]:
     """A bar counting rows on stderr (a count alone without a total)."""
     return tqdm(total=total, desc=what, unit="rows", file=sys.stderr)
+
+
+def note(line: str) -> None:
+    """A line on stderr above a progress bar, which is drawn again below it."""
+    tqdm.write(line, file=sys.stderr)
 
 
 def refusal(status: int, body: Any) -> str:

@@ -18,10 +18,21 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from hyatlas_cli.client import Gateway, GatewayError, progress_bar, refusal
+from hyatlas_cli.client import (
+    Gateway,
+    GatewayError,
+    GatewayUnavailable,
+    note,
+    progress_bar,
+    refusal,
+)
 
 # A scheduled snapshot older than this many intervals means the schedule has stalled.
 STALE_INTERVALS = 2
+# How long `hyatlas reembed` waits for an unavailable gateway or store, and its pauses between
+# tries when the gateway does not say (Retry-After).
+WAIT_S = 300.0
+FIRST_PAUSE_S, LAST_PAUSE_S = 0.5, 10.0
 # How doctor prints a check that passed, failed, or could not be made (None).
 VERDICTS = {True: "ok  ", False: "FAIL", None: "skip"}
 
@@ -123,7 +134,8 @@ async def snapshot(gateway: Gateway, args: argparse.Namespace) -> int:
 
 
 async def reembed(gateway: Gateway, args: argparse.Namespace) -> int:
-    """Follows a re-embed to the configured model with a progress bar until the switch."""
+    """Follows a re-embed to the configured model with a progress bar until the switch; waits
+    out a gateway or store that stops answering for up to --wait seconds at a time."""
     state = await gateway.ok("GET", "/api/v1/status")
     job = state.get("reembed")
     if job is None:
@@ -139,7 +151,7 @@ async def reembed(gateway: Gateway, args: argparse.Namespace) -> int:
         while job is not None:
             _show(bar, job)
             await asyncio.sleep(args.every)
-            state = await gateway.ok("GET", "/api/v1/status")
+            state = await _status_waiting(gateway, args.wait)
             job = state.get("reembed")
         if bar.total is not None:
             bar.update(bar.total - bar.n)
@@ -153,6 +165,24 @@ def _show(bar: tqdm[Any], job: dict[str, Any]) -> None:
         bar.total = job["total"]
         bar.update(job["done"] - bar.n)
     bar.set_postfix_str(job["state"] + (f": {job['error']}" if job.get("error") else ""))
+
+
+async def _status_waiting(gateway: Gateway, wait_s: float) -> dict[str, Any]:
+    """The status; while the gateway does not answer or answers 503 (a store restarting), asked
+    again after its Retry-After or a growing pause, until wait_s have gone by."""
+    deadline = time.monotonic() + wait_s
+    pause_s = FIRST_PAUSE_S
+    while True:
+        try:
+            return dict(await gateway.ok("GET", "/api/v1/status"))
+        except GatewayUnavailable as exc:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise GatewayError(f"{exc} (still after {wait_s:g} s of waiting)") from None
+            asked_s = pause_s if exc.retry_after_s is None else exc.retry_after_s
+            note(f"{exc}: asking again in {min(asked_s, left_s):.1f} s")
+            await asyncio.sleep(min(asked_s, left_s))
+            pause_s = min(2 * pause_s, LAST_PAUSE_S)
 
 
 async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
@@ -228,6 +258,12 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("snapshot", help=snapshot.__doc__)
     command = commands.add_parser("reembed", help=reembed.__doc__)
     command.add_argument("--every", type=float, default=1.0, help="seconds between checks")
+    command.add_argument(
+        "--wait",
+        type=float,
+        default=WAIT_S,
+        help=f"seconds to wait for a gateway or store that stops answering (default {WAIT_S:g})",
+    )
     commands.add_parser("doctor", help=doctor.__doc__)
     return top
 

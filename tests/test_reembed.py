@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -145,12 +145,47 @@ def _persisted(db_path: Path) -> tuple[int, int]:
     return int(staged), int(cursor[0]) if cursor else 0
 
 
+def _reembed_command(stack: Stack, token: str) -> dict[str, Any]:
+    """How `hyatlas reembed` is run against the stack, as subprocess arguments."""
+    return {
+        "args": [sys.executable, "-m", "hyatlas_cli", "reembed", "--every", "0.2"],
+        "cwd": ROOT,
+        "env": {**stack.env, "HYATLAS_SERVER_URL": stack.base_url, "HYATLAS_TOKEN": token},
+    }
+
+
 def _hyatlas_reembed(stack: Stack, token: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url, "HYATLAS_TOKEN": token}
     return subprocess.run(
-        [sys.executable, "-m", "hyatlas_cli", "reembed", "--every", "0.2"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        **_reembed_command(stack, token), capture_output=True, text=True, timeout=600
     )
+
+
+@contextlib.contextmanager
+def _following_reembed(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`hyatlas reembed` running in the background, its stderr in log; killed if the block
+    ends before it does."""
+    with log.open("wb") as stderr:
+        follower = subprocess.Popen(
+            **_reembed_command(stack, ""), stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    try:
+        yield follower
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        follower.wait()
+
+
+def _says(follower: subprocess.Popen[bytes], log: Path, words: str) -> Callable[[], None]:
+    """A check that the follower wrote words, which fails at once if it exited without them."""
+
+    def check() -> None:
+        said = log.read_text(errors="replace")
+        if words not in said and follower.poll() is not None:
+            raise RuntimeError(f"hyatlas reembed exited {follower.returncode}: {said}")
+        assert words in said
+
+    return check
 
 
 async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_new_model(
@@ -163,7 +198,7 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
         # Paced so the rebuild lasts long enough to be seen (and killed) midway.
         HYATLAS_REEMBED_BATCH="4",
         HYATLAS_REEMBED_ROWS_PER_S="15",
-    ) as stack:
+    ) as stack, contextlib.ExitStack() as cleanup:
         code, body = await call(stack, "POST", "/api/v1/import", data=_fillers(user))
         assert code == 200, body
         ids = {text: await _add(stack, user, text) for text in TARGETS}
@@ -184,6 +219,10 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
             return dict(job)
 
         await value_eventually(midway)
+        # `hyatlas reembed` follows it from here on, through the store's crash below.
+        follow_log = tmp_path / "follow.log"
+        follower = cleanup.enter_context(_following_reembed(stack, follow_log))
+        await assert_eventually(_says(follower, follow_log, f"re-embed to {MINILM_FP16.model_id}"))
         # Searches still answer from the old vectors, with queries of the old model.
         state = await _status(stack)
         assert state["embed"] == MINILM.model_id
@@ -206,17 +245,19 @@ async def test_a_reembed_killed_midway_resumes_switches_and_searches_with_the_ne
 
         await assert_eventually(old_model_served)
         stack.procs["store"].kill()
+        # The gateway answers 503 while the store is away: the follower waits, and says so.
+        await assert_eventually(_says(follower, follow_log, "asking again in"))
+        assert "HTTP 503: " in follow_log.read_text()
         staged, cursor = _persisted(data_dir / "hyatlas.db")
         assert staged > 0 and cursor > 0
         stack.start("store")
-        job = (await _status(stack)).get("reembed")
+        # The gateway's channel to the store connects again after its backoff.
+        job = (await value_eventually(lambda: _status(stack))).get("reembed")
         if job is not None:  # what was staged before the kill is kept, not made again
             assert job["done"] >= staged
 
-        shown = await asyncio.to_thread(_hyatlas_reembed, stack)
-        assert shown.returncode == 0, shown.stderr
-        assert f"re-embed to {MINILM_FP16.model_id}" in shown.stderr or job is None
-        assert f"searches use {MINILM_FP16.model_id}" in shown.stderr
+        assert await asyncio.to_thread(follower.wait, 600) == 0, follow_log.read_text()
+        assert f"searches use {MINILM_FP16.model_id}" in follow_log.read_text()
 
         state = await _status(stack)
         assert state["embed"] == MINILM_FP16.model_id and "reembed" not in state
