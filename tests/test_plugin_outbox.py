@@ -103,6 +103,39 @@ def test_a_write_queued_past_the_key_window_that_the_server_lacks_is_sent(
     assert result["dropped"] == {}
 
 
+WRITER = "writer-secret-0123456789"
+
+
+@pytest.fixture(scope="module")
+def token_stack(tmp_path_factory: pytest.TempPathFactory, embedder_address: str) -> Iterator[Stack]:
+    """A lite stack whose one token may write but not read."""
+    folder = tmp_path_factory.mktemp("plugin-outbox-tokens")
+    tokens = folder / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"name": "writer", "token": WRITER, "users": ["*"],
+                                              "agents": ["*"], "scopes": ["write"]}]}))
+    with running_stack(folder / "stack", ["store", "gateway"], HYATLAS_MODE="lite",
+                       HYATLAS_EMBEDDER_ADDR=embedder_address,
+                       HYATLAS_TOKENS_FILE=str(tokens)) as s:
+        yield s
+
+
+def test_a_write_queued_past_the_key_window_is_sent_when_the_token_may_not_look(
+    tmp_path: Path, hermes_python: Path, token_stack: Stack
+) -> None:
+    """A token that may write but not list cannot check the server: the write is sent again
+    (it may be stored twice), not refused for good because the lookup was."""
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    home = make_home(tmp_path, hermes_python, server_url=token_stack.base_url, user_id=user)
+    result = drive(hermes_python, home, "aged_outbox", {
+        "server_url": token_stack.base_url, "token": WRITER, "age_s": 2 * DAY_S,
+        "ops": [[_turn(user, "USER: the gutters were cleared"), uuid.uuid4().hex]]})
+    assert result["sent"] is True and result["queued"] == [] and result["dropped"] == {}
+    assert any("sent again unchecked" in line for line in result["logged"]), result["logged"]
+    with contextlib.closing(sqlite3.connect(token_stack.data_dir / "hyatlas.db")) as db:
+        stored = db.execute("SELECT content FROM memories WHERE user_id = ?", (user,)).fetchall()
+    assert stored == [("USER: the gutters were cleared",)]
+
+
 def test_a_full_outbox_drops_its_oldest_writes_and_says_how_many(
     tmp_path: Path, hermes_python: Path
 ) -> None:

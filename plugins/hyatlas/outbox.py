@@ -322,7 +322,17 @@ class Outbox:
         age_s = self._clock() - created_at
         if kind != "add" or age_s < KEY_KEPT_S - CLOCK_SLACK_S:
             return False
-        if not already_stored(self.client, payload, created_at - CLOCK_SLACK_S):
+        try:
+            stored = already_stored(self.client, payload, created_at - CLOCK_SLACK_S)
+        except HttpError as exc:
+            if not (exc.from_gateway and exc.status in (401, 403)):
+                raise
+            # A token that may write but not read: sending it again may store it twice, which
+            # is better than never sending a write the server may not have.
+            log.warning("hyatlas outbox: this token may not list memories (%s); a write "
+                        "queued %.1f h ago is sent again unchecked", exc, age_s / 3600)
+            return False
+        if not stored:
             return False
         log.warning("hyatlas outbox: a write queued %.1f h ago is already stored on the server; "
                     "dropped instead of sent again", age_s / 3600)

@@ -332,7 +332,7 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     now = [time.time()]
     outbox = outbox_mod.Outbox(
         state_dir(os.environ["HERMES_HOME"]) / "outbox.sqlite3",
-        client_mod.HyAtlasClient(params["server_url"]),
+        client_mod.HyAtlasClient(params["server_url"], token=params.get("token", "")),
         max_ops=params.get("max_ops", outbox_mod.MAX_OPS), clock=lambda: now[0],
     )
     logged: list[str] = []
