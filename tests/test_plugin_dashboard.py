@@ -46,7 +46,9 @@ def hermes_dashboard(hermes_python: Path, home: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log = home / "dashboard.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(hermes_python), "-c", SERVE, str(port)],
+        # Run from the Hermes home: from this checkout, its `gateway` package would shadow
+        # Hermes's own (python -c puts the working directory first on sys.path).
+        proc = subprocess.Popen([str(hermes_python), "-c", SERVE, str(port)], cwd=home,
                                 env=hermes_env(home), stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + START_S
