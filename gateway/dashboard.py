@@ -30,6 +30,7 @@ from shared.limits import MAX_NAME_CHARS
 from shared.pb import common_pb2, store_pb2
 from shared.redact import shown_setting
 from shared.settings import SERVICES, Settings
+from shared.snapshot_names import is_snapshot_name
 from shared.store_client import all_rows, get_many
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard"
@@ -228,7 +229,7 @@ def _snapshots(folder: Path) -> list[dict[str, Any]]:
     found = []
     for path in folder.iterdir():
         try:
-            if not path.is_file():
+            if not is_snapshot_name(path.name) or not path.is_file():
                 continue
             stat = path.stat()
         except OSError:

@@ -138,3 +138,28 @@ def test_a_file_gone_between_listing_and_copying_is_left_out_of_the_snapshot(
     assert (staging / "vectors" / "alice.usearch").read_bytes() == b"kept"
     assert not (staging / "vectors" / "bob.usearch").exists()
 
+
+
+async def test_only_files_named_as_the_store_names_snapshots_are_listed_and_pruned(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    folder = tmp_path / "snapshots"
+    folder.mkdir()
+    # A user's own zips beside the snapshots, one of them sorting before every timestamp.
+    own = ["hyatlas-before-upgrade.zip", "hyatlas-0-first.zip", "hyatlas-20261201.zip"]
+    for name in own:
+        (folder / name).write_bytes(b"the user's own")
+    with running_stack(
+        tmp_path / "data", ["store", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_ADMIN="on", HYATLAS_SNAPSHOT_DIR=str(folder), HYATLAS_SNAPSHOT_KEEP="2",
+    ) as stack:
+        taken = []
+        for _ in range(3):
+            status, body = await call(stack, "POST", "/api/v1/admin/snapshot")
+            assert status == 200, body
+            taken.append(Path(body["path"]).name)
+        status, system = await call(stack, "GET", "/dashboard/api/system")
+    assert status == 200, system
+    assert sorted(file["name"] for file in system["snapshots"]["files"]) == taken[1:]
+    assert sorted(path.name for path in folder.iterdir()) == sorted(own + taken[1:])
+

@@ -16,12 +16,14 @@ from pathlib import Path
 
 from services.store.core import Core
 from services.store.text_index import KEYWORDS_FOLDER
+from shared.snapshot_names import is_snapshot_name, snapshot_name
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "hyatlas.db"
-PREFIX = "hyatlas-"
-SUFFIX = ".zip"
+# A snapshot is copied into a staging folder, then zipped into a partial file renamed into place.
+STAGING_PREFIX = ".staging-"
+PARTIAL_SUFFIX = ".partial"
 # The first scheduled snapshot comes this long after start (sooner if the interval is shorter).
 FIRST_AFTER_S = 60.0
 
@@ -44,11 +46,6 @@ class Snapshot:
     path: Path
     size_bytes: int
     paused_s: float
-
-
-def snapshot_name(at: datetime) -> str:
-    """hyatlas-<UTC time>.zip; names sort in time order."""
-    return f"{PREFIX}{at.astimezone(UTC):%Y%m%dT%H%M%S.%f}Z{SUFFIX}"
 
 
 def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
@@ -79,7 +76,7 @@ def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
 
 def _zip(staging: Path, path: Path) -> None:
     """Zips the staging folder's contents (no folder of its own) and renames it into place."""
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         for file in sorted(staging.rglob("*")):
             if file.is_file():
@@ -89,7 +86,7 @@ def _zip(staging: Path, path: Path) -> None:
 
 def _prune(folder: Path, keep: int) -> list[Path]:
     """Deletes all but the newest keep snapshots; returns the deleted."""
-    old = sorted(folder.glob(f"{PREFIX}*{SUFFIX}"))[:-keep]
+    old = sorted(path for path in folder.iterdir() if is_snapshot_name(path.name))[:-keep]
     for path in old:
         path.unlink()
     return old
@@ -109,7 +106,7 @@ class Snapshots:
         folder = self.plan.folder
         async with self._lock:
             folder.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder))
+            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder))
             try:
                 async with self._core.write_lock:
                     start = time.monotonic()
