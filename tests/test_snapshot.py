@@ -163,3 +163,28 @@ async def test_only_files_named_as_the_store_names_snapshots_are_listed_and_prun
     assert sorted(file["name"] for file in system["snapshots"]["files"]) == taken[1:]
     assert sorted(path.name for path in folder.iterdir()) == sorted(own + taken[1:])
 
+
+def _leave_leftovers(folder: Path) -> list[Path]:
+    """What a store killed mid-snapshot leaves: its staging copy, or its zip half written."""
+    staging = folder / ".staging-k1ll3d"
+    (staging / "vectors").mkdir(parents=True)
+    (staging / "hyatlas.db").write_bytes(b"a whole copy of the database")
+    partial = folder / "hyatlas-20261201T030000.000000Z.zip.partial"
+    partial.write_bytes(b"half a zip")
+    return [staging, partial]
+
+
+async def test_what_a_snapshot_killed_midway_left_is_removed_at_start_and_before_the_next(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    folder = tmp_path / "snapshots"
+    left = _leave_leftovers(folder)
+    with running_stack(
+        tmp_path / "data", ["store", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_ADMIN="on", HYATLAS_SNAPSHOT_DIR=str(folder),
+    ) as stack:
+        assert not [path for path in left if path.exists()]
+        _leave_leftovers(folder)
+        status, taken = await call(stack, "POST", "/api/v1/admin/snapshot")
+    assert status == 200, taken
+    assert [path.name for path in folder.iterdir()] == [Path(taken["path"]).name]

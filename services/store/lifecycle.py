@@ -16,7 +16,7 @@ from services.store.off_calendar import clear_off_calendar_dates
 from services.store.reembed import ModelSource, ReembedPlan
 from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
-from services.store.snapshot import SnapshotPlan
+from services.store.snapshot import SnapshotPlan, clear_leftovers
 from services.store.store import Store
 from shared.errors import NotFound
 from shared.runtime import background
@@ -113,6 +113,8 @@ async def open_store(
         store = Store(
             repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
         )
+        if snapshot_plan is not None:
+            await asyncio.to_thread(clear_leftovers, snapshot_plan.folder)
         if save_every_s:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
         if store.snapshots is not None and store.snapshots.plan.every_s:

@@ -92,6 +92,29 @@ def _prune(folder: Path, keep: int) -> list[Path]:
     return old
 
 
+def _is_leftover(path: Path) -> bool:
+    """A staging folder or an unfinished zip: only a snapshot stopped midway leaves one."""
+    name = path.name
+    return name.startswith(STAGING_PREFIX) or (
+        name.endswith(PARTIAL_SUFFIX) and is_snapshot_name(name.removesuffix(PARTIAL_SUFFIX))
+    )
+
+
+def clear_leftovers(folder: Path) -> list[Path]:
+    """Removes what snapshots of a store killed midway left in folder; returns it."""
+    if not folder.is_dir():
+        return []
+    left = [path for path in folder.iterdir() if _is_leftover(path)]
+    for path in left:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    if left:
+        log.warning("removed %d leftovers of unfinished snapshots in %s", len(left), folder)
+    return left
+
+
 class Snapshots:
     """Takes snapshots of one store's data directory, one at a time."""
 
@@ -106,6 +129,7 @@ class Snapshots:
         folder = self.plan.folder
         async with self._lock:
             folder.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(clear_leftovers, folder)
             staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder))
             try:
                 async with self._core.write_lock:
