@@ -7,6 +7,8 @@ import contextlib
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -36,7 +38,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
 from tests.store_state import store_config
-from tests.support import WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
+from tests.support import ROOT, WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 L2, L3, L7 = common_pb2.L2_RAW, common_pb2.L3_FACT, common_pb2.L7_INTENTION
@@ -1536,6 +1538,26 @@ async def test_acknowledged_writes_survive_kill_9(
                 hits = await vector_hits(stub, embedder, text, k=1)
                 assert [h.memory.id for h in hits] == [memory_id]
 
+
+
+@pytest.mark.sqlite_only  # on PostgreSQL the data is the database's, and replicas may share it
+async def test_a_second_store_on_a_data_folder_exits_at_once_and_the_first_keeps_serving(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(tmp_path, ["store"], HYATLAS_EMBEDDER_ADDR=embedder_address) as stack:
+        async with open_channel(stack.address("store")) as channel:
+            stub = store_pb2_grpc.StoreStub(channel)
+            await apply(stub, insert("written before the second store"))
+            second = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "services.store"], cwd=ROOT,
+                env=stack.env, capture_output=True, text=True, timeout=WAIT_CEILING_S,
+            )
+            assert second.returncode != 0
+            assert f"another store holds the data folder {tmp_path}" in second.stderr
+            await apply(stub, insert("written after it"))
+            assert set(await listed(stub)) == {
+                "written before the second store", "written after it"
+            }
 
 # --- the contract: batch reads, pages, counts ----------------------------------------------
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from services.store import reembed
@@ -18,10 +20,13 @@ from services.store.repo import Repo
 from services.store.retrieval import EXACT_UP_TO
 from services.store.snapshot import SnapshotPlan, clear_leftovers
 from services.store.store import Store
-from shared.errors import NotFound
+from shared.errors import ConfigError, NotFound
 from shared.runtime import background
 
 log = logging.getLogger(__name__)
+
+# Held (flock) by the one store running on a data folder, for as long as it runs.
+LOCK_NAME = "store.lock"
 
 
 async def _served(embedder: ModelSource, model_id: str) -> bool:
@@ -67,6 +72,26 @@ async def _vector_models(
     return VectorModel(built, built_ndim, mismatch=mismatch), want
 
 
+@contextlib.contextmanager
+def held_data_folder(data_dir: Path) -> Iterator[None]:
+    """Locks the data folder for this store until exit; a ConfigError when another store holds
+    it (two would write one database and its indexes, and both re-embed into vectors.next)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ConfigError(
+                f"another store holds the data folder {data_dir} (it has {path} locked): "
+                "stop it first, or give this store another HYATLAS_GO_DATA"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
+
+
 async def save_periodically(indexes: VectorIndexes, every_s: float) -> None:
     """Saves changed indexes every every_s seconds, until cancelled."""
     while True:
@@ -94,6 +119,10 @@ async def open_store(
     """Opens the database and the vector indexes (caching them up), saves them on exit, and
     re-embeds the store when the embedder's configured model is not the one it was built with."""
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(held_data_folder(data_dir))
+        # Only once the folder is this store's: another one's snapshot may be under way.
+        if snapshot_plan is not None:
+            await asyncio.to_thread(clear_leftovers, snapshot_plan.folder)
         repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
         await clear_off_calendar_dates(repo)
         model, target = await _vector_models(repo, embedder)
@@ -113,8 +142,6 @@ async def open_store(
         store = Store(
             repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
         )
-        if snapshot_plan is not None:
-            await asyncio.to_thread(clear_leftovers, snapshot_plan.folder)
         if save_every_s:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
         if store.snapshots is not None and store.snapshots.plan.every_s:
