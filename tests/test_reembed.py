@@ -9,6 +9,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from services.store import reembed
 from services.store.config import StoreConfig
 from services.store.index import VectorIndexes
 from services.store.model import Insert, ListQuery, Reach
+from services.store.reembed import Progress
 from services.store.server import running_store
 from services.store.servicer import StoreServicer
 from shared.clients import EmbedderClient
@@ -324,6 +326,44 @@ async def test_a_token_reaching_some_owners_sees_a_reembed_run_and_follows_it_wi
     assert f"re-embed to {MINILM_FP16.model_id}" in shown.stderr
     assert f"re-embedded: searches use {MINILM_FP16.model_id}" in shown.stderr
 
+
+async def test_the_rows_done_of_a_reembed_never_go_back_not_even_while_it_switches(
+    tmp_path: Path, embedder_address: str, fp16_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir, alice = tmp_path / "data", Reach(("alice",))
+    async with running_store(store_config(data_dir, embedder_address)) as store:
+        rows = [Insert("alice", "", "", "l3_fact", f"Alice keeps {n} hives.") for n in range(5)]
+        await store.apply(alice, rows)
+    # The switch is held once its transaction is committed, before the folder is swapped in.
+    swapping, swap = threading.Event(), threading.Event()
+    real_swap_in = reembed.swap_in
+
+    def held_swap_in(folder: Path) -> None:
+        swapping.set()
+        swap.wait(WAIT_CEILING_S)
+        real_swap_in(folder)
+
+    monkeypatch.setattr(reembed, "swap_in", held_swap_in)
+    config = EmbedderConfig(address=f"unix:{tmp_path / 'e.sock'}", model_dir=fp16_dir)
+    seen: list[Progress] = []
+
+    async def switching() -> None:
+        progress = await store.reembed_progress()
+        assert progress is not None
+        seen.append(progress)
+        assert swapping.is_set() and progress.state == "switching"
+
+    async with (
+        running_server(config) as embedder,
+        running_store(store_config(data_dir, embedder.address)) as store,
+    ):
+        try:
+            await assert_eventually(switching)
+        finally:
+            swap.set()
+        await assert_eventually(lambda: store.reembed is not None and store.reembed.state == "done")
+    assert seen[-1].done == seen[-1].total == 5, seen[-1]
+    assert [p.done for p in seen] == sorted(p.done for p in seen), seen
 
 async def test_hyatlas_reembed_says_when_there_is_nothing_to_do(
     tmp_path: Path, embedder_address: str

@@ -301,6 +301,10 @@ class Reembedder:
         if self.state == "done":
             return None
         done, total = await _counts(self._core.sqlite("a re-embed"))
+        if self.state == "switching":
+            # Every row has its new vector by now, and the switch empties the staging tables
+            # they were counted in: done stays where it got to (a progress bar never goes back).
+            done = total
         return Progress(self.target.model_id, done, total, self.state, self.error)
 
     async def run(self) -> None:
