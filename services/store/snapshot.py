@@ -100,10 +100,10 @@ def _is_leftover(path: Path) -> bool:
     )
 
 
-def clear_leftovers(folder: Path) -> list[Path]:
-    """Removes what snapshots of a store killed midway left in folder; returns it."""
+def clear_leftovers(folder: Path) -> None:
+    """Removes what snapshots of a store killed midway left in folder."""
     if not folder.is_dir():
-        return []
+        return
     left = [path for path in folder.iterdir() if _is_leftover(path)]
     for path in left:
         if path.is_dir() and not path.is_symlink():
@@ -112,7 +112,6 @@ def clear_leftovers(folder: Path) -> list[Path]:
             path.unlink(missing_ok=True)
     if left:
         log.warning("removed %d leftovers of unfinished snapshots in %s", len(left), folder)
-    return left
 
 
 class Snapshots:
