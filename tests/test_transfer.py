@@ -95,7 +95,7 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     assert (await export(target))[1:] == lines
 
 
-async def test_a_bad_line_is_refused_with_its_number_and_its_batch_is_not_applied(
+async def test_a_bad_line_is_refused_with_its_number_and_the_good_lines_are_written(
     target: Stack,
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
@@ -109,12 +109,12 @@ async def test_a_bad_line_is_refused_with_its_number_and_its_batch_is_not_applie
     assert [e["line"] for e in reply["errors"]] == [3, 4]
     assert "memory.layer 'l9'" in reply["errors"][0]["error"]
     assert reply["error"].startswith("line 3: ")
-    assert (reply["lines"], reply["imported"], reply["refused"]) == (4, 0, 2)
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (4, 2, 2)
     status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
-    assert listing["total"] == 0
+    assert listing["total"] == 2
 
 
-async def test_a_line_with_a_lone_surrogate_is_refused_with_its_number_and_its_batch_kept_out(
+async def test_a_line_with_a_lone_surrogate_is_refused_with_its_number_and_the_rest_written(
     target: Stack,
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
@@ -123,9 +123,41 @@ async def test_a_line_with_a_lone_surrogate_is_refused_with_its_number_and_its_b
     status, reply = await _import(target, (good + "\n" + bad + "\n").encode())
     assert status == 400, reply
     assert reply["error"] == "line 2: line.memory.content is not valid Unicode (a lone surrogate)"
-    assert (reply["lines"], reply["imported"], reply["refused"]) == (2, 0, 1)
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (2, 1, 1)
     status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
-    assert listing["total"] == 0
+    assert listing["total"] == 1
+
+
+async def test_every_good_line_of_a_batch_with_a_bad_one_is_written_and_every_line_counted(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    lines = [json.dumps({"type": "memory", "memory": {"user_id": user, "content": f"Note {n}."}})
+             for n in range(1, 1201)]
+    lines[699] = "{not json"
+    status, reply = await _import(target, ("\n".join(lines) + "\n").encode())
+    assert status == 400, reply
+    assert [e["line"] for e in reply["errors"]] == [700]
+    assert (reply["lines"], reply["imported"], reply["skipped"], reply["refused"]) == (
+        1200, 1199, 0, 1
+    )
+    status, listing = await call(target, "POST", "/api/v1/list",
+                                 json={"user_id": user, "limit": 1})
+    assert listing["total"] == 1199
+
+
+async def test_a_line_that_is_not_utf8_is_counted_refused_and_its_batch_written(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    good = json.dumps({"type": "memory", "memory": {"user_id": user, "content": "Fine."}})
+    body = (good + "\n" + good + "\n").encode() + b"\xff\xfe\n" + good.encode() + b"\n"
+    status, reply = await _import(target, body)
+    assert status == 400, reply
+    assert reply["errors"] == [{"line": 3, "error": "not UTF-8 text"}]
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (4, 3, 1)
+    status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
+    assert listing["total"] == 3
 
 
 async def test_a_header_of_another_format_is_refused_and_changes_nothing(target: Stack) -> None:

@@ -186,22 +186,45 @@ async def _embedded(
         return None
 
 
+async def _write(
+    request: web.Request,
+    run: _Import,
+    batch: list[store_pb2.ImportLine],
+    embedded: store_pb2.EmbedImportResponse | None,
+) -> store_pb2.ImportRowsResponse:
+    """One store call: the batch written in one transaction, or none of it and its bad lines."""
+    rows = _rows_request(request, run, batch)
+    if embedded is not None and embedded.model_id:
+        rows.vectors, rows.vectors_model_id = embedded.vectors, embedded.model_id
+    reply = await request.app[STORE].ImportRows(rows, timeout=IMPORT_TIMEOUT_S)
+    run.imported += reply.imported
+    run.skipped += reply.skipped
+    return reply
+
+
 async def _send(
     request: web.Request,
     run: _Import,
     batch: list[store_pb2.ImportLine],
     embedding: asyncio.Task[store_pb2.EmbedImportResponse | None],
 ) -> None:
-    """One batch to the store: written in one transaction, or refused with its bad lines."""
-    rows = _rows_request(request, run, batch)
-    embedded = await embedding
-    if embedded is not None and embedded.model_id:
-        rows.vectors, rows.vectors_model_id = embedded.vectors, embedded.model_id
-    reply = await request.app[STORE].ImportRows(rows, timeout=IMPORT_TIMEOUT_S)
-    run.imported += reply.imported
-    run.skipped += reply.skipped
+    """One batch to the store; refused for some lines, it goes once more without them, so
+    every good line is written and every bad one reported."""
+    reply = await _write(request, run, batch, await embedding)
     for error in reply.errors:
         run.refuse(error.line, error.error)
+    bad = {error.line for error in reply.errors}
+    rest = [line for line in batch if line.line not in bad]
+    if not bad or not rest:
+        return
+    again = await _write(request, run, rest, None)
+    if again.errors:
+        # Refused once more: each line of it is reported, so every line is still counted.
+        named = {error.line: error.error for error in again.errors}
+        first = again.errors[0]
+        why = f"not written: its batch was refused again (line {first.line}: {first.error})"
+        for line in rest:
+            run.refuse(line.line, named.get(line.line, why))
 
 
 def _import_scope(request: web.Request) -> common_pb2.Scope:
@@ -218,21 +241,20 @@ async def _batches(
     batch: list[store_pb2.ImportLine] = []
     batch_bytes = 0
     first = True
-    poisoned = False  # a line that is not UTF-8 refuses its whole batch
     async for number, raw in _numbered_lines(request):
         try:
-            text = raw.decode("utf-8").strip()
+            text: str | None = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
-            run.refuse(number, "not UTF-8 text")
-            poisoned = True
-            continue
-        if first:
+            text = None
+        if first and text is not None and (model_id := header_model(text)) is not None:
+            run.model_id = model_id
             first = False
-            model_id = header_model(text)
-            if model_id is not None:
-                run.model_id = model_id
-                continue
+            continue
+        first = False
         run.lines += 1
+        if text is None:
+            run.refuse(number, "not UTF-8 text")  # never sent: the rest of its batch goes
+            continue
         size = len(raw)
         if size > MAX_TRANSFER_LINE_BYTES:
             raise TooLarge(
@@ -240,16 +262,14 @@ async def _batches(
                 "the store in one call"
             )
         if batch and batch_bytes + size > TRANSFER_BUDGET_BYTES:
-            if not poisoned:
-                yield batch
-            batch, batch_bytes, poisoned = [], 0, False
+            yield batch
+            batch, batch_bytes = [], 0
         batch.append(store_pb2.ImportLine(line=number, json=text))
         batch_bytes += size
         if len(batch) == BATCH_LINES:
-            if not poisoned:
-                yield batch
-            batch, batch_bytes, poisoned = [], 0, False
-    if batch and not poisoned:
+            yield batch
+            batch, batch_bytes = [], 0
+    if batch:
         yield batch
 
 
