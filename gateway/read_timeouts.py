@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from gateway.state import CONFIG
+from shared.errors import InvalidArgument
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -24,6 +25,11 @@ def _too_slow(timeout_s: float) -> web.HTTPRequestTimeout:
     return web.HTTPRequestTimeout(reason=f"Request body not received within {timeout_s:g}s")
 
 
+def _bad_body(exc: web.RequestPayloadError) -> InvalidArgument:
+    # aiohttp words it "400, message:\n  Can not decode content-encoding: gzip": the last line.
+    return InvalidArgument(f"bad body: {str(exc).splitlines()[-1].strip()}")
+
+
 @web.middleware
 async def body_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Reads a body in full, within the timeout, before the route sees it (read() keeps it)."""
@@ -35,6 +41,8 @@ async def body_timeout_middleware(request: web.Request, handler: Handler) -> web
                 await request.read()  # over client_max_size: aiohttp raises 413 here
         except TimeoutError:
             raise _too_slow(timeout_s) from None
+        except web.RequestPayloadError as exc:  # a body that does not decode as its encoding
+            raise _bad_body(exc) from None
     return await handler(request)
 
 
@@ -48,6 +56,8 @@ async def body_chunks(request: web.Request, size: int) -> AsyncIterator[bytes]:
                 chunk = await request.content.read(size)
         except TimeoutError:
             raise _too_slow(timeout_s) from None
+        except web.RequestPayloadError as exc:
+            raise _bad_body(exc) from None
         if not chunk:
             return
         yield chunk

@@ -268,6 +268,18 @@ async def test_a_body_that_is_not_utf8_is_400_and_changes_nothing(
     assert error == "bad body"
 
 
+# br and zstd (no decoder installed) are refused by aiohttp's parser, as plain text (README).
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("path", ["/api/v1/add", "/api/v1/import"])
+async def test_a_body_that_does_not_decode_as_its_content_encoding_is_400_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, path: str, encoding: str
+) -> None:
+    body = json.dumps({"text": "x", "user_id": USER}).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    error = await _refused(session, row, 400, "POST", path, data=body, headers=headers)
+    assert error.startswith("bad body: ") and encoding in error
+
+
 # --- F4c: dashboard paths --------------------------------------------------------------------
 
 
