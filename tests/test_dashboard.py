@@ -313,6 +313,20 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     await ui.page.locator(f"li[data-memory-id='{memory_id}']").wait_for()
 
 
+async def test_the_list_shows_no_stray_text_where_no_notice_is_pending(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    await api.add("The kettle lives in the left cupboard.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    # No notice is pending: nothing stands for it (it once showed as the text "null").
+    view = ui.page.locator("#view > section")
+    texts = await view.evaluate("v => [...v.childNodes].filter(n => n.nodeType === 3).length")
+    assert texts == 0
+    assert "null" not in await view.inner_text()
+
+
 async def test_owner_selector_filters_every_view(ui: Session, api: Api) -> None:
     alice, bob = _user(), _user()
     alice_id = await api.add("Alice keeps bees on the roof.", alice, agent_id="hermes")

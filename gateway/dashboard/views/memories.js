@@ -81,7 +81,7 @@ async function renderList(root, ctx) {
   });
   if (ctx.stale()) return;
   const { filters, pager } = listControls(ctx, body.total);
-  root.append(takeNotice(), filters, createForm(ctx));
+  root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
   if (!body.memories.length) {
     root.append(emptyState(`No memories for ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""} here.`,
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
