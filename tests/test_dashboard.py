@@ -327,6 +327,23 @@ async def test_the_list_shows_no_stray_text_where_no_notice_is_pending(
     assert "null" not in await view.inner_text()
 
 
+async def test_a_page_past_the_end_says_so_and_links_to_the_last_page(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The kettle lives in the left cupboard.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    # A bookmarked page past the end (or one emptied by deletes) says so, with the pager.
+    await ui.open("memories?page=5")
+    empty = await ui.page.locator("#view .empty").inner_text()
+    assert "Page 5 is past the end of the list: the last page is 1." in empty
+    assert "No memories" not in empty
+    assert "page 5 of 1" in await ui.page.locator("#page-info").inner_text()
+    await ui.act(ui.page.click("#last-page"))
+    assert await _memory_ids(ui) == [memory_id]
+
+
 async def test_owner_selector_filters_every_view(ui: Session, api: Api) -> None:
     alice, bob = _user(), _user()
     alice_id = await api.add("Alice keeps bees on the roof.", alice, agent_id="hermes")

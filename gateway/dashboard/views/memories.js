@@ -54,7 +54,9 @@ function listControls(ctx, total) {
     h("button", { type: "button", id: "prev-page", disabled: page <= 1, onclick: () => go({ page: String(page - 1) }) }, "← Newer"),
     h("span", { id: "page-info" }, `page ${fmtCount(page)} of ${fmtCount(pages)} · ${fmtCount(total)} rows`),
     h("button", { type: "button", id: "next-page", disabled: page >= pages, onclick: () => go({ page: String(page + 1) }) }, "Older →"));
-  return { filters, pager, page };
+  const last = new URLSearchParams(params);
+  last.set("page", String(pages));
+  return { filters, pager, pages, lastHash: listHash(last) };
 }
 
 function row(item) {
@@ -80,8 +82,14 @@ async function renderList(root, ctx) {
     },
   });
   if (ctx.stale()) return;
-  const { filters, pager } = listControls(ctx, body.total);
+  const { filters, pager, pages, lastHash } = listControls(ctx, body.total);
   root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
+  if (!body.memories.length && body.total > 0) {
+    // A bookmarked page, or one emptied by deletes: the rows are on the pages before it.
+    root.append(emptyState(`Page ${fmtCount(page)} is past the end of the list: the last page is ${fmtCount(pages)}.`,
+      h("a", { href: lastHash, id: "last-page" }, "Go to the last page")), pager);
+    return;
+  }
   if (!body.memories.length) {
     root.append(emptyState(`No memories for ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""} here.`,
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
