@@ -76,9 +76,9 @@ MEMORY = obj(
     gmt_created=INT, extracted=BOOL, extraction_status=STR, label=STR, count=INT, event_at=INT,
     due_at=INT, invalid_at=STR, superseded_by=STR, superseded_how=STR, drop_reason=STR,
 )
-HIT = obj("memory_id", "content", "score", "layer", memory_id=STR, content=STR, score=NUM,
-          layer=STR, gmt_created=INT, user_id=STR, agent_id=STR, event_at=INT, label=STR,
-          replaced=arr(ANY_OBJ), evidence=arr(ANY_OBJ))
+HIT = obj("memory_id", "content", "score", "layer", "gmt_created", "user_id", "agent_id",
+          memory_id=STR, content=STR, score=NUM, layer=STR, gmt_created=INT, user_id=STR,
+          agent_id=STR, event_at=INT, label=STR, replaced=arr(ANY_OBJ), evidence=arr(ANY_OBJ))
 NODE = obj("id", "label", "type", id=STR, label=STR, type=STR)
 LINK = obj("from", "to", "relation", **{"from": STR, "to": STR, "relation": STR, "weight": NUM})
 EDGE = obj("id", "from", "to", "relation", id=STR, relation=STR, weight=NUM, sources=arr(STR),

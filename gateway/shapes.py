@@ -33,11 +33,9 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
         "score": round(float(scored.score), 6),
         "layer": _layer(memory.layer),
         "gmt_created": unix_seconds(memory.created_at),
+        "user_id": memory.owner.user_id,
+        "agent_id": memory.owner.agent_id,
     }
-    if memory.owner.user_id:
-        item["user_id"] = memory.owner.user_id
-    if memory.owner.agent_id:
-        item["agent_id"] = memory.owner.agent_id
     if memory.HasField("event_at"):
         item["event_at"] = unix_seconds(memory.event_at)
     if memory.label:

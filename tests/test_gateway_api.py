@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.openapi import document
 from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
@@ -141,7 +142,10 @@ async def test_add_then_search_finds_the_text(api: Api) -> None:
     hit = hits[0]
     assert hit["content"].startswith("My favourite code editor is Helix")
     assert hit["layer"] == "l2_raw" and hit["user_id"] == user
-    assert "agent_id" not in hit  # omitted when empty, like the reference
+    assert hit["agent_id"] == ""  # every item carries both owner fields, as list's do
+    reply = document()["paths"]["/api/v1/search"]["post"]["responses"]["200"]
+    item = reply["content"]["application/json"]["schema"]["properties"]["memories"]
+    assert set(item["additionalProperties"]["items"]["required"]) <= set(hit)
     assert isinstance(hit["score"], float) and 0 < hit["score"] <= 1
     assert abs(hit["gmt_created"] - time.time()) < 600
     assert isinstance(body["order"], list)
