@@ -371,6 +371,22 @@ async def test_list_pages_newest_first_and_include_raw_false_hides_raw(api: Api)
     assert default_limit["limit"] == 20
 
 
+async def test_list_pages_on_with_before_past_rows_added_meanwhile(api: Api) -> None:
+    user = _user()
+    ids = [(await api.add(f"entry number {n}", user))["memory_id"] for n in range(3)]
+    page = await api.listing(user, limit=2)
+    assert [m["memory_id"] for m in page["memories"]] == ids[:0:-1]
+    await api.add("entry number 3", user)  # offset 2 would show entry 1 again
+    status, rest = await api.call("GET", "/api/v1/list", params={
+        "user_id": user, "limit": "2", "before": page["next_before"]})
+    assert status == 200, rest
+    assert [m["memory_id"] for m in rest["memories"]] == ids[:1] and rest["total"] == 4
+    end = await api.listing(user, before=rest["next_before"])
+    assert (end["memories"], end["next_before"]) == ([], "")
+    status, body = await api.call("POST", "/api/v1/list", json={"user_id": user, "before": "x"})
+    assert status == 400 and "not one a list returned" in body["error"]
+
+
 async def test_list_shows_retired_rows_only_with_include_superseded(api: Api, lite: Stack) -> None:
     user = _user()
     old = (await api.add("The wifi password is hunter2.", user))["memory_id"]

@@ -427,8 +427,8 @@ async def test_a_write_embedded_before_a_model_switch_is_refused_and_writes_noth
             core.model = dataclasses.replace(core.model, model_id="the-next-model")
         with pytest.raises(Unavailable, match="send it again"):
             await write
-        rows, total = await store.list_rows(Reach(("alice",)), ListQuery())
-        assert rows == [] and total == 0
+        page = await store.list_rows(Reach(("alice",)), ListQuery())
+        assert page.rows == [] and page.total == 0
         assert (await store.stats(Reach(("alice",)))).vectors == 0
 
 

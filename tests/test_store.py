@@ -183,6 +183,37 @@ async def test_list_pages_filters_and_orders(store: store_pb2_grpc.StoreStub) ->
         await listed(store, order="sideways")
 
 
+async def test_list_pages_on_by_cursor_without_repeats_or_skips_as_rows_come_and_go(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    notes = {m.content: m for m in await apply(store, *(insert(f"note {i}") for i in range(6)))}
+
+    async def page(cursor: str, **kw: Any) -> store_pb2.ListMemoriesResponse:
+        reply: store_pb2.ListMemoriesResponse = await store.ListMemories(
+            store_pb2.ListMemoriesRequest(scope=scope(), limit=2, cursor=cursor, **kw)
+        )
+        return reply
+
+    first = await page("")
+    assert [m.content for m in first.memories] == ["note 5", "note 4"] and first.next_cursor
+    await apply(store, insert("note 6"))  # offset 2 would repeat note 4
+    second = await page(first.next_cursor)
+    assert [m.content for m in second.memories] == ["note 3", "note 2"]
+    for seen in ("note 3", "note 2"):  # offset 4 would skip note 1
+        await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(id=notes[seen].id)))
+    third = await page(second.next_cursor)
+    assert [m.content for m in third.memories] == ["note 1", "note 0"] and third.total == 5
+    end = await page(third.next_cursor)
+    assert list(end.memories) == [] and end.next_cursor == ""
+
+    oldest = await page("", order="oldest")
+    after = await page(oldest.next_cursor, order="oldest")
+    assert [m.content for m in after.memories] == ["note 4", "note 5"]
+    for bad in ("x", "1.5", "1.5:x", "1.5:-1", f"1.5:{2**63}"):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await page(bad)
+
+
 async def test_a_bad_op_in_the_middle_of_apply_leaves_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

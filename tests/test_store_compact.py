@@ -56,4 +56,4 @@ async def test_a_turn_changed_while_compaction_embeds_is_left_as_it_is_now(
         assert "TOOL" not in (await store.get(alice, kept)).content
         assert (await store.get(alice, retired)).content == turns[1]
         every_turn = ListQuery(layers=(RAW,), include_superseded=True)
-        assert deleted not in {row.id for row in (await store.list_rows(alice, every_turn))[0]}
+        assert deleted not in {row.id for row in (await store.list_rows(alice, every_turn)).rows}

@@ -137,6 +137,7 @@ async def list_memories(request: web.Request) -> web.Response:
     limit = params.integer("limit", 0, lo=INT32_MIN)
     limit = LIST_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
     offset = params.integer("offset", 0)
+    before = params.string("before")  # the store's cursor, from a page's next_before
     layer = params.string("layer")
     layers = layer_filter(layer)
     include_raw = params.boolean("include_raw", True)
@@ -153,6 +154,7 @@ async def list_memories(request: web.Request) -> web.Response:
                 limit=limit,
                 offset=offset,
                 exclude_layers=[] if include_raw or layers else [common_pb2.L2_RAW],
+                cursor=before,
             ),
             timeout=rpc_timeout(request),
         ),
@@ -167,6 +169,7 @@ async def list_memories(request: web.Request) -> web.Response:
             "layers": layer_counts(stats.layers),
             "graph_nodes": stats.graph_nodes,
             "graph_edges": stats.graph_edges,
+            "next_before": listed.next_cursor,
         }
     )
 

@@ -111,7 +111,7 @@ class Core:
         """Every row the query matches inside the reach, oldest first, in one read (pages read
         one after another skip a row when one before it leaves the filter meanwhile)."""
         every = replace(query, newest_first=False, limit=EVERY_ROW, offset=0)
-        return (await self.repo.list_rows(reach, every))[0]
+        return (await self.repo.list_rows(reach, every)).rows
 
     async def embed(self, passages: Sequence[Passage]) -> np.ndarray:
         """The vectors of passages (each text's, then its spans'), refused when the embedder's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.layers import LAYER_NAMES
 
@@ -291,6 +292,24 @@ class ListQuery:
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0
+    past: tuple[float, int] | None = None
+    """Only rows past this place (a row's created_at and seq) in the list's order."""
+
+    def past_sql(self) -> tuple[list[str], list[Any]]:
+        """The SQL condition (on memories m) and parameters that keep rows past `past`."""
+        if self.past is None:
+            return [], []
+        beyond = "<" if self.newest_first else ">"
+        return [f"(m.created_at, m.seq) {beyond} (?, ?)"], list(self.past)
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """A page of a list: its rows, how many rows match in all, and the last row's place."""
+
+    rows: list[MemoryRow]
+    total: int
+    last: tuple[float, int] | None = None
 
 
 EVERY_ROW = -1

@@ -22,6 +22,7 @@ from services.store.model import (
     AuditEntry,
     CountQuery,
     Edge,
+    ListPage,
     ListQuery,
     MemoryRow,
     Reach,
@@ -114,6 +115,13 @@ _UPDATABLE = frozenset(
         "drop_reason", "retired_by", "pass_id", "extraction_status", "extraction_tries",
     }
 )
+
+
+def list_page(rows: Sequence[Sequence[Any]], total: int) -> ListPage:
+    """A list's rows (each ending with its seq) as a page, with the last row's place."""
+    page = [_row(r) for r in rows]
+    last = (page[-1].created_at, int(rows[-1][-1])) if rows else None
+    return ListPage(page, int(total), last)
 
 
 def _row(r: Sequence[Any]) -> MemoryRow:
@@ -1109,8 +1117,8 @@ class Repo(SharedReads):
             counts[min(int(bucket), query.buckets - 1)] += count
         return counts
 
-    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
-        """A page of rows inside a reach, and how many rows match in all."""
+    async def list_rows(self, reach: Reach, query: ListQuery) -> ListPage:
+        """A page of rows inside a reach, how many rows match in all, and the last one's place."""
         where, params = _filters(
             reach, query.layers, query.include_superseded, query.exclude_layers
         )
@@ -1132,16 +1140,17 @@ class Repo(SharedReads):
         if query.label:
             where.append("m.label = ?")
             params.append(query.label)
+        past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(
-            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
+            f"SELECT {_M_COLUMNS}, m.seq FROM memories m {_where(where + past)} "
             f"ORDER BY m.created_at {order}, m.seq {order} LIMIT ? OFFSET ?",
-            (*params, query.limit, query.offset),
+            (*params, *past_params, query.limit, query.offset),
         )
         total_rows = await self.reader.execute_fetchall(
             f"SELECT count(*) FROM memories m {_where(where)}", params
         )
-        return [_row(r) for r in rows], next(iter(total_rows))[0]
+        return list_page(list(rows), next(iter(total_rows))[0])
 
     async def row_seq_high(self) -> int:
         """The highest row sequence number handed out (about how many rows were ever stored)."""

@@ -173,8 +173,7 @@ async def _few_pass(
 ) -> bool:
     """Whether at most FEW_PASSING rows lie inside the reach and layers."""
     query = ListQuery(layers=tuple(layers), include_superseded=include_superseded, limit=0)
-    _, passing = await core.repo.list_rows(reach, query)
-    return passing <= FEW_PASSING
+    return (await core.repo.list_rows(reach, query)).total <= FEW_PASSING
 
 
 async def _rows_of_best(

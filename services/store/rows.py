@@ -11,7 +11,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.store.index import IndexChanges, Matches
-from services.store.model import AuditEntry, CountQuery, Edge, ListQuery, MemoryRow, Reach
+from services.store.model import (
+    AuditEntry,
+    CountQuery,
+    Edge,
+    ListPage,
+    ListQuery,
+    MemoryRow,
+    Reach,
+)
 
 
 class Writes(Protocol):
@@ -258,8 +266,8 @@ class Rows(Protocol):
         """Rows created in each of query.buckets consecutive windows of query.bucket_s."""
         ...
 
-    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
-        """A page of rows inside a reach, and how many rows match in all."""
+    async def list_rows(self, reach: Reach, query: ListQuery) -> ListPage:
+        """A page of rows inside a reach, how many rows match in all, and the last one's place."""
         ...
 
     async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:

@@ -54,6 +54,25 @@ def _layers(values: Iterable[int]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _cursor(place: tuple[float, int] | None) -> str:
+    """A list row's place (its created_at and seq), opaque to the client."""
+    return "" if place is None else f"{place[0]!r}:{place[1]}"
+
+
+def _past(cursor: str) -> tuple[float, int] | None:
+    """The place a cursor names (None for none); one no list gave is InvalidArgument."""
+    if not cursor:
+        return None
+    created_at, _, seq = cursor.partition(":")
+    try:
+        place = float(created_at), int(seq)
+    except ValueError:
+        place = None
+    if place is None or not 0 <= place[1] < 2**63:
+        raise InvalidArgument(f"cursor {cursor!r} is not one a list returned (pass it as is)")
+    return place
+
+
 def _optional(message: object, name: str) -> float | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[attr-defined]
 
@@ -377,10 +396,13 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             label=check_name("label", request.label),
             limit=request.limit,
             offset=request.offset,
+            past=_past(request.cursor),
         )
-        rows, total = await self._store.list_rows(self._reach(request.scope), query)
+        page = await self._store.list_rows(self._reach(request.scope), query)
         return store_pb2.ListMemoriesResponse(
-            memories=[memory_message(r) for r in rows], total=total
+            memories=[memory_message(r) for r in page.rows],
+            total=page.total,
+            next_cursor=_cursor(page.last),
         )
 
     @grpc_errors

@@ -19,6 +19,7 @@ from services.store.model import (
     CountQuery,
     Edge,
     KeywordResult,
+    ListPage,
     ListQuery,
     MemoryRow,
     Op,
@@ -135,8 +136,8 @@ class Store:
         found = await self._repo.memory_vectors([memory_id], self.model.model_id)
         return found[memory_id].tolist() if memory_id in found else []
 
-    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
-        """A page of rows inside the reach, and the total that match."""
+    async def list_rows(self, reach: Reach, query: ListQuery) -> ListPage:
+        """A page of rows inside the reach, the total that match, and the last one's place."""
         check_layers(query.layers)
         check_layers(query.exclude_layers)
         query = replace(query, limit=page_size(query.limit), offset=page_offset(query.offset))

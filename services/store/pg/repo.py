@@ -13,6 +13,7 @@ from services.store.model import (
     ACTIVE,
     EVERY_ROW,
     CountQuery,
+    ListPage,
     ListQuery,
     MemoryRow,
     Reach,
@@ -30,6 +31,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    list_page,
     replacement_chains,
     split_keys,
 )
@@ -152,8 +154,8 @@ class PgRepo(SharedReads):
             counts[min(int(bucket), query.buckets - 1)] += count
         return counts
 
-    async def list_rows(self, reach: Reach, query: ListQuery) -> tuple[list[MemoryRow], int]:
-        """A page of rows inside a reach, and how many rows match in all."""
+    async def list_rows(self, reach: Reach, query: ListQuery) -> ListPage:
+        """A page of rows inside a reach, how many rows match in all, and the last one's place."""
         where, params = _filters(
             reach, query.layers, query.include_superseded, query.exclude_layers
         )
@@ -170,14 +172,16 @@ class PgRepo(SharedReads):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
                 params.append(bound)
+        past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.db.fetch(
-            f"SELECT {_M_COLUMNS} FROM memories m {_where(where)} "
+            f"SELECT {_M_COLUMNS}, m.seq FROM memories m {_where(where + past)} "
             f"ORDER BY m.created_at {order}, m.seq {order} LIMIT ? OFFSET ?",
-            *params, None if query.limit == EVERY_ROW else query.limit, query.offset,
+            *params, *past_params, None if query.limit == EVERY_ROW else query.limit,
+            query.offset,
         )
         total = await self.db.fetchval(f"SELECT count(*) FROM memories m {_where(where)}", *params)
-        return [_row(r) for r in rows], int(total)
+        return list_page(rows, int(total))
 
     async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
         """For each id, the rows it replaced (and they in turn replaced), newest first."""
