@@ -217,6 +217,23 @@ async def test_undo_keeps_retired_what_a_pass_merged_into_a_row_replaced_since(
     assert await listed(store, layers=[L3]) == ["Foxtrot runs Postgres 17"]
 
 
+async def test_undo_keeps_forgotten_a_row_the_pass_replaced_and_the_user_forgot_since(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    _, (old, _) = await two_turns_two_facts(store)
+    await apply(
+        store,
+        insert("Foxtrot's story: it moved to Postgres", ref="arc", pass_id="p-arc"),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=old, superseded_how="replaced", superseded_by="$arc", pass_id="p-arc")),
+    )
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old))
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-arc", actor="api"))
+    assert (list(reply.restored_ids), list(reply.kept_ids)) == ([], [old])
+    assert await listed(store, layers=[L3]) == ["Foxtrot moved to Postgres 16"]
+
+
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
     (row,) = await apply(
         store,

@@ -75,6 +75,25 @@ async def test_a_forgotten_turn_restored_over_grpc_loses_its_tombstone(api: Api)
     assert restored.status == "active" and tombstones(restored.metadata_json) == []
 
 
+@pytest.mark.parametrize("by", ["memory_id", "text"])
+async def test_forgetting_an_old_address_hides_it_from_the_new_one(api: Api, by: str) -> None:
+    user = new_user()
+    old_text = "My home address is 12 Elm Street, Springfield."
+    old = (await api.add(old_text, user))["memory_id"]
+    new = (await api.ok("POST", "/api/v1/update", json={
+        "id": old, "text": "My home address is 40 Oak Avenue, Shelbyville.", "user_id": user,
+    }))["memory_id"]
+    asked = {"memory_id": old} if by == "memory_id" else {"text": old_text}
+    body = await api.ok("POST", "/api/v1/forget", json={**asked, "user_id": user})
+    assert body["forgotten"] == 1 and body["evidence_ids"] == [old]
+    forgotten = await api.row(user, old)
+    assert (forgotten.superseded_how, forgotten.superseded_by) == ("forgotten", new)
+    assert tombstones(forgotten.metadata_json) == ["my home address is 12 elm street springfield"]
+    hits = await api.search("home address", user)
+    assert {hit["memory_id"] for hit in hits} == {new}
+    assert [hit.get("replaced", []) for hit in hits] == [[] for _ in hits]
+
+
 async def test_forget_by_id_outside_the_owner_is_404_and_changes_nothing(api: Api) -> None:
     user = new_user()
     memory_id = (await api.add("Lunch with Dana on Friday", user))["memory_id"]

@@ -37,6 +37,8 @@ from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHA
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
+from shared.text import value_key
+from shared.tombstones import tombstones
 from tests.store_state import store_config
 from tests.support import ROOT, WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
@@ -1690,6 +1692,61 @@ async def test_list_by_superseded_by_finds_what_a_row_replaced(
     replaced = await listed(store, include_superseded=True, superseded_by=new.id)
     assert replaced == ["lives in Leeds"]
     assert await listed(store, include_superseded=True, superseded_by=other.id) == []
+
+
+OLD_ADDRESS = "My home address is 12 Elm Street, Springfield."
+
+
+async def an_old_version(stub: store_pb2_grpc.StoreStub) -> tuple[str, str, str]:
+    """A turn, the fact learnt from it, and the newer version that replaced the fact: ids."""
+    (turn,) = await apply(stub, insert("We moved in to 12 Elm Street in 2019", layer=L2))
+    (old,) = await apply(stub, insert(OLD_ADDRESS, source_ids=[turn.id]))
+    new, _ = await apply(
+        stub,
+        insert("My home address is 40 Oak Avenue, Shelbyville.", ref="new"),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=old.id, superseded_how="replaced", superseded_by="$new")),
+    )
+    return turn.id, old.id, new.id
+
+
+async def test_forget_by_id_of_an_old_version_marks_it_forgotten_and_hides_it_from_the_new(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    turn, old, new = await an_old_version(store)
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old, reason="moved"))
+    assert [m.id for m in reply.memories] == [old] and list(reply.evidence_ids) == [turn]
+    got = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=old))).memory
+    assert (got.status, got.superseded_how, got.superseded_by, got.drop_reason) == (
+        "retired", "forgotten", new, "moved")
+    evidence = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn))).memory
+    assert tombstones(evidence.metadata_json) == [value_key(OLD_ADDRESS)]
+    history = await store.GetHistory(store_pb2.GetHistoryRequest(scope=scope(), id=old))
+    last = history.entries[-1]
+    assert (last.action, json.loads(last.after_json)["superseded_how"]) == ("retire", "forgotten")
+    near = await vector_hits(store, embedder, "home address", layers=[L3])
+    assert [(h.memory.id, list(h.replaced)) for h in near] == [(new, [])]
+    query = store_pb2.KeywordSearchRequest(scope=scope(), query="home address")
+    found = (await store.KeywordSearch(query)).hits
+    assert [(h.hit.memory.id, list(h.hit.replaced)) for h in found] == [(new, [])]
+    again = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old))
+    assert list(again.memories) == []
+
+
+async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_rows_be(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    _, old, new = await an_old_version(store)
+    (dropped,) = await apply(store, insert(OLD_ADDRESS))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=dropped.id, superseded_how="dropped", drop_reason="small talk")))
+
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), text=OLD_ADDRESS))
+    assert [(m.id, m.superseded_how, m.superseded_by) for m in reply.memories] == [
+        (old, "forgotten", new)]
+    kept = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=dropped.id))
+    assert kept.memory.superseded_how == "dropped"
+    assert await listed(store, layers=[L3]) == ["My home address is 40 Oak Avenue, Shelbyville."]
 
 
 # --- the L1 profile mirror of preference facts, kept by the store ----------------------------

@@ -15,25 +15,28 @@ from tests.store_state import store_config
 VALUE = "Bo's locker code is 4471"
 
 
-async def test_a_match_retired_after_forget_found_it_is_left_as_it_is(
-    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("how", "after"), [("merged", "merged"), ("updated", "forgotten")])
+async def test_a_match_retired_after_forget_found_it_is_forgotten_only_as_an_old_version(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch, how: str, after: str
 ) -> None:
     async with running_store(store_config(tmp_path, embedder_address)) as store:
         alice = Reach(("alice",))
-        rows = await store.apply(alice, [Insert("alice", "", "", "l3_fact", VALUE)] * 2)
-        edited, other = (row.id for row in rows if row is not None)
+        rows = await store.apply(alice, [Insert("alice", "", "", "l3_fact", VALUE)] * 3)
+        edited, other, newer = (row.id for row in rows if row is not None)
         real_search = forget.vector_search
 
-        async def found_then_edited(*args: Any) -> Any:
-            hits = await real_search(*args)
-            # The extractor replaces one of them before the forget writes.
-            await store.apply(alice, [Retire(edited, superseded_how="updated")])
+        async def found_then_edited(*args: Any, **kwargs: Any) -> Any:
+            hits = await real_search(*args, **kwargs)
+            # A consolidation pass merges one of them, or the extractor updates it, before the
+            # forget writes.
+            await store.apply(alice, [Retire(edited, superseded_how=how, superseded_by=newer)])
             return hits
 
         monkeypatch.setattr(forget, "vector_search", found_then_edited)
         gone = await store.forget(alice, forget.Forget(text=VALUE), actor="api")
-        assert [row.id for row in gone.memories] == [other]
-        assert (await store.get(alice, edited)).superseded_how == "updated"
+        reached = {other, newer} | ({edited} if after == "forgotten" else set())
+        assert {row.id for row in gone.memories} == reached
+        assert (await store.get(alice, edited)).superseded_how == after
         assert (await store.get(alice, other)).superseded_how == "forgotten"
 
 

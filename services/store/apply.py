@@ -49,6 +49,7 @@ from services.store.model import (
     Tombstone,
     Unchanged,
     Update,
+    forgettable,
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
@@ -178,9 +179,11 @@ async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
 
 async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     w = run.write
-    if op.if_live and await _live(w, op.id) is None:
+    if op.forgets and not forgettable(await w.tx.get(op.id)):
         return None
     before = await target(w.tx, run.reach, op.id)
+    if before.status == RETIRED and op.forgets:
+        return await _forget_old_version(run, before, op)
     if before.status == RETIRED:
         # Checked in the transaction: of two edits of one row sent at once, or an edit and a
         # forget, the second finds it retired, rather than leave two live versions or replace
@@ -203,6 +206,16 @@ async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     if op.superseded_how in KILLS_DERIVED or not op.superseded_how:
         await retire_derived(w, op.id)
     w.facts_changed += fact_changes(op, before, after)
+    return after
+
+
+async def _forget_old_version(run: _Apply, before: MemoryRow, op: Retire) -> MemoryRow | None:
+    """Marks an old version forgotten, keeping when and by which row it was replaced (its
+    history and a restore read as for any forgotten row); what rests on it goes stale."""
+    w = run.write
+    fields = {"superseded_how": FORGOTTEN, "drop_reason": op.drop_reason, "retired_by": w.actor}
+    after = await w.change(before, "retire", fields, run.reason)
+    await retire_derived(w, op.id)
     return after
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from services.store.apply import apply_unkeyed
 from services.store.core import Core
 from services.store.model import (
-    ACTIVE,
     FORGOTTEN,
     RAW,
     ListQuery,
@@ -23,6 +22,7 @@ from services.store.model import (
     Reach,
     Retire,
     Tombstone,
+    forgettable,
 )
 from services.store.retrieval import vector_search
 from shared.errors import InvalidArgument
@@ -62,14 +62,15 @@ class Forgotten:
 
 
 async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgotten:
-    """Retires every live row in reach holding the value; NotFound for an unknown id."""
+    """Retires every forgettable row in reach holding the value (live ones and old versions of
+    them); NotFound for an unknown id."""
     if bool(asked.text.strip()) == bool(asked.memory_id):
         raise InvalidArgument("forget needs exactly one of text and id")
     check_no_nul("text", asked.text)
     text, matches = asked.text, {}
     if asked.memory_id:
         row = await core.get(reach, asked.memory_id)
-        if row.status != ACTIVE:
+        if not forgettable(row):
             return Forgotten([], [])
         text, matches = row.content, {row.id: row}
     key = value_key(text)
@@ -88,16 +89,17 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
 async def _holding(
     core: Core, reach: Reach, text: str, key: str, known: dict[str, MemoryRow]
 ) -> dict[str, MemoryRow]:
-    """Live rows whose text is the value, or nearly the same text."""
+    """Forgettable rows whose text is the value, or nearly the same text."""
     vector = (await core.embed([Passage(text)]))[0]
     hits = await vector_search(
-        core, reach, vector.tolist(), core.model.model_id, (), CANDIDATES, CANDIDATE_FLOOR
+        core, reach, vector.tolist(), core.model.model_id, (), CANDIDATES, CANDIDATE_FLOOR,
+        include_superseded=True,
     )
     return {
         hit.memory.id: hit.memory
         for hit in hits
         if hit.memory.id not in known
-        and hit.memory.status == ACTIVE
+        and forgettable(hit.memory)
         and (value_key(hit.memory.content) == key or hit.score >= NEAR_EXACT)
     }
 
@@ -113,7 +115,7 @@ async def _retire(
     values = tuple(sorted({key, *(value_key(m.content) for m in matches.values())} - {""}))
     why = reason or "forgotten on request"
     ops: list[Op] = [
-        Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why, if_live=True)
+        Retire(m.id, superseded_how=FORGOTTEN, drop_reason=why, forgets=True)
         for m in matches.values()
     ]
     ops += [Tombstone(t.id, values) for t in turns]

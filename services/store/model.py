@@ -32,6 +32,9 @@ RAW = "l2_raw"
 """The layer of conversation turns: the evidence other rows are learnt from."""
 FORGOTTEN = "forgotten"
 """How a row forgotten on request is retired (its value tombstoned on the turns it came from)."""
+OLD_VERSIONS = frozenset({"replaced", "updated"})
+"""How a row retired by a newer version of it is: its text still shows under that version
+(`replaced` in a search), so a forget reaches it as it reaches a live row."""
 FEW_PASSING = 2_000
 """A search whose filters pass this many of the reach's rows or fewer looks among those rows
 only (every key of them scored, every term matched against them at once) instead of searching
@@ -142,9 +145,16 @@ class Retire:
     superseded_by: str = ""
     drop_reason: str = ""
     pass_id: str = ""
-    if_live: bool = False
-    """Skipped (None) when the row is retired or gone by now, rather than refused: for a
-    caller that read its candidates before the write (a forget)."""
+    forgets: bool = False
+    """A forget's retire: skipped (None) when the row is gone or no longer forgettable by now,
+    rather than refused (the forget read its candidates before the write); an old version is
+    marked forgotten where it stands."""
+
+
+def forgettable(row: MemoryRow | None) -> bool:
+    """Whether a forget reaches the row: live, or an old version of a newer one (not a row
+    forgotten, merged or dropped already, nor one erased)."""
+    return row is not None and (row.status == ACTIVE or row.superseded_how in OLD_VERSIONS)
 
 
 @dataclass(frozen=True)

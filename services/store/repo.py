@@ -18,6 +18,7 @@ import numpy as np
 from services.store import fulltext
 from services.store.model import (
     ACTIVE,
+    FORGOTTEN,
     RETIRED,
     AuditEntry,
     CountQuery,
@@ -637,7 +638,7 @@ async def replacement_chains(
 ) -> dict[str, list[MemoryRow]]:
     """For each id, the rows it replaced (and they in turn replaced), newest first, up to depth
     steps back; `replacing` gives the rows (columns as _COLUMNS) superseded by any of a list of
-    ids, newest retirement first."""
+    ids, newest retirement first. A forgotten version is left out (the chain goes on past it)."""
     chains: dict[str, list[MemoryRow]] = {}
     frontier = {memory_id: memory_id for memory_id in ids}
     for _ in range(depth):
@@ -649,7 +650,8 @@ async def replacement_chains(
             root = frontier[old.superseded_by]
             chain = chains.setdefault(root, [])
             if all(old.id != seen.id for seen in chain) and old.id != root:
-                chain.append(old)
+                if old.superseded_how != FORGOTTEN:
+                    chain.append(old)
                 following[old.id] = root
         frontier = following
     return chains

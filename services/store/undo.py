@@ -7,7 +7,7 @@ import json
 from services.store.cascade import restore_derived, retire_derived, settle
 from services.store.core import DEFAULT_ACTOR, Core, Write, live_fields, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
-from services.store.model import ACTIVE, RETIRED, MemoryRow, Undone
+from services.store.model import ACTIVE, FORGOTTEN, RETIRED, MemoryRow, Undone
 from shared.errors import InvalidArgument, NotFound
 
 
@@ -30,8 +30,8 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
 
 
 async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
-    """Retires a row the pass inserted, or restores one it retired (if still so, and what
-    replaced it still stands)."""
+    """Retires a row the pass inserted, or restores one it retired (if still so, not forgotten
+    since, and what replaced it still stands)."""
     row = await w.tx.get(target)
     if row is None:
         return
@@ -43,7 +43,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         for edge in await w.tx.edges_of_memories([target]):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
-        if not await _successor_stands(w, undone, row):
+        if row.superseded_how == FORGOTTEN or not await _successor_stands(w, undone, row):
             undone.kept_ids.append(target)
             return
         await w.change(row, "restore", live_fields(), why)
