@@ -1732,6 +1732,12 @@ async def test_forget_by_id_of_an_old_version_marks_it_forgotten_and_hides_it_fr
     again = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old))
     assert list(again.memories) == []
 
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=old)))
+    evidence = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn))).memory
+    assert tombstones(evidence.metadata_json) == []
+    assert sorted(await listed(store, layers=[L3])) == [
+        OLD_ADDRESS, "My home address is 40 Oak Avenue, Shelbyville."]
+
 
 async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_rows_be(
     store: store_pb2_grpc.StoreStub,
