@@ -12,6 +12,11 @@ def value_key(text: str) -> str:
     return " ".join(kept.split())
 
 
+def content_key(text: str) -> str:
+    """A memory's text as two are compared for repeats: lower case, runs of whitespace as one."""
+    return " ".join(text.lower().split())
+
+
 def name_key(name: str) -> str:
     """A graph node's or relation's name as it is compared: case-folded by Unicode's rules, so
     "Émile" and "émile" name one entity in every service and on both store backends (SQL's

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from services.search.stages import DAY_S, text_key
+from services.search.stages import DAY_S
+from shared.text import content_key
 from tests.extractor_support import STACK, Api, new_user
 from tests.real_model_support import LlamaServer, ensure_llm_venv, running_llama_server
 from tests.support import Stack, running_stack
@@ -110,7 +111,7 @@ async def test_a_real_model_conversation_ends_extracted_searchable_and_digested(
             hits = await api.search(memory["content"], user, layer=layer, limit=50)
             shown = any(
                 hit["memory_id"] == memory["memory_id"]
-                or text_key(hit["content"]) == text_key(memory["content"])
+                or content_key(hit["content"]) == content_key(memory["content"])
                 for hit in hits
             )
             assert shown is not _past_due(memory), (memory, hits)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.search.channels import NOW_PAGE_LABEL
 from services.search.fusion import fuse_sources
 from services.search.model import Candidate, SearchContext
+from shared.text import content_key
 
 DAY_S = 86400.0
 
@@ -39,17 +40,12 @@ def drop_now_pages(ranked: list[Candidate], ctx: SearchContext) -> list[Candidat
     return [c for c in ranked if not (c.layer == "l4_summary" and c.label == NOW_PAGE_LABEL)]
 
 
-def text_key(text: str) -> str:
-    """The form two texts are compared in: lower case, runs of whitespace as one space."""
-    return " ".join(text.lower().split())
-
-
 def drop_repeated_text(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Keeps the best-ranked row of each text; an L1 mirror takes its L3 fact's place."""
     kept: list[Candidate] = []
     slot_of: dict[str, int] = {}
     for candidate in ranked:
-        key = text_key(candidate.content)
+        key = content_key(candidate.content)
         slot = slot_of.get(key)
         if slot is None:
             slot_of[key] = len(kept)
