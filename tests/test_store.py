@@ -37,7 +37,7 @@ from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHA
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
-from shared.text import value_key
+from shared.text import content_key, value_key
 from shared.tombstones import tombstones
 from tests.store_state import store_config
 from tests.support import ROOT, WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
@@ -737,6 +737,67 @@ async def test_a_relaxed_search_past_the_budget_ranks_the_newest_rows_and_rare_t
     # not alice's.
     assert found == {"garden tulips": 2, "garden shed": 1, "garden gnome": 1, "garden bench": 1}
     assert [h.hit.memory.content for h in reply.hits][0] == "garden tulips"
+
+
+async def keyword_hits(
+    stub: store_pb2_grpc.StoreStub, query: str, **kw: Any
+) -> list[common_pb2.ScoredMemory]:
+    reply = await stub.KeywordSearch(
+        store_pb2.KeywordSearchRequest(scope=scope(), query=query, **kw)
+    )
+    return [found.hit for found in reply.hits]
+
+
+async def test_a_distinct_text_search_finds_k_texts_however_many_copies_one_text_has(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    # Past the first oversampled read of the vector index, so the wider reads run too.
+    copies = [insert("I had coffee with Sam at the cafe.", layer=L2)] * 150
+    await apply(store, *copies, insert("i had coffee  with SAM at the cafe.", layer=L2))
+    await apply(
+        store,
+        insert("I had coffee with Sam at the cafe.", layer=L3),
+        insert("I had coffee with Sam at the cafe and he is moving to Paris.", layer=L2),
+        insert("Sam's cafe order is a coffee with oat milk.", layer=L2),
+    )
+    query = "coffee with Sam at the cafe"
+    for hits in (
+        await vector_hits(store, embedder, query, k=4, distinct_text=True),
+        await keyword_hits(store, query, k=4, distinct_text=True, min_terms=1),
+    ):
+        # The same text in another layer (a fact) is another row; case and spacing are not.
+        assert sorted((h.memory.layer, h.memory.content) for h in hits) == [
+            (L2, "I had coffee with Sam at the cafe and he is moving to Paris."),
+            (L2, "I had coffee with Sam at the cafe."),
+            (L2, "Sam's cafe order is a coffee with oat milk."),
+            (L3, "I had coffee with Sam at the cafe."),
+        ]
+    # Without distinct_text every copy is a hit of its own.
+    copied = await vector_hits(store, embedder, query, k=4)
+    assert {content_key(h.memory.content) for h in copied} == {
+        "i had coffee with sam at the cafe."
+    }
+
+
+async def test_a_distinct_text_search_of_texts_that_never_repeat_finds_what_any_search_finds(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    places = ["cafe", "park", "museum", "harbour", "library", "market", "station", "garden"]
+    names = ("Sam", "Ana", "Ben", "Priya")
+    await apply(
+        store, *(insert(f"I met {n} at the {p}.", layer=L2) for n in names for p in places)
+    )
+
+    async def searches(query: str, **kw: Any) -> list[list[common_pb2.ScoredMemory]]:
+        return [
+            await vector_hits(store, embedder, query, **kw),
+            await keyword_hits(store, query, **kw),
+            await keyword_hits(store, query, min_terms=1, **kw),
+        ]
+
+    for k in (1, 5, 40):
+        for query in ("who did I meet at the cafe", "Sam at the museum"):
+            assert await searches(query, k=k, distinct_text=True) == await searches(query, k=k)
 
 
 @pytest.mark.sqlite_only

@@ -15,6 +15,7 @@ from services.store.model import FEW_PASSING, KeywordResult, ListQuery, Reach, S
 from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
+from shared.text import content_key
 
 # Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
 # cannot miss a row that near-duplicates crowd out of the graph.
@@ -39,11 +40,13 @@ async def keyword_search(
     include_superseded: bool = False,
     min_terms: int = 0,
     context_keys: bool = False,
+    distinct_text: bool = False,
 ) -> KeywordResult:
     """Rows containing enough of the query's terms, best bm25 first.
 
     min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
-    many terms. With context_keys, rows are also ranked by their context keys.
+    many terms. With context_keys, rows are also ranked by their context keys. With
+    distinct_text, repeats of a text are left out (distinct) and k counts the rest.
     """
     check_layers(layers)
     if min_terms < 0:
@@ -56,8 +59,19 @@ async def keyword_search(
     k = page_size(k, "k")
 
     async def hits_of(index: str) -> list[Scored]:
-        found = await repo.text_search(index, terms, least, reach, layers, include_superseded, k)
-        return [Scored(r, s, n) for r, s, n in found]
+        fetch = k
+        while True:
+            found = await repo.text_search(
+                index, terms, least, reach, layers, include_superseded, fetch
+            )
+            hits = [Scored(r, s, n) for r, s, n in found]
+            if not distinct_text:
+                return hits
+            kept = distinct(hits)
+            if len(kept) >= k or len(found) < fetch:
+                return kept[:k]
+            # Repeats of a text took the places: read further down the ranking.
+            fetch *= 4
 
     # The two indexes are read side by side (each on its own connection), their hits annotated
     # together.
@@ -66,6 +80,20 @@ async def keyword_search(
     context = around[0] if around else []
     both = await annotated(repo, hits + context)
     return KeywordResult(both[: len(hits)], terms, required, both[len(hits) :])
+
+
+def distinct(hits: list[Scored]) -> list[Scored]:
+    """The hits (best first) less the repeats of a text an earlier hit of the same owner and
+    layer holds."""
+    seen: set[tuple[str, str, str, str]] = set()
+    kept = []
+    for hit in hits:
+        row = hit.memory
+        key = (row.user_id, row.agent_id, row.layer, content_key(row.content))
+        if key not in seen:
+            seen.add(key)
+            kept.append(hit)
+    return kept
 
 
 async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
@@ -97,8 +125,10 @@ async def vector_search(
     k: int = 0,
     min_score: float = 0.0,
     include_superseded: bool = False,
+    distinct_text: bool = False,
 ) -> list[Scored]:
-    """The k rows in reach most similar to vector (cosine), none below min_score."""
+    """The k rows in reach most similar to vector (cosine), none below min_score; with
+    distinct_text, repeats of a text are left out (distinct) and k counts the rest."""
     _check_model(core, model_id)
     check_layers(layers)
     query = np.asarray(vector, dtype=np.float32)
@@ -118,7 +148,11 @@ async def vector_search(
     hits: list[Scored] = []
     for user_id in users:
         one = replace(reach, user_ids=(user_id,))
-        hits.extend(await _search_user(core, one, query, layers, k, min_score, include_superseded))
+        hits.extend(
+            await _search_user(
+                core, one, query, layers, k, min_score, include_superseded, distinct_text
+            )
+        )
     hits.sort(key=lambda hit: hit.score, reverse=True)
     rows = await annotated(core.repo, hits[:k])
     # A re-embed may have switched models while this searched: its hits could come from
@@ -146,6 +180,7 @@ async def _search_user(
     k: int,
     min_score: float,
     include_superseded: bool,
+    distinct_text: bool,
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
     count = max(k * OVERSAMPLE, 64)
@@ -156,7 +191,9 @@ async def _search_user(
             return []
         keys, scores = found.keys, found.scores
         scored = list(zip(keys.tolist(), scores.tolist(), strict=True))
-        hits = await _rows_of_best(core, reach, layers, include_superseded, scored, k, min_score)
+        hits = await _rows_of_best(
+            core, reach, layers, include_superseded, scored, k, min_score, distinct_text
+        )
         exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
         if len(hits) >= k or exhausted:
             return hits[:k]
@@ -164,7 +201,9 @@ async def _search_user(
             few = await _few_pass(core, reach, layers, include_superseded)
         if few or count >= WIDEST:
             # The filters pass few of the nearest keys: score just the keys that pass.
-            return await _exact(core, reach, query, layers, k, min_score, include_superseded)
+            return await _exact(
+                core, reach, query, layers, k, min_score, include_superseded, distinct_text
+            )
         count = min(count * 4, WIDEST)
 
 
@@ -184,9 +223,11 @@ async def _rows_of_best(
     scored: list[tuple[int, float]],
     k: int,
     min_score: float,
+    distinct_text: bool,
 ) -> list[Scored]:
     """The best k memories behind scored keys (best first): each memory at its best key's
-    score, its row read once, a slice of memories at a time (most searches need one)."""
+    score, its row read once, a slice of memories at a time (most searches need one); with
+    distinct_text, repeats of a text are left out."""
     scored = [(key, score) for key, score in scored if score >= min_score]
     owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
     best: dict[str, float] = {}
@@ -205,6 +246,8 @@ async def _rows_of_best(
             reach, [memory_id for memory_id, _ in step], layers, include_superseded
         )
         hits.extend(Scored(rows[m], score) for m, score in step if m in rows)
+        if distinct_text:
+            hits = distinct(hits)
     return hits[:k]
 
 
@@ -216,15 +259,33 @@ async def _exact(
     k: int,
     min_score: float,
     include_superseded: bool,
+    distinct_text: bool,
 ) -> list[Scored]:
     assert core.indexes is not None and reach.user_ids is not None
     candidates = await core.repo.keys_in(reach, layers, include_superseded)
     # A memory may hold several keys (its clauses): keep enough to fill k memories.
     keep = k * (1 + MOST_CLAUSES_HELD)
+    while True:
+        chosen = await _nearest(core, reach.user_ids[0], query, candidates, keep)
+        hits = await _rows_of_best(
+            core, reach, layers, include_superseded, chosen, k, min_score, distinct_text
+        )
+        exhausted = len(chosen) < keep or chosen[-1][1] < min_score
+        if not distinct_text or len(hits) >= k or exhausted:
+            return hits
+        # Repeats of a text took the places: keep more of the nearest keys.
+        keep *= 4
+
+
+async def _nearest(
+    core: Core, user_id: str, query: np.ndarray, candidates: list[int], keep: int
+) -> list[tuple[int, float]]:
+    """The `keep` candidate keys nearest the query, nearest first, with their cosines."""
+    assert core.indexes is not None
     best_keys, best_scores = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
     for start in range(0, len(candidates), EXACT_CHUNK):
         chunk = candidates[start : start + EXACT_CHUNK]
-        keys, matrix = await core.indexes.vectors(reach.user_ids[0], chunk)
+        keys, matrix = await core.indexes.vectors(user_id, chunk)
         if not keys:
             continue
         norms = np.linalg.norm(matrix, axis=1)
@@ -233,9 +294,4 @@ async def _exact(
         best_scores = np.concatenate([best_scores, (matrix @ query) / norms])
         top = np.argsort(-best_scores, kind="stable")[:keep]
         best_keys, best_scores = best_keys[top], best_scores[top]
-    chosen = [
-        (int(key), float(score))
-        for key, score in zip(best_keys, best_scores, strict=True)
-        if score >= min_score
-    ]
-    return await _rows_of_best(core, reach, layers, include_superseded, chosen, k, min_score)
+    return [(int(key), float(score)) for key, score in zip(best_keys, best_scores, strict=True)]

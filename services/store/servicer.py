@@ -424,6 +424,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.k,
             request.min_score,
             request.include_superseded,
+            request.distinct_text,
         )
         return store_pb2.VectorSearchResponse(hits=[_scored(hit) for hit in hits])
 
@@ -439,6 +440,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.include_superseded,
             request.min_terms,
             request.context_keys,
+            request.distinct_text,
         )
         return store_pb2.KeywordSearchResponse(
             hits=[

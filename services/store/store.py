@@ -171,10 +171,19 @@ class Store:
         include_superseded: bool = False,
         min_terms: int = 0,
         context_keys: bool = False,
+        distinct_text: bool = False,
     ) -> KeywordResult:
         """Rows containing enough of the query's terms, best bm25 first (see retrieval)."""
         return await retrieval.keyword_search(
-            self._repo, reach, query, layers, k, include_superseded, min_terms, context_keys
+            self._repo,
+            reach,
+            query,
+            layers,
+            k,
+            include_superseded,
+            min_terms,
+            context_keys,
+            distinct_text,
         )
 
     async def vector_search(
@@ -186,10 +195,20 @@ class Store:
         k: int = 0,
         min_score: float = 0.0,
         include_superseded: bool = False,
+        distinct_text: bool = False,
     ) -> list[Scored]:
-        """The k rows in reach most similar to vector (cosine), none below min_score."""
+        """The k rows in reach most similar to vector (cosine), none below min_score (see
+        retrieval)."""
         return await retrieval.vector_search(
-            self._core, reach, vector, model_id, layers, k, min_score, include_superseded
+            self._core,
+            reach,
+            vector,
+            model_id,
+            layers,
+            k,
+            min_score,
+            include_superseded,
+            distinct_text,
         )
 
     async def stats(self, reach: Reach) -> Stats:
