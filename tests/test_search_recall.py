@@ -207,3 +207,30 @@ async def test_feedback_without_ids_is_a_400(lite: Stack) -> None:
     status, body = await call(lite, "/api/v1/feedback", {"user_id": _user()})
     assert status == 400
     assert "memory_ids required" in body["error"]
+
+
+def turn(user: str, text: str) -> store_pb2.Op:
+    return store_pb2.Op(
+        insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user, session_id="s1"),
+            layer=common_pb2.L2_RAW,
+            content=text,
+        )
+    )
+
+
+REPEATED = "I had coffee with Sam at the cafe."
+OTHERS = [
+    "I had coffee with Sam at the cafe and he said he is moving to Paris in March.",
+    "Sam's cafe order is always a flat white.",
+]
+
+
+@pytest.mark.parametrize("reader", ["hybrid", "vector", "keyword", "rrf"])
+async def test_copies_of_one_text_leave_room_for_the_other_texts(lite: Stack, reader: str) -> None:
+    user = _user()
+    apply(lite, user, [turn(user, REPEATED)] * 60 + [turn(user, text) for text in OTHERS])
+    hits = await search(
+        lite, user, "coffee with Sam at the cafe", reader=reader, min_score=0, limit=10
+    )
+    assert sorted(hit["content"] for hit in hits) == sorted([REPEATED, *OTHERS])

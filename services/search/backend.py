@@ -71,7 +71,8 @@ class GrpcBackend:
     async def vector_search(
         self, scope: Scope, vector: Sequence[float], model_id: str, layers: Sequence[str], k: int
     ) -> list[Candidate]:
-        """The k nearest live memories with their cosine; the floor is left to fusion."""
+        """The k nearest live memories (one per text and owner) with their cosine; the floor is
+        left to fusion."""
         request = store_pb2.VectorSearchRequest(
             scope=_scope(scope),
             vector=vector,
@@ -79,6 +80,7 @@ class GrpcBackend:
             layers=_layers(layers),
             k=k,
             min_score=0.0,
+            distinct_text=True,
         )
         reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
         return [to_candidate(hit, cosine=hit.score) for hit in reply.hits]
@@ -93,7 +95,8 @@ class GrpcBackend:
         relaxed: bool = False,
         context: bool = False,
     ) -> tuple[list[Candidate], list[Candidate]]:
-        """Memories holding the query's terms, best bm25 first, and those whose context holds them.
+        """Memories holding the query's terms (one per text and owner), best bm25 first, and those
+        whose context holds them.
 
         Strict: the reference's rule decides which rows count. Relaxed: any term counts, and each
         hit says whether it also passes the strict rule.
@@ -105,6 +108,7 @@ class GrpcBackend:
             k=k,
             min_terms=1 if relaxed else 0,
             context_keys=context,
+            distinct_text=True,
         )
         reply = await self._store.KeywordSearch(request, timeout=self._timeout_s)
         terms = len(reply.terms)
