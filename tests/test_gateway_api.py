@@ -497,6 +497,25 @@ async def test_two_edits_of_one_row_sent_at_once_leave_one_live_version(api: Api
     assert len(rows) == 2 and rows[old]["superseded_by"] == kept
 
 
+async def test_restoring_a_replaced_row_while_its_replacement_is_live_is_409(api: Api) -> None:
+    user = _user()
+    paris = (await api.add("I live in Paris", user))["memory_id"]
+    _, edited = await api.call("POST", "/api/v1/update",
+                               json={"id": paris, "text": "I live in Berlin", "user_id": user})
+    berlin = edited["memory_id"]
+    status, body = await api.call("POST", "/api/v1/restore", json={"id": paris, "user_id": user})
+    assert status == 409, body
+    assert f"its replacement {berlin!r} is live: forget or delete it first" in body["error"]
+    assert [m["memory_id"] for m in (await api.listing(user))["memories"]] == [berlin]
+
+    # Once the replacement is forgotten, the old row comes back.
+    status, _ = await api.call("POST", "/api/v1/forget", json={"id": berlin, "user_id": user})
+    assert status == 200
+    status, body = await api.call("POST", "/api/v1/restore", json={"id": paris, "user_id": user})
+    assert (status, body["restored"]) == (200, True)
+    assert [m["memory_id"] for m in (await api.listing(user))["memories"]] == [paris]
+
+
 async def test_owners_lists_users_and_their_agents_with_counts_and_last_write(api: Api) -> None:
     user = _user()
     first = (await api.add("Note one", user, agent_id="cli"))["memory_id"]

@@ -271,6 +271,38 @@ async def test_retire_can_name_a_row_inserted_earlier_in_the_same_apply(
         )
 
 
+async def test_a_row_is_not_restored_while_what_replaced_it_is_live(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (paris,) = await apply(store, insert("Lives in Paris"))
+
+    async def replace(old: str, text: str) -> str:
+        new, _ = await apply(
+            store,
+            insert(text, ref="new"),
+            store_pb2.Op(retire=store_pb2.RetireOp(
+                id=old, superseded_how="replaced", superseded_by="$new")),
+        )
+        return new.id
+
+    berlin = await replace(paris.id, "Lives in Berlin")
+    rome = await replace(berlin, "Lives in Rome")
+    restore = store_pb2.Op(restore=store_pb2.RestoreOp(id=paris.id))
+    # The live end of the chain is named, whichever row of it is restored.
+    for memory_id in (paris.id, berlin):
+        with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+            await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id)))
+        assert f"its replacement {rome!r} is live: forget or delete it first" in (
+            info.value.details() or "")
+    assert await listed(store) == ["Lives in Rome"]
+
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=rome, superseded_how="forgotten")))
+    (back,) = await apply(store, restore)
+    assert back.status == "active"
+    assert await listed(store) == ["Lives in Paris"]
+
+
 async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_the_row(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

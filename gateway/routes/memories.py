@@ -243,8 +243,8 @@ async def _delete_one(
 @routes.post("/api/v1/restore")
 @writes
 async def restore(request: web.Request) -> web.Response:
-    """Brings one of the owner's retired rows back; what replaced it stays as it is. A forgotten
-    row's value is taken off the tombstones its forget left."""
+    """Brings one of the owner's retired rows back (409 while what replaced it is live). A
+    forgotten row's value is taken off the tombstones its forget left."""
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     if not memory_id:
@@ -270,10 +270,13 @@ async def restore(request: web.Request) -> web.Response:
             ),
             timeout=rpc_timeout(request),
         )
-    except Conflict:  # restored by someone else meanwhile: the row as it is
+    except Conflict:
         current = await store.GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
+        if current.memory.status != "active":  # its replacement is live
+            raise
+        # Restored by someone else meanwhile: the row as it is.
         return json_response({"restored": False, "memory": list_items([current.memory])[0]})
     return json_response({"restored": True, "memory": list_items(reply.memories)[0]})
 

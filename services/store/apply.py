@@ -224,12 +224,32 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
     before = await target(w.tx, run.reach, op.id)
     if before.status == ACTIVE:
         raise Conflict(f"op {i}: memory {op.id!r} is not retired")
+    live = await _live_successor(w, before)
+    if live is not None:
+        # Two live versions of one memory would contradict each other.
+        raise Conflict(
+            f"op {i}: memory {op.id!r} cannot be restored: its replacement {live.id!r} is "
+            "live: forget or delete it first"
+        )
     after = await w.change(before, "restore", live_fields(), run.reason)
     await restore_derived(w, op.id)
     if before.superseded_how == FORGOTTEN:
         await lift_tombstones(w, before, run.reason)
     w.facts_changed += fact_changes(op, before, after)
     return after
+
+
+async def _live_successor(w: Write, row: MemoryRow) -> MemoryRow | None:
+    """The live row at the end of the chain of rows that replaced a retired one, if any (a
+    chain that ends in a row forgotten, dropped or erased has none)."""
+    seen = {row.id}
+    while row.superseded_by and row.superseded_by not in seen:
+        successor = await w.tx.get(row.superseded_by)
+        if successor is None or successor.status == ACTIVE:
+            return successor
+        seen.add(successor.id)
+        row = successor
+    return None
 
 
 async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
