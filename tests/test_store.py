@@ -24,6 +24,7 @@ from usearch.index import Index, ScalarKind
 from services.store import fulltext, keywords, off_calendar, retrieval, text_index
 from services.store import repo as repo_module
 from services.store.model import FEW_PASSING, MemoryRow
+from services.store.pg.repo import PgRepo
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.schema import SCHEMA_VERSION
@@ -301,6 +302,47 @@ async def test_a_row_is_not_restored_while_what_replaced_it_is_live(
     (back,) = await apply(store, restore)
     assert back.status == "active"
     assert await listed(store) == ["Lives in Paris"]
+
+
+async def restate_facts(stub: store_pb2_grpc.StoreStub, dry_run: bool) -> tuple[int, int]:
+    """(duplicates, rows_superseded) of an admin dedupe_facts at 0.95."""
+    reply = await stub.RestateFacts(store_pb2.RestateFactsRequest(threshold=0.95, dry_run=dry_run))
+    return reply.duplicates, reply.rows_superseded
+
+
+async def test_dedupe_facts_never_restates_one_agents_fact_by_anothers(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    await apply(store, insert("Lives in Lisbon", agent="phone"))
+    await apply(store, insert("Lives in Lisbon.", agent="laptop"))
+    await apply(store, insert("Keeps bees on the roof", agent="phone"))
+    await apply(store, insert("Keeps bees on the roof.", agent="phone"))
+    assert await restate_facts(store, dry_run=False) == (1, 1)
+    assert sorted(await listed(store)) == [
+        "Keeps bees on the roof.", "Lives in Lisbon", "Lives in Lisbon."]
+
+
+async def test_dedupe_facts_counts_only_the_rows_it_retired(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (older,) = await apply(store, insert("Keeps bees on the roof"))
+    await apply(store, insert("Keeps bees on the roof."))
+    forget = store_pb2.Op(retire=store_pb2.RetireOp(id=older.id, superseded_how="forgotten"))
+
+    def forgotten_meanwhile(read: Any) -> Any:
+        async def memory_vectors(self: Any, *args: Any) -> Any:
+            vectors = await read(self, *args)
+            await apply(store, forget)  # after the dedupe read the facts, before it writes
+            return vectors
+
+        return memory_vectors
+
+    for repo_class in (repo_module.Repo, PgRepo):
+        monkeypatch.setattr(
+            repo_class, "memory_vectors", forgotten_meanwhile(repo_class.memory_vectors))
+    assert await restate_facts(store, dry_run=False) == (1, 0)
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=older.id))
+    assert got.memory.superseded_how == "forgotten"
 
 
 async def test_retire_restore_update_delete_leave_an_audit_trail_that_outlives_the_row(

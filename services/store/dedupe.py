@@ -1,5 +1,6 @@
 """The restatement rule over the facts already stored (admin dedupe_facts): each live fact with a
-newer one of the same person at the threshold or above is retired as restated by the newest."""
+newer one of the same person and agent at the threshold or above is retired as restated by the
+newest."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Dedupe:
 def restated_pairs(rows: list[MemoryRow], vectors: np.ndarray, threshold: float) -> list[
     tuple[MemoryRow, MemoryRow]
 ]:
-    """(older, the newest newer at >= threshold) for one person's facts, oldest first."""
+    """(older, the newest newer at >= threshold) for one owner's facts, oldest first."""
     scores = vectors @ vectors.T
     pairs, gone = [], set()
     for i in range(len(rows)):
@@ -52,12 +53,14 @@ async def dedupe_facts(core: Core, threshold: float, dry_run: bool, actor: str) 
     result = Dedupe(dry_run, threshold)
     facts = await _live_facts(core)
     vectors = await core.repo.memory_vectors([f.id for f in facts], core.model.model_id)
-    people: dict[tuple[str, ...], list[MemoryRow]] = {}
+    # As at write time: one agent's facts never restate another's.
+    owners: dict[tuple[tuple[str, ...], str], list[MemoryRow]] = {}
     for fact in (f for f in facts if f.id in vectors):
-        people.setdefault(tuple(sorted(core.alias_group(fact.user_id))), []).append(fact)
-    result.owners, result.facts = len(people), len(facts)
+        person = tuple(sorted(core.alias_group(fact.user_id)))
+        owners.setdefault((person, fact.agent_id), []).append(fact)
+    result.owners, result.facts = len(owners), len(facts)
     pairs = [
-        pair for rows in people.values() if len(rows) > 1
+        pair for rows in owners.values() if len(rows) > 1
         for pair in restated_pairs(rows, np.stack([vectors[r.id] for r in rows]), threshold)
     ]
     result.duplicates = len(pairs)
@@ -65,9 +68,10 @@ async def dedupe_facts(core: Core, threshold: float, dry_run: bool, actor: str) 
     if pairs and not dry_run:
         async with core.writing(actor) as w:
             for old, new in pairs:
+                # Retired or erased since it was read: left as it is, and not counted.
                 current = await w.tx.get(old.id)
                 if current is not None and current.status == ACTIVE:
                     w.facts_changed += await restate_one(w, current, new, REASON)
+                    result.rows_superseded += 1
             await settle(w)
-        result.rows_superseded = len(pairs)
     return result
