@@ -449,6 +449,27 @@ async def test_by_id_delete_of_another_owners_row_is_404_and_keeps_it(api: Api) 
     assert status == 404
 
 
+async def test_by_id_delete_honours_layer_and_refuses_all_and_keeps_the_row(api: Api) -> None:
+    user = _user()
+    row = (await api.add("Alice's bike lock code is 7301.", user))["memory_id"]
+    for params, code in (
+        ({"layer": "l3_fact"}, 404),
+        ({"layer": "all"}, 400),
+        ({"all": True}, 400),
+        ({"confirm": "wipe-all"}, 400),
+    ):
+        status, body = await api.call(
+            "POST", "/api/v1/delete_all", json={"id": row, "user_id": user, **params})
+        assert status == code, (params, body)
+        assert body["deleted_count"] == 0 and body["error"]
+    assert [m["memory_id"] for m in (await api.listing(user))["memories"]] == [row]
+
+    status, body = await api.call(
+        "POST", "/api/v1/delete_all", json={"id": row, "user_id": user, "layer": "l2_raw"})
+    assert (status, body) == (200, {"deleted_count": 1, "error": ""})
+    assert (await api.listing(user))["total"] == 0
+
+
 async def test_edit_stores_a_new_version_and_retires_the_old_one_as_replaced(api: Api) -> None:
     user = _user()
     old = (await api.add("I live in Porto", user, agent_id="phone"))["memory_id"]

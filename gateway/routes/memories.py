@@ -30,6 +30,7 @@ from gateway.wording import extraction_status
 from shared.dates import rfc3339
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.grants import current_grant
+from shared.layers import layer_name
 from shared.limits import check_idempotency_key
 from shared.pb import common_pb2, extractor_pb2, store_pb2
 
@@ -189,14 +190,15 @@ async def delete_all(request: web.Request) -> web.Response:
     memory_id = params.string("id")
     user_id = params.string("user_id")
     agent_id = params.string("agent_id")
+    layers = layer_filter(params.string("layer"))
+    wipe = params.boolean("all", False) or params.string("confirm") == "wipe-all"
     if memory_id:
-        await _delete_one(request, memory_id, owner_scope(user_id, agent_id),
+        if wipe:
+            raise InvalidArgument("id erases one memory: not with all or confirm=wipe-all")
+        await _delete_one(request, memory_id, owner_scope(user_id, agent_id), layers,
                           params.string("origin"))
         return json_response({"deleted_count": 1, "error": ""})
 
-    layer = params.string("layer")
-    layers = layer_filter(layer)
-    wipe = params.boolean("all", False) or params.string("confirm") == "wipe-all"
     if not (layers or user_id or agent_id or wipe):
         raise InvalidArgument(UNSCOPED_DELETE)
     if not request.app[CONFIG].admin:
@@ -217,11 +219,21 @@ async def delete_all(request: web.Request) -> web.Response:
 
 
 async def _delete_one(
-    request: web.Request, memory_id: str, scope: common_pb2.Scope, origin: str
+    request: web.Request,
+    memory_id: str,
+    scope: common_pb2.Scope,
+    layers: list[int],
+    origin: str,
 ) -> None:
-    """Erases one row, but only when it lies in the caller's scope."""
+    """Erases one row, but only when it lies in the caller's scope (and the layer named)."""
     store = request.app[STORE]
     timeout = rpc_timeout(request)
+    if layers:  # a row never changes layer: checked before the delete, it still holds then
+        found = await store.GetMemory(
+            store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=timeout
+        )
+        if found.memory.layer not in layers:
+            raise NotFound(f"memory {memory_id!r} not found in layer {layer_name(layers[0])}")
     try:
         # The store checks the scope in the delete's own transaction.
         await store.Apply(
