@@ -108,6 +108,8 @@ class Session:
     requests: list[str] = field(default_factory=list)
     failed: dict[str, int] = field(default_factory=dict)
     console_errors: list[tuple[str, str]] = field(default_factory=list)
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Routes a test expects the gateway to refuse, with the status."""
 
     async def open(self, route: str) -> None:
         """Loads a view and waits until it finished rendering."""
@@ -145,14 +147,16 @@ class Session:
         await self.page.set_viewport_size(DESKTOP)
 
     def unexpected_console_errors(self) -> list[tuple[str, str]]:
-        """Console errors other than the browser's note on a route that is not built yet."""
+        """Console errors other than the browser's note on a route that is not built yet, or
+        one the test expects to be refused."""
+        expected = {path: 501 for path in NOT_YET_BUILT} | self.refusals
         return [
             (text, url)
             for text, url in self.console_errors
             if not (
                 text.startswith("Failed to load resource")
-                and self.failed.get(url) == 501
-                and any(path in url for path in NOT_YET_BUILT)
+                and any(path in url and self.failed.get(url) == status
+                        for path, status in expected.items())
             )
         ]
 
@@ -405,6 +409,27 @@ async def test_forget_then_restore_from_the_detail_view_change_state_through_the
     assert "Restored" in await ui.page.locator("#action-notice").inner_text()
     restore = ui.page.locator("#history tr[data-action=restore]")
     assert await restore.count() == 1 and "dashboard" in await restore.inner_text()
+
+
+async def test_restoring_a_row_whose_replacement_is_live_shows_why_it_was_refused(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    paris = await api.add("I live in Paris.", user)
+    edited = await api.ok("POST", "/api/v1/update",
+                          json={"id": paris, "text": "I live in Berlin.", "user_id": user})
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{paris}")
+    await ui.page.locator("#memory-detail[data-status=retired]").wait_for()
+    ui.refusals["/api/v1/restore"] = 409
+    await ui.page.click("#restore")
+    error = ui.page.locator("#memory-detail .error")
+    await error.wait_for()
+    text = await error.inner_text()
+    assert "Restore failed" in text and f"{edited['memory_id']!r} is live" in text, text
+    assert "HTTP 409" in text
+    assert (await api.memory(paris, user))["superseded_how"] == "replaced"
 
 
 async def test_delete_asks_for_confirmation_then_erases_through_the_api(
