@@ -163,8 +163,8 @@ OPERATIONS: list[Op] = [
        obj("restored", "memory", restored=BOOL, memory=MEMORY)),
     Op("POST", "/api/v1/update", "Stores new text as a new version of a row",
        {"id": NAME, "memory_id": NAME, "text": TEXT, **OWNER, "origin": NAME, "reason": TEXT},
-       obj("success", "memory_id", "replaced", success=BOOL, memory_id=STR, replaced=STR,
-           extraction_status=STR)),
+       obj("success", "memory_id", "replaced", "changed", success=BOOL, memory_id=STR,
+           replaced=STR, changed=BOOL, extraction_status=STR)),
     *both("/api/v1/history", "A row's audit trail", {"id": NAME, "memory_id": NAME, **OWNER},
           obj("memory_id", "history", memory_id=STR, history=arr(obj(
               "seq", "at", "actor", "action", seq=INT, at=STR, actor=STR, action=STR,

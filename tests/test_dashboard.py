@@ -493,6 +493,24 @@ async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api:
     await ui.shot("edited")
 
 
+async def test_saving_an_edit_with_the_same_text_says_nothing_changed(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The spare key is under the blue flowerpot.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{memory_id}")
+    await ui.page.click("#edit")
+    await ui.act(ui.page.click("#edit-save"))
+    detail = ui.page.locator("#memory-detail")
+    assert await detail.get_attribute("data-memory-id") == memory_id
+    assert await detail.get_attribute("data-status") == "active"
+    assert "text is unchanged" in await ui.page.locator("#action-notice").inner_text()
+    trail = await api.ok("GET", "/api/v1/history", params={"id": memory_id, "user_id": user})
+    assert [e["action"] for e in trail["history"]] == ["insert"]
+
+
 async def test_why_this_result_shows_each_reader_and_what_each_stage_did(
     ui: Session, api: Api
 ) -> None:

@@ -477,7 +477,7 @@ async def test_edit_stores_a_new_version_and_retires_the_old_one_as_replaced(api
         "id": old, "text": "I live in Lisbon", "user_id": user, "origin": "dashboard"})
     assert status == 200, edited
     new = edited["memory_id"]
-    assert new != old and edited["replaced"] == old
+    assert new != old and (edited["replaced"], edited["changed"]) == (old, True)
     rows = {m["memory_id"]: m for m in
             (await api.listing(user, include_superseded=True))["memories"]}
     assert rows[new]["content"] == "I live in Lisbon" and "invalid_at" not in rows[new]
@@ -500,6 +500,19 @@ async def test_edit_stores_a_new_version_and_retires_the_old_one_as_replaced(api
                                        json={"user_id": user, **body})
         assert status == code, (body, reply)
     assert len((await api.listing(user, include_superseded=True))["memories"]) == 2
+
+
+async def test_an_edit_to_the_rows_own_text_changes_nothing(api: Api) -> None:
+    user = _user()
+    row = (await api.add("I live in Porto", user))["memory_id"]
+    status, edited = await api.call("POST", "/api/v1/update",
+                                    json={"id": row, "text": "I live in Porto", "user_id": user})
+    assert status == 200, edited
+    assert (edited["memory_id"], edited["replaced"], edited["changed"]) == (row, "", False)
+    listed = (await api.listing(user, include_superseded=True))["memories"]
+    assert [(m["memory_id"], "invalid_at" in m) for m in listed] == [(row, False)]
+    _, trail = await api.call("GET", "/api/v1/history", params={"id": row, "user_id": user})
+    assert [e["action"] for e in trail["history"]] == ["insert"]
 
 
 async def test_two_edits_of_one_row_sent_at_once_leave_one_live_version(api: Api) -> None:

@@ -318,7 +318,7 @@ def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> st
 @writes
 async def update(request: web.Request) -> web.Response:
     """New text for one of the owner's live rows: a new version is stored and the old one is
-    retired as replaced by it (both keep their history)."""
+    retired as replaced by it (both keep their history); the row's own text changes nothing."""
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     text = params.string("text", strip=False)
@@ -333,6 +333,9 @@ async def update(request: web.Request) -> web.Response:
     ).memory
     if old.status != "active":
         raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
+    if text == old.content:  # a new version would say the same: the row stays as it is
+        return json_response({"success": True, "memory_id": memory_id, "replaced": "",
+                              "changed": False, "extraction_status": old.extraction_status})
     retire = store_pb2.RetireOp(id=memory_id, superseded_how="replaced", superseded_by="$edited")
     reply = await store.Apply(
         store_pb2.ApplyRequest(
@@ -351,9 +354,8 @@ async def update(request: web.Request) -> web.Response:
     status_ = new.extraction_status
     if new.layer == common_pb2.L2_RAW and status_ == "pending":
         status_ = await _extract(request, scope, new.id)
-    return json_response(
-        {"success": True, "memory_id": new.id, "replaced": memory_id, "extraction_status": status_}
-    )
+    return json_response({"success": True, "memory_id": new.id, "replaced": memory_id,
+                          "changed": True, "extraction_status": status_})
 
 
 @routes.get("/api/v1/history")

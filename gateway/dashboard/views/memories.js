@@ -173,6 +173,11 @@ function editForm(ctx, memory, say, box) {
       const body = await api("/api/v1/update", { method: "POST", body: {
         id: memory.memory_id, text: text.value, user_id: owner.user_id, agent_id: owner.agent_id, origin: ORIGIN,
       } });
+      if (body.changed === false) {
+        notice = "Nothing saved: the text is unchanged.";
+        await ctx.refresh();
+        return;
+      }
       notice = "Saved as a new version. The old text is kept, retired as replaced, with its history.";
       ctx.go(`#/memories/${encodeURIComponent(body.memory_id)}`);
     } catch (error) {
