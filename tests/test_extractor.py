@@ -407,6 +407,33 @@ async def test_a_restored_row_is_searchable_again_and_its_history_says_why(
     assert status == 404
 
 
+async def test_a_replaced_preference_is_not_restored_while_its_replacement_is_live(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    pref = "user_preferences"
+    # The tea turn's handler first: its turn shows the coffee turn beside it.
+    fake.on("m-tea", lambda r: {"facts": [{"text": "Lea drinks green tea every morning",
+                                           "label": pref,
+                                           "replaces": [r.number_of("Lea drinks coffee")]}]})
+    fake.on("m-coffee", {"facts": [{"text": "Lea drinks coffee every morning", "label": pref}]})
+    await api.add("m-coffee I drink coffee every morning.", user)
+    await api.add("m-tea Lea drinks green tea every morning, not coffee.", user)
+    facts = await api.rows(user, "l3_fact")
+    coffee = by_content(facts, "Lea drinks coffee every morning")
+    tea = by_content(facts, "Lea drinks green tea every morning")
+    assert coffee.superseded_by == tea.id
+    profile = sorted((m.content, m.status) for m in await api.rows(user, "l1_profile"))
+    assert ("Lea drinks green tea every morning", "active") in profile
+
+    status, body = await api.call("POST", "/api/v1/restore",
+                                  json={"id": coffee.id, "user_id": user})
+    assert status == 409 and f"{tea.id!r} is live" in body["error"], body
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == ["Lea drinks green tea every morning"]
+    assert sorted((m.content, m.status) for m in await api.rows(user, "l1_profile")) == profile
+
+
 async def test_restoring_a_forgotten_fact_lifts_its_tombstone_so_its_evidence_yields_it_again(
     api: Api, fake: FakeLlm
 ) -> None:
