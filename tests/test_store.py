@@ -1867,11 +1867,15 @@ async def test_forget_by_id_of_an_old_version_marks_it_forgotten_and_hides_it_fr
     again = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old))
     assert list(again.memories) == []
 
-    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=old)))
+    # A restore reverses the forget only: an old version again, under the live new one.
+    (back,) = await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=old)))
+    assert (back.status, back.superseded_how, back.superseded_by, back.drop_reason) == (
+        "retired", "replaced", new, "")
     evidence = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn))).memory
     assert tombstones(evidence.metadata_json) == []
-    assert sorted(await listed(store, layers=[L3])) == [
-        OLD_ADDRESS, "My home address is 40 Oak Avenue, Shelbyville."]
+    assert await listed(store, layers=[L3]) == ["My home address is 40 Oak Avenue, Shelbyville."]
+    near = await vector_hits(store, embedder, "home address", layers=[L3])
+    assert [(h.memory.id, [r.id for r in h.replaced]) for h in near] == [(new, [old])]
 
 
 async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_rows_be(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,9 @@ from services.store.model import (
     ACTIVE,
     FORGOTTEN,
     KILLS_DERIVED,
+    OLD_VERSIONS,
     RAW,
+    REPLACED,
     RETIRED,
     Delete,
     EndEdge,
@@ -225,6 +228,8 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
     if before.status == ACTIVE:
         raise Conflict(f"op {i}: memory {op.id!r} is not retired")
     live = await _live_successor(w, before)
+    if live is not None and before.superseded_how == FORGOTTEN:
+        return await _unforget_old_version(run, before)
     if live is not None:
         # Two live versions of one memory would contradict each other.
         raise Conflict(
@@ -236,6 +241,19 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
     if before.superseded_how == FORGOTTEN:
         await lift_tombstones(w, before, run.reason)
     w.facts_changed += fact_changes(op, before, after)
+    return after
+
+
+async def _unforget_old_version(run: _Apply, before: MemoryRow) -> MemoryRow | None:
+    """Reverses the forget of an old version whose newer one is live: it is an old version
+    again (retired as before the forget, not live), and its value leaves the tombstones."""
+    w = run.write
+    was = json.loads(await w.tx.last_before(before.id) or "{}").get("superseded_how")
+    how = was if was in OLD_VERSIONS else REPLACED
+    # What rests on it stays retired, as it was while the row was an old version.
+    after = await w.change(before, "restore", {"superseded_how": how, "drop_reason": ""},
+                           run.reason)
+    await lift_tombstones(w, before, run.reason)
     return after
 
 

@@ -32,7 +32,9 @@ RAW = "l2_raw"
 """The layer of conversation turns: the evidence other rows are learnt from."""
 FORGOTTEN = "forgotten"
 """How a row forgotten on request is retired (its value tombstoned on the turns it came from)."""
-OLD_VERSIONS = frozenset({"replaced", "updated"})
+REPLACED = "replaced"
+"""How a row retired by a newer version of it given by hand (an edit) is."""
+OLD_VERSIONS = frozenset({REPLACED, "updated"})
 """How a row retired by a newer version of it is: its text still shows under that version
 (`replaced` in a search), so a forget reaches it as it reaches a live row."""
 FEW_PASSING = 2_000

@@ -39,6 +39,9 @@ ADD_AUDIT = (
     "after_json, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+# What a row's latest audit entry found it as.
+LAST_BEFORE = "SELECT before_json FROM audit WHERE memory_id = ? ORDER BY seq DESC LIMIT 1"
+
 _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
     "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
@@ -564,6 +567,11 @@ class Tx:
                 row_json(before), row_json(after), reason,
             ),
         )
+
+    async def last_before(self, memory_id: str) -> str:
+        """The row as its latest audit entry found it (JSON; "" when none says)."""
+        rows = await self._conn.execute_fetchall(LAST_BEFORE, (memory_id,))
+        return next((str(r[0]) for r in rows if r[0]), "")
 
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,

@@ -178,6 +178,10 @@ class Writes(Protocol):
         """Records one mutation with the row's owner, so history outlives a delete."""
         ...
 
+    async def last_before(self, memory_id: str) -> str:
+        """The row as its latest audit entry found it (JSON; "" when none says)."""
+        ...
+
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,
         metadata and every reason but the delete's own are gone (see repo.ERASE_KEEPS)."""

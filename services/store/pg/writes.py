@@ -20,6 +20,7 @@ from services.store.repo import (
     ADD_AUDIT,
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
+    LAST_BEFORE,
     LIVE_EDGE,
     OFF_CALENDAR,
     VECTOR_KEYS_OF,
@@ -352,6 +353,11 @@ class PgWrites:
             at, actor, action, row.id, row.user_id, row.agent_id,
             row_json(before), row_json(after), reason,
         )
+
+    async def last_before(self, memory_id: str) -> str:
+        """The row as its latest audit entry found it (JSON; "" when none says)."""
+        rows = await self._fetch(LAST_BEFORE, memory_id)
+        return next((str(r[0]) for r in rows if r[0]), "")
 
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,
