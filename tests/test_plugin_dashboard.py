@@ -6,22 +6,20 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser
 
 from tests.support import Stack, free_port, http_ok, running_stack
+from tests.test_dashboard import CHROMIUM, browser
 from tests.test_plugin_hermes import gateway, hermes_env, hermes_python, make_home
 
 pytestmark = pytest.mark.slow
 
-__all__ = ["hermes_python"]  # a fixture this module's tests use
+__all__ = ["browser", "hermes_python"]  # fixtures this module's tests use
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update"]
 SERVE = ("import sys, uvicorn; from hermes_cli import web_server; "
          "uvicorn.run(web_server.app, host='127.0.0.1', port=int(sys.argv[1]), "
          "log_level='warning')")
@@ -60,18 +58,6 @@ def hermes_dashboard(hermes_python: Path, home: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        chromium = await playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            yield chromium
-        finally:
-            await chromium.close()
 
 
 async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_rest(
