@@ -807,6 +807,23 @@ async def test_dashboard_endpoints_refuse_bad_input_and_other_owners_rows(api: A
     assert [day["raw"] for day in writes["days"]] == [0, 0, 1]
 
 
+async def test_an_old_version_forgotten_since_is_not_shown_as_what_a_memory_replaced(
+    api: Api,
+) -> None:
+    user = _user()
+    old_id = await api.add("The spare key is under the blue flowerpot.", user)
+    edited = await api.ok("POST", "/api/v1/update", json={
+        "id": old_id, "text": "The spare key is under the red flowerpot.", "user_id": user})
+    new_id = edited["memory_id"]
+    detail = f"/dashboard/api/memory?id={new_id}&user_id={user}"
+    assert [m["memory_id"] for m in (await api.ok("GET", detail))["replaced"]] == [old_id]
+
+    await api.ok("POST", "/api/v1/forget", json={"id": old_id, "user_id": user})
+    assert (await api.ok("GET", detail))["replaced"] == []
+    # Its row stays where retired rows are listed, as forgotten.
+    assert (await api.memory(old_id, user))["superseded_how"] == "forgotten"
+
+
 def test_settings_in_force_show_whether_credentials_are_set_but_never_their_value() -> None:
     settings = Settings.from_env(
         {

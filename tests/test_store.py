@@ -1829,6 +1829,17 @@ async def test_list_by_superseded_by_finds_what_a_row_replaced(
     assert await listed(store, include_superseded=True, superseded_by=other.id) == []
 
 
+async def test_list_by_superseded_by_leaves_out_an_old_version_forgotten_since(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    old, new = await apply(store, insert("lives in Leeds"), insert("lives in Bristol"))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=old.id, superseded_how="replaced", superseded_by=new.id)))
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old.id))
+    assert await listed(store, include_superseded=True, superseded_by=new.id) == []
+    assert "lives in Leeds" in await listed(store, include_superseded=True)
+
+
 OLD_ADDRESS = "My home address is 12 Elm Street, Springfield."
 
 

@@ -307,6 +307,14 @@ class ListQuery:
     past: tuple[float, int] | None = None
     """Only rows past this place (a row's created_at and seq) in the list's order."""
 
+    def replaced_sql(self) -> tuple[list[str], list[Any]]:
+        """The SQL condition (on memories m) and parameters that keep only the rows
+        `superseded_by` replaced: a version forgotten since is not shown as replaced (as in a
+        search's `replaced`), only where retired rows are listed."""
+        if not self.superseded_by:
+            return [], []
+        return ["m.superseded_by = ?", "m.superseded_how != ?"], [self.superseded_by, FORGOTTEN]
+
     def past_sql(self) -> tuple[list[str], list[Any]]:
         """The SQL condition (on memories m) and parameters that keep rows past `past`."""
         if self.past is None:

@@ -1144,9 +1144,9 @@ class Repo(SharedReads):
         if query.created_before is not None:
             where.append("m.created_at < ?")
             params.append(query.created_before)
-        if query.superseded_by:
-            where.append("m.superseded_by = ?")
-            params.append(query.superseded_by)
+        replaced, replaced_params = query.replaced_sql()
+        where.extend(replaced)
+        params.extend(replaced_params)
         if query.label:
             where.append("m.label = ?")
             params.append(query.label)

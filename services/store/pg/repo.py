@@ -162,12 +162,14 @@ class PgRepo(SharedReads):
         for column, value in (
             ("session_id", query.session_id),
             ("extraction_status", query.extraction_status),
-            ("superseded_by", query.superseded_by),
             ("label", query.label),
         ):
             if value:
                 where.append(f"m.{column} = ?")
                 params.append(value)
+        replaced, replaced_params = query.replaced_sql()
+        where.extend(replaced)
+        params.extend(replaced_params)
         for compare, bound in ((">", query.created_after), ("<", query.created_before)):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
