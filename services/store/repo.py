@@ -28,7 +28,7 @@ from services.store.model import (
     MemoryRow,
     Reach,
 )
-from services.store.off_calendar import DATES
+from services.store.off_calendar import DATES, EDGE_DATES
 from services.store.schema import create_or_migrate
 from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
 from shared.text import edge_key
@@ -46,6 +46,17 @@ _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
     "recorded_at, invalidated_at, valid_from, valid_to, stale, pass_id"
 )
+
+
+def _off_calendar(columns: str, table: str, dates: Sequence[str]) -> str:
+    """The rows of a table with one of dates outside [start, end): the bounds are the
+    parameters, twice per date."""
+    return f"SELECT {columns} FROM {table} WHERE " + " OR ".join(
+        f"NOT ({name} >= ? AND {name} < ?)" for name in dates
+    )
+
+
+EDGES_OFF_CALENDAR = _off_calendar(_EDGE_COLUMNS, "graph_edges", EDGE_DATES)
 # An edge's names are compared by their keys (shared.text.edge_key), stored beside them: SQL's
 # lower() is not the same on the two backends.
 ADD_EDGE = (
@@ -107,10 +118,7 @@ _COLUMNS = (
     "invalid_at, superseded_by, superseded_how, drop_reason, retired_by, pass_id, "
     "extraction_status, extraction_tries, write_mode"
 )
-# Rows with a date outside [start, end): the bounds are the parameters, twice per date.
-OFF_CALENDAR = f"SELECT {_COLUMNS} FROM memories WHERE " + " OR ".join(
-    f"NOT ({name} >= ? AND {name} < ?)" for name in DATES
-)
+OFF_CALENDAR = _off_calendar(_COLUMNS, "memories", DATES)
 _M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
 _UPDATABLE = frozenset(
     {
@@ -293,6 +301,13 @@ class Tx:
         """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
         rows = await self._conn.execute_fetchall(OFF_CALENDAR, (start, end) * len(DATES))
         return [_row(r) for r in rows]
+
+    async def edges_off_calendar(self, start: float, end: float) -> list[Edge]:
+        """Every edge with a date (valid_from, valid_to) outside [start, end)."""
+        rows = await self._conn.execute_fetchall(
+            EDGES_OFF_CALENDAR, (start, end) * len(EDGE_DATES)
+        )
+        return [_edge(r) for r in rows]
 
     async def vector(self, memory_id: str) -> np.ndarray:
         """A row's stored vector."""

@@ -39,6 +39,10 @@ class Writes(Protocol):
         """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
         ...
 
+    async def edges_off_calendar(self, start: float, end: float) -> list[Edge]:
+        """Every edge with a date (valid_from, valid_to) outside [start, end)."""
+        ...
+
     async def vector(self, memory_id: str) -> np.ndarray:
         """A row's stored vector."""
         ...

@@ -10,7 +10,7 @@ import asyncpg
 import numpy as np
 
 from services.store.model import Edge, MemoryRow, Reach
-from services.store.off_calendar import DATES
+from services.store.off_calendar import DATES, EDGE_DATES
 from services.store.pg.db import numbered
 from services.store.repo import (
     _COLUMNS,
@@ -20,6 +20,7 @@ from services.store.repo import (
     ADD_AUDIT,
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
+    EDGES_OFF_CALENDAR,
     LAST_BEFORE,
     LIVE_EDGE,
     OFF_CALENDAR,
@@ -81,6 +82,11 @@ class PgWrites:
     async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
         """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
         return [_row(r) for r in await self._fetch(OFF_CALENDAR, *(start, end) * len(DATES))]
+
+    async def edges_off_calendar(self, start: float, end: float) -> list[Edge]:
+        """Every edge with a date (valid_from, valid_to) outside [start, end)."""
+        found = await self._fetch(EDGES_OFF_CALENDAR, *(start, end) * len(EDGE_DATES))
+        return [_edge(r) for r in found]
 
     async def vector(self, memory_id: str) -> np.ndarray:
         """A row's stored vector."""
