@@ -8,6 +8,7 @@ from aiohttp import web
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from gateway.parser_errors import AppRunner
 from shared.runtime import apply_log_level, run_service, until_stopped
 from shared.settings import Settings
 
@@ -19,7 +20,7 @@ async def main() -> None:
     settings = Settings.from_env()
     config = GatewayConfig.from_settings(settings)
     apply_log_level(config.log_level)
-    runner = web.AppRunner(
+    runner = AppRunner(
         make_app(config, settings),
         access_log=None,
         shutdown_timeout=10.0,

@@ -32,9 +32,17 @@ def error_response(
     request: web.Request, status: int, message: str, headers: dict[str, str] | None = None
 ) -> web.Response:
     """A JSON error body with the route's extra keys."""
-    body: dict[str, Any] = {"error": message}
-    body.update(getattr(request.match_info.handler, "error_extras", {}))
-    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+    extras = getattr(request.match_info.handler, "error_extras", {})
+    return json_error(status, message, headers, **extras)
+
+
+def json_error(
+    status: int, message: str, headers: dict[str, str] | None = None, **extras: Any
+) -> web.Response:
+    """The shape of every error answer: {"error": message} and any extra keys."""
+    return web.json_response(
+        {"error": message, **extras}, status=status, headers=headers, dumps=_dumps
+    )
 
 
 def _dumps(value: Any) -> str:

@@ -14,9 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 from yarl import URL
 
 from gateway.errors import errors_middleware
+from gateway.parser_errors import UNSUPPORTED_ENCODING
 from shared.clients import EmbedderClient
 from shared.errors import Internal, InvalidArgument
 from shared.limits import MAX_EMBED_CHARS, MAX_METADATA_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
@@ -268,7 +270,6 @@ async def test_a_body_that_is_not_utf8_is_400_and_changes_nothing(
     assert error == "bad body"
 
 
-# br and zstd (no decoder installed) are refused by aiohttp's parser, as plain text (README).
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 @pytest.mark.parametrize("path", ["/api/v1/add", "/api/v1/import"])
 async def test_a_body_that_does_not_decode_as_its_content_encoding_is_400_and_changes_nothing(
@@ -278,6 +279,28 @@ async def test_a_body_that_does_not_decode_as_its_content_encoding_is_400_and_ch
     headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
     error = await _refused(session, row, 400, "POST", path, data=body, headers=headers)
     assert error.startswith("bad body: ") and encoding in error
+
+
+# aiohttp's parser refuses these before any middleware runs (no decoder package is installed).
+@pytest.mark.skipif(HAS_BROTLI or HAS_ZSTD, reason="a br or zstd decoder is installed")
+@pytest.mark.parametrize("encoding", ["br", "zstd"])
+@pytest.mark.parametrize("path", ["/api/v1/add", "/api/v1/import"])
+async def test_a_body_in_an_encoding_no_decoder_reads_is_415_in_json_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str, path: str, encoding: str
+) -> None:
+    body = json.dumps({"text": "x", "user_id": USER}).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    error = await _refused(session, row, 415, "POST", path, data=body, headers=headers)
+    assert error == UNSUPPORTED_ENCODING and "gzip or deflate" in error
+
+
+async def test_a_header_over_the_parsers_limit_is_400_in_json_and_changes_nothing(
+    session: aiohttp.ClientSession, row: str
+) -> None:
+    headers = {"Content-Type": "application/json", "X-Long": "a" * 9000}
+    body = json.dumps({"text": "x", "user_id": USER}).encode()
+    error = await _refused(session, row, 400, "POST", "/api/v1/add", data=body, headers=headers)
+    assert error.startswith("bad request: Got more than 8190 bytes")
 
 
 # --- F4c: dashboard paths --------------------------------------------------------------------

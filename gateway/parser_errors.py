@@ -1,0 +1,61 @@
+"""Requests aiohttp's HTTP parser refuses before any middleware runs (a request line or header
+over its limit, a Content-Encoding no installed decoder reads): JSON errors like the rest."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_request import BaseRequest
+
+from gateway.errors import json_error
+
+log = logging.getLogger(__name__)
+
+UNSUPPORTED_ENCODING = (
+    "unsupported Content-Encoding: send the body as gzip or deflate, or unencoded"
+)
+"""What a client sending a body in another Content-Encoding is told (br and zstd would need a
+decoder package that is not installed; aiohttp's parser refuses them)."""
+
+
+class _Protocol(web.RequestHandler):
+    """A connection whose parser's refusals (4xx) are answered in JSON."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A JSON error for a request the parser refused; aiohttp's own answer otherwise."""
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        # aiohttp's words may run on over lines (the bytes it stopped at, a caret): the first.
+        text = f"bad request: {(message or 'unparsable').splitlines()[0].strip()}"
+        if isinstance(exc, ContentEncodingError):
+            status, text = 415, UNSUPPORTED_ENCODING
+        log.info("refused a request from %s before routing: %s", request.remote, message)
+        response = json_error(status, text)
+        response.force_close()  # what is left of the request cannot be parsed
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _Protocol(self, loop=self._loop, **self._kwargs)
+
+
+class AppRunner(web.AppRunner):
+    """web.AppRunner whose connections answer the parser's refusals in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return _Server(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            **made._kwargs,
+        )
