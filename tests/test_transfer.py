@@ -193,6 +193,47 @@ async def test_an_edge_sharing_a_memorys_id_is_imported_not_skipped(target: Stac
     ]
 
 
+async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_skipped(
+    target: Stack,
+) -> None:
+    alice, bob = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    taken, fresh = f"{alice}-m", f"{bob}-m"
+
+    def memory(memory_id: str, user: str, agent: str = "", text: str = "Ana paints.") -> Any:
+        return {"type": "memory", "memory": {"user_id": user, "agent_id": agent,
+                                             "content": text, "id": memory_id}}
+
+    def edge(edge_id: str, user: str) -> dict[str, Any]:
+        return {"type": "edge", "edge": {"user_id": user, "id": edge_id, "subject": "Ana",
+                                         "relation": "paints", "object": "walls"}}
+
+    status, reply = await _import(target, [memory(taken, alice), edge(taken, alice)])
+    assert status == 200 and reply["imported"] == 2, reply
+    before = await export(target, user_id=alice)
+    status, reply = await _import(target, [
+        memory(taken, bob, text="Bob's own text."),  # alice's row: refused
+        edge(taken, bob),  # alice's edge: refused
+        memory(taken, alice, agent="helper"),  # another agent of hers is another owner
+        memory(taken, alice, text="Ana paints walls."),  # her row, edited since: skipped
+        edge(taken, alice),  # her edge: skipped
+        memory(fresh, bob),
+        memory(fresh, alice),  # the line before gave the id to bob: refused
+    ])
+    assert status == 400, reply
+    assert reply["errors"] == [
+        {"line": 1, "error": f"id {taken!r} is taken by another memory"},
+        {"line": 2, "error": f"id {taken!r} is taken by another edge"},
+        {"line": 3, "error": f"id {taken!r} is taken by another memory"},
+        {"line": 7, "error": f"id {fresh!r} is taken by another memory"},
+    ]
+    assert (reply["lines"], reply["imported"], reply["skipped"], reply["refused"]) == (
+        7, 1, 2, 4
+    )
+    assert (await export(target, user_id=alice))[1:] == before[1:]
+    mine = await export(target, user_id=bob)
+    assert [line["memory"]["id"] for line in mine[1:]] == [fresh]
+
+
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     turns = [

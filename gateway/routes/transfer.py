@@ -283,7 +283,7 @@ def _stopped(run: _Import, error: str, status: int) -> web.Response:
 @routes.post("/api/v1/import")
 @streams_body
 async def import_jsonl(request: web.Request) -> web.Response:
-    """Writes an export (or minimal memory lines) batch by batch; existing ids are skipped."""
+    """Writes an export (or minimal memory lines) batch by batch; ids their owner holds skip."""
     run = _Import()
     # Each batch is embedded while the one before it is written; they are written in order.
     queued: list[tuple[list[store_pb2.ImportLine], asyncio.Task[Any]]] = []

@@ -27,7 +27,7 @@ from services.store.transfer_format import (
     memory_line,
     parse_line,
 )
-from services.store.transfer_repo import SqliteTransfer, TransferRows
+from services.store.transfer_repo import Owner, SqliteTransfer, TransferRows
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError, TooLarge
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
@@ -197,6 +197,8 @@ class _Batch:
     """An import batch's lines checked, with ids, and what of them needs embedding."""
 
     items: list[MemoryLine | EdgeLine]
+    numbers: list[int]
+    """Each item's line number."""
     passages: list[Passage]
     wanted: list[bool]
 
@@ -225,7 +227,7 @@ def _batch(
         return None, errors
     items = _with_ids(parsed)
     passages, wanted = _to_embed([item for item in items if isinstance(item, MemoryLine)])
-    return _Batch(items, passages, wanted), []
+    return _Batch(items, [number for number, _ in lines], passages, wanted), []
 
 
 async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
@@ -269,8 +271,9 @@ async def import_lines(
     actor: str,
     given: GivenVectors | None = None,
 ) -> Imported:
-    """Writes the lines in one transaction, or none of them if any is bad; existing ids skip.
-    Vectors given for the very lines (embed_lines) are used instead of embedding them."""
+    """Writes the lines in one transaction, or none of them if any is bad; an id its owner
+    holds already skips, one another owner holds is a bad line. Vectors given for the very
+    lines (embed_lines) are used instead of embedding them."""
     batch, errors = _batch(lines, reach, ctx)
     if batch is None:
         return Imported(errors=errors)
@@ -285,7 +288,14 @@ async def import_lines(
         sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
         # Memories and edges are separate tables: an edge may share a memory's id.
-        taken = await sql.existing_memory_ids([r.line.row.id for r in rows])
+        held = _Held(
+            await sql.memory_owners([r.line.row.id for r in rows]),
+            await sql.edge_owners([e.id for e in edges]),
+        )
+        errors = _held_by_others(batch, held)
+        if errors:
+            return Imported(errors=errors)  # nothing written yet: the transaction is empty
+        taken = set(held.memories)
         after = _After()
         for row in rows:
             if row.line.row.id in taken:
@@ -296,7 +306,7 @@ async def import_lines(
             done.imported += 1
         await sql.add_context_keys(after.context_keys)
         await sql.add_history(after.history)
-        taken = await sql.existing_edge_ids([e.id for e in edges])
+        taken = set(held.edges)
         for edge in edges:
             if edge.id in taken:
                 done.skipped += 1
@@ -305,6 +315,30 @@ async def import_lines(
             await w.tx.insert_edge(edge)
             done.imported += 1
     return done
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The owners of the ids a batch names that the store holds already."""
+
+    memories: dict[str, Owner]
+    edges: dict[str, Owner]
+
+
+def _held_by_others(batch: _Batch, held: _Held) -> list[tuple[int, str]]:
+    """The lines whose id another owner's memory (or edge) holds, in the store or on an
+    earlier line of the batch. The owner is not named: it may be outside the caller's reach."""
+    memories, edges = dict(held.memories), dict(held.edges)
+    errors = []
+    for number, item in zip(batch.numbers, batch.items, strict=True):
+        what, owners, one = (
+            ("memory", memories, item.row) if isinstance(item, MemoryLine)
+            else ("edge", edges, item.edge)
+        )
+        owner = (one.user_id, one.agent_id)
+        if owners.setdefault(one.id, owner) != owner:
+            errors.append((number, f"id {one.id!r} is taken by another {what}"))
+    return errors
 
 
 @dataclass

@@ -24,6 +24,9 @@ from services.store.repo import (
     unblob,
 )
 
+Owner = tuple[str, str]
+"""A row's or an edge's owner: (user id, agent id)."""
+
 
 @dataclass(frozen=True)
 class StoredKey:
@@ -91,13 +94,16 @@ class TransferRows(ABC):
         """Each row's audit entries, oldest first."""
         return history_by_memory(await self._among(HISTORY_OF, memory_ids))
 
-    async def existing_memory_ids(self, memory_ids: Sequence[str]) -> set[str]:
-        """The ids among memory_ids that a row has."""
-        return {r[0] for r in await self._among(IDS_AMONG, memory_ids, table="memories")}
+    async def memory_owners(self, memory_ids: Sequence[str]) -> dict[str, Owner]:
+        """The owner (user id, agent id) of each id among memory_ids that a row has."""
+        return await self._owners("memories", memory_ids)
 
-    async def existing_edge_ids(self, edge_ids: Sequence[str]) -> set[str]:
-        """The ids among edge_ids that an edge has."""
-        return {r[0] for r in await self._among(IDS_AMONG, edge_ids, table="graph_edges")}
+    async def edge_owners(self, edge_ids: Sequence[str]) -> dict[str, Owner]:
+        """The owner (user id, agent id) of each id among edge_ids that an edge has."""
+        return await self._owners("graph_edges", edge_ids)
+
+    async def _owners(self, table: str, ids: Sequence[str]) -> dict[str, Owner]:
+        return {r[0]: (r[1], r[2]) for r in await self._among(OWNERS_AMONG, ids, table=table)}
 
     async def add_history(self, entries: Sequence[tuple[MemoryRow, AuditEntry]]) -> None:
         """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
@@ -130,7 +136,7 @@ HISTORY_OF = (
     "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason FROM audit "
     "WHERE memory_id {among} ORDER BY seq"
 )
-IDS_AMONG = "SELECT id FROM {table} WHERE id {among}"
+OWNERS_AMONG = "SELECT id, user_id, agent_id FROM {table} WHERE id {among}"
 
 
 def rows_after_sql(reach: Reach, after: int, limit: int) -> tuple[str, list[Any]]:
