@@ -23,8 +23,10 @@ from usearch.index import Index, ScalarKind
 
 from services.store import fulltext, keywords, off_calendar, retrieval, text_index
 from services.store import repo as repo_module
+from services.store.index import VectorIndexes
 from services.store.model import FEW_PASSING, MemoryRow
 from services.store.pg.repo import PgRepo
+from services.store.pg.vectors import PgVectors
 from services.store.reembed import ReembedPlan
 from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
 from services.store.schema import SCHEMA_VERSION
@@ -901,6 +903,59 @@ async def test_a_distinct_text_search_of_texts_that_never_repeat_finds_what_any_
     for k in (1, 5, 40):
         for query in ("who did I meet at the cafe", "Sam at the museum"):
             assert await searches(query, k=k, distinct_text=True) == await searches(query, k=k)
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, classes: tuple[type, ...], name: str,
+         seen: list[Any]) -> None:
+    """Records the arguments of each call of the method `name` of either backend's class."""
+    for cls in classes:
+        original = getattr(cls, name)
+
+        async def spied(self: Any, *args: Any, _original: Any = original) -> Any:
+            seen.append(args)
+            return await _original(self, *args)
+
+        monkeypatch.setattr(cls, name, spied)
+
+
+async def test_a_distinct_keyword_search_reads_no_further_down_the_ranking_than_the_widest(
+    store: store_pb2_grpc.StoreStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More copies of one text than the widest read; the other text ranks below every copy.
+    other = "I had coffee with Sam at the cafe and he is moving to Paris."
+    await apply(store, *[insert("coffee with Sam", layer=L2)] * 150, insert(other, layer=L2))
+    calls: list[Any] = []
+    _spy(monkeypatch, (repo_module.Repo, PgRepo), "text_search", calls)
+
+    async def found(widest: int) -> tuple[list[str], list[int]]:
+        monkeypatch.setattr(retrieval, "WIDEST", widest)
+        calls.clear()
+        hits = await keyword_hits(store, "coffee with Sam", k=2, distinct_text=True, min_terms=1)
+        return [h.memory.content for h in hits], [args[-1] for args in calls]  # rows asked
+
+    assert await found(64) == (["coffee with Sam"], [2, 8, 32, 64])
+    assert await found(1024) == (["coffee with Sam", other], [2, 8, 32, 128, 512])
+
+
+async def test_a_distinct_vector_search_scores_the_keys_once_and_keeps_no_more_than_the_widest(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More copies of one text than the widest read; the other text is less near than any copy.
+    copy, other = "I had coffee with Sam at the cafe.", "I had coffee with Sam, he moves to Paris."
+    await apply(store, *[insert(copy, layer=L2)] * 150, insert(other, layer=L2))
+    scored: list[Any] = []  # each read of vectors to score exactly
+    _spy(monkeypatch, (VectorIndexes, PgVectors), "vectors", scored)
+
+    async def found(widest: int) -> tuple[list[str], int]:
+        monkeypatch.setattr(retrieval, "WIDEST", widest)
+        scored.clear()
+        hits = await vector_hits(store, embedder, "coffee with Sam at the cafe", k=2,
+                                 distinct_text=True)
+        return [h.memory.content for h in hits], len(scored)
+
+    # 151 rows pass (fewer than FEW_PASSING): they are scored exactly at once, and only once.
+    assert await found(64) == ([copy], 1)
+    assert await found(1024) == ([copy, other], 1)
 
 
 @pytest.mark.sqlite_only

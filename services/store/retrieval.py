@@ -23,7 +23,9 @@ EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
 OVERSAMPLE = 4
 # When filters leave too few of those, the search is widened, four times over each time, up to
-# this many keys; past it, every key that passes the filters is scored.
+# this many keys; past it, every key that passes the filters is scored. A distinct_text search
+# whose repeats of a text fill the places reads no further down the ranking than this many keys
+# (of the keys that pass, nearest first) or rows (best bm25 first), and gives fewer than k.
 WIDEST = 16_384
 # Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
 # not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
@@ -68,10 +70,10 @@ async def keyword_search(
             if not distinct_text:
                 return hits
             kept = distinct(hits)
-            if len(kept) >= k or len(found) < fetch:
+            if len(kept) >= k or len(found) < fetch or fetch >= WIDEST:
                 return kept[:k]
             # Repeats of a text took the places: read further down the ranking.
-            fetch *= 4
+            fetch = min(fetch * 4, WIDEST)
 
     # The two indexes are read side by side (each on its own connection), their hits annotated
     # together.
@@ -265,16 +267,19 @@ async def _exact(
     candidates = await core.repo.keys_in(reach, layers, include_superseded)
     # A memory may hold several keys (its clauses): keep enough to fill k memories.
     keep = k * (1 + MOST_CLAUSES_HELD)
+    # Scored once: a wider read of a distinct_text search takes more of these.
+    widest = max(keep, WIDEST) if distinct_text else keep
+    nearest = await _nearest(core, reach.user_ids[0], query, candidates, widest)
     while True:
-        chosen = await _nearest(core, reach.user_ids[0], query, candidates, keep)
+        chosen = nearest[:keep]
         hits = await _rows_of_best(
             core, reach, layers, include_superseded, chosen, k, min_score, distinct_text
         )
         exhausted = len(chosen) < keep or chosen[-1][1] < min_score
-        if not distinct_text or len(hits) >= k or exhausted:
+        if len(hits) >= k or exhausted or keep >= widest:
             return hits
-        # Repeats of a text took the places: keep more of the nearest keys.
-        keep *= 4
+        # Repeats of a text took the places: take more of the nearest keys.
+        keep = min(keep * 4, widest)
 
 
 async def _nearest(
