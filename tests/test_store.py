@@ -1924,6 +1924,24 @@ async def test_list_by_superseded_by_leaves_out_an_old_version_forgotten_since(
     assert "lives in Leeds" in await listed(store, include_superseded=True)
 
 
+async def test_list_by_source_id_finds_the_rows_learnt_from_a_turn_live_or_retired(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    turn, other = await apply(
+        store, insert("m-src I moved to Bristol", layer=L2), insert("m-src2 hi", layer=L2))
+    kept, retired, _ = await apply(
+        store,
+        insert("moved to Bristol", source_ids=[turn.id]),
+        insert("lived in Leeds", source_ids=[other.id, turn.id]),
+        insert("says hi", source_ids=[other.id]),
+    )
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=retired.id, superseded_how="replaced", superseded_by=kept.id)))
+    assert await listed(store, include_superseded=True, source_id=turn.id, order="oldest") == [
+        "moved to Bristol", "lived in Leeds"]
+    assert await listed(store, source_id=turn.id) == ["moved to Bristol"]
+
+
 OLD_ADDRESS = "My home address is 12 Elm Street, Springfield."
 
 

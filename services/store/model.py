@@ -301,6 +301,8 @@ class ListQuery:
     newest_first: bool = True
     superseded_by: str = ""
     label: str = ""
+    source_id: str = ""
+    """Only rows learnt from this row (it is among their source_ids)."""
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0

@@ -1165,6 +1165,9 @@ class Repo(SharedReads):
         if query.label:
             where.append("m.label = ?")
             params.append(query.label)
+        if query.source_id:
+            where.append("EXISTS (SELECT 1 FROM json_each(m.source_ids) WHERE value = ?)")
+            params.append(query.source_id)
         past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(

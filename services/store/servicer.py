@@ -394,6 +394,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             newest_first=request.order != "oldest",
             superseded_by=request.superseded_by,
             label=check_name("label", request.label),
+            source_id=request.source_id,
             limit=request.limit,
             offset=request.offset,
             past=_past(request.cursor),

@@ -170,6 +170,10 @@ class PgRepo(SharedReads):
         replaced, replaced_params = query.replaced_sql()
         where.extend(replaced)
         params.extend(replaced_params)
+        if query.source_id:
+            # Containment (@>), not jsonb's `?` operator: numbered() takes every `?` for one.
+            where.append("m.source_ids::jsonb @> jsonb_build_array(?::text)")
+            params.append(query.source_id)
         for compare, bound in ((">", query.created_after), ("<", query.created_before)):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
