@@ -567,13 +567,48 @@ async def test_a_lesson_learnt_again_on_reprocess_is_kept_once(api: Api, fake: F
     lesson = "Run the migrations before deploying the API"
     fake.on("m-lesson", {"facts": [], "experiences": [{"text": lesson}]})
     first = await api.add("m-lesson the deploy failed because migrations had not run", user)
+    (kept,) = await api.rows(user, "l3_fact")
     for _ in range(3):
         await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
-    rows = await api.rows(user, "l3_fact")
-    assert [(r.content, r.status) for r in rows] == [(lesson, "retired")] * 3 + [
-        (lesson, "active")
+    assert await api.rows(user, "l3_fact") == [kept]
+
+
+async def test_reprocess_does_not_bring_back_a_done_intention(api: Api, fake: FakeLlm) -> None:
+    user = new_user()
+    passport = "Alice will renew her passport"
+    fake.on("m-int1", {"intentions": [{"text": passport}]})
+    first = await api.add("m-int1 I need to renew my passport.", user)
+    fake.on("m-int2", lambda r: {"intentions_done": [r.number_of(passport)]})
+    await api.add("m-int2 Renewed my passport today.", user)
+    counts = await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
+    assert counts == {"reprocessed": 1, "failed": 0, "skipped": 0}
+    rows = await api.rows(user, "l7_intention")
+    assert [(r.content, r.status, r.superseded_how) for r in rows] == [
+        (passport, "retired", "done")
     ]
-    assert {r.superseded_how for r in rows[:3]} == {"restated"}
+
+
+async def test_reprocess_does_not_bring_back_a_dropped_intention_or_a_corrected_fact(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    works, report = "Frank works at Initech", "Frank will send the TPS report"
+    first_reply = {"facts": [{"text": works}], "intentions": [{"text": report}]}
+    # On reprocess the model says the same again, and one thing it missed the first time.
+    fake.on("m-fr1", first_reply, {**first_reply, "facts": [
+        {"text": works}, {"text": "Frank keeps a red stapler"}]})
+    first = await api.add("m-fr1 I work at Initech; I'll send the TPS report.", user)
+    fake.on("m-fr3", lambda r: {"intentions_moved_on": [r.number_of(report)]})
+    await api.add("m-fr3 Forget the TPS report, nobody reads it.", user)
+    (fact,) = await api.rows(user, "l3_fact")
+    corrected = "Frank worked at Initech until November 2026"
+    await api.ok("POST", "/api/v1/update", json={"id": fact.id, "text": corrected, "user_id": user})
+
+    counts = await api.ok("POST", "/api/v1/reprocess", json={"ids": [first["memory_id"]]})
+    assert counts == {"reprocessed": 1, "failed": 0, "skipped": 0}
+    live = sorted(f.content for f in await api.rows(user, "l3_fact", retired=False))
+    assert live == ["Frank keeps a red stapler", corrected]
+    assert await api.rows(user, "l7_intention", retired=False) == []
 
 
 async def test_an_open_intention_not_shown_to_the_model_is_not_added_twice(

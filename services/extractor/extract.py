@@ -39,6 +39,13 @@ ACTOR = "extractor"
 MAX_INTENTIONS = 10
 MAX_PAGES = 5
 DONE, FAILED, SKIPPED = "done", "failed", "skipped"
+LEARNT_LAYERS = [common_pb2.L3_FACT, common_pb2.L7_INTENTION]
+"""The layers an extraction writes values to that a re-extraction could write again."""
+LATER_DECISIONS = frozenset(
+    {"replaced", "updated", "merged", "restated", "dropped", "done", "forgotten"}
+)
+"""How a row is retired when the user or a later turn decided on its value ("stale" and
+"undone" are not: they say the row's evidence or a consolidation pass went, not its value)."""
 MAX_SENTENCES = 8
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -137,7 +144,7 @@ class Extraction:
             return Outcome(FAILED, exc.message)
         plan = read_plan(reply, {c.number: c for c in candidates})
         self.counters.dropped_ops += plan.dropped
-        ops = await self._ops(raw, plan, context.open_rows)
+        ops = await self._ops(raw, plan, context.open_rows, await self._settled(raw))
         ops.append(done_op(raw))
         try:
             applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
@@ -232,11 +239,27 @@ class Extraction:
         ]
         return [Candidate(i, kind, m) for i, (kind, m) in enumerate(rows, start=1)]
 
+    async def _settled(self, raw: common_pb2.Memory) -> frozenset[str]:
+        """Value keys of the rows learnt from raw before that are live or that a later
+        decision retired: a re-extraction does not write them again (a first one has none)."""
+        if raw.extraction_status not in (DONE, FAILED):
+            return frozenset()
+        rows = await self.store.all_rows(store_pb2.ListMemoriesRequest(
+            scope=owner_scope(raw), layers=LEARNT_LAYERS, include_superseded=True,
+            source_id=raw.id,
+        ))
+        return frozenset(
+            value_key(r.content)
+            for r in rows
+            if r.status == "active" or r.superseded_how in LATER_DECISIONS
+        )
+
     async def _ops(
         self,
         raw: common_pb2.Memory,
         plan: Plan,
         open_rows: Sequence[common_pb2.Memory],
+        settled: frozenset[str],
     ) -> list[store_pb2.Op]:
         """The store ops a checked plan turns into (inserts first, then retirements)."""
         pages = [r for r in open_rows if r.layer == common_pb2.L8_ENTITY]
@@ -250,7 +273,7 @@ class Extraction:
         )
         builder = OpBuilder(
             Turn(raw, refused, refused_vectors, vectors, vectors_model, self.dedupe_score,
-                 intentions)
+                 intentions, settled)
         )
         builder.add_facts(plan)
         builder.add_experiences(plan)

@@ -38,6 +38,9 @@ class Turn:
     dedupe_score: float
     open_intentions: frozenset[str] = frozenset()
     """Value keys of all the owner's open intentions, not only the ones the model was shown."""
+    settled: frozenset[str] = frozenset()
+    """Value keys of the rows learnt from this row before, live or retired by a later decision:
+    a re-extraction does not write them again."""
 
 
 @dataclass
@@ -68,12 +71,21 @@ class OpBuilder:
             write_mode=raw.write_mode,
         )
 
-    def forgotten(self, text: str, vector: np.ndarray) -> bool:
-        """Whether a new value is one the user had forgotten on this evidence."""
+    def refuses(self, text: str, vector: np.ndarray | None = None) -> bool:
+        """Whether a new value may not be written from this evidence: the user forgot it on it
+        (counted), or it was learnt from it before and is live or settled since."""
+        if self._forgotten(text, vector):
+            self.refused_count += 1
+            return True
+        return value_key(text) in self.turn.settled
+
+    def _forgotten(self, text: str, vector: np.ndarray | None) -> bool:
+        """Whether a new value is one the user had forgotten on this evidence (by its key, or
+        by its vector when it has one)."""
         if value_key(text) in self.turn.refused:
             return True
         refused = self.turn.refused_vectors
-        if not refused.shape[0]:
+        if vector is None or not refused.shape[0]:
             return False
         return float(np.max(refused @ vector)) >= max(self.turn.dedupe_score, FORGOTTEN_NEAR)
 
@@ -92,8 +104,7 @@ class OpBuilder:
         """New facts (the store retires what each restates), and what they replace or update."""
         for i, fact in enumerate(plan.facts):
             vector = self.turn.vectors[i]
-            if self.forgotten(fact.text, vector):
-                self.refused_count += 1
+            if self.refuses(fact.text, vector):
                 continue
             row = self.base(common_pb2.L3_FACT, fact.text, fact.label)
             row.ref, row.id, row.count = f"f{i}", str(uuid.uuid4()), 1
@@ -110,11 +121,10 @@ class OpBuilder:
                 self.retire(fact.updates, "updated", f"${row.ref}")
 
     def add_experiences(self, plan: Plan) -> None:
-        """Lessons learned, kept apart from the facts about the user; one learnt again
-        restates the old copy (the store's restatement rule), so a reprocess adds none."""
+        """Lessons learned, kept apart from the facts about the user; one learnt again in
+        another turn restates the old copy (the store's restatement rule)."""
         for j, text in enumerate(plan.experiences, start=len(plan.facts)):
-            if self.forgotten(text, self.turn.vectors[j]):
-                self.refused_count += 1
+            if self.refuses(text, self.turn.vectors[j]):
                 continue
             row = self.base(common_pb2.L3_FACT, text, EXPERIENCE)
             row.restates_at = self.turn.dedupe_score
@@ -125,8 +135,7 @@ class OpBuilder:
         open_keys = set(self.turn.open_intentions)
         for intention in plan.intentions:
             key = value_key(intention.text)
-            if key in self.turn.refused:
-                self.refused_count += 1
+            if self.refuses(intention.text):
                 continue
             if key in open_keys:
                 continue  # the turn continues an intention that is already open
