@@ -157,15 +157,31 @@ class Params:
 
     def strings(self, name: str) -> list[str]:
         """A list of non-empty strings (a single string counts as a list of one; in the query
-        string, the name repeated)."""
+        string, the name repeated); blank ones are left out."""
+        return [item for item in self._string_list(name) or [] if item]
+
+    def ids(self, name: str) -> list[str] | None:
+        """A list of ids as strings reads it, None when absent; given, it must hold at least
+        one, and no blank one (a 400 names it)."""
+        items = self._string_list(name)
+        if items is None:
+            return None
+        if not items:
+            raise InvalidArgument(f"{name} must hold at least one id")
+        if "" in items:
+            raise InvalidArgument(f"{name}[{items.index('')}] is blank")
+        return items
+
+    def _string_list(self, name: str) -> list[str] | None:
+        """The stripped strings of a list parameter, blank ones too; None when absent."""
         value, _ = self._lookup(name, many=True)
         if value is _MISSING:
-            return []
+            return None
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise InvalidArgument(f"{name} must be a list of strings")
-        return [check_string(name, item).strip() for item in value if item.strip()]
+        return [check_string(name, item).strip() for item in value]
 
     def obj(self, name: str) -> dict[str, Any]:
         """A JSON object parameter (body only) within check_object's limits; {} when absent."""

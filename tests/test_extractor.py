@@ -263,6 +263,28 @@ async def test_a_malformed_reply_is_retried_once_then_fails_and_retires_nothing(
     assert fact.status == "active"
 
 
+async def test_reprocess_with_ids_holding_no_id_or_a_blank_one_is_a_400_and_runs_nothing(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-queued", "not json", "still not json")
+    queued = await api.add("m-queued a turn left in the unextracted queue", user)
+    fake.on("m-named", {"facts": [{"text": "Olga names a turn"}]})
+    named = await api.add("m-named a turn named among blank ids", user)
+    assert (queued["extraction_status"], named["extraction_status"]) == ("failed", "done")
+    calls = len(fake.requests)
+    for ids, error in (
+        ([""], "ids[0] is blank"),
+        (["  "], "ids[0] is blank"),
+        ([], "ids must hold at least one id"),
+        ([named["memory_id"], ""], "ids[1] is blank"),
+    ):
+        status, body = await api.call("POST", "/api/v1/reprocess", json={"ids": ids})
+        assert (status, body["error"]) == (400, error)
+    assert len(fake.requests) == calls  # neither the queue nor the named turn was extracted
+    assert (await api.row(user, queued["memory_id"])).extraction_tries == 1
+
+
 async def test_a_reply_in_code_fences_with_prose_is_read(api: Api, fake: FakeLlm) -> None:
     user = new_user()
     fake.on(

@@ -32,10 +32,11 @@ _FORWARDING_HEADER = re.compile(r"^via$|forwarded|(^|-)(ip|addr|client)(-|$)", r
 
 @routes.post("/api/v1/reprocess")
 async def reprocess(request: web.Request) -> web.Response:
-    """Re-extracts the given raw rows, or up to max unextracted ones, oldest first."""
+    """Re-extracts the given raw rows, or (ids absent) up to max unextracted ones, oldest
+    first."""
     config = request.app[CONFIG]
     params = await request_params(request)
-    ids = params.strings("ids")
+    ids = params.ids("ids") or []
     most = params.integer("max", 0, lo=INT32_MIN)
     most = 200 if most <= 0 else most
     if config.mode == "lite":
