@@ -700,6 +700,30 @@ def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     assert not (home / "hyatlas" / "server.pid").exists()
 
 
+def test_the_plugins_state_files_are_private_to_the_user_under_a_umask_of_022(
+    tmp_path: Path, hermes_python: Path
+):
+    """The outbox (queued memory text), its -wal and -shm, the server's log and pid file are
+    0600 in a 0700 folder, also when an older version left that folder 0755."""
+    port = free_port()
+    out = tmp_path / "fake"
+    out.mkdir()
+    home = make_home(
+        tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}", auto_start=True,
+        server_command=f"{hermes_python} {FAKE_SERVER} {out}", server_cwd=str(tmp_path),
+        start_timeout_s=30,
+    )
+    (home / "hyatlas").mkdir(mode=0o755)
+    (home / "hyatlas").chmod(0o755)
+    result = drive(hermes_python, home, "autostart", {"stop": True, "umask": 0o022})
+    assert result["ready"] is True, result
+    modes = result["modes"]
+    assert {"outbox.sqlite3", "outbox.sqlite3-wal", "outbox.sqlite3-shm", "server.log",
+            "server.pid", "server.lock"} <= modes.keys(), modes
+    assert modes.pop(".") == "0o700"
+    assert set(modes.values()) == {"0o600"}, modes
+
+
 @pytest.mark.parametrize("recorded", ["{pid}\n", "{pid} 1\n"],
                          ids=["pid-only", "another-start-time"])
 def test_a_pid_file_naming_a_reused_pid_neither_stops_auto_start_nor_gets_that_process_killed(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .client import ClientError, HyAtlasClient
-from .settings import PluginSettings, state_dir
+from .settings import PluginSettings, private_file, state_dir
 
 log = logging.getLogger("hyatlas.lifecycle")
 
@@ -89,7 +89,7 @@ class ServerLauncher:
 
     @contextlib.contextmanager
     def _locked(self, timeout_s: float) -> Iterator[bool]:
-        handle = self.lock_path.open("a")
+        handle = private_file(self.lock_path).open("a")
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -149,7 +149,7 @@ class ServerLauncher:
             raise ClientError("server_command is empty")
         cwd = self.settings.server_cwd or None
         env = server_environment(self.settings, self._environ)
-        with self.log_path.open("ab") as logfile:
+        with private_file(self.log_path).open("ab") as logfile:
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -159,7 +159,8 @@ class ServerLauncher:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.pid_path.write_text(f"{proc.pid} {process_start(proc.pid) or 'exited'}\n")
+        started = process_start(proc.pid) or "exited"
+        private_file(self.pid_path).write_text(f"{proc.pid} {started}\n")
         log.info("hyatlas server started: %s (pid %d)", argv, proc.pid)
         return proc.pid
 

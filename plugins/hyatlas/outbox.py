@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import ClientError, HttpError, HyAtlasClient, well_formed
+from .settings import private_file
 
 log = logging.getLogger("hyatlas.outbox")
 
@@ -115,6 +116,12 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
 
 
 def _open_db(path: Path) -> sqlite3.Connection:
+    # The queue holds memory text: the file is the user's alone, and SQLite gives the -wal and
+    # -shm it creates the database file's mode (ones an older version left are tightened too).
+    private_file(path)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
     db = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode=WAL")
@@ -402,7 +409,7 @@ class Outbox:
     @contextlib.contextmanager
     def _sender_role(self) -> Iterator[bool]:
         lock_path = self.path.with_suffix(".sender.lock")
-        handle = lock_path.open("a")
+        handle = private_file(lock_path).open("a")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

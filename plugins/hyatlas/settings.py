@@ -262,9 +262,21 @@ def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
 
 
 def state_dir(hermes_home: str | Path) -> Path:
-    """$HERMES_HOME/hyatlas, created on first use."""
+    """$HERMES_HOME/hyatlas, created on first use; kept 0700, since what it holds (queued
+    memories, the server's log) is this user's alone."""
     path = Path(hermes_home) / STATE_DIR
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """path, created empty if missing, with mode 0600 whatever the process's umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
     return path
 
 

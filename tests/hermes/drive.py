@@ -251,8 +251,17 @@ def resume(params: dict[str, Any]) -> dict[str, Any]:
     return {"pending": pending}
 
 
+def _modes(folder: str) -> dict[str, str]:
+    """The permission bits of folder and of each file in it, by name ("." for folder)."""
+    names = [".", *os.listdir(folder)]
+    return {name: oct(os.stat(os.path.join(folder, name)).st_mode & 0o777) for name in names}
+
+
 def autostart(params: dict[str, Any]) -> dict[str, Any]:
-    """initialize with auto_start spawns the server once (two agents racing), env allowlisted."""
+    """initialize with auto_start spawns the server once (two agents racing), env allowlisted;
+    the modes of the plugin's state files while everything is open, under params["umask"]."""
+    if "umask" in params:
+        os.umask(params["umask"])
     os.environ.update(params.get("extra_env", {}))
     first, second = _provider(), _provider()
     for p in (first, second):
@@ -262,10 +271,11 @@ def autostart(params: dict[str, Any]) -> dict[str, Any]:
         p.start_thread.join(60)
     pid = first.launcher.read_pid()
     ready = first.client.ready()
+    modes = _modes(os.path.join(os.environ["HERMES_HOME"], "hyatlas"))
     stopped = first.launcher.stop() if params.get("stop") else ""
     for p in (first, second):
         p.shutdown()
-    return {"pid": pid, "ready": ready, "stopped": stopped,
+    return {"pid": pid, "ready": ready, "stopped": stopped, "modes": modes,
             "alive_after_stop": first.launcher.read_pid() is not None}
 
 
