@@ -12,6 +12,7 @@ from aiohttp import web
 from gateway.errors import Handler
 from gateway.grants import GRANT, TOKENS, scope_for
 from gateway.state import CONFIG
+from shared.addresses import is_loopback_host
 from shared.errors import PermissionDenied, ServiceError, Unauthenticated
 from shared.grants import CURRENT_GRANT
 
@@ -60,9 +61,7 @@ def origin_allowed(origin: str, host_header: str, allowed: Set[str]) -> bool:
         return False
     if parts.scheme.lower() not in ("http", "https") or not hostname:
         return False
-    if _is_localhost(hostname):
-        return True
-    if _is_ip(hostname) and ipaddress.ip_address(hostname).is_loopback:
+    if is_loopback_host(hostname):
         return True
     if host_header and parts.netloc.lower() == host_header.strip().lower():
         return True

@@ -26,6 +26,17 @@ def is_unix(endpoint: str) -> bool:
     return endpoint.startswith("unix:")
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or IP literal (no brackets, no port) is this machine's loopback:
+    localhost, 127.0.0.0/8 or ::1."""
+    if host.lower().removesuffix(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def unix_path(endpoint: str) -> Path | None:
     """The socket file of a unix endpoint; None for TCP."""
     if not is_unix(endpoint):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.addresses import channel_target, endpoints, is_unix
+from shared.addresses import channel_target, endpoints, is_loopback_host, is_unix
 from shared.aliases import Aliases
 from shared.errors import ConfigError
 
@@ -369,6 +369,8 @@ class Settings:
         host = text("HYATLAS_GO_HOST", "127.0.0.1")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
+        token = text("HYATLAS_TOKEN")
+        _check_api_token(host, token, tokens_file)
         model_dir_raw = text("HYATLAS_MODEL_DIR")
         fallback_key = env.get("HYATLAS_LLM_FALLBACK_KEY")
         level = text("HYATLAS_LOG_LEVEL", "INFO").upper()
@@ -385,7 +387,7 @@ class Settings:
             http_host=host,
             http_port=port,
             allowed_hosts=_host_entries(text("HYATLAS_ALLOWED_HOSTS")),
-            token=text("HYATLAS_TOKEN"),
+            token=token,
             tokens_file=Path(tokens_file).expanduser() if tokens_file else None,
             grpc_token=grpc_token,
             admin=read_switch(env, "HYATLAS_ADMIN", False),
@@ -499,6 +501,17 @@ def _check_tcp_token(env: Mapping[str, str], grpc_token: str) -> None:
                     f"{variable}={value!r} is a TCP address: set "
                     "HYATLAS_GRPC_TOKEN so that only the services can call it"
                 )
+
+
+def _check_api_token(host: str, token: str, tokens_file: str) -> None:
+    """Refuses a gateway listening beyond loopback without an API token: it would give anyone
+    on the network full read and write, as gRPC on TCP would without its token."""
+    if token or tokens_file or is_loopback_host(host):
+        return
+    raise ConfigError(
+        f"HYATLAS_GO_HOST={host!r} is not a loopback address: set HYATLAS_TOKEN or "
+        "HYATLAS_TOKENS_FILE so that the API is not open to the network"
+    )
 
 
 def _mmr_lambda(env: Mapping[str, str]) -> float:

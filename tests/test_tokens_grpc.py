@@ -1,9 +1,12 @@
-"""gRPC on TCP needs the service token; a bad tokens file or a bare TCP address stops a start."""
+"""gRPC on TCP needs the service token; a bad tokens file, a bare TCP address or an API open
+beyond loopback without a token stops a start."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +125,41 @@ def test_a_tcp_address_without_a_service_token_is_a_config_error() -> None:
         {"HYATLAS_STORE_ADDR": "127.0.0.1:5000", "HYATLAS_GRPC_TOKEN": SERVICE_TOKEN}
     )
     assert settings.grpc_token == SERVICE_TOKEN
+
+
+NO_API_TOKEN = "is not a loopback address: set HYATLAS_TOKEN or HYATLAS_TOKENS_FILE"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", "192.168.1.9", "nas.local"])
+def test_a_gateway_host_beyond_loopback_without_an_api_token_is_a_config_error(
+    host: str,
+) -> None:
+    with pytest.raises(ConfigError, match=f"HYATLAS_GO_HOST=.* {NO_API_TOKEN}"):
+        Settings.from_env({"HYATLAS_GO_HOST": host})
+    for token in ({"HYATLAS_TOKEN": "api-secret-0123456789"},
+                  {"HYATLAS_TOKENS_FILE": "/etc/hyatlas/tokens.json"}):
+        assert Settings.from_env({"HYATLAS_GO_HOST": host, **token}).http_host == host.strip("[]")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "LOCALHOST.", "::1",
+                                  "[::1]"])
+def test_a_loopback_gateway_host_needs_no_api_token(host: str) -> None:
+    assert Settings.from_env({"HYATLAS_GO_HOST": host}).token == ""
+
+
+def test_a_gateway_on_all_interfaces_starts_only_with_an_api_token(tmp_path: Path) -> None:
+    env = base_env(tmp_path, HYATLAS_GO_HOST="0.0.0.0", HYATLAS_GO_PORT=str(free_port()))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway"], cwd=ROOT, env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"HYATLAS_GO_HOST='0.0.0.0' {NO_API_TOKEN}".encode() in done.stderr
+    with running_stack(tmp_path / "with-token", ["gateway"], HYATLAS_GO_HOST="0.0.0.0",
+                       HYATLAS_TOKEN="api-secret-0123456789") as stack:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(stack.base_url + "/api/v1/status", timeout=10)
+        refused.value.close()
+        assert refused.value.code == 401
 
 
 @pytest.mark.parametrize("text", [
