@@ -2,10 +2,12 @@
 
 A page keeps its current state and its MAX_PAGE_HISTORY latest earlier states; an older one is
 dropped when a new state pushes it out (the facts that fed it stay, with their own history).
+A line goes stale with the rows it rests on; a page left with no live line is retired as stale.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
@@ -37,18 +39,40 @@ def page_text_of(meta: Mapping[str, Any]) -> str:
     )
 
 
-def mark_lines(meta: dict[str, Any], fact_id: str, dead: Set[str]) -> bool:
-    """Marks each line fact_id fed stale iff one of its facts is dead; True if a mark changed.
+def lines_of(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """A page's lines: the current state (the metadata itself) and its history entries."""
+    return [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]
 
-    A line is the current state (the metadata's own "facts" and "stale") or a history entry.
-    """
+
+def meta_of(metadata_json: str) -> dict[str, Any]:
+    """A page's metadata object ({} when unreadable)."""
+    try:
+        meta = json.loads(metadata_json or "{}")
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def cited_by(line: Mapping[str, Any]) -> set[str]:
+    """The rows a line rests on: the facts naming its entity ("facts"), its turn and every fact
+    extracted from that turn ("rests_on")."""
+    return {
+        str(i)
+        for key in ("facts", "rests_on")
+        if isinstance(line.get(key), list)
+        for i in line[key]
+    }
+
+
+def mark_lines(meta: dict[str, Any], memory_id: str, dead: Set[str], gone: Set[str]) -> bool:
+    """Marks each line memory_id fed stale iff one of its facts is dead (retired in a way that
+    takes what rests on it down) or one of the rows it rests on is gone (forgotten or deleted,
+    so its value may not stay in the page); True if a mark changed."""
     changed = False
-    lines = [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]
-    for line in lines:
-        facts = line.get("facts")
-        if not isinstance(facts, list) or fact_id not in facts:
+    for line in lines_of(meta):
+        if memory_id not in cited_by(line):
             continue
-        mark = bool(dead & set(facts))
+        mark = bool(dead & set(line.get("facts") or ()) or gone & set(line.get("rests_on") or ()))
         if bool(line.get("stale")) != mark:
             if mark:
                 line["stale"] = True
@@ -56,3 +80,8 @@ def mark_lines(meta: dict[str, Any], fact_id: str, dead: Set[str]) -> bool:
                 line.pop("stale", None)
             changed = True
     return changed
+
+
+def has_live_line(meta: dict[str, Any]) -> bool:
+    """Whether any line of the page is not stale (a page with none is retired)."""
+    return any(not line.get("stale") for line in lines_of(meta))

@@ -14,7 +14,7 @@ import numpy as np
 from services.extractor.parse import PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
-from shared.pages import MAX_PAGE_HISTORY
+from shared.pages import MAX_PAGE_HISTORY, meta_of
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
 from shared.text import value_key
@@ -155,9 +155,10 @@ def page_ops(
 ) -> list[store_pb2.Op]:
     """Page inserts and updates: a changed state moves the old one into the history.
 
-    Each line cites the facts of its turn that name the entity, so the store can mark the line
-    stale when they are retired (a line no such fact backs never goes stale). known: the
-    owner's pages by case-folded entity name.
+    Each line cites the facts of its turn that name the entity, so the store marks the line
+    stale when they are retired, and rests on its turn and every fact of the turn, so it goes
+    stale when any of them is forgotten or deleted (a value the line holds may be in a fact
+    that does not name the entity). known: the owner's pages by case-folded entity name.
     """
     ops: list[store_pb2.Op] = []
     seen: set[str] = set()
@@ -167,19 +168,22 @@ def page_ops(
             continue
         seen.add(key)
         facts = [i for text, i in builder.fed if key in text.casefold()]
+        rests_on = [builder.turn.raw.id, *(i for _, i in builder.fed)]
         page = page_op.page or known.get(key)
         if page is None:
             row = builder.base(common_pb2.L8_ENTITY,
                                page_content(page_op.name, page_op.state, []), ENTITY_LABEL)
-            row.metadata_json = page_metadata(page_op.name, page_op.kind, page_op.state, [], facts)
+            row.metadata_json = page_metadata(
+                page_op.name, page_op.kind, page_op.state, [], facts, rests_on
+            )
             ops.append(store_pb2.Op(insert=row))
-        elif (op := _page_update(page, page_op, facts)) is not None:
+        elif (op := _page_update(page, page_op, facts, rests_on)) is not None:
             ops.append(op)
     return ops
 
 
 def _page_update(
-    page: common_pb2.Memory, page_op: PageOp, facts: list[str]
+    page: common_pb2.Memory, page_op: PageOp, facts: list[str], rests_on: list[str]
 ) -> store_pb2.Op | None:
     """The update of a known page whose state changed (None when it did not)."""
     meta = page_meta(page)
@@ -192,7 +196,7 @@ def _page_update(
         history.insert(0, _history_entry(page, meta, state))
     del history[MAX_PAGE_HISTORY:]
     kind = page_op.kind or str(meta.get("kind") or "")
-    new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts))
+    new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts, rests_on))
     new_meta["since"] = datetime.now(UTC).strftime("%Y-%m-%d")
     return update_op(
         page.id,
@@ -206,8 +210,9 @@ def _history_entry(page: common_pb2.Memory, meta: dict[str, Any], state: str) ->
         page.updated_at or page.created_at, UTC
     ).strftime("%Y-%m-%d")
     entry: dict[str, Any] = {"date": str(since), "state": state}
-    if isinstance(meta.get("facts"), list):
-        entry["facts"] = meta["facts"]
+    for cites in ("facts", "rests_on"):
+        if isinstance(meta.get(cites), list):
+            entry[cites] = meta[cites]
     if meta.get("stale"):
         entry["stale"] = True
     return entry
@@ -215,11 +220,7 @@ def _history_entry(page: common_pb2.Memory, meta: dict[str, Any], state: str) ->
 
 def page_meta(page: common_pb2.Memory) -> dict[str, Any]:
     """A page's metadata object ({} when unreadable)."""
-    try:
-        meta = json.loads(page.metadata_json or "{}")
-    except ValueError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    return meta_of(page.metadata_json)
 
 
 def page_name(page: common_pb2.Memory) -> str:

@@ -153,8 +153,10 @@ def page_metadata(
     state: str,
     history: Sequence[dict[str, Any]],
     facts: Sequence[str] = (),
+    rests_on: Sequence[str] = (),
 ) -> str:
-    """The page's structured form, kept in its metadata; facts: the facts that fed the state."""
+    """The page's structured form, kept in its metadata; facts: the facts that fed the state;
+    rests_on: its turn and the facts extracted from it."""
     return json.dumps(
         {
             "entity": name,
@@ -162,6 +164,7 @@ def page_metadata(
             "state": state,
             "history": list(history),
             "facts": list(facts),
+            "rests_on": list(rests_on),
         },
         ensure_ascii=False,
     )

@@ -12,6 +12,7 @@ from services.store.keys import passage_of
 from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    FORGOTTEN,
     KILLS_DERIVED,
     RAW,
     RETIRED,
@@ -23,7 +24,14 @@ from services.store.model import (
 )
 from services.store.retrieval import vector_search
 from shared.layers import EXPERIENCE
-from shared.pages import mark_lines, page_text_of
+from shared.pages import (
+    cited_by,
+    has_live_line,
+    lines_of,
+    mark_lines,
+    meta_of,
+    page_text_of,
+)
 from shared.text import value_key
 from shared.tombstones import without_tombstone
 
@@ -93,25 +101,26 @@ async def settle(w: Write) -> None:
 
 
 async def _mark_pages(w: Write, memory_id: str) -> None:
-    """Marks the entity page lines memory_id fed stale while any fact behind them is dead.
+    """Marks the entity page lines memory_id fed stale while a row behind them is dead or gone.
 
     The pages whose marks changed join w.pages, to be rendered again by settle.
     """
     for page in await w.tx.pages_citing(memory_id):
-        meta = json.loads(page.metadata_json or "{}")
-        lines = [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]
-        cited = {
-            f for line in lines if memory_id in (line.get("facts") or []) for f in line["facts"]
-        }
+        meta = meta_of(page.metadata_json)
+        lines = [cited_by(line) for line in lines_of(meta)]
+        cited = set().union(*(ids for ids in lines if memory_id in ids))
         dead: set[str] = set()
-        for fact_id in cited:
-            fact = await w.tx.get(fact_id)
-            if fact is None or (
-                fact.status == RETIRED
-                and (fact.superseded_how in KILLS_DERIVED or not fact.superseded_how)
+        gone: set[str] = set()
+        for cited_id in cited:
+            row = await w.tx.get(cited_id)
+            if row is None or (row.status == RETIRED and row.superseded_how == FORGOTTEN):
+                gone.add(cited_id)
+            if row is None or (
+                row.status == RETIRED
+                and (row.superseded_how in KILLS_DERIVED or not row.superseded_how)
             ):
-                dead.add(fact_id)
-        if not mark_lines(meta, memory_id, dead):
+                dead.add(cited_id)
+        if not mark_lines(meta, memory_id, dead, gone):
             continue
         after = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
         await w.change(
@@ -122,12 +131,15 @@ async def _mark_pages(w: Write, memory_id: str) -> None:
 
 async def _render_pages(w: Write) -> None:
     """Renders each marked page again from its metadata, leaving out its stale lines, in the
-    same transaction as the change that marked them (the new text is embedded here)."""
+    same transaction as the change that marked them (the new text is embedded here); a page
+    with no live line left is retired as stale, and restored when one is live again."""
     for page_id in sorted(w.pages):
         page = await w.tx.get(page_id)
         if page is None:
             continue
-        text = page_text_of(json.loads(page.metadata_json or "{}"))
+        meta = meta_of(page.metadata_json)
+        page = await _follow_lines(w, page, has_live_line(meta))
+        text = page_text_of(meta)
         if text == page.content:
             continue
         vectors = iter(await w.core.embed([passage_of(text)]))
@@ -136,6 +148,20 @@ async def _render_pages(w: Write) -> None:
             page, "update", {"content": text, "model_id": w.core.model.model_id},
             "page re-rendered",
         )
+
+
+async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
+    """Retires a live page with no live line as stale, or restores a stale one with one."""
+    after: MemoryRow | None = page
+    if page.status == ACTIVE and not live:
+        why = "no line of the page is live"
+        fields = retired_fields(w.now, w.actor, "stale", reason=why)
+        after = await w.change(page, "retire", fields, why)
+        await retire_derived(w, page.id)
+    elif page.status == RETIRED and page.superseded_how == "stale" and live:
+        after = await w.change(page, "restore", live_fields(), "a line of the page is live again")
+        await restore_derived(w, page.id)
+    return after or page
 
 
 async def retire_derived(w: Write, memory_id: str) -> None:
