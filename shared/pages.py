@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
+from shared.text import value_key
+
 MAX_PAGE_HISTORY = 20
 """The earlier states a page keeps, newest first: without a bound an entity that changes every
 turn grows a page (and each extraction prompt showing it) until the embedder refuses it."""
@@ -51,6 +53,22 @@ def meta_of(metadata_json: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def line_values(meta: dict[str, Any], live_only: bool = False) -> set[str]:
+    """The value keys of a page's lines: each state, and each as "entity: state"."""
+    name = str(meta.get("entity") or "")
+    states = [
+        str(line.get("state") or "")
+        for line in lines_of(meta)
+        if not (live_only and line.get("stale"))
+    ]
+    return {v for state in states for v in (value_key(state), value_key(f"{name}: {state}"))}
+
+
+def rests_on(meta: dict[str, Any]) -> list[str]:
+    """Every row a line of the page rests on, in order, once."""
+    return list(dict.fromkeys(i for line in lines_of(meta) for i in sorted(cited_by(line))))
 
 
 def cited_by(line: Mapping[str, Any]) -> set[str]:

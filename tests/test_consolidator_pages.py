@@ -9,6 +9,7 @@ import pytest
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
+from shared.tombstones import tombstones
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, fake_llm_in_thread
 from tests.support import running_stack
@@ -170,6 +171,33 @@ async def test_forgetting_a_memory_tool_entry_retires_the_page_it_fed_until_rest
     back = await api.row(user, page.id)
     assert (back.status, back.content) == ("active", "Jay alarm: alarm code 5566")
     assert await page_in_search(api, user)
+
+
+async def test_a_forget_by_text_reaches_a_page_line_holding_it_and_the_fact_behind_it(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    turn_id, page = await jay_page(api, fake, user)
+    body = await api.ok(
+        "POST", "/api/v1/forget", json={"text": "alarm code 5566", "user_id": user})
+    assert page.id in {m["memory_id"] for m in body["memories"]}
+    assert (await api.row(user, page.id)).superseded_how == "forgotten"
+    assert not await page_in_search(api, user)
+    # The value is tombstoned on the line's turn, and lifted when the page is restored.
+    assert "alarm code 5566" in tombstones((await api.row(user, turn_id)).metadata_json)
+    await restore(api, user, page.id)
+    assert (await api.row(user, page.id)).status == "active"
+    assert tombstones((await api.row(user, turn_id)).metadata_json) == []
+
+    # The fact does not name the entity, yet the line rests on it.
+    await api.ok("POST", "/api/v1/forget",
+                 json={"text": "Jay's alarm code is 5566", "user_id": user})
+    (fact,) = await api.rows(user, "l3_fact")
+    assert fact.superseded_how == "forgotten"
+    assert (await api.row(user, page.id)).status == "retired"
+    assert not await page_in_search(api, user)
+    await restore(api, user, fact.id)
+    assert (await api.row(user, page.id)).content == "Jay alarm: alarm code 5566"
 
 
 async def test_deleting_the_fact_behind_a_page_line_leaves_the_page_without_it(

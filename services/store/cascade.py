@@ -12,6 +12,7 @@ from services.store.keys import passage_of
 from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    ENTITY,
     FORGOTTEN,
     KILLS_DERIVED,
     RAW,
@@ -27,10 +28,12 @@ from shared.layers import EXPERIENCE
 from shared.pages import (
     cited_by,
     has_live_line,
+    line_values,
     lines_of,
     mark_lines,
     meta_of,
     page_text_of,
+    rests_on,
 )
 from shared.text import value_key
 from shared.tombstones import without_tombstone
@@ -199,13 +202,22 @@ async def restore_derived(w: Write, memory_id: str) -> None:
 
 async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
     """Takes a restored row's value off the tombstones its forget left on its turns (itself, if
-    a turn, and its evidence), as they read now, so extraction may take the value again."""
-    value = value_key(forgotten.content)
+    a turn, and its evidence), as they read now, so extraction may take the value again; for
+    an entity page, the values of its lines off the turns they rest on."""
+    values = {value_key(forgotten.content)}
     turns = ([forgotten.id] if forgotten.layer == RAW else []) + list(forgotten.source_ids)
+    if forgotten.layer == ENTITY:
+        meta = meta_of(forgotten.metadata_json)
+        values |= line_values(meta)
+        turns += rests_on(meta)
     for turn_id in dict.fromkeys(turns):
         turn = await w.tx.get(turn_id)
         if turn is None or turn.layer != RAW or turn.user_id != forgotten.user_id:
             continue
-        lifted = without_tombstone(turn.metadata_json, value)
-        if lifted is not None:
-            await w.change(turn, "update", {"metadata": lifted}, reason)
+        metadata, lifted = turn.metadata_json, False
+        for value in sorted(values):
+            without = without_tombstone(metadata, value)
+            if without is not None:
+                metadata, lifted = without, True
+        if lifted:
+            await w.change(turn, "update", {"metadata": metadata}, reason)

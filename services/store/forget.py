@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from services.store.apply import apply_unkeyed
 from services.store.core import Core
 from services.store.model import (
+    ENTITY,
     FORGOTTEN,
     RAW,
     ListQuery,
@@ -27,6 +28,7 @@ from services.store.model import (
 from services.store.retrieval import vector_search
 from shared.errors import InvalidArgument
 from shared.limits import check_no_nul
+from shared.pages import line_values, meta_of, rests_on
 from shared.passages import Passage
 from shared.text import value_key
 
@@ -80,6 +82,7 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
         matches = await _memory_tool_entries(core, reach, text.strip(), asked.target)
     else:
         matches |= await _holding(core, reach, text, key, matches)
+        matches |= await _pages_holding(core, reach, key, matches)
         matches = _without_evidence(matches, key)
     if not matches:
         return Forgotten([], [])
@@ -104,12 +107,34 @@ async def _holding(
     }
 
 
+async def _pages_holding(
+    core: Core, reach: Reach, key: str, known: dict[str, MemoryRow]
+) -> dict[str, MemoryRow]:
+    """Forgettable entity pages with a live line whose state (or "entity: state") is the value:
+    a page's text holds many lines, so it is never near enough to one line's value."""
+    pages = await core.all_rows(reach, ListQuery(layers=(ENTITY,), include_superseded=True))
+    return {
+        page.id: page
+        for page in pages
+        if page.id not in known
+        and forgettable(page)
+        and key in line_values(meta_of(page.metadata_json), live_only=True)
+    }
+
+
+def _evidence_of(memory: MemoryRow) -> list[str]:
+    """The rows a match was learnt from: its source ids, and for a page what its lines rest on."""
+    if memory.layer != ENTITY:
+        return list(memory.source_ids)
+    return [*memory.source_ids, *rests_on(meta_of(memory.metadata_json))]
+
+
 async def _retire(
     core: Core, reach: Reach, matches: dict[str, MemoryRow], key: str, reason: str, actor: str
 ) -> Forgotten:
     """One transaction: each match retired as forgotten, each evidence turn tombstoned."""
     evidence = {m.id: None for m in matches.values() if m.layer == RAW}
-    evidence |= {source: None for m in matches.values() for source in m.source_ids}
+    evidence |= {source: None for m in matches.values() for source in _evidence_of(m)}
     found = await core.repo.get_many(reach, list(evidence))
     turns = [found[i] for i in evidence if i in found and found[i].layer == RAW]
     values = tuple(sorted({key, *(value_key(m.content) for m in matches.values())} - {""}))
