@@ -218,3 +218,20 @@ async def test_deleting_the_fact_behind_a_page_line_leaves_the_page_without_it(
     after = await api.row(user, page.id)
     assert (after.status, after.content) == ("active", "Jay alarm: beeps twice")
     assert not await page_in_search(api, user)
+
+
+async def test_a_page_retired_with_its_last_line_stays_retired_beside_a_newer_page_of_its_entity(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    _, page = await jay_page(api, fake, user)
+    (fact,) = await api.rows(user, "l3_fact")
+    await api.ok("POST", "/api/v1/forget", json={"id": fact.id, "user_id": user})
+    assert (await api.row(user, page.id)).status == "retired"
+    fake.on("m-j3", {"entities": [{"name": "Jay alarm", "state": "beeps twice"}]})
+    await api.add("m-j3 Jay alarm beeps twice", user)
+    newer = [p for p in await api.rows(user, "l8_entity") if p.id != page.id]
+    assert [(p.content, p.status) for p in newer] == [("Jay alarm: beeps twice", "active")]
+    await restore(api, user, fact.id)
+    old = await api.row(user, page.id)
+    assert (old.status, old.superseded_how) == ("retired", "stale")

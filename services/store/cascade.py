@@ -154,17 +154,32 @@ async def _render_pages(w: Write) -> None:
 
 
 async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
-    """Retires a live page with no live line as stale, or restores a stale one with one."""
+    """Retires a live page with no live line as stale, or restores a stale one with one (not
+    while a page written for its entity since stands: an entity has one live page)."""
     after: MemoryRow | None = page
     if page.status == ACTIVE and not live:
         why = "no line of the page is live"
         fields = retired_fields(w.now, w.actor, "stale", reason=why)
         after = await w.change(page, "retire", fields, why)
         await retire_derived(w, page.id)
-    elif page.status == RETIRED and page.superseded_how == "stale" and live:
+    elif (
+        page.status == RETIRED and page.superseded_how == "stale" and live
+        and not await _another_page(w, page)
+    ):
         after = await w.change(page, "restore", live_fields(), "a line of the page is live again")
         await restore_derived(w, page.id)
     return after or page
+
+
+async def _another_page(w: Write, page: MemoryRow) -> bool:
+    """Whether another live page of the owner is about the page's entity."""
+    name = str(meta_of(page.metadata_json).get("entity") or "").casefold()
+    reach = w.core.reach(page.user_id, page.agent_id)
+    return any(
+        other.id != page.id and other.status == ACTIVE
+        and str(meta_of(other.metadata_json).get("entity") or "").casefold() == name
+        for other in await w.tx.rows_in(reach, [ENTITY])
+    )
 
 
 async def retire_derived(w: Write, memory_id: str) -> None:
