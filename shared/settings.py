@@ -67,7 +67,8 @@ def read_duration(environ: Mapping[str, str], name: str, default: float | None) 
     """A duration setting in seconds; None means off.
 
     Go durations or bare seconds; 0/off/false/no turn the feature off; empty keeps the default;
-    anything else logs a line and keeps the default, so a typo never changes a schedule silently.
+    anything else, a negative duration included, logs a line and keeps the default, so a typo
+    never changes a schedule silently.
     """
     raw = environ.get(name, "").strip()
     if not raw:
@@ -82,7 +83,7 @@ def read_duration(environ: Mapping[str, str], name: str, default: float | None) 
         except ValueError:
             log.warning("%s=%r is not a duration; using the default", name, raw)
             return default
-    if not math.isfinite(value):
+    if not math.isfinite(value) or value < 0:
         log.warning("%s=%r is not a duration; using the default", name, raw)
         return default
     if value == 0:
@@ -359,7 +360,7 @@ class Settings:
             raise ConfigError(f"HYATLAS_SYNC_EXTRACT={sync_raw!r} is not one of on, off")
 
         consolidate_every = read_duration(env, "HYATLAS_CONSOLIDATE_EVERY", 6 * 3600.0)
-        if mode == "ultra" and (consolidate_every is None or consolidate_every < 0):
+        if mode == "ultra" and consolidate_every is None:
             raise ConfigError(
                 "HYATLAS_CONSOLIDATE_EVERY must be positive in ultra mode; use pro to run "
                 "without the consolidation pass"
@@ -452,7 +453,7 @@ class Settings:
 
 def _deadline(env: Mapping[str, str], name: str, default: float) -> float:
     value = read_duration(env, name, default)
-    if value is None or value <= 0:
+    if value is None:
         raise ConfigError(f"{name}={env.get(name)!r} must be a positive duration")
     return value
 
@@ -524,6 +525,6 @@ def _mmr_lambda(env: Mapping[str, str]) -> float:
 def _read_timeout(env: Mapping[str, str], name: str, default: float) -> float:
     """A duration that must stay on: a slow client is never given unlimited time."""
     value = read_duration(env, name, default)
-    if value is None or value < 0:
+    if value is None:
         raise ConfigError(f"{name}={env.get(name, '')!r} must be a positive duration")
     return value

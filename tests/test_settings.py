@@ -55,6 +55,30 @@ def test_duration_setting_rules(caplog: pytest.LogCaptureFixture) -> None:
     assert "D='2d' is not a duration" in caplog.text
 
 
+def test_a_negative_duration_logs_and_keeps_the_default(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"A": "-1h", "B": "-5"}
+    with caplog.at_level(logging.WARNING):
+        assert read_duration(env, "A", 10.0) == 10.0
+        assert read_duration(env, "B", 10.0) == 10.0
+    assert "A='-1h' is not a duration" in caplog.text
+    assert "B='-5' is not a duration" in caplog.text
+
+
+def test_negative_schedules_keep_their_defaults(tmp_path: Path) -> None:
+    env = {
+        "HYATLAS_GO_DATA": str(tmp_path),
+        "HYATLAS_SNAPSHOT_EVERY": "-1h",
+        "HYATLAS_STORE_SAVE_EVERY": "-1s",
+        "HYATLAS_CONSOLIDATE_EVERY": "-5m",
+        "HYATLAS_BODY_TIMEOUT": "-5s",
+    }
+    assert StoreConfig.from_env(env).snapshots.every_s == 24 * 3600
+    assert StoreConfig.from_env(env).save_every_s == 30
+    settings = Settings.from_env(env)
+    assert settings.consolidate_every_s == 6 * 3600
+    assert settings.body_timeout_s == 60
+
+
 def test_defaults_match_the_reference(tmp_path: Path) -> None:
     s = Settings.from_env({"HYATLAS_GO_DATA": str(tmp_path)})
     assert (s.mode, s.http_host, s.http_port) == ("ultra", "127.0.0.1", 19528)
@@ -88,7 +112,6 @@ def test_pro_mode_blocks_on_extraction_unless_told_otherwise() -> None:
         ({"HYATLAS_MODE": "max"}, "HYATLAS_MODE='max' is not one of lite, pro, ultra"),
         ({"HYATLAS_SYNC_EXTRACT": "sometimes"}, "HYATLAS_SYNC_EXTRACT='sometimes'"),
         ({"HYATLAS_CONSOLIDATE_EVERY": "off"}, "must be positive in ultra"),
-        ({"HYATLAS_CONSOLIDATE_EVERY": "-5m"}, "must be positive in ultra"),
         ({"HYATLAS_CONSOLIDATE_PARALLEL": "5"}, "HYATLAS_CONSOLIDATE_PARALLEL='5' is outside 1..4"),
         ({"HYATLAS_MIN_SCORE": "high"}, "HYATLAS_MIN_SCORE='high' is not a number"),
         ({"HYATLAS_MMR_LAMBDA": "0"}, "HYATLAS_MMR_LAMBDA"),
