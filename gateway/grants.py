@@ -35,7 +35,8 @@ ROUTE_SCOPES: dict[str, str] = {
     "/dashboard/api/system": READ,
     "/dashboard/api/search-stages": READ,
     "/api/v1/openapi.json": READ,
-    # Request and call counters of the whole server; no owner's data.
+    # Request and call counters of the whole server: the handler also needs a grant reaching
+    # every owner.
     "/metrics": READ,
     "/api/v1/add": WRITE,
     "/api/v1/update": WRITE,

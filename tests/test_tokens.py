@@ -395,6 +395,8 @@ async def test_the_whole_servers_figures_are_for_a_token_reaching_every_owner(
     alice, ops = Client(stack.base_url, ALICE_APP), Client(stack.base_url, OPS)
     assert (await alice.call("GET", "/dashboard/api/system"))[0] == 403
     assert "settings" in await ops.ok("GET", "/dashboard/api/system")
+    assert (await alice.call("GET", "/metrics"))[0] == 403
+    assert "hyatlas_http_requests_total" in await ops.ok("GET", "/metrics")
     status = await alice.ok("GET", "/api/v1/status")
     assert "writes" not in status and "searches" not in status
     assert {"writes", "searches"} <= set(await ops.ok("GET", "/api/v1/status"))
