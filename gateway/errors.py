@@ -95,7 +95,11 @@ def internal_message(error_id: str) -> str:
 def client_message(request: web.Request, exc: ServiceError) -> str:
     """What a client is told of a ServiceError; an unexpected one's words go to the log only."""
     message = exc.message
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, Unavailable) and exc.service:
+        # gRPC's words name sockets and addresses: the client learns which service, the log why.
+        log.warning("%s %s: %s", request.method, request.path, message)
+        message = f"a backing service is unavailable: {exc.service}"
+    elif isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
     elif exc.http_status >= 500 and not isinstance(exc, Unimplemented):
         # A backing service's own words may hold exception text: they go to the log only.

@@ -21,9 +21,11 @@ class ServiceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     http_status: int = 500
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, service: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.service = service
+        """The backing service whose call failed with it (empty: raised in this process)."""
 
 
 class InvalidArgument(ServiceError):
@@ -110,9 +112,9 @@ _BY_STATUS: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
-def error_for_status(code: grpc.StatusCode, message: str) -> ServiceError:
+def error_for_status(code: grpc.StatusCode, message: str, service: str = "") -> ServiceError:
     """The ServiceError a gRPC status stands for (Internal for any status not listed)."""
-    return _BY_STATUS.get(code, Internal)(message)
+    return _BY_STATUS.get(code, Internal)(message, service)
 
 
 class ConfigError(Exception):

@@ -71,7 +71,7 @@ def rpc_errors(service: str) -> Iterator[None]:
         yield
     except grpc.aio.AioRpcError as exc:
         detail = exc.details() or exc.code().name.lower()
-        raise error_for_status(exc.code(), f"{service}: {detail}") from exc
+        raise error_for_status(exc.code(), f"{service}: {detail}", service) from exc
 
 
 class ServiceClient:
