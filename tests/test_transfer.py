@@ -363,11 +363,11 @@ async def test_an_import_stopped_part_way_says_what_it_wrote_before(target: Stac
     over = b'{"type": "memory", "memory": {"content": "' + b"x" * (9 << 20) + b'"}}\n'
     body = "".join(json.dumps(x) + "\n" for x in lines).encode() + over
     status, reply = await _import(target, body)
-    # The first batch was written while the second was read; the long line stopped the rest.
+    # The long line stopped the reading; every line read before it is written all the same.
     assert status == 400, reply
     assert "over the 8388608 byte limit" in reply["error"]
-    assert (reply["lines"], reply["imported"]) == (1000, 500)
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (1000, 1000, 0)
     status, listed = await call(target, "POST", "/api/v1/list",
                                 json={"user_id": user, "limit": 1000})
-    assert status == 200 and listed["total"] == 500
+    assert status == 200 and listed["total"] == 1000
 

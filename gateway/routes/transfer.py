@@ -139,6 +139,8 @@ class _Import:
     skipped: int = 0
     refused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
+    stop: ServiceError | web.HTTPRequestTimeout | None = None
+    """Why the body stopped being read before its end (a line over a limit, a silent client)."""
 
     def counts(self) -> dict[str, Any]:
         """What the reply reports: lines read, rows written or skipped, lines refused."""
@@ -233,13 +235,11 @@ def _import_scope(request: web.Request) -> common_pb2.Scope:
     return owner_scope(user_id, params.string("agent_id")) if user_id else all_users()
 
 
-async def _batches(
+async def _import_lines(
     request: web.Request, run: _Import
-) -> AsyncIterator[list[store_pb2.ImportLine]]:
-    """The body's lines in batches of at most BATCH_LINES lines and TRANSFER_BUDGET_BYTES
-    (a longer line goes alone); a first line that is an export header sets the model."""
-    batch: list[store_pb2.ImportLine] = []
-    batch_bytes = 0
+) -> AsyncIterator[tuple[store_pb2.ImportLine, int]]:
+    """The body's lines to send, with their sizes: a first line that is an export header sets
+    the model, and a line that is not UTF-8 is refused here."""
     first = True
     async for number, raw in _numbered_lines(request):
         try:
@@ -261,22 +261,43 @@ async def _batches(
                 f"line {number} is {size:,} bytes; at most {MAX_TRANSFER_LINE_BYTES:,} go to "
                 "the store in one call"
             )
-        if batch and batch_bytes + size > TRANSFER_BUDGET_BYTES:
-            yield batch
-            batch, batch_bytes = [], 0
-        batch.append(store_pb2.ImportLine(line=number, json=text))
-        batch_bytes += size
-        if len(batch) == BATCH_LINES:
-            yield batch
-            batch, batch_bytes = [], 0
+        yield store_pb2.ImportLine(line=number, json=text), size
+
+
+async def _batches(
+    request: web.Request, run: _Import
+) -> AsyncIterator[list[store_pb2.ImportLine]]:
+    """The body's lines in batches of at most BATCH_LINES lines and TRANSFER_BUDGET_BYTES
+    (a longer line goes alone). A body that stops before its end (run.stop says why) still
+    gives the lines read before it, so every line counted is written, skipped or refused."""
+    batch: list[store_pb2.ImportLine] = []
+    batch_bytes = 0
+    try:
+        async for line, size in _import_lines(request, run):
+            if batch and batch_bytes + size > TRANSFER_BUDGET_BYTES:
+                yield batch
+                batch, batch_bytes = [], 0
+            batch.append(line)
+            batch_bytes += size
+            if len(batch) == BATCH_LINES:
+                yield batch
+                batch, batch_bytes = [], 0
+    except (ServiceError, web.HTTPRequestTimeout) as exc:
+        run.stop = exc
     if batch:
         yield batch
 
 
-def _stopped(run: _Import, error: str, status: int) -> web.Response:
+def _stopped(
+    request: web.Request, run: _Import, exc: ServiceError | web.HTTPRequestTimeout
+) -> web.Response:
     """The reply to an import stopped part-way (a line over a limit, a busy or failing store,
     a client that stopped sending): the batches before are written, and the counts say so, so
     a retry can skip them."""
+    if isinstance(exc, ServiceError):
+        error, status = client_message(request, exc), exc.http_status
+    else:
+        error, status = http_message(request, exc), exc.status
     return json_response({**run.counts(), "error": error}, status=status)
 
 
@@ -295,12 +316,12 @@ async def import_jsonl(request: web.Request) -> web.Response:
         while queued:
             await _send(request, run, *queued.pop(0))
     except ServiceError as exc:
-        return _stopped(run, client_message(request, exc), exc.http_status)
-    except web.HTTPRequestTimeout as exc:
-        return _stopped(run, http_message(request, exc), exc.status)
+        return _stopped(request, run, exc)
     finally:
         for _, embedding in queued:
             embedding.cancel()
+    if run.stop is not None:
+        return _stopped(request, run, run.stop)
     body = run.counts()
     if run.errors:
         first = run.errors[0]
