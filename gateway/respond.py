@@ -15,7 +15,6 @@ from shared.layers import parse_layer
 from shared.pb import common_pb2
 
 DEFAULT_USER = "default"
-LIMIT_MAX = 1000
 INT32_MIN = -(2**31)
 
 Route = TypeVar("Route", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])

@@ -334,15 +334,20 @@ async def test_unknown_layer_or_reader_is_400_and_nothing_changes(api: Api) -> N
     assert (await api.listing(user))["total"] == 1
 
 
-async def test_a_limit_over_the_maximum_is_refused_or_stated_never_cut_silently(api: Api) -> None:
+async def test_a_limit_over_the_maximum_or_negative_is_refused_never_cut(api: Api) -> None:
     user = _user()
     await api.add("limit check row", user)
     status, body = await api.call(
         "POST", "/api/v1/search", json={"query": "row", "user_id": user, "limit": 101})
     assert status == 400 and "over the maximum of 100" in body["error"]
-    # A list says the limit it answered with, and the total beyond it.
-    listed = await api.listing(user, limit=5000)
-    assert listed["limit"] == 1000 and listed["total"] == 1
+    for method, kw in (("POST", "json"), ("GET", "params")):
+        status, body = await api.call(method, "/api/v1/list", **{kw: {"user_id": user,
+                                                                      "limit": 5000}})
+        assert status == 400 and "over the maximum of 1000" in body["error"], body
+        status, body = await api.call(method, "/api/v1/list", **{kw: {"user_id": user,
+                                                                      "limit": -5}})
+        assert status == 400 and "limit must not be negative" in body["error"], body
+    assert (await api.listing(user, limit=0))["limit"] == 20
 
 
 # --- list ----------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from gateway.params import check_string
 from gateway.readiness import wait_for_store
 from gateway.respond import (
     INT32_MIN,
-    LIMIT_MAX,
     default_user,
     json_response,
     layer_filter,
@@ -135,8 +134,8 @@ async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str
 async def list_memories(request: web.Request) -> web.Response:
     """One owner's rows, newest first, with paging and per-layer counts."""
     params = await request_params(request)
-    limit = params.integer("limit", 0, lo=INT32_MIN)
-    limit = LIST_LIMIT_DEFAULT if limit <= 0 else min(limit, LIMIT_MAX)
+    # The store refuses a negative limit or one over its maximum (400), never cuts it.
+    limit = params.integer("limit", 0, lo=INT32_MIN) or LIST_LIMIT_DEFAULT
     offset = params.integer("offset", 0)
     before = params.string("before")  # the store's cursor, from a page's next_before
     layer = params.string("layer")
