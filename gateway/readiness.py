@@ -46,13 +46,13 @@ async def wait_for_store(app: web.Application) -> None:
         ) from None
 
 
-@routes.route("*", "/healthz")
+@routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: answers without touching any other service."""
     return web.json_response({"status": "ok"})
 
 
-@routes.route("*", "/readyz")
+@routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 once every backing service the mode needs answers, else 503."""
     states = await service_states(request.app)

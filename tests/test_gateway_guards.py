@@ -284,6 +284,31 @@ async def test_unknown_route_and_wrong_method_are_json(client: TestClient[Any, A
         assert await reply.json() == {"error": "method not allowed"}
 
 
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/healthz", {"GET", "HEAD"}),
+        ("/readyz", {"GET", "HEAD"}),
+        ("/api/v1/status", {"GET", "HEAD"}),
+        ("/api/v1/metrics", {"GET", "HEAD"}),
+        ("/api/v1/graph", {"GET", "HEAD", "POST"}),
+        ("/api/v1/digest", {"GET", "HEAD", "POST"}),
+        ("/api/v1/admin/snapshot", {"POST"}),
+    ],
+)
+async def test_a_method_a_route_does_not_document_is_405_json(
+    make_client: MakeClient, path: str, allowed: set[str]
+) -> None:
+    client = await make_client(mode="ultra")  # where digest runs a pass on POST
+    for method in ("GET", "PUT", "DELETE", "PATCH", "TRACE"):
+        if method in allowed:
+            continue
+        async with client.request(method, path) as reply:
+            assert reply.status == 405, (method, path)
+            assert set(reply.headers["Allow"].split(",")) == allowed
+            assert await reply.json() == {"error": "method not allowed"}
+
+
 # --- delete_all without a store ----------------------------------------------------------
 
 

@@ -22,12 +22,10 @@ routes = web.RouteTableDef()
 async def _admin_params(request: web.Request) -> Params:
     if not request.app[CONFIG].admin:
         raise PermissionDenied(ADMIN_OFF)
-    if request.method != "POST":
-        raise web.HTTPMethodNotAllowed(request.method, ["POST"])
     return await request_params(request)
 
 
-@routes.route("*", "/api/v1/admin/compact_raw")
+@routes.post("/api/v1/admin/compact_raw")
 async def compact_raw(request: web.Request) -> web.Response:
     """Caps raw turns (USER/ASSISTANT only, 4000 bytes a message, 12000 a turn); dry run first."""
     params = await _admin_params(request)
@@ -48,7 +46,7 @@ async def compact_raw(request: web.Request) -> web.Response:
     )
 
 
-@routes.route("*", "/api/v1/admin/dedupe_facts")
+@routes.post("/api/v1/admin/dedupe_facts")
 async def dedupe_facts(request: web.Request) -> web.Response:
     """Supersedes near-duplicate live facts of each person by the newer one; dry run first."""
     params = await _admin_params(request)
@@ -71,7 +69,7 @@ async def dedupe_facts(request: web.Request) -> web.Response:
     )
 
 
-@routes.route("*", "/api/v1/admin/snapshot")
+@routes.post("/api/v1/admin/snapshot")
 async def snapshot(request: web.Request) -> web.Response:
     """Writes a snapshot of the data directory now, as the schedule would."""
     await _admin_params(request)

@@ -84,7 +84,8 @@ async def consolidation_status(request: web.Request) -> dict[str, Any]:
     return fields
 
 
-@routes.route("*", "/api/v1/digest")
+@routes.get("/api/v1/digest")
+@routes.post("/api/v1/digest")
 @error_extras(digest_ok=False)
 async def digest(request: web.Request) -> web.Response:
     """GET: passes so far and the last report; POST: runs one pass now and returns its report."""

@@ -108,7 +108,8 @@ def nodes_json(edges: Iterable[store_pb2.Edge]) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
-@routes.route("*", "/api/v1/graph")
+@routes.get("/api/v1/graph")
+@routes.post("/api/v1/graph")
 async def graph(request: web.Request) -> web.Response:
     """One node's neighbours, and the size of the owner's graph."""
     params = await request_params(request)

@@ -56,7 +56,7 @@ def _offset_minutes(offset: timedelta) -> int:
     return minutes
 
 
-@routes.route("GET", "/api/v1/search")
+@routes.get("/api/v1/search")
 @routes.post("/api/v1/search")
 async def search(request: web.Request) -> web.Response:
     """Ranked memories of one owner in the reference's channels."""

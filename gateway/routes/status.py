@@ -51,7 +51,7 @@ def reembed_status(job: store_pb2.Reembed, whole_server: bool) -> dict[str, Any]
     return shown
 
 
-@routes.route("*", "/api/v1/status")
+@routes.get("/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
     config = request.app[CONFIG]
@@ -110,7 +110,7 @@ async def status(request: web.Request) -> web.Response:
     )
 
 
-@routes.route("*", "/api/v1/metrics")
+@routes.get("/api/v1/metrics")
 async def metrics(request: web.Request) -> web.Response:
     """Live rows per layer and in total, and the graph's size."""
     stats = await request.app[STORE].GetStats(
