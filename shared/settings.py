@@ -217,8 +217,6 @@ class Settings:
     body_timeout_s: float = 60.0
     """HYATLAS_BODY_TIMEOUT: a request body must arrive in full within this long (an import
     stream: each chunk), or the answer is 408 and the connection is closed."""
-    graph_path: Path = Path("data/graph.json")
-    """HYATLAS_GRAPH_PATH: the L5 graph's location (kept for compatibility)."""
 
     embed_base: str = "bge"
     """HYATLAS_EMBED_BASE: bge (the local ONNX model), local (deterministic stub) or a URL."""
@@ -394,7 +392,6 @@ class Settings:
             admin=read_switch(env, "HYATLAS_ADMIN", False),
             header_timeout_s=_read_timeout(env, "HYATLAS_HEADER_TIMEOUT", 30.0),
             body_timeout_s=_read_timeout(env, "HYATLAS_BODY_TIMEOUT", 60.0),
-            graph_path=Path(text("HYATLAS_GRAPH_PATH", str(data_dir / "graph.json"))),
             embed_base=text("HYATLAS_EMBED_BASE", "bge"),
             embed_model=text("HYATLAS_EMBED_MODEL", "text-embedding-3-small"),
             embed_key=text("HYATLAS_EMBED_KEY"),
