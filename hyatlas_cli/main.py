@@ -239,32 +239,41 @@ COMMANDS: dict[str, Callable[[Gateway, argparse.Namespace], Coroutine[Any, Any, 
 }
 
 
+URL_HELP = "the gateway (default: $HYATLAS_SERVER_URL)"
+
+
 def parser() -> argparse.ArgumentParser:
-    """The command line: a server URL, then one command and its options."""
+    """The command line: one command and its options, the server URL before or after it."""
     top = argparse.ArgumentParser(prog="hyatlas", description=__doc__)
-    top.add_argument("--url", default="", help="the gateway (default: $HYATLAS_SERVER_URL)")
-    commands = top.add_subparsers(dest="command", required=True)
-    commands.add_parser("status", help=status.__doc__)
+    top.add_argument("--url", default="", help=URL_HELP)
+    # After the command too; SUPPRESS keeps a --url given before it when none comes after.
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
+    subparsers = top.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str | None) -> argparse.ArgumentParser:
+        return subparsers.add_parser(name, help=help_text, parents=[shared])
+
+    command("status", status.__doc__)
     for name, help_text in (("export", export.__doc__), ("import", import_.__doc__)):
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("--user-id", default="", help="only this owner's memories")
-        command.add_argument("--agent-id", default="", help="only this agent's memories")
-    commands.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
-    commands.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
-    command = commands.add_parser("migrate", help=migrate.__doc__)
-    command.add_argument(
+        transfer = command(name, help_text)
+        transfer.add_argument("--user-id", default="", help="only this owner's memories")
+        transfer.add_argument("--agent-id", default="", help="only this agent's memories")
+    subparsers.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
+    subparsers.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
+    command("migrate", migrate.__doc__).add_argument(
         "--to", required=True, help="the server to copy into (its token: $HYATLAS_TO_TOKEN)"
     )
-    commands.add_parser("snapshot", help=snapshot.__doc__)
-    command = commands.add_parser("reembed", help=reembed.__doc__)
-    command.add_argument("--every", type=float, default=1.0, help="seconds between checks")
-    command.add_argument(
+    command("snapshot", snapshot.__doc__)
+    following = command("reembed", reembed.__doc__)
+    following.add_argument("--every", type=float, default=1.0, help="seconds between checks")
+    following.add_argument(
         "--wait",
         type=float,
         default=WAIT_S,
         help=f"seconds to wait for a gateway or store that stops answering (default {WAIT_S:g})",
     )
-    commands.add_parser("doctor", help=doctor.__doc__)
+    command("doctor", doctor.__doc__)
     return top
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hyatlas_cli.main import parser
 from tests.support import ROOT, Stack, running_stack
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,13 @@ def hyatlas(stack: Stack, *args: str, token: str = TOKEN) -> subprocess.Complete
         [sys.executable, "-m", "hyatlas_cli", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
+
+
+def test_the_server_url_may_come_before_or_after_the_command() -> None:
+    assert parser().parse_args(["status", "--url", "http://a:1"]).url == "http://a:1"
+    assert parser().parse_args(["--url", "http://b:2", "doctor"]).url == "http://b:2"
+    assert parser().parse_args(["export", "-o", "f", "--url", "http://c:3"]).url == "http://c:3"
+    assert parser().parse_args(["snapshot"]).url == ""
 
 
 def test_import_export_and_import_again_round_trip_with_progress(
