@@ -214,14 +214,14 @@ def _snapshot_check(system: dict[str, Any]) -> tuple[str, bool, str]:
     every_s, files = snapshots["every_s"], snapshots["files"]
     if system.get("store_backend") == "postgresql":
         return ("snapshots", True, "not taken on PostgreSQL: back the database up with pg_dump")
-    if not every_s:
-        return ("snapshots", True, "off (HYATLAS_SNAPSHOT_EVERY)")
+    schedule = "" if every_s else "schedule off (HYATLAS_SNAPSHOT_EVERY); "
     if not files:
-        return ("snapshots", True, f"none yet in {snapshots['dir']}")
+        return ("snapshots", True, f"{schedule}none yet in {snapshots['dir']}")
     newest = files[0]
     age_s = time.time() - _unix(newest["modified"])
-    fresh = age_s <= STALE_INTERVALS * every_s
-    return ("snapshots", fresh, f"newest {newest['name']}, {age_s / 3600:.1f} h old")
+    # Without a schedule no snapshot is due, so none is late.
+    fresh = not every_s or age_s <= STALE_INTERVALS * every_s
+    return ("snapshots", fresh, f"{schedule}newest {newest['name']}, {age_s / 3600:.1f} h old")
 
 
 def _unix(rfc3339: str) -> float:
