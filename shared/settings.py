@@ -91,6 +91,16 @@ def read_duration(environ: Mapping[str, str], name: str, default: float | None) 
     return value
 
 
+def read_duration_always_on(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A duration setting that cannot be turned off: 0/off logs a line and keeps the default,
+    as an unparsable value does."""
+    value = read_duration(environ, name, default)
+    if value is None:
+        log.warning("%s=%r cannot be turned off; using the default", name, environ[name])
+        return default
+    return value
+
+
 def read_switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
     """An on/off setting; an unknown word logs and keeps the default."""
     raw = environ.get(name, "").strip().lower()
@@ -410,7 +420,7 @@ class Settings:
                 fallback_model=text("HYATLAS_LLM_FALLBACK_MODEL"),
                 fallback_base=text("HYATLAS_LLM_FALLBACK_BASE"),
                 fallback_key=fallback_key.strip() if fallback_key is not None else None,
-                timeout_s=read_duration(env, "HYATLAS_EXTRACT_TIMEOUT", 300.0) or 300.0,
+                timeout_s=read_duration_always_on(env, "HYATLAS_EXTRACT_TIMEOUT", 300.0),
                 max_tokens=read_int(env, "HYATLAS_LLM_MAX_TOKENS", 1024, 16, 1_000_000),
             ),
             startup_wait_s=read_duration(env, "HYATLAS_STARTUP_WAIT", 10.0) or 0.0,

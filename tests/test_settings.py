@@ -64,6 +64,20 @@ def test_a_negative_duration_logs_and_keeps_the_default(caplog: pytest.LogCaptur
     assert "B='-5' is not a duration" in caplog.text
 
 
+@pytest.mark.parametrize("value", ["off", "0"])
+def test_a_duration_that_cannot_be_turned_off_logs_and_keeps_its_default(
+    value: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"HYATLAS_GO_DATA": str(tmp_path), "HYATLAS_EXTRACT_TIMEOUT": value,
+           "HYATLAS_LEASE_TTL": value}
+    with caplog.at_level(logging.WARNING):
+        assert Settings.from_env(env).llm.timeout_s == 300
+        assert ExtractorConfig.from_env(env).lease_ttl_s == 60
+        assert ConsolidatorConfig.from_env(env).lease_ttl_s == 60
+    assert f"HYATLAS_EXTRACT_TIMEOUT={value!r} cannot be turned off" in caplog.text
+    assert f"HYATLAS_LEASE_TTL={value!r} cannot be turned off" in caplog.text
+
+
 def test_negative_schedules_keep_their_defaults(tmp_path: Path) -> None:
     env = {
         "HYATLAS_GO_DATA": str(tmp_path),
