@@ -58,6 +58,16 @@ FILLERS = 160
 OPS, ALICE_APP = "reembed-ops-0123456789", "reembed-alice-app-0123456789"  # alice's: one owner
 
 
+def test_derive_help_prints_usage_and_writes_nothing(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.embedder.derive", "--help"],
+        cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "out_dir" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def fp16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 in half precision, built from the packaged int8 model."""

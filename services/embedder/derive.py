@@ -3,8 +3,8 @@ re-embed with): python -m services.embedder.derive OUT_DIR."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,12 @@ def derive_fp16(out_dir: Path) -> Path:
     return out_dir
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Derives the model into the folder the command line names, and prints the folder."""
+    parser = argparse.ArgumentParser(prog="python -m services.embedder.derive", description=__doc__)
+    parser.add_argument("out_dir", type=Path, help="the folder to write the model into")
+    print(derive_fp16(parser.parse_args(argv).out_dir))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m services.embedder.derive OUT_DIR")
-    print(derive_fp16(Path(sys.argv[1])))
+    main()
