@@ -19,6 +19,8 @@ LAYERS_BY_NAME: dict[str, int] = {name: value for value, name in LAYER_NAMES.ite
 # Fact labels that rules act on: the profile mirrors preferences; experiences are never restated.
 PREFERENCES = "user_preferences"
 EXPERIENCE = "task_experience"
+NOW_PAGE = "now_page"
+"""The label of an owner's Now page (an L4 summary): one is live at a time."""
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}
 _WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}
 

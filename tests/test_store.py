@@ -2007,6 +2007,88 @@ async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_row
     assert await listed(store, layers=[L3]) == ["My home address is 40 Oak Avenue, Shelbyville."]
 
 
+# --- summaries (L4) of what a forget or delete takes ----------------------------------------
+
+L4 = common_pb2.L4_SUMMARY
+
+
+async def summaries(stub: store_pb2_grpc.StoreStub) -> list[tuple[str, str, str]]:
+    """(label, status, superseded_how) of every L4 row of alice, oldest first."""
+    reply = await stub.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L4], include_superseded=True, order="oldest"))
+    return [(m.label, m.status, m.superseded_how) for m in reply.memories]
+
+
+async def summed_up_secret(stub: store_pb2_grpc.StoreStub) -> tuple[str, str, str]:
+    """A turn, the fact learnt from it and an intention, summed up in a Now page (the fact and
+    the intention) and an episode (the turn): the ids of the turn, fact and intention."""
+    (turn,) = await apply(stub, insert("Hank: my safe combination is 31-22-17", layer=L2))
+    fact, plan = await apply(
+        stub,
+        insert("Hank's safe combination is 31-22-17", source_ids=[turn.id]),
+        insert("Hank will change the safe combination", layer=L7),
+    )
+    await apply(
+        stub,
+        insert("Now: Hank's safe opens with 31-22-17", layer=L4, label="now_page",
+               source_ids=[fact.id, plan.id]),
+        insert("EPISODE: Hank told his safe combination, 31-22-17", layer=L4, label="episode",
+               source_ids=[turn.id]),
+    )
+    return turn.id, fact.id, plan.id
+
+
+def restore(memory_id: str) -> store_pb2.Op:
+    return store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id))
+
+
+def delete(memory_id: str) -> store_pb2.Op:
+    return store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))
+
+
+async def test_a_forget_retires_the_summaries_holding_the_value_and_its_restore_brings_them_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    turn, fact, plan = await summed_up_secret(store)
+    # Done is no forget: the Now page is only out of date, and stays until it is rebuilt.
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(id=plan, superseded_how="done")))
+    assert await summaries(store) == [("now_page", "active", ""), ("episode", "active", "")]
+
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact))
+    # Retired in the forget's transaction: the page (the fact) and the episode (its turn, now
+    # holding the value's tombstone).
+    assert await summaries(store) == [("now_page", "retired", "stale"),
+                                      ("episode", "retired", "stale")]
+    page = (await store.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L4], include_superseded=True, order="oldest"))).memories[0]
+    assert page.drop_reason == f"evidence {fact} was forgotten"
+    assert await listed(store, layers=[L4]) == []
+
+    await apply(store, restore(fact))
+    assert await summaries(store) == [("now_page", "active", ""), ("episode", "active", "")]
+    held = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn))).memory
+    assert tombstones(held.metadata_json) == []
+
+
+async def test_a_delete_retires_the_summaries_of_the_row_and_a_newer_now_page_stands_alone(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    turn, fact, plan = await summed_up_secret(store)
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact))
+    await apply(store, insert("Now: Hank plans a new combination", layer=L4, label="now_page",
+                              source_ids=[plan]))
+    await apply(store, restore(fact))
+    # One Now page is live at a time: the one built since the forget, not the older one back.
+    assert await summaries(store) == [
+        ("now_page", "retired", "stale"), ("episode", "active", ""), ("now_page", "active", "")]
+
+    await apply(store, delete(turn))
+    await apply(store, delete(plan))
+    assert await summaries(store) == [
+        ("now_page", "retired", "stale"), ("episode", "retired", "stale"),
+        ("now_page", "retired", "stale")]
+
+
 # --- the L1 profile mirror of preference facts, kept by the store ----------------------------
 
 L1 = common_pb2.L1_PROFILE

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from services.search.model import Candidate
-from shared.layers import EXPERIENCE
+from shared.layers import EXPERIENCE, NOW_PAGE
 
 PAGES = "pages"
 PROFILE = "profile"
@@ -15,7 +15,7 @@ NORMAL = "normal"
 NOW = "now"
 CHANNELS = (PAGES, PROFILE, PROACTIVE, EXPERIENCES, NORMAL)
 
-NOW_PAGE_LABEL = "now_page"
+NOW_PAGE_LABEL = NOW_PAGE
 
 _BY_LAYER = {
     "l8_entity": PAGES,

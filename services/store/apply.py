@@ -30,15 +30,16 @@ from services.store.erase import erase
 from services.store.graph import end_edge, put_edge
 from services.store.idempotency import IdempotencyKey, Replayed, record, replayed
 from services.store.keys import passage_of
-from services.store.mirrors import ERASED, FactChange, is_preference_fact
+from services.store.mirrors import FactChange, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    ERASED,
     FORGOTTEN,
-    KILLS_DERIVED,
     OLD_VERSIONS,
     RAW,
     REPLACED,
     RETIRED,
+    TOMBSTONED,
     Delete,
     EndEdge,
     Insert,
@@ -174,7 +175,7 @@ async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
     w = run.write
     before = await target(w.tx, run.reach, op.id)
     await erase(w, before, run.reason)
-    await retire_derived(w, op.id)
+    await retire_derived(w, op.id, ERASED)
     if is_preference_fact(before):
         w.facts_changed.append(FactChange(before, live=False, how=ERASED))
     return None
@@ -206,8 +207,7 @@ async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     after = await w.change(before, "retire", fields, run.reason)
     if op.pass_id:
         await w.tx.record_pass_change(op.pass_id, "retire", op.id)
-    if op.superseded_how in KILLS_DERIVED or not op.superseded_how:
-        await retire_derived(w, op.id)
+    await retire_derived(w, op.id, op.superseded_how)
     w.facts_changed += fact_changes(op, before, after)
     return after
 
@@ -218,7 +218,7 @@ async def _forget_old_version(run: _Apply, before: MemoryRow, op: Retire) -> Mem
     w = run.write
     fields = {"superseded_how": FORGOTTEN, "drop_reason": op.drop_reason, "retired_by": w.actor}
     after = await w.change(before, "retire", fields, run.reason)
-    await retire_derived(w, op.id)
+    await retire_derived(w, op.id, FORGOTTEN)
     return after
 
 
@@ -322,7 +322,9 @@ async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:
     if before.layer != RAW:
         raise InvalidArgument(f"op {i}: only a raw turn holds tombstones")
     marked = with_tombstones(before.metadata_json, list(op.values), w.now)
-    return await w.change(before, "update", {"metadata": marked}, run.reason)
+    after = await w.change(before, "update", {"metadata": marked}, run.reason)
+    await retire_derived(w, op.id, TOMBSTONED)
+    return after
 
 
 _HANDLERS: dict[type, Callable[[_Apply, int, Any], Awaitable[MemoryRow | None]]] = {

@@ -13,10 +13,14 @@ from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
     ENTITY,
+    ERASED,
     FORGOTTEN,
     KILLS_DERIVED,
+    KILLS_SUMMARIES,
     RAW,
     RETIRED,
+    SUMMARY,
+    TOMBSTONED,
     MemoryRow,
     Op,
     Restore,
@@ -24,7 +28,7 @@ from services.store.model import (
     Update,
 )
 from services.store.retrieval import vector_search
-from shared.layers import EXPERIENCE
+from shared.layers import EXPERIENCE, NOW_PAGE
 from shared.pages import (
     cited_by,
     has_live_line,
@@ -36,7 +40,7 @@ from shared.pages import (
     rests_on,
 )
 from shared.text import value_key
-from shared.tombstones import without_tombstone
+from shared.tombstones import tombstones, without_tombstone
 
 
 def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
@@ -161,7 +165,7 @@ async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
         why = "no line of the page is live"
         fields = retired_fields(w.now, w.actor, "stale", reason=why)
         after = await w.change(page, "retire", fields, why)
-        await retire_derived(w, page.id)
+        await retire_derived(w, page.id, "stale")
     elif (
         page.status == RETIRED and page.superseded_how == "stale" and live
         and not await _another_page(w, page)
@@ -182,15 +186,34 @@ async def _another_page(w: Write, page: MemoryRow) -> bool:
     )
 
 
-async def retire_derived(w: Write, memory_id: str) -> None:
-    """Retires as stale the live L5/L6 rows resting on memory_id, and hides their edges.
+def kills(how: str, derived: MemoryRow) -> bool:
+    """Whether evidence gone this way (a retire's superseded_how, ERASED or TOMBSTONED) takes
+    down a row derived from it: a summary only when its text may hold a value forgotten or
+    deleted; an L5/L6 row whenever its evidence no longer stands."""
+    if derived.layer == SUMMARY:
+        return how in KILLS_SUMMARIES
+    return how in KILLS_DERIVED or how in ("", ERASED)
+
+
+def _gone_how(evidence: MemoryRow | None) -> str | None:
+    """How a row is gone as evidence (None: it stands)."""
+    if evidence is None:
+        return ERASED
+    if evidence.status == RETIRED:
+        return evidence.superseded_how
+    return TOMBSTONED if tombstones(evidence.metadata_json) else None
+
+
+async def retire_derived(w: Write, memory_id: str, how: str) -> None:
+    """Retires as stale the live rows resting on memory_id that its going this way kills, and
+    hides their edges.
 
     Also marks the entity page lines memory_id fed.
     """
     await _mark_pages(w, memory_id)
-    why = f"evidence {memory_id} was retired"
+    why = f"evidence {memory_id} was {how or 'retired'}"
     for row in await w.tx.derived_from(memory_id):
-        if row.status != ACTIVE:
+        if row.status != ACTIVE or not kills(how, row):
             continue
         await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
         for edge in await w.tx.edges_of_memories([row.id]):
@@ -198,7 +221,8 @@ async def retire_derived(w: Write, memory_id: str) -> None:
 
 
 async def restore_derived(w: Write, memory_id: str) -> None:
-    """Restores the stale rows resting on memory_id once all their evidence is live again.
+    """Restores the stale rows resting on memory_id once none of their evidence is gone in a
+    way that kills them (a Now page only while no newer one is live).
 
     Also clears the stale mark of page lines whose facts are all live.
     """
@@ -207,12 +231,19 @@ async def restore_derived(w: Write, memory_id: str) -> None:
         if row.status != RETIRED or row.superseded_how != "stale":
             continue
         evidence = [await w.tx.get(source) for source in row.source_ids]
-        if any(e is None or (e.status == RETIRED and e.superseded_how in KILLS_DERIVED)
-               for e in evidence):
+        if any((how := _gone_how(e)) is not None and kills(how, row) for e in evidence):
+            continue
+        if row.label == NOW_PAGE and await _live_now_page(w, row):
             continue
         await w.change(row, "restore", live_fields(), f"evidence {memory_id} was restored")
         for edge in await w.tx.edges_of_memories([row.id]):
             await w.tx.update_edge(edge.id, stale=0)
+
+
+async def _live_now_page(w: Write, page: MemoryRow) -> bool:
+    """Whether the page's owner has a live Now page (built after this one went stale)."""
+    pages = await w.tx.owner_rows(page.user_id, page.agent_id, SUMMARY, NOW_PAGE)
+    return any(p.status == ACTIVE for p in pages)
 
 
 async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
@@ -236,3 +267,4 @@ async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
                 metadata, lifted = without, True
         if lifted:
             await w.change(turn, "update", {"metadata": metadata}, reason)
+            await restore_derived(w, turn_id)

@@ -8,15 +8,13 @@ import uuid
 from dataclasses import dataclass, replace
 
 from services.store.index import IndexChanges
-from services.store.model import ACTIVE, RETIRED, MemoryRow
+from services.store.model import ACTIVE, ERASED, RETIRED, MemoryRow
 from services.store.rows import Writes
 from shared.layers import PREFERENCES
 from shared.text import value_key
 
 FACT_LAYER, PROFILE_LAYER = "l3_fact", "l1_profile"
 REASON = "profile mirror of a preference fact"
-# FactChange.how of a fact erased by a delete: its mirrors are erased too, never kept retired.
-ERASED = "erased"
 
 
 def is_preference_fact(row: MemoryRow | None) -> bool:

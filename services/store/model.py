@@ -24,8 +24,10 @@ SUPERSEDED_HOW = (
 # Retiring evidence this way takes what was derived from it down too (merges and restatements
 # keep the evidence's content alive in their successor).
 KILLS_DERIVED = frozenset({"replaced", "dropped", "done", "forgotten", "stale", "undone"})
-# Layers derived from facts: each row lists its evidence facts in source_ids.
-DERIVED_LAYERS = ("l5_knowledge", "l6_schema")
+SUMMARY = "l4_summary"
+"""The layer of summaries (the Now page, episodes): each row lists the rows it sums up."""
+DERIVED_LAYERS = (SUMMARY, "l5_knowledge", "l6_schema")
+"""Layers derived from other rows: each row lists its evidence in source_ids."""
 ACTIVE = "active"
 RETIRED = "retired"
 RAW = "l2_raw"
@@ -34,6 +36,13 @@ ENTITY = "l8_entity"
 """The layer of entity pages: lines of states, each resting on the turn and facts it came from."""
 FORGOTTEN = "forgotten"
 """How a row forgotten on request is retired (its value tombstoned on the turns it came from)."""
+ERASED = "erased"
+"""How evidence deleted for good is gone (no row is retired this way)."""
+TOMBSTONED = "tombstoned"
+"""How a turn that holds a forgotten value is gone as evidence (it stays live)."""
+KILLS_SUMMARIES = frozenset({FORGOTTEN, ERASED, TOMBSTONED})
+"""Evidence gone this way takes a summary of it down: its text may hold the value forgotten or
+deleted (a summary of a replaced or done row is only out of date, and rebuilt)."""
 REPLACED = "replaced"
 """How a row retired by a newer version of it given by hand (an edit) is."""
 OLD_VERSIONS = frozenset({REPLACED, "updated"})

@@ -18,6 +18,7 @@ import numpy as np
 from services.store import fulltext
 from services.store.model import (
     ACTIVE,
+    DERIVED_LAYERS,
     FORGOTTEN,
     RETIRED,
     AuditEntry,
@@ -120,6 +121,11 @@ _COLUMNS = (
 )
 OFF_CALENDAR = _off_calendar(_COLUMNS, "memories", DATES)
 _M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
+# The rows of the derived layers, to which a condition on their source_ids is added.
+DERIVED_ROWS = (
+    f"SELECT {_COLUMNS} FROM memories WHERE layer IN "
+    + "(" + ", ".join(f"'{layer}'" for layer in DERIVED_LAYERS) + ") AND "
+)
 _UPDATABLE = frozenset(
     {
         "content", "label", "count", "hits", "metadata", "model_id", "updated_at", "event_at",
@@ -448,10 +454,10 @@ class Tx:
         return [_row(r) for r in rows]
 
     async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L5, L6) that list memory_id among their evidence."""
+        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
         rows = await self._conn.execute_fetchall(
-            f"SELECT {_COLUMNS} FROM memories WHERE layer IN ('l5_knowledge', 'l6_schema') "
-            "AND EXISTS (SELECT 1 FROM json_each(memories.source_ids) WHERE value = ?)",
+            DERIVED_ROWS
+            + "EXISTS (SELECT 1 FROM json_each(memories.source_ids) WHERE value = ?)",
             (memory_id,),
         )
         return [_row(r) for r in rows]

@@ -103,7 +103,7 @@ class Writes(Protocol):
         ...
 
     async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L5, L6) that list memory_id among their evidence."""
+        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
         ...
 
     async def pages_citing(self, memory_id: str) -> list[MemoryRow]:

@@ -39,7 +39,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
     if kind == "insert" and row.status == ACTIVE:
         await w.change(row, "retire", retired_fields(w.now, w.actor, "undone", reason=why), why)
         undone.undone_ids.append(target)
-        await retire_derived(w, target)
+        await retire_derived(w, target, "undone")
         for edge in await w.tx.edges_of_memories([target]):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:

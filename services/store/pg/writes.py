@@ -20,6 +20,7 @@ from services.store.repo import (
     ADD_AUDIT,
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
+    DERIVED_ROWS,
     EDGES_OFF_CALENDAR,
     LAST_BEFORE,
     LIVE_EDGE,
@@ -225,11 +226,10 @@ class PgWrites:
         return [_row(r) for r in rows]
 
     async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L5, L6) that list memory_id among their evidence."""
+        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
         # Containment (@>), not jsonb's `?` operator: numbered() takes every `?` for a parameter.
         rows = await self._fetch(
-            f"SELECT {_COLUMNS} FROM memories WHERE layer IN ('l5_knowledge', 'l6_schema') "
-            "AND source_ids::jsonb @> jsonb_build_array(?::text)",
+            DERIVED_ROWS + "source_ids::jsonb @> jsonb_build_array(?::text)",
             memory_id,
         )
         return [_row(r) for r in rows]
