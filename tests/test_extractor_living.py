@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack, value_eventually
@@ -221,3 +223,101 @@ async def test_a_write_during_a_now_rebuild_gets_a_page_of_its_own_after_it(
         fake.answer = _answer
         gate.set()
 
+
+
+def now_pages_of(rows: list[Any]) -> list[tuple[str, str]]:
+    """(status, superseded_how) of each Now page among an owner's L4 rows, oldest first."""
+    return [(m.status, m.superseded_how) for m in rows if m.label == "now_page"]
+
+
+def asked_for(fake: FakeLlm, since: int, kind: str) -> list[Recorded]:
+    """The requests for a Now page or an episode ("Now page", "episode of work") since then."""
+    return [r for r in fake.requests[since:] if kind in str(r.body["messages"][0]["content"])]
+
+
+async def test_a_forgotten_fact_takes_the_now_page_with_it_and_the_next_one_leaves_it_out(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-fg1", {"facts": [{"text": "Hank's safe combination is 31-22-17"}]})
+    await api.add("m-fg1 My safe combination is 31-22-17.", user)
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await assert_eventually(paged)
+    since = len(fake.requests)
+    body = await api.ok("POST", "/api/v1/forget",
+                        json={"text": "Hank's safe combination is 31-22-17", "user_id": user})
+    assert body["forgotten"] == 1
+    assert now_pages_of(await api.rows(user, "l4_summary")) == [("retired", "stale")]
+    found = await api.ok("POST", "/api/v1/search",
+                         json={"query": "safe combination", "user_id": user})
+    assert "now" not in found and "now" not in found["order"]
+
+    fake.on("m-fg2", {"facts": [{"text": "Hank walks his dog at noon"}]})
+    await api.add("m-fg2 I walk the dog at noon.", user)
+
+    async def rebuilt() -> None:
+        pages = now_pages_of(await api.rows(user, "l4_summary"))
+        assert pages == [("retired", "stale"), ("active", "")]
+
+    await assert_eventually(rebuilt)
+    asked = asked_for(fake, since, "Now page")
+    assert asked and not any("31-22-17" in r.user_message for r in asked)
+
+
+async def test_a_rebuild_that_finds_nothing_live_retires_the_now_page(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-none1", {"intentions": [{"text": "Ines will renew her passport"}]})
+    await api.add("m-none1 I will renew my passport.", user)
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await assert_eventually(paged)
+    (plan,) = await api.rows(user, "l7_intention")
+    done = store_pb2.Op(retire=store_pb2.RetireOp(id=plan.id, superseded_how="done"))
+    async with open_channel(api.store_address) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+            scope=common_pb2.Scope(user_id=user), ops=[done], actor="api"), timeout=10)
+    assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await api.add("m-none2 Nothing new today.", user)  # extracts nothing: the page is rebuilt
+
+    async def retired() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("retired", "stale")]
+
+    await assert_eventually(retired)
+
+
+async def test_an_episode_is_summed_up_without_a_turn_holding_a_forgotten_value(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-epf1", {"facts": [{"text": "Ivy's locker code is 9090"}]})
+    secret = await api.add("m-epf1 Ivy's locker code is 9090.", user)
+
+    async def extracted() -> None:
+        assert [f.content for f in await api.rows(user, "l3_fact")] == [
+            "Ivy's locker code is 9090"]
+
+    await assert_eventually(extracted)
+    body = await api.ok("POST", "/api/v1/forget",
+                        json={"text": "Ivy's locker code is 9090", "user_id": user})
+    assert body["evidence_ids"] == [secret["memory_id"]]
+    since = len(fake.requests)
+    later = await api.add("m-epf2 Ivy tidied the locker room.", user)
+
+    # The turn is live but holds the value's tombstone: the episode after the forget leaves
+    # it out (one summed up before the forget, on a slow machine, is retired by it).
+    async def summed_up() -> None:
+        live = await api.rows(user, "l4_summary", retired=False)
+        assert [list(m.source_ids) for m in live if m.label == "episode"] == [
+            [later["memory_id"]]]
+
+    await assert_eventually(summed_up)
+    asked = asked_for(fake, since, "episode of work")
+    assert asked and not any("9090" in r.user_message for r in asked)

@@ -14,15 +14,17 @@ from typing import Any
 from services.extractor.prompt import cap_utf8
 from shared.dates import day
 from shared.grants import service_context
+from shared.layers import NOW_PAGE
 from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op
+from shared.tombstones import tombstones
 
 log = logging.getLogger(__name__)
 
 ACTOR = "extractor"
-NOW_LABEL = "now_page"
+NOW_LABEL = NOW_PAGE
 EPISODE_LABEL = "episode"
 LLM_MODES = ("pro", "ultra")
 EPISODE_LOOKBACK_S = 7 * 24 * 3600.0
@@ -153,6 +155,7 @@ class Living:
         facts = [f for f in await live(common_pb2.L3_FACT, 20) if f.label != "task_experience"]
         pages = await live(common_pb2.L8_ENTITY, 5)
         if not intentions and not facts:
+            await self._retire_now_pages(scope)
             return None
         lines = [f"Today is {day(time.time())}."]
         lines.append("Open intentions:")
@@ -174,10 +177,7 @@ class Living:
         text = reply.get("now")
         if not isinstance(text, str) or not text.strip():
             raise LlmMalformed("the Now page reply has no text")
-        summaries = await self.store.all_rows(
-            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L4_SUMMARY])
-        )
-        old = [m for m in summaries if m.label == NOW_LABEL]
+        old = await self._now_pages(scope)
         new = store_pb2.NewMemory(
             owner=common_pb2.Owner(user_id=user_id, agent_id=agent_id),
             layer=common_pb2.L4_SUMMARY,
@@ -192,6 +192,21 @@ class Living:
         applied = await self.store.apply(scope, ops, ACTOR, "now page")
         self.now_pages += 1
         return applied[0]
+
+    async def _now_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
+        """The owner's live Now pages."""
+        summaries = await self.store.all_rows(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L4_SUMMARY])
+        )
+        return [m for m in summaries if m.label == NOW_LABEL]
+
+    async def _retire_now_pages(self, scope: common_pb2.Scope) -> None:
+        """Retires the owner's live Now pages as stale when nothing live is left to sum up (a
+        page left live would show what is done, dropped or gone)."""
+        why = "nothing live to sum up"
+        ops = [retire_op(m.id, "stale", reason=why) for m in await self._now_pages(scope)]
+        if ops:
+            await self.store.apply(scope, ops, ACTOR, f"now page: {why}")
 
     async def drain(self) -> None:
         """Cancels Now pages still waiting for their turn."""
@@ -224,7 +239,9 @@ class Living:
         )
         owners: dict[tuple[str, str], list[common_pb2.Memory]] = {}
         for raw in raws:
-            if raw.write_mode in LLM_MODES:
+            # A turn holding a forgotten value is no evidence for a summary (retired turns are
+            # not listed).
+            if raw.write_mode in LLM_MODES and not tombstones(raw.metadata_json):
                 key = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
                 owners.setdefault(key, []).append(raw)
         written = 0
