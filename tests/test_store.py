@@ -2089,6 +2089,20 @@ async def test_a_delete_retires_the_summaries_of_the_row_and_a_newer_now_page_st
         ("now_page", "retired", "stale")]
 
 
+async def test_a_summary_written_after_its_evidence_was_forgotten_is_retired_as_it_is_written(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (fact,) = await apply(store, insert("Hank's safe combination is 31-22-17"))
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact.id))
+    # A Now page whose rebuild read the fact before the forget, written after it.
+    (page,) = await apply(store, insert("Now: Hank's safe opens with 31-22-17", layer=L4,
+                                        label="now_page", source_ids=[fact.id]))
+    assert (page.status, page.superseded_how) == ("retired", "stale")
+    assert await listed(store, layers=[L4]) == []
+    await apply(store, restore(fact.id))
+    assert await summaries(store) == [("now_page", "active", "")]
+
+
 # --- the L1 profile mirror of preference facts, kept by the store ----------------------------
 
 L1 = common_pb2.L1_PROFILE

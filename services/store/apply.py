@@ -16,6 +16,7 @@ from services.store.cascade import (
     restate,
     restore_derived,
     retire_derived,
+    retire_if_stillborn,
     settle,
 )
 from services.store.core import (
@@ -153,7 +154,7 @@ async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:
         w.facts_changed.append(FactChange(row, live=True))
     if op.restates_at > 0:
         run.restating.append((row, vector, op.restates_at))
-    return row
+    return await retire_if_stillborn(w, row)
 
 
 async def _set_state(run: _Apply, i: int, op: SetState) -> MemoryRow | None:

@@ -220,6 +220,20 @@ async def retire_derived(w: Write, memory_id: str, how: str) -> None:
             await w.tx.update_edge(edge.id, stale=1)
 
 
+async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
+    """Retires as stale a new summary whose evidence went (forgotten, deleted) while it was
+    being written, as that going would have had it been written first; the row as it is now."""
+    if row.layer != SUMMARY:
+        return row
+    for source in row.source_ids:
+        how = _gone_how(await w.tx.get(source))
+        if how is not None and kills(how, row):
+            why = f"evidence {source} was {how}"
+            fields = retired_fields(w.now, w.actor, "stale", reason=why)
+            return await w.change(row, "retire", fields, why) or row
+    return row
+
+
 async def restore_derived(w: Write, memory_id: str) -> None:
     """Restores the stale rows resting on memory_id once none of their evidence is gone in a
     way that kills them (a Now page only while no newer one is live).
