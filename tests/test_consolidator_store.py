@@ -133,6 +133,32 @@ async def test_graph_as_of_shows_an_ended_edge_before_its_end_only(
     assert after == []
 
 
+async def lose_evidence(stub: store_pb2_grpc.StoreStub, how: str, fact_id: str) -> None:
+    """Forgets or deletes one fact."""
+    if how == "forget":
+        await stub.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact_id))
+    else:
+        await apply(stub, store_pb2.Op(delete=store_pb2.DeleteOp(id=fact_id)))
+
+
+@pytest.mark.parametrize("how", ["forget", "delete"])
+async def test_graph_as_of_leaves_out_an_edge_whose_evidence_is_forgotten_or_erased(
+    store: store_pb2_grpc.StoreStub, how: str
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+        edge("$k", raw_ids, fact_ids),
+    )
+    (made,) = await edges(store)
+    await lose_evidence(store, how, fact_ids[0])
+
+    assert await edges(store, as_of=made.recorded_at) == []
+    (hidden,) = await edges(store, as_of=made.recorded_at, include_stale=True)
+    assert (hidden.id, hidden.stale) == (made.id, True)
+
+
 async def test_undo_reverts_every_change_of_a_pass_and_nothing_else(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -818,7 +818,10 @@ class SharedReads:
             where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
             params.extend([as_of, as_of])
         elif not include_stale:
-            where.append("stale = 0 AND invalidated_at IS NULL")
+            where.append("invalidated_at IS NULL")
+        if not include_stale:
+            # Its evidence is forgotten or erased now: hidden from the graph at any time.
+            where.append("stale = 0")
         clause = _where(where)
         rows = await self._fetch(
             f"SELECT {_EDGE_COLUMNS} FROM graph_edges {clause} ORDER BY seq DESC LIMIT ? OFFSET ?",
