@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
-from tests.test_store import apply, insert, listed, scope, serving_store
+from tests.test_store import apply, insert, listed, raises_code, run_sql, scope, serving_store
 
 L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
 L5, L6 = common_pb2.L5_KNOWLEDGE, common_pb2.L6_SCHEMA
@@ -51,6 +51,14 @@ async def two_turns_two_facts(stub: store_pb2_grpc.StoreStub) -> tuple[list[str]
         insert("Foxtrot moved to Postgres 16", source_ids=[raw_ids[1]]),
     )
     return raw_ids, [f.id for f in facts]
+
+
+async def lose_evidence(stub: store_pb2_grpc.StoreStub, how: str, fact_id: str) -> None:
+    """Forgets or deletes one fact."""
+    if how == "forget":
+        await stub.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact_id))
+    else:
+        await apply(stub, store_pb2.Op(delete=store_pb2.DeleteOp(id=fact_id)))
 
 
 async def test_an_edge_needs_two_distinct_turns_and_nothing_of_the_apply_lands_otherwise(
@@ -100,6 +108,55 @@ async def test_retiring_evidence_makes_the_edge_and_schema_stale_and_restoring_b
         assert got.memory.status == "active"
 
 
+async def knowledge_over_two_facts(stub: store_pb2_grpc.StoreStub) -> tuple[str, list[str]]:
+    """An L5 row and its edge resting on two facts: the row's id and the facts'."""
+    raw_ids, fact_ids = await two_turns_two_facts(stub)
+    (knowledge, _) = await apply(
+        stub,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+        edge("$k", raw_ids, fact_ids),
+    )
+    return knowledge.id, fact_ids
+
+
+async def status_of(stub: store_pb2_grpc.StoreStub, memory_id: str) -> tuple[str, str]:
+    got = await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=memory_id))
+    return got.memory.status, got.memory.superseded_how
+
+
+@pytest.mark.parametrize(("how", "gone"), [("forget", "forgotten"), ("delete", "erased")])
+async def test_a_stale_row_is_not_restored_while_its_evidence_is_gone(
+    store: store_pb2_grpc.StoreStub, how: str, gone: str
+) -> None:
+    knowledge, fact_ids = await knowledge_over_two_facts(store)
+    await lose_evidence(store, how, fact_ids[0])
+
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+        await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=knowledge)))
+    assert f"rests on {fact_ids[0]!r}, which is {gone}" in info.value.details()
+    assert await status_of(store, knowledge) == ("retired", "stale")
+    assert await edges(store) == []
+
+
+async def test_restoring_the_evidence_of_a_row_restored_over_it_unmarks_its_edge(
+    tmp_path: Path, embedder_address: str, store_backend: str
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        knowledge, fact_ids = await knowledge_over_two_facts(stub)
+        await lose_evidence(stub, "forget", fact_ids[0])
+    # As a store before the restore check left it: the row restored, its evidence forgotten.
+    await run_sql(
+        tmp_path,
+        store_backend,
+        "UPDATE memories SET status = 'active', invalid_at = NULL, superseded_how = '' "
+        f"WHERE id = '{knowledge}'",
+    )
+    async with serving_store(tmp_path, embedder_address) as stub:
+        assert await edges(stub) == []
+        await apply(stub, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+        assert [e.memory_id for e in await edges(stub)] == [knowledge]
+
+
 async def test_a_merge_of_evidence_leaves_the_edge_live(store: store_pb2_grpc.StoreStub) -> None:
     raw_ids, fact_ids = await two_turns_two_facts(store)
     await apply(
@@ -131,14 +188,6 @@ async def test_graph_as_of_shows_an_ended_edge_before_its_end_only(
     after = await edges(store, as_of=ended.invalidated_at + 1)
     assert [e.id for e in before] == [made.id]
     assert after == []
-
-
-async def lose_evidence(stub: store_pb2_grpc.StoreStub, how: str, fact_id: str) -> None:
-    """Forgets or deletes one fact."""
-    if how == "forget":
-        await stub.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact_id))
-    else:
-        await apply(stub, store_pb2.Op(delete=store_pb2.DeleteOp(id=fact_id)))
 
 
 @pytest.mark.parametrize("how", ["forget", "delete"])

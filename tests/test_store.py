@@ -390,14 +390,16 @@ async def _as_stored_before_dates_were_checked(
 ) -> None:
     """Gives a row dates off the calendar (as a store took them before it range-checked dates)
     and takes the store back to before it checked its dates."""
-    await _run_sql(data_dir, store_backend, [
+    await run_sql(
+        data_dir,
+        store_backend,
         f"UPDATE memories SET event_at = 1e13, due_at = -1e12 WHERE id = '{memory_id}'",
         f"DELETE FROM store_meta WHERE key = '{off_calendar.CHECKED}'",
-    ])
+    )
 
 
-async def _run_sql(data_dir: Path, store_backend: str, statements: list[str]) -> None:
-    """Runs statements on a closed store's database, whichever backend holds it."""
+async def run_sql(data_dir: Path, store_backend: str, *statements: str) -> None:
+    """Runs statements on the database of a stopped store in data_dir, on either backend."""
     if store_backend == "sqlite":
         with contextlib.closing(sqlite3.connect(data_dir / "hyatlas.db")) as db, db:
             for statement in statements:
@@ -442,17 +444,19 @@ async def test_edge_dates_stored_off_the_calendar_are_cleared_at_open_once(
             owner=common_pb2.Owner(user_id="alice"), subject="Ann", relation="lives in",
             object="Porto", source_ids=[r.id for r in raws], valid_from=1.7e9, valid_to=1.8e9)))
     # A store whose rows were checked before its edges were: only the edges' check is to come.
-    await _run_sql(tmp_path, store_backend, [
+    await run_sql(
+        tmp_path,
+        store_backend,
         "UPDATE graph_edges SET valid_from = 1e13",
         f"DELETE FROM store_meta WHERE key = '{off_calendar.EDGES_CHECKED}'",
-    ])
+    )
 
     async with serving_store(tmp_path, embedder_address) as stub:
         (edge,) = (await stub.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))).edges
     assert not edge.HasField("valid_from") and edge.valid_to == 1.8e9
     assert (edge.subject, edge.relation, edge.object) == ("Ann", "lives in", "Porto")
     # Once: a date off the calendar stored after the check is not looked for at the next open.
-    await _run_sql(tmp_path, store_backend, ["UPDATE graph_edges SET valid_from = 1e13"])
+    await run_sql(tmp_path, store_backend, "UPDATE graph_edges SET valid_from = 1e13")
     async with serving_store(tmp_path, embedder_address) as stub:
         (edge,) = (await stub.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))).edges
     assert edge.valid_from == 1e13

@@ -254,8 +254,9 @@ async def _delete_one(
 @routes.post("/api/v1/restore")
 @writes
 async def restore(request: web.Request) -> web.Response:
-    """Brings one of the owner's retired rows back (409 while what replaced it is live). A
-    forgotten row's value is taken off the tombstones its forget left."""
+    """Brings one of the owner's retired rows back (409 while what replaced it is live, or
+    while the evidence of a derived row is gone). A forgotten row's value is taken off the
+    tombstones its forget left."""
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     if not memory_id:
@@ -285,7 +286,7 @@ async def restore(request: web.Request) -> web.Response:
         current = await store.GetMemory(
             store_pb2.GetMemoryRequest(scope=scope, id=memory_id), timeout=rpc_timeout(request)
         )
-        if current.memory.status != "active":  # its replacement is live
+        if current.memory.status != "active":  # still retired: the store said why
             raise
         # Restored by someone else meanwhile: the row as it is.
         return json_response({"restored": False, "memory": list_items([current.memory])[0]})

@@ -11,19 +11,20 @@ from typing import Any
 import numpy as np
 
 from services.store.cascade import (
+    dead_evidence,
     fact_changes,
     lift_tombstones,
     restate,
     restore_derived,
     retire_derived,
     retire_if_stillborn,
+    revive,
     settle,
 )
 from services.store.core import (
     DEFAULT_ACTOR,
     Core,
     Write,
-    live_fields,
     retired_fields,
     target,
 )
@@ -34,6 +35,7 @@ from services.store.keys import passage_of
 from services.store.mirrors import FactChange, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    DERIVED_LAYERS,
     ERASED,
     FORGOTTEN,
     OLD_VERSIONS,
@@ -237,7 +239,13 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
             f"op {i}: memory {op.id!r} cannot be restored: its replacement {live.id!r} is "
             "live: forget or delete it first"
         )
-    after = await w.change(before, "restore", live_fields(), run.reason)
+    if before.layer in DERIVED_LAYERS and (dead := await dead_evidence(w, before)) is not None:
+        # Live again over evidence still gone, it would bring a forgotten value back.
+        raise Conflict(
+            f"op {i}: memory {op.id!r} cannot be restored: it rests on {dead[0]!r}, which is "
+            f"{dead[1]}: restore that instead, and this comes back with it"
+        )
+    after = await revive(w, before, run.reason)
     await restore_derived(w, op.id)
     if before.superseded_how == FORGOTTEN:
         await lift_tombstones(w, before, run.reason)

@@ -122,10 +122,7 @@ async def _mark_pages(w: Write, memory_id: str) -> None:
             row = await w.tx.get(cited_id)
             if row is None or (row.status == RETIRED and row.superseded_how == FORGOTTEN):
                 gone.add(cited_id)
-            if row is None or (
-                row.status == RETIRED
-                and (row.superseded_how in KILLS_DERIVED or not row.superseded_how)
-            ):
+            if (how := _gone_how(row)) is not None and kills(how, page):
                 dead.add(cited_id)
         if not mark_lines(meta, memory_id, dead, gone):
             continue
@@ -223,34 +220,54 @@ async def retire_derived(w: Write, memory_id: str, how: str) -> None:
 async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
     """Retires as stale a new summary whose evidence went (forgotten, deleted) while it was
     being written, as that going would have had it been written first; the row as it is now."""
-    if row.layer != SUMMARY:
+    if row.layer != SUMMARY or (dead := await dead_evidence(w, row)) is None:
         return row
-    for source in row.source_ids:
-        how = _gone_how(await w.tx.get(source))
-        if how is not None and kills(how, row):
-            why = f"evidence {source} was {how}"
-            fields = retired_fields(w.now, w.actor, "stale", reason=why)
-            return await w.change(row, "retire", fields, why) or row
-    return row
+    why = f"evidence {dead[0]} was {dead[1]}"
+    fields = retired_fields(w.now, w.actor, "stale", reason=why)
+    return await w.change(row, "retire", fields, why) or row
 
 
 async def restore_derived(w: Write, memory_id: str) -> None:
     """Restores the stale rows resting on memory_id once none of their evidence is gone in a
     way that kills them (a Now page only while no newer one is live).
 
-    Also clears the stale mark of page lines whose facts are all live.
+    Also clears the stale mark of page lines whose facts are all live, and of the edges of a
+    row live already (a store before the restore refused it let a stale row be restored over
+    evidence still retired, its edge left stale).
     """
     await _mark_pages(w, memory_id)
     for row in await w.tx.derived_from(memory_id):
-        if row.status != RETIRED or row.superseded_how != "stale":
+        if row.status == RETIRED and row.superseded_how != "stale":
             continue
-        evidence = [await w.tx.get(source) for source in row.source_ids]
-        if any((how := _gone_how(e)) is not None and kills(how, row) for e in evidence):
+        if await dead_evidence(w, row) is not None:
             continue
-        if row.label == NOW_PAGE and await _live_now_page(w, row):
-            continue
-        await w.change(row, "restore", live_fields(), f"evidence {memory_id} was restored")
-        for edge in await w.tx.edges_of_memories([row.id]):
+        if row.status == ACTIVE:
+            await _unmark_edges(w, row)
+        elif not (row.label == NOW_PAGE and await _live_now_page(w, row)):
+            await revive(w, row, f"evidence {memory_id} was restored")
+
+
+async def dead_evidence(w: Write, row: MemoryRow) -> tuple[str, str] | None:
+    """The first of a derived row's evidence that keeps it down, and how it went (erased,
+    forgotten, ...), as kills says for this row; None when none of it does."""
+    for source in dict.fromkeys(row.source_ids):
+        how = _gone_how(await w.tx.get(source))
+        if how is not None and kills(how, row):
+            return source, how or "retired"
+    return None
+
+
+async def revive(w: Write, row: MemoryRow, reason: str) -> MemoryRow | None:
+    """Makes a retired row live again; the edges resting on it are no longer stale."""
+    after = await w.change(row, "restore", live_fields(), reason)
+    await _unmark_edges(w, row)
+    return after
+
+
+async def _unmark_edges(w: Write, row: MemoryRow) -> None:
+    """Clears the stale mark of the edges resting on a live row."""
+    for edge in await w.tx.edges_of_memories([row.id]):
+        if edge.stale:
             await w.tx.update_edge(edge.id, stale=0)
 
 

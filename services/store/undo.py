@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from services.store.cascade import restore_derived, retire_derived, settle
-from services.store.core import DEFAULT_ACTOR, Core, Write, live_fields, retired_fields
+from services.store.cascade import restore_derived, retire_derived, revive, settle
+from services.store.core import DEFAULT_ACTOR, Core, Write, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
 from services.store.model import ACTIVE, FORGOTTEN, RETIRED, MemoryRow, Undone
 from shared.errors import InvalidArgument, NotFound
@@ -46,7 +46,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         if row.superseded_how == FORGOTTEN or not await _successor_stands(w, undone, row):
             undone.kept_ids.append(target)
             return
-        await w.change(row, "restore", live_fields(), why)
+        await revive(w, row, why)
         undone.restored_ids.append(target)
         await restore_derived(w, target)
     else:
