@@ -191,6 +191,21 @@ def test_intention_a_day_past_due_is_not_returned(seeded: Seeded) -> None:
     assert channel(reply, "proactive") == [seeded.ids["due"]]
 
 
+def test_a_row_no_longer_true_is_not_returned(seeded: Seeded) -> None:
+    now, l5 = time.time(), common_pb2.L5_KNOWLEDGE
+    _, current, ending = apply(
+        seeded.stack,
+        "carol",
+        [
+            new_memory("carol", l5, "Foxtrot uses Postgres 15", valid_to=now - DAY),
+            new_memory("carol", l5, "Foxtrot uses Postgres 16"),
+            new_memory("carol", l5, "Foxtrot uses Redis 7", valid_to=now + DAY),
+        ],
+    )
+    reply = search(seeded.address, "what Foxtrot uses", "carol", min_score=0.0, limit=20)
+    assert sorted(i.memory.id for i in items(reply)) == sorted([current.id, ending.id])
+
+
 def test_asking_for_a_layer_restricts_the_results(seeded: Seeded) -> None:
     reply = search(seeded.address, "golden retriever", layers=[common_pb2.L8_ENTITY], min_score=0.0)
     assert [i.memory.id for i in items(reply)] == [seeded.ids["page"]]

@@ -149,6 +149,8 @@ class Candidate:
     created_at: float = 0.0
     due_at: float | None = None
     event_at: float | None = None
+    valid_to: float | None = None
+    """When it stopped being true in the world, if it did (an L5 relation whose edge ended)."""
     source_ids: tuple[str, ...] = ()
     """The rows it was derived from (for an L6 schema: its evidence facts)."""
     hits: int = 0

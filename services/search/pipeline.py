@@ -68,6 +68,7 @@ class Pipeline:
 PLAIN_PIPELINE = Pipeline(
     (
         Stage("fuse", stages.fuse),
+        Stage("ended", stages.drop_ended),
         Stage("intention_ttl", stages.drop_stale_intentions),
         Stage("now_apart", stages.drop_now_pages),
         Stage("dedupe", stages.drop_repeated_text),
@@ -88,6 +89,7 @@ LITE_PIPELINE = Pipeline(
         Stage("first_person", ranking.favour_the_owner),
         Stage("recency", ranking.boost_recency),
         Stage("usage", ranking.boost_usage),
+        Stage("ended", stages.drop_ended),
         Stage("intention_ttl", stages.drop_stale_intentions),
         Stage("now_apart", stages.drop_now_pages),
         Stage("dedupe", stages.drop_repeated_text),

@@ -35,6 +35,11 @@ def drop_stale_intentions(ranked: list[Candidate], ctx: SearchContext) -> list[C
     return [c for c in ranked if intention_is_live(c, ctx.now, ctx.intention_ttl_s)]
 
 
+def drop_ended(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """Drops rows no longer true: their valid_to has passed (a relation whose edge ended)."""
+    return [c for c in ranked if c.valid_to is None or c.valid_to > ctx.now]
+
+
 def drop_now_pages(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Leaves Now pages out of the channels: the response carries the owner's own apart."""
     return [c for c in ranked if not (c.layer == "l4_summary" and c.label == NOW_PAGE_LABEL)]
