@@ -108,13 +108,15 @@ async def test_retiring_evidence_makes_the_edge_and_schema_stale_and_restoring_b
         assert got.memory.status == "active"
 
 
-async def knowledge_over_two_facts(stub: store_pb2_grpc.StoreStub) -> tuple[str, list[str]]:
+async def knowledge_over_two_facts(
+    stub: store_pb2_grpc.StoreStub, **edge_fields: Any
+) -> tuple[str, list[str]]:
     """An L5 row and its edge resting on two facts: the row's id and the facts'."""
     raw_ids, fact_ids = await two_turns_two_facts(stub)
     (knowledge, _) = await apply(
         stub,
         insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
-        edge("$k", raw_ids, fact_ids),
+        edge("$k", raw_ids, fact_ids, **edge_fields),
     )
     return knowledge.id, fact_ids
 
@@ -206,6 +208,36 @@ async def test_graph_as_of_leaves_out_an_edge_whose_evidence_is_forgotten_or_era
     assert await edges(store, as_of=made.recorded_at) == []
     (hidden,) = await edges(store, as_of=made.recorded_at, include_stale=True)
     assert (hidden.id, hidden.stale) == (made.id, True)
+
+
+def end(edge_id: str, **fields: Any) -> store_pb2.Op:
+    return store_pb2.Op(end_edge=store_pb2.EndEdgeOp(id=edge_id, **fields))
+
+
+async def test_an_ended_edge_ends_its_row_and_undoing_the_pass_puts_both_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    knowledge, _ = await knowledge_over_two_facts(store)
+    (made,) = await edges(store)
+    await apply(store, end(made.id, valid_to=1_750_000_000.0, pass_id="p-end"))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=knowledge))
+    assert (got.memory.status, got.memory.valid_to) == ("active", 1_750_000_000.0)
+
+    await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-end", actor="api"))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=knowledge))
+    assert not got.memory.HasField("valid_to")
+    assert [e.id for e in await edges(store)] == [made.id]
+
+
+async def test_an_edge_cannot_end_before_it_began(store: store_pb2_grpc.StoreStub) -> None:
+    knowledge, _ = await knowledge_over_two_facts(store, valid_from=1_768_435_200.0)
+    (made,) = await edges(store)
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+        await apply(store, end(made.id, valid_to=1_748_736_000.0))
+    assert "cannot end (2025-06-01T00:00:00Z) before it began (2026-01-15" in info.value.details()
+    assert [e.id for e in await edges(store)] == [made.id]
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=knowledge))
+    assert not got.memory.HasField("valid_to")
 
 
 async def test_undo_reverts_every_change_of_a_pass_and_nothing_else(

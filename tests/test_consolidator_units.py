@@ -79,7 +79,7 @@ def test_a_cluster_is_due_only_when_its_members_changed_and_a_rebuild_keeps_prog
 
 def test_an_op_naming_a_number_not_shown_is_dropped_and_the_rest_kept() -> None:
     reply = {**FULL, "drops": [{"fact": 7, "reason": "old"}, {"fact": "[2]", "reason": "old"}]}
-    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], 0)
+    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], [])
     assert [d.fact for d in plan.drops] == [1]
     assert any("not shown" in why for why in plan.refused)
 
@@ -90,7 +90,7 @@ def test_a_drop_needs_a_reason_and_a_fact_is_used_once() -> None:
         "merges": [{"facts": [1, 2], "text": "x"}],
         "drops": [{"fact": 1, "reason": "dup"}, {"fact": 3}],
     }
-    plan = read_plan(reply, KEYS, [["t1"], ["t2"], ["t3"]], 0)
+    plan = read_plan(reply, KEYS, [["t1"], ["t2"], ["t3"]], [])
     assert len(plan.merges) == 1 and plan.drops == []
     assert len(plan.refused) == 2
 
@@ -98,7 +98,7 @@ def test_a_drop_needs_a_reason_and_a_fact_is_used_once() -> None:
 def test_an_edge_from_one_turn_is_refused_and_from_two_kept() -> None:
     edge = {"subject": "A", "relation": "uses", "object": "B"}
     reply = {**FULL, "edges": [{**edge, "facts": [1, 2]}, {**edge, "facts": [2, 3]}]}
-    plan = read_plan(reply, KEYS, [["t1"], ["t1"], ["t2"]], 0)
+    plan = read_plan(reply, KEYS, [["t1"], ["t1"], ["t2"]], [])
     assert [e.facts for e in plan.edges] == [(1, 2)]
     assert any("one turn only" in why for why in plan.refused)
 
@@ -113,7 +113,7 @@ def test_an_edge_from_one_turn_is_refused_and_from_two_kept() -> None:
 )
 def test_a_partial_reply_is_refused_whole(reply: dict[str, object]) -> None:
     with pytest.raises(PartialReply):
-        read_plan(reply, KEYS, [["t1"], ["t2"]], 0)
+        read_plan(reply, KEYS, [["t1"], ["t2"]], [])
 
 
 def test_with_the_graph_off_the_prompt_asks_for_no_edges_and_no_arc() -> None:
@@ -284,9 +284,18 @@ def test_an_edge_date_past_the_calendar_in_utc_is_dropped_and_the_edge_kept() ->
         "edges": [{**edge, "valid_from": PAST_THE_CALENDAR}],
         "end_edges": [{"edge": "E1", "valid_to": PAST_THE_CALENDAR}],
     }
-    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], 1)
+    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], [None])
     assert [e.valid_from for e in plan.edges] == [None]
     assert [e.valid_to for e in plan.end_edges] == [None]
+
+
+def test_an_end_before_the_edge_began_is_refused_and_the_other_ends_kept() -> None:
+    end = {"valid_to": "2025-06-01"}
+    reply = {**FULL, "end_edges": [{"edge": "E1", **end}, {"edge": "E2", **end}, {"edge": "E3"}]}
+    began = [1768435200.0, None, 1768435200.0]  # 2026-01-15, unknown, 2026-01-15
+    plan = read_plan(reply, KEYS, [["t1"], ["t2"]], began)
+    assert [e.edge for e in plan.end_edges] == [1, 2]
+    assert [why.split(":")[0] for why in plan.refused] == ["end_edge E1"]
 
 
 def test_a_stored_date_no_calendar_shows_gives_way_to_the_day_the_fact_was_stored() -> None:

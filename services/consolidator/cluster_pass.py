@@ -167,7 +167,7 @@ async def _ask(
         reply,
         reply_keys(graph, ask_arc),
         [list(f.source_ids) for f in facts],
-        len(shown.edges),
+        [e.valid_from if e.HasField("valid_from") else None for e in shown.edges],
     )
 
 

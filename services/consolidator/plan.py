@@ -88,12 +88,14 @@ def read_plan(
     reply: dict[str, Any],
     keys: Sequence[str],
     sources: Sequence[Sequence[str]],
-    edges_shown: int,
+    edges_from: Sequence[float | None],
 ) -> Plan:
-    """Checks a reply against the facts shown (sources[i]: the turns behind fact i+1).
+    """Checks a reply against the facts shown (sources[i]: the turns behind fact i+1) and the
+    edges shown (edges_from[i]: when edge i+1 began, if known).
 
     A missing key or a key of the wrong type is a PartialReply; an op naming a number that was
-    not shown, reusing a fact, or lacking what it needs is refused and listed.
+    not shown, reusing a fact, lacking what it needs or ending an edge before it began is
+    refused and listed.
     """
     for key in keys:
         if key not in reply:
@@ -101,7 +103,7 @@ def read_plan(
         wanted = str if key == "arc" else list
         if not isinstance(reply[key], wanted):
             raise PartialReply(f"{key!r} is not a {wanted.__name__}")
-    reader = _PlanReader(sources, edges_shown)
+    reader = _PlanReader(sources, edges_from)
     reader.merges(reply.get("merges", []))
     reader.drops(reply.get("drops", []))
     reader.schemas(reply.get("schemas", []))
@@ -114,10 +116,12 @@ def read_plan(
 class _PlanReader:
     """Checks each op of one reply; a fact serves one merge or drop at most."""
 
-    def __init__(self, sources: Sequence[Sequence[str]], edges_shown: int) -> None:
+    def __init__(
+        self, sources: Sequence[Sequence[str]], edges_from: Sequence[float | None]
+    ) -> None:
         self.plan = Plan()
         self.sources = sources
-        self.edges_shown = edges_shown
+        self.edges_from = edges_from
         self.used: set[int] = set()
 
     def refuse(self, why: str) -> None:
@@ -199,10 +203,14 @@ class _PlanReader:
     def end_edges(self, items: list[Any]) -> None:
         for item in items:
             n = _edge_number(item.get("edge")) if isinstance(item, dict) else None
-            if n is None or not 1 <= n <= self.edges_shown:
+            if n is None or not 1 <= n <= len(self.edges_from):
                 self.refuse(f"end_edge: names an edge that was not shown: {item!r:.80}")
+                continue
+            began, ends = self.edges_from[n - 1], parse_date(item.get("valid_to"))
+            if began is not None and ends is not None and ends < began:
+                self.refuse(f"end_edge E{n}: ends before it began: {item!r:.80}")
             else:
-                self.plan.end_edges.append(EndEdge(n - 1, parse_date(item.get("valid_to"))))
+                self.plan.end_edges.append(EndEdge(n - 1, ends))
 
 
 Pattern = tuple[str, tuple[int, ...]]

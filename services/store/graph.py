@@ -12,6 +12,7 @@ from services.store.core import Core, Write, target
 from services.store.model import Edge, EndEdge, PutEdge, Reach
 from services.store.rows import Rows
 from services.store.validate import check_ids, page_offset, page_size
+from shared.dates import rfc3339
 from shared.errors import InvalidArgument, NotFound
 from shared.text import edge_key
 
@@ -63,18 +64,28 @@ async def _more_evidence(w: Write, existing: Edge, op: PutEdge) -> None:
 
 
 async def end_edge(w: Write, reach: Reach, op: EndEdge, where: str) -> None:
-    """Ends a live edge: no longer true from valid_to (or now), learned now."""
+    """Ends a live edge: no longer true from valid_to (or now), learned now. Its L5 row is true
+    until then too (search leaves out what is no longer true)."""
     edge = await w.tx.get_edge(op.id)
     if edge is None or not reach.contains(edge.user_id, edge.agent_id):
         raise NotFound(f"{where}: edge {op.id!r} not found")
     if edge.invalidated_at is not None:
         return
-    await w.tx.update_edge(
-        edge.id, invalidated_at=w.now, valid_to=op.valid_to if op.valid_to else w.now
-    )
+    ends = op.valid_to if op.valid_to else w.now
+    if edge.valid_from is not None and ends < edge.valid_from:
+        raise InvalidArgument(
+            f"{where}: edge {op.id!r} cannot end ({rfc3339(ends)}) before it began "
+            f"({rfc3339(edge.valid_from)})"
+        )
+    await w.tx.update_edge(edge.id, invalidated_at=w.now, valid_to=ends)
+    row = await w.tx.get(edge.memory_id) if edge.memory_id else None
+    if row is not None:
+        await w.change(row, "update", {"valid_to": ends}, f"its edge {edge.id} ended")
     if op.pass_id:
-        before = json.dumps({"valid_to": edge.valid_to, "invalidated_at": None})
-        await w.tx.record_pass_change(op.pass_id, "edge_end", edge.id, before)
+        before = {"valid_to": edge.valid_to, "invalidated_at": None}
+        if row is not None:
+            before["memory_valid_to"] = row.valid_to
+        await w.tx.record_pass_change(op.pass_id, "edge_end", edge.id, json.dumps(before))
 
 
 async def list_edges(

@@ -24,7 +24,7 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
             if kind in ("insert", "retire"):
                 await _undo_row(w, undone, pass_id, kind, target)
             else:
-                await _undo_edge(w, undone, kind, target, before_json)
+                await _undo_edge(w, undone, pass_id, kind, target, before_json)
         await settle(w)
     return undone
 
@@ -68,10 +68,12 @@ async def _successor_stands(w: Write, undone: Undone, row: MemoryRow) -> bool:
 
 
 async def _undo_edge(
-    w: Write, undone: Undone, kind: str, target: str, before_json: str
+    w: Write, undone: Undone, pass_id: str, kind: str, target: str, before_json: str
 ) -> None:
-    """Hides an edge the pass added, or puts back the evidence or end it changed."""
-    if await w.tx.get_edge(target) is None:
+    """Hides an edge the pass added, or puts back the evidence or end it changed (and the end
+    of its L5 row)."""
+    edge = await w.tx.get_edge(target)
+    if edge is None:
         return
     undone.edge_ids.append(target)
     if kind == "edge_new":
@@ -84,3 +86,7 @@ async def _undo_edge(
     elif kind == "edge_end":
         before = json.loads(before_json)
         await w.tx.update_edge(target, valid_to=before["valid_to"], invalidated_at=None)
+        row = await w.tx.get(edge.memory_id) if "memory_valid_to" in before else None
+        if row is not None:
+            why = f"undo of pass {pass_id}"
+            await w.change(row, "update", {"valid_to": before["memory_valid_to"]}, why)
