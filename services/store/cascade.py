@@ -232,8 +232,8 @@ async def restore_derived(w: Write, memory_id: str) -> None:
     way that kills them (a Now page only while no newer one is live).
 
     Also clears the stale mark of page lines whose facts are all live, and of the edges of a
-    row live already (a store before the restore refused it let a stale row be restored over
-    evidence still retired, its edge left stale).
+    row live already (stores before _restore checked the evidence let a stale row be restored
+    over evidence still retired, leaving its edge stale).
     """
     await _mark_pages(w, memory_id)
     for row in await w.tx.derived_from(memory_id):
