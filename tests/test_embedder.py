@@ -32,7 +32,10 @@ from services.embedder.models import (
     default_model_files,
     spec_for_file,
 )
-from services.embedder.onnx_encoder import plan_runs
+from services.embedder.onnx_encoder import (
+    RUN_TOKENS,
+    plan_runs,
+)
 from services.embedder.server import RunningEmbedder, running_server
 from shared.errors import ConfigError, Unavailable
 from shared.limits import MAX_EMBED_CHARS
@@ -603,3 +606,11 @@ def test_a_model_run_holds_at_most_64_texts_however_alike_they_are() -> None:
     runs = plan_runs([10] * 130 + [11])
     assert [len(run) for run in runs] == [64, 64, 3]
     assert sorted(i for run in runs for i in run) == list(range(131))
+
+
+def test_a_model_run_holds_at_most_its_token_budget_of_long_texts() -> None:
+    lengths = [256] * 40 + [60] * 64
+    runs = plan_runs(lengths)
+    assert [len(run) for run in runs] == [64, 16, 16, 8]  # ordinary memories still share a run
+    assert all(len(run) * max(lengths[i] for i in run) <= RUN_TOKENS for run in runs)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))

@@ -25,6 +25,10 @@ RUN_OVERHEAD_TOKENS = 12
 # The most texts in one model run (the batcher sends up to HYATLAS_EMBED_MAX_BATCH memories, and
 # their sentences come on top).
 MAX_RUN = 64
+# The most padded tokens (texts x the longest) in one model run: onnxruntime's working memory
+# grows with them (64 texts of 256 tokens peaked at ~1.5 GB), while 64 ordinary memories of up
+# to 64 tokens still share one run.
+RUN_TOKENS = 4096
 
 
 def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
@@ -61,21 +65,31 @@ def wordpiece_tokenizer(vocab_path: Path) -> Tokenizer:
 
 
 def plan_runs(
-    lengths: Sequence[int], overhead_tokens: int = RUN_OVERHEAD_TOKENS, most: int = MAX_RUN
+    lengths: Sequence[int],
+    overhead_tokens: int = RUN_OVERHEAD_TOKENS,
+    most: int = MAX_RUN,
+    budget: int = RUN_TOKENS,
 ) -> list[list[int]]:
     """Splits texts, by index, into runs of similar token length so padding costs little.
 
     Texts are taken shortest first; a text joins the current run unless the padding it would
     add to the run's earlier texts costs more than starting a new run, or the run holds `most`
-    texts already (which bounds a run's memory).
+    texts already, or its padded tokens (texts x the longest) would pass `budget` (these two
+    bound a run's memory).
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     runs: list[list[int]] = []
     longest = 0
     for index in order:
         length = lengths[index]
-        if runs and len(runs[-1]) < most and len(runs[-1]) * (length - longest) <= overhead_tokens:
-            runs[-1].append(index)
+        run = runs[-1] if runs else []
+        if (
+            run
+            and len(run) < most
+            and (len(run) + 1) * length <= budget
+            and len(run) * (length - longest) <= overhead_tokens
+        ):
+            run.append(index)
         else:
             runs.append([index])
         longest = length
