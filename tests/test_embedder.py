@@ -33,7 +33,10 @@ from services.embedder.models import (
     spec_for_file,
 )
 from services.embedder.onnx_encoder import (
+    CHARS_PER_TOKEN,
     RUN_TOKENS,
+    encode_cut,
+    load_tokenizer,
     plan_runs,
 )
 from services.embedder.server import RunningEmbedder, running_server
@@ -614,3 +617,52 @@ def test_a_model_run_holds_at_most_its_token_budget_of_long_texts() -> None:
     assert [len(run) for run in runs] == [64, 16, 16, 8]  # ordinary memories still share a run
     assert all(len(run) * max(lengths[i] for i in run) <= RUN_TOKENS for run in runs)
     assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+
+
+def test_a_long_text_is_tokenised_from_its_start_to_the_same_tokens() -> None:
+    files = default_model_files()
+    tokenizer = load_tokenizer(files.tokenizer_path, files.spec.max_tokens)
+    rng = random.Random(5)
+    words = ["the", "group", "café", "naïve", "東京", "🙂", "co-op", "1,250.5", "İstanbul"]
+    prose = " ".join(rng.choice(words) for _ in range(20_000))
+    texts = [
+        prose,
+        " " * 5_000 + prose,  # spaces the first cut holds no token of
+        "a" * 3_000 + prose,  # a word longer than half the first cut
+        "x" * 100_000,
+        SENTENCES[3],
+    ]
+    cut = encode_cut(tokenizer, texts, files.spec.max_tokens)
+    uncut = tokenizer.encode_batch(texts)
+    assert [e.ids for e in cut] == [e.ids for e in uncut]
+    assert [e.offsets for e in cut] == [e.offsets for e in uncut]
+    # The tokens truncation cuts off, which the tokenizer keeps: a few thousand, not ~25,000.
+    cut_off = sum(len(o.ids) for o in cut[0].overflowing)
+    assert cut_off < files.spec.max_tokens * CHARS_PER_TOKEN < sum(
+        len(o.ids) for o in uncut[0].overflowing
+    )
+
+
+async def test_spans_of_a_long_text_are_pooled_within_the_cut_and_alone_past_it(
+    embedder_address: str,
+) -> None:
+    filler = "We talked about the weather, the garden and the neighbours' new fence. " * 1_400
+    text = f"{LONG} {filler}My passport number ends in 4417."
+    spans = [SPANS[0], (len(text) - 32, len(text))]
+    prefix = text[:3_000]  # past the model's 256 tokens too: it keeps the same ones
+    async with open_channel(embedder_address) as channel:
+        stub = embedder_pb2_grpc.EmbedderStub(channel)
+        reply = await stub.Embed(
+            embedder_pb2.EmbedRequest(
+                texts=[text, prefix],
+                spans=[embedder_pb2.Span(text=0, start=s, end=e) for s, e in spans]
+                + [embedder_pb2.Span(text=1, start=s, end=e) for s, e in SPANS[:1]],
+            )
+        )
+        alone = await embed(stub, [text[s:e] for s, e in spans])
+    vectors = np.array([list(v.values) for v in reply.vectors])
+    pooled = np.array([list(v.values) for v in reply.span_vectors])
+    np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-5)
+    np.testing.assert_allclose(pooled[0], pooled[2], atol=1e-5)  # pooled where it lies
+    assert not np.allclose(pooled[0], alone[0], atol=1e-3)
+    np.testing.assert_allclose(pooled[1], alone[1], atol=1e-5)  # past the tokens kept: alone

@@ -29,6 +29,9 @@ MAX_RUN = 64
 # grows with them (64 texts of 256 tokens peaked at ~1.5 GB), while 64 ordinary memories of up
 # to 64 tokens still share one run.
 RUN_TOKENS = 4096
+# A text is tokenised from its first max_tokens x this many characters (see encode_cut): English
+# takes 4 to 5 characters a token, so the cut falls far past the tokens the model sees.
+CHARS_PER_TOKEN = 16
 
 
 def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
@@ -62,6 +65,38 @@ def wordpiece_tokenizer(vocab_path: Path) -> Tokenizer:
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     return tokenizer
+
+
+def encode_cut(tokenizer: Tokenizer, texts: Sequence[str], max_tokens: int) -> list[Encoding]:
+    """Each text's encoding as if uncut, tokenised from as few of its first characters as that
+    takes (a truncating tokenizer still keeps every token it cuts off: ~25k of them for a
+    100,000-character text).
+
+    Tokenizers split text into words at whitespace and punctuation and tokenise each word alone,
+    so cutting a text can change only the tokens of the word the cut falls in. When the encoding
+    of the cut text is full and its tokens end in the cut's first half, that word comes after
+    them (or is over half the cut long, which WordPiece makes one [UNK] ending at the cut).
+    Otherwise (long runs of spaces, huge words) the cut is doubled until that holds or nothing
+    is cut.
+    """
+    cut = max_tokens * CHARS_PER_TOKEN
+    encodings = tokenizer.encode_batch([text[:cut] for text in texts])
+    for index, text in enumerate(texts):
+        size = cut
+        while size < len(text) and not _settled(encodings[index], size, max_tokens):
+            size *= 2
+            encodings[index] = tokenizer.encode(text[:size])
+    return encodings
+
+
+def _settled(encoding: Encoding, size: int, max_tokens: int) -> bool:
+    """Whether the encoding of a text's first `size` characters is that of the whole text."""
+    ends = [
+        last
+        for (_, last), special in zip(encoding.offsets, encoding.special_tokens_mask, strict=True)
+        if not special
+    ]
+    return len(encoding.ids) == max_tokens and bool(ends) and ends[-1] <= size // 2
 
 
 def plan_runs(
@@ -145,7 +180,9 @@ class OnnxEncoder:
         """Rows for each passage in order: its text's, then each span's (see shared.passages)."""
         if not passages:
             return np.zeros((0, self.spec.ndim), dtype=np.float32)
-        encodings = self._tokenizer.encode_batch([p.text for p in passages])
+        encodings = encode_cut(
+            self._tokenizer, [p.text for p in passages], self.spec.max_tokens
+        )
         rows: list[list[np.ndarray | None]] = [[] for _ in passages]
         for run in plan_runs([len(e.ids) for e in encodings]):
             hidden, mask = self._hidden([encodings[i] for i in run])
