@@ -366,6 +366,32 @@ async def test_an_urgent_call_runs_alone_before_the_calls_queued_ahead_of_it() -
     assert gate.seen == [["a write in flight"], ["a query"], ["write 0", "write 1"]]
 
 
+async def test_a_query_waits_behind_one_run_of_at_most_the_token_budget() -> None:
+    gate = GatedRun()
+    async with MicroBatcher(gate, max_batch=64, tokens_of=len, max_tokens=100) as batcher:
+        texts = ["x" * 30] * 7 + ["y" * 150]  # three a run: four would pad to 120 tokens
+        write = asyncio.create_task(batcher.embed(texts))
+        await assert_eventually(lambda: len(gate.seen) == 1)
+        query = asyncio.create_task(batcher.embed(["a query"], urgent=True))
+        await assert_eventually(lambda: batcher.waiting_calls == 2)
+        gate.release.set()
+        await query
+        await write
+    assert [len(run) for run in gate.seen] == [3, 1, 3, 1, 1]  # a text over it runs alone
+    assert gate.seen[1] == ["a query"]
+
+
+async def test_a_call_of_long_texts_runs_a_token_budget_at_a_time(tmp_path: Path) -> None:
+    long_texts = [f"{n} {LONG * 8}" for n in range(20)]  # past 256 tokens each
+    async with serving(config_for(tmp_path)) as (stub, running):
+        before = running.embedder.batcher.runs
+        await embed(stub, long_texts)
+        assert running.embedder.batcher.runs - before == 2  # 16 x 256 tokens, then 4
+        before = running.embedder.batcher.runs
+        await embed(stub, [f"{n} {text}" for n, text in enumerate(SENTENCES * 8)])
+        assert running.embedder.batcher.runs - before == 1
+
+
 async def test_closing_the_batcher_fails_waiting_calls_as_unavailable() -> None:
     gate = GatedRun()
     batcher = MicroBatcher(gate, max_batch=8)

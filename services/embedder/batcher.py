@@ -39,9 +39,10 @@ class MicroBatcher(Generic[T]):
     """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
 
     While a run is in flight, new calls wait in the queue; the next run takes all of them, up
-    to max_batch texts. A call with more texts than max_batch spans several runs. A call that
-    would take the queue past max_queue vectors to make is refused (Overloaded) unless the queue
-    is empty.
+    to max_batch texts, and (given tokens_of) up to max_tokens padded tokens: its texts x the
+    most tokens one of them takes, at least one text. A call with more texts than a run takes
+    spans several runs. A call that would take the queue past max_queue vectors to make is
+    refused (Overloaded) unless the queue is empty.
 
     Urgent calls (a search's query) wait in a queue of their own, which the next run takes
     alone: a query waits for the run in flight, not for the writes queued before it too.
@@ -53,10 +54,16 @@ class MicroBatcher(Generic[T]):
         max_batch: int,
         rows_of: Callable[[T], int] = lambda _: 1,
         max_queue: int = 256,
+        tokens_of: Callable[[T], int] | None = None,
+        max_tokens: int = 0,
     ) -> None:
-        """rows_of: how many rows run_batch gives for one item (one, for a plain text)."""
+        """rows_of: how many rows run_batch gives for one item (one, for a plain text);
+        tokens_of: about how many tokens the model takes of one item (so that the run a query
+        waits for is short however long the texts written are)."""
         self._run_batch = run_batch
         self._rows_of = rows_of
+        self._tokens_of = tokens_of
+        self._max_tokens = max_tokens
         self._max_batch = max(1, max_batch)
         self._max_queue = max(1, max_queue)
         self._queue: collections.deque[_Request[T]] = collections.deque()
@@ -129,26 +136,44 @@ class MicroBatcher(Generic[T]):
         return await future
 
     def _take(self) -> list[_Slice[T]]:
-        """Slices of queued requests up to max_batch texts: the urgent ones if any wait, else
-        the others, in arrival order."""
+        """Slices of queued requests that fill one run (see the class): the urgent ones if any
+        wait, else the others, in arrival order."""
         return self._take_from(self._urgent) or self._take_from(self._queue)
 
     def _take_from(self, queue: collections.deque[_Request[T]]) -> list[_Slice[T]]:
         slices: list[_Slice[T]] = []
         room = self._max_batch
+        longest = 0
         while queue and room > 0:
             request = queue[0]
             if request.future.done():  # the caller gave up (deadline, cancel)
                 queue.popleft()
                 continue
             start = request.taken
-            end = min(len(request.texts), start + room)
+            fits, longest = self._fit(
+                request.texts[start : start + room], self._max_batch - room, longest
+            )
+            if not fits:
+                break
+            end = start + fits
             slices.append((request, start, end))
             request.taken = end
             room -= end - start
             if end == len(request.texts):
                 queue.popleft()
         return slices
+
+    def _fit(self, texts: Sequence[T], taken: int, longest: int) -> tuple[int, int]:
+        """How many of texts a run holding `taken` texts of up to `longest` tokens takes before
+        its padded tokens would pass max_tokens (a first text always), and its longest then."""
+        if self._tokens_of is None:
+            return len(texts), longest
+        for count, text in enumerate(texts):
+            tokens = max(longest, self._tokens_of(text))
+            if taken + count and (taken + count + 1) * tokens > self._max_tokens:
+                return count, longest
+            longest = tokens
+        return len(texts), longest
 
     async def _work(self) -> None:
         while True:

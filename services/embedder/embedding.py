@@ -21,7 +21,7 @@ from services.embedder.models import (
     find_model_files,
     model_files_in,
 )
-from services.embedder.onnx_encoder import OnnxEncoder
+from services.embedder.onnx_encoder import RUN_TOKENS, OnnxEncoder
 from services.embedder.remote_encoder import opened_remote_encoder
 from shared.clients import MAX_TEXTS
 from shared.errors import ConfigError, InvalidArgument, NotFound
@@ -125,10 +125,17 @@ class Embedder:
 
 
 def _batcher(
-    run: Callable[[list[Passage]], Awaitable[np.ndarray]], config: EmbedderConfig
+    run: Callable[[list[Passage]], Awaitable[np.ndarray]],
+    config: EmbedderConfig,
+    tokens_of: Callable[[Passage], int] | None = None,
 ) -> MicroBatcher[Passage]:
     return MicroBatcher(
-        run, config.max_batch, rows_of=lambda passage: passage.rows, max_queue=config.max_queue
+        run,
+        config.max_batch,
+        rows_of=lambda passage: passage.rows,
+        max_queue=config.max_queue,
+        tokens_of=tokens_of,
+        max_tokens=RUN_TOKENS,
     )
 
 
@@ -183,7 +190,7 @@ async def opened_onnx(files: ModelFiles, config: EmbedderConfig) -> AsyncIterato
     async def run_onnx(passages: list[Passage]) -> np.ndarray:
         return await asyncio.to_thread(encoder.encode_passages, passages)
 
-    async with _batcher(run_onnx, config) as batcher:
+    async with _batcher(run_onnx, config, encoder.tokens_guess) as batcher:
         yield Embedder(batcher, info)
 
 

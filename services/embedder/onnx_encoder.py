@@ -27,7 +27,9 @@ RUN_OVERHEAD_TOKENS = 12
 MAX_RUN = 64
 # The most padded tokens (texts x the longest) in one model run: onnxruntime's working memory
 # grows with them (64 texts of 256 tokens peaked at ~1.5 GB), while 64 ordinary memories of up
-# to 64 tokens still share one run.
+# to 64 tokens still share one run. The batcher bounds what it takes at once by it too (guessing
+# tokens from characters), so that a query waits behind about one such run (~1 s), not 64
+# long texts.
 RUN_TOKENS = 4096
 # A text is tokenised from its first max_tokens x this many characters (see encode_cut): English
 # takes 4 to 5 characters a token, so the cut falls far past the tokens the model sees.
@@ -171,6 +173,11 @@ class OnnxEncoder:
             self.spec.pooling,
             threads,
         )
+
+    def tokens_guess(self, passage: Passage) -> int:
+        """About how many tokens of a passage's text the model takes, before tokenising it (an
+        English token takes 4 to 5 characters, so this rather guesses over)."""
+        return min(self.spec.max_tokens, len(passage.text) // 4 + 2)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """One L2-normalised float32 row per text, in order."""
