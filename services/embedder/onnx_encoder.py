@@ -28,8 +28,8 @@ MAX_RUN = 64
 # The most padded tokens (texts x the longest) in one model run: onnxruntime's working memory
 # grows with them (64 texts of 256 tokens peaked at ~1.5 GB), while 64 ordinary memories of up
 # to 64 tokens still share one run. The batcher bounds what it takes at once by it too (guessing
-# tokens from characters), so that a query waits behind about one such run (~1 s), not 64
-# long texts.
+# tokens from characters), so that a query waits behind about one such run (16 texts at the
+# 256-token limit), not 64 long texts.
 RUN_TOKENS = 4096
 # A text is tokenised from its first max_tokens x this many characters (see encode_cut): English
 # takes 4 to 5 characters a token, so the cut falls far past the tokens the model sees.
