@@ -584,6 +584,41 @@ async def test_a_value_forgotten_while_its_turn_is_re_extracted_stays_forgotten(
     assert await api.rows(user, "l3_fact", retired=False) == []
 
 
+@pytest.mark.parametrize("gone", ["delete_all", "forget"])
+async def test_a_page_changed_while_a_turn_is_extracted_is_not_overwritten(
+    api: Api, fake: FakeLlm, gone: str
+) -> None:
+    user = new_user()
+    marker = f"m-pg-{gone}"
+    fake.on(f"{marker}-0", {
+        "facts": [{"text": "Foxtrot runs on MySQL 8"}],
+        "entities": [{"name": "Foxtrot", "kind": "project", "state": "runs on MySQL 8"}],
+    })
+    fake.on(f"{marker}-1", lambda r: {
+        "facts": [{"text": "Foxtrot runs on Postgres 15"}],
+        "entities": [{"name": "Foxtrot", "state": "runs on Postgres 15",
+                      "page": r.number_of("Foxtrot:")}],
+    })
+    gate = threading.Event()
+    fake.on(f"{marker}-2", lambda r: held(gate, {
+        "entities": [{"name": "Foxtrot", "state": "runs on Postgres 16",
+                      "page": r.number_of("Foxtrot:")}],
+    }))
+    await api.add(f"{marker}-0 Foxtrot runs on MySQL 8.", user)
+    await api.add(f"{marker}-1 Foxtrot moved to Postgres 15.", user)
+    fact = by_content(await api.rows(user, "l3_fact"), "Foxtrot runs on Postgres 15")
+    add = asyncio.create_task(api.add(f"{marker}-2 Foxtrot moved to Postgres 16.", user))
+    await assert_eventually(lambda: len(fake.for_marker(f"{marker}-2")) >= 1)
+    await api.ok("POST", f"/api/v1/{gone}", json={"id": fact.id, "user_id": user})
+    (page,) = await api.rows(user, "l8_entity")
+    assert "Postgres 15" not in page.content or page.status == "retired"
+    gate.set()
+    assert (await add)["extraction_status"] == "skipped"
+    assert await api.rows(user, "l8_entity") == [page]
+    hits = await api.search("Foxtrot Postgres", user, layer="l8_entity")
+    assert not [h for h in hits if "Postgres" in h["content"]]
+
+
 async def test_a_lesson_learnt_again_on_reprocess_is_kept_once(api: Api, fake: FakeLlm) -> None:
     user = new_user()
     lesson = "Run the migrations before deploying the API"

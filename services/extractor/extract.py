@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.extractor.context import Context, read_context
-from services.extractor.fact_ops import OpBuilder, Turn, page_name, page_ops
+from services.extractor.fact_ops import OpBuilder, Turn, as_read, page_name, page_ops
 from services.extractor.parse import (
     Candidate,
     Plan,
@@ -87,9 +87,8 @@ class Outcome:
 def done_op(raw: common_pb2.Memory) -> store_pb2.Op:
     """Marks a turn extracted on condition that it is still as read: forgotten, edited or given
     tombstones meanwhile, the store refuses the whole extraction, so no fact of it stays live."""
-    read = store_pb2.Unchanged(content=raw.content, tombstones=tombstones(raw.metadata_json))
     return store_pb2.Op(
-        update=store_pb2.UpdateOp(id=raw.id, extraction_status=DONE, require=read)
+        update=store_pb2.UpdateOp(id=raw.id, extraction_status=DONE, require=as_read(raw))
     )
 
 
@@ -148,7 +147,7 @@ class Extraction:
         ops.append(done_op(raw))
         try:
             applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
-        except Conflict as exc:  # the turn (or a row it retires) changed since it was read
+        except Conflict as exc:  # the turn (or a row it retires, a page it updates) changed
             log.info("extraction of %s dropped: %s", raw.id, exc.message)
             return Outcome(SKIPPED, exc.message)
         self.counters.extracted += 1

@@ -18,6 +18,7 @@ from shared.pages import MAX_PAGE_HISTORY, meta_of
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
 from shared.text import value_key
+from shared.tombstones import tombstones
 
 # A new value this close to a forgotten one counts as the forgotten one said again.
 FORGOTTEN_NEAR = 0.9
@@ -164,12 +165,16 @@ def page_ops(
     seen: set[str] = set()
     for page_op in pages:
         key = page_op.name.casefold()
+        page = page_op.page or known.get(key)
         if key in seen or value_key(page_op.state) in builder.turn.refused:
             continue
+        if page is not None and page.id in seen:
+            continue  # one state per page: a second update would find it changed
         seen.add(key)
+        if page is not None:
+            seen.add(page.id)
         facts = [i for text, i in builder.fed if key in text.casefold()]
         rests_on = [builder.turn.raw.id, *(i for _, i in builder.fed)]
-        page = page_op.page or known.get(key)
         if page is None:
             row = builder.base(common_pb2.L8_ENTITY,
                                page_content(page_op.name, page_op.state, []), ENTITY_LABEL)
@@ -185,7 +190,9 @@ def page_ops(
 def _page_update(
     page: common_pb2.Memory, page_op: PageOp, facts: list[str], rests_on: list[str]
 ) -> store_pb2.Op | None:
-    """The update of a known page whose state changed (None when it did not)."""
+    """The update of a known page whose state changed (None when it did not), made from the
+    page as read before the model's answer: on condition that it is still so, since a line
+    retired, forgotten or deleted meanwhile would come back live in the history it copies."""
     meta = page_meta(page)
     name = meta.get("entity") or page_op.name
     state = str(meta.get("state") or "")
@@ -202,6 +209,15 @@ def _page_update(
         page.id,
         content=page_content(name, page_op.state, history),
         metadata_json=json.dumps(new_meta, ensure_ascii=False),
+        require=as_read(page),
+    )
+
+
+def as_read(memory: common_pb2.Memory) -> store_pb2.Unchanged:
+    """A row as read, for an update that is void once it changed: live, with this text and
+    these forget tombstones."""
+    return store_pb2.Unchanged(
+        content=memory.content, tombstones=tombstones(memory.metadata_json)
     )
 
 
