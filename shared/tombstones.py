@@ -24,10 +24,18 @@ def _stones(meta: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in stones if isinstance(s, dict)] if isinstance(stones, list) else []
 
 
-def tombstones(metadata_json: str) -> list[str]:
-    """The normalised values forgotten on a raw row."""
+def tombstones(metadata_json: str, since: float = 0.0) -> list[str]:
+    """The normalised values forgotten on a raw row (at since or later; one of unknown time
+    counts as later)."""
     stones = _stones(_metadata(metadata_json))
-    return [s["value"] for s in stones if isinstance(s.get("value"), str)]
+    return [s["value"] for s in stones if isinstance(s.get("value"), str) and _since(s, since)]
+
+
+def _since(stone: dict[str, Any], since: float) -> bool:
+    at = stone.get("at")
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        return True
+    return at >= since
 
 
 def with_tombstones(metadata_json: str, values: list[str], at: float) -> str:

@@ -267,6 +267,39 @@ async def test_a_pass_merges_drops_and_builds_schemas_and_edges_with_evidence_an
     del script.handlers[user]
 
 
+@pytest.mark.parametrize("then_erased", [False, True])
+async def test_undo_keeps_retired_a_dropped_copy_of_a_value_forgotten_since(
+    api: Api, script: Script, then_erased: bool
+) -> None:
+    user = marker()
+    jazz = f"{user} listens to modal jazz records every evening"
+    other = f"{user} project Foxtrot deploys every Friday"
+    raws = await store_apply(
+        api.store_address, user, *[new(user, L2, f"{user} turn {n}") for n in range(2)]
+    )
+    copies = await store_apply(
+        api.store_address, user,
+        *[new(user, L3, text, [raws[t].id]) for text, t in ((jazz, 0), (jazz, 1), (other, 1))],
+    )
+    script.handlers[user] = lambda r: {
+        **EMPTY, "drops": [{"fact": r.number_of(jazz), "reason": "said twice"}],
+    }
+    report = await digest(api)
+    assert report["dropped"] == 1
+    (dropped,) = [f for f in await api.rows(user, "l3_fact") if f.superseded_how == "dropped"]
+    (live,) = [f for f in copies[:2] if f.id != dropped.id]
+    forgotten = await api.ok("POST", "/api/v1/forget", json={"text": jazz, "user_id": user})
+    assert [m["memory_id"] for m in forgotten["memories"]] == [live.id]
+    if then_erased:  # the tombstone on its turn is all that says the value is forgotten
+        await api.ok("POST", "/api/v1/delete_all", json={"id": live.id, "user_id": user})
+
+    undone = await api.ok("POST", "/api/v1/digest/undo", json={"pass_id": report["pass_id"]})
+    assert (undone["restored"], undone["kept"]) == ([], [dropped.id])
+    assert (await api.row(user, dropped.id)).superseded_how == "dropped"
+    assert [f.content for f in await api.rows(user, "l3_fact", retired=False)] == [other]
+    del script.handlers[user]
+
+
 async def test_facts_of_two_agents_of_one_person_are_never_merged_across_them(
     api: Api, script: Script
 ) -> None:

@@ -341,6 +341,21 @@ async def test_undo_keeps_forgotten_a_row_the_pass_replaced_and_the_user_forgot_
     assert await listed(store, layers=[L3]) == ["Foxtrot moved to Postgres 16"]
 
 
+async def test_undo_restores_a_dropped_value_said_again_after_it_was_forgotten(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    first, second = await apply(store, insert("turn one", layer=L2), insert("turn two", layer=L2))
+    (old,) = await apply(store, insert("Alice likes green tea", source_ids=[first.id]))
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old.id))
+    (again,) = await apply(store, insert("Alice likes green tea", source_ids=[second.id]))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=again.id, superseded_how="dropped", pass_id="p-again")))
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-again", actor="api"))
+    assert (list(reply.restored_ids), list(reply.kept_ids)) == ([again.id], [])
+    assert await listed(store, layers=[L3]) == ["Alice likes green tea"]
+
+
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
     (row,) = await apply(
         store,

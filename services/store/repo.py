@@ -20,6 +20,7 @@ from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
     FORGOTTEN,
+    RAW,
     RETIRED,
     AuditEntry,
     CountQuery,
@@ -33,6 +34,7 @@ from services.store.off_calendar import DATES, EDGE_DATES
 from services.store.schema import create_or_migrate
 from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
 from shared.text import edge_key
+from shared.tombstones import TOMBSTONES_KEY
 
 # One audit entry, whoever writes it (a mutation, or an import of history from elsewhere).
 ADD_AUDIT = (
@@ -121,6 +123,13 @@ _COLUMNS = (
 )
 OFF_CALENDAR = _off_calendar(_COLUMNS, "memories", DATES)
 _M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
+FORGET_MARKS = (
+    f"SELECT {_COLUMNS} FROM memories WHERE user_id = ? AND agent_id = ? AND "
+    f"(superseded_how = '{FORGOTTEN}' OR (layer = '{RAW}' AND metadata LIKE ?))"
+)
+"""An owner's rows retired as forgotten, and its turns whose metadata may hold tombstones (the
+parameter: FORGET_MARKS_LIKE); the caller reads the tombstones themselves."""
+FORGET_MARKS_LIKE = f"%{json.dumps(TOMBSTONES_KEY)}%"
 # The rows of the derived layers, to which a condition on their source_ids is added.
 DERIVED_ROWS = (
     f"SELECT {_COLUMNS} FROM memories WHERE layer IN "
@@ -300,6 +309,14 @@ class Tx:
             f"SELECT {_COLUMNS} FROM memories WHERE user_id = ? AND agent_id = ? AND layer = ? "
             "AND label = ? ORDER BY created_at, seq",
             (user_id, agent_id, layer, label),
+        )
+        return [_row(r) for r in rows]
+
+    async def forget_marks(self, user_id: str, agent_id: str) -> list[MemoryRow]:
+        """The rows of one owner that may record a forgotten value: rows retired as forgotten,
+        and raw turns whose metadata names tombstones."""
+        rows = await self._conn.execute_fetchall(
+            FORGET_MARKS, (user_id, agent_id, FORGET_MARKS_LIKE)
         )
         return [_row(r) for r in rows]
 

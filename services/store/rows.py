@@ -35,6 +35,11 @@ class Writes(Protocol):
         """Every row (live or retired) of one owner, layer and label, oldest first."""
         ...
 
+    async def forget_marks(self, user_id: str, agent_id: str) -> list[MemoryRow]:
+        """The rows of one owner that may record a forgotten value: rows retired as forgotten,
+        and raw turns whose metadata names tombstones."""
+        ...
+
     async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
         """Every row with a date (event_at, valid_to, due_at) outside [start, end)."""
         ...

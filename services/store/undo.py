@@ -7,8 +7,10 @@ import json
 from services.store.cascade import restore_derived, retire_derived, revive, settle
 from services.store.core import DEFAULT_ACTOR, Core, Write, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
-from services.store.model import ACTIVE, FORGOTTEN, RETIRED, MemoryRow, Undone
+from services.store.model import ACTIVE, FORGOTTEN, RAW, RETIRED, MemoryRow, Undone
 from shared.errors import InvalidArgument, NotFound
+from shared.text import value_key
+from shared.tombstones import tombstones
 
 
 async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
@@ -31,7 +33,7 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
 
 async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
     """Retires a row the pass inserted, or restores one it retired (if still so, not forgotten
-    since, and what replaced it still stands)."""
+    since, its value not forgotten through another row, and what replaced it still stands)."""
     row = await w.tx.get(target)
     if row is None:
         return
@@ -43,7 +45,11 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         for edge in await w.tx.edges_of_memories([target]):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
-        if row.superseded_how == FORGOTTEN or not await _successor_stands(w, undone, row):
+        if (
+            row.superseded_how == FORGOTTEN
+            or await _value_forgotten(w, row)
+            or not await _successor_stands(w, undone, row)
+        ):
             undone.kept_ids.append(target)
             return
         await revive(w, row, why)
@@ -53,6 +59,24 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         return
     if is_preference_fact(row):
         w.facts_changed.append(FactChange(row, kind == "retire", "undone"))
+
+
+async def _value_forgotten(w: Write, row: MemoryRow) -> bool:
+    """Whether the row's value was forgotten for its owner since the row was learnt: held by a
+    row of the owner forgotten since, or tombstoned since on one of the owner's turns. A forget
+    reaches no row a pass retired, so a copy of the value the pass dropped is left retired, and
+    must stay so; a value forgotten before and said again is remembered."""
+    key = value_key(row.content)
+    for mark in await w.tx.forget_marks(row.user_id, row.agent_id):
+        if (
+            mark.superseded_how == FORGOTTEN
+            and mark.updated_at >= row.created_at
+            and value_key(mark.content) == key
+        ):
+            return True
+        if mark.layer == RAW and key in tombstones(mark.metadata_json, row.created_at):
+            return True
+    return False
 
 
 async def _successor_stands(w: Write, undone: Undone, row: MemoryRow) -> bool:

@@ -22,6 +22,8 @@ from services.store.repo import (
     CLAUSE_KEY_OFFSET,
     DERIVED_ROWS,
     EDGES_OFF_CALENDAR,
+    FORGET_MARKS,
+    FORGET_MARKS_LIKE,
     LAST_BEFORE,
     LIVE_EDGE,
     OFF_CALENDAR,
@@ -78,6 +80,12 @@ class PgWrites:
             "AND label = ? ORDER BY created_at, seq",
             user_id, agent_id, layer, label,
         )
+        return [_row(r) for r in rows]
+
+    async def forget_marks(self, user_id: str, agent_id: str) -> list[MemoryRow]:
+        """The rows of one owner that may record a forgotten value: rows retired as forgotten,
+        and raw turns whose metadata names tombstones."""
+        rows = await self._fetch(FORGET_MARKS, user_id, agent_id, FORGET_MARKS_LIKE)
         return [_row(r) for r in rows]
 
     async def rows_off_calendar(self, start: float, end: float) -> list[MemoryRow]:
