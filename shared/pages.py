@@ -63,7 +63,13 @@ def line_values(meta: dict[str, Any], live_only: bool = False) -> set[str]:
         for line in lines_of(meta)
         if not (live_only and line.get("stale"))
     ]
-    return {v for state in states for v in (value_key(state), value_key(f"{name}: {state}"))}
+    return {v for state in states for v in state_values(name, state)}
+
+
+def state_values(name: str, state: str) -> set[str]:
+    """The value keys a page line holds: its state, and "entity: state" as the page shows it
+    (a forget of either takes the line)."""
+    return {value_key(state), value_key(f"{name}: {state}")}
 
 
 def rests_on(meta: dict[str, Any]) -> list[str]:

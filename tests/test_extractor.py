@@ -398,6 +398,23 @@ async def test_a_forgotten_value_stays_forgotten_on_its_evidence_but_not_in_a_ne
     assert live == ["Ines likes oolong tea", "Ines lives in Porto"]
 
 
+async def test_a_page_forgotten_by_its_text_is_not_written_again_on_reprocess(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-kilo", {"facts": [{"text": "The Kilo rollout is paused"}],
+                       "entities": [{"name": "Kilo", "state": "paused"}]})
+    turn = await api.add("m-kilo The Kilo rollout is paused.", user)
+    (page,) = await api.rows(user, "l8_entity")
+    assert page.content == "Kilo: paused"
+    body = await api.ok("POST", "/api/v1/forget", json={"text": "Kilo: paused", "user_id": user})
+    assert [m["memory_id"] for m in body["memories"]] == [page.id]
+
+    # The turn holds "kilo paused", the page as it read: the same page is not written again.
+    await api.ok("POST", "/api/v1/reprocess", json={"ids": [turn["memory_id"]]})
+    assert await api.rows(user, "l8_entity", retired=False) == []
+
+
 async def test_a_restored_row_is_searchable_again_and_its_history_says_why(
     api: Api, fake: FakeLlm
 ) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from services.extractor.parse import PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
-from shared.pages import MAX_PAGE_HISTORY, meta_of
+from shared.pages import MAX_PAGE_HISTORY, meta_of, state_values
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
 from shared.text import value_key
@@ -166,7 +166,7 @@ def page_ops(
     for page_op in pages:
         key = page_op.name.casefold()
         page = page_op.page or known.get(key)
-        if key in seen or value_key(page_op.state) in builder.turn.refused:
+        if key in seen or state_values(page_op.name, page_op.state) & builder.turn.refused:
             continue
         if page is not None and page.id in seen:
             continue  # one state per page: a second update would find it changed
