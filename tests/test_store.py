@@ -2107,6 +2107,85 @@ async def test_a_summary_written_after_its_evidence_was_forgotten_is_retired_as_
     assert await summaries(store) == [("now_page", "active", "")]
 
 
+async def test_a_forgotten_episode_is_restored_and_its_value_leaves_its_turn(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    turn, _, _ = await summed_up_secret(store)
+    episode = (await store.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L4], order="oldest"))).memories[1]
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=episode.id))
+    assert [m.id for m in reply.memories] == [episode.id]
+    # The turn's tombstone holds the episode's own value: the restore lifts it, so it does not
+    # keep the episode down.
+    (back,) = await apply(store, restore(episode.id))
+    assert back.status == "active"
+    held = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn))).memory
+    assert tombstones(held.metadata_json) == []
+
+
+
+# --- entity pages (L8) a restore brings back ---------------------------------------------------
+
+L8 = common_pb2.L8_ENTITY
+
+
+def page(name: str, state: str, facts: list[str], rests_on: list[str],
+         history: tuple[dict[str, Any], ...] = ()) -> store_pb2.Op:
+    """An entity page as the extractor writes it: its text and its lines in its metadata."""
+    meta = {"entity": name, "kind": "", "state": state, "history": list(history),
+            "facts": facts, "rests_on": rests_on}
+    text = "\n".join([f"{name}: {state}", *(["History:"] if history else []),
+                      *(f"- {h['date']}: {h['state']}" for h in history)])
+    return insert(text, layer=L8, label="entity", metadata_json=json.dumps(meta))
+
+
+async def test_a_page_whose_every_line_is_stale_is_not_restored_and_its_values_stay_forgotten(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (turn,) = await apply(store, insert("kq-bravo Golf uses Redis 7; Carol likes coffee.",
+                                        layer=L2))
+    fact, _ = await apply(store, insert("Golf uses Redis 7", source_ids=[turn.id]),
+                          insert("Carol likes coffee", source_ids=[turn.id]))
+    (golf,) = await apply(store, page("Golf", "Golf uses Redis 7", [fact.id],
+                                      [turn.id, fact.id]))
+    await apply(store, insert("EPISODE: a chat about the stack and a drink", layer=L4,
+                              label="episode", source_ids=[turn.id]))
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), text="Golf uses Redis 7"))
+    assert {m.id for m in reply.memories} == {fact.id, golf.id}
+
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
+        await apply(store, restore(golf.id))
+    assert "no line of the page is live" in (caught.value.details() or "")
+    got = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=golf.id))).memory
+    assert (got.status, got.superseded_how) == ("retired", "forgotten")
+    held = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=turn.id))).memory
+    assert "golf uses redis 7" in tombstones(held.metadata_json)
+    assert await summaries(store) == [("episode", "retired", "stale")]
+
+
+async def test_a_restored_page_lifts_the_values_of_its_live_lines_only(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    old_turn, new_turn = await apply(
+        store, insert("kq-golf1 Golf runs on Redis 7 for now.", layer=L2),
+        insert("kq-golf2 Golf moved over to Postgres 16.", layer=L2))
+    old, new = await apply(store, insert("Golf runs on Redis 7", source_ids=[old_turn.id]),
+                           insert("Golf moved to Postgres 16", source_ids=[new_turn.id]))
+    was = {"date": "2026-12-01", "state": "runs on Redis 7", "facts": [old.id],
+           "rests_on": [old_turn.id, old.id]}
+    (golf,) = await apply(store, page("Golf", "moved to Postgres 16", [new.id],
+                                      [new_turn.id, new.id], (was,)))
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=old.id))
+    assert {m.id for m in reply.memories} == {old.id, golf.id}
+
+    (back,) = await apply(store, restore(golf.id))
+    assert (back.status, back.content) == ("active", "Golf: moved to Postgres 16")
+    # The line of the fact still forgotten stays stale, and its value stays on its turn.
+    held = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=old_turn.id)))
+    assert "golf runs on redis 7" in tombstones(held.memory.metadata_json)
+
+
+
 # --- the L1 profile mirror of preference facts, kept by the store ----------------------------
 
 L1 = common_pb2.L1_PROFILE

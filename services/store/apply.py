@@ -14,6 +14,7 @@ from services.store.cascade import (
     dead_evidence,
     fact_changes,
     lift_tombstones,
+    lifted_values,
     restate,
     restore_derived,
     retire_derived,
@@ -36,6 +37,7 @@ from services.store.mirrors import FactChange, is_preference_fact
 from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
+    ENTITY,
     ERASED,
     FORGOTTEN,
     OLD_VERSIONS,
@@ -60,6 +62,7 @@ from services.store.model import (
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
+from shared.pages import has_live_line, meta_of
 from shared.passages import Passage
 from shared.tombstones import tombstones, with_tombstones
 
@@ -239,18 +242,29 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
             f"op {i}: memory {op.id!r} cannot be restored: its replacement {live.id!r} is "
             "live: forget or delete it first"
         )
-    if before.layer in DERIVED_LAYERS and (dead := await dead_evidence(w, before)) is not None:
-        # Live again over evidence still gone, it would bring a forgotten value back.
-        raise Conflict(
-            f"op {i}: memory {op.id!r} cannot be restored: it rests on {dead[0]!r}, which is "
-            f"{dead[1]}: restore that instead, and this comes back with it"
-        )
+    if (why := await _kept_down(w, before)) is not None:
+        raise Conflict(f"op {i}: memory {op.id!r} cannot be restored: {why}")
     after = await revive(w, before, run.reason)
     await restore_derived(w, op.id)
     if before.superseded_how == FORGOTTEN:
         await lift_tombstones(w, before, run.reason)
     w.facts_changed += fact_changes(op, before, after)
     return after
+
+
+async def _kept_down(w: Write, row: MemoryRow) -> str | None:
+    """Why a retired row (with no live replacement) may not be live again; None when it may."""
+    lifted = lifted_values(row) if row.superseded_how == FORGOTTEN else set()
+    if row.layer in DERIVED_LAYERS and (dead := await dead_evidence(w, row, lifted)) is not None:
+        # Live again over evidence still gone, it would bring a forgotten value back.
+        return (
+            f"it rests on {dead[0]!r}, which is {dead[1]}: restore that instead, and this "
+            "comes back with it"
+        )
+    if row.layer == ENTITY and not has_live_line(meta_of(row.metadata_json)):
+        # Its lines went stale with what they rest on; live, it would be a page of nothing.
+        return "no line of the page is live: restore what its lines rest on instead"
+    return None
 
 
 async def _unforget_old_version(run: _Apply, before: MemoryRow) -> MemoryRow | None:

@@ -4,6 +4,7 @@ forget tombstones."""
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 
 import numpy as np
 
@@ -192,13 +193,13 @@ def kills(how: str, derived: MemoryRow) -> bool:
     return how in KILLS_DERIVED or how in ("", ERASED)
 
 
-def _gone_how(evidence: MemoryRow | None) -> str | None:
-    """How a row is gone as evidence (None: it stands)."""
+def _gone_how(evidence: MemoryRow | None, lifted: Set[str] = frozenset()) -> str | None:
+    """How a row is gone as evidence (None: it stands), its tombstones of lifted values aside."""
     if evidence is None:
         return ERASED
     if evidence.status == RETIRED:
         return evidence.superseded_how
-    return TOMBSTONED if tombstones(evidence.metadata_json) else None
+    return TOMBSTONED if set(tombstones(evidence.metadata_json)) - lifted else None
 
 
 async def retire_derived(w: Write, memory_id: str, how: str) -> None:
@@ -247,11 +248,14 @@ async def restore_derived(w: Write, memory_id: str) -> None:
             await revive(w, row, f"evidence {memory_id} was restored")
 
 
-async def dead_evidence(w: Write, row: MemoryRow) -> tuple[str, str] | None:
+async def dead_evidence(
+    w: Write, row: MemoryRow, lifted: Set[str] = frozenset()
+) -> tuple[str, str] | None:
     """The first of a derived row's evidence that keeps it down, and how it went (erased,
-    forgotten, ...), as kills says for this row; None when none of it does."""
+    forgotten, ...), as kills says for this row; None when none of it does (a turn's
+    tombstones of lifted values, which the row's restore takes off, do not count)."""
     for source in dict.fromkeys(row.source_ids):
-        how = _gone_how(await w.tx.get(source))
+        how = _gone_how(await w.tx.get(source), lifted)
         if how is not None and kills(how, row):
             return source, how or "retired"
     return None
@@ -277,16 +281,23 @@ async def _live_now_page(w: Write, page: MemoryRow) -> bool:
     return any(p.status == ACTIVE for p in pages)
 
 
-async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
-    """Takes a restored row's value off the tombstones its forget left on its turns (itself, if
-    a turn, and its evidence), as they read now, so extraction may take the value again; for
-    an entity page, the values of its lines off the turns they rest on."""
+def lifted_values(forgotten: MemoryRow) -> set[str]:
+    """The values a forgotten row's restore takes off its turns' tombstones: its own, and for an
+    entity page those of its live lines (a stale line's value may be forgotten elsewhere)."""
     values = {value_key(forgotten.content)}
+    if forgotten.layer == ENTITY:
+        values |= line_values(meta_of(forgotten.metadata_json), live_only=True)
+    return values
+
+
+async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
+    """Takes a restored row's lifted_values off the tombstones its forget left on its turns
+    (itself, if a turn, and its evidence; for an entity page, the turns its lines rest on), as
+    they read now, so extraction may take the values again."""
+    values = lifted_values(forgotten)
     turns = ([forgotten.id] if forgotten.layer == RAW else []) + list(forgotten.source_ids)
     if forgotten.layer == ENTITY:
-        meta = meta_of(forgotten.metadata_json)
-        values |= line_values(meta)
-        turns += rests_on(meta)
+        turns += rests_on(meta_of(forgotten.metadata_json))
     for turn_id in dict.fromkeys(turns):
         turn = await w.tx.get(turn_id)
         if turn is None or turn.layer != RAW or turn.user_id != forgotten.user_id:
