@@ -2123,6 +2123,22 @@ async def test_a_forgotten_episode_is_restored_and_its_value_leaves_its_turn(
     assert tombstones(held.metadata_json) == []
 
 
+async def test_an_old_now_page_is_not_restored_while_a_newer_one_is_live(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    _, fact, plan = await summed_up_secret(store)
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact))
+    await apply(store, insert("Now: Hank plans a new combination", layer=L4, label="now_page",
+                              source_ids=[plan]))
+    await apply(store, restore(fact))
+    old = (await store.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L4], include_superseded=True, order="oldest"))).memories[0]
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
+        await apply(store, restore(old.id))
+    assert "a newer Now page is live" in (caught.value.details() or "")
+    assert await summaries(store) == [
+        ("now_page", "retired", "stale"), ("episode", "active", ""), ("now_page", "active", "")]
+
 
 # --- entity pages (L8) a restore brings back ---------------------------------------------------
 
@@ -2184,6 +2200,19 @@ async def test_a_restored_page_lifts_the_values_of_its_live_lines_only(
     held = (await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=old_turn.id)))
     assert "golf runs on redis 7" in tombstones(held.memory.metadata_json)
 
+
+async def test_an_old_page_is_not_restored_while_a_newer_page_of_its_entity_is_live(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (beta,) = await apply(store, page("India", "in beta", [], []))
+    reply = await store.Forget(store_pb2.ForgetRequest(scope=scope(), text="India: in beta"))
+    assert [m.id for m in reply.memories] == [beta.id]
+    (launched,) = await apply(store, page("India", "launched", [], []))
+
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
+        await apply(store, restore(beta.id))
+    assert f"page {launched.id!r} of its entity is live" in (caught.value.details() or "")
+    assert await listed(store, layers=[L8]) == ["India: launched"]
 
 
 # --- the L1 profile mirror of preference facts, kept by the store ----------------------------

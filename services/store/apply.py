@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from services.store.cascade import (
+    another_page,
     dead_evidence,
     fact_changes,
     lift_tombstones,
     lifted_values,
+    live_now_page,
     restate,
     restore_derived,
     retire_derived,
@@ -62,6 +64,7 @@ from services.store.model import (
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
+from shared.layers import NOW_PAGE
 from shared.pages import has_live_line, meta_of
 from shared.passages import Passage
 from shared.tombstones import tombstones, with_tombstones
@@ -261,9 +264,15 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
             f"it rests on {dead[0]!r}, which is {dead[1]}: restore that instead, and this "
             "comes back with it"
         )
-    if row.layer == ENTITY and not has_live_line(meta_of(row.metadata_json)):
+    if row.label == NOW_PAGE and await live_now_page(w, row):
+        return "a newer Now page is live (one Now page is live at a time)"
+    if row.layer != ENTITY:
+        return None
+    if not has_live_line(meta_of(row.metadata_json)):
         # Its lines went stale with what they rest on; live, it would be a page of nothing.
         return "no line of the page is live: restore what its lines rest on instead"
+    if (other := await another_page(w, row)) is not None:
+        return f"page {other.id!r} of its entity is live (an entity has one live page)"
     return None
 
 

@@ -166,21 +166,25 @@ async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
         await retire_derived(w, page.id, "stale")
     elif (
         page.status == RETIRED and page.superseded_how == "stale" and live
-        and not await _another_page(w, page)
+        and await another_page(w, page) is None
     ):
         after = await w.change(page, "restore", live_fields(), "a line of the page is live again")
         await restore_derived(w, page.id)
     return after or page
 
 
-async def _another_page(w: Write, page: MemoryRow) -> bool:
-    """Whether another live page of the owner is about the page's entity."""
+async def another_page(w: Write, page: MemoryRow) -> MemoryRow | None:
+    """Another live page of the owner about the page's entity, if any."""
     name = str(meta_of(page.metadata_json).get("entity") or "").casefold()
     reach = w.core.reach(page.user_id, page.agent_id)
-    return any(
-        other.id != page.id and other.status == ACTIVE
-        and str(meta_of(other.metadata_json).get("entity") or "").casefold() == name
-        for other in await w.tx.rows_in(reach, [ENTITY])
+    return next(
+        (
+            other
+            for other in await w.tx.rows_in(reach, [ENTITY])
+            if other.id != page.id and other.status == ACTIVE
+            and str(meta_of(other.metadata_json).get("entity") or "").casefold() == name
+        ),
+        None,
     )
 
 
@@ -244,7 +248,7 @@ async def restore_derived(w: Write, memory_id: str) -> None:
             continue
         if row.status == ACTIVE:
             await _unmark_edges(w, row)
-        elif not (row.label == NOW_PAGE and await _live_now_page(w, row)):
+        elif not (row.label == NOW_PAGE and await live_now_page(w, row)):
             await revive(w, row, f"evidence {memory_id} was restored")
 
 
@@ -275,7 +279,7 @@ async def _unmark_edges(w: Write, row: MemoryRow) -> None:
             await w.tx.update_edge(edge.id, stale=0)
 
 
-async def _live_now_page(w: Write, page: MemoryRow) -> bool:
+async def live_now_page(w: Write, page: MemoryRow) -> bool:
     """Whether the page's owner has a live Now page (built after this one went stale)."""
     pages = await w.tx.owner_rows(page.user_id, page.agent_id, SUMMARY, NOW_PAGE)
     return any(p.status == ACTIVE for p in pages)
