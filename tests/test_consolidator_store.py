@@ -54,7 +54,7 @@ async def two_turns_two_facts(stub: store_pb2_grpc.StoreStub) -> tuple[list[str]
 
 
 async def lose_evidence(stub: store_pb2_grpc.StoreStub, how: str, fact_id: str) -> None:
-    """Forgets or deletes one fact."""
+    """Forgets or deletes one row."""
     if how == "forget":
         await stub.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact_id))
     else:
@@ -157,6 +157,20 @@ async def test_restoring_the_evidence_of_a_row_restored_over_it_unmarks_its_edge
         assert await edges(stub) == []
         await apply(stub, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
         assert [e.memory_id for e in await edges(stub)] == [knowledge]
+
+
+@pytest.mark.parametrize("how", ["forget", "delete"])
+async def test_forgetting_or_deleting_an_l5_row_hides_its_own_edge(
+    store: store_pb2_grpc.StoreStub, how: str
+) -> None:
+    knowledge, _ = await knowledge_over_two_facts(store)
+    await lose_evidence(store, how, knowledge)
+
+    assert await edges(store) == []
+    assert [e.stale for e in await edges(store, include_stale=True)] == [True]
+    if how == "forget":
+        await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=knowledge)))
+        assert [e.memory_id for e in await edges(store)] == [knowledge]
 
 
 async def test_a_merge_of_evidence_leaves_the_edge_live(store: store_pb2_grpc.StoreStub) -> None:

@@ -194,6 +194,12 @@ def kills(how: str, derived: MemoryRow) -> bool:
     deleted; an L5/L6 row whenever its evidence no longer stands."""
     if derived.layer == SUMMARY:
         return how in KILLS_SUMMARIES
+    return _kills_knowledge(how)
+
+
+def _kills_knowledge(how: str) -> bool:
+    """Whether a row gone this way takes down an L5/L6 row resting on it, and the edges resting
+    on it (an L5 row's own)."""
     return how in KILLS_DERIVED or how in ("", ERASED)
 
 
@@ -208,18 +214,20 @@ def _gone_how(evidence: MemoryRow | None, lifted: Set[str] = frozenset()) -> str
 
 async def retire_derived(w: Write, memory_id: str, how: str) -> None:
     """Retires as stale the live rows resting on memory_id that its going this way kills, and
-    hides their edges.
+    hides their edges and memory_id's own (an L5 row's, gone the same way).
 
     Also marks the entity page lines memory_id fed.
     """
     await _mark_pages(w, memory_id)
     why = f"evidence {memory_id} was {how or 'retired'}"
+    gone = [memory_id] if _kills_knowledge(how) else []
     for row in await w.tx.derived_from(memory_id):
         if row.status != ACTIVE or not kills(how, row):
             continue
         await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
-        for edge in await w.tx.edges_of_memories([row.id]):
-            await w.tx.update_edge(edge.id, stale=1)
+        gone.append(row.id)
+    for edge in await w.tx.edges_of_memories(gone):
+        await w.tx.update_edge(edge.id, stale=1)
 
 
 async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
