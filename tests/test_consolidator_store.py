@@ -173,6 +173,24 @@ async def test_forgetting_or_deleting_an_l5_row_hides_its_own_edge(
         assert [e.memory_id for e in await edges(store)] == [knowledge]
 
 
+async def test_a_relation_learnt_again_while_its_old_edge_is_stale_gets_a_live_edge(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    old, fact_ids = await knowledge_over_two_facts(store)
+    await lose_evidence(store, "forget", fact_ids[0])
+    raw_ids, new_fact_ids = await two_turns_two_facts(store)
+    (again, _) = await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=new_fact_ids, ref="k"),
+        edge("$k", raw_ids, new_fact_ids),
+    )
+
+    (live,) = await edges(store)
+    assert (live.memory_id, list(live.fact_ids)) == (again.id, new_fact_ids)
+    stale = [e for e in await edges(store, include_stale=True) if e.stale]
+    assert [(e.memory_id, list(e.fact_ids)) for e in stale] == [(old, fact_ids)]
+
+
 async def test_a_merge_of_evidence_leaves_the_edge_live(store: store_pb2_grpc.StoreStub) -> None:
     raw_ids, fact_ids = await two_turns_two_facts(store)
     await apply(

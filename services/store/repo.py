@@ -66,10 +66,12 @@ ADD_EDGE = (
     f"INSERT INTO graph_edges ({_EDGE_COLUMNS}, subject_key, relation_key, object_key) "
     f"VALUES ({','.join('?' * 19)})"
 )
+# Not a stale edge: it keeps the row and evidence it had when they went, so a restore of them
+# brings it back as it was; a triple learnt again meanwhile gets an edge of its own.
 LIVE_EDGE = (
     f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE user_id = ? AND agent_id = ? "
     "AND subject_key = ? AND relation_key = ? AND object_key = ? "
-    "AND undone = 0 AND invalidated_at IS NULL ORDER BY seq DESC LIMIT 1"
+    "AND undone = 0 AND stale = 0 AND invalidated_at IS NULL ORDER BY seq DESC LIMIT 1"
 )
 
 # A key carries its memory's owner key, for the keyword index (the memory id is the parameter).
