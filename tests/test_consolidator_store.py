@@ -388,6 +388,20 @@ async def test_undo_restores_a_dropped_value_said_again_after_it_was_forgotten(
     assert await listed(store, layers=[L3]) == ["Alice likes green tea"]
 
 
+async def test_undo_keeps_retired_a_row_the_pass_retired_whose_evidence_is_forgotten_since(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    knowledge, fact_ids = await knowledge_over_two_facts(store)
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=knowledge, superseded_how="dropped", pass_id="p-drop")))
+    await lose_evidence(store, "forget", fact_ids[0])
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-drop", actor="api"))
+    assert (list(reply.restored_ids), list(reply.kept_ids)) == ([], [knowledge])
+    assert await status_of(store, knowledge) == ("retired", "dropped")
+    assert await edges(store) == []
+
+
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
     (row,) = await apply(
         store,

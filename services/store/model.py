@@ -295,7 +295,8 @@ class Undone:
     undone_ids: list[str] = field(default_factory=list)
     edge_ids: list[str] = field(default_factory=list)
     kept_ids: list[str] = field(default_factory=list)
-    """Rows the pass retired left retired, as what replaced them is gone since."""
+    """Rows the pass retired left retired, as what replaced them, or their evidence, is gone
+    since."""
 
 
 @dataclass(frozen=True)

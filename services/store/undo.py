@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from services.store.cascade import restore_derived, retire_derived, revive, settle
+from services.store.cascade import dead_evidence, restore_derived, retire_derived, revive, settle
 from services.store.core import DEFAULT_ACTOR, Core, Write, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
-from services.store.model import ACTIVE, FORGOTTEN, RAW, RETIRED, MemoryRow, Undone
+from services.store.model import ACTIVE, DERIVED_LAYERS, FORGOTTEN, RAW, RETIRED, MemoryRow, Undone
 from shared.errors import InvalidArgument, NotFound
 from shared.text import value_key
 from shared.tombstones import tombstones
@@ -33,7 +33,8 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
 
 async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
     """Retires a row the pass inserted, or restores one it retired (if still so, not forgotten
-    since, its value not forgotten through another row, and what replaced it still stands)."""
+    since, its value not forgotten through another row, and what replaced it still stands
+    and its evidence too)."""
     row = await w.tx.get(target)
     if row is None:
         return
@@ -49,6 +50,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
             row.superseded_how == FORGOTTEN
             or await _value_forgotten(w, row)
             or not await _successor_stands(w, undone, row)
+            or (row.layer in DERIVED_LAYERS and await dead_evidence(w, row) is not None)
         ):
             undone.kept_ids.append(target)
             return
