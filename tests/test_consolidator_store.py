@@ -402,6 +402,24 @@ async def test_undo_keeps_retired_a_row_the_pass_retired_whose_evidence_is_forgo
     assert await edges(store) == []
 
 
+async def test_a_stale_row_of_an_undone_pass_stays_down_when_its_evidence_comes_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    (knowledge, _) = await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k", pass_id="p-k"),
+        edge("$k", raw_ids, fact_ids, pass_id="p-k"),
+    )
+    await lose_evidence(store, "forget", fact_ids[0])
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-k", actor="api"))
+    assert list(reply.undone_ids) == [knowledge.id]
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+    assert await status_of(store, knowledge.id) == ("retired", "undone")
+    assert await edges(store) == []
+
+
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
     (row,) = await apply(
         store,

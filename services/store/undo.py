@@ -32,14 +32,14 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
 
 
 async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
-    """Retires a row the pass inserted, or restores one it retired (if still so, not forgotten
-    since, its value not forgotten through another row, and what replaced it still stands
-    and its evidence too)."""
+    """Retires a row the pass inserted (live, or stale: it must not come back with its
+    evidence), or restores one it retired (if still so, not forgotten since, its value not
+    forgotten through another row, and what replaced it still stands and its evidence too)."""
     row = await w.tx.get(target)
     if row is None:
         return
     why = f"undo of pass {pass_id}"
-    if kind == "insert" and row.status == ACTIVE:
+    if kind == "insert" and (row.status == ACTIVE or row.superseded_how == "stale"):
         await w.change(row, "retire", retired_fields(w.now, w.actor, "undone", reason=why), why)
         undone.undone_ids.append(target)
         await retire_derived(w, target, "undone")
