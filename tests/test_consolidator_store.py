@@ -26,7 +26,7 @@ def edge(memory_id: str, sources: list[str], facts: list[str], **fields: Any) ->
     return store_pb2.Op(
         put_edge=store_pb2.PutEdgeOp(
             owner=common_pb2.Owner(user_id="alice"),
-            subject="Foxtrot",
+            subject=fields.pop("subject", "Foxtrot"),
             relation="uses",
             object="Postgres 16",
             source_ids=sources,
@@ -124,6 +124,31 @@ async def knowledge_over_two_facts(
 async def status_of(stub: store_pb2_grpc.StoreStub, memory_id: str) -> tuple[str, str]:
     got = await stub.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=memory_id))
     return got.memory.status, got.memory.superseded_how
+
+
+async def test_knowledge_a_schema_and_edges_written_after_their_evidence_was_forgotten_are_stale(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await lose_evidence(store, "forget", fact_ids[0])
+    # What a pass that read the facts before the forget writes after it.
+    rows = await apply(
+        store,
+        insert("Foxtrot uses Postgres 16", layer=L5, source_ids=fact_ids, ref="k"),
+        edge("$k", raw_ids, fact_ids),
+        insert("Projects move to newer databases", layer=L6, source_ids=fact_ids),
+        edge("", raw_ids, fact_ids, subject="Foxtrot 2"),
+    )
+    knowledge, schema = rows[0], rows[2]
+    for memory_id in (knowledge.id, schema.id):
+        assert await status_of(store, memory_id) == ("retired", "stale")
+    assert await edges(store) == []
+    assert [e.stale for e in await edges(store, include_stale=True)] == [True, True]
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+    for memory_id in (knowledge.id, schema.id):
+        assert await status_of(store, memory_id) == ("active", "")
+    assert [e.memory_id for e in await edges(store)] == [knowledge.id]
 
 
 @pytest.mark.parametrize(("how", "gone"), [("forget", "forgotten"), ("delete", "erased")])

@@ -4,7 +4,7 @@ forget tombstones."""
 from __future__ import annotations
 
 import json
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 import numpy as np
 
@@ -13,11 +13,13 @@ from services.store.keys import passage_of
 from services.store.mirrors import FactChange, Mirrors, is_preference_fact
 from services.store.model import (
     ACTIVE,
+    DERIVED_LAYERS,
     ENTITY,
     ERASED,
     FORGOTTEN,
     KILLS_DERIVED,
     KILLS_SUMMARIES,
+    KNOWLEDGE,
     RAW,
     RETIRED,
     SUMMARY,
@@ -123,7 +125,7 @@ async def _mark_pages(w: Write, memory_id: str) -> None:
             row = await w.tx.get(cited_id)
             if row is None or (row.status == RETIRED and row.superseded_how == FORGOTTEN):
                 gone.add(cited_id)
-            if (how := _gone_how(row)) is not None and kills(how, page):
+            if (how := _gone_how(row)) is not None and kills(how, page.layer):
                 dead.add(cited_id)
         if not mark_lines(meta, memory_id, dead, gone):
             continue
@@ -188,11 +190,11 @@ async def another_page(w: Write, page: MemoryRow) -> MemoryRow | None:
     )
 
 
-def kills(how: str, derived: MemoryRow) -> bool:
+def kills(how: str, layer: str) -> bool:
     """Whether evidence gone this way (a retire's superseded_how, ERASED or TOMBSTONED) takes
-    down a row derived from it: a summary only when its text may hold a value forgotten or
-    deleted; an L5/L6 row whenever its evidence no longer stands."""
-    if derived.layer == SUMMARY:
+    down a row of this layer derived from it: a summary only when its text may hold a value
+    forgotten or deleted; an L5/L6 row whenever its evidence no longer stands."""
+    if layer == SUMMARY:
         return how in KILLS_SUMMARIES
     return _kills_knowledge(how)
 
@@ -222,7 +224,7 @@ async def retire_derived(w: Write, memory_id: str, how: str) -> None:
     why = f"evidence {memory_id} was {how or 'retired'}"
     gone = [memory_id] if _kills_knowledge(how) else []
     for row in await w.tx.derived_from(memory_id):
-        if row.status != ACTIVE or not kills(how, row):
+        if row.status != ACTIVE or not kills(how, row.layer):
             continue
         await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
         gone.append(row.id)
@@ -231,9 +233,10 @@ async def retire_derived(w: Write, memory_id: str, how: str) -> None:
 
 
 async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
-    """Retires as stale a new summary whose evidence went (forgotten, deleted) while it was
-    being written, as that going would have had it been written first; the row as it is now."""
-    if row.layer != SUMMARY or (dead := await dead_evidence(w, row)) is None:
+    """Retires as stale a new derived row (summary, knowledge, schema) whose evidence went
+    while it was being written, as that going would have had it been written first; the row
+    as it is now."""
+    if row.layer not in DERIVED_LAYERS or (dead := await dead_evidence(w, row)) is None:
         return row
     why = f"evidence {dead[0]} was {dead[1]}"
     fields = retired_fields(w.now, w.actor, "stale", reason=why)
@@ -266,11 +269,27 @@ async def dead_evidence(
     """The first of a derived row's evidence that keeps it down, and how it went (erased,
     forgotten, ...), as kills says for this row; None when none of it does (a turn's
     tombstones of lifted values, which the row's restore takes off, do not count)."""
-    for source in dict.fromkeys(row.source_ids):
+    return await _first_dead(w, row.source_ids, row.layer, lifted)
+
+
+async def _first_dead(
+    w: Write, ids: Sequence[str], layer: str, lifted: Set[str] = frozenset()
+) -> tuple[str, str] | None:
+    for source in dict.fromkeys(ids):
         how = _gone_how(await w.tx.get(source), lifted)
-        if how is not None and kills(how, row):
+        if how is not None and kills(how, layer):
             return source, how or "retired"
     return None
+
+
+async def edge_stands(w: Write, memory_id: str, fact_ids: Sequence[str]) -> bool:
+    """Whether a new edge may be live: its L5 row (if any) is, and none of its facts is gone
+    in a way that would take an L5 row down (else it is stored stale, and a restore of the
+    evidence that brings its row back clears the mark)."""
+    row = await w.tx.get(memory_id) if memory_id else None
+    if row is not None and row.status != ACTIVE:
+        return False
+    return await _first_dead(w, fact_ids, KNOWLEDGE) is None
 
 
 async def revive(w: Write, row: MemoryRow, reason: str) -> MemoryRow | None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from services.store.cascade import edge_stands
 from services.store.core import Core, Write, target
 from services.store.model import Edge, EndEdge, PutEdge, Reach
 from services.store.rows import Rows
@@ -18,8 +19,9 @@ from shared.text import edge_key
 
 
 async def put_edge(w: Write, reach: Reach, op: PutEdge, where: str) -> None:
-    """Adds an edge, or the op's evidence to the live edge with the same owner and names
-    (ignoring case: shared.text.edge_key)."""
+    """Adds an edge (stale if its evidence went while it was being written), or the op's
+    evidence to the live edge with the same owner and names (ignoring case:
+    shared.text.edge_key)."""
     if op.memory_id:
         await target(w.tx, reach, op.memory_id)
     key = edge_key(op.subject, op.relation, op.object)
@@ -44,7 +46,7 @@ async def put_edge(w: Write, reach: Reach, op: PutEdge, where: str) -> None:
         invalidated_at=None,
         valid_from=op.valid_from,
         valid_to=op.valid_to,
-        stale=False,
+        stale=not await edge_stands(w, op.memory_id, op.fact_ids),
         pass_id=op.pass_id,
     )
     await w.tx.insert_edge(edge)

@@ -26,7 +26,9 @@ SUPERSEDED_HOW = (
 KILLS_DERIVED = frozenset({"replaced", "dropped", "done", "forgotten", "stale", "undone"})
 SUMMARY = "l4_summary"
 """The layer of summaries (the Now page, episodes): each row lists the rows it sums up."""
-DERIVED_LAYERS = (SUMMARY, "l5_knowledge", "l6_schema")
+KNOWLEDGE = "l5_knowledge"
+"""The layer of knowledge rows: each states one graph edge's triple, resting on its facts."""
+DERIVED_LAYERS = (SUMMARY, KNOWLEDGE, "l6_schema")
 """Layers derived from other rows: each row lists its evidence in source_ids."""
 ACTIVE = "active"
 RETIRED = "retired"
