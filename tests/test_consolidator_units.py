@@ -237,11 +237,18 @@ def test_an_edge_new_to_the_owner_gets_a_knowledge_row_and_a_known_one_only_the_
 
 def test_an_arc_replaces_the_owners_old_arcs() -> None:
     old = common_pb2.Memory(id="old-arc", label="arc")
-    ops = arc_ops("the story so far", fetched(arcs=[old]))
+    ops = arc_ops("the story so far", fetched(arcs=[old]), {})
     insert, retire = ops.extra
     assert insert.insert.layer == common_pb2.L4_SUMMARY and insert.insert.ref == "arc"
     assert (retire.retire.id, retire.retire.superseded_by) == ("old-arc", "$arc")
     assert ops.counts.arc
+
+
+def test_an_arc_rests_on_the_facts_shown_and_on_the_sources_of_the_arc_it_builds_on() -> None:
+    shown = common_pb2.Memory(id="arc-1", label="arc", source_ids=["old", "a"])
+    older = common_pb2.Memory(id="arc-0", label="arc", source_ids=["older"])
+    ops = arc_ops("the story so far", fetched(arcs=[shown, older]), {"b": "merged-b"})
+    assert list(ops.extra[0].insert.source_ids) == ["a", "merged-b", "c", "old"]
 
 
 def test_with_the_graph_off_a_plan_writes_no_edges_and_no_arc() -> None:

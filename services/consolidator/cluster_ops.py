@@ -101,7 +101,7 @@ def cluster_ops(plan: Plan, data: Fetched, *, graph: bool) -> ClusterOps:
     ops += schema_ops(plan.schemas, data, merged.merged_into)
     if graph:
         ops += edge_ops(plan.edges, plan.end_edges, data, merged.merged_into)
-        ops += arc_ops(plan.arc, data)
+        ops += arc_ops(plan.arc, data, merged.merged_into)
     return ops
 
 
@@ -255,15 +255,25 @@ def _knowledge_row(put: store_pb2.PutEdgeOp, ref: str) -> store_pb2.NewMemory:
     )
 
 
-def arc_ops(arc: str, data: Fetched) -> ClusterOps:
-    """The new arc summary replacing the owner's old ones, if this call asked for it."""
+def current_arc(arcs: Sequence[common_pb2.Memory]) -> common_pb2.Memory | None:
+    """The arc the model is shown to build on, of the owner's arc summaries."""
+    return arcs[0] if arcs else None
+
+
+def arc_ops(arc: str, data: Fetched, merged_into: Mapping[str, str]) -> ClusterOps:
+    """The new arc summary replacing the owner's old ones, if this call asked for it: it rests
+    on the facts it was shown (or their merges) and what the arc it builds on rests on, so a
+    forget of any of them takes it down."""
     if not arc or data.arcs is None:
         return ClusterOps()
+    built_on = current_arc(data.arcs)
+    sources = _evidence(data.facts, merged_into) + list(built_on.source_ids if built_on else [])
     row = store_pb2.NewMemory(
         owner=data.owner,
         layer=common_pb2.L4_SUMMARY,
         content=arc,
         label=ARC,
+        source_ids=list(dict.fromkeys(sources)),
         pass_id=data.pass_id,
         ref="arc",
     )

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.consolidator.cluster_ops import ARC, ClusterOps, Counts, Fetched, cluster_ops
+from services.consolidator.cluster_ops import (
+    ARC,
+    ClusterOps,
+    Counts,
+    Fetched,
+    cluster_ops,
+    current_arc,
+)
 from services.consolidator.clusters import Cluster, members_hash
 from services.consolidator.plan import PartialReply, Plan, read_plan
 from services.consolidator.prompt import (
@@ -159,7 +166,8 @@ async def _ask(
     ask_arc = shown.arcs is not None
     arc = None
     if shown.arcs is not None:
-        arc = shown.arcs[0].content if shown.arcs else ""
+        built_on = current_arc(shown.arcs)
+        arc = built_on.content if built_on else ""
     messages = consolidation_messages(facts, shown.schemas, shown.edges, arc, graph)
     reply = await llm.json_reply(messages, consolidation_schema(graph, ask_arc))
     report.llm_calls += 1
