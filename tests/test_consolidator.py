@@ -557,6 +557,39 @@ async def test_a_pass_asked_for_while_one_runs_is_refused_and_the_first_goes_on(
     del script.handlers[user]
 
 
+async def test_rows_a_pass_builds_on_a_fact_forgotten_while_the_model_answers_are_stale(
+    api: Api, script: Script
+) -> None:
+    await settle(api)
+    user = marker()
+    a = f"{user} project Foxtrot uses Postgres 15 for storage"
+    b = f"{user} project Foxtrot stores its data in Postgres 15"
+    d = f"{user} project Foxtrot deploys every Friday"
+    _, rows = await facts_from_turns(api, user, [(a, 0), (b, 1), (d, 1)], 2)
+    gate = threading.Event()
+    script.handlers[user] = lambda r: held(gate, {
+        **EMPTY,
+        "schemas": [{"text": "Foxtrot ships weekly", "facts": [r.number_of(a), r.number_of(d)]}],
+        "edges": [{"subject": "Foxtrot", "relation": "uses", "object": "Postgres 15",
+                   "facts": [r.number_of(a), r.number_of(b)]}],
+        "arc": f"{user} is building Foxtrot on Postgres 15.",
+    })
+    try:
+        running = asyncio.create_task(digest(api))
+        await assert_eventually(lambda: len(script.calls(user)) >= 1)
+        await api.ok("POST", "/api/v1/forget", json={"id": rows[a].id, "user_id": user})
+        gate.set()
+        report = await running
+    finally:
+        gate.set()
+        del script.handlers[user]
+    assert (report["schemas"], report["edges"], report["arc"]) == (1, 1, True)
+    for layer in ("l6_schema", "l5_knowledge", "l4_summary"):
+        written = await api.rows(user, layer)
+        assert [(m.status, m.superseded_how) for m in written] == [("retired", "stale")], layer
+    assert (await api.ok("GET", "/api/v1/edges", params={"user_id": user}))["knowledge"] == []
+
+
 async def test_admin_dedupe_and_compact_dry_run_first_then_change(
     tmp_path: Path, embedder_address: str
 ) -> None:
