@@ -267,6 +267,28 @@ async def test_a_forgotten_fact_takes_the_now_page_with_it_and_the_next_one_leav
     assert asked and not any("31-22-17" in r.user_message for r in asked)
 
 
+async def test_a_forgotten_entity_page_takes_the_now_page_built_from_it(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-fgp1", {
+        "facts": [{"text": "Bob likes green tea"}],
+        "entities": [{"name": "Foxtrot", "kind": "project", "state": "runs on Postgres 15"}],
+    })
+    await api.add("m-fgp1 I like green tea. Foxtrot runs on Postgres 15.", user)
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await assert_eventually(paged)
+    (now,) = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+    assert "Postgres 15" in now.content
+    body = await api.ok("POST", "/api/v1/forget",
+                        json={"text": "runs on Postgres 15", "user_id": user})
+    assert body["forgotten"] == 1
+    assert now_pages_of(await api.rows(user, "l4_summary")) == [("retired", "stale")]
+
+
 async def test_a_rebuild_that_finds_nothing_live_retires_the_now_page(
     api: Api, fake: FakeLlm
 ) -> None:

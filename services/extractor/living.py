@@ -183,7 +183,7 @@ class Living:
             layer=common_pb2.L4_SUMMARY,
             content=text.strip(),
             label=NOW_LABEL,
-            source_ids=[m.id for m in [*intentions, *facts]],
+            source_ids=[m.id for m in [*intentions, *facts, *pages]],
             metadata_json=json.dumps({"built_at": time.time()}),
             write_mode=self.mode,
             ref="now",
