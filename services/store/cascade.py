@@ -284,8 +284,8 @@ async def _first_dead(
 
 async def edge_stands(w: Write, memory_id: str, fact_ids: Sequence[str]) -> bool:
     """Whether a new edge may be live: its L5 row (if any) is, and none of its facts is gone
-    in a way that would take an L5 row down (else it is stored stale, and a restore of the
-    evidence that brings its row back clears the mark)."""
+    in a way that would take an L5 row down. Else it is stored stale: a restore of the
+    evidence that brings its row back clears the mark (an edge with no row stays stale)."""
     row = await w.tx.get(memory_id) if memory_id else None
     if row is not None and row.status != ACTIVE:
         return False
