@@ -1,4 +1,5 @@
-"""Layer names as the REST API spells them, their proto enum values, and the labels rules use."""
+"""Layer names as the REST API spells them, their proto enum values, and the labels and
+extraction states rules use."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ PREFERENCES = "user_preferences"
 EXPERIENCE = "task_experience"
 NOW_PAGE = "now_page"
 """The label of an owner's Now page (an L4 summary): one is live at a time."""
+UNEXTRACTED = frozenset({"pending", "failed", "unconfigured"})
+"""Extraction states of a raw turn still to be extracted (or being extracted now)."""
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}
 _WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}
 

@@ -666,6 +666,27 @@ async def test_raw_retention_deletes_only_old_raw_rows_nothing_cites(
         assert uncited not in {r.id for r in await api.rows(user, "l2_raw")}
 
 
+async def test_raw_retention_keeps_turns_whose_extraction_is_not_over(
+    tmp_path: Path, embedder_address: str, fake: FakeLlm
+) -> None:
+    env = ultra_env(fake, embedder_address, HYATLAS_RAW_RETENTION="1s")
+    with running_stack(tmp_path, STACK, **env) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        user = marker()
+        statuses = ["pending", "failed", "unconfigured", "done"]
+        ops = [new(user, L2, f"{user} turn {status}") for status in statuses]
+        for op, status in zip(ops, statuses, strict=True):
+            op.insert.extraction_status = status
+        rows = dict(zip(statuses, await store_apply(api.store_address, user, *ops), strict=True))
+
+        async def pruned() -> None:
+            assert (await digest(api))["pruned_raw"] > 0
+
+        await assert_eventually(pruned, interval_s=0.3)
+        kept = {r.id for r in await api.rows(user, "l2_raw")}
+        assert kept == {rows[s].id for s in ("pending", "failed", "unconfigured")}
+
+
 async def test_raw_retention_keeps_rows_cited_only_by_edges_past_the_newest_thousand(
     tmp_path: Path, embedder_address: str, fake: FakeLlm
 ) -> None:

@@ -1,4 +1,4 @@
-"""Raw retention: old raw turns that nothing live cites are deleted."""
+"""Raw retention: old raw turns that nothing live cites and whose extraction is over are deleted."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from services.consolidator.survey import ACTOR
+from shared.layers import UNEXTRACTED
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import GraphStoreClient
 
@@ -16,7 +17,8 @@ DELETE_CHUNK = 500
 
 
 async def retain_raw(store: GraphStoreClient, retention_s: float | None, report: Report) -> None:
-    """Deletes raw rows older than the retention that no live row or edge cites."""
+    """Deletes raw rows older than the retention that no live row or edge cites and whose
+    extraction is over (deleting one still to be extracted loses an acknowledged write)."""
     if retention_s is None:
         return
     everyone = common_pb2.Scope(all_users=True)
@@ -38,7 +40,7 @@ async def retain_raw(store: GraphStoreClient, retention_s: float | None, report:
         cited.update(row.source_ids)
     for edge in await store.edges(everyone, include_stale=True):
         cited.update(edge.source_ids)
-    doomed = [r.id for r in old if r.id not in cited]
+    doomed = [r.id for r in old if r.id not in cited and r.extraction_status not in UNEXTRACTED]
     report.protected_raw += len(old) - len(doomed)
     for start in range(0, len(doomed), DELETE_CHUNK):
         chunk = doomed[start : start + DELETE_CHUNK]
