@@ -636,6 +636,39 @@ async def test_a_page_changed_while_a_turn_is_extracted_is_not_overwritten(
     assert not [h for h in hits if "Postgres" in h["content"]]
 
 
+async def test_a_value_forgotten_while_another_turn_holding_it_is_extracted_stays_forgotten(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    coffee = {"text": "Bob drinks black coffee every morning", "label": "user_preferences"}
+    running = {"text": "Bob started running"}
+    fake.on("m-brew-first", {"facts": [coffee]})
+    await api.add("m-brew-first I drink black coffee every morning.", user)
+    gate = threading.Event()
+    fake.on("m-brew-later", held(gate, {"facts": [coffee, running]}),
+            {"facts": [coffee, running]})
+    add = asyncio.create_task(
+        api.add("m-brew-later Black coffee every morning as usual; I started running.", user)
+    )
+    await assert_eventually(lambda: len(fake.for_marker("m-brew-later")) >= 1)
+    (later,) = [t.id for t in await api.rows(user, "l2_raw") if "m-brew-later" in t.content]
+    body = await api.ok("POST", "/api/v1/forget", json={"text": coffee["text"], "user_id": user})
+    assert body["forgotten"] == 2  # the fact and its profile mirror
+    gate.set()
+    added = await add
+    assert await api.rows(user, "l3_fact", retired=False) == []
+    assert await api.rows(user, "l1_profile", retired=False) == []
+    assert added["extraction_status"] == "skipped"
+
+    # Extracted again, the turn yields all but the forgotten value.
+    await api.ok("POST", "/api/v1/reprocess", json={"ids": [later]})
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == [running["text"]]
+    assert await api.rows(user, "l1_profile", retired=False) == []
+    hits = await api.search("black coffee", user)
+    assert [h for h in hits if h["layer"] != "l2_raw" and "coffee" in h["content"]] == []
+
+
 async def test_a_lesson_learnt_again_on_reprocess_is_kept_once(api: Api, fake: FakeLlm) -> None:
     user = new_user()
     lesson = "Run the migrations before deploying the API"

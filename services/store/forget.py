@@ -2,8 +2,10 @@
 
 One read of the candidates, one transaction for every change (the tombstones added to each turn's
 metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
-value tombstoned on the turn it reads (shared/tombstones). Restoring a forgotten row lifts its
-tombstones (cascade.lift_tombstones).
+value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted is given
+the tombstones too: what it will yield does not exist yet to be forgotten, and an extraction
+running on it (which requires its tombstones unchanged) is refused and runs again refusing the
+value. Restoring a forgotten row lifts its tombstones (cascade.lift_tombstones).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from services.store.model import (
 )
 from services.store.retrieval import vector_search
 from shared.errors import InvalidArgument
+from shared.layers import UNEXTRACTED
 from shared.limits import check_no_nul
 from shared.pages import line_values, meta_of, rests_on
 from shared.passages import Passage
@@ -86,7 +89,16 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
         matches = _without_evidence(matches, key)
     if not matches:
         return Forgotten([], [])
-    return await _retire(core, reach, matches, key, asked.reason, actor)
+    unextracted = await _unextracted(core, reach)
+    return await _retire(core, reach, matches, unextracted, key, asked.reason, actor)
+
+
+async def _unextracted(core: Core, reach: Reach) -> list[MemoryRow]:
+    """The live turns in reach still to be extracted, or being extracted now."""
+    found: list[MemoryRow] = []
+    for status in sorted(UNEXTRACTED):
+        found += await core.all_rows(reach, ListQuery(layers=(RAW,), extraction_status=status))
+    return found
 
 
 async def _holding(
@@ -130,9 +142,16 @@ def _evidence_of(memory: MemoryRow) -> list[str]:
 
 
 async def _retire(
-    core: Core, reach: Reach, matches: dict[str, MemoryRow], key: str, reason: str, actor: str
+    core: Core,
+    reach: Reach,
+    matches: dict[str, MemoryRow],
+    unextracted: list[MemoryRow],
+    key: str,
+    reason: str,
+    actor: str,
 ) -> Forgotten:
-    """One transaction: each match retired as forgotten, each evidence turn tombstoned."""
+    """One transaction: each match retired as forgotten, each evidence turn and each turn
+    still to be extracted (but those retired) tombstoned."""
     evidence = {m.id: None for m in matches.values() if m.layer == RAW}
     evidence |= {source: None for m in matches.values() for source in _evidence_of(m)}
     found = await core.repo.get_many(reach, list(evidence))
@@ -144,6 +163,7 @@ async def _retire(
         for m in matches.values()
     ]
     ops += [Tombstone(t.id, values) for t in turns]
+    ops += [Tombstone(t.id, values) for t in unextracted if t.id not in evidence]
     rows = await apply_unkeyed(core, reach, ops, actor, f"forget: {why}"[:500])
     retired = [row for row in rows[: len(matches)] if row is not None]
     return Forgotten(retired, [t.id for t in turns])
