@@ -669,6 +669,27 @@ async def test_a_value_forgotten_while_another_turn_holding_it_is_extracted_stay
     assert [h for h in hits if h["layer"] != "l2_raw" and "coffee" in h["content"]] == []
 
 
+async def test_a_value_forgotten_before_its_turn_is_extracted_is_never_written(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    plate = {"text": "Kim's licence plate is 42-XY-17"}
+    gate = threading.Event()
+    fake.on("m-plate", held(gate, {"facts": [plate, {"text": "Kim drives a van"}]}),
+            {"facts": [plate, {"text": "Kim drives a van"}]})
+    add = asyncio.create_task(api.add("m-plate My van's plate is 42-XY-17.", user))
+    turn_id = await _turn_once_asked(api, fake, "m-plate", user)
+    body = await api.ok("POST", "/api/v1/forget", json={"text": plate["text"], "user_id": user})
+    assert body["forgotten"] == 0  # nothing holds it yet
+    gate.set()
+    added = await add
+    assert await api.rows(user, "l3_fact", retired=False) == []
+    assert added["extraction_status"] == "skipped"
+    await api.ok("POST", "/api/v1/reprocess", json={"ids": [turn_id]})
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == ["Kim drives a van"]
+
+
 async def test_a_lesson_learnt_again_on_reprocess_is_kept_once(api: Api, fake: FakeLlm) -> None:
     user = new_user()
     lesson = "Run the migrations before deploying the API"

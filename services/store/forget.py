@@ -3,9 +3,11 @@
 One read of the candidates, one transaction for every change (the tombstones added to each turn's
 metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
 value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted is given
-the tombstones too: what it will yield does not exist yet to be forgotten, and an extraction
-running on it (which requires its tombstones unchanged) is refused and runs again refusing the
-value. Restoring a forgotten row lifts its tombstones (cascade.lift_tombstones).
+the tombstones too, even when nothing holds the value yet: what it will yield does not exist yet
+to be forgotten, and an extraction running on it (which requires its tombstones unchanged) is
+refused and runs again refusing the value. A memory-tool forget names a part, not a value, so
+it tombstones only its entries' turns. Restoring a forgotten row lifts its tombstones
+(cascade.lift_tombstones).
 """
 
 from __future__ import annotations
@@ -81,15 +83,16 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
     key = value_key(text)
     if not key:
         raise InvalidArgument("text has nothing to match")
+    unextracted: list[MemoryRow] = []
     if asked.memory_tool and not asked.memory_id:
         matches = await _memory_tool_entries(core, reach, text.strip(), asked.target)
     else:
         matches |= await _holding(core, reach, text, key, matches)
         matches |= await _pages_holding(core, reach, key, matches)
         matches = _without_evidence(matches, key)
-    if not matches:
+        unextracted = await _unextracted(core, reach)
+    if not matches and not unextracted:
         return Forgotten([], [])
-    unextracted = await _unextracted(core, reach)
     return await _retire(core, reach, matches, unextracted, key, asked.reason, actor)
 
 
@@ -151,7 +154,7 @@ async def _retire(
     actor: str,
 ) -> Forgotten:
     """One transaction: each match retired as forgotten, each evidence turn and each turn
-    still to be extracted (but those retired) tombstoned."""
+    still to be extracted tombstoned."""
     evidence = {m.id: None for m in matches.values() if m.layer == RAW}
     evidence |= {source: None for m in matches.values() for source in _evidence_of(m)}
     found = await core.repo.get_many(reach, list(evidence))
