@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from usearch.index import Index, ScalarKind
 
+from services.store import forget as forget_module
 from services.store import fulltext, keywords, off_calendar, retrieval, text_index
 from services.store import repo as repo_module
 from services.store.index import VectorIndexes
@@ -2009,6 +2010,27 @@ async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_row
     kept = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=dropped.id))
     assert kept.memory.superseded_how == "dropped"
     assert await listed(store, layers=[L3]) == ["My home address is 40 Oak Avenue, Shelbyville."]
+
+
+async def test_a_forget_tombstones_only_the_newest_turns_still_to_be_extracted(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    """Turns still to be extracted are guarded against an extraction in flight writing the value
+    back, GUARDED_TURNS of them at most, newest first: a backlog of thousands (no LLM, a key
+    awaited) would make one forget that many row changes."""
+    user, over = "gus", 3
+    turns = []
+    for i in range(forget_module.GUARDED_TURNS + over):
+        pending = insert(f"gus turn {i}", user=user, layer=L2, extraction_status="pending")
+        turns += [m.id for m in await apply(store, pending, user=user)]
+    await apply(store, insert("Gus's locker code is 4455", user=user), user=user)
+
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(user), text="Gus's locker code is 4455"))
+    marked = []
+    for turn_id in turns:
+        got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=turn_id))
+        marked.append(tombstones(got.memory.metadata_json) != [])
+    assert marked == [False] * over + [True] * forget_module.GUARDED_TURNS
 
 
 # --- summaries (L4) of what a forget or delete takes ----------------------------------------

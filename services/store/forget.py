@@ -2,12 +2,12 @@
 
 One read of the candidates, one transaction for every change (the tombstones added to each turn's
 metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
-value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted is given
-the tombstones too, even when nothing holds the value yet: what it will yield does not exist yet
-to be forgotten, and an extraction running on it (which requires its tombstones unchanged) is
-refused and runs again refusing the value. A memory-tool forget names a part, not a value, so
-it tombstones only its entries' turns. Restoring a forgotten row lifts its tombstones
-(cascade.lift_tombstones).
+value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted (the
+newest GUARDED_TURNS) is given the tombstones too, even when nothing holds the value yet: what
+it will yield does not exist yet to be forgotten, and an extraction running on it (which
+requires its tombstones unchanged) is refused and runs again refusing the value. A memory-tool
+forget names a part, not a value, so it tombstones only its entries' turns. Restoring a
+forgotten row lifts its tombstones (cascade.lift_tombstones).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ NEAR_EXACT = 0.95
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
 DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
+GUARDED_TURNS = 100
+"""The most turns still to be extracted that a forget also tombstones, newest first: an
+extraction in flight is most often of a turn just written. A backlog of thousands (pro awaiting
+a key or with no LLM configured, a long outage) would make one forget that many row changes:
+10,000 took it past the 8 s write deadline."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,14 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
 
 
 async def _unextracted(core: Core, reach: Reach) -> list[MemoryRow]:
-    """The live turns in reach still to be extracted, or being extracted now."""
+    """The newest live turns in reach still to be extracted, or being extracted now (at most
+    GUARDED_TURNS)."""
     found: list[MemoryRow] = []
     for status in sorted(UNEXTRACTED):
-        found += await core.all_rows(reach, ListQuery(layers=(RAW,), extraction_status=status))
-    return found
+        query = ListQuery(layers=(RAW,), extraction_status=status, limit=GUARDED_TURNS)
+        found += (await core.repo.list_rows(reach, query)).rows
+    found.sort(key=lambda row: row.created_at, reverse=True)
+    return found[:GUARDED_TURNS]
 
 
 async def _holding(
