@@ -42,7 +42,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
 from shared.text import content_key, value_key
-from shared.tombstones import tombstones
+from shared.tombstones import held_tombstones, tombstones
 from tests.store_state import store_config
 from tests.support import ROOT, WAIT_CEILING_S, StoreBackend, assert_eventually, running_stack
 
@@ -2031,6 +2031,32 @@ async def test_a_forget_tombstones_only_the_newest_turns_still_to_be_extracted(
         got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=turn_id))
         marked.append(tombstones(got.memory.metadata_json) != [])
     assert marked == [False] * over + [True] * forget_module.GUARDED_TURNS
+
+
+
+async def test_a_guard_on_a_turn_to_be_extracted_takes_nothing_down_and_a_restore_lifts_it(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    """A turn still to be extracted is guarded against the value, not known to hold it: an
+    episode resting on it stays live, and the value's restore takes the guard off."""
+    user = "gus"
+    (turn,) = await apply(store, insert("Gus: off to the gym", user=user, layer=L2,
+                                        extraction_status="pending"), user=user)
+    (fact,) = await apply(store, insert("Gus's locker code is 4455", user=user), user=user)
+    (episode,) = await apply(store, insert("EPISODE: Gus went to the gym", user=user,
+                                           layer=common_pb2.L4_SUMMARY, label="episode",
+                                           source_ids=[turn.id]), user=user)
+
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(user), id=fact.id))
+    guarded = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=turn.id))
+    assert tombstones(guarded.memory.metadata_json) == [value_key(fact.content)]
+    assert held_tombstones(guarded.memory.metadata_json) == []
+    kept = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=episode.id))
+    assert (kept.memory.status, kept.memory.superseded_how) == ("active", "")
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact.id)), user=user)
+    lifted = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=turn.id))
+    assert tombstones(lifted.memory.metadata_json) == []
 
 
 # --- summaries (L4) of what a forget or delete takes ----------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from services.store import forget
 from services.store.model import RAW, Insert, Reach, Retire
 from services.store.server import running_store
+from shared.tombstones import held_tombstones, tombstones, with_tombstones, without_tombstone
 from tests.store_state import store_config
 
 VALUE = "Bo's locker code is 4471"
@@ -63,3 +64,16 @@ async def test_a_memory_tool_entry_is_found_though_an_older_turn_is_retired_as_i
         asked = forget.Forget(text="spare key", memory_tool=True, target="memory")
         gone = await store.forget(alice, asked, actor="plugin")
         assert note is not None and [row.id for row in gone.memories] == [note.id]
+
+
+def test_a_held_tombstone_takes_the_place_of_a_guard_and_a_guard_never_of_a_held_one() -> None:
+    guarded = with_tombstones("{}", ["a", "b"], 1.0, guard=True)
+    assert (tombstones(guarded), held_tombstones(guarded)) == (["a", "b"], [])
+    held = with_tombstones(guarded, ["b", "c"], 2.0)
+    assert sorted(tombstones(held)) == ["a", "b", "c"]
+    assert sorted(held_tombstones(held)) == ["b", "c"]
+    assert held_tombstones(with_tombstones(held, ["b"], 3.0, guard=True)) == held_tombstones(held)
+    # A restore takes off the guards of its value elsewhere, never a turn's held tombstone.
+    assert without_tombstone(held, "b", guard_only=True) is None
+    lifted = without_tombstone(held, "a", guard_only=True)
+    assert lifted is not None and sorted(tombstones(lifted)) == ["b", "c"]

@@ -19,7 +19,7 @@ from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op
-from shared.tombstones import tombstones
+from shared.tombstones import held_tombstones
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class Living:
         for raw in raws:
             # A turn holding a forgotten value is no evidence for a summary (retired turns are
             # not listed).
-            if raw.write_mode in LLM_MODES and not tombstones(raw.metadata_json):
+            if raw.write_mode in LLM_MODES and not held_tombstones(raw.metadata_json):
                 key = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
                 owners.setdefault(key, []).append(raw)
         written = 0

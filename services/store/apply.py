@@ -353,9 +353,10 @@ async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:
     before = await target(w.tx, run.reach, op.id)
     if before.layer != RAW:
         raise InvalidArgument(f"op {i}: only a raw turn holds tombstones")
-    marked = with_tombstones(before.metadata_json, list(op.values), w.now)
+    marked = with_tombstones(before.metadata_json, list(op.values), w.now, op.guard)
     after = await w.change(before, "update", {"metadata": marked}, run.reason)
-    await retire_derived(w, op.id, TOMBSTONED)
+    if not op.guard:
+        await retire_derived(w, op.id, TOMBSTONED)
     return after
 
 

@@ -43,7 +43,7 @@ from shared.pages import (
     rests_on,
 )
 from shared.text import value_key
-from shared.tombstones import tombstones, without_tombstone
+from shared.tombstones import held_tombstones, without_tombstone
 
 
 def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
@@ -211,7 +211,7 @@ def _gone_how(evidence: MemoryRow | None, lifted: Set[str] = frozenset()) -> str
         return ERASED
     if evidence.status == RETIRED:
         return evidence.superseded_how
-    return TOMBSTONED if set(tombstones(evidence.metadata_json)) - lifted else None
+    return TOMBSTONED if set(held_tombstones(evidence.metadata_json)) - lifted else None
 
 
 async def retire_derived(w: Write, memory_id: str, how: str) -> None:
@@ -333,11 +333,24 @@ async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
         turn = await w.tx.get(turn_id)
         if turn is None or turn.layer != RAW or turn.user_id != forgotten.user_id:
             continue
-        metadata, lifted = turn.metadata_json, False
-        for value in sorted(values):
-            without = without_tombstone(metadata, value)
-            if without is not None:
-                metadata, lifted = without, True
-        if lifted:
-            await w.change(turn, "update", {"metadata": metadata}, reason)
+        if await _lift(w, turn, values, reason):
             await restore_derived(w, turn_id)
+    # The guards the forget left on turns then still to be extracted.
+    for mark in await w.tx.forget_marks(forgotten.user_id, forgotten.agent_id):
+        if mark.layer == RAW and mark.id not in turns:
+            await _lift(w, mark, values, reason, guard_only=True)
+
+
+async def _lift(
+    w: Write, turn: MemoryRow, values: Set[str], reason: str, guard_only: bool = False
+) -> bool:
+    """Takes the values off a turn's tombstones (only its guards, with guard_only); whether
+    any was there."""
+    metadata, lifted = turn.metadata_json, False
+    for value in sorted(values):
+        without = without_tombstone(metadata, value, guard_only)
+        if without is not None:
+            metadata, lifted = without, True
+    if lifted:
+        await w.change(turn, "update", {"metadata": metadata}, reason)
+    return lifted

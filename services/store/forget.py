@@ -3,9 +3,10 @@
 One read of the candidates, one transaction for every change (the tombstones added to each turn's
 metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
 value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted (the
-newest GUARDED_TURNS) is given the tombstones too, even when nothing holds the value yet: what
+newest GUARDED_TURNS) is given them too, as guards, even when nothing holds the value yet: what
 it will yield does not exist yet to be forgotten, and an extraction running on it (which
-requires its tombstones unchanged) is refused and runs again refusing the value. A memory-tool
+requires its tombstones unchanged) is refused and runs again refusing the value. A guard takes
+nothing resting on the turn down (it is not known to hold the value). A memory-tool
 forget names a part, not a value, so it tombstones only its entries' turns. Restoring a
 forgotten row lifts its tombstones (cascade.lift_tombstones).
 """
@@ -174,7 +175,7 @@ async def _retire(
         for m in matches.values()
     ]
     ops += [Tombstone(t.id, values) for t in turns]
-    ops += [Tombstone(t.id, values) for t in unextracted if t.id not in evidence]
+    ops += [Tombstone(t.id, values, guard=True) for t in unextracted if t.id not in evidence]
     rows = await apply_unkeyed(core, reach, ops, actor, f"forget: {why}"[:500])
     retired = [row for row in rows[: len(matches)] if row is not None]
     return Forgotten(retired, [t.id for t in turns])

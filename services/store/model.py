@@ -220,6 +220,9 @@ class Tombstone:
 
     id: str
     values: tuple[str, ...]
+    guard: bool = False
+    """A guard (shared.tombstones): the turn is still to be extracted and not known to hold
+    the values, so nothing resting on it goes stale."""
 
 
 @dataclass(frozen=True)
