@@ -2141,6 +2141,32 @@ async def test_a_delete_retires_the_summaries_of_the_row_and_a_newer_now_page_st
         ("now_page", "retired", "stale")]
 
 
+
+async def test_a_delete_of_a_whole_layer_takes_down_what_rests_on_its_rows_as_one_delete_does(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    """A bulk delete (DELETE /api/v1/delete_all with a layer) erases thousands of rows in one
+    write: the summaries, the profile mirror and the edges resting on them go with them."""
+    await summed_up_secret(store)
+    await apply(store, insert("Prefers tea over coffee", label="user_preferences"))
+    (kept,) = await apply(store, insert("Hank works in Leeds"))
+    await apply(store, insert("Now: Hank works in Leeds", layer=L4, label="now_page",
+                              source_ids=[kept.id]))
+    assert [m.content for m in await profile_rows(store)] == ["Prefers tea over coffee"]
+
+    await store.DeleteMemories(store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L3]))
+    # The Now page and the profile rested on facts; the episode rests on a turn, still there.
+    assert await summaries(store) == [("now_page", "retired", "stale"), ("episode", "active", ""),
+                                      ("now_page", "retired", "stale")]
+    assert await profile_rows(store) == []
+
+
+async def profile_rows(stub: store_pb2_grpc.StoreStub) -> list[common_pb2.Memory]:
+    """alice's live L1 rows."""
+    reply = await stub.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[common_pb2.L1_PROFILE]))
+    return list(reply.memories)
+
 async def test_a_summary_written_after_its_evidence_was_forgotten_is_retired_as_it_is_written(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -14,6 +14,7 @@ from services.store.cascade import (
     another_page,
     dead_evidence,
     fact_changes,
+    follow_erased,
     lift_tombstones,
     lifted_values,
     live_now_page,
@@ -40,7 +41,6 @@ from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
     ENTITY,
-    ERASED,
     FORGOTTEN,
     OLD_VERSIONS,
     RAW,
@@ -184,9 +184,7 @@ async def _delete(run: _Apply, i: int, op: Delete) -> MemoryRow | None:
     w = run.write
     before = await target(w.tx, run.reach, op.id)
     await erase(w, before, run.reason)
-    await retire_derived(w, op.id, ERASED)
-    if is_preference_fact(before):
-        w.facts_changed.append(FactChange(before, live=False, how=ERASED))
+    await follow_erased(w, [before])
     return None
 
 
@@ -414,10 +412,13 @@ def _update_fields(op: Update) -> dict[str, Any]:
 
 
 async def delete_many(core: Core, reach: Reach, layers: Sequence[str], actor: str = "") -> int:
-    """Erases every row (live or retired) inside a reach and layers; returns how many."""
+    """Erases every row (live or retired) inside a reach and layers, and what rests on them goes
+    as after one delete; returns how many."""
     check_layers(layers)
     async with core.writing(actor or DEFAULT_ACTOR) as w:
         rows = await w.tx.rows_in(reach, layers)
         for row in rows:
             await erase(w, row, "delete_all")
+        await follow_erased(w, rows)
+        await settle(w)
     return len(rows)

@@ -26,6 +26,7 @@ from services.store.model import (
     TOMBSTONED,
     MemoryRow,
     Op,
+    Reach,
     Restore,
     Retire,
     Update,
@@ -230,6 +231,35 @@ async def retire_derived(w: Write, memory_id: str, how: str) -> None:
         gone.append(row.id)
     for edge in await w.tx.edges_of_memories(gone):
         await w.tx.update_edge(edge.id, stale=1)
+
+
+async def follow_erased(w: Write, erased: Sequence[MemoryRow]) -> None:
+    """What rests on rows just erased goes with them (retire_derived, ERASED: the summaries,
+    knowledge, page lines and edges), and a preference fact's L1 mirror follows it."""
+    if len(erased) == 1:
+        await retire_derived(w, erased[0].id, ERASED)
+    else:
+        for memory_id in await _rested_on(w, erased):
+            await retire_derived(w, memory_id, ERASED)
+        for edge in await w.tx.edges_of_memories(sorted(row.id for row in erased)):
+            await w.tx.update_edge(edge.id, stale=1)
+    w.facts_changed += [
+        FactChange(row, live=False, how=ERASED) for row in erased if is_preference_fact(row)
+    ]
+
+
+async def _rested_on(w: Write, erased: Sequence[MemoryRow]) -> list[str]:
+    """The erased rows a live derived row or an entity page rests on: for a bulk delete of
+    thousands, the derived rows and pages of their users are read once, not once a row."""
+    ids = {row.id for row in erased}
+    resting: set[str] = set()
+    users = tuple({row.user_id for row in erased})
+    for row in await w.tx.rows_in(Reach(users), [*DERIVED_LAYERS, ENTITY]):
+        if row.layer == ENTITY:
+            resting |= {i for i in ids - resting if json.dumps(i) in row.metadata_json}
+        elif row.status == ACTIVE:
+            resting |= ids & set(row.source_ids)
+    return sorted(resting)
 
 
 async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
