@@ -22,6 +22,10 @@ PREFERENCES = "user_preferences"
 EXPERIENCE = "task_experience"
 NOW_PAGE = "now_page"
 """The label of an owner's Now page (an L4 summary): one is live at a time."""
+ARC = "arc"
+"""The label of an owner's arc (an L4 summary the consolidator keeps): one is live at a time."""
+ONE_LIVE = {NOW_PAGE: "Now page", ARC: "arc"}
+"""Labels (and names) of summaries an owner has one live row of: a newer stands for the older."""
 UNEXTRACTED = frozenset({"pending", "failed", "unconfigured"})
 """Extraction states of a raw turn still to be extracted (or being extracted now)."""
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}

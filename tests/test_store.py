@@ -2214,6 +2214,25 @@ async def test_an_old_now_page_is_not_restored_while_a_newer_one_is_live(
         ("now_page", "retired", "stale"), ("episode", "active", ""), ("now_page", "active", "")]
 
 
+async def test_an_old_arc_does_not_come_back_beside_a_newer_one(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    """The consolidator keeps one arc an owner: one gone stale with its evidence stays down
+    when the evidence comes back after a newer arc was built, and cannot be restored."""
+    fact, other = await apply(store, insert("Hank's safe combination is 31-22-17"),
+                              insert("Hank works in Leeds"))
+    (old,) = await apply(store, insert("Arc: Hank guards his safe", layer=L4, label="arc",
+                                       source_ids=[fact.id]))
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=fact.id))
+    await apply(store, insert("Arc: Hank settles in Leeds", layer=L4, label="arc",
+                              source_ids=[other.id]))
+    await apply(store, restore(fact.id))
+    assert await summaries(store) == [("arc", "retired", "stale"), ("arc", "active", "")]
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
+        await apply(store, restore(old.id))
+    assert "a newer arc is live" in (caught.value.details() or "")
+
+
 # --- entity pages (L8) a restore brings back ---------------------------------------------------
 
 L8 = common_pb2.L8_ENTITY

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.consolidator.plan import Drop, EdgeOp, EndEdge, Merge, Plan, Schema
+from shared.layers import ARC
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op
 from shared.text import edge_key
 
 MERGE_GUARD = 0.65
 SCHEMA_DUPLICATE = 0.92
-ARC = "arc"
 
 
 @dataclass

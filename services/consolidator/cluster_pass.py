@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.consolidator.cluster_ops import (
-    ARC,
     ClusterOps,
     Counts,
     Fetched,
@@ -28,6 +27,7 @@ from services.consolidator.prompt import (
 from services.consolidator.survey import ACTOR, Owner, cluster_key, pass_key
 from services.consolidator.vectors import Vectors
 from shared.errors import ServiceError, Unavailable
+from shared.layers import ARC
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import GraphStoreClient, state_op

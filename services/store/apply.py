@@ -17,7 +17,7 @@ from services.store.cascade import (
     follow_erased,
     lift_tombstones,
     lifted_values,
-    live_now_page,
+    newer_one_live,
     restate,
     restore_derived,
     retire_derived,
@@ -64,7 +64,7 @@ from services.store.model import (
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
-from shared.layers import NOW_PAGE
+from shared.layers import ONE_LIVE
 from shared.pages import has_live_line, meta_of
 from shared.passages import Passage
 from shared.tombstones import tombstones, with_tombstones
@@ -262,8 +262,8 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
             f"it rests on {dead[0]!r}, which is {dead[1]}: restore that instead, and this "
             "comes back with it"
         )
-    if row.label == NOW_PAGE and await live_now_page(w, row):
-        return "a newer Now page is live (one Now page is live at a time)"
+    if await newer_one_live(w, row):
+        return f"a newer {ONE_LIVE[row.label]} is live (one is live at a time)"
     if row.layer != ENTITY:
         return None
     if not has_live_line(meta_of(row.metadata_json)):

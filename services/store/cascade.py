@@ -32,7 +32,7 @@ from services.store.model import (
     Update,
 )
 from services.store.retrieval import vector_search
-from shared.layers import EXPERIENCE, NOW_PAGE
+from shared.layers import EXPERIENCE, ONE_LIVE
 from shared.pages import (
     cited_by,
     has_live_line,
@@ -289,7 +289,7 @@ async def restore_derived(w: Write, memory_id: str) -> None:
             continue
         if row.status == ACTIVE:
             await _unmark_edges(w, row)
-        elif not (row.label == NOW_PAGE and await live_now_page(w, row)):
+        elif not await newer_one_live(w, row):
             await revive(w, row, f"evidence {memory_id} was restored")
 
 
@@ -336,10 +336,13 @@ async def _unmark_edges(w: Write, row: MemoryRow) -> None:
             await w.tx.update_edge(edge.id, stale=0)
 
 
-async def live_now_page(w: Write, page: MemoryRow) -> bool:
-    """Whether the page's owner has a live Now page (built after this one went stale)."""
-    pages = await w.tx.owner_rows(page.user_id, page.agent_id, SUMMARY, NOW_PAGE)
-    return any(p.status == ACTIVE for p in pages)
+async def newer_one_live(w: Write, row: MemoryRow) -> bool:
+    """Whether a summary the owner has one live row of (a Now page, the arc) has another live
+    (built after this one went stale)."""
+    if row.layer != SUMMARY or row.label not in ONE_LIVE:
+        return False
+    rows = await w.tx.owner_rows(row.user_id, row.agent_id, SUMMARY, row.label)
+    return any(other.status == ACTIVE and other.id != row.id for other in rows)
 
 
 def lifted_values(forgotten: MemoryRow) -> set[str]:
