@@ -89,6 +89,33 @@ def test_the_store_enforces_the_grant_a_call_carries(tcp_stack: Stack) -> None:
         assert [o.live for o in dave.owners] == [1]
 
 
+def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
+    tcp_stack: Stack,
+) -> None:
+    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
+    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
+    set_state = store_pb2.ApplyRequest(
+        scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
+        ops=[store_pb2.Op(set_state=store_pb2.SetStateOp(key="probe:x", value_json='"carol"'))],
+    )
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        store.Apply(set_state, metadata=token, timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            store.GetState(store_pb2.GetStateRequest(prefix=""), metadata=as_carol, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        changed = store_pb2.ApplyRequest()
+        changed.CopyFrom(set_state)
+        changed.ops[0].set_state.value_json = '"overwritten"'
+        with pytest.raises(grpc.RpcError) as refused:
+            store.Apply(changed, metadata=as_carol, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        kept = store.GetState(store_pb2.GetStateRequest(prefix="probe:"), metadata=token,
+                              timeout=30)
+    assert [(v.key, v.value_json) for v in kept.values] == [("probe:x", '"carol"')]
+
+
 def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:
     ask = reflection_pb2.ServerReflectionRequest(list_services="")
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:

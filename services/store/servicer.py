@@ -273,6 +273,9 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ApplyResponse:
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
+        if any(isinstance(op, SetState) for op in ops):
+            # State values are the server's own (the slow path's clusters and schedule), no owner's.
+            self._everyone("setting server state")
         actor = actor_for(request.actor, request.origin, self._token_name())
         rows = await self._store.apply(reach, ops, actor, request.reason, _key(request))
         if isinstance(rows, Replayed):
@@ -540,6 +543,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def GetState(
         self, request: store_pb2.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetStateResponse:
+        self._everyone("reading server state")
         values = await self._store.get_state(request.prefix)
         return store_pb2.GetStateResponse(
             values=[store_pb2.StateValue(key=k, value_json=v) for k, v in values]
