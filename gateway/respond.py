@@ -34,17 +34,26 @@ async def request_params(request: web.Request, *, query_wins: bool = False) -> P
     return Params(request.query, await read_body(request), query_wins=query_wins)
 
 
+def _only(names: frozenset[str] | None) -> str:
+    """The one name a grant's list holds; "" for any name or several."""
+    return next(iter(names)) if names is not None and len(names) == 1 else ""
+
+
 def default_user() -> str:
     """The user a request naming none acts for: its token's one user, else "default"."""
     grant = current_grant()
-    if grant is not None and grant.users is not None and len(grant.users) == 1:
-        return next(iter(grant.users))
-    return DEFAULT_USER
+    return (_only(grant.users) if grant is not None else "") or DEFAULT_USER
+
+
+def default_agent() -> str:
+    """The agent a request naming none acts for: its token's one agent, else none ("")."""
+    grant = current_grant()
+    return _only(grant.agents) if grant is not None else ""
 
 
 def owner_scope(user_id: str, agent_id: str = "") -> common_pb2.Scope:
-    """One owner's scope; no user_id means the default user."""
-    return common_pb2.Scope(user_id=user_id or default_user(), agent_id=agent_id)
+    """One owner's scope; no user_id means the default user, no agent_id the default agent."""
+    return common_pb2.Scope(user_id=user_id or default_user(), agent_id=agent_id or default_agent())
 
 
 def all_users() -> common_pb2.Scope:

@@ -30,6 +30,7 @@ OPS = "ops-secret-0123456789"
 ALICE_APP = "alice-app-secret-0123456789"
 ALICE_READER = "alice-reader-secret-0123456789"
 ALICE_AGENT = "alice-agent-secret-0123456789"
+ALICE_AGENTS = "alice-agents-secret-0123456789"
 LEGACY = "legacy-secret-0123456789"
 BOBBY, BOBBY_APP = "bobby", "bobby-app-secret-0123456789"  # bob's alias
 TOKENS = {
@@ -42,6 +43,8 @@ TOKENS = {
          "scopes": ["read"]},
         {"name": "alice-agent", "token": ALICE_AGENT, "users": [ALICE], "agents": ["coach"],
          "scopes": ["read", "write"]},
+        {"name": "alice-agents", "token": ALICE_AGENTS, "users": [ALICE],
+         "agents": ["coach", "chef"], "scopes": ["read", "write"]},
         {"name": "bobby-app", "token": BOBBY_APP, "users": [BOBBY], "agents": ["*"],
          "scopes": ["read", "write"]},
     ]
@@ -266,6 +269,21 @@ async def test_a_token_for_one_agent_finds_only_that_agents_rows_through_search(
     status, body = await coach.call("POST", "/api/v1/add",
                                     json={"text": "as the chef", "agent_id": "chef"})
     assert status == 403, body
+
+
+async def test_a_token_for_one_agent_acts_for_that_agent_when_a_request_names_none(
+    stack: Stack, seeded: dict[str, list[str]]
+) -> None:
+    coach = Client(stack.base_url, ALICE_AGENT)
+    added = await coach.ok("POST", "/api/v1/add", json={"text": "coach notes the rowing plan"})
+    listing = await coach.ok("POST", "/api/v1/list", json={"limit": 1000})
+    mine = [m for m in listing["memories"] if m["memory_id"] == added["memory_id"]]
+    assert [(m["user_id"], m["agent_id"]) for m in mine] == [(ALICE, "coach")]
+    # With two agents granted there is no one to act for: a row of no agent is refused, saying
+    # the agent is what lies outside.
+    status, body = await Client(stack.base_url, ALICE_AGENTS).call(
+        "POST", "/api/v1/add", json={"text": "for no agent"})
+    assert status == 403 and "(agent '') is outside" in body["error"], body
 
 
 async def test_a_read_only_token_reads_but_cannot_write(

@@ -15,7 +15,6 @@ from gateway.params import check_string
 from gateway.readiness import wait_for_store
 from gateway.respond import (
     INT32_MIN,
-    default_user,
     json_response,
     layer_filter,
     owner_scope,
@@ -67,8 +66,9 @@ async def add(request: web.Request) -> web.Response:
     origin = metadata.get("write_origin")
     status_ = extraction_status(config)
 
+    scope = owner_scope(user_id, agent_id)
     owner = common_pb2.Owner(
-        user_id=user_id or default_user(), agent_id=agent_id, session_id=session_id
+        user_id=scope.user_id, agent_id=scope.agent_id, session_id=session_id
     )
     row = store_pb2.NewMemory(
         owner=owner,
@@ -83,7 +83,7 @@ async def add(request: web.Request) -> web.Response:
     await wait_for_store(request.app)
     reply = await request.app[STORE].Apply(
         store_pb2.ApplyRequest(
-            scope=owner_scope(owner.user_id, agent_id),
+            scope=scope,
             ops=[store_pb2.Op(insert=row)],
             actor="api",
             origin=origin if isinstance(origin, str) else "",
@@ -101,7 +101,7 @@ async def add(request: web.Request) -> web.Response:
     request.app[COUNTERS].writes += 1
     memory_id = memory.id
     if status_ == "pending":
-        status_ = await _extract(request, owner_scope(owner.user_id, agent_id), memory_id)
+        status_ = await _extract(request, scope, memory_id)
     return json_response({"success": True, "memory_id": memory_id, "extraction_status": status_})
 
 

@@ -83,7 +83,9 @@ def _owned(reach: Reach, op: Insert | PutEdge, where: str) -> None:
     if isinstance(op, Insert):
         check_name(f"{where}: owner.session_id", op.session_id)
     if not reach.contains(op.user_id, op.agent_id):
-        raise PermissionDenied(f"{where}: owner {op.user_id!r} is outside the request scope")
+        raise PermissionDenied(
+            f"{where}: owner {op.user_id!r} (agent {op.agent_id!r}) is outside the request scope"
+        )
 
 
 def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
