@@ -690,6 +690,34 @@ async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token
     await page.context.close()
 
 
+async def test_a_token_for_one_user_opens_on_that_user_before_it_has_any_memory(
+    browser: Browser, tmp_path: Path, embedder_address: str, shots: Path
+) -> None:
+    newcomer = "newcomer-secret-0123456789"
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{
+        "name": "newcomer", "token": newcomer, "users": ["newcomer"], "agents": ["coach"],
+        "scopes": ["read", "write"]}]}))
+    with running_stack(
+        tmp_path / "data", ["store", "search", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens),
+    ) as limited:
+        context = await browser.new_context(viewport=DESKTOP)
+        await context.add_init_script(
+            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(newcomer)});"
+        )
+        session = Session(await context.new_page(), limited.base_url, shots)
+        page = session.page
+        # No owner has a memory yet: the header names the token's own user and agent, not
+        # "default", which the token does not reach.
+        await session.open("overview")
+        assert await page.locator("#owner-user").input_value() == "newcomer"
+        assert await page.locator("#owner-agent").input_value() == "coach"
+        assert await page.locator("#writes .error").count() == 0
+        await session.shot("limited-token-overview")
+        await context.close()
+
+
 async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

@@ -102,16 +102,32 @@ function setupOwner() {
   });
 }
 
-/** The owners the server knows; without a saved choice, the most recently written user. */
+/** The owner the gateway acts for when a request names none: a token's one user (and agent),
+ * else "default"; null when it cannot be asked. */
+async function tokenOwner() {
+  try {
+    const { user_id, agent_id } = await api("/dashboard/api/writes", { query: { days: 1 } });
+    return { user_id, agent_id };
+  } catch {
+    return null;
+  }
+}
+
+/** The owners the server knows; without a saved choice, the most recently written user, or
+ * with none written yet the owner the token acts for. */
 async function loadOwners() {
   try {
     knownOwners = (await api("/api/v1/owners")).users;
   } catch {
     knownOwners = [];  // the views say what is wrong; the picker just offers nothing
   }
-  if (!savedOwner() && knownOwners.length) {
-    owner = { user_id: knownOwners[0].user_id, agent_id: "" };
-    document.getElementById("owner-user").value = owner.user_id;
+  if (!savedOwner()) {
+    const first = knownOwners.length ? { user_id: knownOwners[0].user_id, agent_id: "" } : await tokenOwner();
+    if (first) {
+      owner = first;
+      document.getElementById("owner-user").value = owner.user_id;
+      document.getElementById("owner-agent").value = owner.agent_id;
+    }
   }
   suggestOwners();
 }
