@@ -24,9 +24,18 @@ def test_compacting_a_turn_keeps_user_and_assistant_capped() -> None:
     assert len(compacted.encode()) < 4100
 
 
+def test_a_users_own_capitalised_line_is_kept_and_caps_count_characters() -> None:
+    turn = "USER: groceries\nTODO: buy milk\nNOTE: and eggs\n\nTOOL: ls\n\nASSISTANT: noted"
+    kept = "USER: groceries\nTODO: buy milk\nNOTE: and eggs\n\nASSISTANT: noted"
+    assert compact_turn(turn) == kept
+    # A message the plugin capped at 4,000 characters is not cut again for its bytes.
+    accented = "USER: " + "é" * 4000
+    assert compact_turn(accented) == accented
+
+
 def test_a_turn_without_roles_is_only_capped() -> None:
     assert compact_turn("plain text") == "plain text"
-    assert len(compact_turn("z" * 20000).encode()) <= 12000
+    assert len(compact_turn("z" * 20000)) == 12000
 
 
 async def test_a_turn_changed_while_compaction_embeds_is_left_as_it_is_now(

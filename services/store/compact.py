@@ -9,34 +9,35 @@ from services.store.apply import apply_unkeyed
 from services.store.core import Core
 from services.store.model import RAW, ListQuery, Op, Reach, Update
 
-MESSAGE_BYTES = 4000
-TURN_BYTES = 12000
+MESSAGE_CHARS = 4000
+TURN_CHARS = 12000
 SAMPLES = 5
 CHUNK = 200
 """Rows rewritten in one transaction (each new text is embedded inside it)."""
-_ROLE = re.compile(r"^([A-Z][A-Z_]{1,20}):\s?", re.M)
 _KEPT_ROLES = ("USER", "ASSISTANT")
+_ROLES = (*_KEPT_ROLES, "SYSTEM", "DEVELOPER", "TOOL", "FUNCTION")
+"""The roles a transcript's messages start with. Only these: a user's own line such as "TODO:
+buy milk" or "NOTE: ..." starts no message, so it is not dropped as one."""
+_ROLE = re.compile(rf"^({'|'.join(_ROLES)}):\s?", re.M)
 
 
 def _cap(text: str, limit: int) -> str:
-    data = text.encode()
-    if len(data) <= limit:
-        return text
-    return data[: limit - 3].decode(errors="ignore") + "…"
+    """The text cut to limit characters (the last one an ellipsis), as the plugin caps."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def compact_turn(text: str) -> str:
     """A turn with only its USER and ASSISTANT messages, each and the whole capped."""
     starts = list(_ROLE.finditer(text))
     if not starts:
-        return _cap(text, TURN_BYTES)
+        return _cap(text, TURN_CHARS)
     messages = []
     for i, match in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
         if match.group(1) in _KEPT_ROLES:
             body = text[match.end() : end].strip()
-            messages.append(f"{match.group(1)}: {_cap(body, MESSAGE_BYTES)}")
-    return _cap("\n\n".join(messages), TURN_BYTES) if messages else _cap(text, TURN_BYTES)
+            messages.append(f"{match.group(1)}: {_cap(body, MESSAGE_CHARS)}")
+    return _cap("\n\n".join(messages), TURN_CHARS) if messages else _cap(text, TURN_CHARS)
 
 
 @dataclass
