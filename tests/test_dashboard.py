@@ -432,6 +432,39 @@ async def test_restoring_a_row_whose_replacement_is_live_shows_why_it_was_refuse
     assert (await api.memory(paris, user))["superseded_how"] == "replaced"
 
 
+async def test_the_list_shows_why_a_retired_row_was_dropped_and_its_detail_restores_it(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    raw_id = await api.add("USER: I gave up coffee last spring.", user)
+    scope = common_pb2.Scope(user_id=user)
+    async with open_channel(stack.address("store")) as channel:
+        reply = await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+            scope=scope,
+            ops=[
+                store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=common_pb2.Owner(user_id=user), layer=common_pb2.L3_FACT,
+                    content="User drinks coffee", source_ids=[raw_id], ref="fact")),
+                store_pb2.Op(retire=store_pb2.RetireOp(
+                    id="$fact", superseded_how="dropped",
+                    drop_reason="contradicted: the user gave coffee up")),
+            ],
+            actor="extractor",
+        ))
+    fact_id = reply.memories[0].id
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open("memories?superseded=1")
+    state = ui.page.locator(f"tr.memory-row[data-memory-id='{fact_id}'] td").last
+    text = await state.inner_text()
+    assert "dropped" in text and "contradicted: the user gave coffee up" in text, text
+
+    await ui.act(ui.page.click(f"tr.memory-row[data-memory-id='{fact_id}'] a"))
+    await ui.act(ui.page.click("#restore"))
+    await ui.page.locator("#memory-detail[data-status=active]").wait_for()
+    assert "invalid_at" not in await api.memory(fact_id, user)
+
+
 async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     ui: Session, api: Api
 ) -> None:

@@ -27,7 +27,7 @@ function listHash(params) {
 
 function stateTag(item) {
   if (!item.invalid_at) return h("span", { class: "state active" }, "active");
-  return h("span", { class: "state retired", title: `retired ${item.invalid_at}` }, item.superseded_how || "retired");
+  return h("span", { class: "state retired", title: `retired ${fmtTime(item.invalid_at)}` }, item.superseded_how || "retired");
 }
 
 function listControls(ctx, total) {
@@ -64,7 +64,8 @@ function row(item) {
     h("td", { class: "content" }, h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}` }, item.content)),
     h("td", null, h("span", { class: `layer-tag ${item.layer}` }, item.layer)),
     h("td", { class: "when" }, fmtTime(item.gmt_created)),
-    h("td", null, stateTag(item)));
+    h("td", null, stateTag(item),
+      item.drop_reason ? h("div", { class: "muted drop-reason", title: item.drop_reason }, clip(item.drop_reason, 80)) : null));
 }
 
 async function renderList(root, ctx) {
