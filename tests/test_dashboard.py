@@ -52,6 +52,7 @@ NOT_YET_BUILT = ("/api/v1/graph-as-of",)
 BULK_USER = "bulk-user"
 BULK_ROWS = 10_000
 PAGE_SIZE = 50
+GRAPH_EDGES = 500  # the most relations the graph view draws
 
 if not os.path.exists(CHROMIUM):
     pytest.skip("Debian's chromium is not installed: run `make browser`", allow_module_level=True)
@@ -643,6 +644,29 @@ async def test_every_view_talks_only_to_the_gateway_without_console_errors(
     outside = [url for url in ui.requests if not url.startswith(ui.base_url + "/")]
     assert outside == []
     assert ui.unexpected_console_errors() == []
+
+
+async def test_a_graph_with_more_relations_than_it_draws_says_how_many_it_left_out(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    turns = [await api.add(f"USER: Ada knows person {n}.", user) for n in range(2)]
+    owner = common_pb2.Owner(user_id=user)
+    ops = [
+        store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=owner, subject="Ada", relation="knows", object=f"person {n}",
+            source_ids=turns))
+        for n in range(GRAPH_EDGES + 1)
+    ]
+    async with open_channel(stack.address("store")) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+            scope=common_pb2.Scope(user_id=user), ops=ops, actor="consolidator"), timeout=120)
+
+    await ui.open("graph")
+    await ui.set_owner(user)
+    count = await ui.page.locator("#graph-out p.muted").inner_text()
+    assert f"the newest {GRAPH_EDGES} of {GRAPH_EDGES + 1} relations" in count, count
+    assert await ui.page.locator("#graph-svg g.edge").count() == GRAPH_EDGES
 
 
 async def test_owners_view_lists_users_and_agents_and_opens_one(

@@ -5,6 +5,8 @@ import { h, s, errorBox, emptyState, fmtCount } from "../dom.js";
 
 const WIDTH = 900;
 const HEIGHT = 560;
+// The most relations one graph draws (the layout is quadratic in its nodes).
+const EDGE_LIMIT = 500;
 
 /** Node positions from a few hundred rounds of spring and repulsion forces (deterministic). */
 function layout(nodes, edges) {
@@ -88,7 +90,7 @@ export async function render(root, ctx) {
   const ts = Math.floor(Date.parse(`${asOf}T23:59:59Z`) / 1000);
   const fillNote = "The knowledge graph (L5) is empty until consolidation builds it: in ultra mode the periodic consolidation pass turns facts into entities and relations.";
   try {
-    const body = await api("/api/v1/graph-as-of", { query: { ts, n: 500, user_id: owner.user_id, agent_id: owner.agent_id } });
+    const body = await api("/api/v1/graph-as-of", { query: { ts, n: EDGE_LIMIT, user_id: owner.user_id, agent_id: owner.agent_id } });
     if (ctx.stale()) return;
     const nodes = body.nodes || [];
     const edges = body.relations || body.edges || [];
@@ -96,7 +98,11 @@ export async function render(root, ctx) {
       out.append(emptyState(`No graph for ${owner.user_id} as of ${asOf}.`, fillNote));
       return;
     }
-    out.append(h("p", { class: "muted" }, `${fmtCount(nodes.length)} nodes, ${fmtCount(edges.length)} relations as of ${asOf}`), h("div", { class: "graph-box" }, drawGraph(nodes, edges)));
+    // The server sends the newest EDGE_LIMIT relations: say so when there are more.
+    const shown = body.total > edges.length
+      ? `the newest ${fmtCount(edges.length)} of ${fmtCount(body.total)} relations (the rest are not drawn)`
+      : `${fmtCount(edges.length)} relations`;
+    out.append(h("p", { class: "muted" }, `${fmtCount(nodes.length)} nodes, ${shown} as of ${asOf}`), h("div", { class: "graph-box" }, drawGraph(nodes, edges)));
   } catch (error) {
     if (ctx.stale()) return;
     if (error.status === 501) out.append(emptyState(fillNote), errorBox(error, "The server says"));
