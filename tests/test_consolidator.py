@@ -235,6 +235,8 @@ async def test_a_pass_merges_drops_and_builds_schemas_and_edges_with_evidence_an
     assert graph["neighbors"] == [{"label": "Postgres 15", "relation": "uses", "incoming": False}]
     status = await api.status()
     assert status["consolidations"] >= 1 and "last_consolidated" in status
+    # When the last pass ended (the dashboard's overview shows it).
+    assert status["last_consolidated_at"] == (await api.ok("GET", "/api/v1/digest"))["last_at"]
     assert status["graph_edges"] >= 1
 
     # Nothing changed: the next pass sends this owner's cluster nowhere.

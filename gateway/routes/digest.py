@@ -67,7 +67,8 @@ async def _graph_counts(request: web.Request) -> tuple[int, int]:
 
 
 async def consolidation_status(request: web.Request) -> dict[str, Any]:
-    """The status fields of the slow path: consolidations and last_consolidated."""
+    """The status fields of the slow path: consolidations, last_consolidated_at (when the last
+    pass ended) and last_consolidated (its report)."""
     if request.app[CONFIG].mode != "ultra":
         return {"consolidations": -1}
     try:
@@ -77,6 +78,8 @@ async def consolidation_status(request: web.Request) -> dict[str, Any]:
     except ServiceError:  # status answers while the consolidator is down or failing
         return {"consolidations": 0}
     fields: dict[str, Any] = {"consolidations": reply.runs}
+    if reply.last_at:
+        fields["last_consolidated_at"] = rfc3339(reply.last_at)
     grant = current_grant()
     # A pass report names every owner it skipped or failed on: not for a token reaching some.
     if reply.HasField("last") and (grant is None or grant.unrestricted):

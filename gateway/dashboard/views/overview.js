@@ -12,10 +12,7 @@ function card(key, label, value, detail) {
 }
 
 function lastConsolidation(status) {
-  if (status.last_consolidated) {
-    const last = status.last_consolidated;
-    return [fmtTime(last.at || last.finished_at || status.last_consolidated_at) || "done", `${fmtCount(status.consolidations)} passes`];
-  }
+  if (status.last_consolidated_at) return [fmtTime(status.last_consolidated_at), `${fmtCount(status.consolidations)} passes`];
   if (status.consolidations === -1) return ["none", `${status.mode} mode has no slow path; ultra consolidates`];
   return ["never yet", "the ultra consolidation pass has not run"];
 }
