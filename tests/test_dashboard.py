@@ -720,6 +720,30 @@ async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> No
     await ui.shot("system")
 
 
+@pytest.fixture
+def half_hourly(tmp_path: Path, embedder_address: str) -> Iterator[Stack]:
+    """A store and gateway that take a snapshot every 30 minutes."""
+    with running_stack(
+        tmp_path,
+        ["store", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_TOKEN=TOKEN,
+        HYATLAS_SNAPSHOT_EVERY="30m",
+    ) as running:
+        yield running
+
+
+async def test_system_shows_a_snapshot_interval_under_an_hour_in_minutes(
+    browser: Browser, half_hourly: Stack, shots: Path
+) -> None:
+    session = await _session(browser, half_hourly, shots, token=True)
+    await session.open("system")
+    schedule = await session.page.locator("#snapshots p.muted").inner_text()
+    assert schedule.startswith("Every 30 min, keeping 7"), schedule  # it said "Every 1 h"
+    assert session.unexpected_console_errors() == []
+    await session.page.context.close()
+
+
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

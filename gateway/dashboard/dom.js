@@ -42,6 +42,13 @@ export function fmtTime(value) {
   return date.toISOString().slice(0, 16).replace("T", " ") + " UTC";
 }
 
+/** "30 min", "1.5 h", "24 h" from seconds (under a minute: "45 s"). */
+export function fmtDuration(seconds) {
+  if (seconds >= 3600) return `${Number((seconds / 3600).toFixed(1))} h`;
+  if (seconds >= 60) return `${Number((seconds / 60).toFixed(1))} min`;
+  return `${seconds} s`;
+}
+
 /** "1.2 MiB" from a byte count. */
 export function fmtBytes(bytes) {
   if (typeof bytes !== "number") return "";

@@ -1,7 +1,7 @@
 // System: service health, settings in force (credentials only as set / not set), data directory, snapshots.
 
 import { api } from "../api.js";
-import { h, emptyState, fmtBytes, fmtTime } from "../dom.js";
+import { h, emptyState, fmtBytes, fmtDuration, fmtTime } from "../dom.js";
 
 function value(v) {
   if (v === null || v === undefined || v === "") return "—";
@@ -27,7 +27,7 @@ export async function render(root, ctx) {
       h("dt", null, "Size on disk"), h("dd", null, fmtBytes(sys.data_bytes))));
   const snaps = sys.snapshots;
   const snapshots = h("section", { class: "panel", id: "snapshots" }, h("h2", null, "Snapshots"),
-    h("p", { class: "muted" }, sys.store_backend === "postgresql" ? "Not taken: the store keeps its rows in PostgreSQL; back the database up with pg_dump." : snaps.every_s ? `Every ${Math.round(snaps.every_s / 3600)} h, keeping ${snaps.keep}, in ${snaps.dir}` : `Off (HYATLAS_SNAPSHOT_EVERY); folder ${snaps.dir}`),
+    h("p", { class: "muted" }, sys.store_backend === "postgresql" ? "Not taken: the store keeps its rows in PostgreSQL; back the database up with pg_dump." : snaps.every_s ? `Every ${fmtDuration(snaps.every_s)}, keeping ${snaps.keep}, in ${snaps.dir}` : `Off (HYATLAS_SNAPSHOT_EVERY); folder ${snaps.dir}`),
     snaps.files.length
       ? h("table", null, h("tbody", null, snaps.files.map((f) => h("tr", null, h("td", { class: "mono" }, f.name), h("td", { class: "num" }, fmtBytes(f.bytes)), h("td", null, fmtTime(f.modified))))))
       : emptyState("No snapshots yet."));
