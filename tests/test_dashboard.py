@@ -318,6 +318,21 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     await ui.page.locator(f"li[data-memory-id='{memory_id}']").wait_for()
 
 
+async def test_a_date_filter_in_explore_says_how_many_hits_it_hid(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    kept = await api.add("The heron nests by the canal.", user)
+    await api.add("A heron fished in the canal today.", user, event_at="2020-03-01T09:00:00Z")
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open("explore?q=heron+canal&reader=keyword&from=2021-01-01")
+    results = await ui.page.locator("#explore-results").inner_text()
+    assert "1 of the 2 best hits fall outside these dates" in results, results
+    hits = ui.page.locator("li.hit")
+    assert [await hit.get_attribute("data-memory-id") for hit in await hits.all()] == [kept]
+
+
 async def test_the_list_shows_no_stray_text_where_no_notice_is_pending(
     ui: Session, api: Api
 ) -> None:

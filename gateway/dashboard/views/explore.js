@@ -116,16 +116,23 @@ function results(body, filters, search) {
   const order = body.order && body.order.length ? body.order : Object.keys(memories);
   const box = h("div", { class: "results" });
   let shown = 0;
+  let found = 0;
   if (body.now) {
     box.append(h("section", { class: "channel", "data-channel": "now" }, h("h3", null, "Now"), h("ul", { class: "hits" }, resultItem(body.now, search))));
   }
   for (const name of order) {
+    found += (memories[name] || []).length;
     const items = (memories[name] || []).filter((item) => inRange(item, filters.from, filters.to));
     if (!items.length) continue;
     shown += items.length;
     box.append(h("section", { class: "channel", "data-channel": name },
       h("h3", null, name, " ", h("small", null, `${items.length} · ${CHANNEL_NOTES[name] || ""}`)),
       h("ul", { class: "hits" }, items.map((item) => resultItem(item, search)))));
+  }
+  if (found > shown) {
+    // The dates filter the best hits the search sent: say how many of them they hid.
+    box.prepend(h("p", { class: "muted", id: "date-hidden" },
+      `${found - shown} of the ${found} best hits fall outside these dates and are not shown.`));
   }
   if (!shown && !body.now) {
     box.append(emptyState("Nothing matched for this owner.",
