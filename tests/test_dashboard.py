@@ -300,7 +300,7 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     await ui.page.click("#search-form button[type=submit]")
     hit = ui.page.locator(f"section.channel[data-channel=normal] li[data-memory-id='{memory_id}']")
     await hit.wait_for()
-    assert "cosine" in await hit.inner_text()
+    assert "score" in await hit.inner_text()
     await ui.shot("explore")
 
     # The keyword reader and a layer filter with no rows in it.
@@ -315,7 +315,11 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     assert "keyword reader" in await empty.inner_text()
     await ui.page.select_option("#layer", "l2_raw")
     await ui.page.click("#search-form button[type=submit]")
-    await ui.page.locator(f"li[data-memory-id='{memory_id}']").wait_for()
+    hit = ui.page.locator(f"li[data-memory-id='{memory_id}']")
+    await hit.wait_for()
+    # A keyword hit's score is the share of the query's words it holds, not a cosine.
+    meta = await hit.locator(".hit-meta").inner_text()
+    assert "score 1.000" in meta and "cosine" not in meta, meta
 
 
 async def test_a_date_filter_in_explore_says_how_many_hits_it_hid(

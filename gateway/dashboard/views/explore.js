@@ -37,8 +37,16 @@ async function placeOf(search, memoryId, extra) {
   return at < 0 ? null : { rank: at + 1, score: items[at].score };
 }
 
+// What a hit's score is: a hit the vector reader did not see (found by keywords or the graph)
+// has no cosine to the query.
+const SCORE_NOTE = "the cosine similarity to the query; for a hit the vector reader did not see, the share of the query's words it holds";
+
+function scoreText(score) {
+  return `score ${Number(score).toFixed(3)}`;
+}
+
 function placeText(place) {
-  return place ? `#${place.rank} · cosine ${Number(place.score).toFixed(3)}` : `not in the top ${WHY_LIMIT}`;
+  return place ? `#${place.rank} · ${scoreText(place.score)}` : `not in the top ${WHY_LIMIT}`;
 }
 
 function moveText(full, without) {
@@ -70,7 +78,7 @@ async function explain(box, search, memoryId) {
     toggled.textContent = placeText(await placeOf(wide, memoryId, { skip_stages: skip }));
   });
   box.replaceChildren(
-    h("p", null, `In this search: ${placeText(full)}. The score is the cosine similarity to the query; the order is the fused ranking after every stage below.`),
+    h("p", null, `In this search: ${placeText(full)}. The score is ${SCORE_NOTE}; the order is the fused ranking after every stage below.`),
     h("table", { class: "why-readers" },
       h("thead", null, h("tr", null, h("th", null, "Reader"), h("th", null, "Place"))),
       h("tbody", null, WHY_READERS.map(([reader, label], i) => h("tr", { "data-reader": reader },
@@ -104,7 +112,7 @@ function resultItem(item, search) {
   return h("li", { class: "hit", "data-memory-id": item.memory_id },
     h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}`, class: "hit-content" }, item.content),
     h("div", { class: "hit-meta" },
-      h("span", { class: "score", title: "cosine similarity to the query (the order is the fused ranking)" }, `cosine ${Number(item.score).toFixed(3)}`),
+      h("span", { class: "score", title: `${SCORE_NOTE} (the order is the fused ranking)` }, scoreText(item.score)),
       h("span", { class: `layer-tag ${item.layer}` }, item.layer),
       h("span", null, when),
       item.label ? h("span", null, item.label) : null),
