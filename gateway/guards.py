@@ -88,12 +88,31 @@ async def guards_middleware(request: web.Request, handler: Handler) -> web.Strea
         raise
 
 
+def _public(request: web.Request) -> bool:
+    """Whether the route's handler marked itself public (the dashboard's static shell, which
+    asks for the token)."""
+    return bool(getattr(request.match_info.handler, "token_exempt", False))
+
+
+def _public_page_opened(request: web.Request) -> bool:
+    """Whether a browser is opening a public page in a tab (a link to the dashboard followed
+    from another site): its shell holds no data and a GET of it changes nothing."""
+    headers = request.headers
+    return (
+        request.method == "GET"
+        and headers.get("Sec-Fetch-Mode", "").strip().lower() == "navigate"
+        and headers.get("Sec-Fetch-Dest", "").strip().lower() == "document"
+        and _public(request)
+    )
+
+
 def _check_origin(request: web.Request) -> None:
     allowed = request.app[CONFIG].allowed_hosts
     host = request.headers.get("Host", "")
     if not host_allowed(host, allowed):
         raise PermissionDenied("non-local Host refused")
-    if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+    cross_site = request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site"
+    if cross_site and not _public_page_opened(request):
         raise PermissionDenied("cross-site request refused")
     origin = request.headers.get("Origin")
     if origin is not None and not origin_allowed(origin, host, allowed):
@@ -105,9 +124,7 @@ async def token_middleware(request: web.Request, handler: Handler) -> web.Stream
     """With any token configured, every route but /healthz and /readyz needs a bearer token
     whose grant holds the route's scope; the handler then runs under that grant."""
     book = request.app[TOKENS]
-    # A handler may mark itself public (the dashboard's static shell, which asks for the token).
-    public = getattr(request.match_info.handler, "token_exempt", False)
-    if not book.configured or request.path in TOKEN_EXEMPT or public:
+    if not book.configured or request.path in TOKEN_EXEMPT or _public(request):
         return await handler(request)
     grant = book.resolve(request.headers.get("Authorization", ""))
     if grant is None:

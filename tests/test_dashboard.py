@@ -763,6 +763,18 @@ async def test_system_shows_a_snapshot_interval_under_an_hour_in_minutes(
     await session.page.context.close()
 
 
+async def test_a_link_to_the_dashboard_on_another_site_opens_it(ui: Session) -> None:
+    # Another site (a wiki, a chat) links to the dashboard; Chromium marks the tab's first
+    # request cross-site. It was refused with the API's "cross-site request refused".
+    other = "http://docs.example.test/"
+    link = f'<a id="open" href="{ui.base_url}/dashboard/#/system">Memory dashboard</a>'
+    await ui.page.route(other, lambda route: route.fulfill(content_type="text/html", body=link))
+    await ui.page.goto(other)
+    await ui.page.click("#open")
+    await ui.rendered()
+    assert await ui.page.locator("tr[data-service=gateway] .health").inner_text() == "serving"
+
+
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

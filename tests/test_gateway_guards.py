@@ -144,6 +144,28 @@ async def test_cross_site_fetch_is_refused(client: TestClient[Any, Any]) -> None
     assert (status, body) == (403, {"error": "cross-site request refused", "success": False})
 
 
+async def test_a_link_from_another_site_opens_the_dashboard_but_not_its_data(
+    client: TestClient[Any, Any],
+) -> None:
+    link = {
+        "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"
+    }
+    for path in ("/dashboard/", "/dashboard"):
+        async with client.get(path, headers=link) as reply:
+            assert reply.status == 200 and reply.content_type == "text/html", path
+    # Only the public shell, only opened in a tab: data, writes and fetches stay refused.
+    for method, path, headers in (
+        ("GET", "/dashboard/api/system", link),
+        ("GET", "/api/v1/status", link),
+        ("POST", "/dashboard/", link),
+        ("GET", "/dashboard/app.js", {**link, "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}),
+        ("GET", "/dashboard/", {**link, "Sec-Fetch-Dest": "iframe"}),
+    ):
+        async with client.request(method, path, headers=headers) as reply:
+            assert reply.status == 403, (method, path, headers)
+            assert (await reply.json())["error"] == "cross-site request refused"
+
+
 async def test_same_origin_fetch_without_origin_header_passes(client: TestClient[Any, Any]) -> None:
     headers = {"Sec-Fetch-Site": "same-origin"}
     assert (await _status_and_json(client, "GET", "/healthz", headers=headers))[0] == 200
