@@ -2320,6 +2320,22 @@ async def profile(stub: store_pb2_grpc.StoreStub) -> list[tuple[str, str, str]]:
     return [(m.content, m.status, m.superseded_how) for m in reply.memories]
 
 
+async def test_a_mirror_is_not_restored_alone_while_its_fact_is_forgotten(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (tea,) = await apply(store, insert("Prefers tea over coffee", label="user_preferences"))
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=tea.id))
+    (mirror,) = (await store.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), layers=[L1], include_superseded=True))).memories
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
+        await apply(store, restore(mirror.id))
+    assert f"preference fact {tea.id!r}, which is forgotten" in (caught.value.details() or "")
+    assert await profile(store) == [("Prefers tea over coffee", "retired", "forgotten")]
+
+    await apply(store, restore(tea.id))
+    assert await profile(store) == [("Prefers tea over coffee", "active", "")]
+
+
 async def test_a_preference_fact_is_mirrored_and_its_mirror_follows_it(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

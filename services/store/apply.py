@@ -36,7 +36,7 @@ from services.store.erase import erase
 from services.store.graph import end_edge, put_edge
 from services.store.idempotency import IdempotencyKey, Replayed, record, replayed
 from services.store.keys import passage_of
-from services.store.mirrors import FactChange, is_preference_fact
+from services.store.mirrors import FactChange, is_preference_fact, mirrored_fact_down
 from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
@@ -262,6 +262,8 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
             f"it rests on {dead[0]!r}, which is {dead[1]}: restore that instead, and this "
             "comes back with it"
         )
+    if (why := await mirrored_fact_down(w.tx, row)) is not None:
+        return why
     if await newer_one_live(w, row):
         return f"a newer {ONE_LIVE[row.label]} is live (one is live at a time)"
     if row.layer != ENTITY:

@@ -37,6 +37,25 @@ def _mirror_of(mirror: MemoryRow) -> str:
     return str(json.loads(mirror.metadata_json or "{}").get("mirror_of", ""))
 
 
+async def _value_live(tx: Writes, row: MemoryRow, key: str) -> bool:
+    """Whether a live preference fact of the row's owner holds the value."""
+    facts = await tx.owner_rows(row.user_id, row.agent_id, FACT_LAYER, PREFERENCES)
+    return any(f.status == ACTIVE and value_key(f.content) == key for f in facts)
+
+
+async def mirrored_fact_down(tx: Writes, row: MemoryRow) -> str | None:
+    """Why a retired profile mirror may not be live again on its own: no preference fact holding
+    its value is live (restoring the one it mirrors brings it back); None when it may."""
+    fact_id = _mirror_of(row) if row.layer == PROFILE_LAYER else ""
+    if not fact_id:
+        return None
+    if await _value_live(tx, row, value_key(row.content)):
+        return None
+    fact = await tx.get(fact_id)
+    how = "deleted" if fact is None else fact.superseded_how or "retired"
+    return f"it mirrors preference fact {fact_id!r}, which is {how}: restore that instead"
+
+
 class Mirrors:
     """Applies the mirror rule inside one store transaction."""
 
@@ -56,15 +75,11 @@ class Mirrors:
                 if current is not None and current.status == ACTIVE:
                     await self._mirror(current, same)
                 continue
-            gone = [] if await self._value_still_live(change.fact, key) else [
+            gone = [] if await _value_live(self._tx, change.fact, key) else [
                 m for m in same if m.status == ACTIVE]
             if change.how == ERASED:
                 gone += [m for m in same if m not in gone and _mirror_of(m) == change.fact.id]
             await self._retire_all(change, gone)
-
-    async def _value_still_live(self, fact: MemoryRow, key: str) -> bool:
-        facts = await self._tx.owner_rows(fact.user_id, fact.agent_id, FACT_LAYER, PREFERENCES)
-        return any(f.status == ACTIVE and value_key(f.content) == key for f in facts)
 
     async def _mirror(self, fact: MemoryRow, same: list[MemoryRow]) -> None:
         if any(m.status == ACTIVE for m in same):
