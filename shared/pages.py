@@ -72,9 +72,10 @@ def state_values(name: str, state: str) -> set[str]:
     return {value_key(state), value_key(f"{name}: {state}")}
 
 
-def rests_on(meta: dict[str, Any]) -> list[str]:
-    """Every row a line of the page rests on, in order, once."""
-    return list(dict.fromkeys(i for line in lines_of(meta) for i in sorted(cited_by(line))))
+def rests_on(meta: dict[str, Any], live_only: bool = False) -> list[str]:
+    """Every row a line of the page (a live line, with live_only) rests on, in order, once."""
+    lines = [line for line in lines_of(meta) if not (live_only and line.get("stale"))]
+    return list(dict.fromkeys(i for line in lines for i in sorted(cited_by(line))))
 
 
 def cited_by(line: Mapping[str, Any]) -> set[str]:

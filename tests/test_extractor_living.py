@@ -289,6 +289,57 @@ async def test_a_forgotten_entity_page_takes_the_now_page_built_from_it(
     assert now_pages_of(await api.rows(user, "l4_summary")) == [("retired", "stale")]
 
 
+
+async def test_a_now_page_rests_on_what_the_lines_of_its_entity_pages_rest_on(
+    api: Api, fake: FakeLlm
+) -> None:
+    """The Now page shows its entity pages' lines: deleting the turn a line came from takes the
+    page's line down, and the Now page with it (it rested only on the page, which a page with no
+    line left does not take down: a stale page is only out of date)."""
+    user = new_user()
+    fake.on("m-fgp2", {
+        "facts": [{"text": "Bob likes oolong"}],
+        "entities": [{"name": "Golf", "kind": "project", "state": "ships on Fridays"}],
+    })
+    turn = (await api.add("m-fgp2 I like oolong. Golf ships on Fridays.", user))["memory_id"]
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await assert_eventually(paged)
+    (now,) = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+    assert "ships on Fridays" in now.content and turn in now.source_ids
+    await api.ok("POST", "/api/v1/delete_all", json={"id": turn, "user_id": user})
+    assert now_pages_of(await api.rows(user, "l4_summary")) == [("retired", "stale")]
+
+
+async def test_a_now_page_shown_a_line_on_a_turn_holding_a_forgotten_value_is_not_retired(
+    api: Api, fake: FakeLlm
+) -> None:
+    """A forgotten episode leaves its value's tombstone on its turn, which an entity page's line
+    still rests on: the Now page shown that page does not rest on the turn (it would be retired
+    as stale as it is written, and so would every one after it)."""
+    user = new_user()
+    fake.on("m-fgp3", {"entities": [{"name": "Hotel", "kind": "project", "state": "opens in May"}]})
+    fake.on("m-fgp4", {"facts": [{"text": "Hal likes jazz"}]})
+    turn = (await api.add("m-fgp3 Hotel opens in May.", user))["memory_id"]
+
+    async def episode() -> Any:
+        episodes = [m for m in await api.rows(user, "l4_summary") if m.label == "episode"]
+        assert [list(e.source_ids) for e in episodes] == [[turn]]
+        return episodes[0]
+
+    summed = await value_eventually(episode)
+    await api.ok("POST", "/api/v1/forget", json={"memory_id": summed.id, "user_id": user})
+    await api.add("m-fgp4 I like jazz.", user)
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+    await assert_eventually(paged)
+    (now,) = [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+    assert "opens in May" in now.content and turn not in now.source_ids
+
 async def test_a_rebuild_that_finds_nothing_live_retires_the_now_page(
     api: Api, fake: FakeLlm
 ) -> None:

@@ -17,6 +17,7 @@ from shared.grants import service_context
 from shared.layers import NOW_PAGE
 from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
+from shared.pages import meta_of, rests_on
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, retire_op
 from shared.tombstones import held_tombstones
@@ -183,7 +184,7 @@ class Living:
             layer=common_pb2.L4_SUMMARY,
             content=text.strip(),
             label=NOW_LABEL,
-            source_ids=[m.id for m in [*intentions, *facts, *pages]],
+            source_ids=await self._evidence(scope, [*intentions, *facts, *pages]),
             metadata_json=json.dumps({"built_at": time.time()}),
             write_mode=self.mode,
             ref="now",
@@ -192,6 +193,22 @@ class Living:
         applied = await self.store.apply(scope, ops, ACTOR, "now page")
         self.now_pages += 1
         return applied[0]
+
+    async def _evidence(
+        self, scope: common_pb2.Scope, shown: list[common_pb2.Memory]
+    ) -> list[str]:
+        """What a Now page rests on: the rows it was shown, and the rows the live lines of the
+        entity pages among them rest on (so a forget or delete of a line's turn or fact takes
+        the Now page's text of it down), those standing now: live, their turns holding no
+        forgotten value (the page would be retired as it is written)."""
+        pages = [m for m in shown if m.layer == common_pb2.L8_ENTITY]
+        lines = [i for page in pages for i in rests_on(meta_of(page.metadata_json), live_only=True)]
+        standing = [
+            row.id
+            for row in await self.store.get_many(scope, lines)
+            if row.status == "active" and not held_tombstones(row.metadata_json)
+        ]
+        return list(dict.fromkeys([*(m.id for m in shown), *standing]))
 
     async def _now_pages(self, scope: common_pb2.Scope) -> list[common_pb2.Memory]:
         """The owner's live Now pages."""
