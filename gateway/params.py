@@ -220,7 +220,8 @@ def parse_time(name: str, text: str) -> tuple[float, timedelta]:
     except ValueError:
         pass
     else:
-        return _in_range(name, seconds), timedelta()
+        if not raw.lstrip("+-").isalpha():  # float also reads "nan" and "inf": no time at all
+            return _in_range(name, seconds), timedelta()
     iso = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         moment = datetime.fromisoformat(iso)
