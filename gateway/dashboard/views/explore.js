@@ -158,8 +158,8 @@ export async function render(root, ctx) {
     h("label", null, "Layer ", h("select", { name: "layer", id: "layer" },
       h("option", { value: "" }, "all layers"),
       LAYERS.map((name) => h("option", { value: name, selected: params.get("layer") === name }, name)))),
-    h("label", null, "From ", h("input", { type: "date", name: "from", id: "from", value: params.get("from") || "" })),
-    h("label", null, "To ", h("input", { type: "date", name: "to", id: "to", value: params.get("to") || "" })),
+    h("label", null, "From (UTC) ", h("input", { type: "date", name: "from", id: "from", value: params.get("from") || "" })),
+    h("label", null, "To (UTC) ", h("input", { type: "date", name: "to", id: "to", value: params.get("to") || "" })),
     h("label", null, "Limit ", h("input", { type: "number", name: "limit", id: "limit", min: 1, max: 100, value: params.get("limit") || "10" })),
     h("button", { type: "submit" }, "Search"));
   const out = h("div", { id: "explore-results" });

@@ -77,7 +77,7 @@ export async function render(root, ctx) {
   const { owner, params } = ctx;
   const asOf = params.get("as_of") || new Date().toISOString().slice(0, 10);
   const form = h("form", { class: "toolbar", id: "graph-form" },
-    h("label", null, "As of ", h("input", { type: "date", id: "as-of", name: "as_of", value: asOf })),
+    h("label", null, "As of (UTC day) ", h("input", { type: "date", id: "as-of", name: "as_of", value: asOf })),
     h("button", { type: "submit" }, "Show"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -86,8 +86,10 @@ export async function render(root, ctx) {
   });
   const out = h("div", { id: "graph-out" });
   root.append(h("h1", null, "Graph ", h("small", null, "L5 knowledge")), form, out);
-  // The end of the chosen day: what the graph knew by then.
-  const ts = Math.floor(Date.parse(`${asOf}T23:59:59Z`) / 1000);
+  // The end of the chosen UTC day: what the graph knew by then. An as_of that is no day (a
+  // hand-edited address) goes as it is: the API reads it or its 400 says what ts takes.
+  const dayEnd = Date.parse(`${asOf}T23:59:59Z`);
+  const ts = Number.isNaN(dayEnd) ? asOf : Math.floor(dayEnd / 1000);
   const fillNote = "The knowledge graph (L5) is empty until consolidation builds it: in ultra mode the periodic consolidation pass turns facts into entities and relations.";
   try {
     const body = await api("/api/v1/graph-as-of", { query: { ts, n: EDGE_LIMIT, user_id: owner.user_id, agent_id: owner.agent_id } });
@@ -106,6 +108,6 @@ export async function render(root, ctx) {
   } catch (error) {
     if (ctx.stale()) return;
     if (error.status === 501) out.append(emptyState(fillNote), errorBox(error, "The server says"));
-    else out.append(errorBox(error));
+    else out.append(errorBox(error, error.status === 400 ? `No graph as of ${JSON.stringify(asOf)}` : undefined));
   }
 }
