@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -351,21 +352,55 @@ async def test_the_list_shows_no_stray_text_where_no_notice_is_pending(
     assert "null" not in await view.inner_text()
 
 
-async def test_a_page_past_the_end_says_so_and_links_to_the_last_page(
+async def test_a_page_past_the_end_says_so_and_links_to_the_first_page(
     ui: Session, api: Api
 ) -> None:
     user = _user()
     memory_id = await api.add("The kettle lives in the left cupboard.", user)
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user, "limit": 1})
     await ui.open("memories")
     await ui.set_owner(user)
     # A bookmarked page past the end (or one emptied by deletes) says so, with the pager.
-    await ui.open("memories?page=5")
+    await ui.open(f"memories?before={quote(listed['next_before'])}")
     empty = await ui.page.locator("#view .empty").inner_text()
-    assert "Page 5 is past the end of the list: the last page is 1." in empty
-    assert "No memories" not in empty
-    assert "page 5 of 1" in await ui.page.locator("#page-info").inner_text()
-    await ui.act(ui.page.click("#last-page"))
+    assert "No older memories: the list ends before this page." in empty
+    assert "No memories for" not in empty
+    assert "page 2 of 2 · 1 rows" in await ui.page.locator("#page-info").inner_text()
+    assert await ui.page.locator("#next-page").is_disabled()
+    await ui.act(ui.page.click("#first-page"))
     assert await _memory_ids(ui) == [memory_id]
+
+
+async def test_rows_written_or_deleted_between_page_loads_neither_repeat_nor_hide_a_row(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    await _insert_rows(stack, user, PAGE_SIZE + 10)
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user, "limit": 1000})
+    every = [m["memory_id"] for m in listed["memories"]]  # newest first
+    await ui.open("memories")
+    await ui.set_owner(user)
+    assert await _memory_ids(ui) == every[:PAGE_SIZE]
+    assert await ui.page.locator("#prev-page").is_disabled()
+
+    # The agent writes while the first page is open: the next page still starts after it
+    # (an offset pager showed the first page's last row again).
+    written = await api.add("Written while the first page was open.", user)
+    await ui.act(ui.page.click("#next-page"))
+    assert await _memory_ids(ui) == every[PAGE_SIZE:]
+    info = await ui.page.locator("#page-info").inner_text()
+    assert f"page 2 of 2 · {PAGE_SIZE + 11} rows" in info
+    assert await ui.page.locator("#next-page").is_disabled()
+
+    # Newer goes back to the first page, the new row on top.
+    await ui.act(ui.page.click("#prev-page"))
+    assert await _memory_ids(ui) == [written, *every[: PAGE_SIZE - 1]]
+
+    # A row of the first page deleted meanwhile hides none of the next (an offset pager
+    # skipped the row that moved up onto the first page).
+    await api.ok("POST", "/api/v1/delete_all", json={"id": every[0], "user_id": user})
+    await ui.act(ui.page.click("#next-page"))
+    assert await _memory_ids(ui) == every[PAGE_SIZE - 1 :]
 
 
 async def test_owner_selector_filters_every_view(ui: Session, api: Api) -> None:
@@ -869,9 +904,9 @@ async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
 # --- many rows ---------------------------------------------------------------------------
 
 
-async def _insert_bulk(stack: Stack, rows: int) -> None:
-    """Stores rows for BULK_USER through the store's Apply, a few hundred per call."""
-    owner = common_pb2.Owner(user_id=BULK_USER, session_id="bulk")
+async def _insert_rows(stack: Stack, user_id: str, rows: int) -> None:
+    """Stores raw rows for the user through the store's Apply, a few hundred per call."""
+    owner = common_pb2.Owner(user_id=user_id, session_id="bulk")
     async with open_channel(stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
         batch = 500
@@ -885,7 +920,7 @@ async def _insert_bulk(stack: Stack, rows: int) -> None:
             ]
             await store.Apply(
                 store_pb2.ApplyRequest(
-                    scope=common_pb2.Scope(user_id=BULK_USER), ops=ops, actor="api"
+                    scope=common_pb2.Scope(user_id=user_id), ops=ops, actor="api"
                 ),
                 timeout=120,
             )
@@ -895,7 +930,7 @@ async def _insert_bulk(stack: Stack, rows: int) -> None:
 async def test_ten_thousand_memories_load_one_page_at_a_time(
     ui: Session, api: Api, stack: Stack
 ) -> None:
-    await _insert_bulk(stack, BULK_ROWS)
+    await _insert_rows(stack, BULK_USER, BULK_ROWS)
     listed = await api.ok("POST", "/api/v1/list", json={"user_id": BULK_USER, "limit": 1})
     assert listed["total"] == BULK_ROWS
 

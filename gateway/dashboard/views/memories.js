@@ -20,43 +20,58 @@ function clip(text, size = 60) {
   return text.length > size ? `${text.slice(0, size - 1)}…` : text;
 }
 
-function listHash(params) {
-  const text = params.toString();
-  return text ? `#/memories?${text}` : "#/memories";
-}
-
 function stateTag(item) {
   if (!item.invalid_at) return h("span", { class: "state active" }, "active");
   return h("span", { class: "state retired", title: `retired ${fmtTime(item.invalid_at)}` }, item.superseded_how || "retired");
 }
 
-function listControls(ctx, total) {
+/** Where the list stands, kept in the address: `before`, the API's cursor this page starts after
+ * (none on the first page), and `back`, the cursors of the pages between the first and this one.
+ * A cursor pins a page to its rows: rows written or deleted meanwhile do not shift it. */
+function place(params) {
+  const before = params.get("before") || "";
+  const back = before ? params.getAll("back") : [];
+  return { before, back, page: before ? back.length + 2 : 1 };
+}
+
+/** The list's address with changed params; a page cursor and its trail, or none (the first page). */
+function pageHash(params, changes, cursor = "", back = []) {
+  const next = new URLSearchParams(params);
+  for (const key of ["page", "before", "back"]) next.delete(key);
+  for (const [key, value] of Object.entries(changes)) {
+    if (value === "") next.delete(key);
+    else next.set(key, value);
+  }
+  if (cursor) {
+    next.set("before", cursor);
+    for (const step of back) next.append("back", step);
+  }
+  const text = next.toString();
+  return text ? `#/memories?${text}` : "#/memories";
+}
+
+function listControls(ctx, body) {
   const { params } = ctx;
-  const page = Math.max(1, Number(params.get("page")) || 1);
-  const pages = Math.max(1, Math.ceil(total / PAGE_SIZE));
-  const go = (changes) => {
-    const next = new URLSearchParams(params);
-    for (const [key, value] of Object.entries(changes)) {
-      if (value === "" || value === null) next.delete(key);
-      else next.set(key, value);
-    }
-    ctx.go(listHash(next));
-  };
+  const { before, back, page } = place(params);
+  const pages = Math.max(page, Math.ceil(body.total / PAGE_SIZE));
+  // A full page may have older rows after it; on the first page the total says for sure.
+  const older = body.memories.length === PAGE_SIZE && body.next_before && (before || body.total > PAGE_SIZE);
+  const go = (changes) => ctx.go(pageHash(params, changes));
   const filters = h("div", { class: "toolbar" },
-    h("label", null, "Layer ", h("select", { id: "list-layer", onchange: (e) => go({ layer: e.target.value, page: "" }) },
+    h("label", null, "Layer ", h("select", { id: "list-layer", onchange: (e) => go({ layer: e.target.value }) },
       h("option", { value: "" }, "all layers"),
       LAYERS.map((name) => h("option", { value: name, selected: params.get("layer") === name }, name)))),
     h("label", { class: "check" }, h("input", {
       type: "checkbox", id: "include-superseded", checked: params.get("superseded") === "1",
-      onchange: (e) => go({ superseded: e.target.checked ? "1" : "", page: "" }),
+      onchange: (e) => go({ superseded: e.target.checked ? "1" : "" }),
     }), " include superseded"));
   const pager = h("nav", { class: "pager", "aria-label": "Pages" },
-    h("button", { type: "button", id: "prev-page", disabled: page <= 1, onclick: () => go({ page: String(page - 1) }) }, "← Newer"),
-    h("span", { id: "page-info" }, `page ${fmtCount(page)} of ${fmtCount(pages)} · ${fmtCount(total)} rows`),
-    h("button", { type: "button", id: "next-page", disabled: page >= pages, onclick: () => go({ page: String(page + 1) }) }, "Older →"));
-  const last = new URLSearchParams(params);
-  last.set("page", String(pages));
-  return { filters, pager, pages, lastHash: listHash(last) };
+    h("button", { type: "button", id: "prev-page", disabled: !before,
+      onclick: () => ctx.go(pageHash(params, {}, back.at(-1), back.slice(0, -1))) }, "← Newer"),
+    h("span", { id: "page-info" }, `page ${fmtCount(page)} of ${fmtCount(pages)} · ${fmtCount(body.total)} rows`),
+    h("button", { type: "button", id: "next-page", disabled: !older,
+      onclick: () => ctx.go(pageHash(params, {}, body.next_before, before ? [...back, before] : [])) }, "Older →"));
+  return { filters, pager, firstHash: pageHash(params, {}) };
 }
 
 function row(item) {
@@ -70,7 +85,7 @@ function row(item) {
 
 async function renderList(root, ctx) {
   const { owner, params } = ctx;
-  const page = Math.max(1, Number(params.get("page")) || 1);
+  const { before } = place(params);
   const body = await api("/api/v1/list", {
     method: "POST",
     body: {
@@ -79,16 +94,16 @@ async function renderList(root, ctx) {
       layer: params.get("layer") || "",
       include_superseded: params.get("superseded") === "1",
       limit: PAGE_SIZE,
-      offset: (page - 1) * PAGE_SIZE,
+      before,
     },
   });
   if (ctx.stale()) return;
-  const { filters, pager, pages, lastHash } = listControls(ctx, body.total);
+  const { filters, pager, firstHash } = listControls(ctx, body);
   root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
-  if (!body.memories.length && body.total > 0) {
-    // A bookmarked page, or one emptied by deletes: the rows are on the pages before it.
-    root.append(emptyState(`Page ${fmtCount(page)} is past the end of the list: the last page is ${fmtCount(pages)}.`,
-      h("a", { href: lastHash, id: "last-page" }, "Go to the last page")), pager);
+  if (!body.memories.length && before) {
+    // The page before held the list's last rows, or deletes emptied this one.
+    root.append(emptyState("No older memories: the list ends before this page.",
+      h("a", { href: firstHash, id: "first-page" }, "Go to the first page")), pager);
     return;
   }
   if (!body.memories.length) {
