@@ -723,6 +723,21 @@ async def test_a_graph_with_more_relations_than_it_draws_says_how_many_it_left_o
     assert await ui.page.locator("#graph-svg g.edge").count() == GRAPH_EDGES
 
 
+async def test_a_graph_as_of_that_is_no_date_says_what_the_api_takes(ui: Session) -> None:
+    ui.refusals["/api/v1/graph-as-of"] = 400
+    await ui.open("graph?as_of=last%20tuesday")
+    # The address's text goes to the API as written (it once went as NaN: "ts is out of range").
+    error = await ui.page.locator("#graph-out .error").inner_text()
+    assert error == (
+        'No graph as of "last tuesday": ts must be unix seconds or an RFC3339 / ISO date'
+        " string, got 'last tuesday' (HTTP 400)"
+    )
+    assert "(UTC day)" in await ui.page.locator("#graph-form label").inner_text()
+    await ui.open("explore")
+    form = await ui.page.locator("#search-form").inner_text()
+    assert "From (UTC)" in form and "To (UTC)" in form
+
+
 async def test_owners_view_lists_users_and_agents_and_opens_one(
     ui: Session, api: Api, browser: Browser, stack: Stack, shots: Path
 ) -> None:
