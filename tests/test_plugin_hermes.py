@@ -773,6 +773,17 @@ def test_save_config_keeps_secrets_out_of_json_and_env_wins_over_files(
 
 
 
+def test_the_server_default_choice_hermes_setup_writes_into_config_yaml_leaves_it_to_the_server(
+    tmp_path: Path, hermes_python: Path
+):
+    # Hermes's wizard stores each choice in config.yaml's memory.hyatlas section when it exists.
+    home = make_home(tmp_path, hermes_python, server_url="http://127.0.0.1:9",
+                     mode="server default", sync="server default")
+    result = drive(hermes_python, home, "config", {"values": {}, "read": ["mode", "sync"]})
+    assert result["loaded"] == {"mode": "", "sync": ""}
+    assert result["available"] is True
+
+
 def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_setting(
     tmp_path: Path, hermes_python: Path
 ):

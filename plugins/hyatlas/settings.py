@@ -210,7 +210,9 @@ def load_settings(
         (str(home / "config.yaml"), _read_hermes_yaml(home / "config.yaml")),
     ):
         for key, value in values.items():
-            if key in ENV_NAMES and value is not None:
+            # Hermes's setup wizard writes the choice "server default" into config.yaml's
+            # memory.hyatlas section when there is one: it means no value, as in hyatlas.json.
+            if key in ENV_NAMES and value is not None and value != SERVER_DEFAULT:
                 layered[key] = (f"{source}: {key}", value)
     for key, env_name in ENV_NAMES.items():
         if environ.get(env_name, "") != "":
