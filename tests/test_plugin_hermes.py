@@ -219,6 +219,23 @@ def test_memory_tool_add_is_a_write_and_replace_remove_reach_the_server_as_forge
     assert result["queue"] == []
 
 
+@pytest.mark.parametrize("target", ["", None], ids=["empty", "none"])
+def test_a_memory_tool_remove_without_a_target_forgets_only_memory_entries_as_hermes_reads_it(
+    tmp_path: Path, hermes_python: Path, stack: Stack, target: str | None
+):
+    user_id = f"u-target-{target}"
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user_id)
+    result = drive(hermes_python, home, "memory_writes", {"session_id": "s-target", "calls": [
+        ["add", "user", "Name is Alice", {}],
+        ["add", "memory", "Alice's project uses Rust", {}],
+        ["remove", target, "", {"old_text": "Alice"}],
+    ]})
+    assert result["flushed"] is True
+    # Hermes's memory tool takes a missing target for "memory": the user profile entry stays.
+    assert contents(gateway(stack, "POST", "/api/v1/list", {"user_id": user_id})) == [
+        "Name is Alice"]
+
+
 async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old_text(
     tmp_path: Path, hermes_python: Path
 ):

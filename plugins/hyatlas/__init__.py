@@ -320,6 +320,9 @@ class HyAtlasProvider(MemoryProvider):
         try:
             if not self.writes:
                 return
+            # Hermes's memory tool reads a missing target as "memory"; sent empty, a forget
+            # would match the entries of every target.
+            target = str(target or "memory")
             meta = dict(metadata or {})
             session_id = str(meta.get("session_id") or "")
             old_text = str(meta.get("old_text") or "").strip()
@@ -330,7 +333,7 @@ class HyAtlasProvider(MemoryProvider):
                         **self._owner(session_id),
                         "reason": f"hermes memory tool {action}",
                         "source": "memory_tool",
-                        "target": str(target),
+                        "target": target,
                     })
                 else:
                     log.warning("hyatlas: memory tool %s without old_text; nothing to forget",
@@ -341,7 +344,7 @@ class HyAtlasProvider(MemoryProvider):
                 self._queue("add", {
                     "text": content.strip(),
                     **self._owner(session_id),
-                    "metadata": {**extra, "write_origin": "memory_tool", "target": str(target)},
+                    "metadata": {**extra, "write_origin": "memory_tool", "target": target},
                 })
         except Exception:  # Hermes's own memory write already succeeded; never undo it
             log.exception("hyatlas could not mirror the memory tool %s", action)

@@ -125,6 +125,17 @@ def memory_tool(params: dict[str, Any]) -> dict[str, Any]:
     return {"results": results, "queue": queue}
 
 
+def memory_writes(params: dict[str, Any]) -> dict[str, Any]:
+    """MemoryManager.on_memory_write with each [action, target, content, metadata] as given."""
+    provider = _provider()
+    manager = _manager(provider, params["session_id"], agent_context="primary")
+    for action, target, content, metadata in params["calls"]:
+        manager.on_memory_write(action, target, content, metadata=metadata)
+    flushed = provider.outbox.flush(WAIT_CEILING_S)
+    manager.shutdown_all()
+    return {"flushed": flushed}
+
+
 def tool_calls(params: dict[str, Any]) -> dict[str, Any]:
     """The provider's own tools, dispatched by MemoryManager.handle_tool_call."""
     provider = _provider()
@@ -359,8 +370,9 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, tool_calls,
-                                     context_writes, logged_writes, down, outage, tried, resume,
+SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
+                                     tool_calls, context_writes, logged_writes, down, outage,
+                                     tried, resume,
                                      autostart, dashboard, config, refused_settings, aged_outbox)}
 
 
