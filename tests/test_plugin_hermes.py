@@ -300,6 +300,41 @@ def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
     assert no_query == {"error": "query is required"}
 
 
+async def test_tool_arguments_of_the_wrong_shape_get_a_clear_error_and_nothing_is_sent(
+    tmp_path: Path, hermes_python: Path
+):
+    seen: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"forgotten": 1, "memories": [], "evidence_ids": []})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-shapes")
+        answers = (await drive_async(hermes_python, home, "tool_calls", {
+            "session_id": "s-shapes", "calls": [
+                ["hyatlas_forget", {"text": ["coffee"]}],
+                ["hyatlas_forget", {"text": "coffee", "memory_id": "m-1"}],
+                ["hyatlas_forget", {"memory_id": 42}],
+                ["hyatlas_add", {"text": {"note": "x"}}],
+                ["hyatlas_search", {"query": "tea", "limit": True}],
+                ["hyatlas_search", {"query": "tea", "limit": 2.5}],
+                ["hyatlas_search", ["tea"]],
+            ]}))["answers"]
+    assert answers == [
+        {"error": "text must be a string, got list"},
+        {"error": "give text or memory_id, not both"},
+        {"error": "memory_id must be a string, got int"},
+        {"error": "text must be a string, got dict"},
+        {"error": "limit must be an integer, got True"},
+        {"error": "limit must be an integer, got 2.5"},
+        {"error": "hyatlas_search takes a JSON object of arguments, got list"},
+    ]
+    assert [path for path in seen if path.startswith("/api/v1/") and path != "/api/v1/status"] == []
+
+
 def test_recent_tool_reads_include_raw_given_as_a_word(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

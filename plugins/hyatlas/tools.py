@@ -97,6 +97,9 @@ TOOL_NAMES = frozenset(schema["name"] for schema in TOOL_SCHEMAS)
 def _limit(args: dict[str, Any], default: int) -> int:
     raw = args.get("limit", default)
     try:
+        # int() would take true for 1 and cut 2.5 to 2: neither is a count the model meant.
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError
         value = int(raw)
     except (TypeError, ValueError):
         raise ValueError(f"limit must be an integer, got {raw!r}") from None
@@ -112,11 +115,21 @@ def _layer(args: dict[str, Any]) -> str:
     return layer
 
 
-def _text(args: dict[str, Any], key: str) -> str:
+def _optional_text(args: dict[str, Any], key: str) -> str:
+    """The argument's text, stripped; "" when it is absent or null."""
     value = args.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{key} is required")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {type(value).__name__}")
     return value.strip()
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    value = _optional_text(args, key)
+    if not value:
+        raise ValueError(f"{key} is required")
+    return value
 
 
 def queue_counts(outbox: Outbox) -> dict[str, Any]:
@@ -205,12 +218,14 @@ def _add(scope: Scope, args: dict[str, Any]) -> Any:
 def _forget(scope: Scope, args: dict[str, Any]) -> Any:
     if not scope.can_write:
         raise ValueError("this agent context does not change memories")
-    memory_id = str(args.get("memory_id") or "").strip()
-    text = str(args.get("text") or "").strip()
+    memory_id = _optional_text(args, "memory_id")
+    text = _optional_text(args, "text")
+    if memory_id and text:
+        raise ValueError("give text or memory_id, not both")
     if not memory_id and not text:
         raise ValueError("text or memory_id is required")
     payload: dict[str, Any] = {"user_id": scope.user_id, "agent_id": scope.agent_id,
-                               "reason": str(args.get("reason") or "asked by the agent")}
+                               "reason": _optional_text(args, "reason") or "asked by the agent"}
     if memory_id:
         payload["memory_id"] = memory_id
     if text:
@@ -237,6 +252,9 @@ def handle(scope: Scope, name: str, args: dict[str, Any] | None) -> str:
     handler = HANDLERS.get(name)
     if handler is None:
         return json.dumps({"error": f"unknown tool {name!r}"})
+    if not isinstance(args, dict | None):
+        return json.dumps({"error": f"{name} takes a JSON object of arguments, "
+                                    f"got {type(args).__name__}"})
     try:
         result = handler(scope, dict(args or {}))
     except (ValueError, ClientError) as exc:
