@@ -426,6 +426,26 @@ def test_agent_and_its_cli_see_the_same_memories_under_a_configured_agent_id(
                                                     ["agent", "my-agent", "2"]]
 
 
+def test_the_cli_takes_owner_options_after_the_subcommand_and_refuses_a_limit_below_1(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    gateway(stack, "POST", "/api/v1/add", {"text": "The shed key hangs by the back door",
+                                           "user_id": "u-after", "agent_id": "a-after"})
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-mine")
+    found = hermes_cli(hermes_python, home, "search", "shed key", "--user-id", "u-after",
+                       "--agent-id", "a-after")
+    assert found.returncode == 0, found.stderr
+    assert "The shed key hangs by the back door" in found.stdout
+    # Given on both sides, the one after the subcommand wins.
+    listed = hermes_cli(hermes_python, home, "--user-id", "u-mine", "recent", "--user-id",
+                        "u-after", "--agent-id", "a-after")
+    assert listed.returncode == 0, listed.stderr
+    assert contents(json.loads(listed.stdout)) == ["The shed key hangs by the back door"]
+    # The server reads a limit of 0 as its own default: the CLI refuses it instead.
+    refused = hermes_cli(hermes_python, home, "recent", "--limit", "0")
+    assert refused.returncode == 2 and "--limit: 0 is below 1" in refused.stderr
+
+
 def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_to_start(
     tmp_path: Path, hermes_python: Path
 ):

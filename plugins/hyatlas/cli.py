@@ -27,30 +27,49 @@ from .settings import (
 from .tools import LAYERS, add_or_queue, forget_or_suggest, queue_counts
 
 
+def _owner_options(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--user-id", default=default,
+                        help="Look at this user's memories (default: the plugin's user id)")
+    parser.add_argument("--agent-id", default=default,
+                        help="Look at this agent's memories (default: the plugin's agent id)")
+
+
+def _count(raw: str) -> int:
+    """A --limit: a whole number of at least 1 (the server takes 0 for its own default)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
 def register_cli(subparser: argparse.ArgumentParser) -> None:
-    """Builds the `hermes hyatlas` argument tree."""
+    """Builds the `hermes hyatlas` argument tree; --user-id and --agent-id go before or after
+    the subcommand."""
     subs = subparser.add_subparsers(dest="hyatlas_command")
-    subparser.add_argument("--user-id", default="",
-                           help="Look at this user's memories (default: the plugin's user id)")
-    subparser.add_argument("--agent-id", default="",
-                           help="Look at this agent's memories (default: the plugin's agent id)")
+    _owner_options(subparser, "")
     subs.add_parser("status", help="Server status and counts per layer")
     search = subs.add_parser("search", help="Search memories")
     search.add_argument("query", nargs="+")
     search.add_argument("--layer", choices=LAYERS)
-    search.add_argument("--limit", type=int, default=10)
+    search.add_argument("--limit", type=_count, default=10)
     search.add_argument("--json", action="store_true", help="Print the raw answer")
     add = subs.add_parser("add", help="Store a note")
     add.add_argument("text", nargs="+")
     recent = subs.add_parser("recent", help="Newest memories")
     recent.add_argument("--layer", choices=LAYERS)
-    recent.add_argument("--limit", type=int, default=20)
-    subs.add_parser("owners", help="Users and agents with memories (which ids to look at)")
+    recent.add_argument("--limit", type=_count, default=20)
+    owners = subs.add_parser("owners", help="Users and agents with memories (which ids to look at)")
     forget = subs.add_parser("forget", help="Forget memories by id or matching text")
     forget.add_argument("text", nargs="*")
     forget.add_argument("--id", dest="memory_id", default="")
     subs.add_parser("start", help="Start the server if it does not answer")
     subs.add_parser("stop", help="Stop the server the plugin started")
+    # After the subcommand, an owner option replaces the one given before it (if any).
+    for parser in (search, add, recent, owners, forget):
+        _owner_options(parser, argparse.SUPPRESS)
     subparser.set_defaults(func=hyatlas_command)
 
 
