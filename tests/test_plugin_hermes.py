@@ -702,6 +702,13 @@ def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_
     queued = hermes_cli(hermes_python, home, "add", "The", "boiler", "is", "serviced", "in", "May")
     assert queued.returncode == 0, queued.stderr
     assert json.loads(queued.stdout)["queued"] is True
+    # The server is away: status still shows what waits in the local queue.
+    shown = hermes_cli(hermes_python, home, "status")
+    assert shown.returncode == 1 and "hermes hyatlas start" in shown.stderr
+    assert json.loads(shown.stdout)["plugin_queue"] == 1
+    tool = drive(hermes_python, home, "tool_calls", {
+        "session_id": "s-cli-queue", "calls": [["hyatlas_status", {}]]})["answers"][0]
+    assert "unreachable" in tool["error"] and tool["plugin_queue"] == 1
     with running_stack(tmp_path / "up", ["store", "search", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
         started = hermes_cli(hermes_python, home, "start")

@@ -128,7 +128,13 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
     owner = {"user_id": args.user_id or user_id, "agent_id": args.agent_id or agent_id}
     if command == "status":
         with _outbox(home, client) as outbox:
-            _print({**client.status(), **queue_counts(outbox)})
+            counts = queue_counts(outbox)
+        try:
+            status = client.status()
+        except ClientError:
+            _print(counts)  # what waits locally is worth knowing most when the server is away
+            raise
+        _print({**status, **counts})
     elif command == "search":
         query = " ".join(args.query)
         answer = client.search(query, limit=args.limit, layer=args.layer or "", **owner)

@@ -140,10 +140,16 @@ def queue_counts(outbox: Outbox) -> dict[str, Any]:
 
 
 def _status(scope: Scope, args: dict[str, Any]) -> Any:
-    status = scope.client.status()
-    if scope.outbox is not None:
-        status.update(queue_counts(scope.outbox))
-    return status
+    """The server's status with the local queue's counts; the counts also when the server
+    does not answer, since that is when writes wait in the queue."""
+    counts = {} if scope.outbox is None else queue_counts(scope.outbox)
+    try:
+        status = scope.client.status()
+    except ClientError as exc:
+        if not counts:
+            raise
+        return {"error": str(exc), **counts}
+    return {**status, **counts}
 
 
 def _search(scope: Scope, args: dict[str, Any]) -> Any:
