@@ -141,11 +141,17 @@ def test_a_full_outbox_drops_its_oldest_writes_and_says_how_many(
 ) -> None:
     home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}",
                      user_id="u-full")
-    ops = [[_turn("u-full", f"USER: note {i}"), uuid.uuid4().hex] for i in range(5)]
+    ops: list[list[Any]] = [[_turn("u-full", f"USER: note {i}"), uuid.uuid4().hex]
+                            for i in range(5)]
+    ops.insert(1, [{**_turn("u-full", "note 0"), "source": "memory_tool", "target": "memory"},
+                   uuid.uuid4().hex, "forget"])
     result = drive(hermes_python, home, "aged_outbox", {
         "server_url": f"http://127.0.0.1:{free_port()}", "ops": ops, "age_s": 0,
         "max_ops": 3, "send": False})
     assert result["queued"] == ["USER: note 2", "USER: note 3", "USER: note 4"]
-    assert result["dropped"] == {"over_limit": 2}
-    assert sum("oldest were dropped" in line for line in result["logged"]) == 2
+    assert result["dropped"] == {"over_limit": 3}
+    # What was dropped, by kind: a lost forget leaves a memory live on the server.
+    dropped = [line for line in result["logged"] if "oldest were dropped" in line]
+    assert [line.split("unsent ")[1] for line in dropped] == [
+        "(1 add)", "(1 forget)", "(1 add)"]
 

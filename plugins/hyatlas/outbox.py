@@ -204,13 +204,18 @@ class Outbox:
             )
             over = int(self._db.execute("SELECT COUNT(*) FROM ops").fetchone()[0]) - self._max_ops
             if over > 0:
+                kinds = self._db.execute(
+                    "SELECT kind, COUNT(*) FROM (SELECT kind FROM ops ORDER BY id LIMIT ?)"
+                    " GROUP BY kind ORDER BY kind", (over,)
+                ).fetchall()
                 self._db.execute(
                     "DELETE FROM ops WHERE id IN (SELECT id FROM ops ORDER BY id LIMIT ?)", (over,)
                 )
                 self._count_dropped("over_limit", over)
         if over > 0:
-            log.error("hyatlas outbox holds more than %d writes: the %d oldest were dropped unsent",
-                      self._max_ops, over)
+            log.error("hyatlas outbox holds more than %d writes: the %d oldest were dropped unsent"
+                      " (%s)", self._max_ops, over,
+                      ", ".join(f"{count} {kind}" for kind, count in kinds))
         self._wake.set()
         return int(cursor.lastrowid or 0)
 

@@ -343,7 +343,8 @@ def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
-    """Queues params["ops"] ([payload, key] pairs) in the home's outbox, lets its clock run
+    """Queues params["ops"] ([payload, key] pairs, or [payload, key, kind]) in the home's
+    outbox, lets its clock run
     params["age_s"] on, sends once; what is left, what was dropped and what was logged."""
     provider = _provider()
     package = type(provider).__module__
@@ -360,8 +361,8 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("hyatlas.outbox").addHandler(handler)
-    for payload, key in params["ops"]:
-        outbox.put("add", payload, key)
+    for payload, key, *kind in params["ops"]:
+        outbox.put(kind[0] if kind else "add", payload, key)
     now[0] += params["age_s"]
     sent = outbox.send_once() if params.get("send", True) else None
     result = {"sent": sent, "queued": [op["payload"]["text"] for op in outbox.snapshot()],
