@@ -180,11 +180,12 @@ def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
     assert all(m.get("session_id") == "s-turns" for m in listed["memories"])
 
 
-def test_a_turn_holding_a_lone_surrogate_is_stored_with_a_replacement_character(
+def test_a_turn_holding_a_lone_surrogate_or_a_nul_is_stored_with_replacement_characters(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):
-    # A terminal's non-UTF-8 byte, read with surrogateescape: text the gateway refuses for good.
-    user = b"My caf\xe9 order is a flat white".decode("utf-8", "surrogateescape")
+    # A terminal's non-UTF-8 byte, read with surrogateescape, and a NUL of pasted binary text:
+    # text the gateway refuses for good.
+    user = b"My caf\xe9 order is a flat white\x00".decode("utf-8", "surrogateescape")
     home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-surrogate",
                      timeout_s=60.0)
     result = drive(hermes_python, home, "turns", {
@@ -192,7 +193,7 @@ def test_a_turn_holding_a_lone_surrogate_is_stored_with_a_replacement_character(
     })
     assert all(result["flushed"]), result
     stored = contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-surrogate"}))
-    assert stored == ["USER: My caf\ufffd order is a flat white\n\nASSISTANT: Noted."]
+    assert stored == ["USER: My caf\ufffd order is a flat white\ufffd\n\nASSISTANT: Noted."]
 
 
 def test_memory_tool_add_is_a_write_and_replace_remove_reach_the_server_as_forget(

@@ -170,14 +170,17 @@ class HyAtlasClient:
 
 
 def well_formed(value: Any) -> Any:
-    """value with each lone surrogate in its strings (and keys) replaced by U+FFFD.
+    """value with each lone surrogate and NUL character in its strings (and keys) replaced by
+    U+FFFD.
 
-    Text Python read with surrogateescape (a terminal's non-UTF-8 byte) holds lone surrogates;
-    the gateway refuses such a body for good, so the rest of the turn would be lost with them.
+    Text Python read with surrogateescape (a terminal's non-UTF-8 byte) holds lone surrogates,
+    and pasted binary text NULs; the gateway refuses such a body for good, so the rest of the
+    turn would be lost with them.
     """
     if isinstance(value, str):
         # Through UTF-16, a proper surrogate pair becomes its character and a lone one U+FFFD.
-        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        text = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return text.replace("\x00", "\ufffd")
     if isinstance(value, dict):
         return {well_formed(k): well_formed(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
