@@ -326,7 +326,7 @@ async def test_tool_arguments_of_the_wrong_shape_get_a_clear_error_and_nothing_i
             ]}))["answers"]
     assert answers == [
         {"error": "text must be a string, got list"},
-        {"error": "give text or memory_id, not both"},
+        {"error": "give a text or a memory id, not both"},
         {"error": "memory_id must be a string, got int"},
         {"error": "text must be a string, got dict"},
         {"error": "limit must be an integer, got True"},
@@ -445,6 +445,23 @@ def test_the_cli_takes_owner_options_after_the_subcommand_and_refuses_a_limit_be
     # The server reads a limit of 0 as its own default: the CLI refuses it instead.
     refused = hermes_cli(hermes_python, home, "recent", "--limit", "0")
     assert refused.returncode == 2 and "--limit: 0 is below 1" in refused.stderr
+
+
+def test_cli_forget_given_both_a_text_and_an_id_is_refused_before_the_server(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    added = gateway(stack, "POST", "/api/v1/add", {"text": "The bike lock code is 4512",
+                                                   "user_id": "u-forget-both"})
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-forget-both")
+    both = hermes_cli(hermes_python, home, "forget", "The bike lock code is 4512",
+                      "--id", added["memory_id"])
+    assert both.returncode == 1
+    assert both.stderr.strip() == "hyatlas: give a text or a memory id, not both"
+    neither = hermes_cli(hermes_python, home, "forget")
+    assert neither.returncode == 1
+    assert neither.stderr.strip() == "hyatlas: a text or a memory id is required"
+    listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-forget-both"})
+    assert contents(listed) == ["The bike lock code is 4512"]
 
 
 def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_to_start(

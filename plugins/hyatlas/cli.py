@@ -24,7 +24,7 @@ from .settings import (
     resolve_ids,
     state_dir,
 )
-from .tools import LAYERS, add_or_queue, forget_or_suggest, queue_counts
+from .tools import LAYERS, add_or_queue, forget_or_suggest, forget_payload, queue_counts
 
 
 def _owner_options(parser: argparse.ArgumentParser, default: str) -> None:
@@ -150,15 +150,8 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
     elif command == "owners":
         print(_owners_table(client.owners(), owner))
     elif command == "forget":
-        text = " ".join(args.text)
-        if not text and not args.memory_id:
-            print("hyatlas forget: give a text or --id", file=sys.stderr)
-            return 2
-        payload: dict[str, Any] = {**owner, "reason": "hermes hyatlas forget"}
-        if text:
-            payload["text"] = text
-        if args.memory_id:
-            payload["memory_id"] = args.memory_id
+        payload = forget_payload(owner, text=" ".join(args.text).strip(),
+                                 memory_id=args.memory_id.strip(), reason="hermes hyatlas forget")
         _print(forget_or_suggest(client, payload))
     elif command == "start":
         result = ServerLauncher(settings, client, home).ensure_running()

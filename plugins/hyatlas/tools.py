@@ -186,6 +186,17 @@ def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
                 "note": "server unreachable or busy; stored locally and sent when it is back"}
 
 
+def forget_payload(owner: dict[str, str], *, text: str, memory_id: str,
+                   reason: str) -> dict[str, Any]:
+    """The body of a forget of one memory by id or of the memories holding a text (not both)."""
+    if memory_id and text:
+        raise ValueError("give a text or a memory id, not both")
+    if not memory_id and not text:
+        raise ValueError("a text or a memory id is required")
+    what = {"memory_id": memory_id} if memory_id else {"text": text}
+    return {**owner, **what, "reason": reason}
+
+
 def forget_or_suggest(client: HyAtlasClient, payload: dict[str, Any]) -> dict[str, Any]:
     """Forgets by id or text; a text that matched nothing gets the closest memories back."""
     answer = client.forget(payload)
@@ -225,17 +236,11 @@ def _forget(scope: Scope, args: dict[str, Any]) -> Any:
     if not scope.can_write:
         raise ValueError("this agent context does not change memories")
     memory_id = _optional_text(args, "memory_id")
-    text = _optional_text(args, "text")
-    if memory_id and text:
-        raise ValueError("give text or memory_id, not both")
-    if not memory_id and not text:
-        raise ValueError("text or memory_id is required")
-    payload: dict[str, Any] = {"user_id": scope.user_id, "agent_id": scope.agent_id,
-                               "reason": _optional_text(args, "reason") or "asked by the agent"}
-    if memory_id:
-        payload["memory_id"] = memory_id
-    if text:
-        payload["text"] = text
+    payload = forget_payload(
+        {"user_id": scope.user_id, "agent_id": scope.agent_id},
+        text=_optional_text(args, "text"), memory_id=memory_id,
+        reason=_optional_text(args, "reason") or "asked by the agent",
+    )
     try:
         return forget_or_suggest(scope.client, payload)
     except HttpError as exc:
