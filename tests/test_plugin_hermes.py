@@ -134,7 +134,7 @@ def test_hermes_discovery_finds_and_loads_the_provider(tmp_path: Path, hermes_py
     assert found["name"] == "hyatlas" and found["class"] == "HyAtlasProvider"
     assert found["dir"] == str(home / "plugins" / "hyatlas")
     assert set(found["tools"]) == {"hyatlas_status", "hyatlas_search", "hyatlas_recent",
-                                   "hyatlas_add", "hyatlas_forget"}
+                                   "hyatlas_add", "hyatlas_forget", "hyatlas_restore"}
     secret = [f for f in found["schema"] if f.get("secret")]
     assert {f["key"]: f["env_var"] for f in secret}["llm_key"] == "HYATLAS_LLM_KEY"
     # The wizard asks the mode, offering to leave it to the server (its default answer).
@@ -334,6 +334,31 @@ async def test_tool_arguments_of_the_wrong_shape_get_a_clear_error_and_nothing_i
         {"error": "hyatlas_search takes a JSON object of arguments, got list"},
     ]
     assert [path for path in seen if path.startswith("/api/v1/") and path != "/api/v1/status"] == []
+
+
+def test_a_memory_the_forget_tool_retired_comes_back_with_the_restore_tool(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-restore")
+    answers = drive(hermes_python, home, "tool_calls", {"session_id": "s-restore", "calls": [
+        ["hyatlas_add", {"text": "The dentist appointment is on the 3rd"}],
+        ["hyatlas_forget", {"text": "The dentist appointment is on the 3rd"}],
+        ["hyatlas_recent", {}],
+    ]})["answers"]
+    added, forgotten, recent = answers
+    assert [m["memory_id"] for m in forgotten["memories"]] == [added["memory_id"]]
+    assert contents(recent) == []
+    answers = drive(hermes_python, home, "tool_calls", {"session_id": "s-restore", "calls": [
+        ["hyatlas_restore", {"memory_id": added["memory_id"]}],
+        ["hyatlas_recent", {}],
+        ["hyatlas_restore", {}],
+        ["hyatlas_restore", {"memory_id": "no-such-memory"}],
+    ]})["answers"]
+    restored, recent, missing, unknown = answers
+    assert restored["restored"] is True
+    assert contents(recent) == ["The dentist appointment is on the 3rd"]
+    assert missing == {"error": "memory_id is required"}
+    assert "HTTP 404" in unknown["error"]
 
 
 def test_recent_tool_reads_include_raw_given_as_a_word(

@@ -352,7 +352,7 @@ class HyAtlasProvider(MemoryProvider):
     # -- tools -------------------------------------------------------------------
 
     def get_tool_schemas(self) -> list[dict[str, Any]]:
-        """hyatlas_status, hyatlas_search, hyatlas_recent, hyatlas_add, hyatlas_forget."""
+        """The tools of tools.TOOL_SCHEMAS: status, search, recent, add, forget and restore."""
         return [dict(schema) for schema in TOOL_SCHEMAS]
 
     def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:

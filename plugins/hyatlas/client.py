@@ -160,6 +160,10 @@ class HyAtlasClient:
         """POST /api/v1/forget: retire the memories matching a text or id (reversible)."""
         return self.request("POST", "/api/v1/forget", payload)
 
+    def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /api/v1/restore: bring one retired memory back ({memory_id, user_id, agent_id})."""
+        return self.request("POST", "/api/v1/restore", payload)
+
     def flush(self) -> dict[str, Any]:
         """POST /api/v1/flush: ask the server to persist what it holds in memory."""
         return self.request("POST", "/api/v1/flush", {})

@@ -79,7 +79,7 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
         "name": "hyatlas_forget",
         "description": "Forget memories: by memory_id, or those whose whole text matches. "
                        "When nothing matches, the closest candidates come back: forget one "
-                       "of them by its memory_id. Reversible.",
+                       "of them by its memory_id. Reversible with hyatlas_restore.",
         "parameters": {
             "type": "object",
             "properties": {
@@ -87,6 +87,16 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                 "memory_id": {"type": "string", "description": "One memory's id."},
                 "reason": {"type": "string", "description": "Why (kept with the memory)."},
             },
+        },
+    },
+    {
+        "name": "hyatlas_restore",
+        "description": "Bring back a memory that was forgotten (or otherwise retired), by the "
+                       "memory_id a forget answered with.",
+        "parameters": {
+            "type": "object",
+            "properties": {"memory_id": {"type": "string", "description": "The memory's id."}},
+            "required": ["memory_id"],
         },
     },
 ]
@@ -249,12 +259,20 @@ def _forget(scope: Scope, args: dict[str, Any]) -> Any:
         raise
 
 
+def _restore(scope: Scope, args: dict[str, Any]) -> Any:
+    if not scope.can_write:
+        raise ValueError("this agent context does not change memories")
+    return scope.client.restore({"memory_id": _text(args, "memory_id"),
+                                 "user_id": scope.user_id, "agent_id": scope.agent_id})
+
+
 HANDLERS: dict[str, Callable[[Scope, dict[str, Any]], Any]] = {
     "hyatlas_status": _status,
     "hyatlas_search": _search,
     "hyatlas_recent": _recent,
     "hyatlas_add": _add,
     "hyatlas_forget": _forget,
+    "hyatlas_restore": _restore,
 }
 
 
