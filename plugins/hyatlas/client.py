@@ -138,8 +138,10 @@ class HyAtlasClient:
     def recent(
         self, *, user_id: str, agent_id: str, limit: int = 20, layer: str = "",
         include_raw: bool = True, offset: int = 0, include_superseded: bool = False,
+        before: str = "",
     ) -> dict[str, Any]:
-        """POST /api/v1/list, newest first."""
+        """POST /api/v1/list, newest first; from offset on, or after the row `before` names (a
+        page's next_before)."""
         body: dict[str, Any] = {
             "user_id": user_id,
             "agent_id": agent_id,
@@ -150,6 +152,8 @@ class HyAtlasClient:
         }
         if layer:
             body["layer"] = layer
+        if before:
+            body["before"] = before
         return self.request("POST", "/api/v1/list", body)
 
     def owners(self) -> dict[str, Any]:

@@ -85,21 +85,25 @@ def new_idempotency_key() -> str:
 
 def already_stored(client: HyAtlasClient, payload: dict[str, Any], since: float) -> bool:
     """Whether the server holds this add's raw row, written at or after since: the same text,
-    agent and session among the owner's raw rows (retired ones too), newest first."""
+    agent and session among the owner's raw rows (retired ones too), newest first.
+
+    Pages go by the list's cursor, not an offset: rows erased or written while it looks would
+    shift an offset past rows it never read.
+    """
     wanted = (well_formed(payload.get("text", "")), payload.get("agent_id", ""),
               payload.get("session_id", ""))
-    offset = 0
+    before = ""
     while True:
         listed = client.recent(
             user_id=payload.get("user_id", ""), agent_id=payload.get("agent_id", ""),
-            layer="l2_raw", limit=LIST_PAGE, offset=offset, include_superseded=True,
+            layer="l2_raw", limit=LIST_PAGE, before=before, include_superseded=True,
         )
         rows = listed.get("memories") or []
         if any((row.get("content"), row.get("agent_id", ""), row.get("session_id", "")) == wanted
                for row in rows):
             return True
-        offset += len(rows)
-        if not rows or rows[-1].get("gmt_created", 0) < since or offset >= listed.get("total", 0):
+        before = listed.get("next_before") or ""
+        if not rows or not before or rows[-1].get("gmt_created", 0) < since:
             return False
 
 

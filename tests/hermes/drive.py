@@ -357,6 +357,18 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
         client_mod.HyAtlasClient(params["server_url"], token=params.get("token", "")),
         max_ops=params.get("max_ops", outbox_mod.MAX_OPS), clock=lambda: now[0],
     )
+    erased = params.get("erase_after_first_page")
+    if erased:  # a row of the owner is deleted on the server while the outbox pages its rows
+        listing = outbox.client.recent
+
+        def recent_then_erase(**query: Any) -> Any:
+            page = listing(**query)
+            if erased and not query.get("offset") and not query.get("before"):
+                outbox.client.request("POST", "/api/v1/delete_all", {
+                    "id": erased.pop(), "user_id": query["user_id"]})
+            return page
+
+        outbox.client.recent = recent_then_erase
     logged: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
