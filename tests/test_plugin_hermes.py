@@ -489,6 +489,23 @@ def test_cli_forget_given_both_a_text_and_an_id_is_refused_before_the_server(
     assert contents(listed) == ["The bike lock code is 4512"]
 
 
+def test_cli_restore_brings_back_what_cli_forget_retired(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    added = gateway(stack, "POST", "/api/v1/add", {"text": "The attic ladder is in the garage",
+                                                   "user_id": "u-cli-restore",
+                                                   "agent_id": "default"})
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-cli-restore")
+    forgot = hermes_cli(hermes_python, home, "forget", "--id", added["memory_id"])
+    assert forgot.returncode == 0, forgot.stderr
+    assert contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-cli-restore"})) == []
+    restored = hermes_cli(hermes_python, home, "restore", added["memory_id"])
+    assert restored.returncode == 0, restored.stderr
+    assert json.loads(restored.stdout)["restored"] is True
+    assert contents(gateway(stack, "POST", "/api/v1/list", {"user_id": "u-cli-restore"})) == [
+        "The attic ladder is in the garage"]
+
+
 def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_to_start(
     tmp_path: Path, hermes_python: Path
 ):

@@ -1,4 +1,4 @@
-"""`hermes hyatlas ...`: status, search, add, recent, forget, start, stop."""
+"""`hermes hyatlas ...`: status, search, add, recent, owners, forget, restore, start, stop."""
 
 from __future__ import annotations
 
@@ -65,10 +65,12 @@ def register_cli(subparser: argparse.ArgumentParser) -> None:
     forget = subs.add_parser("forget", help="Forget memories by id or matching text")
     forget.add_argument("text", nargs="*")
     forget.add_argument("--id", dest="memory_id", default="")
+    restore = subs.add_parser("restore", help="Bring a forgotten memory back by its id")
+    restore.add_argument("memory_id")
     subs.add_parser("start", help="Start the server if it does not answer")
     subs.add_parser("stop", help="Stop the server the plugin started")
     # After the subcommand, an owner option replaces the one given before it (if any).
-    for parser in (search, add, recent, owners, forget):
+    for parser in (search, add, recent, owners, forget, restore):
         _owner_options(parser, argparse.SUPPRESS)
     subparser.set_defaults(func=hyatlas_command)
 
@@ -153,6 +155,8 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         payload = forget_payload(owner, text=" ".join(args.text).strip(),
                                  memory_id=args.memory_id.strip(), reason="hermes hyatlas forget")
         _print(forget_or_suggest(client, payload))
+    elif command == "restore":
+        _print(client.restore({"memory_id": args.memory_id, **owner}))
     elif command == "start":
         result = ServerLauncher(settings, client, home).ensure_running()
         print(result.message)
