@@ -274,6 +274,38 @@ async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old
     assert seen[3][1]["text"] == "Python 3.12"
 
 
+async def test_a_replaces_forget_refused_by_another_service_is_still_sent_before_its_add(
+    tmp_path: Path, hermes_python: Path
+):
+    """A 404 page that is not the gateway's (a proxy, another service at server_url while the
+    server starts) keeps the forget in line: the new text is added only after the old one is
+    forgotten, so the forget cannot take the new text with it."""
+    delivered: list[tuple[str, str]] = []
+    refused: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.json()
+        if request.path == "/api/v1/forget" and not refused:
+            refused.append(request.path)
+            return web.Response(status=404, text="<html>Not Found</html>",
+                                content_type="text/html")
+        delivered.append((request.path, body["text"]))
+        return web.json_response({"success": True, "memory_id": "m1", "forgotten": 1,
+                                  "memories": [], "evidence_ids": []})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/add", answer)
+    app.router.add_post("/api/v1/forget", answer)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-order")
+        result = await drive_async(hermes_python, home, "mirrored_until_sent", {
+            "session_id": "s-order",
+            "calls": [["replace", "memory", "Likes green tea", {"old_text": "tea"}]]})
+    assert refused == ["/api/v1/forget"]
+    assert delivered == [("/api/v1/forget", "tea"), ("/api/v1/add", "Likes green tea")]
+    assert result["queue"] == []
+
+
 def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

@@ -303,8 +303,11 @@ class Outbox:
                     continue
                 SENDERS[kind](self.client, payload, key)
             except HttpError as exc:
-                if kind == "forget" and exc.status in (404, 405, 501):
-                    # The server has no forget yet: keep it for later without holding up writes.
+                if kind == "forget" and exc.from_gateway and exc.status in (404, 405, 501):
+                    # The gateway has no forget yet: keep it for later without holding up
+                    # writes. Another service's 404 is retried in order like a server that is
+                    # down: parked, it would come after the writes queued behind it (a replace's
+                    # forget of "tea" would then forget its new "green tea" too).
                     log.warning("forget not offered by the server (%s); kept for retry", exc)
                     self._update(
                         "UPDATE ops SET attempts = attempts + 1, not_before = ?, last_error = ?"

@@ -136,6 +136,21 @@ def memory_writes(params: dict[str, Any]) -> dict[str, Any]:
     return {"flushed": flushed}
 
 
+def mirrored_until_sent(params: dict[str, Any]) -> dict[str, Any]:
+    """Memory-tool writes through MemoryManager.on_memory_write, then waits until every add
+    left the queue; what is still queued then."""
+    provider = _provider()
+    manager = _manager(provider, params["session_id"], agent_context="primary")
+    for action, target, content, metadata in params["calls"]:
+        manager.on_memory_write(action, target, content, metadata=metadata)
+    deadline = time.monotonic() + WAIT_CEILING_S
+    while provider.outbox.pending("add") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    queue = provider.outbox.snapshot()
+    manager.shutdown_all()
+    return {"queue": queue}
+
+
 def tool_calls(params: dict[str, Any]) -> dict[str, Any]:
     """The provider's own tools, dispatched by MemoryManager.handle_tool_call."""
     provider = _provider()
@@ -384,9 +399,9 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
-                                     tool_calls, context_writes, logged_writes, down, outage,
-                                     tried, resume,
-                                     autostart, dashboard, config, refused_settings, aged_outbox)}
+                                     mirrored_until_sent, tool_calls, context_writes,
+                                     logged_writes, down, outage, tried, resume, autostart,
+                                     dashboard, config, refused_settings, aged_outbox)}
 
 
 def main() -> None:
