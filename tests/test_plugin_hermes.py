@@ -955,6 +955,21 @@ def test_the_server_default_choice_hermes_setup_writes_into_config_yaml_leaves_i
     assert result["available"] is True
 
 
+@pytest.mark.parametrize(("values", "error"), [
+    ({"server_url": "localhost:19528"}, "server_url='localhost:19528' is not an http(s) URL"),
+    ({"mode": "max"}, "mode='max' is not one of lite, pro, ultra"),
+], ids=["url", "mode"])
+def test_setup_values_the_plugin_could_not_load_are_refused_and_not_saved(
+    tmp_path: Path, hermes_python: Path, values: dict[str, str], error: str
+):
+    home = make_home(tmp_path, hermes_python)
+    result = drive(hermes_python, home, "refused_config", {"values": values})
+    assert result["error"] == error
+    # hyatlas.json keeps what the installer wrote, and the provider stays available.
+    assert json.loads(result["saved"]) == {"server_cwd": str(ROOT)}
+    assert result["available"] is True
+
+
 def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_setting(
     tmp_path: Path, hermes_python: Path
 ):

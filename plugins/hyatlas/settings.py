@@ -198,6 +198,14 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
     return str(raw).strip()
 
 
+def _layer(source: str, values: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The settings among a file's values, each with where it was read."""
+    # Hermes's setup wizard writes the choice "server default" into config.yaml's
+    # memory.hyatlas section when there is one: it means no value, as in hyatlas.json.
+    return {key: (f"{source}: {key}", value) for key, value in values.items()
+            if key in ENV_NAMES and value is not None and value != SERVER_DEFAULT}
+
+
 def load_settings(
     hermes_home: str | Path, environ: Mapping[str, str] | None = None
 ) -> PluginSettings:
@@ -209,14 +217,16 @@ def load_settings(
         (str(home / CONFIG_FILE), _read_json(home / CONFIG_FILE)),
         (str(home / "config.yaml"), _read_hermes_yaml(home / "config.yaml")),
     ):
-        for key, value in values.items():
-            # Hermes's setup wizard writes the choice "server default" into config.yaml's
-            # memory.hyatlas section when there is one: it means no value, as in hyatlas.json.
-            if key in ENV_NAMES and value is not None and value != SERVER_DEFAULT:
-                layered[key] = (f"{source}: {key}", value)
+        layered.update(_layer(source, values))
     for key, env_name in ENV_NAMES.items():
         if environ.get(env_name, "") != "":
             layered[key] = (env_name, environ[env_name])
+    return _checked(layered)
+
+
+def _checked(layered: Mapping[str, tuple[str, Any]]) -> PluginSettings:
+    """Settings from (where it was read, raw value) per setting; ValueError naming the first
+    value that is not valid."""
     defaults = PluginSettings()
     values: dict[str, Any] = {}
     for f in fields(PluginSettings):
@@ -249,6 +259,9 @@ def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
             current.pop(key, None)
             continue
         current[key] = _coerce(key, value, getattr(defaults, key))
+    # A value load_settings would refuse is refused now: Hermes's setup then says so, where
+    # saved it would turn the provider off at the next start.
+    _checked(_layer(str(path), current))
     # Write to a private temp file first so the config is never briefly world-readable.
     fd, tmp = tempfile.mkstemp(dir=home, prefix=".hyatlas.", suffix=".json")
     try:

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 # The longest a scenario waits for a condition; it returns as soon as the condition holds.
@@ -342,6 +343,21 @@ def config(params: dict[str, Any]) -> dict[str, Any]:
             "available": provider.is_available()}
 
 
+def refused_config(params: dict[str, Any]) -> dict[str, Any]:
+    """save_config of params["values"]: its error, and hyatlas.json's text after it."""
+    provider = _provider()
+    home = os.environ["HERMES_HOME"]
+    try:
+        provider.save_config(params["values"], home)
+    except ValueError as exc:
+        error = str(exc)
+    else:
+        error = ""
+    path = Path(home) / "hyatlas.json"
+    saved = path.read_text(encoding="utf-8") if path.exists() else None
+    return {"error": error, "saved": saved, "available": provider.is_available()}
+
+
 def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
     """The plugin's load_settings on each environment: its error ("" when it loads)."""
     provider = _provider()
@@ -401,7 +417,8 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
                                      mirrored_until_sent, tool_calls, context_writes,
                                      logged_writes, down, outage, tried, resume, autostart,
-                                     dashboard, config, refused_settings, aged_outbox)}
+                                     dashboard, config, refused_config, refused_settings,
+                                     aged_outbox)}
 
 
 def main() -> None:
