@@ -871,6 +871,22 @@ def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     assert not (home / "hyatlas" / "server.pid").exists()
 
 
+def test_a_recall_while_auto_start_waits_for_the_server_leaves_the_warning_to_auto_start(
+    tmp_path: Path, hermes_python: Path
+):
+    """The server is not up yet because auto start is starting it: no "start it with ..." for
+    the first turn; the one warning of the outage is auto start's own outcome."""
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}",
+                     auto_start=True, server_command="sleep 600", server_cwd=str(tmp_path),
+                     start_timeout_s=600)
+    result = drive(hermes_python, home, "starting")
+    assert result["still_starting"] is True, result  # the recall ran during the start
+    assert result["recall"] == ""
+    assert result["warned_while_starting"] == []
+    [warning] = result["warnings"]
+    assert warning.startswith("HyAtlas auto start did not get a ready server"), warning
+
+
 def test_the_plugins_state_files_are_private_to_the_user_under_a_umask_of_022(
     tmp_path: Path, hermes_python: Path
 ):

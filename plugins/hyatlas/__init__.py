@@ -193,6 +193,12 @@ class HyAtlasProvider(MemoryProvider):
                 "<memory-context> with the date each was recorded; hyatlas_search looks "
                 "further, hyatlas_add stores a note, hyatlas_forget removes one.")
 
+    def _failed(self, message: str) -> None:
+        """Backs recall off; warns unless auto start is still bringing the server up: it warns
+        with its own outcome, which a warning before it would silence for this outage."""
+        starting = self.start_thread is not None and self.start_thread.is_alive()
+        self.health.failed(message, warn=not starting)
+
     def _recall(self, query: str, session_id: str, timeout_s: float) -> str | None:
         assert self.client is not None and self.settings is not None
         started = time.monotonic()
@@ -202,7 +208,7 @@ class HyAtlasProvider(MemoryProvider):
                 limit=self.settings.prefetch_limit, session_id=session_id, timeout_s=timeout_s,
             )
         except ClientError as exc:
-            self.health.failed(problem_text(exc, self.client.base_url))
+            self._failed(problem_text(exc, self.client.base_url))
             return None
         # A late answer still fills the cache, but only a timely one ends a back-off.
         if time.monotonic() - started <= self.settings.prefetch_budget_s:
@@ -260,7 +266,7 @@ class HyAtlasProvider(MemoryProvider):
             return self._last_recall(sid)
         budget_s = self.settings.prefetch_budget_s
         if not recall.done.wait(budget_s):
-            self.health.failed(
+            self._failed(
                 f"HyAtlas memory at {self.client.base_url} did not answer within {budget_s:g} s")
         # Only this query's own answer: the last recall may answer another question.
         return self._last_recall(sid) if recall.text is None else recall.text

@@ -46,12 +46,12 @@ class ServerHealth:
         with self._lock:
             return self._clock() < self._skip_until
 
-    def failed(self, message: str) -> None:
-        """Starts a back-off; warns the user once per outage."""
+    def failed(self, message: str, *, warn: bool = True) -> None:
+        """Starts a back-off; warns the user once per outage (with warn, else only logs)."""
         with self._lock:
             self._skip_until = self._clock() + self._backoff_s
-            first = not self._warned
-            self._warned = True
+            first = warn and not self._warned
+            self._warned = self._warned or warn
         if not first:
             log.debug("hyatlas: %s", message)
             return

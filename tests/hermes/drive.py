@@ -306,6 +306,27 @@ def autostart(params: dict[str, Any]) -> dict[str, Any]:
             "alive_after_stop": first.launcher.read_pid() is not None}
 
 
+def starting(params: dict[str, Any]) -> dict[str, Any]:
+    """A CLI session whose auto start is still waiting for the server when the first turn
+    recalls; then the server process goes away. What Hermes's warning callback got."""
+    warnings: list[str] = []
+    provider = _provider()
+    manager = _manager(provider, "s-starting", agent_context="primary",
+                       warning_callback=warnings.append)
+    deadline = time.monotonic() + WAIT_CEILING_S
+    while provider.launcher.read_pid() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    recall = manager.prefetch_all("what is my name", session_id="s-starting")
+    _settle_recall(provider, "s-starting")
+    still_starting = provider.start_thread.is_alive()
+    warned_while_starting = list(warnings)
+    provider.launcher.stop(grace_s=WAIT_CEILING_S)
+    provider.start_thread.join(WAIT_CEILING_S)
+    manager.shutdown_all()
+    return {"recall": recall, "still_starting": still_starting,
+            "warned_while_starting": warned_while_starting, "warnings": warnings}
+
+
 def dashboard(params: dict[str, Any]) -> dict[str, Any]:
     """Hermes's web server mounts the plugin's router and it proxies a search."""
     os.environ["HERMES_DASHBOARD_SESSION_TOKEN"] = "test-session-token"
@@ -417,7 +438,7 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
                                      mirrored_until_sent, tool_calls, context_writes,
                                      logged_writes, down, outage, tried, resume, autostart,
-                                     dashboard, config, refused_config, refused_settings,
+                                     starting, dashboard, config, refused_config, refused_settings,
                                      aged_outbox)}
 
 
