@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -12,9 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
-from tests.support import Stack, free_port, running_stack
-from tests.test_plugin_hermes import drive, gateway, hermes_cli, hermes_python, make_home
+from tests.support import Stack, free_port, running_stack, serving_http
+from tests.test_plugin_hermes import (
+    drive,
+    drive_async,
+    gateway,
+    hermes_cli,
+    hermes_python,
+    make_home,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -156,6 +165,39 @@ def test_a_write_queued_past_the_key_window_is_sent_when_the_token_may_not_look(
     with contextlib.closing(sqlite3.connect(token_stack.data_dir / "hyatlas.db")) as db:
         stored = db.execute("SELECT content FROM memories WHERE user_id = ?", (user,)).fetchall()
     assert stored == [("USER: the gutters were cleared",)]
+
+
+async def test_an_outbox_closed_while_a_send_waits_records_the_answer_that_comes_after(
+    tmp_path: Path, hermes_python: Path
+) -> None:
+    """Hermes shuts the provider down while the server has not answered an add yet: the sender
+    still records the answer (the op leaves the queue), instead of failing on a closed
+    database and keeping an op the server took."""
+    seen: list[str] = []
+    released = asyncio.Event()
+
+    async def add(request: web.Request) -> web.Response:
+        seen.append((await request.json())["text"])
+        await released.wait()
+        return web.json_response({"success": True, "memory_id": "m-closed"})
+
+    async def count(request: web.Request) -> web.Response:
+        return web.json_response({"seen": len(seen)})
+
+    async def release(request: web.Request) -> web.Response:
+        released.set()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/add", add)
+    app.router.add_get("/seen", count)
+    app.router.add_post("/release", release)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-closed")
+        result = await drive_async(hermes_python, home, "closed_mid_send", {"server_url": url})
+    assert seen == ["USER: the gate code is 1942"]
+    assert result["pending"] == 0
+    assert not any("sender failed" in line for line in result["logged"]), result["logged"]
 
 
 def test_a_full_outbox_drops_its_oldest_writes_and_says_how_many(

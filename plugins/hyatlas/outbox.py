@@ -187,6 +187,10 @@ class Outbox:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sending = False
+        """Whether the sender thread runs (guarded by _db_lock)."""
+        self._close_when_sent = False
+        """close() came while the sender was inside a request: the sender closes the database."""
         self._lock_file = None
         self._failures = 0
         self.last_error = ""
@@ -382,6 +386,7 @@ class Outbox:
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="hyatlas-outbox", daemon=True)
+        self._sending = True
         self._thread.start()
 
     def nudge(self) -> None:
@@ -389,6 +394,15 @@ class Outbox:
         self._wake.set()
 
     def _run(self) -> None:
+        try:
+            self._send_until_stopped()
+        finally:
+            with self._db_lock:
+                self._sending = False
+                if self._close_when_sent:
+                    self._db.close()
+
+    def _send_until_stopped(self) -> None:
         delay = self._retry_min_s
         while not self._stop.is_set():
             with self._sender_role() as is_sender:
@@ -456,5 +470,10 @@ class Outbox:
             self._thread.join(timeout_s)
             self._thread = None
         with self._db_lock:
-            self._db.close()
+            # A sender still inside a request (a server that does not answer) records its
+            # outcome first; closing under it would keep a sent op queued and log a traceback.
+            if self._sending:
+                self._close_when_sent = True
+            else:
+                self._db.close()
 

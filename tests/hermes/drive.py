@@ -394,6 +394,43 @@ def refused_settings(params: dict[str, Any]) -> dict[str, Any]:
     return {"errors": errors, "available": provider.is_available()}
 
 
+def closed_mid_send(params: dict[str, Any]) -> dict[str, Any]:
+    """An outbox closed while its sender waits for the server's answer to an add; the server
+    answers after that. What the sender logged, and what a new outbox then finds queued."""
+    import urllib.request
+
+    provider = _provider()
+    package = type(provider).__module__
+    outbox_mod = sys.modules[package + ".outbox"]
+    client_mod = sys.modules[package + ".client"]
+    state_dir = sys.modules[package + ".settings"].state_dir
+    path = state_dir(os.environ["HERMES_HOME"]) / "outbox.sqlite3"
+    url = params["server_url"]
+    client = client_mod.HyAtlasClient(url, timeout_s=WAIT_CEILING_S)
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("hyatlas.outbox").addHandler(handler)
+    outbox = outbox_mod.Outbox(path, client)
+    outbox.start()
+    outbox.put("add", {"text": "USER: the gate code is 1942", "user_id": "u-closed",
+                       "agent_id": "default", "session_id": "s-closed"})
+    deadline = time.monotonic() + WAIT_CEILING_S
+    while time.monotonic() < deadline:  # until the add is in flight
+        with urllib.request.urlopen(url + "/seen", timeout=10) as reply:
+            if json.loads(reply.read())["seen"]:
+                break
+        time.sleep(0.05)
+    sender = outbox._thread
+    outbox.close(0.1)
+    urllib.request.urlopen(urllib.request.Request(url + "/release", method="POST"), timeout=10)
+    sender.join(WAIT_CEILING_S)
+    reopened = outbox_mod.Outbox(path, client)
+    pending = reopened.pending()
+    reopened.close()
+    return {"pending": pending, "logged": logged}
+
+
 def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     """Queues params["ops"] ([payload, key] pairs, or [payload, key, kind]) in the home's
     outbox, lets its clock run
@@ -439,7 +476,7 @@ SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool
                                      mirrored_until_sent, tool_calls, context_writes,
                                      logged_writes, down, outage, tried, resume, autostart,
                                      starting, dashboard, config, refused_config, refused_settings,
-                                     aged_outbox)}
+                                     closed_mid_send, aged_outbox)}
 
 
 def main() -> None:
