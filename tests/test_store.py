@@ -704,6 +704,30 @@ async def test_a_word_written_with_combining_marks_is_found_by_keyword(
     assert [h.hit.memory.id for h in reply.hits] == [row.id]
 
 
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("Write to john.doe@example.com about it", "john.doe@example.com"),
+        ("The docs are at https://example.org/guide?page=2", "example.org guide"),
+        ("Pi is about 3.14159 they said", "3.14159"),
+        ("Tom's café serves crème brûlée", "creme brulee"),
+        ("Her ﬁnance notes are here", "finance"),
+        ("I don't eat meat anymore", "don't"),
+        ("We met again after the storm", "again after"),
+    ],
+)
+async def test_a_keyword_query_finds_its_words_however_the_text_joins_them(
+    store: store_pb2_grpc.StoreStub, text: str, query: str
+) -> None:
+    # Both backends split a text into words at punctuation, fold accents and keep every word,
+    # as the query side makes its terms (PostgreSQL's parser kept an address, a URL or a
+    # decimal as one token, and its English stop words such as "don", "again" and "after").
+    (row,) = await apply(store, insert(text))
+    await apply(store, insert("Another note from the trip"))
+    reply = await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query=query))
+    assert [h.hit.memory.id for h in reply.hits] == [row.id]
+
+
 async def test_longer_names_and_keys_are_refused_and_change_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -97,6 +97,44 @@ async def test_keyword_indexes_keep_short_pending_lists_and_a_version_2_database
         assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
 
 
+async def test_a_version_5_databases_keyword_columns_split_its_texts_as_sqlite_does(
+    pg_databases: Any,
+) -> None:
+    async with fresh_schema(pg_databases) as conn:
+        # As version 5 left them: the texts as PostgreSQL's English configuration reads them.
+        await as_version(
+            conn,
+            5,
+            "ALTER TABLE memories DROP COLUMN content_terms; "
+            "ALTER TABLE memories ADD COLUMN content_terms TSVECTOR "
+            "GENERATED ALWAYS AS (to_tsvector('english', content)) STORED; "
+            "CREATE INDEX memories_terms ON memories USING gin (user_id, content_terms); "
+            "ALTER TABLE memory_keys DROP COLUMN text_terms; "
+            "ALTER TABLE memory_keys ADD COLUMN text_terms TSVECTOR GENERATED ALWAYS AS ("
+            "CASE WHEN kind = 'context' THEN to_tsvector('english', text) END) STORED; "
+            "CREATE INDEX memory_keys_terms ON memory_keys USING gin (user_id, text_terms) "
+            "WHERE kind = 'context'; "
+            "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+            "VALUES ('m1', 'u', 'l2_raw', 'Mail john.doe@example.com about the crème', 0, 0); "
+            "INSERT INTO memory_keys (memory_id, user_id, kind, text) "
+            "VALUES ('m1', 'u', 'context', 'Mail john.doe@example.com about the crème')",
+        )
+        holds = (
+            "SELECT (SELECT content_terms FROM memories) @@ plainto_tsquery('hyatlas', $1) "
+            "AND (SELECT text_terms FROM memory_keys) @@ plainto_tsquery('hyatlas', $1)"
+        )
+        assert not await conn.fetchval(holds, "doe")
+
+        await create_or_migrate(conn, NDIM, "test")
+        await create_or_migrate(conn, NDIM, "test")  # and again: nothing more to do
+
+        for word in ("doe", "example", "creme", "about"):
+            assert await conn.fetchval(holds, word), word
+        limit = [f"gin_pending_list_limit={GIN_PENDING_KB}"]
+        assert await gin_options(conn) == {"memories_terms": limit, "memory_keys_terms": limit}
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
+
+
 async def test_a_version_4_databases_edges_get_name_keys_that_ignore_case_in_any_script(
     pg_databases: Any,
 ) -> None:

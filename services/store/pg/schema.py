@@ -5,9 +5,10 @@ graph mean the same on both backends. What differs:
 - times are double precision (SQLite's REAL is eight bytes too);
 - vectors are halfvec(ndim) columns beside their rows, with an HNSW index (cosine) on each
   vector table; the usearch files of the SQLite store have no counterpart here;
-- the keyword index is a generated tsvector column ('english': Snowball stems, as the query side
-  stems with PyStemmer's English) under a GIN index that leads with the owner (btree_gin), so a
-  search reads its owner's postings only;
+- the keyword index is a generated tsvector column (TEXT_CONFIG: the text split into words,
+  accents folded and Snowball English stems, as the SQLite store's tantivy index makes its terms
+  and the query side stems with PyStemmer's English) under a GIN index that leads with the owner
+  (btree_gin), so a search reads its owner's postings only;
 - every vector row carries its owner (user_id) for the same reason.
 """
 
@@ -20,10 +21,10 @@ import asyncpg
 from shared.errors import ConfigError
 from shared.text import edge_key
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """1: the first; 2: the session neighbours index without agent_id; 3: GIN pending lists of
 GIN_PENDING_KB; 4: memory_keys_context_owner; 5: graph_edges' name keys (the SQLite store's
-version 4)."""
+version 4); 6: the keyword columns made with TEXT_CONFIG from the text split at punctuation."""
 
 GIN_PENDING_KB = 128
 """The most a GIN index keeps of new rows in its pending list before merging them in (the
@@ -31,7 +32,54 @@ server's default is 4 MB). Every keyword search reads the whole list: with 4,894
 there at 20,000 memories it cost a search more than the rest of its keyword work. At 128 kB,
 loading those 20,000 rows took 6.5 s against 5.7 s (README)."""
 
-_GIN_INDEXES = ("memories_terms", "memory_keys_terms")
+TEXT_CONFIG = "hyatlas"
+"""The text search configuration of the keyword columns and of each query term: English as
+PostgreSQL has it, but accents folded (unaccent) and no stop words, as the SQLite store's tantivy
+analyzer (the query side leaves its own stop words out, on both backends)."""
+
+_TEXT_CONFIG_SQL = f"""
+CREATE EXTENSION IF NOT EXISTS unaccent;
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_ts_dict WHERE dictname = '{TEXT_CONFIG}_stem') THEN
+    CREATE TEXT SEARCH DICTIONARY {TEXT_CONFIG}_stem (TEMPLATE = snowball, LANGUAGE = english);
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_ts_config WHERE cfgname = '{TEXT_CONFIG}') THEN
+    CREATE TEXT SEARCH CONFIGURATION {TEXT_CONFIG} (COPY = english);
+    ALTER TEXT SEARCH CONFIGURATION {TEXT_CONFIG}
+      ALTER MAPPING FOR asciiword, word, asciihword, hword, hword_asciipart, hword_part
+      WITH unaccent, {TEXT_CONFIG}_stem;
+    ALTER TEXT SEARCH CONFIGURATION {TEXT_CONFIG}
+      ALTER MAPPING FOR numword, numhword, hword_numpart WITH unaccent, simple;
+  END IF;
+END $$;
+"""
+
+
+def _terms(text: str) -> str:
+    """The tsvector of a text column. Punctuation becomes a space first: PostgreSQL's parser
+    keeps an e-mail address, a URL or a decimal as one token, where tantivy and the query side
+    split them into words."""
+    return f"to_tsvector('{TEXT_CONFIG}', regexp_replace({text}, '[[:punct:]]+', ' ', 'g'))"
+
+
+_TERM_COLUMNS = {
+    "memories": f"content_terms TSVECTOR GENERATED ALWAYS AS ({_terms('content')}) STORED",
+    "memory_keys": "text_terms TSVECTOR GENERATED ALWAYS AS ("
+    f"CASE WHEN kind = 'context' THEN {_terms('text')} END) STORED",
+}
+"""The keyword column of each table that has one."""
+
+_GIN_SQL = {
+    "memories_terms": "CREATE INDEX IF NOT EXISTS memories_terms "
+    "ON memories USING gin (user_id, content_terms) "
+    f"WITH (gin_pending_list_limit = {GIN_PENDING_KB})",
+    "memory_keys_terms": "CREATE INDEX IF NOT EXISTS memory_keys_terms "
+    "ON memory_keys USING gin (user_id, text_terms) "
+    f"WITH (gin_pending_list_limit = {GIN_PENDING_KB}) WHERE kind = 'context'",
+}
+"""The GIN indexes of the keyword columns, by name."""
+
+_GIN_INDEXES = tuple(_GIN_SQL)
 
 # The project's advisory lock ids.
 SCHEMA_LOCK = 0x4859_0001
@@ -47,6 +95,7 @@ def _tables(ndim: int) -> str:
     return f"""
 CREATE EXTENSION IF NOT EXISTS vector;
 CREATE EXTENSION IF NOT EXISTS btree_gin;
+{_TEXT_CONFIG_SQL}
 CREATE TABLE IF NOT EXISTS schema_version (
   version INTEGER NOT NULL,
   applied_at DOUBLE PRECISION NOT NULL
@@ -84,7 +133,7 @@ CREATE TABLE IF NOT EXISTS memories (
   extraction_status TEXT NOT NULL DEFAULT '',
   extraction_tries INTEGER NOT NULL DEFAULT 0,
   write_mode TEXT NOT NULL DEFAULT '',
-  content_terms TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', content)) STORED
+  {_TERM_COLUMNS["memories"]}
 );
 CREATE INDEX IF NOT EXISTS memories_owner
   ON memories(user_id, agent_id, layer, status, created_at);
@@ -97,8 +146,7 @@ CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
 DROP INDEX IF EXISTS memories_neighbours;
 CREATE INDEX IF NOT EXISTS memories_session_turns
   ON memories(user_id, session_id, layer, seq);
-CREATE INDEX IF NOT EXISTS memories_terms ON memories USING gin (user_id, content_terms)
-  WITH (gin_pending_list_limit = {GIN_PENDING_KB});
+{_GIN_SQL["memories_terms"]};
 
 CREATE TABLE IF NOT EXISTS vectors (
   key BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
@@ -133,14 +181,11 @@ CREATE TABLE IF NOT EXISTS memory_keys (
   text TEXT NOT NULL,
   model_id TEXT NOT NULL DEFAULT '',
   vector HALFVEC({ndim}),
-  text_terms TSVECTOR GENERATED ALWAYS AS (
-    CASE WHEN kind = 'context' THEN to_tsvector('english', text) END
-  ) STORED
+  {_TERM_COLUMNS["memory_keys"]}
 );
 CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
 CREATE INDEX IF NOT EXISTS memory_keys_owner ON memory_keys(user_id) WHERE vector IS NOT NULL;
-CREATE INDEX IF NOT EXISTS memory_keys_terms ON memory_keys USING gin (user_id, text_terms)
-  WITH (gin_pending_list_limit = {GIN_PENDING_KB}) WHERE kind = 'context';
+{_GIN_SQL["memory_keys_terms"]};
 -- An owner's context keys counted from the index alone (pg/text.py's idf weights), where the
 -- GIN index's count reads every key's row: 1.5 GB at 1,000,000 keys.
 CREATE INDEX IF NOT EXISTS memory_keys_context_owner ON memory_keys(user_id)
@@ -240,6 +285,8 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
             await _bound_gin_pending_lists(conn)
         if version is not None and version < 5:
             await _key_edges(conn)
+        if version is not None and version < 6:
+            await _remake_term_columns(conn)
         if not await hnsw_deferred(conn):
             for create in HNSW_INDEXES.values():
                 await conn.execute(create)
@@ -273,6 +320,17 @@ async def _key_edges(conn: asyncpg.Connection) -> None:
     )
     for column in ("subject_key", "relation_key", "object_key"):
         await conn.execute(f"ALTER TABLE graph_edges ALTER COLUMN {column} DROP DEFAULT")
+
+
+async def _remake_term_columns(conn: asyncpg.Connection) -> None:
+    """Version 6: the keyword columns made again with TEXT_CONFIG from the text split at
+    punctuation (rewrites both tables), and their GIN indexes built again."""
+    for table, column in _TERM_COLUMNS.items():
+        name = column.split()[0]
+        await conn.execute(f"ALTER TABLE {table} DROP COLUMN {name}")  # and its GIN index
+        await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    for create in _GIN_SQL.values():
+        await conn.execute(create)
 
 
 async def _version(conn: asyncpg.Connection) -> int | None:

@@ -28,6 +28,7 @@ from services.store import keywords
 from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
 from services.store.pg.db import Database, numbered, text_checked
+from services.store.pg.schema import TEXT_CONFIG
 from services.store.repo import _M_COLUMNS, _filters, _row, _where
 
 
@@ -65,6 +66,9 @@ CONTEXT_KEYS = TextIndex(
 # Each query ranks this many times its limit of rows (the best by ts_rank) by ts_rank_cd.
 CHEAP_SHARE = 2
 
+TERM = f"plainto_tsquery('{TEXT_CONFIG}', ?)"
+"""One query term as a tsquery, made as the keyword columns make their terms."""
+
 # The indexes by the names rows.Rows.text_search takes.
 BY_NAME = {"own": OWN_TEXT, "context": CONTEXT_KEYS}
 
@@ -83,10 +87,9 @@ class _Query:
 
 
 def _tsquery(query: _Query) -> tuple[str, list[str]]:
-    """The tsquery of a query's terms, and its parameters (a stop word's part is empty, and
+    """The tsquery of a query's terms, and its parameters (a term with no lexeme is empty, and
     && or || with an empty tsquery gives the other side)."""
-    one = "plainto_tsquery('english', ?)"
-    joined = (" && " if query.every else " || ").join([one] * len(query.terms))
+    joined = (" && " if query.every else " || ").join([TERM] * len(query.terms))
     return f"({joined})", list(query.terms)
 
 
@@ -110,7 +113,7 @@ def _score(
     sql = f"{rank}({index.terms}, {ranking}, 1)"
     params: list[Any] = list(ranked_terms)
     for term, weight in zip(terms, plan.weights, strict=False):
-        sql += f" + ({index.terms} @@ plainto_tsquery('english', ?))::int * ?::float8"
+        sql += f" + ({index.terms} @@ {TERM})::int * ?::float8"
         params += [term, weight]
     return sql, params
 
@@ -150,6 +153,9 @@ async def search(
         )
         filters = _filters(reach, layers, include_superseded)
         term_stems = [stem(t) for t in terms]
+        # Rows a strict search finds hold every term (as tantivy's exact matches, whose words
+        # may differ from the text's by an accent, which matched_terms does not fold).
+        exact = all(query.every for query in plan.queries)
         # A few more than k: rows holding too few terms (a stop word, a stem) are dropped after.
         limit = k + k // 4 + 8
         while True:
@@ -158,7 +164,7 @@ async def search(
             )
             found = []
             for row, text, row_score in ranked:
-                held = max(1, matched_terms(term_stems, text))
+                held = len(terms) if exact else max(1, matched_terms(term_stems, text))
                 if held >= least:
                     found.append((row, row_score, held))
             if len(found) >= k or not more:
@@ -229,7 +235,7 @@ def _holding(terms: Sequence[str], postings: Sequence[int], least: int) -> _Quer
     does not read rows holding only its rarest until it has enough that hold more.
 
     A filter ahead of matched_terms (which decides): a term without postings (none of the
-    owner's rows holds it, or PostgreSQL reads it as a stop word) is taken as held by every row.
+    owner's rows holds it) is taken as held by every row.
     """
     unseen = sum(1 for n in postings if n == 0)
     seen = tuple(term for term, n in zip(terms, postings, strict=True) if n)
@@ -311,7 +317,7 @@ def counting(
             counts.append(f"(SELECT count(*) FROM {index.table} {_where(where)})")
             values += params
             continue
-        holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
+        holds = f"{index.terms} @@ {TERM}"
         counts.append(
             f"(SELECT count(*) FROM (SELECT FROM {index.table} {_where([*where, holds])} "
             "LIMIT ?) AS postings)"
@@ -329,7 +335,7 @@ async def _newest_shares(
     """What share of the owner's newest keywords.POSTING_BUDGET rows hold each term, in one
     statement."""
     where, params = owned
-    holds = f"{index.terms} @@ plainto_tsquery('english', ?)"
+    holds = f"{index.terms} @@ {TERM}"
     alias = index.table.split()[-1]
     row = (
         await reader.fetch(
@@ -352,7 +358,7 @@ def _found(
     where = [*owned[0], f"{index.terms} @@ {tsquery}"]
     params = [*owned[1], *terms]
     if query.least > 1:
-        holds = f"({index.terms} @@ plainto_tsquery('english', ?))::int"
+        holds = f"({index.terms} @@ {TERM})::int"
         where.append(f"{' + '.join([holds] * len(query.held))} >= ?")
         params += [*query.held, query.least]
     if query.newest is None:
