@@ -77,3 +77,29 @@ def test_a_held_tombstone_takes_the_place_of_a_guard_and_a_guard_never_of_a_held
     assert without_tombstone(held, "b", guard_only=True) is None
     lifted = without_tombstone(held, "a", guard_only=True)
     assert lifted is not None and sorted(tombstones(lifted)) == ["b", "c"]
+
+
+async def test_a_new_version_written_between_the_forgets_read_and_write_is_forgotten_too(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
+        alice = Reach(("alice",))
+        (old,) = await store.apply(alice, [Insert("alice", "", "", RAW, VALUE)])
+        assert old is not None
+        real_search = forget.vector_search
+        edits: list[str] = []
+
+        async def found_then_updated(*args: Any, **kwargs: Any) -> Any:
+            hits = await real_search(*args, **kwargs)
+            if not edits:  # the user's update (another replica) commits before the forget writes
+                edited = Insert("alice", "", "", RAW, f"{VALUE} and more", ref="new")
+                replaced = Retire(old.id, superseded_how="replaced", superseded_by="$new")
+                new, _ = await store.apply(alice, [edited, replaced])
+                assert new is not None
+                edits.append(new.id)
+            return hits
+
+        monkeypatch.setattr(forget, "vector_search", found_then_updated)
+        gone = await store.forget(alice, forget.Forget(memory_id=old.id), actor="api")
+        assert {row.id for row in gone.memories} == {old.id, *edits}
+        assert (await store.get(alice, edits[0])).superseded_how == "forgotten"

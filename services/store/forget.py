@@ -1,7 +1,8 @@
 """Forgetting a value: retire the rows that hold it and tombstone it on the turns they came from.
 
 One read of the candidates, one transaction for every change (the tombstones added to each turn's
-metadata as it reads inside it, so forgets at once keep every one); the extractor later refuses a
+metadata as it reads inside it, so forgets at once keep every one), again while a row it forgot
+got a new version between the two; the extractor later refuses a
 value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted (the
 newest GUARDED_TURNS) is given them too, as guards, even when nothing holds the value yet: what
 it will yield does not exist yet to be forgotten, and an extraction running on it (which
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from services.store.apply import apply_unkeyed
 from services.store.core import Core
 from services.store.model import (
+    ACTIVE,
     ENTITY,
     FORGOTTEN,
     RAW,
@@ -43,6 +45,9 @@ NEAR_EXACT = 0.95
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
 DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
+LOOKS = 3
+"""The most times a forget reads and writes: again while the rows it forgot had new versions
+written between its read and its write, which it has not seen."""
 GUARDED_TURNS = 100
 """The most turns still to be extracted that a forget also tombstones, newest first: an
 extraction in flight is most often of a turn just written. A backlog of thousands (pro awaiting
@@ -89,17 +94,46 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
     key = value_key(text)
     if not key:
         raise InvalidArgument("text has nothing to match")
-    unextracted: list[MemoryRow] = []
+    done = Forgotten([], [])
+    for _ in range(LOOKS):
+        found = await _found(core, reach, asked, text, key, matches)
+        if found is None:
+            break
+        matches, unextracted = found
+        rows = await _retire(core, reach, matches, unextracted, key, asked.reason, actor)
+        evidence = list(dict.fromkeys(done.evidence_ids + rows.evidence_ids))
+        done = Forgotten(done.memories + rows.memories, evidence)
+        if not _versions_written_meanwhile(matches, rows.memories):
+            break
+        matches = {}  # look again by the value: the new versions hold it too
+    return done
+
+
+async def _found(
+    core: Core, reach: Reach, asked: Forget, text: str, key: str, known: dict[str, MemoryRow]
+) -> tuple[dict[str, MemoryRow], list[MemoryRow]] | None:
+    """The rows to retire and the turns still to be extracted to guard; None for neither."""
     if asked.memory_tool and not asked.memory_id:
         matches = await _memory_tool_entries(core, reach, text.strip(), asked.target)
-    else:
-        matches |= await _holding(core, reach, text, key, matches)
-        matches |= await _pages_holding(core, reach, key, matches)
-        matches = _without_evidence(matches, key)
-        unextracted = await _unextracted(core, reach)
-    if not matches and not unextracted:
-        return Forgotten([], [])
-    return await _retire(core, reach, matches, unextracted, key, asked.reason, actor)
+        return (matches, []) if matches else None
+    matches = known | await _holding(core, reach, text, key, known)
+    matches |= await _pages_holding(core, reach, key, matches)
+    matches = _without_evidence(matches, key)
+    unextracted = await _unextracted(core, reach)
+    return (matches, unextracted) if matches or unextracted else None
+
+
+def _versions_written_meanwhile(
+    matches: dict[str, MemoryRow], retired: list[MemoryRow]
+) -> bool:
+    """Whether a row live when the forget read it had a new version by its write (an update
+    between the two): the forget did not read that version, which may hold the value."""
+    return any(
+        matches[row.id].status == ACTIVE
+        and row.superseded_by
+        and row.superseded_by not in matches
+        for row in retired
+    )
 
 
 async def _unextracted(core: Core, reach: Reach) -> list[MemoryRow]:
