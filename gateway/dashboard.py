@@ -263,8 +263,8 @@ def settings_in_force(settings: Settings, model_id: str) -> dict[str, Any]:
 
 
 async def system(request: web.Request) -> web.Response:
-    """Service health, settings in force (no secrets), data directory size and snapshots: the
-    server's, so for a token reaching every owner."""
+    """Service health, settings in force (no secrets), data directory size (with the database's
+    on PostgreSQL) and snapshots: the server's, so for a token reaching every owner."""
     grant = current_grant()
     if grant is not None:
         grant.check_everyone("the system view")
@@ -276,6 +276,8 @@ async def system(request: web.Request) -> web.Response:
         asyncio.to_thread(_tree_bytes, settings.data_dir),
         asyncio.to_thread(_snapshots, settings.snapshot_dir),
     )
+    if stats.backend == "postgresql":  # the rows are in the database, not in the data dir
+        data_bytes += stats.db_bytes
     return json_response(
         {
             "services": [{"name": "gateway", "address": "(this process)", "status": "serving"}]

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import numpy as np
 import pytest
 
@@ -131,11 +132,21 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
     _assert_same(((await export(target))[1:]), lines)
 
 
-async def test_a_server_on_postgresql_says_it_takes_no_snapshots(target: Stack) -> None:
+async def test_a_server_on_postgresql_says_it_takes_no_snapshots_and_counts_its_database(
+    target: Stack,
+) -> None:
     status, reply = await call(target, "POST", "/api/v1/admin/snapshot")
     assert status == 501 and "pg_dump" in reply["error"], reply
     status, system = await call(target, "GET", "/dashboard/api/system")
     assert status == 200 and system["store_backend"] == "postgresql"
+    # Its size on disk counts the database that holds the rows (the data dir holds sockets);
+    # the database may grow a little between the two reads.
+    conn = await asyncpg.connect(target.env["HYATLAS_STORE_DSN"])
+    try:
+        database = await conn.fetchval("SELECT pg_database_size(current_database())")
+    finally:
+        await conn.close()
+    assert system["data_bytes"] >= database * 0.9, (system["data_bytes"], database)
     done = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "hyatlas_cli", "--url", target.base_url, "doctor"],
