@@ -11,7 +11,13 @@ from typing import Any
 from aiohttp import web
 
 from gateway.state import CONFIG
-from shared.errors import ServiceError, Unauthenticated, Unavailable, Unimplemented
+from shared.errors import (
+    ServiceError,
+    StorageFull,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +107,7 @@ def client_message(request: web.Request, exc: ServiceError) -> str:
         message = f"a backing service is unavailable: {exc.service}"
     elif isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
-    elif exc.http_status >= 500 and not isinstance(exc, Unimplemented):
+    elif exc.http_status >= 500 and not isinstance(exc, (Unimplemented, StorageFull)):
         # A backing service's own words may hold exception text: they go to the log only.
         error_id = new_error_id()
         log.error("%s %s: %s (error id %s)", request.method, request.path, message, error_id)

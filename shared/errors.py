@@ -3,8 +3,8 @@
     ServiceError (500)
     ├── InvalidArgument (400)      ├── Unauthenticated (401)   ├── PermissionDenied (403)
     ├── NotFound (404)             ├── Conflict (409)          ├── TooLarge (413)
-    ├── Internal (500)             ├── Unimplemented (501)     └── Unavailable (503)
-                                                                   └── Overloaded (503)
+    ├── Internal (500)             ├── Unimplemented (501)     ├── Unavailable (503)
+    └── StorageFull (507)                                          └── Overloaded (503)
 
 Domain code raises these; `shared.rpc.grpc_errors` sends them as gRPC statuses;
 `shared.rpc.rpc_errors` turns a failed call back into one; the gateway answers `http_status`.
@@ -20,6 +20,8 @@ class ServiceError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     http_status: int = 500
+    kind: str = ""
+    """Names the class on the wire when it shares its gRPC status with another."""
 
     def __init__(self, message: str, service: str = "") -> None:
         super().__init__(message)
@@ -95,6 +97,16 @@ class Overloaded(Unavailable):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class StorageFull(ServiceError):
+    """The disk the data is kept on is full: a write was not kept; one after space is freed is."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 507
+    kind = "storage_full"
+
+
+_BY_KIND: dict[str, type[ServiceError]] = {StorageFull.kind: StorageFull}
+
 _BY_STATUS: dict[grpc.StatusCode, type[ServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.OUT_OF_RANGE: TooLarge,
@@ -112,9 +124,12 @@ _BY_STATUS: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
-def error_for_status(code: grpc.StatusCode, message: str, service: str = "") -> ServiceError:
-    """The ServiceError a gRPC status stands for (Internal for any status not listed)."""
-    return _BY_STATUS.get(code, Internal)(message, service)
+def error_for_status(
+    code: grpc.StatusCode, message: str, service: str = "", kind: str = ""
+) -> ServiceError:
+    """The ServiceError a gRPC status (and the kind sent beside it) stands for (Internal for
+    any status not listed)."""
+    return _BY_KIND.get(kind, _BY_STATUS.get(code, Internal))(message, service)
 
 
 class ConfigError(Exception):

@@ -40,6 +40,8 @@ CHANNEL_OPTIONS = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+# Trailing metadata naming a ServiceError that shares its gRPC status with another.
+ERROR_KIND_KEY = "hyatlas-error-kind"
 
 
 def grpc_errors(method: F) -> F:
@@ -53,7 +55,8 @@ def grpc_errors(method: F) -> F:
         try:
             return await method(self, request, context)
         except ServiceError as exc:
-            await context.abort(exc.code, exc.message)
+            kind = ((ERROR_KIND_KEY, exc.kind),) if exc.kind else ()
+            await context.abort(exc.code, exc.message, trailing_metadata=kind)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception:
@@ -71,7 +74,8 @@ def rpc_errors(service: str) -> Iterator[None]:
         yield
     except grpc.aio.AioRpcError as exc:
         detail = exc.details() or exc.code().name.lower()
-        raise error_for_status(exc.code(), f"{service}: {detail}", service) from exc
+        kind = dict(exc.trailing_metadata() or ()).get(ERROR_KIND_KEY, "")
+        raise error_for_status(exc.code(), f"{service}: {detail}", service, str(kind)) from exc
 
 
 class ServiceClient:
@@ -211,7 +215,8 @@ def _under_grant(
         try:
             grant = Grant.from_header(value)
         except ServiceError as exc:
-            await context.abort(exc.code, exc.message)
+            kind = ((ERROR_KIND_KEY, exc.kind),) if exc.kind else ()
+            await context.abort(exc.code, exc.message, trailing_metadata=kind)
         reset = CURRENT_GRANT.set(grant)
         try:
             return await behavior(request, context)

@@ -146,12 +146,14 @@ class ServiceProcess:
     ready: Callable[[], bool]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    wrapper: tuple[str, ...] = ()
+    """A command the service is run under (e.g. one that mounts its data dir first)."""
 
     def start(self, timeout_s: float = WAIT_CEILING_S) -> ServiceProcess:
         """Starts the process and waits until it is ready."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module],
+            [*self.wrapper, sys.executable, "-m", self.module],
             cwd=ROOT,
             env=dict(self.env),
             stdout=log,
@@ -246,7 +248,9 @@ class Stack:
         """The gateway's base URL."""
         return f"http://127.0.0.1:{self.env['HYATLAS_GO_PORT']}"
 
-    def start(self, service: str, timeout_s: float = WAIT_CEILING_S) -> ServiceProcess:
+    def start(
+        self, service: str, timeout_s: float = WAIT_CEILING_S, wrapper: tuple[str, ...] = ()
+    ) -> ServiceProcess:
         """Starts one service (embedder, store, search, extractor, consolidator or gateway)."""
         if service == "gateway":
             module = "gateway"
@@ -262,7 +266,8 @@ class Stack:
             def ready() -> bool:
                 return grpc_serving(address)
 
-        proc = ServiceProcess(module, self.env, ready, self.data_dir / f"{service}.log")
+        log_path = self.data_dir / f"{service}.log"
+        proc = ServiceProcess(module, self.env, ready, log_path, wrapper=wrapper)
         self.procs[service] = proc.start(timeout_s)
         return proc
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.store.disk_full import full_disk_refused
 from services.store.index import IndexChanges
 from services.store.keys import (
     CLAUSE,
@@ -148,13 +149,14 @@ class Core:
                 if self.indexes is not None:
                     await self.indexes.apply(changes)
 
-            async with self.repo.transaction(follow) as tx:
-                # Dated once the transaction holds the database's write lock (on PostgreSQL
-                # shared by every replica), so write times follow the order writes commit in.
-                write = Write(self, tx, actor, time.time(), changes)
-                yield write
-                if write.erased:
-                    await tx.merge_keyword_indexes()
+            with full_disk_refused("the write was not kept"):
+                async with self.repo.transaction(follow) as tx:
+                    # Dated once the transaction holds the database's write lock (on PostgreSQL
+                    # shared by every replica), so write times follow the order writes commit.
+                    write = Write(self, tx, actor, time.time(), changes)
+                    yield write
+                    if write.erased:
+                        await tx.merge_keyword_indexes()
             if write.erased:
                 # The deleted text is still in the write-ahead log's older frames till then.
                 await self.repo.checkpoint()

@@ -12,6 +12,7 @@ import numpy as np
 from services.store import apply, compact, forget, graph, leases, owners, retrieval, transfer, undo
 from services.store.core import Core, Embedder, VectorModel
 from services.store.dedupe import Dedupe, dedupe_facts
+from services.store.disk_full import full_disk_refused
 from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.model import (
     LAYERS,
@@ -309,10 +310,11 @@ class Store:
         """Saves the changed vector indexes and folds SQLite's write-ahead log into the
         database now; returns how many vectors the store holds."""
         indexes = self._core.indexes
-        if indexes is not None:
-            await indexes.save()
-        async with self._core.write_lock:
-            await self._repo.checkpoint()
+        with full_disk_refused("nothing was flushed"):
+            if indexes is not None:
+                await indexes.save()
+            async with self._core.write_lock:
+                await self._repo.checkpoint()
         *_, vectors = await self._repo.counts(Reach(None, ""))
         return int(vectors)
 

@@ -1,0 +1,89 @@
+"""A store whose data directory's disk fills up: writes say so, nothing is lost."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.store_state import call
+from tests.support import Stack, running_stack
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("unshare") is None
+    or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+    reason="needs unshare to give the store a small file system of its own",
+)
+
+
+def _on_small_disk(data_dir: Path) -> tuple[str, ...]:
+    """Runs a command with a 3 MiB tmpfs mounted on data_dir, seen by it alone."""
+    return ("unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=3m tmpfs "$0" && exec "$@"',
+            str(data_dir))
+
+
+def _grow_disk(stack: Stack) -> None:
+    """Gives the store's file system room again."""
+    proc = stack.procs["store"].proc
+    assert proc is not None
+    subprocess.run(
+        ["nsenter", "-t", str(proc.pid), "-U", "-m", "mount", "-o", "remount,size=64m",
+         str(stack.data_dir)],
+        check=True,
+    )
+
+
+async def test_a_full_disk_refuses_writes_with_507_and_loses_nothing(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
+    with running_stack(
+        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
+    ) as stack:
+        stack.start("store", wrapper=_on_small_disk(data_dir))
+        stack.start("search")
+        stack.start("gateway")
+        acked: dict[str, str] = {}  # a word only its row holds -> the row
+        for _ in range(1000):
+            word = "w" + uuid.uuid4().hex[:12]
+            text = f"Garden shed note {word}: the blue paint is peeling " + "again " * 60
+            status, body = await call(
+                stack, "POST", "/api/v1/add", json={"text": text, "user_id": user}
+            )
+            if status != 200:
+                break
+            acked[word] = body["memory_id"]
+        assert status == 507, body
+        assert "disk is full" in body["error"] and "not kept" in body["error"]
+        assert acked
+
+        _grow_disk(stack)
+        status, body = await call(
+            stack, "POST", "/api/v1/add", json={"text": "Space is back wagain", "user_id": user}
+        )
+        assert status == 200, body
+        acked["wagain"] = body["memory_id"]
+        assert await _keyword_found(stack, user, list(acked)) == acked
+
+
+async def _keyword_found(stack: Stack, user: str, words: list[str]) -> dict[str, str]:
+    """The row the store's keyword index finds for each word (the last, if it finds several)."""
+    found = {}
+    async with open_channel(stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        for word in words:
+            reply = await store.KeywordSearch(
+                store_pb2.KeywordSearchRequest(
+                    scope=common_pb2.Scope(user_id=user), query=word, k=5
+                ),
+                timeout=60,
+            )
+            for hit in reply.hits:
+                found[word] = hit.hit.memory.id
+    return found
