@@ -16,6 +16,7 @@ from shared.errors import (
     Overloaded,
     PermissionDenied,
     ServiceError,
+    StorageFull,
     TooLarge,
     Unauthenticated,
     Unavailable,
@@ -24,7 +25,7 @@ from shared.errors import (
 from shared.rpc import ServiceClient, grpc_errors, open_channel, running_grpc_server
 
 ERRORS = [InvalidArgument, Unauthenticated, PermissionDenied, NotFound, Conflict, TooLarge,
-          Unimplemented, Unavailable, Overloaded]
+          Unimplemented, Unavailable, Overloaded, StorageFull]
 METHOD = "/hyatlas.test.Boundary/Fail"
 
 
