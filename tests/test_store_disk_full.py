@@ -1,4 +1,4 @@
-"""A store whose data directory's disk fills up: writes say so, nothing is lost."""
+"""A store whose data directory's disk fills up: writes say so, reads go on, nothing is lost."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _grow_disk(stack: Stack) -> None:
     )
 
 
-async def test_a_full_disk_refuses_writes_with_507_and_loses_nothing(
+async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing(
     tmp_path: Path, embedder_address: str
 ) -> None:
     data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
@@ -62,6 +62,11 @@ async def test_a_full_disk_refuses_writes_with_507_and_loses_nothing(
         assert status == 507, body
         assert "disk is full" in body["error"] and "not kept" in body["error"]
         assert acked
+
+        status, found = await call(
+            stack, "POST", "/api/v1/search", json={"query": "garden shed", "user_id": user}
+        )
+        assert status == 200, found
 
         _grow_disk(stack)
         status, body = await call(

@@ -16,6 +16,7 @@ import aiosqlite
 import numpy as np
 
 from services.store import fulltext
+from services.store.disk_full import disk_full
 from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
@@ -957,11 +958,17 @@ class Repo(SharedReads):
         return self._text_readers[index]
 
     async def keyword_index(self, name: str) -> KeywordIndex:
-        """A keyword index, once it holds every committed change."""
+        """A keyword index, once it holds every committed change; as it stands while the disk
+        is too full to apply them (a search must not fail for a write the disk refused)."""
         index = self._keywords.get(name)
         if index is None:
             raise RuntimeError("repo is closed")
-        await index.follow(self.text_reader(name))
+        try:
+            await index.follow(self.text_reader(name))
+        except Exception as exc:
+            if not disk_full(exc):
+                raise
+            log.warning("keyword index %s searched without its latest rows: %s", name, exc)
         return index
 
     def _follow_soon(self) -> None:
