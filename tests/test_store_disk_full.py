@@ -12,7 +12,7 @@ import pytest
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import call
-from tests.support import Stack, running_stack
+from tests.support import ServiceProcess, Stack, base_env, running_stack
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None
@@ -92,3 +92,17 @@ async def _keyword_found(stack: Stack, user: str, words: list[str]) -> dict[str,
             for hit in reply.hits:
                 found[word] = hit.hit.memory.id
     return found
+
+
+def test_a_store_on_a_read_only_data_folder_exits_2_saying_so(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    env = base_env(data_dir, HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}")
+    read_only = ("unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"',
+                 str(data_dir))
+    store = ServiceProcess("services.store", env, lambda: False, tmp_path / "store.log",
+                           wrapper=read_only)
+    with pytest.raises(RuntimeError, match="exited 2") as failed:
+        store.start()
+    assert f"the data folder {data_dir} is not writable" in str(failed.value)
+    assert "Traceback" not in str(failed.value)

@@ -72,6 +72,20 @@ async def _vector_models(
     return VectorModel(built, built_ndim, mismatch=mismatch), want
 
 
+def check_writable(data_dir: Path) -> None:
+    """A ConfigError unless the store can write in its data folder (made if missing): it
+    keeps its database, indexes and lock there."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"the data folder {data_dir} cannot be made: {exc.strerror}") from exc
+    if not os.access(data_dir, os.W_OK):
+        raise ConfigError(
+            f"the data folder {data_dir} is not writable (a read-only file system, or no write "
+            "permission): the store keeps its database and indexes there"
+        )
+
+
 @contextlib.contextmanager
 def held_data_folder(data_dir: Path) -> Iterator[None]:
     """Locks the data folder for this store until exit; a ConfigError when another store holds

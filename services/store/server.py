@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.store.config import StoreConfig
-from services.store.lifecycle import open_store
+from services.store.lifecycle import check_writable, open_store
 from services.store.pg.lifecycle import open_pg_store
 from services.store.servicer import StoreServicer
 from services.store.store import Store
@@ -74,6 +74,7 @@ async def main() -> None:
     """Runs the store until SIGTERM or SIGINT."""
     config = StoreConfig.from_env()
     apply_log_level(config.log_level)
+    await asyncio.to_thread(check_writable, config.data_dir)
     # The store owns the data: a folder left readable by an older version is closed up.
     for folder in (config.data_dir, config.snapshots.folder if config.snapshots else None):
         if folder is not None:
