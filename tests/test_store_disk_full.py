@@ -1,4 +1,4 @@
-"""A store whose data directory's disk fills up: writes say so, reads go on, nothing is lost."""
+"""A store whose data disk fills up or is read-only: it says so, reads go on, nothing is lost."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
 ) -> None:
     data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
     with running_stack(
-        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_ADMIN="on",
         HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
     ) as stack:
         stack.start("store", wrapper=_on_small_disk(data_dir))
@@ -62,6 +62,11 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
         assert status == 507, body
         assert "disk is full" in body["error"] and "not kept" in body["error"]
         assert acked
+        refused = {"flush": "nothing was flushed", "admin/snapshot": "no snapshot was taken"}
+        for route, not_done in refused.items():
+            status, body = await call(stack, "POST", f"/api/v1/{route}")
+            assert status == 507, body
+            assert "disk is full" in body["error"] and not_done in body["error"]
 
         status, found = await call(
             stack, "POST", "/api/v1/search", json={"query": "garden shed", "user_id": user}

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hashlib
 import logging
 import os
+import shutil
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -383,9 +385,22 @@ class VectorIndexes:
                 path.unlink()
         else:
             tmp = path.with_suffix(".tmp")
-            await asyncio.to_thread(save_index, index, str(tmp))
+            try:
+                await asyncio.to_thread(save_index, index, str(tmp))
+            except RuntimeError as exc:
+                raise _unsaved(index, tmp) from exc
             os.replace(tmp, path)
         self._dirty.discard(user_id)
+
+
+def _unsaved(index: Index, tmp: Path) -> OSError | RuntimeError:
+    """Removes what a failed save wrote (it would hold the disk's last free bytes), and says
+    why it failed: usearch says only "Failed to serialize into stream", also for a full disk."""
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    if shutil.disk_usage(tmp.parent).free < index.serialized_length:
+        return OSError(errno.ENOSPC, f"no room for the vector index {tmp.stem}")
+    return RuntimeError(f"could not save the vector index {tmp.stem}")
 
 
 def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:

@@ -304,7 +304,8 @@ class Store:
         self._core.sqlite("a snapshot (back PostgreSQL up with pg_dump)")
         if self.snapshots is None:
             raise Conflict("this store was started without a snapshot folder")
-        return await self.snapshots.take()
+        with full_disk_refused("no snapshot was taken"):
+            return await self.snapshots.take()
 
     async def flush(self) -> int:
         """Saves the changed vector indexes and folds SQLite's write-ahead log into the
