@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import call
-from tests.support import ServiceProcess, Stack, base_env, running_stack
+from tests.support import ROOT, ServiceProcess, Stack, base_env, running_stack
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None
@@ -21,10 +24,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _on_small_disk(data_dir: Path) -> tuple[str, ...]:
-    """Runs a command with a 3 MiB tmpfs mounted on data_dir, seen by it alone."""
-    return ("unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=3m tmpfs "$0" && exec "$@"',
-            str(data_dir))
+def _mounted(folder: Path, options: str) -> tuple[str, ...]:
+    """Runs a command with a tmpfs mounted on folder, seen by it alone."""
+    mount = f'mount -t tmpfs -o {options} tmpfs "$0" && exec "$@"'
+    return ("unshare", "-rm", "sh", "-c", mount, str(folder))
 
 
 def _grow_disk(stack: Stack) -> None:
@@ -46,7 +49,7 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
         data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_ADMIN="on",
         HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
     ) as stack:
-        stack.start("store", wrapper=_on_small_disk(data_dir))
+        stack.start("store", wrapper=_mounted(data_dir, "size=3m"))
         stack.start("search")
         stack.start("gateway")
         acked: dict[str, str] = {}  # a word only its row holds -> the row
@@ -103,11 +106,27 @@ def test_a_store_on_a_read_only_data_folder_exits_2_saying_so(tmp_path: Path) ->
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     env = base_env(data_dir, HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}")
-    read_only = ("unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"',
-                 str(data_dir))
     store = ServiceProcess("services.store", env, lambda: False, tmp_path / "store.log",
-                           wrapper=read_only)
+                           wrapper=_mounted(data_dir, "ro"))
     with pytest.raises(RuntimeError, match="exited 2") as failed:
         store.start()
     assert f"the data folder {data_dir} is not writable" in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+def test_a_snapshot_zip_the_disk_cannot_hold_leaves_no_partial_file(tmp_path: Path) -> None:
+    staging, folder = tmp_path / "staging", tmp_path / "snapshots"
+    staging.mkdir()
+    folder.mkdir()
+    (staging / "hyatlas.db").write_bytes(os.urandom(1 << 20))  # deflate cannot shrink it
+    script = (
+        "import os, sys\nfrom pathlib import Path\nfrom services.store.snapshot import _zip\n"
+        "try:\n    _zip(Path(sys.argv[1]), Path(sys.argv[2], 'hyatlas-x.zip'))\n"
+        "except OSError as exc:\n    print('refused', exc.errno)\n"
+        "print(sorted(os.listdir(sys.argv[2])))\n"
+    )
+    run = subprocess.run(
+        [*_mounted(folder, "size=256k"), sys.executable, "-c", script, str(staging), str(folder)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    assert run.stdout.splitlines() == [f"refused {errno.ENOSPC}", "[]"]

@@ -75,12 +75,17 @@ def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
 
 
 def _zip(staging: Path, path: Path) -> None:
-    """Zips the staging folder's contents (no folder of its own) and renames it into place."""
+    """Zips the staging folder's contents (no folder of its own) and renames it into place;
+    a zip that fails (a full disk) is removed, not left holding the space till the next one."""
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        for file in sorted(staging.rglob("*")):
-            if file.is_file():
-                archive.write(file, file.relative_to(staging).as_posix())
+    try:
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in sorted(staging.rglob("*")):
+                if file.is_file():
+                    archive.write(file, file.relative_to(staging).as_posix())
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(path)
 
 
