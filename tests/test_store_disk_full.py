@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import os
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,32 +27,36 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _mounted(folder: Path, options: str) -> tuple[str, ...]:
-    """Runs a command with a tmpfs mounted on folder, seen by it alone."""
-    mount = f'mount -t tmpfs -o {options} tmpfs "$0" && exec "$@"'
-    return ("unshare", "-rm", "sh", "-c", mount, str(folder))
-
-
-def _grow_disk(stack: Stack) -> None:
-    """Gives the store's file system room again."""
-    proc = stack.procs["store"].proc
-    assert proc is not None
-    subprocess.run(
-        ["nsenter", "-t", str(proc.pid), "-U", "-m", "mount", "-o", "remount,size=64m",
-         str(stack.data_dir)],
-        check=True,
+@contextlib.contextmanager
+def _small_disk(folder: Path, options: str) -> Iterator[tuple[str, ...]]:
+    """A tmpfs mounted on folder, seen only by the commands run under the yielded prefix (its
+    namespace is held, so a store restarted under it finds the same disk)."""
+    mount = f'mount -t tmpfs -o {options} tmpfs "$0" && echo mounted && exec cat'
+    holder = subprocess.Popen(
+        ["unshare", "-rm", "sh", "-c", mount, str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == b"mounted\n"
+        # --wd: nsenter starts in the root folder; a service needs the checkout's.
+        yield ("nsenter", "-t", str(holder.pid), "-U", "-m", f"--wd={ROOT}")
+    finally:
+        holder.stdin.close()
+        holder.wait()
+        holder.stdout.close()
 
 
 async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing(
     tmp_path: Path, embedder_address: str
 ) -> None:
     data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
-    with running_stack(
+    data_dir.mkdir()
+    with _small_disk(data_dir, "size=3m") as on_disk, running_stack(
         data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_ADMIN="on",
         HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
     ) as stack:
-        stack.start("store", wrapper=_mounted(data_dir, "size=3m"))
+        stack.start("store", wrapper=on_disk)
         stack.start("search")
         stack.start("gateway")
         acked: dict[str, str] = {}  # a word only its row holds -> the row
@@ -71,12 +78,17 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
             assert status == 507, body
             assert "disk is full" in body["error"] and not_done in body["error"]
 
-        status, found = await call(
-            stack, "POST", "/api/v1/search", json={"query": "garden shed", "user_id": user}
-        )
-        assert status == 200, found
+        # Searched while full, and after a restart on the full disk.
+        for _ in range(2):
+            status, found = await call(
+                stack, "POST", "/api/v1/search", json={"query": "garden shed", "user_id": user}
+            )
+            assert status == 200, found
+            stack.procs["store"].stop()
+            stack.start("store", wrapper=on_disk)
 
-        _grow_disk(stack)
+        grow = [*on_disk, "mount", "-o", "remount,size=64m", str(data_dir)]
+        await asyncio.to_thread(subprocess.run, grow, check=True)
         status, body = await call(
             stack, "POST", "/api/v1/add", json={"text": "Space is back wagain", "user_id": user}
         )
@@ -106,10 +118,11 @@ def test_a_store_on_a_read_only_data_folder_exits_2_saying_so(tmp_path: Path) ->
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     env = base_env(data_dir, HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}")
-    store = ServiceProcess("services.store", env, lambda: False, tmp_path / "store.log",
-                           wrapper=_mounted(data_dir, "ro"))
-    with pytest.raises(RuntimeError, match="exited 2") as failed:
-        store.start()
+    with _small_disk(data_dir, "ro") as read_only:
+        store = ServiceProcess("services.store", env, lambda: False, tmp_path / "store.log",
+                               wrapper=read_only)
+        with pytest.raises(RuntimeError, match="exited 2") as failed:
+            store.start()
     assert f"the data folder {data_dir} is not writable" in str(failed.value)
     assert "Traceback" not in str(failed.value)
 
@@ -125,8 +138,9 @@ def test_a_snapshot_zip_the_disk_cannot_hold_leaves_no_partial_file(tmp_path: Pa
         "except OSError as exc:\n    print('refused', exc.errno)\n"
         "print(sorted(os.listdir(sys.argv[2])))\n"
     )
-    run = subprocess.run(
-        [*_mounted(folder, "size=256k"), sys.executable, "-c", script, str(staging), str(folder)],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    )
+    with _small_disk(folder, "size=256k") as on_disk:
+        run = subprocess.run(
+            [*on_disk, sys.executable, "-c", script, str(staging), str(folder)],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        )
     assert run.stdout.splitlines() == [f"refused {errno.ENOSPC}", "[]"]

@@ -908,6 +908,7 @@ class Repo(SharedReads):
             index = KeywordIndex(self.db_path.parent / KEYWORDS_FOLDER / name, source)
             await index.open(self._text_readers[name], rebuild=purge)
             self._keywords[name] = index
+            await self.keyword_index(name)  # applies what is pending, if the disk has room
         if purge:
             await self.writer.execute("DELETE FROM store_meta WHERE key = ?", (KEYWORDS_PURGE,))
         return self

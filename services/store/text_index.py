@@ -125,7 +125,7 @@ class KeywordIndex:
 
     async def open(self, conn: aiosqlite.Connection, rebuild: bool = False) -> None:
         """Opens the index, or builds it when asked, when it is missing or when it is ahead
-        of the log (a database put back from an older copy); then applies what is pending."""
+        of the log (a database put back from an older copy); follow applies what is pending."""
         high = await log_high(conn)
         applied = _read_position(self._position)
         self._remove_leftovers()
@@ -138,7 +138,6 @@ class KeywordIndex:
                 log.warning("keyword index %s is unreadable (%s); building it", self.folder, exc)
         if self._index is None:
             await self.rebuild(conn)
-        await self.follow(conn)
 
     def opened_at(self, folder: Path) -> tantivy.Index:
         """The index in a folder (created there if it holds none), with this index's schema
