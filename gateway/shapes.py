@@ -24,8 +24,8 @@ def layer_counts(counts: Mapping[str, int]) -> dict[str, int]:
 
 
 def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
-    """One search hit: id, content, cosine score, layer, owner, dates, what it replaced, and
-    for a schema the facts behind it."""
+    """One search hit: id, content, cosine score, layer, owner, dates (an intention's due date
+    too), what it replaced, and for a schema the facts behind it."""
     memory = scored.memory
     item: dict[str, Any] = {
         "memory_id": memory.id,
@@ -38,6 +38,8 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
     }
     if memory.HasField("event_at"):
         item["event_at"] = unix_seconds(memory.event_at)
+    if memory.HasField("due_at"):
+        item["due_at"] = unix_seconds(memory.due_at)
     if memory.label:
         item["label"] = memory.label
     if scored.replaced:

@@ -23,13 +23,22 @@ COMPACTION_PREFIXES = (
 _MEMORY_CONTEXT = re.compile(r"<\s*memory-context\s*>[\s\S]*?</\s*memory-context\s*>", re.I)
 
 
-def _date(item: dict[str, Any]) -> str:
-    stamp = item.get("event_at") or item.get("gmt_created")
+def _day(stamp: Any) -> str:
+    """A stamp's UTC day (dates are stored as UTC midnights); "" when it is not a time."""
     if isinstance(stamp, (int, float)) and stamp > 0:
         return dt.datetime.fromtimestamp(stamp, dt.UTC).strftime("%Y-%m-%d")
     if isinstance(stamp, str) and len(stamp) >= 10:
         return stamp[:10]
-    return "undated"
+    return ""
+
+
+def _line(item: dict[str, Any]) -> str:
+    """One memory: the day it happened (else was recorded), its layer, its text, its due day."""
+    date = _day(item.get("event_at")) or _day(item.get("gmt_created")) or "undated"
+    layer = item.get("layer") or "memory"
+    due = _day(item.get("due_at"))
+    tail = f" (due {due})" if due else ""
+    return f"- [{date}] ({layer}) {_clip(item['content'], ITEM_CHARS)}{tail}"
 
 
 def _clip(text: str, limit: int) -> str:
@@ -61,13 +70,13 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
         for item in items[:per_channel]:
             if not isinstance(item, dict) or not item.get("content"):
                 continue
-            layer = item.get("layer") or "memory"
-            lines.append(f"- [{_date(item)}] ({layer}) {_clip(item['content'], ITEM_CHARS)}")
+            lines.append(_line(item))
         if lines:
             sections.append(f"[{channel.upper()}]\n" + "\n".join(lines))
     if not sections:
         return ""
-    head = f'HyAtlas long-term memory for "{_clip(query, 80)}" (date = when it was recorded):'
+    head = (f'HyAtlas long-term memory for "{_clip(query, 80)}" '
+            "(date = when it happened, else when it was recorded):")
     return head + "\n" + "\n\n".join(sections)
 
 

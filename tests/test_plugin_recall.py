@@ -1,0 +1,124 @@
+"""What the Hermes plugin's recall shows, over a pro stack with scripted extractions."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.extractor_support import STACK, Api, new_user
+from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
+from tests.support import Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+# The plugin package imports Hermes; its recall module stands alone.
+_spec = importlib.util.spec_from_file_location(
+    "hyatlas_recall", Path(__file__).parents[1] / "plugins" / "hyatlas" / "recall.py")
+assert _spec is not None and _spec.loader is not None
+recall_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recall_module)
+format_recall = recall_module.format_recall
+
+
+def _now(record: Recorded) -> Any:
+    system = str(record.body["messages"][0]["content"])
+    if "Now page" in system:
+        return {"now": "NOW: Rui moved to Lisbon and ships Foxtrot 2.0 by December 20."}
+    return {}
+
+
+@pytest.fixture(scope="module")
+def fake(store_backend: str) -> Iterator[FakeLlm]:
+    with fake_llm_in_thread() as fake:
+        fake.answer = _now
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def pro(
+    tmp_path_factory: pytest.TempPathFactory, embedder_address: str, fake: FakeLlm
+) -> Iterator[Stack]:
+    data_dir: Path = tmp_path_factory.mktemp("recall-view")
+    with running_stack(
+        data_dir, STACK, HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="pro",
+        HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary", HYATLAS_LLM_KEY="k",
+        HYATLAS_CATCHUP_EVERY="off", HYATLAS_NOW_EVERY="off",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def api(pro: Stack) -> Api:
+    return Api(pro.base_url, pro.address("store"))
+
+
+async def recall(api: Api, user: str, query: str) -> tuple[dict[str, Any], str]:
+    """The search the plugin's prefetch makes, and the text Hermes gets from it."""
+    body = await api.ok("POST", "/api/v1/search", json={
+        "query": query, "user_id": user, "agent_id": "hermes", "limit": 8})
+    return body, format_recall(body, query, per_channel=8)
+
+
+async def remember(api: Api, fake: FakeLlm, user: str) -> None:
+    """Two turns: dated facts, a preference, an intention due soon, a page; then a fact
+    replaced and one forgotten."""
+    fake.on(f"{user}-one", {
+        "facts": [
+            {"text": "Rui lives in Porto"},
+            {"text": "Rui drinks coffee every morning", "label": "user_preferences"},
+            {"text": "Rui went hiking in Sintra", "event_at": "2026-11-28"},
+            {"text": "Rui's passport number is X123"},
+        ],
+        "intentions": [{"text": "Rui will ship Foxtrot 2.0", "due_at": "2026-12-06"}],
+        "entities": [{"name": "Foxtrot", "kind": "project", "state": "runs on Postgres 15"}],
+    })
+    await api.add(f"{user}-one I live in Porto, drink coffee, hiked Sintra on Nov 28, "
+                  "Foxtrot ships Dec 6.", user, agent_id="hermes")
+    fake.on(f"{user}-two", lambda r: {"facts": [
+        {"text": "Rui lives in Lisbon", "replaces": [r.number_of("Rui lives in Porto")]}]})
+    await api.add(f"{user}-two Rui lives in Lisbon now, not in Porto.", user, agent_id="hermes")
+    await api.ok("POST", "/api/v1/forget", json={
+        "text": "Rui's passport number is X123", "user_id": user, "agent_id": "hermes"})
+
+
+async def test_an_intention_due_soon_is_recalled_with_its_due_date(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    await remember(api, fake, user)
+    body, text = await recall(api, user, "When does Rui ship Foxtrot?")
+    (intention,) = body["memories"]["proactive"]
+    due = datetime.fromtimestamp(intention["due_at"], UTC).date().isoformat()
+    assert due == "2026-12-06"
+    assert "(l7_intention) Rui will ship Foxtrot 2.0 (due 2026-12-06)" in text, text
+
+
+async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    await remember(api, fake, user)
+    _, text = await recall(api, user, "What did Rui do in Sintra?")
+    assert "- [2026-11-28] (l3_fact) Rui went hiking in Sintra" in text, text
+    assert "(date = when it happened, else when it was recorded)" in text.splitlines()[0]
+
+
+async def test_retired_values_and_a_preference_s_fact_are_not_recalled_twice_or_at_all(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    await remember(api, fake, user)
+    for query in ("Where does Rui live?", "What does Rui drink?", "passport"):
+        _, text = await recall(api, user, query)
+        assert "Rui lives in Porto" not in text and "X123" not in text, text
+        assert text.count("Rui drinks coffee every morning") <= 1, text
+
+
+async def test_an_empty_store_recalls_nothing(api: Api) -> None:
+    body, text = await recall(api, new_user(), "Where does Rui live?")
+    assert text == "" and not any(body["memories"].values()) and "now" not in body
