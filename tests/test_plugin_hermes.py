@@ -84,11 +84,11 @@ def drive(hermes_python: Path, home: Path, scenario: str, params: dict[str, Any]
 
 
 async def drive_async(hermes_python: Path, home: Path, scenario: str,
-                      params: dict[str, Any]) -> dict[str, Any]:
+                      params: dict[str, Any], **env: str) -> dict[str, Any]:
     """drive() without blocking the event loop (for tests that serve HTTP themselves)."""
     proc = await asyncio.create_subprocess_exec(
         str(hermes_python), str(DRIVE), scenario, json.dumps(params),
-        env=hermes_env(home), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=hermes_env(home, **env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     assert proc.returncode == 0, f"{scenario} failed:\n{err.decode()[-5000:]}"
@@ -643,6 +643,23 @@ async def test_a_turn_gets_the_recall_of_its_own_question_while_the_queued_one_s
             asked.set()
     assert "answer to which flight do I take tomorrow" in result["recall"], result
     assert "dentist" not in result["recall"]
+
+
+async def test_a_recall_reads_the_question_s_dates_by_the_user_s_clock_and_zone(
+    tmp_path: Path, hermes_python: Path
+):
+    sent: list[str] = []
+
+    async def search(request: web.Request) -> web.Response:
+        sent.append((await request.json()).get("reference_time", ""))
+        return web.json_response({"memories": {}, "order": []})
+
+    async with serving_http(searching_gateway(search)) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0)
+        # POSIX TZ "PST8" is UTC-8 without any zone file.
+        await drive_async(hermes_python, home, "next_question", {
+            "queued": "what did I do yesterday", "asked": "and the day before"}, TZ="PST8")
+    assert sent and all(stamp.endswith("-08:00") for stamp in sent), sent
 
 
 async def test_a_recall_shows_as_many_memories_of_a_channel_as_prefetch_limit_asks_for(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import urllib.error
 import urllib.parse
@@ -122,12 +123,16 @@ class HyAtlasClient:
         session_id: str = "",
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        """POST /api/v1/search; returns the body with its `memories` channels."""
+        """POST /api/v1/search; returns the body with its `memories` channels.
+
+        The query's dates ("yesterday", "in May") are read by this machine's clock and zone.
+        """
         body: dict[str, Any] = {
             "query": query,
             "user_id": user_id,
             "agent_id": agent_id,
             "limit": limit,
+            "reference_time": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         }
         if layer:
             body["layer"] = layer
