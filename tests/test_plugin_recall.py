@@ -12,7 +12,7 @@ import pytest
 
 from tests.extractor_support import STACK, Api, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread
-from tests.support import Stack, running_stack
+from tests.support import Stack, running_stack, value_eventually
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +117,24 @@ async def test_retired_values_and_a_preference_s_fact_are_not_recalled_twice_or_
         _, text = await recall(api, user, query)
         assert "Rui lives in Porto" not in text and "X123" not in text, text
         assert text.count("Rui drinks coffee every morning") <= 1, text
+
+
+async def test_the_now_page_is_recalled_with_the_day_it_was_written(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on(f"{user}-now", {"facts": [{"text": "Rui lives in Lisbon"}]})
+    await api.add(f"{user}-now I live in Lisbon.", user, agent_id="hermes")
+
+    async def with_now() -> dict[str, Any]:
+        body, _ = await recall(api, user, "What is Rui up to?")
+        assert "now" in body, body
+        return body
+
+    body = await value_eventually(with_now)
+    day = datetime.fromtimestamp(body["now"]["gmt_created"], UTC).date().isoformat()
+    text = format_recall(body, "What is Rui up to?", per_channel=8)
+    assert f"[NOW] (written {day})\nNOW: Rui moved to Lisbon" in text, text
 
 
 async def test_an_empty_store_recalls_nothing(api: Api) -> None:

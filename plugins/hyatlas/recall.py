@@ -46,6 +46,17 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _now_section(now: Any) -> str:
+    """The owner's Now page with the day it was written (it may be days old); "" without one."""
+    day = ""
+    if isinstance(now, dict):
+        day = _day(now.get("gmt_created"))
+        now = now.get("content") or now.get("text")
+    if not isinstance(now, str) or not now.strip():
+        return ""
+    return (f"[NOW] (written {day})" if day else "[NOW]") + "\n" + _clip(now, 1200)
+
+
 def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     """The recalled memories grouped by channel, at most per_channel of each (the limit the
     search was asked for), each line with its date; "" when none."""
@@ -56,12 +67,8 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     channels = [c for c in order if isinstance(c, str)] if isinstance(order, list) else []
     channels += [c for c in CHANNEL_ORDER if c not in channels]
     channels += [c for c in memories if c not in channels]
-    sections: list[str] = []
-    now = answer.get("now")
-    if isinstance(now, dict):
-        now = now.get("content") or now.get("text")
-    if isinstance(now, str) and now.strip():
-        sections.append("[NOW]\n" + _clip(now, 1200))
+    now = _now_section(answer.get("now"))
+    sections = [now] if now else []
     for channel in channels:
         items = memories.get(channel)
         if not isinstance(items, list):
