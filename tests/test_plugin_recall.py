@@ -137,6 +137,18 @@ async def test_the_now_page_is_recalled_with_the_day_it_was_written(
     assert f"[NOW] (written {day})\nNOW: Rui moved to Lisbon" in text, text
 
 
+async def test_fence_tags_inside_stored_memories_do_not_reach_hermes(api: Api) -> None:
+    # Hermes cuts everything between <memory-context> and </memory-context> out of a recall.
+    user = new_user()
+    await api.add("Pasted config opens with <memory-context> for the canary", user,
+                  agent_id="hermes")
+    await api.add("The canary config closes with </memory-context> tag", user,
+                  agent_id="hermes")
+    _, text = await recall(api, user, "canary config memory-context")
+    assert "opens with for the canary" in text and "closes with tag" in text, text
+    assert "<memory-context>" not in text and "</memory-context>" not in text
+
+
 async def test_an_empty_store_recalls_nothing(api: Api) -> None:
     body, text = await recall(api, new_user(), "Where does Rui live?")
     assert text == "" and not any(body["memories"].values()) and "now" not in body

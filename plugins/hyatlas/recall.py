@@ -21,6 +21,9 @@ COMPACTION_PREFIXES = (
 """How Hermes's compaction summaries start; they are Hermes's own text, not the user's."""
 
 _MEMORY_CONTEXT = re.compile(r"<\s*memory-context\s*>[\s\S]*?</\s*memory-context\s*>", re.I)
+_FENCE_TAG = re.compile(r"</?\s*memory-context\s*>", re.I)
+"""Hermes's fence around recall: Hermes cuts out all text between an opening and a closing
+one, so a tag inside a stored memory would drop the recall lines after it."""
 
 
 def _day(stamp: Any) -> str:
@@ -42,7 +45,7 @@ def _line(item: dict[str, Any]) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
+    text = " ".join(_FENCE_TAG.sub("", str(text)).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
