@@ -108,6 +108,17 @@ async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(
     assert "(date = when it happened, else when it was recorded)" in text.splitlines()[0]
 
 
+async def test_a_fact_that_happened_before_1970_shows_its_own_date(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on(f"{user}-born", {"facts": [{"text": "Rui was born in Braga",
+                                        "event_at": "1965-03-02"}]})
+    await api.add(f"{user}-born I was born in Braga on 2 March 1965.", user, agent_id="hermes")
+    _, text = await recall(api, user, "When was Rui born?")
+    assert "- [1965-03-02] (l3_fact) Rui was born in Braga" in text, text
+
+
 async def test_retired_values_and_a_preference_s_fact_are_not_recalled_twice_or_at_all(
     api: Api, fake: FakeLlm
 ) -> None:

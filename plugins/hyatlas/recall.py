@@ -26,10 +26,17 @@ _FENCE_TAG = re.compile(r"</?\s*memory-context\s*>", re.I)
 one, so a tag inside a stored memory would drop the recall lines after it."""
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def _day(stamp: Any) -> str:
-    """A stamp's UTC day (dates are stored as UTC midnights); "" when it is not a time."""
-    if isinstance(stamp, (int, float)) and stamp > 0:
-        return dt.datetime.fromtimestamp(stamp, dt.UTC).strftime("%Y-%m-%d")
+    """A stamp's UTC day (dates are stored as UTC midnights; before 1970 they are negative);
+    "" when it is not a time (the gateway sends 0 for none)."""
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and stamp != 0:
+        try:
+            return (_EPOCH + dt.timedelta(seconds=stamp)).strftime("%Y-%m-%d")
+        except (OverflowError, ValueError):
+            return ""
     if isinstance(stamp, str) and len(stamp) >= 10:
         return stamp[:10]
     return ""
