@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,26 @@ async def test_an_intention_due_soon_is_recalled_with_its_due_date(
     due = datetime.fromtimestamp(intention["due_at"], UTC).date().isoformat()
     assert due == "2026-12-06"
     assert "(l7_intention) Rui will ship Foxtrot 2.0 (due 2026-12-06)" in text, text
+
+
+async def test_an_intention_due_soon_is_recalled_whatever_the_question(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    today = datetime.now(UTC).date()
+    fake.on(f"{user}-due", {"intentions": [
+        {"text": "Rui will renew his passport", "due_at": (today + timedelta(days=1)).isoformat()},
+        {"text": "Rui will repaint the fence", "due_at": (today + timedelta(days=30)).isoformat()},
+    ]})
+    await api.add(f"{user}-due Passport renewal by tomorrow, the fence next month.", user,
+                  agent_id="hermes")
+    for i, topic in enumerate(("Rui's cat is called Miso", "Rui plays chess on Sundays")):
+        fake.on(f"{user}-t{i}-", {"facts": [{"text": topic}]})
+        await api.add(f"{user}-t{i}- {topic}.", user, agent_id="hermes")
+    body, text = await recall(api, user, "What should I cook tonight?")
+    assert [i["content"] for i in body["memories"]["proactive"]] == [
+        "Rui will renew his passport"], body
+    assert "Rui will renew his passport (due" in text, text
 
 
 async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(

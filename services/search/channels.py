@@ -40,6 +40,12 @@ def arrange(ranked: Iterable[Candidate]) -> dict[str, list[Candidate]]:
     return channels
 
 
+def add_proactive(channels: dict[str, list[Candidate]], due: Iterable[Candidate]) -> None:
+    """Adds the intentions due soon that the query did not find after those it did."""
+    shown = {c.memory_id for c in channels[PROACTIVE]}
+    channels[PROACTIVE].extend(c for c in due if c.memory_id not in shown)
+
+
 def display_order(has_now: bool) -> list[str]:
     """The channel names in the order to show them: "now" first when there is a Now page."""
     return [NOW, *CHANNELS] if has_now else list(CHANNELS)

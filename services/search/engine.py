@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.search import channels
+from services.search import channels, stages
 from services.search.graph import GRAPH, GraphEdge, graph_names, linked_memory_ids
 from services.search.model import (
     KEYWORD,
@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 GRAPH_EDGE_WINDOW = 1000
 # The most facts shown behind one schema.
 MAX_EVIDENCE = 10
+# How many of the owner's newest open intentions are looked at for those due soon.
+OPEN_INTENTIONS = 100
 # How many hits of each source the full ranking asks for: scores are summed, so a memory
 # one source ranks well should have its score from the others too.
 FULL_POOL = 50
@@ -119,11 +121,12 @@ class SearchEngine:
         started = time.perf_counter()
         timings: dict[str, float] = {}
         off = self._disabled | query.skip_stages
-        (vector, model_floor), (keyword, around), newest, graph = await asyncio.gather(
+        (vector, model_floor), (keyword, around), newest, graph, open_ = await asyncio.gather(
             self._vector(query, timings),
             self._keyword(query, off, timings),
             self._timed(timings, "now_page", self._newest_summaries(query)),
             self._timed(timings, GRAPH, self._graph(query, off)),
+            self._timed(timings, "due_soon", self._open_intentions(query)),
         )
         retrieved = time.perf_counter()
         ctx = SearchContext(
@@ -141,6 +144,7 @@ class SearchEngine:
         ranked, stage_timings = pipeline.run(ctx)
         now_page = channels.pick_now_page(newest)
         arranged = channels.arrange(ranked)
+        channels.add_proactive(arranged, stages.due_soon(open_, ctx.now))
         await self._timed(timings, "evidence", self._add_evidence(query, arranged))
         result = SearchResult(
             channels=arranged,
@@ -230,6 +234,12 @@ class SearchEngine:
         for schema in schemas:
             schema.evidence = [found[i] for i in wanted.get(schema.memory_id, []) if i in found]
         return schemas
+
+    async def _open_intentions(self, query: SearchQuery) -> list[Candidate]:
+        # Only the LLM modes write intentions; a search of other layers does not want them.
+        if not self._now_pages or (query.layers and "l7_intention" not in query.layers):
+            return []
+        return await self._backend.newest(query.scope, ["l7_intention"], OPEN_INTENTIONS)
 
     async def _newest_summaries(self, query: SearchQuery) -> list[Candidate]:
         # Only the LLM modes write Now pages; lite skips the store call.

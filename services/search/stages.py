@@ -30,6 +30,22 @@ def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> 
     return now - candidate.created_at <= ttl_s
 
 
+DUE_SOON_S = 2 * DAY_S
+"""How near its due date an open intention is shown whatever the query."""
+
+
+def due_soon(intentions: list[Candidate], now: float) -> list[Candidate]:
+    """The live intentions due within DUE_SOON_S (or overdue by under a day), soonest first."""
+    return sorted(
+        (
+            c for c in intentions
+            if c.due_at is not None and c.due_at <= now + DUE_SOON_S
+            and intention_is_live(c, now, None)
+        ),
+        key=lambda c: c.due_at or 0.0,
+    )
+
+
 def drop_stale_intentions(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     """Drops intentions past their due date or their time to live."""
     return [c for c in ranked if intention_is_live(c, ctx.now, ctx.intention_ttl_s)]
