@@ -124,7 +124,7 @@ class FakeBackend:
     async def keyword_search(self, scope, text, layers, k, *, relaxed=False, context=False):  # type: ignore[no-untyped-def]
         out = []
         for hit in self.hits:
-            hit.bm25, hit.keyword_fraction, hit.strict = 1.0, 1.0, True
+            hit.keyword_score, hit.keyword_fraction, hit.strict = 1.0, 1.0, True
             out.append(hit)
         return out, []
 

@@ -250,13 +250,13 @@ def test_questions_lean_on_meaning_and_keywords_on_own_words() -> None:
     assert own > vec
 
 
-def test_fusion_sums_cosine_and_normalised_bm25_and_floors_weak_cosines() -> None:
+def test_fusion_sums_cosine_and_normalised_keyword_scores_and_floors_weak_cosines() -> None:
     ranked = ranking.fuse_scores(
         [],
         ctx(
             vector=[cand("a", cosine=0.5), cand("weak", cosine=0.2)],
-            keyword=[cand("a", bm25=4.0, strict=True), cand("b", bm25=2.0)],
-            context=[cand("b", context_bm25=6.0)],
+            keyword=[cand("a", keyword_score=4.0, strict=True), cand("b", keyword_score=2.0)],
+            context=[cand("b", context_score=6.0)],
         ),
     )
     scores = {c.memory_id: round(c.fused, 3) for c in ranked}
@@ -269,7 +269,8 @@ def test_keyword_reader_ranks_the_strict_tier_above_relaxed_hits() -> None:
     ranked = ranking.fuse_scores(
         [],
         ctx(
-            reader="keyword", keyword=[cand("loose", bm25=9.0), cand("all", bm25=1.0, strict=True)]
+            reader="keyword",
+            keyword=[cand("loose", keyword_score=9.0), cand("all", keyword_score=1.0, strict=True)],
         ),
     )
     assert ids(ranked) == ["all", "loose"]

@@ -882,6 +882,25 @@ async def keyword_hits(
     return [found.hit for found in reply.hits]
 
 
+async def test_a_relaxed_keyword_search_ranks_a_rarer_term_first_however_often_one_holds_common(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    filler = [insert(f"a note about nothing much, number {n}") for n in range(30)]
+    common = [insert(f"she likes gardening on sundays, week {n}") for n in range(4)]
+    await apply(store, *filler, *common)
+    short, rare = await apply(
+        store,
+        insert("gardening, gardening, gardening"),
+        insert(
+            "after the long drive back from the coast we unpacked the car, cooked a late "
+            "dinner, watched the rain for an hour and then I practised the violin for a while"
+        ),
+    )
+    hits = await keyword_hits(store, "violin gardening", k=3, min_terms=1)
+    # bm25 put the short text holding the common term three times first.
+    assert [h.memory.id for h in hits[:2]] == [rare.id, short.id]
+
+
 async def test_a_distinct_text_search_finds_k_texts_however_many_copies_one_text_has(
     store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
 ) -> None:

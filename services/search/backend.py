@@ -96,7 +96,7 @@ class GrpcBackend:
         relaxed: bool = False,
         context: bool = False,
     ) -> tuple[list[Candidate], list[Candidate]]:
-        """Memories holding the query's terms (one per text and owner), best bm25 first, and those
+        """Memories holding the query's terms (one per text and owner), best score first, and those
         whose context holds them.
 
         Strict: the reference's rule decides which rows count. Relaxed: any term counts, and each
@@ -119,13 +119,13 @@ class GrpcBackend:
                 found.hit,
                 keyword_fraction=min(1.0, found.matched_terms / terms) if terms else None,
             )
-            candidate.bm25 = found.hit.score
+            candidate.keyword_score = found.hit.score
             candidate.strict = found.matched_terms >= reply.required_terms
             own.append(candidate)
         around = []
         for found in reply.context_hits:
             candidate = to_candidate(found.hit)
-            candidate.context_bm25 = found.hit.score
+            candidate.context_score = found.hit.score
             around.append(candidate)
         return own, around
 

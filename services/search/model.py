@@ -159,12 +159,14 @@ class Candidate:
     """Cosine similarity to the query, when the vector source saw the memory."""
     keyword_fraction: float | None = None
     """Share of the query's terms the memory contains, when the keyword source found it."""
-    bm25: float | None = None
-    """The memory's own bm25 (higher is better), when the keyword source found it."""
+    keyword_score: float | None = None
+    """The keyword score of the memory's own text (higher is better), when the keyword
+    source found it: bm25 for a strict hit, the idf of the terms held for a relaxed one."""
     strict: bool = False
     """Whether it holds enough of the query's terms for the strict keyword rule."""
-    context_bm25: float | None = None
-    """The bm25 of its context key (the turn with its neighbours), when that matched."""
+    context_score: float | None = None
+    """The keyword score of its context key (the turn with its neighbours), when that
+    matched."""
     fused: float = 0.0
     """The fused rank score that orders candidates."""
     words: frozenset[str] | None = None

@@ -72,7 +72,7 @@ STRICT_BONUS = 0.2
 
 
 def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
-    """Starts the ranking: a weighted sum of cosine and max-normalised bm25 scores.
+    """Starts the ranking: a weighted sum of cosine and max-normalised keyword scores.
 
     The vector floor keeps a weak cosine from counting; keyword hits are never floored.
     """
@@ -83,28 +83,28 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
             if kept is not candidate:
                 if kept.cosine is None:
                     kept.cosine = candidate.cosine
-                if kept.bm25 is None:
-                    kept.bm25 = candidate.bm25
+                if kept.keyword_score is None:
+                    kept.keyword_score = candidate.keyword_score
                     kept.keyword_fraction = candidate.keyword_fraction
                     kept.strict = candidate.strict
-                if kept.context_bm25 is None:
-                    kept.context_bm25 = candidate.context_bm25
+                if kept.context_score is None:
+                    kept.context_score = candidate.context_score
     w_vec, w_own, w_context = fusion_weights(ctx.query.text)
-    top_own = max((c.bm25 for c in ctx.keyword if c.bm25), default=0.0) or 1.0
-    top_context = max((c.context_bm25 for c in ctx.context if c.context_bm25), default=0.0) or 1.0
+    top_own = max((c.keyword_score for c in ctx.keyword if c.keyword_score), default=0.0) or 1.0
+    top_context = max((c.context_score for c in ctx.context if c.context_score), default=0.0) or 1.0
     floor = ctx.floor
     keyword_only = VECTOR not in ctx.query.sources
     for candidate in merged.values():
         score = 0.0
         if candidate.cosine is not None and (floor <= 0 or candidate.cosine >= floor):
             score += w_vec * candidate.cosine
-        if candidate.bm25 is not None:
-            score += w_own * max(candidate.bm25, 0.0) / top_own
+        if candidate.keyword_score is not None:
+            score += w_own * max(candidate.keyword_score, 0.0) / top_own
             if candidate.strict:
                 # Alone, keywords keep the reference's strict rule as a tier above the relaxed.
                 score += 1.0 if keyword_only else STRICT_BONUS
-        if candidate.context_bm25 is not None:
-            score += w_context * max(candidate.context_bm25, 0.0) / top_context
+        if candidate.context_score is not None:
+            score += w_context * max(candidate.context_score, 0.0) / top_context
         candidate.fused = score
     found = [c for c in merged.values() if c.fused > 0]
     found.sort(key=lambda c: (-c.fused, -(c.cosine or -1.0)))

@@ -105,6 +105,13 @@ def matched_terms(term_stems: Sequence[str], text: str) -> int:
     return held
 
 
+def idf(rows: int, postings: int) -> float:
+    """bm25's inverse document frequency of a term held by `postings` of `rows` rows: the
+    weight a relaxed keyword search gives a row for holding the term (both backends)."""
+    rows = max(rows, postings)
+    return math.log(1 + (rows - postings + 0.5) / (postings + 0.5))
+
+
 def finding_terms(
     postings: Sequence[int], least: int, budget: int, *, rarest: bool = True
 ) -> list[int]:

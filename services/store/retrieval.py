@@ -25,7 +25,7 @@ OVERSAMPLE = 4
 # When filters leave too few of those, the search is widened, four times over each time, up to
 # this many keys; past it, every key that passes the filters is scored. A distinct_text search
 # whose repeats of a text fill the places reads no further down the ranking than this many keys
-# (of the keys that pass, nearest first) or rows (best bm25 first), and gives fewer than k.
+# (of the keys that pass, nearest first) or rows (best keyword score first), and gives fewer than k.
 WIDEST = 16_384
 # Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
 # not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
@@ -44,7 +44,7 @@ async def keyword_search(
     context_keys: bool = False,
     distinct_text: bool = False,
 ) -> KeywordResult:
-    """Rows containing enough of the query's terms, best bm25 first.
+    """Rows containing enough of the query's terms, best score first (fulltext).
 
     min_terms 0 is the strict rule (required_terms); a positive value asks for at least that
     many terms. With context_keys, rows are also ranked by their context keys. With

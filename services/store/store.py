@@ -174,7 +174,7 @@ class Store:
         context_keys: bool = False,
         distinct_text: bool = False,
     ) -> KeywordResult:
-        """Rows containing enough of the query's terms, best bm25 first (see retrieval)."""
+        """Rows containing enough of the query's terms, best score first (see retrieval)."""
         return await retrieval.keyword_search(
             self._repo,
             reach,

@@ -17,7 +17,6 @@ to their memories after; a term's postings are counted only as far as the budget
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -118,11 +117,6 @@ def _score(
     return sql, params
 
 
-def _idf(rows: int, postings: int) -> float:
-    """bm25's inverse document frequency of a term held by postings of rows."""
-    return math.log(1 + (rows - postings + 0.5) / (postings + 0.5))
-
-
 def _owned(index: TextIndex, reach: Reach) -> tuple[list[str], list[Any]]:
     """Conditions on the index's own table that its GIN index answers: the partial index's and
     the reach's users."""
@@ -215,7 +209,7 @@ async def _plan(
         return _Plan((_Query(tuple(terms), every=True),))
     budget = keywords.POSTING_BUDGET
     rows, postings = await POSTINGS.count(reader, index, owned, terms)
-    weights = tuple(_idf(rows, n) for n in postings)
+    weights = tuple(keywords.idf(rows, n) for n in postings)
     chosen = finding_terms(postings, least, budget)
     held = _holding(terms, postings, least)
     some = replace(held, terms=tuple(terms[i] for i in chosen))
