@@ -13,7 +13,7 @@ from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from tests.test_store import apply, insert, listed, raises_code, run_sql, scope, serving_store
 
 L2, L3 = common_pb2.L2_RAW, common_pb2.L3_FACT
-L5, L6 = common_pb2.L5_KNOWLEDGE, common_pb2.L6_SCHEMA
+L4, L5, L6 = common_pb2.L4_SUMMARY, common_pb2.L5_KNOWLEDGE, common_pb2.L6_SCHEMA
 
 
 @pytest.fixture
@@ -443,6 +443,29 @@ async def test_a_stale_row_of_an_undone_pass_stays_down_when_its_evidence_comes_
     await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
     assert await status_of(store, knowledge.id) == ("retired", "undone")
     assert await edges(store) == []
+
+
+async def test_undoing_a_pass_takes_down_the_now_page_built_on_its_merge_until_it_is_restored(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    fact_ids, merged = await merge_pass(store, "p-now")
+    (other,) = await apply(store, insert("Alice likes tea"))
+    (page,) = await apply(
+        store,
+        insert(
+            "Alice runs Foxtrot on Postgres 16 and likes tea.",
+            layer=L4, label="now_page", source_ids=[merged, other.id],
+        ),
+    )
+
+    await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-now", actor="api"))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=page.id))
+    assert (got.memory.status, got.memory.superseded_how) == ("retired", "stale")
+    assert got.memory.drop_reason == f"evidence {merged} was undone"
+    assert await listed(store, layers=[L4]) == []
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=merged)))
+    assert await status_of(store, page.id) == ("active", "")
 
 
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:

@@ -42,9 +42,12 @@ ERASED = "erased"
 """How evidence deleted for good is gone (no row is retired this way)."""
 TOMBSTONED = "tombstoned"
 """How a turn that holds a forgotten value is gone as evidence (it stays live)."""
-KILLS_SUMMARIES = frozenset({FORGOTTEN, ERASED, TOMBSTONED})
+UNDONE = "undone"
+"""How a row a consolidation pass wrote is retired when the pass is undone."""
+KILLS_SUMMARIES = frozenset({FORGOTTEN, ERASED, TOMBSTONED, UNDONE})
 """Evidence gone this way takes a summary of it down: its text may hold the value forgotten or
-deleted (a summary of a replaced or done row is only out of date, and rebuilt)."""
+deleted, or the text of a pass undone (a summary of a replaced or done row is only out of date,
+and rebuilt)."""
 REPLACED = "replaced"
 """How a row retired by a newer version of it given by hand (an edit) is."""
 OLD_VERSIONS = frozenset({REPLACED, "updated"})

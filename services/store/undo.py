@@ -7,7 +7,16 @@ import json
 from services.store.cascade import dead_evidence, restore_derived, retire_derived, revive, settle
 from services.store.core import DEFAULT_ACTOR, Core, Write, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
-from services.store.model import ACTIVE, DERIVED_LAYERS, FORGOTTEN, RAW, RETIRED, MemoryRow, Undone
+from services.store.model import (
+    ACTIVE,
+    DERIVED_LAYERS,
+    FORGOTTEN,
+    RAW,
+    RETIRED,
+    UNDONE,
+    MemoryRow,
+    Undone,
+)
 from shared.errors import InvalidArgument, NotFound
 from shared.text import value_key
 from shared.tombstones import tombstones
@@ -40,9 +49,9 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         return
     why = f"undo of pass {pass_id}"
     if kind == "insert" and (row.status == ACTIVE or row.superseded_how == "stale"):
-        await w.change(row, "retire", retired_fields(w.now, w.actor, "undone", reason=why), why)
+        await w.change(row, "retire", retired_fields(w.now, w.actor, UNDONE, reason=why), why)
         undone.undone_ids.append(target)
-        await retire_derived(w, target, "undone")
+        await retire_derived(w, target, UNDONE)
         for edge in await w.tx.edges_of_memories([target]):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
@@ -60,7 +69,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
     else:
         return
     if is_preference_fact(row):
-        w.facts_changed.append(FactChange(row, kind == "retire", "undone"))
+        w.facts_changed.append(FactChange(row, kind == "retire", UNDONE))
 
 
 async def _value_forgotten(w: Write, row: MemoryRow) -> bool:
