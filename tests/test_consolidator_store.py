@@ -445,8 +445,9 @@ async def test_a_stale_row_of_an_undone_pass_stays_down_when_its_evidence_comes_
     assert await edges(store) == []
 
 
-async def test_undoing_a_pass_takes_down_the_now_page_built_on_its_merge_until_it_is_restored(
-    store: store_pb2_grpc.StoreStub,
+@pytest.mark.parametrize("label", ["now_page", "arc"])
+async def test_undoing_a_pass_takes_down_a_now_page_or_arc_built_on_its_merge_until_restored(
+    store: store_pb2_grpc.StoreStub, label: str
 ) -> None:
     fact_ids, merged = await merge_pass(store, "p-now")
     (other,) = await apply(store, insert("Alice likes tea"))
@@ -454,7 +455,7 @@ async def test_undoing_a_pass_takes_down_the_now_page_built_on_its_merge_until_i
         store,
         insert(
             "Alice runs Foxtrot on Postgres 16 and likes tea.",
-            layer=L4, label="now_page", source_ids=[merged, other.id],
+            layer=L4, label=label, source_ids=[merged, other.id],
         ),
     )
 
