@@ -148,7 +148,7 @@ async def test_knowledge_a_schema_and_edges_written_after_their_evidence_was_for
     await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
     for memory_id in (knowledge.id, schema.id):
         assert await status_of(store, memory_id) == ("active", "")
-    assert [e.memory_id for e in await edges(store)] == [knowledge.id]
+    assert sorted(e.memory_id for e in await edges(store)) == ["", knowledge.id]
 
 
 @pytest.mark.parametrize(("how", "gone"), [("forget", "forgotten"), ("delete", "erased")])
@@ -196,6 +196,39 @@ async def test_forgetting_or_deleting_an_l5_row_hides_its_own_edge(
     if how == "forget":
         await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=knowledge)))
         assert [e.memory_id for e in await edges(store)] == [knowledge]
+
+
+@pytest.mark.parametrize("how", ["forget", "delete", "delete every fact"])
+async def test_an_edge_with_no_l5_row_goes_down_with_its_fact_and_comes_back_with_it(
+    store: store_pb2_grpc.StoreStub, how: str
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await apply(store, edge("", raw_ids, fact_ids))
+    (made,) = await edges(store)
+    if how == "delete every fact":
+        await store.DeleteMemories(store_pb2.DeleteMemoriesRequest(scope=scope(), layers=[L3]))
+    else:
+        await lose_evidence(store, how, fact_ids[0])
+
+    assert await edges(store) == []
+    assert [(e.id, e.stale) for e in await edges(store, include_stale=True)] == [(made.id, True)]
+    if how == "forget":
+        await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+        assert [e.id for e in await edges(store)] == [made.id]
+
+
+async def test_an_edge_with_no_l5_row_put_on_a_dropped_fact_is_live_once_the_fact_is_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    raw_ids, fact_ids = await two_turns_two_facts(store)
+    await apply(
+        store, store_pb2.Op(retire=store_pb2.RetireOp(id=fact_ids[0], superseded_how="dropped"))
+    )
+    await apply(store, edge("", raw_ids, fact_ids))
+    assert await edges(store) == []
+
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=fact_ids[0])))
+    assert len(await edges(store)) == 1
 
 
 async def test_a_relation_learnt_again_while_its_old_edge_is_stale_gets_a_live_edge(

@@ -217,19 +217,29 @@ def _gone_how(evidence: MemoryRow | None, lifted: Set[str] = frozenset()) -> str
 
 async def retire_derived(w: Write, memory_id: str, how: str) -> None:
     """Retires as stale the live rows resting on memory_id that its going this way kills, and
-    hides their edges and memory_id's own (an L5 row's, gone the same way).
+    hides their edges, memory_id's own (an L5 row's, gone the same way) and the edges with no
+    L5 row resting on it (as their row would go).
 
     Also marks the entity page lines memory_id fed.
     """
     await _mark_pages(w, memory_id)
     why = f"evidence {memory_id} was {how or 'retired'}"
-    gone = [memory_id] if _kills_knowledge(how) else []
+    killed = [memory_id] if _kills_knowledge(how) else []
+    gone = list(killed)
     for row in await w.tx.derived_from(memory_id):
         if row.status != ACTIVE or not kills(how, row.layer):
             continue
         await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
         gone.append(row.id)
-    for edge in await w.tx.edges_of_memories(gone):
+    await _hide_edges(w, gone, killed)
+
+
+async def _hide_edges(w: Write, memory_ids: Sequence[str], fact_ids: Sequence[str]) -> None:
+    """Marks stale the edges of memory_ids (their L5 rows) and the edges with no L5 row resting
+    on fact_ids."""
+    edges = await w.tx.edges_of_memories(memory_ids)
+    edges += await w.tx.rowless_edges_on(fact_ids) if fact_ids else []
+    for edge in edges:
         await w.tx.update_edge(edge.id, stale=1)
 
 
@@ -241,8 +251,8 @@ async def follow_erased(w: Write, erased: Sequence[MemoryRow]) -> None:
     else:
         for memory_id in await _rested_on(w, erased):
             await retire_derived(w, memory_id, ERASED)
-        for edge in await w.tx.edges_of_memories(sorted(row.id for row in erased)):
-            await w.tx.update_edge(edge.id, stale=1)
+        ids = sorted(row.id for row in erased)
+        await _hide_edges(w, ids, ids)
     w.facts_changed += [
         FactChange(row, live=False, how=ERASED) for row in erased if is_preference_fact(row)
     ]
@@ -277,11 +287,13 @@ async def restore_derived(w: Write, memory_id: str) -> None:
     """Restores the stale rows resting on memory_id once none of their evidence is gone in a
     way that kills them (a Now page only while no newer one is live).
 
-    Also clears the stale mark of page lines whose facts are all live, and of the edges of a
-    row live already (stores before _restore checked the evidence let a stale row be restored
-    over evidence still retired, leaving its edge stale).
+    Also clears the stale mark of page lines whose facts are all live, of the edges with no L5
+    row whose facts all stand, and of the edges of a row live already (stores before _restore
+    checked the evidence let a stale row be restored over evidence still retired, leaving its
+    edge stale).
     """
     await _mark_pages(w, memory_id)
+    await _unmark_rowless_edges(w, memory_id)
     for row in await w.tx.derived_from(memory_id):
         if row.status == RETIRED and row.superseded_how != "stale":
             continue
@@ -315,7 +327,8 @@ async def _first_dead(
 async def edge_stands(w: Write, memory_id: str, fact_ids: Sequence[str]) -> bool:
     """Whether a new edge may be live: its L5 row (if any) is, and none of its facts is gone
     in a way that would take an L5 row down. Else it is stored stale: a restore of the
-    evidence that brings its row back clears the mark (an edge with no row stays stale)."""
+    evidence that brings its row back (or, for an edge with no row, leaves none of its facts
+    gone) clears the mark."""
     row = await w.tx.get(memory_id) if memory_id else None
     if row is not None and row.status != ACTIVE:
         return False
@@ -327,6 +340,14 @@ async def revive(w: Write, row: MemoryRow, reason: str) -> MemoryRow | None:
     after = await w.change(row, "restore", live_fields(), reason)
     await _unmark_edges(w, row)
     return after
+
+
+async def _unmark_rowless_edges(w: Write, fact_id: str) -> None:
+    """Clears the stale mark of the edges with no L5 row resting on fact_id whose facts all
+    stand again (as edge_stands says for a new edge)."""
+    for edge in await w.tx.rowless_edges_on([fact_id]):
+        if edge.stale and await edge_stands(w, "", edge.fact_ids):
+            await w.tx.update_edge(edge.id, stale=0)
 
 
 async def _unmark_edges(w: Write, row: MemoryRow) -> None:

@@ -529,6 +529,16 @@ class Tx:
         )
         return [_edge(r) for r in rows]
 
+    async def rowless_edges_on(self, fact_ids: Sequence[str]) -> list[Edge]:
+        """The edges with no L5 row that list one of fact_ids among their facts."""
+        rows = await self._conn.execute_fetchall(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE memory_id = '' AND EXISTS "
+            "(SELECT 1 FROM json_each(graph_edges.fact_ids) WHERE value IN "
+            "(SELECT value FROM json_each(?)))",
+            (json.dumps(list(fact_ids)),),
+        )
+        return [_edge(r) for r in rows]
+
     async def set_state(self, key: str, value: str, at: float) -> None:
         """Sets one state value; an empty value removes it."""
         if not value:

@@ -137,6 +137,10 @@ class Writes(Protocol):
         """The edges whose searchable memory is one of memory_ids."""
         ...
 
+    async def rowless_edges_on(self, fact_ids: Sequence[str]) -> list[Edge]:
+        """The edges with no L5 row that list one of fact_ids among their facts."""
+        ...
+
     async def set_state(self, key: str, value: str, at: float) -> None:
         """Sets one state value; an empty value removes it."""
         ...

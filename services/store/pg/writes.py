@@ -291,6 +291,16 @@ class PgWrites:
         )
         return [_edge(r) for r in rows]
 
+    async def rowless_edges_on(self, fact_ids: Sequence[str]) -> list[Edge]:
+        """The edges with no L5 row that list one of fact_ids among their facts."""
+        rows = await self._fetch(
+            f"SELECT {_EDGE_COLUMNS} FROM graph_edges WHERE memory_id = '' AND EXISTS "
+            "(SELECT 1 FROM jsonb_array_elements_text(fact_ids::jsonb) AS fact(id) "
+            "WHERE fact.id = ANY(?::text[]))",
+            list(fact_ids),
+        )
+        return [_edge(r) for r in rows]
+
     async def set_state(self, key: str, value: str, at: float) -> None:
         """Sets one state value; an empty value removes it."""
         if not value:
