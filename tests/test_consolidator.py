@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from services.consolidator.cluster_pass import standing
 from shared.pb import (
     common_pb2,
     consolidator_pb2,
@@ -23,6 +24,7 @@ from shared.pb import (
     store_pb2_grpc,
 )
 from shared.rpc import open_channel
+from shared.store_client import GraphStoreClient
 from tests.extractor_support import Api
 from tests.llm_fake import ERROR, HANG, FakeLlm, Recorded, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack
@@ -590,6 +592,83 @@ async def test_rows_a_pass_builds_on_a_fact_forgotten_while_the_model_answers_ar
         written = await api.rows(user, layer)
         assert [(m.status, m.superseded_how) for m in written] == [("retired", "stale")], layer
     assert (await api.ok("GET", "/api/v1/edges", params={"user_id": user}))["knowledge"] == []
+
+
+async def test_an_arc_rests_on_the_rows_it_stands_on_now_not_on_every_fact_it_was_ever_shown(
+    api: Api, script: Script
+) -> None:
+    await settle(api)
+    user = marker()
+    a = f"{user} project Foxtrot uses Postgres 15 for storage"
+    b = f"{user} project Foxtrot stores its data in Postgres 15"
+    c = f"{user} project Foxtrot said good morning"
+    _, rows = await facts_from_turns(api, user, [(a, 0), (b, 1), (c, 1)], 2)
+    arc = {**EMPTY, "arc": f"{user} is building Foxtrot on Postgres."}
+    script.handlers[user] = lambda r: {**arc, "drops": [{"fact": r.number_of(c), "reason": "x"}]}
+    try:
+        await digest(api)
+        e = f"{user} project Foxtrot moved its storage to Postgres 16"
+        _, more = await facts_from_turns(api, user, [(e, 0)], 1)
+        merged = f"{user} project Foxtrot keeps its data in Postgres 15"
+        script.handlers[user] = lambda r: {
+            **arc, "merges": [{"facts": [r.number_of(a), r.number_of(b)], "text": merged}]
+        }
+        await digest(api)
+        # Restated outside a pass: the arc then rests on the row that restated it.
+        again = f"{user} project Foxtrot now stores its data in Postgres 16"
+        (restated, *_) = await store_apply(
+            api.store_address, user,
+            store_pb2.Op(insert=store_pb2.NewMemory(
+                owner=common_pb2.Owner(user_id=user), layer=L3, content=again,
+                source_ids=list(more[e].source_ids), ref="n")),
+            store_pb2.Op(retire=store_pb2.RetireOp(
+                id=more[e].id, superseded_how="restated", superseded_by="$n")),
+        )
+        f = f"{user} project Foxtrot backs up Postgres nightly"
+        _, last = await facts_from_turns(api, user, [(f, 0)], 1)
+        script.handlers[user] = lambda r: arc
+        await digest(api)
+    finally:
+        del script.handlers[user]
+    assert len(script.calls(user)) == 3
+    facts = {m.content: m.id for m in await api.rows(user, "l3_fact", retired=False)}
+    (live,) = [s for s in await api.rows(user, "l4_summary") if s.status == "active"]
+    assert sorted(live.source_ids) == sorted([facts[merged], restated.id, last[f].id])
+
+
+async def test_an_arcs_old_evidence_stands_for_the_rows_its_values_were_merged_or_restated_into(
+    api: Api,
+) -> None:
+    user = marker()
+    _, rows = await facts_from_turns(
+        api, user, [(f"{user} {n}", 0) for n in ("kept", "merged", "restated", "dropped")], 1
+    )
+    kept, merged, restated, dropped = (rows[f"{user} {n}"].id for n in (
+        "kept", "merged", "restated", "dropped"))
+
+    def retire(memory_id: str, how: str, by: str = "") -> store_pb2.Op:
+        return store_pb2.Op(retire=store_pb2.RetireOp(
+            id=memory_id, superseded_how=how, superseded_by=by))
+
+    def merge(text: str) -> store_pb2.Op:
+        op = new(user, L3, text)
+        op.insert.ref = "m"
+        return op
+
+    (first, *_) = await store_apply(
+        api.store_address, user, merge(f"{user} merge one"), retire(merged, "merged", "$m")
+    )
+    (second, *_) = await store_apply(
+        api.store_address, user, merge(f"{user} merge two"),
+        retire(first.id, "merged", "$m"), retire(restated, "restated", "$m"),
+        retire(dropped, "dropped"),
+    )
+    async with open_channel(api.store_address) as channel:
+        got = await standing(
+            GraphStoreClient(channel), common_pb2.Scope(user_id=user),
+            [kept, merged, restated, dropped, kept, "no-such-row"],
+        )
+    assert got == [kept, second.id]
 
 
 async def test_admin_dedupe_and_compact_dry_run_first_then_change(

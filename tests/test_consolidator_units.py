@@ -244,11 +244,12 @@ def test_an_arc_replaces_the_owners_old_arcs() -> None:
     assert ops.counts.arc
 
 
-def test_an_arc_rests_on_the_facts_shown_and_on_the_sources_of_the_arc_it_builds_on() -> None:
-    shown = common_pb2.Memory(id="arc-1", label="arc", source_ids=["old", "a"])
+def test_an_arc_rests_on_the_facts_shown_and_what_the_arc_it_builds_on_rests_on_now() -> None:
+    shown = common_pb2.Memory(id="arc-1", label="arc", source_ids=["old", "a", "gone"])
     older = common_pb2.Memory(id="arc-0", label="arc", source_ids=["older"])
-    ops = arc_ops("the story so far", fetched(arcs=[shown, older]), {"b": "merged-b"})
-    assert list(ops.extra[0].insert.source_ids) == ["a", "merged-b", "c", "old"]
+    data = fetched(arcs=[shown, older], arc_evidence=["old", "a", "b", "x"])
+    ops = arc_ops("the story so far", data, {"b": "merged-b"}, {"c", "x"})
+    assert list(ops.extra[0].insert.source_ids) == ["a", "merged-b", "old"]
 
 
 def test_with_the_graph_off_a_plan_writes_no_edges_and_no_arc() -> None:

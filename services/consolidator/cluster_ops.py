@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,16 +92,19 @@ class Fetched:
     owner_edges: Sequence[store_pb2.Edge]
     arcs: Sequence[common_pb2.Memory] | None
     """The owner's arc summaries, or None when this call did not ask for the arc."""
+    arc_evidence: Sequence[str] = ()
+    """What the arc the model builds on rests on now (cluster_pass.standing)."""
 
 
 def cluster_ops(plan: Plan, data: Fetched, *, graph: bool) -> ClusterOps:
     """The store ops of a checked plan after the similarity guards: core first, then extras."""
     merged = merge_ops(plan.merges, data)
-    ops = merged + drop_ops(plan.drops, data)
+    dropped = drop_ops(plan.drops, data)
+    ops = merged + dropped
     ops += schema_ops(plan.schemas, data, merged.merged_into)
     if graph:
         ops += edge_ops(plan.edges, plan.end_edges, data, merged.merged_into)
-        ops += arc_ops(plan.arc, data, merged.merged_into)
+        ops += arc_ops(plan.arc, data, merged.merged_into, set(dropped.retired))
     return ops
 
 
@@ -260,14 +263,17 @@ def current_arc(arcs: Sequence[common_pb2.Memory]) -> common_pb2.Memory | None:
     return arcs[0] if arcs else None
 
 
-def arc_ops(arc: str, data: Fetched, merged_into: Mapping[str, str]) -> ClusterOps:
+def arc_ops(
+    arc: str, data: Fetched, merged_into: Mapping[str, str], dropped: Set[str] = frozenset()
+) -> ClusterOps:
     """The new arc summary replacing the owner's old ones, if this call asked for it: it rests
-    on the facts it was shown (or their merges) and what the arc it builds on rests on, so a
-    forget of any of them takes it down."""
+    on the facts it was shown and what the arc it builds on rests on now, as they stand after
+    the pass (a merged one by its merge, a dropped one not at all), each once, so a forget of
+    any of them takes it down and its evidence does not grow with every pass."""
     if not arc or data.arcs is None:
         return ClusterOps()
-    built_on = current_arc(data.arcs)
-    sources = _evidence(data.facts, merged_into) + list(built_on.source_ids if built_on else [])
+    shown = [*(f.id for f in data.facts), *data.arc_evidence]
+    sources = [merged_into.get(i, i) for i in shown if i not in dropped]
     row = store_pb2.NewMemory(
         owner=data.owner,
         layer=common_pb2.L4_SUMMARY,

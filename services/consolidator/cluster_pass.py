@@ -48,6 +48,14 @@ class Shown:
     """The owner's edges that cite a member, as many as the prompt shows."""
     arcs: Sequence[common_pb2.Memory] | None
     """The owner's arc summaries, or None when this call does not ask for the arc."""
+    arc_evidence: Sequence[str] = ()
+    """What the arc the model builds on rests on now (standing)."""
+
+
+CARRIED_ON = ("merged", "restated")
+"""How a row is retired when its value lives on in the row that retired it."""
+MAX_HOPS = 8
+"""The successors standing follows from a retired row (a chain longer than this is cut)."""
 
 
 async def run_cluster(
@@ -142,7 +150,33 @@ async def _shown(store: GraphStoreClient, owner: Owner, cluster: Cluster, ask_ar
     )
     members = set(cluster.members)
     edges = [e for e in owner_edges if members & set(e.fact_ids)][:EDGES_SHOWN]
-    return Shown(schemas, owner_edges, edges, arcs)
+    built_on = current_arc(arcs or [])
+    evidence = await standing(store, owner.scope, built_on.source_ids) if built_on else []
+    return Shown(schemas, owner_edges, edges, arcs, evidence)
+
+
+async def standing(
+    store: GraphStoreClient, scope: common_pb2.Scope, ids: Sequence[str]
+) -> list[str]:
+    """The rows ids stand for now, each once: a live one itself, a retired one the live row
+    its value was merged or restated into since (none for one dropped, replaced or gone)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    todo = list(dict.fromkeys(ids))
+    for _ in range(MAX_HOPS):
+        if not todo:
+            break
+        seen.update(todo)
+        rows = await store.get_many(scope, todo)
+        found += [row.id for row in rows if row.status == "active"]
+        todo = [
+            row.superseded_by
+            for row in rows
+            if row.superseded_how in CARRIED_ON
+            and row.superseded_by
+            and row.superseded_by not in seen
+        ]
+    return list(dict.fromkeys(found))
 
 
 async def _arcs(
@@ -207,6 +241,7 @@ async def _fetched(
         edges=shown.edges,
         owner_edges=shown.owner_edges,
         arcs=shown.arcs,
+        arc_evidence=shown.arc_evidence,
     )
 
 
