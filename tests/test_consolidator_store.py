@@ -497,6 +497,8 @@ async def test_undoing_a_pass_takes_down_a_now_page_or_arc_built_on_its_merge_un
     assert (got.memory.status, got.memory.superseded_how) == ("retired", "stale")
     assert got.memory.drop_reason == f"evidence {merged} was undone"
     assert await listed(store, layers=[L4]) == []
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION):
+        await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=page.id)))
 
     await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=merged)))
     assert await status_of(store, page.id) == ("active", "")
