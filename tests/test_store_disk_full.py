@@ -18,7 +18,7 @@ import pytest
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import call
-from tests.support import ROOT, ServiceProcess, Stack, base_env, running_stack
+from tests.support import ROOT, ServiceProcess, Stack, assert_eventually, base_env, running_stack
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None
@@ -144,3 +144,78 @@ def test_a_snapshot_zip_the_disk_cannot_hold_leaves_no_partial_file(tmp_path: Pa
             cwd=ROOT, capture_output=True, text=True, check=True,
         )
     assert run.stdout.splitlines() == [f"refused {errno.ENOSPC}", "[]"]
+
+
+async def test_a_store_restarted_on_a_full_disk_without_its_keyword_index_answers_reads(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
+    data_dir.mkdir()
+    with _small_disk(data_dir, "size=16m") as on_disk, running_stack(
+        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
+    ) as stack:
+        stack.start("store", wrapper=on_disk)
+        stack.start("search")
+        stack.start("gateway")
+        acked: dict[str, str] = {}  # a word only its row holds -> the row
+        for word in ("wquince", "wmedlar", "wloquat"):
+            status, body = await call(
+                stack, "POST", "/api/v1/add",
+                json={"text": f"The orchard's {word} tree needs pruning in March", "user_id": user},
+            )
+            assert status == 200, body
+            acked[word] = body["memory_id"]
+        for _ in range(3):  # rows of many words: their keyword index takes about 230 KB
+            words = " ".join("w" + uuid.uuid4().hex[:10] for _ in range(5000))
+            status, body = await call(
+                stack, "POST", "/api/v1/add", json={"text": words, "user_id": user}
+            )
+            assert status == 200, body
+        stack.procs["store"].stop()
+        # The keyword indexes gone (a store restarted builds them from the rows), and the disk
+        # then filled but for 128 KB: room for SQLite's shared memory file, not for the indexes.
+        fill = 'rm -r "$0/keywords"; cat /dev/zero > "$0/filler"; truncate -s -128K "$0/filler"'
+        filled = await asyncio.to_thread(
+            subprocess.run, [*on_disk, "sh", "-c", fill, str(data_dir)], capture_output=True
+        )
+        assert b"No space left on device" in filled.stderr, filled.stderr
+        assert filled.returncode == 0, filled.stderr
+
+        store = stack.start("store", wrapper=on_disk)
+        assert "keyword index own could not be built" in store.logs()
+        status, listed = await call(stack, "GET", "/api/v1/list", params={"user_id": user})
+        assert status == 200, listed
+        assert set(acked.values()) <= {m["memory_id"] for m in listed["memories"]}
+        async with open_channel(stack.address("store")) as channel:
+            got = await store_pb2_grpc.StoreStub(channel).GetMemories(
+                store_pb2.GetMemoriesRequest(
+                    scope=common_pb2.Scope(user_id=user), ids=list(acked.values())
+                ),
+                timeout=60,
+            )
+        assert [m.id for m in got.memories] == list(acked.values())
+        status, found = await call(
+            stack, "POST", "/api/v1/search",
+            json={"query": "which orchard tree needs pruning", "user_id": user, "limit": 10},
+        )
+        assert status == 200, found
+        hits = {item["memory_id"] for items in found["memories"].values() for item in items}
+        assert set(acked.values()) <= hits
+        assert await _keyword_found(stack, user, list(acked)) == {}
+        assert "keyword index own is not built" in store.logs()
+
+        # Room again: the next write builds the indexes.
+        await asyncio.to_thread(
+            subprocess.run, [*on_disk, "rm", str(data_dir / "filler")], check=True
+        )
+        status, body = await call(
+            stack, "POST", "/api/v1/add", json={"text": "Room is back wagain", "user_id": user}
+        )
+        assert status == 200, body
+        acked["wagain"] = body["memory_id"]
+
+        async def all_found() -> None:
+            assert await _keyword_found(stack, user, list(acked)) == acked
+
+        await assert_eventually(all_found)

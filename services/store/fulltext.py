@@ -103,6 +103,8 @@ async def search(
 ) -> list[tuple[MemoryRow, float, int]]:
     """Rows holding at least `least` of the terms, best score first: (row, score, terms held)."""
     keyword = await repo.keyword_index(index.name)
+    if not keyword.built:
+        return []
     few = None
     if layers:
         few = await repo.text_ids_within(index, reach, layers, include_superseded, FEW_PASSING)

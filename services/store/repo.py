@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import MISSING
@@ -888,6 +889,10 @@ class Repo(SharedReads):
         self._unfollowed = False
         """Whether a commit came after the follower's last round began."""
         self._purger: asyncio.Task[None] | None = None
+        self._builder: asyncio.Task[None] | None = None
+        self._build_room: int | None = None
+        """The data disk's free bytes when a keyword index build was last refused for want of
+        room (None: none was): the indexes not built are built once more are free."""
         self._pruned = 0
 
     async def __aenter__(self) -> Repo:
@@ -916,10 +921,15 @@ class Repo(SharedReads):
         purge = await self.get_meta(KEYWORDS_PURGE) is not None
         for name, source in SOURCES.items():
             index = KeywordIndex(self.db_path.parent / KEYWORDS_FOLDER / name, source)
-            await index.open(self._text_readers[name], rebuild=purge)
             self._keywords[name] = index
+            try:
+                await index.open(self._text_readers[name], rebuild=purge)
+            except Exception as exc:
+                if not disk_full(exc):
+                    raise
+                self._build_refused(name, exc)
             await self.keyword_index(name)  # applies what is pending, if the disk has room
-        if purge:
+        if purge and self._build_room is None:
             await self.writer.execute("DELETE FROM store_meta WHERE key = ?", (KEYWORDS_PURGE,))
         return self
 
@@ -928,12 +938,12 @@ class Repo(SharedReads):
 
     async def close(self) -> None:
         """Closes every connection; closing twice is harmless."""
-        for task in (self._follower, self._purger):
+        for task in (self._follower, self._purger, self._builder):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._follower = self._purger = None
+        self._follower = self._purger = self._builder = None
         for index in self._keywords.values():
             await index.close()
         self._keywords.clear()
@@ -974,6 +984,11 @@ class Repo(SharedReads):
         index = self._keywords.get(name)
         if index is None:
             raise RuntimeError("repo is closed")
+        if not index.built:
+            self._build_when_room()
+            log.warning("keyword index %s is not built (the disk was full): searched as empty",
+                        name)
+            return index
         try:
             await index.follow(self.text_reader(name))
         except Exception as exc:
@@ -982,11 +997,41 @@ class Repo(SharedReads):
             log.warning("keyword index %s searched without its latest rows: %s", name, exc)
         return index
 
+    def _build_refused(self, name: str, exc: Exception) -> None:
+        """Notes a keyword index build that failed (on a full disk, as a rule): it is tried
+        again once the disk has more room than now, or when the store next opens."""
+        self._build_room = shutil.disk_usage(self.db_path.parent).free
+        log.warning(
+            "keyword index %s could not be built (%s); its keyword searches find nothing till it "
+            "is, once the disk has more than %d bytes free",
+            name, exc, self._build_room, exc_info=not disk_full(exc),
+        )
+
+    def _build_when_room(self) -> None:
+        """Builds the keyword indexes not built yet in the background, if the disk has more
+        room than when their build was last refused (a build reads every row: it is not tried
+        again on a disk no emptier)."""
+        if self._build_room is None or (self._builder is not None and not self._builder.done()):
+            return
+        if shutil.disk_usage(self.db_path.parent).free > self._build_room:
+            self._builder = asyncio.get_running_loop().create_task(self._build_unbuilt())
+
+    async def _build_unbuilt(self) -> None:
+        for name, index in self._keywords.items():
+            if not index.built:
+                try:
+                    await index.rebuild(self.text_reader(name))
+                except Exception as exc:
+                    self._build_refused(name, exc)
+                    return
+        self._build_room = None
+
     def _follow_soon(self) -> None:
         """Has the keyword indexes apply a commit's changes in the background, so a search
         seldom waits for them, gathering the commits of FOLLOW_DELAY_S in one; commits made
         while they apply are gathered for the next round."""
         self._unfollowed = True
+        self._build_when_room()
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
 

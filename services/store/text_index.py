@@ -124,19 +124,20 @@ class KeywordIndex:
         return self.folder / "applied"
 
     async def open(self, conn: aiosqlite.Connection, rebuild: bool = False) -> None:
-        """Opens the index, or builds it when asked, when it is missing or when it is ahead
-        of the log (a database put back from an older copy); follow applies what is pending."""
+        """Opens the index, then builds it when asked, when it is missing or when it is ahead
+        of the log (a database put back from an older copy); follow applies what is pending.
+        A build that fails leaves the index as it was opened, or not built."""
         high = await log_high(conn)
         applied = _read_position(self._position)
         self._remove_leftovers()
-        if not rebuild and applied is not None and applied <= high:
+        if applied is not None and applied <= high:
             try:
                 self._index = self.opened_at(self.folder)
                 self.ids = await self._in_thread(_id_span, self._index)
                 self.applied = applied
             except ValueError as exc:  # tantivy's error for files it cannot read
                 log.warning("keyword index %s is unreadable (%s); building it", self.folder, exc)
-        if self._index is None:
+        if rebuild or self._index is None:
             await self.rebuild(conn)
 
     def opened_at(self, folder: Path) -> tantivy.Index:
@@ -145,6 +146,12 @@ class KeywordIndex:
         index = tantivy.Index(self.schema, path=str(folder), reuse=True)
         index.register_tokenizer(ANALYZER, self.analyzer)
         return index
+
+    @property
+    def built(self) -> bool:
+        """Whether the index is open: one whose build the disk refused is not, till a build
+        succeeds (searches find nothing in it meanwhile)."""
+        return self._index is not None
 
     @property
     def index(self) -> tantivy.Index:
@@ -165,6 +172,8 @@ class KeywordIndex:
 
     async def _follow(self, conn: aiosqlite.Connection) -> None:
         async with self._lock:
+            if self._index is None:  # its build reads every row
+                return
             # Every row up to the log's end is committed by the time it is read.
             high = await log_high(conn)
             while high > self.applied and not self._closing:
@@ -224,21 +233,29 @@ class KeywordIndex:
         # on in its thread while the next one starts.
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         fresh = Path(tempfile.mkdtemp(prefix=self.folder.name + ".new-", dir=self.folder.parent))
+        try:
+            self._fill(fresh, rows, high)
+        except BaseException:
+            # Given up, or refused by a full disk: what it wrote would hold the disk's last
+            # free bytes till the next open.
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        return fresh
+
+    def _fill(self, fresh: Path, rows: Sequence[Sequence[Any]], high: int) -> None:
         writer = self.opened_at(fresh).writer(heap_size=WRITER_HEAP * 4, num_threads=1)
         for start in range(0, len(rows), BUILD_STEP):
-            self._unless_closing(fresh)
+            self._unless_closing()
             _add(writer, rows[start : start + BUILD_STEP])
         writer.commit()
         writer.wait_merging_threads()
-        self._unless_closing(fresh)
+        self._unless_closing()
         _write_position(fresh / "applied", high)
-        return fresh
 
-    def _unless_closing(self, fresh: Path) -> None:
-        """Gives a build up (its folder removed; what its writer holds uncommitted is dropped
-        with it) once the index is closing."""
+    def _unless_closing(self) -> None:
+        """Gives a build up (what its writer holds uncommitted is dropped with its folder)
+        once the index is closing."""
         if self._closing:
-            shutil.rmtree(fresh, ignore_errors=True)
             raise Closing(self.source.name)
 
     def _swap(self, fresh: Path) -> tantivy.Index:
