@@ -15,7 +15,6 @@ import errno
 import functools
 import hashlib
 import logging
-import os
 import shutil
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from usearch.index import Index, ScalarKind
 
+from services.store.durable import put_in_place, synced
 from services.store.index_save import save_index
 from services.store.repo import as_stored
 from shared.errors import Conflict
@@ -389,7 +389,7 @@ class VectorIndexes:
                 await asyncio.to_thread(save_index, index, str(tmp))
             except RuntimeError as exc:
                 raise _unsaved(index, tmp) from exc
-            os.replace(tmp, path)
+            await asyncio.to_thread(put_in_place, tmp, path)
         self._dirty.discard(user_id)
 
 
@@ -409,3 +409,4 @@ def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarra
     if len(keys):
         index.add(keys.astype(np.uint64), vectors.astype(np.float32))
     index.save(str(path))
+    synced(path)

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from services.store.core import Core, VectorModel
+from services.store.durable import put_in_place, synced
 from services.store.index import VectorIndexes, index_file_name, write_index_file
 from services.store.repo import CLAUSE_KEY_OFFSET, Repo, unblob, vector_blob
 from shared.clients import ModelInfo
@@ -155,7 +156,7 @@ def swap_in(folder: Path) -> None:
     aside = _drop_aside(folder)
     if folder.is_dir():
         folder.rename(aside)
-    ready.rename(folder)
+    put_in_place(ready, folder)
     _drop_aside(folder)
 
 
@@ -420,7 +421,10 @@ class Reembedder:
             if len(keys):
                 path = ready / index_file_name(user_id)
                 await asyncio.to_thread(write_index_file, path, ndim, keys, vectors)
+        # On the disk only after the files it vouches for (each synced as it was written).
+        await asyncio.to_thread(synced, ready)
         (ready / MODEL_MARKER).write_text(self.target.model_id)
+        await asyncio.to_thread(synced, ready / MODEL_MARKER)
 
     async def _switch(self) -> None:
         """Catches up the last rows while writes wait, then moves every row to the new

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from services.store.core import Core
+from services.store.durable import put_in_place
 from services.store.text_index import KEYWORDS_FOLDER
 from shared.snapshot_names import is_snapshot_name, snapshot_name
 
@@ -83,10 +84,10 @@ def _zip(staging: Path, path: Path) -> None:
             for file in sorted(staging.rglob("*")):
                 if file.is_file():
                     archive.write(file, file.relative_to(staging).as_posix())
+        put_in_place(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    partial.replace(path)
 
 
 def _prune(folder: Path, keep: int) -> list[Path]:

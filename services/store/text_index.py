@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -24,6 +23,8 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import tantivy
+
+from services.store.durable import put_in_place
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -264,7 +265,7 @@ class KeywordIndex:
         shutil.rmtree(old, ignore_errors=True)
         if self.folder.exists():
             self.folder.rename(old)
-        fresh.rename(self.folder)
+        put_in_place(fresh, self.folder)
         shutil.rmtree(old, ignore_errors=True)
         return self.opened_at(self.folder)
 
@@ -361,8 +362,5 @@ def _read_position(path: Path) -> int | None:
 
 def _write_position(path: Path, seq: int) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w") as out:
-        out.write(str(seq))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    temporary.write_text(str(seq))
+    put_in_place(temporary, path)
