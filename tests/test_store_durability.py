@@ -82,24 +82,27 @@ async def test_every_file_a_store_renames_into_place_is_synced_before_and_its_fo
         data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
         HYATLAS_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
     ) as stack:
-        stack.start("store", wrapper=(*_STRACE, "-o", str(trace)))
-        async with open_channel(stack.address("store")) as channel:
-            store = store_pb2_grpc.StoreStub(channel)
-            await store.Apply(store_pb2.ApplyRequest(scope=scope, actor="api", ops=[
-                insert(user, "l2_raw", "the zephyrine lighthouse keeper"),
-                insert(user, "l3_fact", "the keeper's cat is called Marmalade"),
-            ]), timeout=60)
-            await store.Flush(store_pb2.FlushRequest(), timeout=60)  # the vector index saved
-            await store.TakeSnapshot(store_pb2.TakeSnapshotRequest(), timeout=60)
-            # An erase: the keyword indexes are built anew and swapped in.
-            await store.DeleteMemories(store_pb2.DeleteMemoriesRequest(
-                scope=scope, layers=[LAYERS.index("l2_raw") + 1], actor="api"
-            ), timeout=60)
-        with contextlib.closing(sqlite3.connect(data_dir / "hyatlas.db")) as db:
-            await assert_eventually(lambda: db.execute(
-                "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
-            ).fetchone() == (0,))
-        _stop_traced(stack.procs["store"])
+        store = stack.start("store", wrapper=(*_STRACE, "-o", str(trace)))
+        try:
+            async with open_channel(stack.address("store")) as channel:
+                stub = store_pb2_grpc.StoreStub(channel)
+                await stub.Apply(store_pb2.ApplyRequest(scope=scope, actor="api", ops=[
+                    insert(user, "l2_raw", "the zephyrine lighthouse keeper"),
+                    insert(user, "l3_fact", "the keeper's cat is called Marmalade"),
+                ]), timeout=60)
+                # The vector index saved, a snapshot taken.
+                await stub.Flush(store_pb2.FlushRequest(), timeout=60)
+                await stub.TakeSnapshot(store_pb2.TakeSnapshotRequest(), timeout=60)
+                # An erase: the keyword indexes are built anew and swapped in.
+                await stub.DeleteMemories(store_pb2.DeleteMemoriesRequest(
+                    scope=scope, layers=[LAYERS.index("l2_raw") + 1], actor="api"
+                ), timeout=60)
+            with contextlib.closing(sqlite3.connect(data_dir / "hyatlas.db")) as db:
+                await assert_eventually(lambda: db.execute(
+                    "SELECT count(*) FROM store_meta WHERE key = 'keywords_purge'"
+                ).fetchone() == (0,))
+        finally:
+            _stop_traced(store)
 
     kinds = {Path(path).suffix or Path(path).name for path in _put_in_place(trace)}
     assert {".usearch", "applied", "own", "context", ".zip"} <= kinds, kinds
