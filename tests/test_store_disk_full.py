@@ -18,7 +18,15 @@ import pytest
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import call
-from tests.support import ROOT, ServiceProcess, Stack, assert_eventually, base_env, running_stack
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    Stack,
+    assert_eventually,
+    base_env,
+    grpc_serving,
+    running_stack,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None
@@ -219,3 +227,24 @@ async def test_a_store_restarted_on_a_full_disk_without_its_keyword_index_answer
             assert await _keyword_found(stack, user, list(acked)) == acked
 
         await assert_eventually(all_found)
+
+
+def test_a_store_that_cannot_open_its_database_on_a_full_disk_exits_rather_than_hangs(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    data_dir, address = tmp_path / "data", f"unix:{tmp_path / 'store.sock'}"
+    data_dir.mkdir()
+    env = base_env(data_dir, HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_STORE_ADDR=address)
+    with _small_disk(data_dir, "size=8m") as on_disk:
+        store = ServiceProcess(
+            "services.store", env, lambda: grpc_serving(address), tmp_path / "store.log",
+            wrapper=on_disk,
+        )
+        store.start()
+        store.stop()
+        # Not a byte free: SQLite cannot make the shared memory file of a database in WAL mode.
+        fill = [*on_disk, "sh", "-c", 'exec cat /dev/zero > "$0/filler"', str(data_dir)]
+        assert b"No space left on device" in subprocess.run(fill, capture_output=True).stderr
+        with pytest.raises(RuntimeError, match="exited 1") as failed:
+            store.start()
+    assert "disk I/O error" in str(failed.value)

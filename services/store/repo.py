@@ -957,12 +957,18 @@ class Repo(SharedReads):
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.db_path, isolation_level=None)
-        # FULL: a commit is on disk before Apply answers, so kill -9 loses nothing acknowledged.
-        await conn.execute("PRAGMA synchronous = FULL")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        await conn.execute("PRAGMA busy_timeout = 10000")
-        # A deleted row's bytes are overwritten, not left in free space for anyone to read.
-        await conn.execute("PRAGMA secure_delete = ON")
+        try:
+            # FULL: a commit is on disk before Apply answers, so kill -9 loses nothing
+            # acknowledged.
+            await conn.execute("PRAGMA synchronous = FULL")
+            await conn.execute("PRAGMA foreign_keys = ON")
+            await conn.execute("PRAGMA busy_timeout = 10000")
+            # A deleted row's bytes are overwritten, not left in free space for anyone to read.
+            await conn.execute("PRAGMA secure_delete = ON")
+        except BaseException:
+            # Its thread would keep the process alive after the error: a store that never exits.
+            await conn.close()
+            raise
         return conn
 
     @property
