@@ -20,6 +20,7 @@ from services.store.index import (
     VectorIndexes,
     index_file_name,
     new_index,
+    resident_bytes_of,
 )
 from services.store.index_save import DETACH_FROM_BYTES, save_index
 from shared.errors import Conflict
@@ -298,3 +299,56 @@ def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(
     # The warning says why the child failed, in the child's own words.
     [warning] = [r.getMessage() for r in caplog.records if "forked save" in r.getMessage()]
     assert "(RuntimeError: " in warning
+
+
+async def test_the_cache_budget_holds_as_many_small_indexes_as_their_memory_allows(
+    tmp_path: Path,
+) -> None:
+    # 40 owners of 3 vectors each take a few MiB; usearch's memory_usage says 16 MiB apiece.
+    owners = [f"u{i}" for i in range(40)]
+    vectors = _unit_rows(3 * len(owners))
+    loads: list[str] = []
+
+    async def keys_of(user_id: str) -> set[int]:
+        loads.append(user_id)
+        first = 3 * owners.index(user_id) + 1
+        return set(range(first, first + 3))
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch, budget_bytes=16 * 1024 * 1024)
+    indexes.open()
+    for _ in range(2):
+        for number, owner in enumerate(owners):
+            found = await indexes.search(owner, vectors[3 * number], 3, exact_up_to=0)
+            assert int(found.keys[0]) == 3 * number + 1
+    assert loads == owners  # each loaded once, none evicted and loaded again
+    assert 0 < indexes.resident_bytes <= 16 * 1024 * 1024
+
+
+async def test_indexes_past_the_cache_budget_are_saved_and_evicted_oldest_first(
+    tmp_path: Path,
+) -> None:
+    vectors = _unit_rows(600)
+    loads: list[str] = []
+
+    async def keys_of(user_id: str) -> set[int]:
+        loads.append(user_id)
+        return set(range(1, 301)) if user_id == "a" else set(range(301, 601))
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    probe = new_index(8)
+    probe.add(np.arange(1, 301, dtype=np.uint64), vectors[:300])
+    budget = resident_bytes_of(probe) + 1  # room for one of the two
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch, budget_bytes=budget)
+    indexes.open()
+    await indexes.search("a", vectors[0], 1, exact_up_to=0)
+    await indexes.search("b", vectors[300], 1, exact_up_to=0)  # evicts a, saving it
+    assert (tmp_path / index_file_name("a")).exists()
+    assert not (tmp_path / index_file_name("b")).exists()
+    found = await indexes.search("a", vectors[5], 1, exact_up_to=0)  # loaded from its file
+    assert int(found.keys[0]) == 6
+    assert loads == ["a", "b", "a"]
