@@ -991,9 +991,9 @@ class Repo(SharedReads):
         if index is None:
             raise RuntimeError("repo is closed")
         if not index.built:
+            # Said once a refused build (_build_refused), not at every search meanwhile.
             self._build_when_room()
-            log.warning("keyword index %s is not built (the disk was full): searched as empty",
-                        name)
+            log.debug("keyword index %s is not built (the disk was full): searched as empty", name)
             return index
         try:
             await index.follow(self.text_reader(name))
