@@ -55,18 +55,31 @@ def _small_disk(folder: Path, options: str) -> Iterator[tuple[str, ...]]:
         holder.stdout.close()
 
 
-async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing(
-    tmp_path: Path, embedder_address: str
-) -> None:
-    data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
+@contextlib.contextmanager
+def _stack_on_small_disk(
+    tmp_path: Path, embedder_address: str, size: str, **env: str
+) -> Iterator[tuple[Stack, tuple[str, ...], Path]]:
+    """A store whose data folder (tmp_path/data) is a tmpfs of `size`, with search and gateway:
+    the stack, the prefix commands on that disk run under, the data folder."""
+    data_dir = tmp_path / "data"
     data_dir.mkdir()
-    with _small_disk(data_dir, "size=3m") as on_disk, running_stack(
-        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_ADMIN="on",
-        HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
+    with _small_disk(data_dir, f"size={size}") as on_disk, running_stack(
+        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}", **env,
     ) as stack:
         stack.start("store", wrapper=on_disk)
         stack.start("search")
         stack.start("gateway")
+        yield stack, on_disk, data_dir
+
+
+async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    with _stack_on_small_disk(tmp_path, embedder_address, "3m", HYATLAS_ADMIN="on") as (
+        stack, on_disk, data_dir,
+    ):
         acked: dict[str, str] = {}  # a word only its row holds -> the row
         for _ in range(1000):
             word = "w" + uuid.uuid4().hex[:12]
@@ -157,15 +170,8 @@ def test_a_snapshot_zip_the_disk_cannot_hold_leaves_no_partial_file(tmp_path: Pa
 async def test_a_store_restarted_on_a_full_disk_without_its_keyword_index_answers_reads(
     tmp_path: Path, embedder_address: str
 ) -> None:
-    data_dir, user = tmp_path / "data", f"user-{uuid.uuid4().hex[:8]}"
-    data_dir.mkdir()
-    with _small_disk(data_dir, "size=16m") as on_disk, running_stack(
-        data_dir, [], HYATLAS_EMBEDDER_ADDR=embedder_address,
-        HYATLAS_STORE_ADDR=f"unix:{tmp_path / 'store.sock'}",
-    ) as stack:
-        stack.start("store", wrapper=on_disk)
-        stack.start("search")
-        stack.start("gateway")
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    with _stack_on_small_disk(tmp_path, embedder_address, "16m") as (stack, on_disk, data_dir):
         acked: dict[str, str] = {}  # a word only its row holds -> the row
         for word in ("wquince", "wmedlar", "wloquat"):
             status, body = await call(

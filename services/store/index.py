@@ -171,9 +171,8 @@ class VectorIndexes:
         self._fetch = fetch
         self._budget = budget_bytes
         self._loaded: OrderedDict[str, Index] = OrderedDict()
-        # Each loaded index's resident_bytes_of, and their sum, kept as indexes load and change.
+        # Each loaded index's resident_bytes_of, counted as it loads and changes.
         self._sizes: dict[str, int] = {}
-        self._resident = 0
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         # usearch may not be searched while it grows or is saved while it changes.
@@ -240,9 +239,7 @@ class VectorIndexes:
 
     def _measure(self, user_id: str) -> None:
         """Counts a loaded index's size anew (after it was loaded or changed)."""
-        size = resident_bytes_of(self._loaded[user_id])
-        self._resident += size - self._sizes.get(user_id, 0)
-        self._sizes[user_id] = size
+        self._sizes[user_id] = resident_bytes_of(self._loaded[user_id])
 
     async def _evict(self, keep: str) -> None:
         """Saves and drops the least recently used indexes beyond the budget (writer held)."""
@@ -253,7 +250,7 @@ class VectorIndexes:
                 continue
             await self._save_one(user_id)
             del self._loaded[user_id]
-            self._resident -= self._sizes.pop(user_id)
+            del self._sizes[user_id]
 
     async def _ensure_loaded(self, user_id: str) -> None:
         """Loads a user's index in a task of its own, shared by every caller meanwhile: a caller
@@ -335,7 +332,6 @@ class VectorIndexes:
         async with self._lock.writing():
             self._loaded.clear()
             self._sizes.clear()
-            self._resident = 0
             self._dirty.clear()
             self.ndim = ndim
             yield
@@ -343,7 +339,7 @@ class VectorIndexes:
     @property
     def resident_bytes(self) -> int:
         """About how much memory the loaded indexes take (resident_bytes_of each)."""
-        return self._resident
+        return sum(self._sizes.values())
 
     @property
     def total(self) -> int:
