@@ -14,9 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from usearch.index import Index
 
-from services.store.index import index_file_name
+from services.store.index import index_file_name, read_index_file
 from shared.errors import ConfigError
 from shared.pb import extractor_pb2, extractor_pb2_grpc, store_pb2
 from shared.redact import redact_text, redact_url, shown_setting
@@ -291,7 +290,7 @@ async def test_bulk_delete_takes_clause_keys_out_of_the_vector_index(lite: Stack
         ).fetchone()
     finally:
         db.close()
-    index = Index.restore(str(lite.data_dir / "vectors" / index_file_name(user)))
+    index = read_index_file(lite.data_dir / "vectors" / index_file_name(user))
     assert index is not None
     assert [int(key) for key in index.keys] == [fact_key]
     assert f"{UNIQUE}-bulk".encode() not in _file_bytes(lite.data_dir)

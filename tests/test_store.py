@@ -24,7 +24,7 @@ from usearch.index import Index, ScalarKind
 from services.store import forget as forget_module
 from services.store import fulltext, keywords, off_calendar, retrieval, text_index
 from services.store import repo as repo_module
-from services.store.index import VectorIndexes
+from services.store.index import VectorIndexes, read_index_file
 from services.store.model import FEW_PASSING, MemoryRow
 from services.store.pg.repo import PgRepo
 from services.store.pg.vectors import PgVectors
@@ -1711,10 +1711,10 @@ async def test_an_index_file_of_half_precision_is_rebuilt_at_8_bits_from_sqlite(
         await vector_hits(stub, embedder, "stamps")
         await stub.Flush(store_pb2.FlushRequest())
     (path,) = (tmp_path / "vectors").glob("*.usearch")
-    saved = Index.restore(str(path))
+    saved = read_index_file(path)
     assert saved is not None and saved.dtype == ScalarKind.I8
     keys = np.asarray(saved.keys)
-    vectors = np.asarray([saved.get(key, dtype="f32") for key in keys])
+    vectors = np.array(saved.get(keys, dtype="f32"))
     # An older store's file: half precision, and (to tell it from a rebuilt one) each key
     # holding the other row's vector.
     older = Index(ndim=saved.ndim, metric="cos", dtype="f16")
@@ -1724,7 +1724,7 @@ async def test_an_index_file_of_half_precision_is_rebuilt_at_8_bits_from_sqlite(
         hits = await vector_hits(stub, embedder, "a stamp collection", k=2)
         assert [h.memory.id for h in hits] == [stamps.id, boat.id]
         await stub.Flush(store_pb2.FlushRequest())
-    rebuilt = Index.restore(str(path))
+    rebuilt = read_index_file(path)
     assert rebuilt is not None and rebuilt.dtype == ScalarKind.I8
 
 

@@ -1,5 +1,6 @@
-"""Per-user usearch vector indexes (cosine, 8-bit components), loaded on demand, least recently
-used evicted, persisted under the data directory.
+"""Per-user vector indexes (cosine, 8-bit components), loaded on demand, least recently used
+evicted, persisted under the data directory: a flat matrix while a user has few vectors
+(flat_index), a usearch index once they have more.
 
 SQLite holds every vector (half precision); an index is a cache of one user's. It is opened from
 its file on the first search or write that needs it and caught up with SQLite's keys then (after
@@ -25,12 +26,14 @@ import numpy as np
 from usearch.index import Index, ScalarKind
 
 from services.store.durable import put_in_place, synced
+from services.store.flat_index import FLAT_UP_TO, FlatIndex, is_flat_file
 from services.store.index_save import save_index
 from services.store.repo import as_stored
 from shared.errors import Conflict
 
 log = logging.getLogger(__name__)
 
+# A user's index file holds a usearch index or, for a user of few vectors, a FlatIndex's save.
 SUFFIX = ".usearch"
 # Loaded indexes are evicted, least recently used first, beyond this much memory.
 DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
@@ -42,6 +45,7 @@ QUICK_SEARCH_KEYS = 1024
 # What an index holds in memory besides its serialized form, at most (see resident_bytes_of).
 INDEX_OVERHEAD_BYTES = 96 * 1024
 
+AnyIndex = Index | FlatIndex
 KeysOf = Callable[[str], Awaitable[set[int]]]
 FetchVectors = Callable[[list[int]], Awaitable[np.ndarray]]
 
@@ -78,8 +82,8 @@ def new_index(ndim: int) -> Index:
     return Index(ndim=ndim, metric="cos", dtype=PRECISION)
 
 
-def resident_bytes_of(index: Index) -> int:
-    """About the memory an index holds, as the cache budget counts it.
+def resident_bytes_of(index: AnyIndex) -> int:
+    """About the memory an index holds, as the cache budget counts it (a flat one: its arrays).
 
     usearch's memory_usage counts the 16 MiB block a new index reserves, of which a small index
     touches a few pages: 200 indexes of 100 vectors each took 25 MB of resident memory while
@@ -90,8 +94,39 @@ def resident_bytes_of(index: Index) -> int:
     room ahead, so twice the serialized length is counted, plus INDEX_OVERHEAD_BYTES; memory_usage
     stays the ceiling.
     """
+    if isinstance(index, FlatIndex):
+        return index.memory_usage
     estimate = 2 * int(index.serialized_length) + INDEX_OVERHEAD_BYTES
     return min(int(index.memory_usage), estimate)
+
+
+def empty_index(ndim: int, size: int) -> AnyIndex:
+    """An empty index of the kind that size vectors take (see fits)."""
+    return FlatIndex(ndim) if size <= FLAT_UP_TO else new_index(ndim)
+
+
+def fits(index: AnyIndex) -> bool:
+    """Whether an index is of the kind its number of vectors takes: flat up to FLAT_UP_TO,
+    usearch's above. A usearch index goes back to flat only at half that, so a user at the
+    bound does not rebuild a graph at every write."""
+    if isinstance(index, FlatIndex):
+        return len(index) <= FLAT_UP_TO
+    return len(index) > FLAT_UP_TO // 2
+
+
+def fitting(index: AnyIndex) -> AnyIndex:
+    """The index itself if it fits, else its vectors in an index of the other kind (a graph of
+    4,096 vectors takes about half a second to build)."""
+    if fits(index):
+        return index
+    if isinstance(index, FlatIndex):
+        grown = new_index(index.ndim)
+        grown.add(index.keys, index.vectors)
+        return grown
+    keys = np.asarray(index.keys, dtype=np.uint64)
+    rows = index.get(keys, dtype="i8") if len(keys) else ()
+    vectors = np.array(rows, dtype=np.int8).reshape(len(keys), index.ndim)
+    return FlatIndex(index.ndim, keys, vectors)
 
 
 def index_file_name(user_id: str) -> str:
@@ -147,7 +182,7 @@ class ReadWriteLock:
                 self._changed.notify_all()
 
 
-def _keys_in(index: Index) -> set[int]:
+def _keys_in(index: AnyIndex) -> set[int]:
     """Every key an index holds, read in one call: usearch looks each key up by offset when
     index.keys is iterated, which grows with the square of its size (over ten minutes at
     540,000 keys)."""
@@ -155,7 +190,7 @@ def _keys_in(index: Index) -> set[int]:
 
 
 class VectorIndexes:
-    """One usearch index per user; keys are the vectors table's keys."""
+    """One index per user; keys are the vectors table's keys."""
 
     def __init__(
         self,
@@ -170,7 +205,7 @@ class VectorIndexes:
         self._keys_of = keys_of
         self._fetch = fetch
         self._budget = budget_bytes
-        self._loaded: OrderedDict[str, Index] = OrderedDict()
+        self._loaded: OrderedDict[str, AnyIndex] = OrderedDict()
         # Each loaded index's resident_bytes_of, counted as it loads and changes.
         self._sizes: dict[str, int] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
@@ -187,18 +222,15 @@ class VectorIndexes:
         for path in self.folder.glob("*.tmp"):
             path.unlink()
 
-    def _new(self) -> Index:
-        return new_index(self.ndim)
-
     def _path(self, user_id: str) -> Path:
         return self.folder / index_file_name(user_id)
 
-    def _restore(self, user_id: str) -> Index | None:
+    def _restore(self, user_id: str) -> AnyIndex | None:
         path = self._path(user_id)
         if not path.exists():
             return None
         try:
-            index = Index.restore(str(path))
+            index = read_index_file(path)
         except Exception:
             log.warning("vector index %s is unreadable; rebuilding it", path, exc_info=True)
             return None
@@ -214,9 +246,9 @@ class VectorIndexes:
     async def _load(self, user_id: str) -> None:
         """Opens a user's index and brings it level with the keys SQLite holds (writer held)."""
         index = await asyncio.to_thread(self._restore, user_id)
-        if index is None:
-            index = self._new()
         want = await self._keys_of(user_id)
+        if index is None:
+            index = empty_index(self.ndim, len(want))
         have = await asyncio.to_thread(_keys_in, index)
         stale = sorted(have - want)
         missing = sorted(want - have)
@@ -233,7 +265,7 @@ class VectorIndexes:
                 len(stale),
             )
             self._dirty.add(user_id)
-        self._loaded[user_id] = index
+        self._loaded[user_id] = index if fits(index) else await asyncio.to_thread(fitting, index)
         self._measure(user_id)
         await self._evict(keep=user_id)
 
@@ -277,7 +309,7 @@ class VectorIndexes:
                         task.exception())
 
     @contextlib.asynccontextmanager
-    async def _reading(self, user_id: str) -> AsyncIterator[Index]:
+    async def _reading(self, user_id: str) -> AsyncIterator[AnyIndex]:
         """A user's index, loaded if it is not, held for reading."""
         while True:
             await self._ensure_loaded(user_id)
@@ -321,6 +353,8 @@ class VectorIndexes:
                         np.array([key for key, _ in added], dtype=np.uint64),
                         as_stored(np.stack([vector for _, vector in added])),
                     )
+                if not fits(index):
+                    self._loaded[user_id] = await asyncio.to_thread(fitting, index)
                 self._dirty.add(user_id)
                 self._measure(user_id)
                 self._loaded.move_to_end(user_id)
@@ -421,7 +455,7 @@ class VectorIndexes:
         self._dirty.discard(user_id)
 
 
-def _unsaved(index: Index, tmp: Path) -> OSError | RuntimeError:
+def _unsaved(index: AnyIndex, tmp: Path) -> OSError | RuntimeError:
     """Removes what a failed save wrote (it would hold the disk's last free bytes), and says
     why it failed: usearch says only "Failed to serialize into stream", also for a full disk."""
     with contextlib.suppress(FileNotFoundError):
@@ -429,6 +463,13 @@ def _unsaved(index: Index, tmp: Path) -> OSError | RuntimeError:
     if shutil.disk_usage(tmp.parent).free < index.serialized_length:
         return OSError(errno.ENOSPC, f"no room for the vector index {tmp.stem}")
     return RuntimeError(f"could not save the vector index {tmp.stem}")
+
+
+def read_index_file(path: Path) -> AnyIndex | None:
+    """The index saved at path, of either kind (None: no usearch index there)."""
+    if is_flat_file(path):
+        return FlatIndex.restore(path)
+    return Index.restore(str(path))
 
 
 def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:

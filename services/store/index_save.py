@@ -17,6 +17,8 @@ from typing import BinaryIO
 
 from usearch.index import Index
 
+from services.store.flat_index import FlatIndex
+
 log = logging.getLogger(__name__)
 
 # Below this many bytes an in-process save stalls the loop less than a fork costs (a few ms).
@@ -26,7 +28,7 @@ CHILD_LIMIT_S = 120.0
 _POLL_S = 0.005
 
 
-def save_index(index: Index, path: str) -> None:
+def save_index(index: Index | FlatIndex, path: str) -> None:
     """Writes index to path: from a forked child when it is large, else here."""
     if index.serialized_length < DETACH_FROM_BYTES or not hasattr(os, "fork"):
         index.save(path)
@@ -55,7 +57,7 @@ def save_index(index: Index, path: str) -> None:
         index.save(path)
 
 
-def _save_and_exit(index: Index, path: str, report: int) -> None:
+def _save_and_exit(index: Index | FlatIndex, path: str, report: int) -> None:
     """The child's whole life: the write, then its error (if any) on the report pipe."""
     code = 1
     try:
