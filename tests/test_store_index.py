@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from usearch.index import Index
 
+from services.store.flat_index import FlatIndex
 from services.store.index import (
     IndexChanges,
     ReadWriteLock,
@@ -23,7 +24,6 @@ from services.store.index import (
     read_index_file,
     resident_bytes_of,
 )
-from services.store.flat_index import FlatIndex
 from services.store.index_save import DETACH_FROM_BYTES, save_index
 from shared.errors import Conflict
 from tests.support import WAIT_CEILING_S
@@ -354,3 +354,43 @@ async def test_indexes_past_the_cache_budget_are_saved_and_evicted_oldest_first(
     found = await indexes.search("a", vectors[5], 1, exact_up_to=0)  # loaded from its file
     assert int(found.keys[0]) == 6
     assert loads == ["a", "b", "a"]
+
+
+async def test_a_write_goes_between_the_indexes_a_save_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors = _unit_rows(3)
+    gate = threading.Semaphore(0)
+    saved: list[str] = []
+
+    def gated_save(index: Index, path: str) -> None:
+        gate.acquire(timeout=WAIT_CEILING_S)
+        save_index(index, path)
+        saved.append(Path(path).stem)
+
+    async def keys_of(user_id: str) -> set[int]:
+        return set()
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    monkeypatch.setattr("services.store.index.save_index", gated_save)
+    indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
+    indexes.open()
+    for key, owner in enumerate(["alice", "bob"], start=1):
+        changes = IndexChanges()
+        changes.add(owner, key, vectors[key - 1])
+        await indexes.apply(changes)
+    save = asyncio.create_task(indexes.save())
+    await settle()
+    later = IndexChanges()
+    later.add("alice", 3, vectors[2])
+    write = asyncio.create_task(indexes.apply(later))  # waits for the index being saved
+    await settle()
+    assert not write.done()
+    gate.release()  # alice's index is written; bob's save waits at the gate
+    await asyncio.wait_for(write, WAIT_CEILING_S)
+    assert len(saved) == 1 and not save.done()
+    gate.release()
+    assert await save == 3
+    assert len(saved) == 2 and indexes.dirty  # alice changed again after her save

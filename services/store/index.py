@@ -432,9 +432,13 @@ class VectorIndexes:
         return await asyncio.shield(self._save())
 
     async def _save(self) -> int:
-        async with self._saving, self._lock.reading(saving=True):
+        async with self._saving:
             for user_id in sorted(self._dirty):
-                await self._save_one(user_id)
+                # Held for one index at a time: a write or a load waiting meanwhile goes between
+                # two (100,000 small owners' saves, a file and two syncs each, held one for
+                # seconds).
+                async with self._lock.reading(saving=True):
+                    await self._save_one(user_id)
             return self.total
 
     async def _save_one(self, user_id: str) -> None:
