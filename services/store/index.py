@@ -477,8 +477,9 @@ def read_index_file(path: Path) -> AnyIndex | None:
 
 
 def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:
-    """Saves an index of the given keys and vectors at path (for a folder not in use)."""
-    index = new_index(ndim)
+    """Saves an index of the given keys and vectors at path (for a folder not in use), of the
+    kind their number takes."""
+    index = empty_index(ndim, len(keys))
     if len(keys):
         index.add(keys.astype(np.uint64), vectors.astype(np.float32))
     index.save(str(path))
