@@ -306,7 +306,8 @@ def test_a_save_the_child_cannot_make_is_tried_here_and_its_error_raised(
 async def test_the_cache_budget_holds_as_many_small_indexes_as_their_memory_allows(
     tmp_path: Path,
 ) -> None:
-    # 40 owners of 3 vectors each take a few MiB; usearch's memory_usage says 16 MiB apiece.
+    # 40 owners of 3 vectors each take a few MiB (flat indexes since 2026-12-05; usearch's
+    # memory_usage said 16 MiB apiece: test_a_usearch_index_is_counted_by_what_it_holds).
     owners = [f"u{i}" for i in range(40)]
     vectors = _unit_rows(3 * len(owners))
     loads: list[str] = []
@@ -394,3 +395,10 @@ async def test_a_write_goes_between_the_indexes_a_save_writes(
     gate.release()
     assert await save == 3
     assert len(saved) == 2 and indexes.dirty  # alice changed again after her save
+
+
+def test_a_usearch_index_is_counted_by_what_it_holds() -> None:
+    # usearch's memory_usage counts the 16 MiB block an index reserves, whatever it holds.
+    index = _index_of(3)
+    assert resident_bytes_of(index) < index.memory_usage / 8
+    assert resident_bytes_of(index) >= index.serialized_length
