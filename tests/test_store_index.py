@@ -24,7 +24,7 @@ from services.store.index import (
     read_index_file,
     resident_bytes_of,
 )
-from services.store.index_save import DETACH_FROM_BYTES, save_index
+from services.store.index_save import DETACH_FROM_BYTES, Detached, save_index
 from shared.errors import Conflict
 from tests.support import WAIT_CEILING_S
 
@@ -395,6 +395,48 @@ async def test_a_write_goes_between_the_indexes_a_save_writes(
     gate.release()
     assert await save == 3
     assert len(saved) == 2 and indexes.dirty  # alice changed again after her save
+
+
+async def test_a_write_goes_on_while_a_forked_child_writes_its_large_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 8000  # a usearch index past DETACH_FROM_BYTES
+    vectors = _unit_rows(count + 1, 384)
+    child_has_its_image, gate = threading.Event(), threading.Event()
+    wait_for_child = Detached.failure
+
+    def held(detached: Detached) -> str:
+        child_has_its_image.set()
+        gate.wait(WAIT_CEILING_S)
+        return wait_for_child(detached)
+
+    async def keys_of(user_id: str) -> set[int]:
+        return set()
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[[key - 1 for key in keys]]
+
+    monkeypatch.setattr(Detached, "failure", held)
+    indexes = VectorIndexes(tmp_path, 384, keys_of, fetch)
+    indexes.open()
+    changes = IndexChanges()
+    for key in range(1, count + 1):
+        changes.add("alice", key, vectors[key - 1])
+    await indexes.apply(changes)
+    save = asyncio.create_task(indexes.save())
+    await asyncio.to_thread(child_has_its_image.wait, WAIT_CEILING_S)
+    later = IndexChanges()
+    later.add("alice", count + 1, vectors[count])
+    await asyncio.wait_for(indexes.apply(later), WAIT_CEILING_S)  # not held by the save
+    assert not save.done()
+    gate.set()
+    await save
+    path = tmp_path / index_file_name("alice")
+    assert len(read_index_file(path) or ()) == count  # the index as it was at the fork
+    assert indexes.dirty  # the later write is still to save
+    await indexes.save()
+    assert len(read_index_file(path) or ()) == count + 1 and not indexes.dirty
+    assert sorted(os.listdir(tmp_path)) == [index_file_name("alice")]  # no .tmp left
 
 
 def test_a_usearch_index_is_counted_by_what_it_holds() -> None:

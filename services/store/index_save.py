@@ -1,9 +1,12 @@
-"""Writing a large vector index from a forked copy of the store, so its searches go on meanwhile.
+"""Writing a large vector index from a forked copy of the store, so its searches and writes go
+on meanwhile.
 
 usearch writes an index while holding Python's GIL (about 0.1 s per 100,000 half-precision
 vectors), and for that long the store's event loop, and every search, stops. A forked child has a
 copy-on-write image of the index and writes it while the parent only waits, in a worker thread.
-The child does nothing but the write and `os._exit`: no logging, no locks, no gRPC or SQLite.
+The image is the index at the fork, so a lock that keeps the index still is needed until the fork
+only (begin_save), not for the whole write. The child does nothing but the write and `os._exit`:
+no logging, no locks, no gRPC or SQLite.
 """
 
 from __future__ import annotations
@@ -28,11 +31,25 @@ CHILD_LIMIT_S = 120.0
 _POLL_S = 0.005
 
 
-def save_index(index: Index | FlatIndex, path: str) -> None:
-    """Writes index to path: from a forked child when it is large, else here."""
+class Detached:
+    """A save a forked child makes of the index as it was at the fork: the parent may change
+    the index meanwhile (its pages are copied on write), so the lock is let go at once."""
+
+    def __init__(self, pid: int, report: BinaryIO) -> None:
+        self._pid = pid
+        self._report = report
+
+    def failure(self) -> str:
+        """Waits for the child (in a thread: it sleeps between looks); why it failed, or ""."""
+        with self._report:
+            return _child_failure(self._pid, self._report)
+
+
+def begin_save(index: Index | FlatIndex, path: str) -> Detached | None:
+    """Starts writing a large index to path from a forked child; None when the index is small
+    or no child could be forked (write it here then, as save_index does)."""
     if index.serialized_length < DETACH_FROM_BYTES or not hasattr(os, "fork"):
-        index.save(path)
-        return
+        return None
     reading, writing = os.pipe()
     try:
         with warnings.catch_warnings():
@@ -44,16 +61,22 @@ def save_index(index: Index | FlatIndex, path: str) -> None:
         os.close(reading)
         os.close(writing)
         log.warning("could not fork to save %s (%s); saving in-process", path, exc)
-        index.save(path)
-        return
+        return None
     if pid == 0:  # the child
         _save_and_exit(index, path, writing)
     os.close(writing)
     os.set_blocking(reading, False)  # the child's report is in the pipe by the time it ends
-    with os.fdopen(reading, "rb") as why:
-        failure = _child_failure(pid, why)
+    return Detached(pid, os.fdopen(reading, "rb"))
+
+
+def save_index(index: Index | FlatIndex, path: str) -> None:
+    """Writes index to path: from a forked child when it is large, else here (and here too
+    when the child fails: its error is then the one raised)."""
+    detached = begin_save(index, path)
+    failure = "" if detached is None else detached.failure()
     if failure:
         log.warning("the forked save of %s failed (%s); saving in-process", path, failure)
+    if detached is None or failure:
         index.save(path)
 
 
