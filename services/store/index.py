@@ -477,6 +477,24 @@ class VectorIndexes:
         async with self._lock.reading(saving=True):
             await self._save_one(user_id)
 
+    async def _save_one(self, user_id: str) -> None:
+        """Saves one index here and now (the caller holds the lock)."""
+        index = self._loaded.get(user_id)
+        if user_id not in self._dirty or index is None:
+            return
+        path = self._path(user_id)
+        if len(index) == 0:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        else:
+            tmp = path.with_suffix(".tmp")
+            try:
+                await asyncio.to_thread(save_index, index, str(tmp))
+            except RuntimeError as exc:
+                raise _unsaved(index, tmp) from exc
+            await asyncio.to_thread(put_in_place, tmp, path)
+        self._dirty.discard(user_id)
+
 
 def _unsaved(index: AnyIndex, tmp: Path) -> OSError | RuntimeError:
     """Removes what a failed save wrote (it would hold the disk's last free bytes), and says
