@@ -470,7 +470,8 @@ class VectorIndexes:
         except BaseException:
             self._dirty.add(user_id)
             raise
-        log.warning("the forked save of %s failed (%s); saving in-process", path.name, failure)
+        log.warning("the forked save of %s failed (%s); saving it again holding the lock",
+                    path.name, failure)
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         self._dirty.add(user_id)
