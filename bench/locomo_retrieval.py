@@ -209,6 +209,7 @@ ABLATION = (
     "usage",
     "dedupe",
     "near_duplicates",
+    "passages",
     "sittings",
     "replies",
     "mmr",

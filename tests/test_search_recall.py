@@ -12,7 +12,9 @@ import aiohttp
 import grpc
 import pytest
 
+from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
 from tests.support import Stack, running_stack
 
 
@@ -234,3 +236,59 @@ async def test_copies_of_one_text_leave_room_for_the_other_texts(lite: Stack, re
         lite, user, "coffee with Sam at the cafe", reader=reader, min_score=0, limit=10
     )
     assert sorted(hit["content"] for hit in hits) == sorted([REPEATED, *OTHERS])
+
+
+MOVED = "Priya moved to Lisbon with her partner in the first week of May."
+# Two notes that each hold that sentence beside another that has nothing to do with it, and a
+# note about the move in other words.
+SHARING = [
+    f"{MOVED} The quarterly budget review slipped to next Thursday because the outside "
+    "auditors were late again.",
+    f"{MOVED} My cousin keeps asking me for the banana bread recipe from the big family "
+    "reunion at the lake last summer.",
+]
+ABOUT_THE_MOVE = "Priya's new flat in Lisbon is near the river; she arrived there in early May."
+
+
+async def test_a_vector_hit_names_the_sentence_it_was_found_by(
+    lite: Stack, embedder_address: str
+) -> None:
+    user = _user()
+    ids = []
+    for text in [*SHARING, ABOUT_THE_MOVE]:
+        status, body = await call(lite, "/api/v1/add", {"text": text, "user_id": user})
+        assert status == 200, body
+        ids.append(body["memory_id"])
+    async with open_channel(embedder_address) as channel:
+        vectors, model_id = await EmbedderClient(channel).embed([MOVED, ABOUT_THE_MOVE])
+    async with open_channel(lite.address("store")) as channel:
+        stub = store_pb2_grpc.StoreStub(channel)
+        found = [
+            (
+                await stub.VectorSearch(
+                    store_pb2.VectorSearchRequest(
+                        scope=common_pb2.Scope(user_id=user), vector=vector.tolist(),
+                        model_id=model_id, k=3,
+                    )
+                )
+            ).hits
+            for vector in vectors
+        ]
+    by_sentence = {hit.memory.id: hit.passage for hit in found[0]}
+    assert by_sentence == {ids[0]: MOVED, ids[1]: MOVED, ids[2]: ""}
+    # A memory too short for sentence keys is found by its whole text.
+    assert (found[1][0].memory.id, found[1][0].passage) == (ids[2], "")
+
+
+async def test_notes_repeating_the_sentence_found_leave_room_for_other_answers(
+    lite: Stack,
+) -> None:
+    user = _user()
+    for text in [*SHARING, ABOUT_THE_MOVE]:
+        status, body = await call(lite, "/api/v1/add", {"text": text, "user_id": user})
+        assert status == 200, body
+    question = "When did Priya move to Lisbon?"
+    on = await search(lite, user, question, reader="vector", min_score=0)
+    off = await search(lite, user, question, reader="vector", min_score=0, skip_stages=["passages"])
+    assert {hit["content"] for hit in off[:2]} == set(SHARING)
+    assert on[0]["content"] in SHARING and on[1]["content"] == ABOUT_THE_MOVE

@@ -380,6 +380,8 @@ class Scored:
     """Older versions this row replaced, newest first."""
     follows_id: str = ""
     """For a conversation turn: the turn before it in its sitting."""
+    passage: str = ""
+    """For a vector hit found by one of its sentence keys: that key's text."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from services.store import fulltext
 from services.store.disk_full import disk_full
+from services.store.keys import CLAUSE
 from services.store.model import (
     ACTIVE,
     DERIVED_LAYERS,
@@ -108,6 +109,13 @@ MEMORY_IDS_OF_KEYS = (
     "CROSS JOIN vectors v INDEXED BY vectors_key_memory ON v.key = j.value UNION ALL "
     "SELECT ? + mk.key, mk.memory_id FROM json_each(?) AS j "
     "CROSS JOIN memory_keys mk INDEXED BY memory_keys_key_memory ON mk.key = j.value"
+)
+
+# The text of each given extra key that is one of its memory's sentences (parameters: the key
+# offset, the keys as a JSON list without it, the kind).
+CLAUSE_TEXTS = (
+    "SELECT ? + mk.key, mk.text FROM json_each(?) AS j "
+    "CROSS JOIN memory_keys mk ON mk.key = j.value WHERE mk.kind = ?"
 )
 
 # How many vectors each model made: read from the (model_id) index, not the rows, so a store
@@ -1400,6 +1408,16 @@ class Repo(SharedReads):
             len(keys), MEMORY_IDS_OF_KEYS, (json.dumps(own), CLAUSE_KEY_OFFSET, json.dumps(extra))
         )
         return {int(key): memory_id for key, memory_id in rows}
+
+    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
+        """The text of each of keys (vector keys) that is a sentence key of its memory."""
+        _, extra = split_keys(keys)
+        if not extra:
+            return {}
+        rows = await self.keyed_read(
+            len(extra), CLAUSE_TEXTS, (CLAUSE_KEY_OFFSET, json.dumps(extra), CLAUSE)
+        )
+        return {int(key): text for key, text in rows}
 
     async def vector_keys_of(self, user_id: str) -> set[int]:
         """Every vector key of a user's rows (their own vectors and their clause keys)."""

@@ -229,15 +229,15 @@ async def _rows_of_best(
 ) -> list[Scored]:
     """The best k memories behind scored keys (best first): each memory at its best key's
     score, its row read once, a slice of memories at a time (most searches need one); with
-    distinct_text, repeats of a text are left out."""
+    distinct_text, repeats of a text are left out. A hit found by a sentence key names it."""
     scored = [(key, score) for key, score in scored if score >= min_score]
     owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
-    best: dict[str, float] = {}
+    best: dict[str, tuple[float, int]] = {}
     for key, score in scored:
         memory_id = owners.get(key)
-        if memory_id is not None:
-            best[memory_id] = max(score, best.get(memory_id, score))
-    ranked = sorted(best.items(), key=lambda item: item[1], reverse=True)
+        if memory_id is not None and score > best.get(memory_id, (-np.inf, 0))[0]:
+            best[memory_id] = (score, key)
+    ranked = sorted(best.items(), key=lambda item: item[1][0], reverse=True)
     hits: list[Scored] = []
     read = 0
     while len(hits) < k and read < len(ranked):
@@ -247,10 +247,21 @@ async def _rows_of_best(
         rows = await core.repo.get_many(
             reach, [memory_id for memory_id, _ in step], layers, include_superseded
         )
-        hits.extend(Scored(rows[m], score) for m, score in step if m in rows)
+        hits.extend(Scored(rows[m], score) for m, (score, _) in step if m in rows)
         if distinct_text:
             hits = distinct(hits)
-    return hits[:k]
+    return await _with_passages(core, hits[:k], best)
+
+
+async def _with_passages(
+    core: Core, hits: list[Scored], best: dict[str, tuple[float, int]]
+) -> list[Scored]:
+    """The hits, each found by one of its sentence keys naming that sentence (one query)."""
+    keys = {hit.memory.id: best[hit.memory.id][1] for hit in hits}
+    texts = await core.repo.clause_texts(list(keys.values()))
+    if not texts:
+        return hits
+    return [replace(hit, passage=texts.get(keys[hit.memory.id], "")) for hit in hits]
 
 
 async def _exact(

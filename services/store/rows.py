@@ -302,6 +302,10 @@ class Rows(Protocol):
         """The id of the memory behind each vector key (own or extra) that still exists."""
         ...
 
+    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
+        """The text of each of keys (vector keys) that is a sentence key of its memory."""
+        ...
+
     async def keys_in(
         self, reach: Reach, layers: Sequence[str], include_superseded: bool
     ) -> list[int]:

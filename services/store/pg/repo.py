@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from pgvector import HalfVector
 
+from services.store.keys import CLAUSE
 from services.store.model import (
     ACTIVE,
     EVERY_ROW,
@@ -234,6 +235,18 @@ class PgRepo(SharedReads):
             own, CLAUSE_KEY_OFFSET, extra,
         )
         return {int(key): memory_id for key, memory_id in rows}
+
+    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
+        """The text of each of keys (vector keys) that is a sentence key of its memory."""
+        _, extra = split_keys(keys)
+        if not extra:
+            return {}
+        rows = await self.db.fetch(
+            "SELECT ?::bigint + key, text FROM memory_keys WHERE key = ANY(?::bigint[]) "
+            "AND kind = ?",
+            CLAUSE_KEY_OFFSET, extra, CLAUSE,
+        )
+        return {int(key): text for key, text in rows}
 
     async def graph_counts(self, reach: Reach) -> tuple[int, int]:
         """The distinct entities live edges in a reach join, and those edges (as SQLite's)."""
