@@ -209,7 +209,6 @@ ABLATION = (
     "usage",
     "dedupe",
     "near_duplicates",
-    "passages",
     "sittings",
     "replies",
     "mmr",

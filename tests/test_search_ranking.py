@@ -342,51 +342,6 @@ def test_near_duplicate_is_demoted_below_a_distinct_memory() -> None:
     assert ids(ranking.demote_near_duplicates(ranked, ctx())) == ["a", "b", "a2"]
 
 
-def test_a_memory_found_by_a_sentence_already_shown_falls_below_a_distinct_one() -> None:
-    said = "Priya moved to Lisbon in May."
-    ranked = [
-        cand("first", f"Notes from Monday. {said} She starts at the lab soon.", fused=0.9),
-        cand("again", f"{said}  The weather was grey all week.", fused=0.9, passage=said),
-        cand(
-            "quoted",
-            "priya MOVED to lisbon in may. Her cat came too.",
-            fused=0.9,
-            passage="priya MOVED to lisbon in may.",
-        ),
-        cand("other", "Priya's sister lives in Porto.", fused=0.6, passage="Priya's sister"),
-        cand("own", said, fused=0.5),
-    ]
-    # Repeats of the sentence the first shows fall under the next distinct memory; a memory
-    # found by its whole text is left where it is, however much of it was shown.
-    assert ids(ranking.demote_shown_passages(ranked, ctx())) == [
-        "first",
-        "other",
-        "own",
-        "again",
-        "quoted",
-    ]
-
-
-def test_a_sentence_held_by_no_better_memory_keeps_its_place() -> None:
-    ranked = [
-        cand("a", "Priya cooked dal on Sunday.", fused=1.0),
-        cand(
-            "b",
-            "Priya moved to Lisbon in May. Then she rested.",
-            fused=0.9,
-            passage="Priya moved to Lisbon in May.",
-        ),
-        cand(
-            "c",
-            "Priya moved to Lisbon in May. The flat is small.",
-            fused=0.8,
-            passage="The flat is small.",
-        ),
-    ]
-    assert ids(ranking.demote_shown_passages(ranked, ctx())) == ["a", "b", "c"]
-    assert [c.fused for c in ranked] == [1.0, 0.9, 0.8]
-
-
 def test_mmr_lifts_a_different_memory_over_a_repeat_of_the_first() -> None:
     ranked = [
         cand("a", "golden retriever puppy Biscuit adopted", fused=1.0),
@@ -423,7 +378,6 @@ def _mmr_pair_by_pair(ranked: list[Candidate], lam: float) -> list[str]:
     left = list(ranked)
     picked: list[Candidate] = []
     while left:
-
         def value(c: Candidate) -> float:
             overlap = max(
                 (_jaccard(ranking.tokens(c.content), ranking.tokens(p.content)) for p in picked),

@@ -238,57 +238,55 @@ async def test_copies_of_one_text_leave_room_for_the_other_texts(lite: Stack, re
     assert sorted(hit["content"] for hit in hits) == sorted([REPEATED, *OTHERS])
 
 
+
 MOVED = "Priya moved to Lisbon with her partner in the first week of May."
-# Two notes that each hold that sentence beside another that has nothing to do with it, and a
-# note about the move in other words.
+# Notes that each hold that sentence beside another that has nothing to do with it, and notes
+# about the move in other words.
 SHARING = [
-    f"{MOVED} The quarterly budget review slipped to next Thursday because the outside "
-    "auditors were late again.",
-    f"{MOVED} My cousin keeps asking me for the banana bread recipe from the big family "
-    "reunion at the lake last summer.",
+    f"{MOVED} Budget item {i}: the quarterly review of team {i} slipped to next Thursday "
+    "because the outside auditors were late again."
+    for i in range(30)
 ]
-ABOUT_THE_MOVE = "Priya's new flat in Lisbon is near the river; she arrived there in early May."
+ABOUT_THE_MOVE = [
+    "Priya's new flat in Lisbon is near the river; she arrived there in early May.",
+    "Priya says the move from Leeds to Portugal went smoothly this spring.",
+    "Priya and her partner now live in Lisbon.",
+]
 
 
-async def test_a_vector_hit_names_the_sentence_it_was_found_by(
+async def test_a_vector_search_leaves_out_memories_found_by_a_sentence_already_shown(
     lite: Stack, embedder_address: str
 ) -> None:
     user = _user()
-    ids = []
-    for text in [*SHARING, ABOUT_THE_MOVE]:
-        status, body = await call(lite, "/api/v1/add", {"text": text, "user_id": user})
-        assert status == 200, body
-        ids.append(body["memory_id"])
+    apply(lite, user, [turn(user, text) for text in [*SHARING, *ABOUT_THE_MOVE]])
     async with open_channel(embedder_address) as channel:
-        vectors, model_id = await EmbedderClient(channel).embed([MOVED, ABOUT_THE_MOVE])
-    async with open_channel(lite.address("store")) as channel:
-        stub = store_pb2_grpc.StoreStub(channel)
-        found = [
-            (
-                await stub.VectorSearch(
-                    store_pb2.VectorSearchRequest(
-                        scope=common_pb2.Scope(user_id=user), vector=vector.tolist(),
-                        model_id=model_id, k=3,
-                    )
+        (vector,), model_id = await EmbedderClient(channel).embed([MOVED], is_query=True)
+
+    async def nearest(distinct_text: bool) -> list[str]:
+        async with open_channel(lite.address("store")) as channel:
+            reply = await store_pb2_grpc.StoreStub(channel).VectorSearch(
+                store_pb2.VectorSearchRequest(
+                    scope=common_pb2.Scope(user_id=user), vector=vector.tolist(),
+                    model_id=model_id, k=5, distinct_text=distinct_text,
                 )
-            ).hits
-            for vector in vectors
-        ]
-    by_sentence = {hit.memory.id: hit.passage for hit in found[0]}
-    assert by_sentence == {ids[0]: MOVED, ids[1]: MOVED, ids[2]: ""}
-    # A memory too short for sentence keys is found by its whole text.
-    assert (found[1][0].memory.id, found[1][0].passage) == (ids[2], "")
+            )
+        return [hit.memory.content for hit in reply.hits]
+
+    every = await nearest(distinct_text=False)
+    assert len(every) == 5 and set(every) <= set(SHARING)
+    # The notes found by the sentence the first holds repeat it: the next distinct ones come.
+    shown = await nearest(distinct_text=True)
+    assert shown[0] in SHARING and sorted(shown[1:]) == sorted(ABOUT_THE_MOVE)
 
 
 async def test_notes_repeating_the_sentence_found_leave_room_for_other_answers(
     lite: Stack,
 ) -> None:
     user = _user()
-    for text in [*SHARING, ABOUT_THE_MOVE]:
-        status, body = await call(lite, "/api/v1/add", {"text": text, "user_id": user})
-        assert status == 200, body
-    question = "When did Priya move to Lisbon?"
-    on = await search(lite, user, question, reader="vector", min_score=0)
-    off = await search(lite, user, question, reader="vector", min_score=0, skip_stages=["passages"])
-    assert {hit["content"] for hit in off[:2]} == set(SHARING)
-    assert on[0]["content"] in SHARING and on[1]["content"] == ABOUT_THE_MOVE
+    apply(lite, user, [turn(user, text) for text in [*SHARING, *ABOUT_THE_MOVE]])
+    for reader in ("vector", "hybrid"):
+        hits = await search(lite, user, "When did Priya move to Lisbon?", reader=reader)
+        contents = [hit["content"] for hit in hits]
+        assert set(ABOUT_THE_MOVE) <= set(contents), reader
+        if reader == "vector":  # the hybrid finds the other notes by their words too
+            assert sum(text in SHARING for text in contents) == 1

@@ -31,7 +31,6 @@ def to_candidate(
         label=memory.label,
         session_id=memory.owner.session_id,
         follows_id=hit.follows_id,
-        passage=hit.passage,
         created_at=memory.created_at,
         due_at=memory.due_at if memory.HasField("due_at") else None,
         event_at=memory.event_at if memory.HasField("event_at") else None,

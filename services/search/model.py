@@ -157,8 +157,6 @@ class Candidate:
     """How many times a reply used the memory (usage feedback)."""
     cosine: float | None = None
     """Cosine similarity to the query, when the vector source saw the memory."""
-    passage: str = ""
-    """The sentence of it the vector source found it by, when not its whole text."""
     keyword_fraction: float | None = None
     """Share of the query's terms the memory contains, when the keyword source found it."""
     keyword_score: float | None = None

@@ -94,7 +94,6 @@ LITE_PIPELINE = Pipeline(
         Stage("now_apart", stages.drop_now_pages),
         Stage("dedupe", stages.drop_repeated_text),
         Stage("near_duplicates", ranking.demote_near_duplicates),
-        Stage("passages", ranking.demote_shown_passages),
         Stage("sittings", ranking.favour_sittings),
         Stage("replies", ranking.lift_replies),
         Stage("mmr", ranking.mmr),

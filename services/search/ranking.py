@@ -83,7 +83,6 @@ def fuse_scores(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
             if kept is not candidate:
                 if kept.cosine is None:
                     kept.cosine = candidate.cosine
-                    kept.passage = candidate.passage
                 if kept.keyword_score is None:
                     kept.keyword_score = candidate.keyword_score
                     kept.keyword_fraction = candidate.keyword_fraction
@@ -318,34 +317,6 @@ def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[
         else:
             kept.append(i)
     return _resort(head) + tail
-
-
-def demote_shown_passages(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
-    """Halves the score of a memory found by one of its sentences that a better-ranked memory
-    holds word for word.
-
-    A memory is as near the query as its nearest key, so every memory holding the sentence that
-    matched (a fact noted again in later notes, a line quoted in several summaries) scores as
-    the first does, and what else each holds is not what was asked: after the first, they
-    repeat what the results already show, and would crowd out other answers.
-    """
-    size = max(3 * ctx.query.limit, PAIRWISE_MIN_WINDOW)
-    head, tail = ranked[:size], ranked[size:]
-    shown: list[str] = []
-    demoted = False
-    for candidate in head:
-        passage = _plain(candidate.passage)
-        if passage and any(passage in text for text in shown):
-            candidate.fused *= NEAR_DUPLICATE_PENALTY
-            demoted = True
-        else:
-            shown.append(_plain(candidate.content))
-    return _resort(head) + tail if demoted else ranked
-
-
-def _plain(text: str) -> str:
-    """Text with its case and spacing evened out, for telling whether one holds another."""
-    return " ".join(text.lower().split())
 
 
 SITTING_WINDOW = 3

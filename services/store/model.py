@@ -381,7 +381,8 @@ class Scored:
     follows_id: str = ""
     """For a conversation turn: the turn before it in its sitting."""
     passage: str = ""
-    """For a vector hit found by one of its sentence keys: that key's text."""
+    """For a vector hit found by one of its sentence keys: that key's text (read for a search
+    that leaves out repeats)."""
 
 
 @dataclass(frozen=True)

@@ -85,16 +85,24 @@ async def keyword_search(
 
 
 def distinct(hits: list[Scored]) -> list[Scored]:
-    """The hits (best first) less the repeats of a text an earlier hit of the same owner and
-    layer holds."""
-    seen: set[tuple[str, str, str, str]] = set()
+    """The hits (best first) less the repeats of what an earlier hit of the same owner and
+    layer shows: its whole text, or, for a hit found by one of its sentences, that sentence.
+
+    A memory is as near a query as its nearest key, so every memory holding the sentence that
+    matched (a fact noted again in later notes, a line quoted in several summaries) is as near
+    as the first: the rest of each is not what was asked, and dozens of them would fill k.
+    """
+    shown: dict[tuple[str, str, str], set[str]] = {}
     kept = []
     for hit in hits:
         row = hit.memory
-        key = (row.user_id, row.agent_id, row.layer, content_key(row.content))
-        if key not in seen:
-            seen.add(key)
-            kept.append(hit)
+        earlier = shown.setdefault((row.user_id, row.agent_id, row.layer), set())
+        text = content_key(row.content)
+        passage = content_key(hit.passage)
+        if text in earlier or (passage and any(passage in other for other in earlier)):
+            continue
+        earlier.add(text)
+        kept.append(hit)
     return kept
 
 
@@ -229,7 +237,7 @@ async def _rows_of_best(
 ) -> list[Scored]:
     """The best k memories behind scored keys (best first): each memory at its best key's
     score, its row read once, a slice of memories at a time (most searches need one); with
-    distinct_text, repeats of a text are left out. A hit found by a sentence key names it."""
+    distinct_text, repeats are left out (distinct)."""
     scored = [(key, score) for key, score in scored if score >= min_score]
     owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
     best: dict[str, tuple[float, int]] = {}
@@ -247,21 +255,13 @@ async def _rows_of_best(
         rows = await core.repo.get_many(
             reach, [memory_id for memory_id, _ in step], layers, include_superseded
         )
-        hits.extend(Scored(rows[m], score) for m, (score, _) in step if m in rows)
+        found = [(rows[m], score, key) for m, (score, key) in step if m in rows]
+        # Which sentence found each, for distinct (one query).
+        passages = await core.repo.clause_texts([f[2] for f in found]) if distinct_text else {}
+        hits.extend(Scored(row, score, passage=passages.get(key, "")) for row, score, key in found)
         if distinct_text:
             hits = distinct(hits)
-    return await _with_passages(core, hits[:k], best)
-
-
-async def _with_passages(
-    core: Core, hits: list[Scored], best: dict[str, tuple[float, int]]
-) -> list[Scored]:
-    """The hits, each found by one of its sentence keys naming that sentence (one query)."""
-    keys = {hit.memory.id: best[hit.memory.id][1] for hit in hits}
-    texts = await core.repo.clause_texts(list(keys.values()))
-    if not texts:
-        return hits
-    return [replace(hit, passage=texts.get(keys[hit.memory.id], "")) for hit in hits]
+    return hits[:k]
 
 
 async def _exact(

@@ -126,7 +126,6 @@ def _fill_scored(message: common_pb2.ScoredMemory, hit: Scored) -> None:
     message.score = hit.score
     fill_memories(message.replaced, hit.replaced)
     message.follows_id = hit.follows_id
-    message.passage = hit.passage
 
 
 def _insert(new: store_pb2.NewMemory) -> Op:
