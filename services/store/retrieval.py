@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,12 +66,10 @@ async def keyword_search(
             found = await repo.text_search(
                 index, terms, least, reach, layers, include_superseded, fetch
             )
-            hits = [Scored(r, s, n) for r, s, n in found]
-            if not distinct_text:
-                return hits
-            kept = distinct(hits)
-            if len(kept) >= k or len(found) < fetch or fetch >= WIDEST:
-                return kept[:k]
+            kept = Kept(distinct_text)
+            kept.add(Scored(r, s, n) for r, s, n in found)
+            if not distinct_text or len(kept.hits) >= k or len(found) < fetch or fetch >= WIDEST:
+                return kept.hits[:k]
             # Repeats of a text took the places: read further down the ranking.
             fetch = min(fetch * 4, WIDEST)
 
@@ -84,26 +82,49 @@ async def keyword_search(
     return KeywordResult(both[: len(hits)], terms, required, both[len(hits) :])
 
 
-def distinct(hits: list[Scored]) -> list[Scored]:
-    """The hits (best first) less the repeats of what an earlier hit of the same owner and
-    layer shows: its whole text, or, for a hit found by one of its sentences, that sentence.
+class Kept:
+    """Hits kept, best first; with distinct, less the repeats: a text a kept hit of the same
+    owner and layer holds, or a hit found by one of its sentences that a kept hit of the same
+    user holds word for word.
 
     A memory is as near a query as its nearest key, so every memory holding the sentence that
     matched (a fact noted again in later notes, a line quoted in several summaries) is as near
     as the first: the rest of each is not what was asked, and dozens of them would fill k.
     """
-    shown: dict[tuple[str, str, str], set[str]] = {}
-    kept = []
-    for hit in hits:
+
+    def __init__(self, distinct: bool) -> None:
+        self.hits: list[Scored] = []
+        self._distinct = distinct
+        self._texts: set[tuple[str, str, str, str]] = set()
+        # Each user's kept texts, joined by a line break (no text holds one).
+        self._joined: dict[str, str] = {}
+        self._held: set[tuple[str, str]] = set()
+
+    def shows(self, user_id: str, passage: str) -> bool:
+        """Whether a kept hit of the user holds passage (a sentence) word for word."""
+        if not passage:
+            return False
+        said = (user_id, content_key(passage))
+        if said in self._held or said[1] in self._joined.get(user_id, ""):
+            self._held.add(said)
+            return True
+        return False
+
+    def add(self, hits: Iterable[Scored]) -> None:
+        """Keeps those of hits (best first, none better than a kept one) that repeat nothing."""
+        for hit in hits:
+            if not self._distinct or self._new(hit):
+                self.hits.append(hit)
+
+    def _new(self, hit: Scored) -> bool:
+        """Whether hit repeats nothing kept; if so, what it shows counts as kept."""
         row = hit.memory
-        earlier = shown.setdefault((row.user_id, row.agent_id, row.layer), set())
-        text = content_key(row.content)
-        passage = content_key(hit.passage)
-        if text in earlier or (passage and any(passage in other for other in earlier)):
-            continue
-        earlier.add(text)
-        kept.append(hit)
-    return kept
+        text = (row.user_id, row.agent_id, row.layer, content_key(row.content))
+        if text in self._texts or self.shows(row.user_id, hit.passage):
+            return False
+        self._texts.add(text)
+        self._joined[row.user_id] = f"{self._joined.get(row.user_id, '')}\n{text[3]}"
+        return True
 
 
 async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
@@ -195,6 +216,7 @@ async def _search_user(
     assert core.indexes is not None and reach.user_ids is not None
     count = max(k * OVERSAMPLE, 64)
     few: bool | None = None
+    read = _Read(Kept(distinct_text))
     while True:
         found = await core.indexes.search(reach.user_ids[0], query, count, core.exact_up_to)
         if found.size == 0:
@@ -202,12 +224,13 @@ async def _search_user(
         keys, scores = found.keys, found.scores
         scored = list(zip(keys.tolist(), scores.tolist(), strict=True))
         hits = await _rows_of_best(
-            core, reach, layers, include_superseded, scored, k, min_score, distinct_text
+            core, reach, layers, include_superseded, scored, k, min_score, distinct_text, read
         )
         exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
         if len(hits) >= k or exhausted:
             return hits[:k]
-        if few is None:  # counted once the first search came up short: most never do
+        # Counted once, and only when the filters left out most rows read (not repeats).
+        if few is None and read.filtered_most():
             few = await _few_pass(core, reach, layers, include_superseded)
         if few or count >= WIDEST:
             # The filters pass few of the nearest keys: score just the keys that pass.
@@ -225,6 +248,19 @@ async def _few_pass(
     return (await core.repo.list_rows(reach, query)).total <= FEW_PASSING
 
 
+@dataclass
+class _Read:
+    """What the passes of one user's vector search have read: each memory looked at (whether
+    its row passed the filters) and the hits kept, so that a wider pass reads only the rest."""
+
+    kept: Kept
+    looked: dict[str, bool] = field(default_factory=dict)
+
+    def filtered_most(self) -> bool:
+        """Whether the filters (layers, retired rows) left out most of the rows looked at."""
+        return sum(self.looked.values()) * 2 < len(self.looked)
+
+
 async def _rows_of_best(
     core: Core,
     reach: Reach,
@@ -234,10 +270,11 @@ async def _rows_of_best(
     k: int,
     min_score: float,
     distinct_text: bool,
+    read: _Read,
 ) -> list[Scored]:
-    """The best k memories behind scored keys (best first): each memory at its best key's
-    score, its row read once, a slice of memories at a time (most searches need one); with
-    distinct_text, repeats are left out (distinct)."""
+    """The best k memories behind scored keys (best first), with those an earlier pass read:
+    each memory at its best key's score, its row read once, a slice of memories at a time
+    (most searches need one); with distinct_text, repeats are left out (distinct)."""
     scored = [(key, score) for key, score in scored if score >= min_score]
     owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
     best: dict[str, tuple[float, int]] = {}
@@ -245,23 +282,40 @@ async def _rows_of_best(
         memory_id = owners.get(key)
         if memory_id is not None and score > best.get(memory_id, (-np.inf, 0))[0]:
             best[memory_id] = (score, key)
-    ranked = sorted(best.items(), key=lambda item: item[1][0], reverse=True)
-    hits: list[Scored] = []
-    read = 0
-    while len(hits) < k and read < len(ranked):
-        # As many as the hits missing, or as many as read so far when filters drop most.
-        step = ranked[read : read + max((k - len(hits)) * 5 // 4 + 4, read)]
-        read += len(step)
+    fresh = [item for item in best.items() if item[0] not in read.looked]
+    ranked = sorted(fresh, key=lambda item: item[1][0], reverse=True)
+    # Which sentence found each (one query): a kept hit may show it already.
+    keys = [key for _, (_, key) in ranked]
+    passages = await core.repo.clause_texts(keys) if distinct_text else {}
+    hits = read.kept.hits
+    taken = 0
+    while len(hits) < k and taken < len(ranked):
+        # As many as the hits missing, or as many as taken so far when filters drop most.
+        step = ranked[taken : taken + max((k - len(hits)) * 5 // 4 + 4, taken)]
+        taken += len(step)
+        if distinct_text:
+            step = _not_shown(reach, read, step, passages)
         rows = await core.repo.get_many(
             reach, [memory_id for memory_id, _ in step], layers, include_superseded
         )
-        found = [(rows[m], score, key) for m, (score, key) in step if m in rows]
-        # Which sentence found each, for distinct (one query).
-        passages = await core.repo.clause_texts([f[2] for f in found]) if distinct_text else {}
-        hits.extend(Scored(row, score, passage=passages.get(key, "")) for row, score, key in found)
-        if distinct_text:
-            hits = distinct(hits)
+        read.looked.update((memory_id, memory_id in rows) for memory_id, _ in step)
+        read.kept.add(
+            Scored(rows[m], score, passage=passages.get(key, ""))
+            for m, (score, key) in step
+            if m in rows
+        )
     return hits[:k]
+
+
+def _not_shown(
+    reach: Reach, read: _Read, step: list[tuple[str, tuple[float, int]]], passages: dict[int, str]
+) -> list[tuple[str, tuple[float, int]]]:
+    """The memories of step not found by a sentence a kept hit holds: those are not read."""
+    user_id = reach.user_ids[0] if reach.user_ids else ""
+    for memory_id, (_, key) in step:
+        if read.kept.shows(user_id, passages.get(key, "")):
+            read.looked[memory_id] = True  # a repeat, not a row the filters left out
+    return [item for item in step if item[0] not in read.looked]
 
 
 async def _exact(
@@ -281,10 +335,11 @@ async def _exact(
     # Scored once: a wider read of a distinct_text search takes more of these.
     widest = max(keep, WIDEST) if distinct_text else keep
     nearest = await _nearest(core, reach.user_ids[0], query, candidates, widest)
+    read = _Read(Kept(distinct_text))
     while True:
         chosen = nearest[:keep]
         hits = await _rows_of_best(
-            core, reach, layers, include_superseded, chosen, k, min_score, distinct_text
+            core, reach, layers, include_superseded, chosen, k, min_score, distinct_text, read
         )
         exhausted = len(chosen) < keep or chosen[-1][1] < min_score
         if len(hits) >= k or exhausted or keep >= widest:
