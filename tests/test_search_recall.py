@@ -238,7 +238,6 @@ async def test_copies_of_one_text_leave_room_for_the_other_texts(lite: Stack, re
     assert sorted(hit["content"] for hit in hits) == sorted([REPEATED, *OTHERS])
 
 
-
 MOVED = "Priya moved to Lisbon with her partner in the first week of May."
 # Notes that each hold that sentence beside another that has nothing to do with it, and notes
 # about the move in other words.

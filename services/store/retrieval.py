@@ -274,7 +274,7 @@ async def _rows_of_best(
 ) -> list[Scored]:
     """The best k memories behind scored keys (best first), with those an earlier pass read:
     each memory at its best key's score, its row read once, a slice of memories at a time
-    (most searches need one); with distinct_text, repeats are left out (distinct)."""
+    (most searches need one); with distinct_text, repeats are left out (Kept)."""
     scored = [(key, score) for key, score in scored if score >= min_score]
     owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
     best: dict[str, tuple[float, int]] = {}
