@@ -278,6 +278,43 @@ async def test_a_vector_search_leaves_out_memories_found_by_a_sentence_already_s
     assert shown[0] in SHARING and sorted(shown[1:]) == sorted(ABOUT_THE_MOVE)
 
 
+def agents_note(user: str, agent: str, text: str) -> store_pb2.Op:
+    return store_pb2.Op(
+        insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user, agent_id=agent, session_id="s1"),
+            layer=common_pb2.L2_RAW,
+            content=text,
+        )
+    )
+
+
+async def test_a_note_found_by_a_sentence_whose_nearer_holders_are_out_of_reach_is_found(
+    lite: Stack, embedder_address: str
+) -> None:
+    # Ten notes of another agent and one of this agent's hold the sentence asked for.
+    user, theirs, mine = _user(), SHARING[:10], SHARING[10]
+    apply(lite, user, [agents_note(user, "travel", text) for text in theirs])
+    apply(lite, user, [agents_note(user, "home", text) for text in [mine, *ABOUT_THE_MOVE]])
+    async with open_channel(embedder_address) as channel:
+        (vector,), model_id = await EmbedderClient(channel).embed([MOVED], is_query=True)
+
+    async def nearest(agent: str, distinct_text: bool, k: int) -> list[tuple[str, float]]:
+        async with open_channel(lite.address("store")) as channel:
+            reply = await store_pb2_grpc.StoreStub(channel).VectorSearch(
+                store_pb2.VectorSearchRequest(
+                    scope=common_pb2.Scope(user_id=user, agent_id=agent),
+                    vector=vector.tolist(), model_id=model_id, k=k, distinct_text=distinct_text,
+                )
+            )
+        return [(hit.memory.content, hit.score) for hit in reply.hits]
+
+    # The nearest notes holding it are the other agent's, whose rows this agent's search skips.
+    assert (await nearest("", distinct_text=False, k=1))[0][0] in theirs
+    shown = await nearest("home", distinct_text=True, k=4)
+    assert sorted(text for text, _ in shown) == sorted([mine, *ABOUT_THE_MOVE])
+    assert [score for _, score in shown] == sorted((score for _, score in shown), reverse=True)
+
+
 async def test_notes_repeating_the_sentence_found_leave_room_for_other_answers(
     lite: Stack,
 ) -> None:

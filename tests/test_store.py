@@ -1007,6 +1007,26 @@ async def test_a_distinct_vector_search_scores_the_keys_once_and_keeps_no_more_t
     assert await found(1024) == ([copy, other], 0)
 
 
+async def test_a_widened_vector_search_reads_each_key_and_each_row_once(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy, other = "I had coffee with Sam at the cafe.", "I had coffee with Sam, he moves to Paris."
+    await apply(store, *[insert(copy, layer=L2)] * 150, insert(other, layer=L2))
+    keys_read: list[Any] = []
+    rows_read: list[Any] = []
+    _spy(monkeypatch, (repo_module.Repo, PgRepo), "memory_ids_of_keys", keys_read)
+    _spy(monkeypatch, (repo_module.Repo, PgRepo), "get_many", rows_read)
+    hits = await vector_hits(store, embedder, "coffee with Sam at the cafe", k=2,
+                             distinct_text=True)
+    assert [h.memory.content for h in hits] == [copy, other]
+    # Past the copies takes wider passes; each reads only what the ones before it did not.
+    assert len(keys_read) > 1
+    keys = [key for (asked,) in keys_read for key in asked]
+    assert len(keys) == len(set(keys)) >= 151
+    ids = [memory_id for args in rows_read for memory_id in args[1]]
+    assert len(ids) == len(set(ids))
+
+
 @pytest.mark.sqlite_only
 async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     tmp_path: Path, embedder_address: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +12,14 @@ import numpy as np
 from services.store.core import Core
 from services.store.keys import CONTEXT_LAYERS, MOST_CLAUSES_HELD, NEIGHBOUR_GAP_S
 from services.store.keywords import query_terms, required_terms
-from services.store.model import FEW_PASSING, KeywordResult, ListQuery, Reach, Scored
+from services.store.model import (
+    FEW_PASSING,
+    KeywordResult,
+    ListQuery,
+    MemoryRow,
+    Reach,
+    Scored,
+)
 from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
@@ -22,10 +30,11 @@ from shared.text import content_key
 EXACT_UP_TO = 20_000
 # An approximate search fetches this many times k before filtering by scope, layer and status.
 OVERSAMPLE = 4
-# When filters leave too few of those, the search is widened, four times over each time, up to
-# this many keys; past it, every key that passes the filters is scored. A distinct_text search
-# whose repeats of a text fill the places reads no further down the ranking than this many keys
-# (of the keys that pass, nearest first) or rows (best keyword score first), and gives fewer than k.
+# When filters or repeats leave too few of those, a vector search is widened twice over each
+# time (a keyword search four times over), up to this many keys; past it, every key that passes
+# the filters is scored. A distinct_text search whose repeats of a text fill the places reads no
+# further down the ranking than this many keys (of the keys that pass, nearest first) or rows
+# (best keyword score first), and gives fewer than k.
 WIDEST = 16_384
 # Keys scored at once in that last case: the memory it takes is bounded by this many vectors,
 # not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
@@ -237,7 +246,7 @@ async def _search_user(
             return await _exact(
                 core, reach, query, layers, k, min_score, include_superseded, distinct_text
             )
-        count = min(count * 4, WIDEST)
+        count = min(count * 2, WIDEST)
 
 
 async def _few_pass(
@@ -248,17 +257,50 @@ async def _few_pass(
     return (await core.repo.list_rows(reach, query)).total <= FEW_PASSING
 
 
+Ranked = list[tuple[str, tuple[float, int]]]
+"""Memories to look at, best first: each id with its best key's score and that key."""
+Pending = deque[tuple[str, tuple[float, int]]]
+
+
 @dataclass
 class _Read:
-    """What the passes of one user's vector search have read: each memory looked at (whether
-    its row passed the filters) and the hits kept, so that a wider pass reads only the rest."""
+    """What the passes of one user's vector search have read, so that a wider pass reads only
+    the rest: the memory behind each key and the sentence (if any) that found it, the rows read
+    and not yet looked at, each memory looked at (whether its row passed the filters; a repeat
+    counts as passing), the sentences whose first memory the filters left out, and the hits
+    kept."""
 
     kept: Kept
     looked: dict[str, bool] = field(default_factory=dict)
+    owners: dict[int, str | None] = field(default_factory=dict)
+    passages: dict[int, str] = field(default_factory=dict)
+    rows: dict[str, MemoryRow] = field(default_factory=dict)
+    filtered: set[str] = field(default_factory=set)
 
     def filtered_most(self) -> bool:
         """Whether the filters (layers, retired rows) left out most of the rows looked at."""
         return sum(self.looked.values()) * 2 < len(self.looked)
+
+    async def fresh(self, repo: Rows, scored: list[tuple[int, float]]) -> Ranked:
+        """The memories behind scored keys that no pass has looked at, each at its best key's
+        score, best first (the memory of a key is read once a search)."""
+        unknown = [key for key, _ in scored if key not in self.owners]
+        found = await repo.memory_ids_of_keys(unknown)
+        self.owners.update((key, found.get(key)) for key in unknown)
+        best: dict[str, tuple[float, int]] = {}
+        for key, score in scored:
+            memory_id = self.owners[key]
+            if memory_id is None or memory_id in self.looked:
+                continue
+            if score > best.get(memory_id, (-np.inf, 0))[0]:
+                best[memory_id] = (score, key)
+        return sorted(best.items(), key=lambda item: item[1][0], reverse=True)
+
+    async def learn_passages(self, repo: Rows, ranked: Ranked) -> None:
+        """Reads which sentence found each of ranked (one query for the keys not known yet)."""
+        unknown = [key for _, (_, key) in ranked if key not in self.passages]
+        texts = await repo.clause_texts(unknown)
+        self.passages.update((key, texts.get(key, "")) for key in unknown)
 
 
 async def _rows_of_best(
@@ -275,47 +317,71 @@ async def _rows_of_best(
     """The best k memories behind scored keys (best first), with those an earlier pass read:
     each memory at its best key's score, its row read once, a slice of memories at a time
     (most searches need one); with distinct_text, repeats are left out (Kept)."""
-    scored = [(key, score) for key, score in scored if score >= min_score]
-    owners = await core.repo.memory_ids_of_keys([key for key, _ in scored])
-    best: dict[str, tuple[float, int]] = {}
-    for key, score in scored:
-        memory_id = owners.get(key)
-        if memory_id is not None and score > best.get(memory_id, (-np.inf, 0))[0]:
-            best[memory_id] = (score, key)
-    fresh = [item for item in best.items() if item[0] not in read.looked]
-    ranked = sorted(fresh, key=lambda item: item[1][0], reverse=True)
-    # Which sentence found each (one query): a kept hit may show it already.
-    keys = [key for _, (_, key) in ranked]
-    passages = await core.repo.clause_texts(keys) if distinct_text else {}
+    ranked = await read.fresh(core.repo, [item for item in scored if item[1] >= min_score])
+    if distinct_text:
+        await read.learn_passages(core.repo, ranked)
+    pending = deque(ranked)
     hits = read.kept.hits
     taken = 0
-    while len(hits) < k and taken < len(ranked):
-        # As many as the hits missing, or as many as taken so far when filters drop most.
-        step = ranked[taken : taken + max((k - len(hits)) * 5 // 4 + 4, taken)]
-        taken += len(step)
-        if distinct_text:
-            step = _not_shown(reach, read, step, passages)
-        rows = await core.repo.get_many(
-            reach, [memory_id for memory_id, _ in step], layers, include_superseded
-        )
-        read.looked.update((memory_id, memory_id in rows) for memory_id, _ in step)
-        read.kept.add(
-            Scored(rows[m], score, passage=passages.get(key, ""))
-            for m, (score, key) in step
-            if m in rows
-        )
+    while len(hits) < k and pending:
+        # As many as the hits missing, or as many as read so far when filters drop most.
+        step, waiting = _step(reach, read, pending, max((k - len(hits)) * 5 // 4 + 4, taken))
+        taken += len(step) - len(waiting)
+        await _keep(core, reach, layers, include_superseded, read, (step, waiting), pending)
     return hits[:k]
 
 
-def _not_shown(
-    reach: Reach, read: _Read, step: list[tuple[str, tuple[float, int]]], passages: dict[int, str]
-) -> list[tuple[str, tuple[float, int]]]:
-    """The memories of step not found by a sentence a kept hit holds: those are not read."""
+def _step(reach: Reach, read: _Read, pending: Pending, size: int) -> tuple[Ranked, set[str]]:
+    """The next memories of pending to look at, best first, up to size rows to read, and those
+    of them whose rows wait: a memory found by a sentence a kept hit shows is left out (a
+    repeat), and of several found by one sentence only the first is read, the others waiting
+    for it (kept, it shows them), unless the filters left out the first found by it before."""
     user_id = reach.user_ids[0] if reach.user_ids else ""
-    for memory_id, (_, key) in step:
-        if read.kept.shows(user_id, passages.get(key, "")):
-            read.looked[memory_id] = True  # a repeat, not a row the filters left out
-    return [item for item in step if item[0] not in read.looked]
+    step: Ranked = []
+    waiting: set[str] = set()
+    said: set[str] = set()
+    while pending and len(step) - len(waiting) < size:
+        memory_id, (score, key) = pending.popleft()
+        passage = read.passages.get(key, "")
+        if read.kept.shows(user_id, passage):
+            read.looked[memory_id] = True
+        elif passage in said and passage not in read.filtered:
+            waiting.add(memory_id)
+            step.append((memory_id, (score, key)))
+        else:
+            said.update((passage,) if passage else ())
+            step.append((memory_id, (score, key)))
+    return step, waiting
+
+
+async def _keep(
+    core: Core,
+    reach: Reach,
+    layers: Sequence[str],
+    include_superseded: bool,
+    read: _Read,
+    looking: tuple[Ranked, set[str]],
+    pending: Pending,
+) -> None:
+    """Reads the rows of a step (but those waiting) and keeps them in order. A waiting memory
+    whose sentence the first one did not show (mostly: the filters left its row out) goes back
+    to pending, with what follows it, so that hits are kept best first."""
+    step, waiting = looking
+    user_id = reach.user_ids[0] if reach.user_ids else ""
+    ids = [m for m, _ in step if m not in waiting and m not in read.rows]
+    read.rows.update(await core.repo.get_many(reach, ids, layers, include_superseded))
+    for at, (memory_id, (score, key)) in enumerate(step):
+        passage = read.passages.get(key, "")
+        if memory_id in waiting and read.kept.shows(user_id, passage):
+            read.looked[memory_id] = True
+        elif memory_id in waiting:
+            read.filtered.add(passage)
+            pending.extendleft(reversed(step[at:]))
+            return
+        else:
+            row = read.rows.pop(memory_id, None)
+            read.looked[memory_id] = row is not None
+            read.kept.add(() if row is None else (Scored(row, score, passage=passage),))
 
 
 async def _exact(
