@@ -3,8 +3,9 @@
 Large sizes would take hours to embed on a small machine, for both sides alike, and the model's
 cost is measured anyway on the adds each size times. So up to the measured tail, every LoCoMo
 turn is embedded once; a memory of two turns gets the normalised sum of its turns' vectors, each
-of its sentences its own turn's vector. Ours imports them (with its sentence and context keys, as
-an ordinary write makes them); chromadb adds them as embeddings.
+of its sentences its own turn's vector (a run of sentences from both turns, the memory's). Ours
+imports them (with its sentence and context keys, as an ordinary write makes them); chromadb adds
+them as embeddings.
 """
 
 from __future__ import annotations
@@ -44,8 +45,18 @@ class Seeder:
         return _unit(self.turn_vectors[a] + self.turn_vectors[b])
 
     def _clause_vector(self, index: int, clause: str) -> np.ndarray:
+        """A sentence key's vector: its turn's, or for a run of sentences that takes in the end
+        of the first turn and the start of the second, the memory's. The model's pooled span of
+        such a run (200 of them, 2026-12-05) has a cosine of 0.905 with the memory's vector and
+        0.687 with the second turn's, which this gave before, tying the key with that turn's
+        every copy though its text is in no other memory; a sentence inside one turn, 0.844
+        with its turn's vector and 0.849 with the memory's."""
         a, b = self.parts[index]
-        return self.turn_vectors[a if b is None or clause in self.turns[a] else b]
+        if b is None or clause in self.turns[a]:
+            return self.turn_vectors[a]
+        if clause in self.turns[b]:
+            return self.turn_vectors[b]
+        return self.vector(index)
 
     def matrix(self, lo: int, hi: int) -> str:
         """The vectors of memories lo..hi, for chromadb."""
