@@ -345,12 +345,12 @@ def _step(reach: Reach, read: _Read, pending: Pending, size: int) -> tuple[Ranke
         passage = read.passages.get(key, "")
         if read.kept.shows(user_id, passage):
             read.looked[memory_id] = True
-        elif passage in said and passage not in read.filtered:
+            continue
+        if passage in said and passage not in read.filtered:
             waiting.add(memory_id)
-            step.append((memory_id, (score, key)))
-        else:
-            said.update((passage,) if passage else ())
-            step.append((memory_id, (score, key)))
+        elif passage:
+            said.add(passage)
+        step.append((memory_id, (score, key)))
     return step, waiting
 
 
