@@ -253,23 +253,32 @@ ABOUT_THE_MOVE = [
 ]
 
 
+async def nearest_to_moved(
+    stack: Stack, embedder_address: str, scope: common_pb2.Scope, k: int, distinct_text: bool
+) -> list[tuple[str, float]]:
+    """The store's vector search for MOVED: each hit's text and score."""
+    async with open_channel(embedder_address) as channel:
+        (vector,), model_id = await EmbedderClient(channel).embed([MOVED], is_query=True)
+    async with open_channel(stack.address("store")) as channel:
+        reply = await store_pb2_grpc.StoreStub(channel).VectorSearch(
+            store_pb2.VectorSearchRequest(
+                scope=scope, vector=vector.tolist(), model_id=model_id, k=k,
+                distinct_text=distinct_text,
+            )
+        )
+    return [(hit.memory.content, hit.score) for hit in reply.hits]
+
+
 async def test_a_vector_search_leaves_out_memories_found_by_a_sentence_already_shown(
     lite: Stack, embedder_address: str
 ) -> None:
     user = _user()
     apply(lite, user, [turn(user, text) for text in [*SHARING, *ABOUT_THE_MOVE]])
-    async with open_channel(embedder_address) as channel:
-        (vector,), model_id = await EmbedderClient(channel).embed([MOVED], is_query=True)
 
     async def nearest(distinct_text: bool) -> list[str]:
-        async with open_channel(lite.address("store")) as channel:
-            reply = await store_pb2_grpc.StoreStub(channel).VectorSearch(
-                store_pb2.VectorSearchRequest(
-                    scope=common_pb2.Scope(user_id=user), vector=vector.tolist(),
-                    model_id=model_id, k=5, distinct_text=distinct_text,
-                )
-            )
-        return [hit.memory.content for hit in reply.hits]
+        scope = common_pb2.Scope(user_id=user)
+        found = await nearest_to_moved(lite, embedder_address, scope, 5, distinct_text)
+        return [text for text, _ in found]
 
     every = await nearest(distinct_text=False)
     assert len(every) == 5 and set(every) <= set(SHARING)
@@ -295,18 +304,10 @@ async def test_a_note_found_by_a_sentence_whose_nearer_holders_are_out_of_reach_
     user, theirs, mine = _user(), SHARING[:10], SHARING[10]
     apply(lite, user, [agents_note(user, "travel", text) for text in theirs])
     apply(lite, user, [agents_note(user, "home", text) for text in [mine, *ABOUT_THE_MOVE]])
-    async with open_channel(embedder_address) as channel:
-        (vector,), model_id = await EmbedderClient(channel).embed([MOVED], is_query=True)
 
     async def nearest(agent: str, distinct_text: bool, k: int) -> list[tuple[str, float]]:
-        async with open_channel(lite.address("store")) as channel:
-            reply = await store_pb2_grpc.StoreStub(channel).VectorSearch(
-                store_pb2.VectorSearchRequest(
-                    scope=common_pb2.Scope(user_id=user, agent_id=agent),
-                    vector=vector.tolist(), model_id=model_id, k=k, distinct_text=distinct_text,
-                )
-            )
-        return [(hit.memory.content, hit.score) for hit in reply.hits]
+        scope = common_pb2.Scope(user_id=user, agent_id=agent)
+        return await nearest_to_moved(lite, embedder_address, scope, k, distinct_text)
 
     # The nearest notes holding it are the other agent's, whose rows this agent's search skips.
     assert (await nearest("", distinct_text=False, k=1))[0][0] in theirs
