@@ -2076,16 +2076,25 @@ async def test_forget_by_text_counts_an_old_version_and_leaves_other_retired_row
     assert await listed(store, layers=[L3]) == ["My home address is 40 Oak Avenue, Shelbyville."]
 
 
-async def test_a_forget_tombstones_only_the_newest_turns_still_to_be_extracted(
+async def test_a_forget_guards_the_newest_turns_still_to_be_extracted_and_older_ones_saying_it(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
-    """Turns still to be extracted are guarded against an extraction in flight writing the value
-    back, GUARDED_TURNS of them at most, newest first: a backlog of thousands (no LLM, a key
-    awaited) would make one forget that many row changes."""
-    user, over = "gus", 3
+    """Turns still to be extracted are guarded against an extraction writing the value back:
+    the newest GUARDED_TURNS (one in flight is most often of a turn just written), and an older
+    one of a long backlog (no LLM, a key awaited) only when it says the value, in its words or
+    near them in meaning: guarding thousands would make one forget that many row changes."""
+    user = "gus"
+    older = [
+        "I told Gus the locker code is 4455 so he can get in",
+        "The forecast says rain all weekend in Lisbon",
+        "My combination for the gym locker, 4455, is the one Gus uses",
+        "We watched a film about penguins last night",
+        "Gus's locker opens with the digits four, four, five, five",
+    ]
     turns = []
-    for i in range(forget_module.GUARDED_TURNS + over):
-        pending = insert(f"gus turn {i}", user=user, layer=L2, extraction_status="pending")
+    texts = older + [f"gus turn {i}" for i in range(forget_module.GUARDED_TURNS)]
+    for text in texts:
+        pending = insert(text, user=user, layer=L2, extraction_status="pending")
         turns += [m.id for m in await apply(store, pending, user=user)]
     await apply(store, insert("Gus's locker code is 4455", user=user), user=user)
 
@@ -2094,8 +2103,7 @@ async def test_a_forget_tombstones_only_the_newest_turns_still_to_be_extracted(
     for turn_id in turns:
         got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(user), id=turn_id))
         marked.append(tombstones(got.memory.metadata_json) != [])
-    assert marked == [False] * over + [True] * forget_module.GUARDED_TURNS
-
+    assert marked == [True, False, True, False, True] + [True] * forget_module.GUARDED_TURNS
 
 
 async def test_a_guard_on_a_turn_to_be_extracted_takes_nothing_down_and_a_restore_lifts_it(

@@ -4,7 +4,8 @@ One read of the candidates, one transaction for every change (the tombstones add
 metadata as it reads inside it, so forgets at once keep every one), again while a row it forgot
 got a new version between the two; the extractor later refuses a
 value tombstoned on the turn it reads (shared/tombstones). A turn still to be extracted (the
-newest GUARDED_TURNS) is given them too, as guards, even when nothing holds the value yet: what
+newest GUARDED_TURNS, and an older one near the value or holding its words) is given them too,
+as guards, even when nothing holds the value yet: what
 it will yield does not exist yet to be forgotten, and an extraction running on it (which
 requires its tombstones unchanged) is refused and runs again refusing the value. A guard takes
 nothing resting on the turn down (it is not known to hold the value). A memory-tool
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+import numpy as np
 
 from services.store.apply import apply_unkeyed
 from services.store.core import Core
@@ -32,7 +35,7 @@ from services.store.model import (
     Tombstone,
     forgettable,
 )
-from services.store.retrieval import vector_search
+from services.store.retrieval import keyword_search, vector_search
 from shared.errors import InvalidArgument
 from shared.layers import UNEXTRACTED
 from shared.limits import check_no_nul
@@ -49,10 +52,11 @@ LOOKS = 3
 """The most times a forget reads and writes: again while the rows it forgot had new versions
 written between its read and its write, which it has not seen."""
 GUARDED_TURNS = 100
-"""The most turns still to be extracted that a forget also tombstones, newest first: an
+"""The most turns still to be extracted that a forget guards because they are the newest: an
 extraction in flight is most often of a turn just written. A backlog of thousands (pro awaiting
 a key or with no LLM configured, a long outage) would make one forget that many row changes:
-10,000 took it past the 8 s write deadline."""
+10,000 took it past the 8 s write deadline. An older one is guarded when it may hold the value
+(_pending_near)."""
 
 
 @dataclass(frozen=True)
@@ -116,10 +120,13 @@ async def _found(
     if asked.memory_tool and not asked.memory_id:
         matches = await _memory_tool_entries(core, reach, text.strip(), asked.target)
         return (matches, []) if matches else None
-    matches = known | await _holding(core, reach, text, key, known)
+    vector = (await core.embed([Passage(text)]))[0]
+    matches = known | await _holding(core, reach, vector, key, known)
     matches |= await _pages_holding(core, reach, key, matches)
     matches = _without_evidence(matches, key)
     unextracted = await _unextracted(core, reach)
+    seen = {turn.id for turn in unextracted}
+    unextracted += [t for t in await _pending_near(core, reach, vector, text) if t.id not in seen]
     return (matches, unextracted) if matches or unextracted else None
 
 
@@ -147,11 +154,25 @@ async def _unextracted(core: Core, reach: Reach) -> list[MemoryRow]:
     return found[:GUARDED_TURNS]
 
 
+async def _pending_near(
+    core: Core, reach: Reach, vector: np.ndarray, text: str
+) -> list[MemoryRow]:
+    """Live turns still to be extracted that may hold the value, however old: among the
+    CANDIDATES turns nearest it in meaning (from CANDIDATE_FLOOR) or holding its words (the
+    strict keyword rule). A turn of a long backlog extracted after the forget would give the
+    value back unless guarded, and what a turn yields comes from what it says."""
+    near = await vector_search(
+        core, reach, vector.tolist(), core.model.model_id, (RAW,), CANDIDATES, CANDIDATE_FLOOR
+    )
+    worded = await keyword_search(core.repo, reach, text, (RAW,), CANDIDATES)
+    turns = {hit.memory.id: hit.memory for hit in [*near, *worded.hits]}
+    return [turn for turn in turns.values() if turn.extraction_status in UNEXTRACTED]
+
+
 async def _holding(
-    core: Core, reach: Reach, text: str, key: str, known: dict[str, MemoryRow]
+    core: Core, reach: Reach, vector: np.ndarray, key: str, known: dict[str, MemoryRow]
 ) -> dict[str, MemoryRow]:
-    """Forgettable rows whose text is the value, or nearly the same text."""
-    vector = (await core.embed([Passage(text)]))[0]
+    """Forgettable rows whose text (its vector given) is the value, or nearly the same text."""
     hits = await vector_search(
         core, reach, vector.tolist(), core.model.model_id, (), CANDIDATES, CANDIDATE_FLOOR,
         include_superseded=True,
