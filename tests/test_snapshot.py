@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.store import snapshot
+from services.store.disk_reserve import RESERVE_NAME
 from tests.store_state import call, observed, seed
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -46,6 +47,7 @@ def _opened(snapshot: Path, size: int, into: Path, user: str) -> list[str]:
     with zipfile.ZipFile(snapshot) as archive:
         archive.extractall(into)
         assert not [name for name in archive.namelist() if name.startswith("run/")]
+        assert RESERVE_NAME not in archive.namelist()  # room, not data
     assert any(into.joinpath("vectors").glob("*.usearch"))
     with contextlib.closing(sqlite3.connect(into / "hyatlas.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from services.store.disk_reserve import RESERVE_BYTES, RESERVE_NAME
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.store_state import call
@@ -188,8 +189,10 @@ async def test_a_store_restarted_on_a_full_disk_without_its_keyword_index_answer
             assert status == 200, body
         stack.procs["store"].stop()
         # The keyword indexes gone (a store restarted builds them from the rows), and the disk
-        # then filled but for 128 KB: room for SQLite's shared memory file, not for the indexes.
-        fill = 'rm -r "$0/keywords"; cat /dev/zero > "$0/filler"; truncate -s -128K "$0/filler"'
+        # then filled but for 128 KB: room for SQLite's shared memory file, not for the indexes
+        # (nor a reserve to let go: it went at an earlier start on the full disk).
+        fill = (f'rm -r "$0/keywords" "$0/{RESERVE_NAME}"; cat /dev/zero > "$0/filler"; '
+                'truncate -s -128K "$0/filler"')
         filled = await asyncio.to_thread(
             subprocess.run, [*on_disk, "sh", "-c", fill, str(data_dir)], capture_output=True
         )
@@ -237,9 +240,56 @@ async def test_a_store_restarted_on_a_full_disk_without_its_keyword_index_answer
         await assert_eventually(all_found)
 
 
-def test_a_store_that_cannot_open_its_database_on_a_full_disk_exits_rather_than_hangs(
+def _reserve_bytes(on_disk: tuple[str, ...], data_dir: Path) -> int | None:
+    """The size of the store's disk reserve as the store sees its disk; None when missing."""
+    seen = subprocess.run(
+        [*on_disk, "stat", "-c", "%s", str(data_dir / RESERVE_NAME)], capture_output=True
+    )
+    return int(seen.stdout) if seen.returncode == 0 else None
+
+
+async def test_a_store_restarted_on_a_disk_with_no_byte_free_lets_its_reserve_go_and_reads(
     tmp_path: Path, embedder_address: str
 ) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    with _stack_on_small_disk(tmp_path, embedder_address, "8m") as (stack, on_disk, data_dir):
+        status, body = await call(
+            stack, "POST", "/api/v1/add",
+            json={"text": "The spare key is under the blue pot", "user_id": user},
+        )
+        assert status == 200, body
+        assert _reserve_bytes(on_disk, data_dir) == RESERVE_BYTES
+        stack.procs["store"].stop()
+        fill = [*on_disk, "sh", "-c", 'exec cat /dev/zero > "$0/filler"', str(data_dir)]
+        filled = await asyncio.to_thread(subprocess.run, fill, capture_output=True)
+        assert b"No space left on device" in filled.stderr
+
+        store = stack.start("store", wrapper=on_disk)
+        assert "let the 512 KiB reserve go" in store.logs()
+        assert _reserve_bytes(on_disk, data_dir) is None
+        status, listed = await call(stack, "GET", "/api/v1/list", params={"user_id": user})
+        assert status == 200, listed
+        assert [m["memory_id"] for m in listed["memories"]] == [body["memory_id"]]
+        status, found = await call(
+            stack, "POST", "/api/v1/search", json={"query": "where is the key", "user_id": user}
+        )
+        assert status == 200, found
+        assert body["memory_id"] in {i["memory_id"] for v in found["memories"].values() for i in v}
+
+        # Room again: the next start keeps a reserve again.
+        await asyncio.to_thread(
+            subprocess.run, [*on_disk, "rm", str(data_dir / "filler")], check=True
+        )
+        stack.procs["store"].stop()
+        stack.start("store", wrapper=on_disk)
+        assert _reserve_bytes(on_disk, data_dir) == RESERVE_BYTES
+
+
+def test_a_store_without_a_reserve_that_cannot_open_its_database_on_a_full_disk_exits(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    """A data folder with no reserve (the disk filled before the store could keep one): SQLite
+    cannot open it, and the store exits rather than hangs."""
     data_dir, address = tmp_path / "data", f"unix:{tmp_path / 'store.sock'}"
     data_dir.mkdir()
     env = base_env(data_dir, HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_STORE_ADDR=address)
@@ -251,8 +301,9 @@ def test_a_store_that_cannot_open_its_database_on_a_full_disk_exits_rather_than_
         store.start()
         store.stop()
         # Not a byte free: SQLite cannot make the shared memory file of a database in WAL mode.
-        fill = [*on_disk, "sh", "-c", 'exec cat /dev/zero > "$0/filler"', str(data_dir)]
-        assert b"No space left on device" in subprocess.run(fill, capture_output=True).stderr
+        fill = f'rm "$0/{RESERVE_NAME}" && exec cat /dev/zero > "$0/filler"'
+        filled = subprocess.run([*on_disk, "sh", "-c", fill, str(data_dir)], capture_output=True)
+        assert b"No space left on device" in filled.stderr
         with pytest.raises(RuntimeError, match="exited 1") as failed:
             store.start()
     assert "disk I/O error" in str(failed.value)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.store import reembed
 from services.store.core import VectorModel
+from services.store.disk_reserve import keep_reserve, release_if_full
 from services.store.index import DEFAULT_BUDGET_BYTES, VectorIndexes
 from services.store.off_calendar import clear_off_calendar_dates
 from services.store.reembed import ModelSource, ReembedPlan
@@ -137,6 +138,7 @@ async def open_store(
         # Only once the folder is this store's: another one's snapshot may be under way.
         if snapshot_plan is not None:
             await asyncio.to_thread(clear_leftovers, snapshot_plan.folder)
+        await asyncio.to_thread(release_if_full, data_dir)
         repo = await stack.enter_async_context(Repo(data_dir / "hyatlas.db"))
         await clear_off_calendar_dates(repo)
         model, target = await _vector_models(repo, embedder)
@@ -163,6 +165,7 @@ async def open_store(
         if target is not None:
             job = store.start_reembed(embedder, folder, target, reembed_plan or ReembedPlan())
             background(stack, job.run(), "re-embed")
+        await asyncio.to_thread(keep_reserve, data_dir)
         log.info(
             "store open at %s: model %s (%d-d)%s; indexes load on demand, up to %d MiB",
             data_dir, model.model_id, model.ndim,

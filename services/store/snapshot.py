@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from services.store.core import Core
+from services.store.disk_reserve import RESERVE_NAME
 from services.store.durable import put_in_place
 from services.store.text_index import KEYWORDS_FOLDER
 from shared.snapshot_names import is_snapshot_name, snapshot_name
@@ -63,6 +64,7 @@ def _copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
             not path.is_file()
             or (relative.parent == Path(".") and relative.name.startswith(DB_NAME))
             or path.suffix == ".tmp"
+            or relative == Path(RESERVE_NAME)
             # Written beside searches, so a copy could be torn; rebuilt from the rows instead.
             or relative.parts[0] == KEYWORDS_FOLDER
             or any(path.is_relative_to(folder) for folder in skip)
