@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from tests.support import Stack, running_stack
 # -- units ---------------------------------------------------------------------------------
 
 
-def query(text: str, *, layers: Sequence[str] = (), skip: Sequence[str] = ()) -> SearchQuery:
+def query(
+    text: str, *, layers: Sequence[str] = (), skip: Sequence[str] = (), reader: str = ""
+) -> SearchQuery:
     return SearchQuery.build(
         scope=Scope("alice"),
         text=text,
@@ -34,7 +37,7 @@ def query(text: str, *, layers: Sequence[str] = (), skip: Sequence[str] = ()) ->
         layers=layers,
         min_score=None,
         default_min_score=None,
-        reader="",
+        reader=reader,
         skip_stages=skip,
     )
 
@@ -114,12 +117,19 @@ class FakeBackend:
         self.rows = {r.memory_id: r for r in rows}
         self.hits = hits
         self.edge_calls = 0
+        self.cosines_asked: list[list[str]] = []
 
     async def embed_query(self, text: str) -> tuple[Sequence[float], str]:
         return [1.0], "m"
 
     async def vector_search(self, scope, vector, model_id, layers, k):  # type: ignore[no-untyped-def]
         return []
+
+    async def cosines(
+        self, scope: Scope, vector: Sequence[float], model_id: str, ids: Sequence[str]
+    ) -> dict[str, float]:
+        self.cosines_asked.append(list(ids))
+        return {i: 0.25 for i in ids if i in self.rows}
 
     async def keyword_search(self, scope, text, layers, k, *, relaxed=False, context=False):  # type: ignore[no-untyped-def]
         out = []
@@ -136,7 +146,8 @@ class FakeBackend:
         return self.edges
 
     async def memories(self, scope: Scope, ids: Sequence[str]) -> list[Candidate]:
-        return [self.rows[i] for i in ids if i in self.rows]
+        # Copies, as the store's replies are: a search gives its candidates scores.
+        return [copy.copy(self.rows[i]) for i in ids if i in self.rows]
 
 
 def engine(backend: FakeBackend, graph_recall: bool = True) -> SearchEngine:
@@ -157,6 +168,20 @@ async def test_engine_finds_a_fact_only_the_graph_connects_to_the_named_entity()
     assert ids(result.channels) == ["hit", "f1"]
     skipped = await engine(backend).search(query("what does Priya like", skip=["graph"]))
     assert ids(skipped.channels) == ["hit"]
+
+
+async def test_a_memory_only_the_graph_found_shows_its_cosine_with_the_query() -> None:
+    backend = FakeBackend(
+        [GraphEdge("Priya", "Tomas", ("f1", "gone"), "")], [memory("f1")], [memory("hit")]
+    )
+    result = await engine(backend).search(query("what does Priya like"))
+    found = {c.memory_id: c for items in result.channels.values() for c in items}
+    assert found["f1"].score == 0.25
+    assert backend.cosines_asked == [["f1"]]
+    # The keyword reader embeds no query: nothing to give a cosine against.
+    keyword = await engine(backend).search(query("what does Priya like", reader="keyword"))
+    assert [c.score for items in keyword.channels.values() for c in items] == [1.0, 0.0]
+    assert backend.cosines_asked == [["f1"]]
 
 
 async def test_lite_mode_and_a_skipped_graph_stage_make_no_edge_call() -> None:
@@ -302,6 +327,9 @@ def test_a_fact_sharing_no_words_with_the_query_is_found_through_the_named_entit
     assert ids["painting"] in shown
     assert ids["edge"] in shown
     assert ids["other"] not in shown
+    # Found by the graph alone, it shows its cosine with the query (it showed 0).
+    (painting,) = [item for item in found(reply) if item.memory.id == ids["painting"]]
+    assert 0.0 < abs(painting.score) < 0.99
     skipped = search(
         stack, "What does priya enjoy?", min_score=0.99, limit=10, skip_stages=["graph"]
     )

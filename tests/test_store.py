@@ -1007,6 +1007,35 @@ async def test_a_distinct_vector_search_scores_the_keys_once_and_keeps_no_more_t
     assert await found(1024) == ([copy, other], 0)
 
 
+async def test_a_vector_search_by_ids_scores_those_rows_alone_by_their_nearest_key(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    """Rows another source found get their cosine: each as a search finds it (its nearest key,
+    a sentence's here), best first; rows out of scope or layers are left out, as is a row that
+    does not exist; more than 100 ids are refused."""
+    rows = await apply(
+        store,
+        insert("Alice keeps bees on the roof. She also collects stamps from Peru and Chile."),
+        insert("Alice drives a red tractor to the market"),
+        insert("Alice said the stamps arrived from Lima today", layer=L2),
+    )
+    (bobs,) = await apply(store, insert("Bob collects stamps from Chile", user="bob"), user="bob")
+    query = "stamps from South America"
+    nearest = {h.memory.id: h.score for h in await vector_hits(store, embedder, query, k=10)}
+    ids = [bobs.id, "no-such-row", *(row.id for row in rows)]
+
+    scored = await vector_hits(store, embedder, query, ids=ids)
+    assert [h.memory.id for h in scored] == sorted(nearest, key=lambda i: -nearest[i])
+    # Against the same 8-bit vectors; a search quantizes the query too, this does not.
+    expected = [nearest[h.memory.id] for h in scored]
+    assert [h.score for h in scored] == pytest.approx(expected, abs=0.01)
+    facts = await vector_hits(store, embedder, query, ids=ids, layers=[L3], k=1)
+    assert [h.memory.id for h in facts] == [rows[0].id]
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as refused:
+        await vector_hits(store, embedder, query, ids=[f"id-{i}" for i in range(101)])
+    assert "at most 100 ids" in refused.value.details()
+
+
 async def test_a_widened_vector_search_reads_each_key_and_each_row_once(
     store: store_pb2_grpc.StoreStub, embedder: EmbedderClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -86,6 +86,17 @@ class GrpcBackend:
         reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
         return [to_candidate(hit, cosine=hit.score) for hit in reply.hits]
 
+    async def cosines(
+        self, scope: Scope, vector: Sequence[float], model_id: str, ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The cosine of each of these memories (its nearest key) with vector; one without a
+        vector, or out of scope, is left out."""
+        request = store_pb2.VectorSearchRequest(
+            scope=_scope(scope), vector=vector, model_id=model_id, ids=ids, include_superseded=True
+        )
+        reply = await self._store.VectorSearch(request, timeout=self._timeout_s)
+        return {hit.memory.id: hit.score for hit in reply.hits}
+
     async def keyword_search(
         self,
         scope: Scope,

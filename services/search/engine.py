@@ -54,6 +54,13 @@ class SearchBackend(Protocol):
         """The k nearest live memories, best first, with their cosine, unfloored."""
         ...
 
+    async def cosines(
+        self, scope: Scope, vector: Sequence[float], model_id: str, ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The cosine of each of these memories (its nearest key) with vector; one without a
+        vector, or out of scope, is left out."""
+        ...
+
     async def keyword_search(
         self,
         scope: Scope,
@@ -121,13 +128,16 @@ class SearchEngine:
         started = time.perf_counter()
         timings: dict[str, float] = {}
         off = self._disabled | query.skip_stages
-        (vector, model_floor), (keyword, around), newest, graph, open_ = await asyncio.gather(
+        found = await asyncio.gather(
             self._vector(query, timings),
             self._keyword(query, off, timings),
             self._timed(timings, "now_page", self._newest_summaries(query)),
             self._timed(timings, GRAPH, self._graph(query, off)),
             self._timed(timings, "due_soon", self._open_intentions(query)),
         )
+        (vector, model_floor, asked), (keyword, around), newest, graph, open_ = found
+        if graph:
+            await self._timed(timings, "graph_cosines", self._graph_cosines(query, graph, asked))
         retrieved = time.perf_counter()
         ctx = SearchContext(
             query=query,
@@ -178,9 +188,11 @@ class SearchEngine:
 
     async def _vector(
         self, query: SearchQuery, timings: dict[str, float]
-    ) -> tuple[list[Candidate], float]:
+    ) -> tuple[list[Candidate], float, tuple[Sequence[float], str] | None]:
+        """The vector source's hits, the model's floor, and the query's vector with its model
+        (None when the reader asks no vector source)."""
         if VECTOR not in query.sources:
-            return [], self._model_floor
+            return [], self._model_floor, None
         started = time.perf_counter()
         vector, model_id = await self._backend.embed_query(query.text)
         embedded = time.perf_counter()
@@ -188,7 +200,24 @@ class SearchEngine:
         hits = await self._backend.vector_search(query.scope, vector, model_id, query.layers, pool)
         timings["embed"] = (embedded - started) * 1000.0
         timings[VECTOR] = (time.perf_counter() - embedded) * 1000.0
-        return hits, calibrated_floor(model_id)
+        return hits, calibrated_floor(model_id), (vector, model_id)
+
+    async def _graph_cosines(
+        self,
+        query: SearchQuery,
+        graph: list[Candidate],
+        asked: tuple[Sequence[float], str] | None,
+    ) -> list[Candidate]:
+        """Gives the memories graph recall found their cosine with the query (what a result's
+        score shows), in one store call; without a query vector they keep none."""
+        if asked is None:
+            return graph
+        vector, model_id = asked
+        ids = [c.memory_id for c in graph]
+        cosines = await self._backend.cosines(query.scope, vector, model_id, ids)
+        for candidate in graph:
+            candidate.cosine = cosines.get(candidate.memory_id, candidate.cosine)
+        return graph
 
     async def _keyword(
         self, query: SearchQuery, off: frozenset[str], timings: dict[str, float]

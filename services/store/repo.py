@@ -817,6 +817,27 @@ class SharedReads:
         )
         return [int(r[0]) for r in rows] + [CLAUSE_KEY_OFFSET + int(r[0]) for r in clause]
 
+    async def keys_of(
+        self, reach: Reach, memory_ids: Sequence[str], layers: Sequence[str],
+        include_superseded: bool,
+    ) -> list[tuple[int, str]]:
+        """Every vector key (own and extra) of the given rows inside reach and layers, each
+        with its row's id."""
+        where, params = _filters(reach, layers, include_superseded)
+        where.append(f"m.id IN ({','.join('?' * len(memory_ids))})")
+        params.extend(memory_ids)
+        rows = await self._fetch(
+            f"SELECT v.key, m.id FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"{_where(where)}",
+            *params,
+        )
+        clause = await self._fetch(
+            "SELECT mk.key, m.id FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
+            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
+            *params,
+        )
+        return [(int(k), m) for k, m in rows] + [(CLAUSE_KEY_OFFSET + int(k), m) for k, m in clause]
+
     async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
         """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
         where, params = _filters(reach)

@@ -40,6 +40,8 @@ WIDEST = 16_384
 # not by the owner's (scoring all at once, a store of 1,000,000 memories grew to 23 GiB at its
 # first searches and was killed).
 EXACT_CHUNK = 65_536
+MOST_SCORED_IDS = 100
+"""The most rows one vector search scores by id (their cosines for hits another source found)."""
 
 
 async def keyword_search(
@@ -166,11 +168,42 @@ async def vector_search(
     min_score: float = 0.0,
     include_superseded: bool = False,
     distinct_text: bool = False,
+    ids: Sequence[str] = (),
 ) -> list[Scored]:
     """The k rows in reach most similar to vector (cosine), none below min_score; with
-    distinct_text, repeats of a text are left out (distinct) and k counts the rest."""
+    distinct_text, repeats of a text are left out (distinct) and k counts the rest. With ids,
+    only those rows, each scored exactly (_scored_ids)."""
     _check_model(core, model_id)
     check_layers(layers)
+    query = _unit_query(core, vector)
+    k = page_size(k, "k") if k or not ids else len(ids)
+    # 0 means no floor at all, negative cosines included.
+    min_score = min_score if min_score > 0 else -np.inf
+    assert core.indexes is not None
+    if ids:
+        scored = await _scored_ids(core, reach, query, ids, layers, include_superseded)
+        hits = [hit for hit in scored if hit.score >= min_score]
+    else:
+        users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
+        hits = []
+        for user_id in users:
+            one = replace(reach, user_ids=(user_id,))
+            hits.extend(
+                await _search_user(
+                    core, one, query, layers, k, min_score, include_superseded, distinct_text
+                )
+            )
+        hits.sort(key=lambda hit: hit.score, reverse=True)
+    rows = await annotated(core.repo, hits[:k])
+    # A re-embed may have switched models while this searched: its hits could come from
+    # either model's index.
+    _check_model(core, model_id)
+    return rows
+
+
+def _unit_query(core: Core, vector: Sequence[float]) -> np.ndarray:
+    """The query vector at unit length; InvalidArgument for one of another size, zero or not
+    finite."""
     query = np.asarray(vector, dtype=np.float32)
     if query.shape != (core.model.ndim,):
         raise InvalidArgument(
@@ -179,26 +212,42 @@ async def vector_search(
     norm = float(np.linalg.norm(query))
     if norm == 0.0 or not np.isfinite(norm):
         raise InvalidArgument("vector must be finite and non-zero")
-    query = query / norm
-    k = page_size(k, "k")
-    # 0 means no floor at all, negative cosines included.
-    min_score = min_score if min_score > 0 else -np.inf
+    return query / norm
+
+
+async def _scored_ids(
+    core: Core,
+    reach: Reach,
+    query: np.ndarray,
+    ids: Sequence[str],
+    layers: Sequence[str],
+    include_superseded: bool,
+) -> list[Scored]:
+    """The given rows in reach and layers, each at the cosine of its nearest key, best first
+    (a row with no vector is left out)."""
+    if len(ids) > MOST_SCORED_IDS:
+        raise InvalidArgument(f"at most {MOST_SCORED_IDS} ids are scored at once; got {len(ids)}")
     assert core.indexes is not None
-    users = reach.user_ids if reach.user_ids is not None else await core.repo.user_ids()
-    hits: list[Scored] = []
-    for user_id in users:
-        one = replace(reach, user_ids=(user_id,))
-        hits.extend(
-            await _search_user(
-                core, one, query, layers, k, min_score, include_superseded, distinct_text
-            )
-        )
-    hits.sort(key=lambda hit: hit.score, reverse=True)
-    rows = await annotated(core.repo, hits[:k])
-    # A re-embed may have switched models while this searched: its hits could come from
-    # either model's index.
-    _check_model(core, model_id)
-    return rows
+    ids = list(dict.fromkeys(ids))
+    rows = await core.repo.get_many(reach, ids, layers, include_superseded)
+    keyed = await core.repo.keys_of(reach, list(rows), layers, include_superseded)
+    owner_of = dict(keyed)
+    best: dict[str, float] = {}
+    for user_id in {rows[memory_id].user_id for memory_id in rows}:
+        wanted = [key for key, memory_id in keyed if rows[memory_id].user_id == user_id]
+        keys, matrix = await core.indexes.vectors(user_id, wanted)
+        for key, score in zip(keys, _cosines(matrix, query).tolist(), strict=True):
+            memory_id = owner_of[key]
+            best[memory_id] = max(score, best.get(memory_id, -np.inf))
+    hits = [Scored(rows[memory_id], score) for memory_id, score in best.items()]
+    return sorted(hits, key=lambda hit: hit.score, reverse=True)
+
+
+def _cosines(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The cosine of each row of matrix with a unit query (0 for a zero row)."""
+    norms = np.linalg.norm(matrix, axis=1)
+    norms[norms == 0] = 1.0
+    return (matrix @ query) / norms
 
 
 def _check_model(core: Core, model_id: str) -> None:
@@ -425,10 +474,8 @@ async def _nearest(
         keys, matrix = await core.indexes.vectors(user_id, chunk)
         if not keys:
             continue
-        norms = np.linalg.norm(matrix, axis=1)
-        norms[norms == 0] = 1.0
         best_keys = np.concatenate([best_keys, np.asarray(keys, dtype=np.int64)])
-        best_scores = np.concatenate([best_scores, (matrix @ query) / norms])
+        best_scores = np.concatenate([best_scores, _cosines(matrix, query)])
         top = np.argsort(-best_scores, kind="stable")[:keep]
         best_keys, best_scores = best_keys[top], best_scores[top]
     return [(int(key), float(score)) for key, score in zip(best_keys, best_scores, strict=True)]

@@ -435,6 +435,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.min_score,
             request.include_superseded,
             request.distinct_text,
+            list(request.ids),
         )
         reply = store_pb2.VectorSearchResponse()
         for hit in hits:

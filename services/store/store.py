@@ -197,9 +197,10 @@ class Store:
         min_score: float = 0.0,
         include_superseded: bool = False,
         distinct_text: bool = False,
+        ids: Sequence[str] = (),
     ) -> list[Scored]:
-        """The k rows in reach most similar to vector (cosine), none below min_score (see
-        retrieval)."""
+        """The k rows in reach most similar to vector (cosine), none below min_score; with
+        ids, those rows alone (see retrieval)."""
         return await retrieval.vector_search(
             self._core,
             reach,
@@ -210,6 +211,7 @@ class Store:
             min_score,
             include_superseded,
             distinct_text,
+            ids,
         )
 
     async def stats(self, reach: Reach) -> Stats:
