@@ -67,6 +67,13 @@ async def store(tmp_path: Path, embedder_address: str) -> AsyncIterator[store_pb
 
 
 @pytest.fixture
+def usearch_indexes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every user's vector index a usearch one, saved as a file (a flat one, for a user of few
+    vectors, is built from SQLite when it loads and never saved)."""
+    monkeypatch.setattr("services.store.index.FLAT_UP_TO", 0)
+
+
+@pytest.fixture
 async def embedder(embedder_address: str) -> AsyncIterator[EmbedderClient]:
     async with open_channel(embedder_address) as channel:
         yield EmbedderClient(channel)
@@ -1736,6 +1743,7 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.usefixtures("usearch_indexes")
 async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
@@ -1752,6 +1760,7 @@ async def test_a_deleted_index_file_is_rebuilt_from_sqlite(
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.usefixtures("usearch_indexes")
 async def test_an_index_file_of_half_precision_is_rebuilt_at_8_bits_from_sqlite(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
@@ -1778,6 +1787,7 @@ async def test_an_index_file_of_half_precision_is_rebuilt_at_8_bits_from_sqlite(
     assert rebuilt is not None and rebuilt.dtype == ScalarKind.I8
 
 
+@pytest.mark.usefixtures("usearch_indexes")
 async def test_an_index_behind_sqlite_is_caught_up_at_start(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:
@@ -1809,6 +1819,7 @@ async def test_flush_folds_the_write_ahead_log_into_the_database(
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.usefixtures("usearch_indexes")
 async def test_indexes_past_the_budget_are_saved_dropped_and_caught_up_again(
     tmp_path: Path, embedder_address: str, embedder: EmbedderClient
 ) -> None:

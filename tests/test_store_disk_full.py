@@ -94,11 +94,12 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
         assert status == 507, body
         assert "disk is full" in body["error"] and "not kept" in body["error"]
         assert acked
-        refused = {"flush": "nothing was flushed", "admin/snapshot": "no snapshot was taken"}
-        for route, not_done in refused.items():
-            status, body = await call(stack, "POST", f"/api/v1/{route}")
-            assert status == 507, body
-            assert "disk is full" in body["error"] and not_done in body["error"]
+        status, body = await call(stack, "POST", "/api/v1/flush")
+        assert status == 507, body
+        assert "disk is full" in body["error"] and "nothing was flushed" in body["error"]
+        # A snapshot needs no room on the data disk: its folder is beside it, on another disk.
+        status, body = await call(stack, "POST", "/api/v1/admin/snapshot")
+        assert status == 200, body
 
         # Searched while full, and after a restart on the full disk.
         for _ in range(2):

@@ -1,5 +1,6 @@
-"""A small user's vectors in a flat 8-bit matrix: the same answers as a usearch index, its own
-file, and the switch to usearch (and back) as a user's number of vectors crosses the bound."""
+"""A small user's vectors in a flat 8-bit matrix: the same answers as a usearch index, built
+from SQLite rather than saved, and the switch to usearch (and back) as a user's number of
+vectors crosses the bound."""
 
 from __future__ import annotations
 
@@ -50,17 +51,19 @@ def test_removed_keys_leave_a_flat_index_and_others_stay() -> None:
     assert flat.search(_rows(10)[3], 1).keys.tolist() == [4]
 
 
-def test_a_flat_index_file_reads_back_and_is_told_from_a_usearch_file(tmp_path: Path) -> None:
-    flat = FlatIndex(16)
-    flat.add(np.arange(5, dtype=np.uint64), _rows(5))
-    flat.save(str(tmp_path / "flat"))
+def _earlier_flat_file(path: Path, count: int) -> None:
+    """A small index's file as a store before this one saved it: keys, then 8-bit rows."""
+    with open(path, "wb") as out:
+        np.save(out, np.arange(count, dtype=np.uint64), allow_pickle=False)
+        np.save(out, np.zeros((count, 16), np.int8), allow_pickle=False)
+
+
+def test_an_earlier_store_s_flat_index_file_is_told_from_a_usearch_file(tmp_path: Path) -> None:
+    _earlier_flat_file(tmp_path / "flat", 5)
     graph = new_index(16)
     graph.add(np.arange(5, dtype=np.uint64), _rows(5))
     graph.save(str(tmp_path / "graph"))
     assert is_flat_file(tmp_path / "flat") and not is_flat_file(tmp_path / "graph")
-    back = read_index_file(tmp_path / "flat")
-    assert isinstance(back, FlatIndex) and back.ndim == 16
-    assert np.array_equal(back.keys, flat.keys) and np.array_equal(back.vectors, flat.vectors)
     assert isinstance(read_index_file(tmp_path / "graph"), Index)
 
 
@@ -103,7 +106,7 @@ async def test_a_user_s_index_becomes_usearch_s_past_the_bound_and_flat_again_be
     path = tmp_path / index_file_name("ann")
     await indexes.apply(changes(added=range(1, 21)))
     await indexes.save()
-    assert is_flat_file(path)
+    assert not path.exists()  # flat: built from SQLite when loaded
     await indexes.apply(changes(added=range(21, 31)))  # 30 vectors: past the bound
     assert (await indexes.search("ann", vectors[25], 1, exact_up_to=100)).keys.tolist() == [25]
     await indexes.save()
@@ -113,6 +116,26 @@ async def test_a_user_s_index_becomes_usearch_s_past_the_bound_and_flat_again_be
     assert not is_flat_file(path)
     await indexes.apply(changes(removed=range(17, 22)))  # 9 left
     await indexes.save()
-    assert is_flat_file(path)
+    assert not path.exists()  # flat again: its usearch file goes
     found = await indexes.search("ann", vectors[23], 9, exact_up_to=100)
     assert found.keys.tolist()[0] == 23 and sorted(found.keys.tolist()) == list(range(22, 31))
+
+
+async def test_an_earlier_store_s_flat_file_gives_way_to_an_index_built_from_sqlite(
+    tmp_path: Path,
+) -> None:
+    vectors = _rows(10)
+
+    async def keys_of(user_id: str) -> set[int]:
+        return set(range(10))
+
+    async def fetch(keys: list[int]) -> np.ndarray:
+        return vectors[keys]
+
+    path = tmp_path / index_file_name("ann")
+    _earlier_flat_file(path, 3)  # 3 of the 10 keys
+    indexes = VectorIndexes(tmp_path, 16, keys_of, fetch)
+    indexes.open()
+    found = await indexes.search("ann", vectors[7], 10, exact_up_to=100)
+    assert found.keys.tolist()[0] == 7 and sorted(found.keys.tolist()) == list(range(10))
+    assert not path.exists()

@@ -190,6 +190,7 @@ class HeldSaves:
         self.events: list[str] = []
         self.first_in, self.release = threading.Event(), threading.Event()
         monkeypatch.setattr("services.store.index.save_index", self._held_save)
+        monkeypatch.setattr("services.store.index.FLAT_UP_TO", 0)  # usearch's: saved
 
         async def keys_of(user_id: str) -> set[int]:
             return set()
@@ -330,9 +331,12 @@ async def test_the_cache_budget_holds_as_many_small_indexes_as_their_memory_allo
     assert 0 < indexes.resident_bytes <= 16 * 1024 * 1024
 
 
-async def test_indexes_past_the_cache_budget_are_saved_and_evicted_oldest_first(
-    tmp_path: Path,
+@pytest.mark.parametrize("kind", ["flat", "usearch"])
+async def test_indexes_past_the_cache_budget_are_evicted_oldest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
+    """An evicted usearch index is saved and loaded again from its file; a flat one is built
+    from SQLite again, no file written for it."""
     vectors = _unit_rows(600)
     loads: list[str] = []
 
@@ -343,16 +347,18 @@ async def test_indexes_past_the_cache_budget_are_saved_and_evicted_oldest_first(
     async def fetch(keys: list[int]) -> np.ndarray:
         return vectors[[key - 1 for key in keys]]
 
-    probe = FlatIndex(8)
+    if kind == "usearch":
+        monkeypatch.setattr("services.store.index.FLAT_UP_TO", 0)
+    probe = FlatIndex(8) if kind == "flat" else new_index(8)
     probe.add(np.arange(1, 301, dtype=np.uint64), vectors[:300])
     budget = resident_bytes_of(probe) + 1  # room for one of the two
     indexes = VectorIndexes(tmp_path, 8, keys_of, fetch, budget_bytes=budget)
     indexes.open()
     await indexes.search("a", vectors[0], 1, exact_up_to=0)
-    await indexes.search("b", vectors[300], 1, exact_up_to=0)  # evicts a, saving it
-    assert (tmp_path / index_file_name("a")).exists()
-    assert not (tmp_path / index_file_name("b")).exists()
-    found = await indexes.search("a", vectors[5], 1, exact_up_to=0)  # loaded from its file
+    await indexes.search("b", vectors[300], 1, exact_up_to=0)  # evicts a
+    saved = [index_file_name("a")] if kind == "usearch" else []
+    assert sorted(os.listdir(tmp_path)) == saved
+    found = await indexes.search("a", vectors[5], 1, exact_up_to=0)
     assert int(found.keys[0]) == 6
     assert loads == ["a", "b", "a"]
 
@@ -376,6 +382,7 @@ async def test_a_write_goes_between_the_indexes_a_save_writes(
         return vectors[[key - 1 for key in keys]]
 
     monkeypatch.setattr("services.store.index.save_index", gated_save)
+    monkeypatch.setattr("services.store.index.FLAT_UP_TO", 0)  # usearch's: saved
     indexes = VectorIndexes(tmp_path, 8, keys_of, fetch)
     indexes.open()
     for key, owner in enumerate(["alice", "bob"], start=1):

@@ -6,8 +6,10 @@ indexes took 230 MiB of resident memory, these matrices 116. Below EXACT_UP_TO a
 is searched exactly anyway; this gives the same keys and distances (its vectors and the query are
 quantized as usearch quantizes them: unit length, times 127, cut toward zero).
 
-On disk an index of this kind is two .npy arrays (keys, then vectors) in the user's index file;
-`is_flat_file` tells it from a usearch file by its first bytes.
+It is not saved: loaded, it is built from the vectors SQLite keeps (at most FLAT_UP_TO rows
+read), so a small user's vectors take no room on the disk twice and a change of them costs no
+file write and syncs. An earlier store saved it as two .npy arrays (keys, then vectors) in the
+user's index file; `is_flat_file` tells such a file from a usearch file by its first bytes.
 """
 
 from __future__ import annotations
@@ -116,22 +118,6 @@ class FlatIndex:
             self._vectors[row] / np.float32(127) if found else None
             for row, found in zip(at.tolist(), held.tolist(), strict=True)
         )
-
-    def save(self, path: str) -> None:
-        """Writes keys and vectors to path (is_flat_file tells this file from usearch's)."""
-        with open(path, "wb") as out:
-            np.save(out, self._keys, allow_pickle=False)
-            np.save(out, self._vectors, allow_pickle=False)
-
-    @classmethod
-    def restore(cls, path: Path) -> FlatIndex:
-        """The index a save wrote at path."""
-        with open(path, "rb") as source:
-            keys = np.load(source, allow_pickle=False)
-            vectors = np.load(source, allow_pickle=False)
-        if vectors.dtype != np.int8 or vectors.ndim != 2 or keys.shape != (len(vectors),):
-            raise ValueError(f"{path} holds {keys.shape} keys of {vectors.shape} {vectors.dtype}")
-        return cls(vectors.shape[1], keys, vectors)
 
 
 def is_flat_file(path: Path) -> bool:

@@ -1,11 +1,11 @@
 """Per-user vector indexes (cosine, 8-bit components), loaded on demand, least recently used
-evicted, persisted under the data directory: a flat matrix while a user has few vectors
-(flat_index), a usearch index once they have more.
+evicted: a flat matrix while a user has few vectors (flat_index), built from SQLite whenever it
+is loaded, and a usearch index once they have more, persisted under the data directory.
 
-SQLite holds every vector (half precision); an index is a cache of one user's. It is opened from
-its file on the first search or write that needs it and caught up with SQLite's keys then (after
-a crash, the keys written since its last save). A file of another precision (a store from before
-8-bit indexes) is rebuilt from SQLite.
+SQLite holds every vector (8-bit); an index is a cache of one user's. A usearch index is opened
+from its file on the first search or write that needs it and caught up with SQLite's keys then
+(after a crash, the keys written since its last save). A file of another precision (a store from
+before 8-bit indexes) is rebuilt from SQLite.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from shared.errors import Conflict
 
 log = logging.getLogger(__name__)
 
-# A user's index file holds a usearch index or, for a user of few vectors, a FlatIndex's save.
+# A user's index file holds a usearch index (an earlier store's may hold a FlatIndex's save).
 SUFFIX = ".usearch"
 # Loaded indexes are evicted, least recently used first, beyond this much memory.
 DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
@@ -233,6 +233,10 @@ class VectorIndexes:
         if not path.exists():
             return None
         try:
+            if is_flat_file(path):
+                # An earlier store's save of a small index: built from SQLite like any now.
+                path.unlink()
+                return None
             index = read_index_file(path)
         except Exception:
             log.warning("vector index %s is unreadable; rebuilding it", path, exc_info=True)
@@ -260,7 +264,8 @@ class VectorIndexes:
         if missing:
             vectors = await self._fetch(missing)
             await asyncio.to_thread(index.add, np.array(missing, dtype=np.uint64), vectors)
-        if stale or missing:
+        # A flat index is built from SQLite at each load: nothing to catch up or save.
+        if (stale or missing) and not isinstance(index, FlatIndex):
             log.info(
                 "vector index %s caught up: %d added, %d removed",
                 index_file_name(user_id),
@@ -452,6 +457,9 @@ class VectorIndexes:
             index = self._loaded.get(user_id)
             if user_id not in self._dirty or index is None:
                 return
+            if isinstance(index, FlatIndex):
+                await self._save_one(user_id)
+                return
             path = self._path(user_id)
             # Its own name: an eviction may save this index too while the child writes.
             tmp = path.with_name(f"{path.stem}.{next(self._saves)}.tmp")
@@ -484,7 +492,9 @@ class VectorIndexes:
         if user_id not in self._dirty or index is None:
             return
         path = self._path(user_id)
-        if len(index) == 0:
+        if len(index) == 0 or isinstance(index, FlatIndex):
+            # Nothing to keep: a small index is built from SQLite when it is loaded (a file
+            # left from when it was larger goes).
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         else:
@@ -507,18 +517,18 @@ def _unsaved(index: AnyIndex, tmp: Path) -> OSError | RuntimeError:
     return RuntimeError(f"could not save the vector index {tmp.stem}")
 
 
-def read_index_file(path: Path) -> AnyIndex | None:
-    """The index saved at path, of either kind (None: no usearch index there)."""
-    if is_flat_file(path):
-        return FlatIndex.restore(path)
+def read_index_file(path: Path) -> Index | None:
+    """The usearch index saved at path (None: no usearch index there)."""
     return Index.restore(str(path))
 
 
 def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:
-    """Saves an index of the given keys and vectors at path (for a folder not in use), of the
-    kind their number takes."""
-    index = empty_index(ndim, len(keys))
-    if len(keys):
-        index.add(keys.astype(np.uint64), vectors.astype(np.float32))
+    """Saves a usearch index of the given keys and vectors at path (for a folder not in use);
+    no more of them than a flat index holds are written anywhere: loaded, such an index is
+    built from SQLite."""
+    if len(keys) <= FLAT_UP_TO:
+        return
+    index = new_index(ndim)
+    index.add(keys.astype(np.uint64), vectors.astype(np.float32))
     index.save(str(path))
     synced(path)

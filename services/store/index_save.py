@@ -20,8 +20,6 @@ from typing import BinaryIO
 
 from usearch.index import Index
 
-from services.store.flat_index import FlatIndex
-
 log = logging.getLogger(__name__)
 
 # Below this many bytes an in-process save stalls the loop less than a fork costs (a few ms).
@@ -45,7 +43,7 @@ class Detached:
             return _child_failure(self._pid, self._report)
 
 
-def begin_save(index: Index | FlatIndex, path: str) -> Detached | None:
+def begin_save(index: Index, path: str) -> Detached | None:
     """Starts writing a large index to path from a forked child; None when the index is small
     or no child could be forked (write it here then, as save_index does)."""
     if index.serialized_length < DETACH_FROM_BYTES or not hasattr(os, "fork"):
@@ -69,7 +67,7 @@ def begin_save(index: Index | FlatIndex, path: str) -> Detached | None:
     return Detached(pid, os.fdopen(reading, "rb"))
 
 
-def save_index(index: Index | FlatIndex, path: str) -> None:
+def save_index(index: Index, path: str) -> None:
     """Writes index to path: from a forked child when it is large, else here (and here too
     when the child fails: its error is then the one raised)."""
     detached = begin_save(index, path)
@@ -80,7 +78,7 @@ def save_index(index: Index | FlatIndex, path: str) -> None:
         index.save(path)
 
 
-def _save_and_exit(index: Index | FlatIndex, path: str, report: int) -> None:
+def _save_and_exit(index: Index, path: str, report: int) -> None:
     """The child's whole life: the write, then its error (if any) on the report pipe."""
     code = 1
     try:
