@@ -806,34 +806,28 @@ class SharedReads:
     ) -> list[int]:
         """Every vector key of the rows inside reach and layers."""
         where, params = _filters(reach, layers, include_superseded)
-        rows = await self._fetch(
-            f"SELECT v.key FROM vectors v JOIN memories m ON m.id = v.memory_id {_where(where)}",
-            *params,
-        )
-        clause = await self._fetch(
-            "SELECT mk.key FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
-            *params,
-        )
-        return [int(r[0]) for r in rows] + [CLAUSE_KEY_OFFSET + int(r[0]) for r in clause]
+        return [key for key, _ in await self._keys(where, params, with_ids=False)]
 
-    async def keys_of(
-        self, reach: Reach, memory_ids: Sequence[str], layers: Sequence[str],
-        include_superseded: bool,
-    ) -> list[tuple[int, str]]:
-        """Every vector key (own and extra) of the given rows inside reach and layers, each
-        with its row's id."""
-        where, params = _filters(reach, layers, include_superseded)
+    async def keys_of(self, reach: Reach, memory_ids: Sequence[str]) -> list[tuple[int, str]]:
+        """Every vector key of the given rows inside reach, each with its row's id."""
+        where, params = _filters(reach)
         where.append(f"m.id IN ({','.join('?' * len(memory_ids))})")
-        params.extend(memory_ids)
+        return await self._keys(where, [*params, *memory_ids], with_ids=True)
+
+    async def _keys(
+        self, where: list[str], params: list[Any], with_ids: bool
+    ) -> list[tuple[int, str]]:
+        """The vector keys (own, then extra) of the rows the conditions on `m` pick, each with
+        its row's id (with_ids) or "" (an exact search may read every key of an owner)."""
+        memory_id = "m.id" if with_ids else "''"
         rows = await self._fetch(
-            f"SELECT v.key, m.id FROM vectors v JOIN memories m ON m.id = v.memory_id "
+            f"SELECT v.key, {memory_id} FROM vectors v JOIN memories m ON m.id = v.memory_id "
             f"{_where(where)}",
             *params,
         )
         clause = await self._fetch(
-            "SELECT mk.key, m.id FROM memory_keys mk JOIN memories m ON m.id = mk.memory_id "
-            f"{_where([*where, 'mk.vector IS NOT NULL'])}",
+            f"SELECT mk.key, {memory_id} FROM memory_keys mk "
+            f"JOIN memories m ON m.id = mk.memory_id {_where([*where, 'mk.vector IS NOT NULL'])}",
             *params,
         )
         return [(int(k), m) for k, m in rows] + [(CLAUSE_KEY_OFFSET + int(k), m) for k, m in clause]

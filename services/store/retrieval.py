@@ -230,7 +230,7 @@ async def _scored_ids(
     assert core.indexes is not None
     ids = list(dict.fromkeys(ids))
     rows = await core.repo.get_many(reach, ids, layers, include_superseded)
-    keyed = await core.repo.keys_of(reach, list(rows), layers, include_superseded)
+    keyed = await core.repo.keys_of(reach, list(rows))
     owner_of = dict(keyed)
     best: dict[str, float] = {}
     for user_id in {rows[memory_id].user_id for memory_id in rows}:

@@ -312,12 +312,8 @@ class Rows(Protocol):
         """Every vector key of the rows inside reach and layers."""
         ...
 
-    async def keys_of(
-        self, reach: Reach, memory_ids: Sequence[str], layers: Sequence[str],
-        include_superseded: bool,
-    ) -> list[tuple[int, str]]:
-        """Every vector key (own and extra) of the given rows inside reach and layers, each
-        with its row's id."""
+    async def keys_of(self, reach: Reach, memory_ids: Sequence[str]) -> list[tuple[int, str]]:
+        """Every vector key of the given rows inside reach, each with its row's id."""
         ...
 
     async def user_ids(self) -> list[str]:
