@@ -4,11 +4,12 @@ SQLite opens a database in WAL mode only with room for its shared-memory and log
 disk with no byte free the store could not start, and answered not a single read. While there is
 room the store keeps RESERVE_BYTES in a file of its data folder, and lets it go when it opens on
 a disk with less than that free: reads are answered, writes refused as on any full disk
-(disk_full), and the reserve is written again at a start with room.
+(disk_full), and the reserve is written again once there is room (upkeep).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -55,3 +56,11 @@ def keep_reserve(data_dir: Path) -> None:
     except OSError as exc:
         written.unlink(missing_ok=True)
         log.warning("could not write the data disk's reserve: %s", exc)
+
+
+async def upkeep(data_dir: Path, every_s: float) -> None:
+    """Writes the reserve again when it is missing and there is room, every every_s seconds
+    until cancelled: a store that let it go at its start gets it back without a restart."""
+    while True:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(keep_reserve, data_dir)

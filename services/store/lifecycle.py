@@ -13,7 +13,7 @@ from pathlib import Path
 
 from services.store import reembed
 from services.store.core import VectorModel
-from services.store.disk_reserve import keep_reserve, release_if_full
+from services.store.disk_reserve import keep_reserve, release_if_full, upkeep
 from services.store.index import DEFAULT_BUDGET_BYTES, VectorIndexes
 from services.store.off_calendar import clear_off_calendar_dates
 from services.store.reembed import ModelSource, ReembedPlan
@@ -160,6 +160,7 @@ async def open_store(
         )
         if save_every_s:
             background(stack, save_periodically(indexes, save_every_s), "index saver")
+            background(stack, upkeep(data_dir, save_every_s), "disk reserve")
         if store.snapshots is not None and store.snapshots.plan.every_s:
             background(stack, store.snapshots.run_schedule(), "snapshots")
         if target is not None:
