@@ -282,7 +282,8 @@ class VectorIndexes:
         self._sizes[user_id] = resident_bytes_of(self._loaded[user_id])
 
     async def _evict(self, keep: str) -> None:
-        """Saves and drops the least recently used indexes beyond the budget (writer held)."""
+        """Drops the least recently used indexes beyond the budget, a usearch one saved first
+        (writer held)."""
         while self.resident_bytes > self._budget and len(self._loaded) > 1:
             user_id = next(iter(self._loaded))
             if user_id == keep:
