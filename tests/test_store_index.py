@@ -16,6 +16,7 @@ from usearch.index import Index
 
 from services.store.flat_index import FlatIndex
 from services.store.index import (
+    INDEX_OVERHEAD_BYTES,
     IndexChanges,
     ReadWriteLock,
     VectorIndexes,
@@ -451,3 +452,16 @@ def test_a_usearch_index_is_counted_by_what_it_holds() -> None:
     index = _index_of(3)
     assert resident_bytes_of(index) < index.memory_usage / 8
     assert resident_bytes_of(index) >= index.serialized_length
+
+
+@pytest.mark.parametrize("count", [40, 600, 3000])
+def test_a_usearch_index_is_counted_at_twice_its_serialized_length_without_asking_usearch(
+    count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _index_of(count)
+    twice = 2 * index.serialized_length + INDEX_OVERHEAD_BYTES
+    # Both walk every node: not to be asked at each write of a large index.
+    for walk in ("serialized_length", "memory_usage"):
+        asked = property(lambda _, walk=walk: pytest.fail(f"{walk} asked"))
+        monkeypatch.setattr(Index, walk, asked)
+    assert resident_bytes_of(index) == pytest.approx(twice, rel=0.01)

@@ -45,6 +45,10 @@ PRECISION = ScalarKind.I8
 QUICK_SEARCH_KEYS = 1024
 # What an index holds in memory besides its serialized form, at most (see resident_bytes_of).
 INDEX_OVERHEAD_BYTES = 96 * 1024
+# What a usearch node holds in its file besides its vector: its key, its level and its links
+# (usearch's default connectivity; 532.5 bytes a 384-dimension 8-bit vector, measured from 100
+# to 100,000 vectors).
+NODE_BYTES_BESIDES_VECTOR = 149
 
 AnyIndex = Index | FlatIndex
 KeysOf = Callable[[str], Awaitable[set[int]]]
@@ -86,19 +90,19 @@ def new_index(ndim: int) -> Index:
 def resident_bytes_of(index: AnyIndex) -> int:
     """About the memory an index holds, as the cache budget counts it (a flat one: its arrays).
 
-    usearch's memory_usage counts the 16 MiB block a new index reserves, of which a small index
-    touches a few pages: 200 indexes of 100 vectors each took 25 MB of resident memory while
-    memory_usage said 3.4 GB, so a budget counted by it held about 30 owners' indexes, and
-    writes spread over 1,000 owners saved and reloaded an index for most of them. Measured (384
-    dimensions at 8 bits), an index read from its file took 1.2 times its serialized length
-    (1,000 to 50,000 vectors) and one of a single vector about 72 KiB; one grown by adds reserves
-    room ahead, so twice the serialized length is counted, plus INDEX_OVERHEAD_BYTES; memory_usage
-    stays the ceiling.
+    Counted from the number of vectors, not asked of usearch: its memory_usage and
+    serialized_length walk every node (5 ms each at 300,000 vectors), and the count is redone
+    at every write. memory_usage also counts the 16 MiB block a new index reserves, of which a
+    small index touches a few pages (200 indexes of 100 vectors took 25 MB of resident memory
+    while it said 3.4 GB). Measured (384 dimensions at 8 bits), an index read from its file took
+    1.2 times its serialized length (1,000 to 50,000 vectors) and one of a single vector about 72
+    KiB; one grown by adds reserves room ahead, so twice the serialized length is counted, plus
+    INDEX_OVERHEAD_BYTES.
     """
     if isinstance(index, FlatIndex):
         return index.memory_usage
-    estimate = 2 * int(index.serialized_length) + INDEX_OVERHEAD_BYTES
-    return min(int(index.memory_usage), estimate)
+    serialized = len(index) * (index.ndim + NODE_BYTES_BESIDES_VECTOR)
+    return 2 * serialized + INDEX_OVERHEAD_BYTES
 
 
 def empty_index(ndim: int, size: int) -> AnyIndex:
