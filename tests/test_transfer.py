@@ -356,6 +356,28 @@ async def test_an_export_cut_short_by_a_failing_store_is_seen_incomplete(target:
             await answer.read()
 
 
+async def test_an_import_of_several_batches_is_written_whole_with_the_default_embedder_queue(
+    tmp_path: Path,
+) -> None:
+    # The embedder refuses a call while another's texts wait past its queue limit (default 256
+    # vectors): a batch (500 lines) asked for while the one before was still embedding was
+    # refused, embedded as it was written, and refused there too beside the next one (a 503).
+    user = "several-batches"
+    lines = [{"type": "memory", "memory": {"user_id": user, "content": f"Note number {n}."}}
+             for n in range(1200)]
+    with running_stack(
+        tmp_path, ["embedder", "store", "search", "gateway"], HYATLAS_EMBED_MAX_QUEUE="256"
+    ) as stack:
+        status, reply = await _import(stack, lines)
+        assert status == 200, reply
+        assert (reply["lines"], reply["imported"], reply["refused"]) == (1200, 1200, 0)
+        status, listed = await call(stack, "POST", "/api/v1/list",
+                                    json={"user_id": user, "limit": 1})
+        assert status == 200 and listed["total"] == 1200
+        # Every batch was embedded ahead, none as it was written.
+        assert "embedding ahead failed" not in (tmp_path / "gateway.log").read_text()
+
+
 async def test_an_import_stopped_part_way_says_what_it_wrote_before(target: Stack) -> None:
     user = "stopped-part-way"
     lines = [{"type": "memory", "memory": {"user_id": user, "content": f"Note number {n}."}}
