@@ -260,6 +260,8 @@ def project_stack(
         HYATLAS_EMBED_POOLED_SPANS=args.pooled_spans,
         **({"HYATLAS_STORE_DSN": dsn} if dsn else {}),
     )
+    # The embedder's queue as `make run` has it (base_env widens it for tests on a busy machine).
+    del env["HYATLAS_EMBED_MAX_QUEUE"]
     log_path = tmp / "services.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

@@ -173,22 +173,11 @@ def _rows_request(
     )
 
 
-Embedding = asyncio.Task[store_pb2.EmbedImportResponse | None]
-
-
 async def _embedded(
-    request: web.Request,
-    run: _Import,
-    batch: list[store_pb2.ImportLine],
-    before: Embedding | None,
+    request: web.Request, run: _Import, batch: list[store_pb2.ImportLine]
 ) -> store_pb2.EmbedImportResponse | None:
-    """The store's vectors for a batch, asked for once the batch before has its own, so while
-    that one is written; None when they cannot be had (the batch is then embedded as it is
-    written, and so is each one after it). The embedder refuses a large call while another
-    call's texts wait (HYATLAS_EMBED_MAX_QUEUE): asked any earlier, or beside a batch embedded
-    as it is written, the call was refused."""
-    if before is not None and await before is None:
-        return None
+    """The store's vectors for a batch, asked for while the batch before is written; None
+    when it cannot give them (the batch is then embedded as it is written)."""
     try:
         return await request.app[STORE].EmbedImport(
             _rows_request(request, run, batch), timeout=IMPORT_TIMEOUT_S
@@ -219,7 +208,7 @@ async def _send(
     request: web.Request,
     run: _Import,
     batch: list[store_pb2.ImportLine],
-    embedding: Embedding,
+    embedding: asyncio.Task[store_pb2.EmbedImportResponse | None],
 ) -> None:
     """One batch to the store; refused for some lines, it goes once more without them, so
     every good line is written and every bad one reported."""
@@ -318,12 +307,10 @@ async def import_jsonl(request: web.Request) -> web.Response:
     """Writes an export (or minimal memory lines) batch by batch; ids their owner holds skip."""
     run = _Import()
     # Each batch is embedded while the one before it is written; they are written in order.
-    queued: list[tuple[list[store_pb2.ImportLine], Embedding]] = []
-    before: Embedding | None = None
+    queued: list[tuple[list[store_pb2.ImportLine], asyncio.Task[Any]]] = []
     try:
         async for batch in _batches(request, run):
-            before = asyncio.create_task(_embedded(request, run, batch, before))
-            queued.append((batch, before))
+            queued.append((batch, asyncio.create_task(_embedded(request, run, batch))))
             if len(queued) == 2:
                 await _send(request, run, *queued.pop(0))
         while queued:

@@ -53,7 +53,8 @@ class VectorModel:
 
 @dataclass
 class Core:
-    """The store's database, indexes, embedder and model, and the lock every write takes."""
+    """The store's database, indexes, embedder and model, the lock every write takes, and the
+    one an import batch's embedding takes."""
 
     repo: Rows
     indexes: Vectors | None
@@ -62,6 +63,11 @@ class Core:
     alias_group: Callable[[str], tuple[str, ...]]
     exact_up_to: int
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    import_embedding: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while an import batch is embedded: the embedder refuses a call while another's
+    texts wait past HYATLAS_EMBED_MAX_QUEUE (a batch of 500 lines is over a thousand vectors),
+    so a batch asked for while the one before still embeds waits here, read and checked, and
+    goes the moment that one is done."""
 
     def reach(
         self, user_id: str, agent_id: str = "", all_users: bool = False, grant: Grant | None = None

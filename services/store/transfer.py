@@ -236,7 +236,8 @@ async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
     model_id = core.model.model_id
     if not batch.passages:
         return np.zeros((0, core.model.ndim), np.float32), model_id
-    vectors = await core.embed(batch.passages)
+    async with core.import_embedding:
+        vectors = await core.embed(batch.passages)
     return vectors[np.array(batch.wanted, dtype=bool)], model_id
 
 
