@@ -45,9 +45,9 @@ PRECISION = ScalarKind.I8
 QUICK_SEARCH_KEYS = 1024
 # What an index holds in memory besides its serialized form, at most (see resident_bytes_of).
 INDEX_OVERHEAD_BYTES = 96 * 1024
-# What a usearch node holds in its file besides its vector: its key, its level and its links
-# (usearch's default connectivity; 532.5 bytes a 384-dimension 8-bit vector, measured from 100
-# to 100,000 vectors).
+# What a usearch node holds in its file besides its vector (ndim bytes at PRECISION): its key,
+# its level and its links (usearch's default connectivity; 532.5 bytes in all for a vector of 384
+# dimensions, measured from 100 to 100,000 vectors).
 NODE_BYTES_BESIDES_VECTOR = 149
 
 AnyIndex = Index | FlatIndex
