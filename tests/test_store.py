@@ -29,7 +29,7 @@ from services.store.model import FEW_PASSING, MemoryRow
 from services.store.pg.repo import PgRepo
 from services.store.pg.vectors import PgVectors
 from services.store.reembed import ReembedPlan
-from services.store.repo import MEMORY_IDS_OF_KEYS, VECTOR_MODELS
+from services.store.repo import MEMORIES_OF_KEYS, VECTOR_MODELS
 from services.store.schema import SCHEMA_VERSION
 from services.store.server import running_server
 from services.store.text_index import SOURCES, KeywordIndex
@@ -1050,7 +1050,7 @@ async def test_a_widened_vector_search_reads_each_key_and_each_row_once(
     await apply(store, *[insert(copy, layer=L2)] * 150, insert(other, layer=L2))
     keys_read: list[Any] = []
     rows_read: list[Any] = []
-    _spy(monkeypatch, (repo_module.Repo, PgRepo), "memory_ids_of_keys", keys_read)
+    _spy(monkeypatch, (repo_module.Repo, PgRepo), "memories_of_keys", keys_read)
     _spy(monkeypatch, (repo_module.Repo, PgRepo), "get_many", rows_read)
     hits = await vector_hits(store, embedder, "coffee with Sam at the cafe", k=2,
                              distinct_text=True)
@@ -1070,6 +1070,8 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     db = sqlite3.connect(tmp_path / "hyatlas.db")
     db.executescript((FIXTURES / "store_schema_v1.sql").read_text())
     db.execute("INSERT INTO schema_version VALUES (1, 0)")
+    # Stores of 2026-12-02 to 12-05 kept this index of sentence keys, which no query reads now.
+    db.execute("CREATE INDEX memory_keys_key_memory ON memory_keys(key, memory_id)")
     db.execute(
         "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
         "VALUES ('m1', 'alice', 'l2_raw', 'Ivy restores old clocks', 1, 1)"
@@ -1113,11 +1115,18 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     assert db.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_keys'"
     ).fetchone() == (1,)
-    # So do indexes: a vector search maps its keys to memories without reading their rows.
-    plan = db.execute("EXPLAIN QUERY PLAN " + MEMORY_IDS_OF_KEYS, ("[1]", 0, "[1]")).fetchall()
+    # So do indexes: a vector search maps its own keys to memories without reading their rows,
+    # and its sentence keys by their rowid (their rows hold the text it needs).
+    plan = db.execute(
+        "EXPLAIN QUERY PLAN " + MEMORIES_OF_KEYS, ("[1]", 0, "clause", "[1]")
+    ).fetchall()
     steps = [row[3] for row in plan]
     assert "SEARCH v USING COVERING INDEX vectors_key_memory (key=?)" in steps
-    assert "SEARCH mk USING COVERING INDEX memory_keys_key_memory (key=?)" in steps
+    assert "SEARCH mk USING INTEGER PRIMARY KEY (rowid=?)" in steps
+    # An index no query reads any more is gone from a store that had it.
+    assert db.execute(
+        "SELECT count(*) FROM sqlite_master WHERE name = 'memory_keys_key_memory'"
+    ).fetchone() == (0,)
     # And a store counts its vectors' models at open without reading the vectors.
     plan = db.execute("EXPLAIN QUERY PLAN " + VECTOR_MODELS).fetchall()
     assert [row[3] for row in plan] == ["SCAN vectors USING COVERING INDEX vectors_model"]

@@ -131,15 +131,14 @@ async def _check(written: list[Note], scores: list[float], search: Search) -> No
                 if row.status == ACTIVE and search.agent in ("", row.agent_id)
                 and (not search.layers or row.layer in search.layers)
             }
-            passages = await repo.clause_texts(keys)
+            passages = {key: text for key, (_, text) in (await repo.memories_of_keys(keys)).items()}
             core = cast(Core, SimpleNamespace(repo=repo))
             reach = Reach(("u",), search.agent)
             read = retrieval._Read(retrieval.Kept(search.distinct))
 
             async def looked_through(nearest: list[tuple[int, float]]) -> list[Any]:
                 return await retrieval._rows_of_best(
-                    core, reach, search.layers, False, nearest, search.k, 0.0,
-                    search.distinct, read,
+                    core, reach, search.layers, False, nearest, search.k, 0.0, read,
                 )
 
             hits = await looked_through(scored[: search.narrower])

@@ -101,21 +101,15 @@ def split_keys(keys: Sequence[int]) -> tuple[list[int], list[int]]:
     return own, extra
 
 
-# The memory of each vector key (parameters: own keys as JSON, CLAUSE_KEY_OFFSET, extra keys as
-# JSON). Driven by the keys (CROSS JOIN fixes the order), through indexes of (key, memory_id):
-# a search's keys lie all over the tables, and their rows are large.
-MEMORY_IDS_OF_KEYS = (
-    "SELECT v.key, v.memory_id FROM json_each(?) AS j "
+# The memory of each vector key, and for a sentence key its text (parameters: own keys as JSON,
+# CLAUSE_KEY_OFFSET, the sentence kind, extra keys as JSON). Driven by the keys (CROSS JOIN fixes
+# the order): own keys through an index of (key, memory_id), as their rows are large; an extra
+# key's row is read for its text (one read, where a search read the index and then the row).
+MEMORIES_OF_KEYS = (
+    "SELECT v.key, v.memory_id, '' FROM json_each(?) AS j "
     "CROSS JOIN vectors v INDEXED BY vectors_key_memory ON v.key = j.value UNION ALL "
-    "SELECT ? + mk.key, mk.memory_id FROM json_each(?) AS j "
-    "CROSS JOIN memory_keys mk INDEXED BY memory_keys_key_memory ON mk.key = j.value"
-)
-
-# The text of each given extra key that is one of its memory's sentences (parameters: the key
-# offset, the keys as a JSON list without it, the kind).
-CLAUSE_TEXTS = (
-    "SELECT ? + mk.key, mk.text FROM json_each(?) AS j "
-    "CROSS JOIN memory_keys mk ON mk.key = j.value WHERE mk.kind = ?"
+    "SELECT ? + mk.key, mk.memory_id, CASE WHEN mk.kind = ? THEN mk.text ELSE '' END "
+    "FROM json_each(?) AS j CROSS JOIN memory_keys mk ON mk.key = j.value"
 )
 
 # How many vectors each model made: read from the (model_id) index, not the rows, so a store
@@ -1414,25 +1408,18 @@ class Repo(SharedReads):
         )
         return {memory_id: before for memory_id, before in rows}
 
-    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
-        """The id of the memory behind each vector key (own or extra) that still exists."""
+    async def memories_of_keys(self, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """The memory behind each vector key (own or extra) that still exists, with the text of
+        the key when it is one of its memory's sentences ("" otherwise)."""
         if not keys:
             return {}
         own, extra = split_keys(keys)
         rows = await self.keyed_read(
-            len(keys), MEMORY_IDS_OF_KEYS, (json.dumps(own), CLAUSE_KEY_OFFSET, json.dumps(extra))
+            len(keys),
+            MEMORIES_OF_KEYS,
+            (json.dumps(own), CLAUSE_KEY_OFFSET, CLAUSE, json.dumps(extra)),
         )
-        return {int(key): memory_id for key, memory_id in rows}
-
-    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
-        """The text of each of keys (vector keys) that is a sentence key of its memory."""
-        _, extra = split_keys(keys)
-        if not extra:
-            return {}
-        rows = await self.keyed_read(
-            len(extra), CLAUSE_TEXTS, (CLAUSE_KEY_OFFSET, json.dumps(extra), CLAUSE)
-        )
-        return {int(key): text for key, text in rows}
+        return {int(key): (memory_id, text) for key, memory_id, text in rows}
 
     async def vector_keys_of(self, user_id: str) -> set[int]:
         """Every vector key of a user's rows (their own vectors and their clause keys)."""

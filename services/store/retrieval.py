@@ -111,6 +111,11 @@ class Kept:
         self._joined: dict[str, str] = {}
         self._held: set[tuple[str, str]] = set()
 
+    @property
+    def distinct(self) -> bool:
+        """Whether repeats are left out."""
+        return self._distinct
+
     def shows(self, user_id: str, passage: str) -> bool:
         """Whether a kept hit of the user holds passage (a sentence) word for word."""
         if not passage:
@@ -282,7 +287,7 @@ async def _search_user(
         keys, scores = found.keys, found.scores
         scored = list(zip(keys.tolist(), scores.tolist(), strict=True))
         hits = await _rows_of_best(
-            core, reach, layers, include_superseded, scored, k, min_score, distinct_text, read
+            core, reach, layers, include_superseded, scored, k, min_score, read
         )
         exhausted = count >= found.size or (len(scores) > 0 and scores[-1] < min_score)
         if len(hits) >= k or exhausted:
@@ -332,10 +337,15 @@ class _Read:
 
     async def fresh(self, repo: Rows, scored: list[tuple[int, float]]) -> Ranked:
         """The memories behind scored keys that no pass has looked at, each at its best key's
-        score, best first (the memory of a key is read once a search)."""
+        score, best first (the memory of a key, and for repeats the sentence that found it, is
+        read once a search)."""
         unknown = [key for key, _ in scored if key not in self.owners]
-        found = await repo.memory_ids_of_keys(unknown)
-        self.owners.update((key, found.get(key)) for key in unknown)
+        found = await repo.memories_of_keys(unknown)
+        for key in unknown:
+            memory_id, passage = found.get(key, (None, ""))
+            self.owners[key] = memory_id
+            if self.kept.distinct:
+                self.passages[key] = passage
         best: dict[str, tuple[float, int]] = {}
         for key, score in scored:
             memory_id = self.owners[key]
@@ -344,12 +354,6 @@ class _Read:
             if score > best.get(memory_id, (-np.inf, 0))[0]:
                 best[memory_id] = (score, key)
         return sorted(best.items(), key=lambda item: item[1][0], reverse=True)
-
-    async def learn_passages(self, repo: Rows, ranked: Ranked) -> None:
-        """Reads which sentence found each of ranked (one query for the keys not known yet)."""
-        unknown = [key for _, (_, key) in ranked if key not in self.passages]
-        texts = await repo.clause_texts(unknown)
-        self.passages.update((key, texts.get(key, "")) for key in unknown)
 
 
 async def _rows_of_best(
@@ -360,15 +364,12 @@ async def _rows_of_best(
     scored: list[tuple[int, float]],
     k: int,
     min_score: float,
-    distinct_text: bool,
     read: _Read,
 ) -> list[Scored]:
     """The best k memories behind scored keys (best first), with those an earlier pass read:
     each memory at its best key's score, its row read once, a slice of memories at a time
-    (most searches need one); with distinct_text, repeats are left out (Kept)."""
+    (most searches need one); repeats are left out when read.kept says so (Kept)."""
     ranked = await read.fresh(core.repo, [item for item in scored if item[1] >= min_score])
-    if distinct_text:
-        await read.learn_passages(core.repo, ranked)
     pending = deque(ranked)
     hits = read.kept.hits
     taken = 0
@@ -454,7 +455,7 @@ async def _exact(
     while True:
         chosen = nearest[:keep]
         hits = await _rows_of_best(
-            core, reach, layers, include_superseded, chosen, k, min_score, distinct_text, read
+            core, reach, layers, include_superseded, chosen, k, min_score, read
         )
         exhausted = len(chosen) < keep or chosen[-1][1] < min_score
         if len(hits) >= k or exhausted or keep >= widest:

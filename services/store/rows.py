@@ -298,12 +298,9 @@ class Rows(Protocol):
         session (same owner and layer), when it was written at most gap_s earlier."""
         ...
 
-    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
-        """The id of the memory behind each vector key (own or extra) that still exists."""
-        ...
-
-    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
-        """The text of each of keys (vector keys) that is a sentence key of its memory."""
+    async def memories_of_keys(self, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """The memory behind each vector key (own or extra) that still exists, with the text of
+        the key when it is one of its memory's sentences ("" otherwise)."""
         ...
 
     async def keys_in(

@@ -99,9 +99,10 @@ CREATE TABLE IF NOT EXISTS memory_keys (
 );
 CREATE INDEX IF NOT EXISTS memory_keys_memory ON memory_keys(memory_id, kind);
 -- Key to memory without reading the rows, which their inline vectors make large: a vector search
--- maps its nearest keys to memories through these two (repo.MEMORY_IDS_OF_KEYS).
-CREATE INDEX IF NOT EXISTS memory_keys_key_memory ON memory_keys(key, memory_id);
+-- maps its nearest own keys to memories through it (repo.MEMORIES_OF_KEYS). A sentence key's row
+-- is read for its text in any case: the (key, memory_id) index stores kept for them is dropped.
 CREATE INDEX IF NOT EXISTS vectors_key_memory ON vectors(key, memory_id);
+DROP INDEX IF EXISTS memory_keys_key_memory;
 -- Which models the vectors come from, counted at every open (repo.VECTOR_MODELS).
 CREATE INDEX IF NOT EXISTS vectors_model ON vectors(model_id);
 -- The L5 graph: relations with their evidence and both time axes.

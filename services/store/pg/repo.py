@@ -224,29 +224,19 @@ class PgRepo(SharedReads):
         )
         return {memory_id: before for memory_id, before in rows}
 
-    async def memory_ids_of_keys(self, keys: Sequence[int]) -> dict[int, str]:
-        """The id of the memory behind each vector key (own or extra) that still exists."""
+    async def memories_of_keys(self, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """The memory behind each vector key (own or extra) that still exists, with the text of
+        the key when it is one of its memory's sentences ("" otherwise)."""
         if not keys:
             return {}
         own, extra = split_keys(keys)
         rows = await self.db.fetch(
-            "SELECT key, memory_id FROM vectors WHERE key = ANY(?::bigint[]) UNION ALL "
-            "SELECT ?::bigint + key, memory_id FROM memory_keys WHERE key = ANY(?::bigint[])",
-            own, CLAUSE_KEY_OFFSET, extra,
+            "SELECT key, memory_id, '' FROM vectors WHERE key = ANY(?::bigint[]) UNION ALL "
+            "SELECT ?::bigint + key, memory_id, CASE WHEN kind = ? THEN text ELSE '' END "
+            "FROM memory_keys WHERE key = ANY(?::bigint[])",
+            own, CLAUSE_KEY_OFFSET, CLAUSE, extra,
         )
-        return {int(key): memory_id for key, memory_id in rows}
-
-    async def clause_texts(self, keys: Sequence[int]) -> dict[int, str]:
-        """The text of each of keys (vector keys) that is a sentence key of its memory."""
-        _, extra = split_keys(keys)
-        if not extra:
-            return {}
-        rows = await self.db.fetch(
-            "SELECT ?::bigint + key, text FROM memory_keys WHERE key = ANY(?::bigint[]) "
-            "AND kind = ?",
-            CLAUSE_KEY_OFFSET, extra, CLAUSE,
-        )
-        return {int(key): text for key, text in rows}
+        return {int(key): (memory_id, text) for key, memory_id, text in rows}
 
     async def graph_counts(self, reach: Reach) -> tuple[int, int]:
         """The distinct entities live edges in a reach join, and those edges (as SQLite's)."""
