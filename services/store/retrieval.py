@@ -110,6 +110,8 @@ class Kept:
         # Each user's kept texts, joined by a line break (no text holds one).
         self._joined: dict[str, str] = {}
         self._held: set[tuple[str, str]] = set()
+        # A search asks about one sentence again and again as it reads on: each is keyed once.
+        self._keys: dict[str, str] = {}
 
     @property
     def distinct(self) -> bool:
@@ -120,7 +122,10 @@ class Kept:
         """Whether a kept hit of the user holds passage (a sentence) word for word."""
         if not passage:
             return False
-        said = (user_id, content_key(passage))
+        key = self._keys.get(passage)
+        if key is None:
+            key = self._keys[passage] = content_key(passage)
+        said = (user_id, key)
         if said in self._held or said[1] in self._joined.get(user_id, ""):
             self._held.add(said)
             return True
