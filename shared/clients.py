@@ -52,11 +52,11 @@ class EmbedderClient:
         return np.concatenate(parts), model_id
 
     async def embed_passages(
-        self, passages: Sequence[Passage], model_id: str = ""
+        self, passages: Sequence[Passage], model_id: str = "", *, bulk: bool = False
     ) -> tuple[np.ndarray, str]:
         """Unit vectors for each passage in order, its text's then its spans' (one model run
         gives both, see shared.passages), and the model id that made them (model_id's, or
-        the served model's when empty)."""
+        the served model's when empty); bulk work yields to the others' (EmbedRequest.bulk)."""
         rows: list[np.ndarray] = []
         made_by = ""
         for chunk in _chunks(passages):
@@ -68,6 +68,7 @@ class EmbedderClient:
                     for start, end in p.spans
                 ],
                 model_id=model_id,
+                bulk=bulk,
             )
             with rpc_errors("embedder"):
                 reply = await self._stub.Embed(request, timeout=self._timeout_s)

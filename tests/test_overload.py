@@ -189,6 +189,36 @@ async def test_the_embedder_queue_refuses_calls_past_its_bound_but_takes_any_cal
         assert (await batcher.embed(["w"] * 10)).shape == (10, 2)
 
 
+async def test_bulk_texts_take_no_room_from_writes_and_run_after_them() -> None:
+    runs: list[list[str]] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def run(texts: list[str]) -> np.ndarray:
+        runs.append(texts)
+        started.set()
+        await release.wait()
+        return np.ones((len(texts), 2), dtype=np.float32)
+
+    async with MicroBatcher(run, max_batch=4, max_queue=3) as batcher:
+        first = asyncio.create_task(batcher.embed(["w0"]))
+        await started.wait()
+        # An import's batch, past the bound, waits in its own queue: a write still gets in.
+        bulk = asyncio.create_task(batcher.embed([f"b{n}" for n in range(10)], bulk=True))
+        await assert_eventually(lambda: batcher.waiting_vectors == 10)
+        writes = [asyncio.create_task(batcher.embed([f"w{n}"])) for n in (1, 2, 3)]
+        await assert_eventually(lambda: batcher.waiting_vectors == 13)
+        with pytest.raises(Overloaded, match="embedder queue is full"):
+            await batcher.embed(["w4"])
+        # Bulk calls are bounded among themselves the same way.
+        with pytest.raises(Overloaded, match="bulk queue is full"):
+            await batcher.embed(["b10"], bulk=True)
+        release.set()
+        await asyncio.gather(first, bulk, *writes)
+    # The writes queued behind the bulk call ran first; its texts then ran a run at a time.
+    assert runs == [["w0"], ["w1", "w2", "w3"], ["b0", "b1", "b2", "b3"],
+                    ["b4", "b5", "b6", "b7"], ["b8", "b9"]]
+
+
 async def test_a_write_cancelled_at_its_deadline_leaves_the_store_writable(tmp_path: Path) -> None:
     """A deadline may cancel a write while its BEGIN is still on SQLite's thread; the next write
     must not find a transaction left open."""

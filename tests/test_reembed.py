@@ -450,8 +450,8 @@ async def test_vectors_embedded_ahead_for_an_import_name_the_model_that_made_the
         made_with = core.model.model_id
         real_embed = core.embed
 
-        async def embed_then_switch(passages: Sequence[Passage]) -> np.ndarray:
-            vectors = await real_embed(passages)
+        async def embed_then_switch(passages: Sequence[Passage], *, bulk: bool) -> np.ndarray:
+            vectors = await real_embed(passages, bulk=bulk)
             # A re-embed's switch lands once the vectors are made, before they are sent.
             core.model = dataclasses.replace(core.model, model_id="the-next-model")
             return vectors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -376,6 +377,30 @@ async def test_an_import_of_several_batches_is_written_whole_with_the_default_em
         assert status == 200 and listed["total"] == 1200
         # Every batch was embedded ahead, none as it was written.
         assert "embedding ahead failed" not in (tmp_path / "gateway.log").read_text()
+
+
+async def test_writes_beside_an_import_are_not_refused_for_its_texts(tmp_path: Path) -> None:
+    # An import's batch (500 lines, past the queue's limit) waited in the embedder's one queue,
+    # and every write asked for meanwhile was refused as the queue being full (a 503).
+    lines = [{"type": "memory", "memory": {"user_id": "importer", "content": f"Note {n}."}}
+             for n in range(600)]
+    with running_stack(
+        tmp_path, ["embedder", "store", "search", "gateway"], HYATLAS_EMBED_MAX_QUEUE="64"
+    ) as stack:
+        importing = asyncio.create_task(_import(stack, lines))
+        statuses = []
+        while not importing.done():
+            text = f"A write beside the import, number {len(statuses)}."
+            status, _ = await call(stack, "POST", "/api/v1/add",
+                                   json={"user_id": "writer", "text": text})
+            statuses.append(status)
+        status, reply = await importing
+        assert status == 200, reply
+        assert (reply["lines"], reply["imported"]) == (600, 600)
+        assert statuses and set(statuses) == {200}
+        status, listed = await call(stack, "POST", "/api/v1/list",
+                                    json={"user_id": "writer", "limit": 1})
+        assert status == 200 and listed["total"] == len(statuses)
 
 
 async def test_an_import_stopped_part_way_says_what_it_wrote_before(target: Stack) -> None:

@@ -45,7 +45,10 @@ class MicroBatcher(Generic[T]):
     refused (Overloaded) unless the queue is empty.
 
     Urgent calls (a search's query) wait in a queue of their own, which the next run takes
-    alone: a query waits for the run in flight, not for the writes queued before it too.
+    alone: a query waits for the run in flight, not for the writes queued before it too. Bulk
+    calls (an import's batches) wait in a third, run only when the other two are empty, and
+    counted against max_queue among themselves: a write is never refused for an import's texts,
+    and waits for one run of them at most.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class MicroBatcher(Generic[T]):
         self._max_queue = max(1, max_queue)
         self._queue: collections.deque[_Request[T]] = collections.deque()
         self._urgent: collections.deque[_Request[T]] = collections.deque()
+        self._bulk: collections.deque[_Request[T]] = collections.deque()
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -79,14 +83,17 @@ class MicroBatcher(Generic[T]):
     @property
     def waiting_calls(self) -> int:
         """Calls queued and not yet wholly taken into a run."""
-        return len(self._queue) + len(self._urgent)
+        return len(self._queue) + len(self._urgent) + len(self._bulk)
 
     @property
     def waiting_vectors(self) -> int:
         """Vectors still to make for the texts queued and not yet taken into a run."""
+        return self._waiting(self._urgent, self._queue, self._bulk)
+
+    def _waiting(self, *queues: collections.deque[_Request[T]]) -> int:
         return sum(
             self._rows_of(text)
-            for queue in (self._urgent, self._queue)
+            for queue in queues
             for request in queue
             for text in request.texts[request.taken :]
         )
@@ -113,32 +120,40 @@ class MicroBatcher(Generic[T]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
-        for queue in (self._urgent, self._queue):
+        for queue in (self._urgent, self._queue, self._bulk):
             while queue:
                 request = queue.popleft()
                 if not request.future.done():
                     request.future.set_exception(Unavailable("embedder is stopping"))
 
-    async def embed(self, texts: Sequence[T], *, urgent: bool = False) -> np.ndarray:
+    async def embed(
+        self, texts: Sequence[T], *, urgent: bool = False, bulk: bool = False
+    ) -> np.ndarray:
         """The rows run_batch gives for texts, in order, computed in a shared run (with other
-        urgent calls only, when urgent)."""
+        urgent calls only, when urgent; with other bulk calls only, when bulk)."""
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
-        waiting = self.waiting_vectors
+        queue = self._bulk if bulk else self._urgent if urgent else self._queue
+        waiting = self._waiting(self._bulk) if bulk else self._waiting(self._urgent, self._queue)
         # An empty queue takes a call of any size, so a long call is slow, never refused.
         if waiting and waiting + sum(self._rows_of(text) for text in texts) > self._max_queue:
+            kind = "bulk queue" if bulk else "queue"
             raise Overloaded(
-                f"embedder queue is full ({waiting} vectors waiting, limit {self._max_queue})"
+                f"embedder {kind} is full ({waiting} vectors waiting, limit {self._max_queue})"
             )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        (self._urgent if urgent else self._queue).append(_Request(texts, future))
+        queue.append(_Request(texts, future))
         self._wakeup.set()
         return await future
 
     def _take(self) -> list[_Slice[T]]:
         """Slices of queued requests that fill one run (see the class): the urgent ones if any
-        wait, else the others, in arrival order."""
-        return self._take_from(self._urgent) or self._take_from(self._queue)
+        wait, else the others, else the bulk ones, in arrival order."""
+        return (
+            self._take_from(self._urgent)
+            or self._take_from(self._queue)
+            or self._take_from(self._bulk)
+        )
 
     def _take_from(self, queue: collections.deque[_Request[T]]) -> list[_Slice[T]]:
         slices: list[_Slice[T]] = []
@@ -179,7 +194,7 @@ class MicroBatcher(Generic[T]):
         while True:
             await self._wakeup.wait()
             slices = self._take()
-            if not self._queue and not self._urgent:
+            if not self._queue and not self._urgent and not self._bulk:
                 self._wakeup.clear()
             if not slices:
                 continue

@@ -103,19 +103,19 @@ class Embedder:
         return await self.embed_passages([Passage(text) for text in texts], urgent=is_query)
 
     async def embed_passages(
-        self, passages: Sequence[Passage], *, urgent: bool = False
+        self, passages: Sequence[Passage], *, urgent: bool = False, bulk: bool = False
     ) -> np.ndarray:
         """Unit float32 rows for each passage in order: its text's, then each span's.
 
         A call's passages go to the batcher shortest first: a long call is run max_batch texts
         at a time, and texts of about one length in a run pad little. Urgent ones (queries)
-        run before the writes' texts queued.
+        run before the writes' texts queued, bulk ones after them (see MicroBatcher).
         """
         check_passages(passages)
         if not passages:
             return np.zeros((0, self._info.ndim), dtype=np.float32)
         order = sorted(range(len(passages)), key=lambda i: len(passages[i].text))
-        rows = await self._batcher.embed([passages[i] for i in order], urgent=urgent)
+        rows = await self._batcher.embed([passages[i] for i in order], urgent=urgent, bulk=bulk)
         return rows[rows_in_call_order(order, [p.rows for p in passages])]
 
     @property

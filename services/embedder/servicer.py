@@ -36,14 +36,16 @@ class EmbedderServicer(embedder_pb2_grpc.EmbedderServicer):
     async def Embed(
         self, request: embedder_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedder_pb2.EmbedResponse:
+        if request.is_query and request.bulk:
+            raise InvalidArgument("a query is never bulk work: it runs first")
         embedder = await self._models.get(request.model_id)
-        if not request.spans:
+        if not request.spans and not request.bulk:
             vectors = await embedder.embed(list(request.texts), is_query=request.is_query)
             return self._reply(embedder, vectors, [])
         if request.is_query:
             raise InvalidArgument("spans are for documents, not queries")
         passages, order = passages_of(request)
-        rows = await embedder.embed_passages(passages)
+        rows = await embedder.embed_passages(passages, bulk=request.bulk)
         firsts = np.cumsum([0] + [p.rows for p in passages[:-1]])
         return self._reply(embedder, rows[firsts], [rows[firsts[t] + 1 + j] for t, j in order])
 

@@ -38,7 +38,7 @@ class Embedder(Protocol):
     """What the store needs from the embedder service."""
 
     async def embed_passages(
-        self, passages: Sequence[Passage], model_id: str = ""
+        self, passages: Sequence[Passage], model_id: str = "", *, bulk: bool = False
     ) -> tuple[np.ndarray, str]: ...
 
 
@@ -120,13 +120,15 @@ class Core:
         every = replace(query, newest_first=False, limit=EVERY_ROW, offset=0)
         return (await self.repo.list_rows(reach, every)).rows
 
-    async def embed(self, passages: Sequence[Passage]) -> np.ndarray:
+    async def embed(self, passages: Sequence[Passage], *, bulk: bool = False) -> np.ndarray:
         """The vectors of passages (each text's, then its spans'), refused when the embedder's
-        model is not the store's."""
+        model is not the store's; bulk work yields to the others (see EmbedRequest.bulk)."""
         if self.model.mismatch:
             raise Conflict(self.model.mismatch)
         # Named: during a re-embed the embedder runs the new model too.
-        vectors, model_id = await self.embedder.embed_passages(passages, self.model.model_id)
+        vectors, model_id = await self.embedder.embed_passages(
+            passages, self.model.model_id, bulk=bulk
+        )
         if model_id != self.model.model_id:
             raise Conflict(
                 f"the embedder now runs {model_id!r} but the store holds "

@@ -72,7 +72,7 @@ class ModelSource(Protocol):
     """What a re-embed needs from the embedder: vectors of a named model, and the served one."""
 
     async def embed_passages(
-        self, passages: Sequence[Passage], model_id: str = ""
+        self, passages: Sequence[Passage], model_id: str = "", *, bulk: bool = False
     ) -> tuple[np.ndarray, str]: ...
 
     async def describe(self, model_id: str = "") -> ModelInfo: ...
@@ -381,7 +381,9 @@ class Reembedder:
 
     async def _embed(self, rows: Sequence[_Row]) -> _Made:
         passages, order = _passages(rows)
-        vectors, model_id = await self._embedder.embed_passages(passages, self.target.model_id)
+        vectors, model_id = await self._embedder.embed_passages(
+            passages, self.target.model_id, bulk=True
+        )
         if model_id != self.target.model_id or vectors.shape[1:] != (self.target.ndim,):
             raise Internal(f"the embedder answered with {model_id!r}, not {self.target.model_id!r}")
         made, at = _Made(), 0

@@ -237,7 +237,7 @@ async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
     if not batch.passages:
         return np.zeros((0, core.model.ndim), np.float32), model_id
     async with core.import_embedding:
-        vectors = await core.embed(batch.passages)
+        vectors = await core.embed(batch.passages, bulk=True)
     return vectors[np.array(batch.wanted, dtype=bool)], model_id
 
 
