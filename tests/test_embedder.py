@@ -166,15 +166,20 @@ async def test_spans_are_pooled_from_their_texts_run_by_default_in_the_requests_
     assert all(pooled @ alone[1] > alone[2:] @ alone[1])
 
 
-async def test_a_span_outside_its_text_or_on_a_query_is_refused(embedder_address: str) -> None:
+async def test_a_span_outside_its_text_or_on_a_query_or_a_bulk_query_is_refused(
+    embedder_address: str,
+) -> None:
     async with open_channel(embedder_address) as channel:
         stub = embedder_pb2_grpc.EmbedderStub(channel)
+        bulk = await stub.Embed(embedder_pb2.EmbedRequest(texts=["a", "bb"], bulk=True))
+        assert len(bulk.vectors) == 2
         for request in (
             embedder_pb2.EmbedRequest(texts=["short"], spans=[embedder_pb2.Span(end=50)]),
             embedder_pb2.EmbedRequest(texts=["short"], spans=[embedder_pb2.Span(text=3, end=2)]),
             embedder_pb2.EmbedRequest(
                 texts=["short"], is_query=True, spans=[embedder_pb2.Span(end=2)]
             ),
+            embedder_pb2.EmbedRequest(texts=["short"], is_query=True, bulk=True),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Embed(request)
