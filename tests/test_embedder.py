@@ -399,17 +399,24 @@ async def test_a_call_of_long_texts_runs_a_token_budget_at_a_time(tmp_path: Path
 
 async def test_closing_the_batcher_fails_waiting_calls_as_unavailable() -> None:
     gate = GatedRun()
-    batcher = MicroBatcher(gate, max_batch=8)
+    batcher = MicroBatcher(gate, max_batch=8, max_queue=2)
     await batcher.__aenter__()
     running = asyncio.create_task(batcher.embed(["in flight"]))
     await assert_eventually(lambda: len(gate.seen) == 1)
     queued = asyncio.create_task(batcher.embed(["queued"]))
-    await assert_eventually(lambda: batcher.waiting_calls == 1)
+    bulk = asyncio.create_task(batcher.embed(["a", "b"], bulk=True))
+    await assert_eventually(lambda: batcher.waiting_calls == 2)
+    # A bulk call waiting for room in its queue fails on close too, not forever.
+    more_bulk = asyncio.create_task(batcher.embed(["c"], bulk=True))
+    await asyncio.sleep(0)  # it runs to its wait for room
+    assert batcher.waiting_calls == 2 and not more_bulk.done()
     await batcher.close()
     await batcher.close()
-    for task in (running, queued):
+    for task in (running, queued, bulk):
         with pytest.raises(Unavailable, match="stopping"):
             await task
+    with pytest.raises(Unavailable, match="not running"):
+        await more_bulk
     with pytest.raises(Unavailable):
         await batcher.embed(["late"])
 

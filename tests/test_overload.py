@@ -209,14 +209,16 @@ async def test_bulk_texts_take_no_room_from_writes_and_run_after_them() -> None:
         await assert_eventually(lambda: batcher.waiting_vectors == 13)
         with pytest.raises(Overloaded, match="embedder queue is full"):
             await batcher.embed(["w4"])
-        # Bulk calls are bounded among themselves the same way.
-        with pytest.raises(Overloaded, match="bulk queue is full"):
-            await batcher.embed(["b10"], bulk=True)
+        # Bulk calls are bounded among themselves the same way, but wait for room, unrefused:
+        # a second import's batch goes in once the first's texts are all in runs.
+        second = asyncio.create_task(batcher.embed(["c0", "c1"], bulk=True))
+        await asyncio.sleep(0)
+        assert batcher.waiting_vectors == 13 and not second.done()
         release.set()
-        await asyncio.gather(first, bulk, *writes)
+        await asyncio.gather(first, bulk, *writes, second)
     # The writes queued behind the bulk call ran first; its texts then ran a run at a time.
     assert runs == [["w0"], ["w1", "w2", "w3"], ["b0", "b1", "b2", "b3"],
-                    ["b4", "b5", "b6", "b7"], ["b8", "b9"]]
+                    ["b4", "b5", "b6", "b7"], ["b8", "b9"], ["c0", "c1"]]
 
 
 async def test_a_write_cancelled_at_its_deadline_leaves_the_store_writable(tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ class MicroBatcher(Generic[T]):
     alone: a query waits for the run in flight, not for the writes queued before it too. Bulk
     calls (an import's batches) wait in a third, run only when the other two are empty, and
     counted against max_queue among themselves: a write is never refused for an import's texts,
-    and waits for one run of them at most.
+    and waits for one run of them at most. A bulk call that would take its queue past max_queue
+    waits for room (its caller's deadline bounds the wait) instead of being refused.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class MicroBatcher(Generic[T]):
         self._queue: collections.deque[_Request[T]] = collections.deque()
         self._urgent: collections.deque[_Request[T]] = collections.deque()
         self._bulk: collections.deque[_Request[T]] = collections.deque()
+        self._bulk_room = asyncio.Condition()
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -115,6 +117,8 @@ class MicroBatcher(Generic[T]):
         if not self._closed:
             log.info("batcher embedded %d texts in %d runs", self.texts_run, self.runs)
         self._closed = True
+        async with self._bulk_room:
+            self._bulk_room.notify_all()
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -131,20 +135,32 @@ class MicroBatcher(Generic[T]):
     ) -> np.ndarray:
         """The rows run_batch gives for texts, in order, computed in a shared run (with other
         urgent calls only, when urgent; with other bulk calls only, when bulk)."""
+        rows = sum(self._rows_of(text) for text in texts)
+        if bulk:
+            await self._room_for_bulk(rows)
         if self._closed or self._worker is None:
             raise Unavailable("embedder is not running")
-        queue = self._bulk if bulk else self._urgent if urgent else self._queue
-        waiting = self._waiting(self._bulk) if bulk else self._waiting(self._urgent, self._queue)
-        # An empty queue takes a call of any size, so a long call is slow, never refused.
-        if waiting and waiting + sum(self._rows_of(text) for text in texts) > self._max_queue:
-            kind = "bulk queue" if bulk else "queue"
+        waiting = self._waiting(self._urgent, self._queue)
+        if not bulk and not self._fits(waiting, rows):
             raise Overloaded(
-                f"embedder {kind} is full ({waiting} vectors waiting, limit {self._max_queue})"
+                f"embedder queue is full ({waiting} vectors waiting, limit {self._max_queue})"
             )
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        queue = self._bulk if bulk else self._urgent if urgent else self._queue
         queue.append(_Request(texts, future))
         self._wakeup.set()
         return await future
+
+    def _fits(self, waiting: int, rows: int) -> bool:
+        # An empty queue takes a call of any size, so a long call is slow, never refused.
+        return not waiting or waiting + rows <= self._max_queue
+
+    async def _room_for_bulk(self, rows: int) -> None:
+        """Waits till the bulk queue has room for rows more vectors (or the batcher closes)."""
+        async with self._bulk_room:
+            await self._bulk_room.wait_for(
+                lambda: self._closed or self._fits(self._waiting(self._bulk), rows)
+            )
 
     def _take(self) -> list[_Slice[T]]:
         """Slices of queued requests that fill one run (see the class): the urgent ones if any
@@ -196,6 +212,8 @@ class MicroBatcher(Generic[T]):
             slices = self._take()
             if not self._queue and not self._urgent and not self._bulk:
                 self._wakeup.clear()
+            async with self._bulk_room:  # bulk texts taken (or given up) make room for others
+                self._bulk_room.notify_all()
             if not slices:
                 continue
             texts = [text for request, start, end in slices for text in request.texts[start:end]]
