@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.state import CONFIG
 from shared.errors import (
+    Overloaded,
     ServiceError,
     StorageFull,
     Unauthenticated,
@@ -101,7 +102,13 @@ def internal_message(error_id: str) -> str:
 def client_message(request: web.Request, exc: ServiceError) -> str:
     """What a client is told of a ServiceError; an unexpected one's words go to the log only."""
     message = exc.message
-    if isinstance(exc, Unavailable) and exc.service:
+    if isinstance(exc, Overloaded):
+        # Work queued ahead of it (the embedder's queue): the service is up, and a retry after
+        # Retry-After may pass; the log says whose queue.
+        log.warning("%s %s: %s", request.method, request.path, message)
+        whose = exc.service or "a service"
+        message = f"server busy: {whose} has too much work queued; retry shortly"
+    elif isinstance(exc, Unavailable) and exc.service:
         # gRPC's words name sockets and addresses: the client learns which service, the log why.
         log.warning("%s %s: %s", request.method, request.path, message)
         message = f"a backing service is unavailable: {exc.service}"

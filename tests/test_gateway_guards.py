@@ -16,11 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from gateway.errors import client_message
 from gateway.routes import transfer as transfer_routes
 from gateway.routes.memories import UNSCOPED_DELETE
 from gateway.routes.transfer import EVERY_OWNER
 from gateway.state import CONFIG, STORE
-from shared.errors import Internal, Overloaded
+from shared.errors import Internal, Overloaded, Unavailable
 from shared.pb import store_pb2
 from shared.settings import Settings
 
@@ -413,6 +414,17 @@ async def test_store_down_is_503_json(client: TestClient[Any, Any]) -> None:
     assert status == 503 and reply["error"] == "a backing service is unavailable: store"
     status, reply = await _status_and_json(client, "POST", "/api/v1/add", json={"text": "x"})
     assert status == 503 and reply["success"] is False
+
+
+def test_a_busy_backing_service_is_told_as_busy_not_as_down() -> None:
+    # A write refused for the embedder's full queue told the client its store was unavailable.
+    request = make_mocked_request("POST", "/api/v1/add")
+    full = "embedder: embedder queue is full (300 vectors waiting, limit 256)"
+    assert client_message(request, Overloaded(full, service="store")) == (
+        "server busy: store has too much work queued; retry shortly"
+    )
+    down = Unavailable("failed to connect to all addresses", service="store")
+    assert client_message(request, down) == "a backing service is unavailable: store"
 
 
 async def test_an_import_batch_whose_embedding_ahead_is_refused_is_embedded_as_written(
