@@ -75,9 +75,13 @@ searches = st.builds(
 )
 
 
-async def _write(repo: Repo, written: list[Note]) -> tuple[dict[int, str], dict[str, MemoryRow]]:
-    """The notes as rows of user u with their keys; each key's memory id, and the rows."""
+async def _write(
+    repo: Repo, written: list[Note]
+) -> tuple[dict[int, str], dict[str, MemoryRow], dict[int, str]]:
+    """The notes as rows of user u with their keys; each key's memory id, the rows, and each
+    sentence key's sentence."""
     owners: dict[int, str] = {}
+    passages: dict[int, str] = {}
     rows: dict[str, MemoryRow] = {}
     vector = np.ones(4, dtype=np.float32)
     async with repo.transaction() as tx:
@@ -91,8 +95,9 @@ async def _write(repo: Repo, written: list[Note]) -> tuple[dict[int, str], dict[
             rows[row.id] = row
             owners[await tx.insert(row, vector)] = row.id
             for at in sorted(set(note.keyed) & set(range(len(words)))):
-                owners[await tx.add_clause_key(row.id, CLAUSE, words[at], "m", vector)] = row.id
-    return owners, rows
+                key = await tx.add_clause_key(row.id, CLAUSE, words[at], "m", vector)
+                owners[key], passages[key] = row.id, words[at]
+    return owners, rows, passages
 
 
 def _rule(
@@ -119,7 +124,7 @@ def _rule(
 async def _check(written: list[Note], scores: list[float], search: Search) -> None:
     with tempfile.TemporaryDirectory() as folder:
         async with Repo(Path(folder) / "hyatlas.db") as repo:
-            owners, rows = await _write(repo, written)
+            owners, rows, passages = await _write(repo, written)
             # The nearest keys as an index gives them: best first.
             keys = sorted(owners)
             scored = sorted(
@@ -131,7 +136,6 @@ async def _check(written: list[Note], scores: list[float], search: Search) -> No
                 if row.status == ACTIVE and search.agent in ("", row.agent_id)
                 and (not search.layers or row.layer in search.layers)
             }
-            passages = {key: text for key, (_, text) in (await repo.memories_of_keys(keys)).items()}
             core = cast(Core, SimpleNamespace(repo=repo))
             reach = Reach(("u",), search.agent)
             read = retrieval._Read(retrieval.Kept(search.distinct))
