@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from services.embedder.batcher import MicroBatcher
+from services.embedder.batcher import SHORT_BULK_RUNS, MicroBatcher
 from services.store.repo import Repo
 from shared.errors import Overloaded
 from tests.llm_fake import HANG, fake_llm_in_thread
@@ -216,9 +216,52 @@ async def test_bulk_texts_take_no_room_from_writes_and_run_after_them() -> None:
         assert batcher.waiting_vectors == 13 and not second.done()
         release.set()
         await asyncio.gather(first, bulk, *writes, second)
-    # The writes queued behind the bulk call ran first; its texts then ran a run at a time.
-    assert runs == [["w0"], ["w1", "w2", "w3"], ["b0", "b1", "b2", "b3"],
-                    ["b4", "b5", "b6", "b7"], ["b8", "b9"], ["c0", "c1"]]
+    # The writes queued behind the bulk call ran first; its texts then ran a short run at a
+    # time (one text here, see the test below), as writes had just run, then full runs.
+    assert runs[:2] == [["w0"], ["w1", "w2", "w3"]]
+    short = SHORT_BULK_RUNS
+    assert runs[2:] == [[f"b{n}"] for n in range(short)] + [
+        [f"b{n}" for n in range(short, 10)], ["c0", "c1"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [{"max_batch": 8}, {"max_batch": 64, "tokens_of": len, "max_tokens": 32}],
+    ids=["texts", "padded tokens"],
+)
+async def test_bulk_runs_are_short_while_other_texts_keep_coming(bounds: dict[str, Any]) -> None:
+    """Bulk texts alone run in full runs (eight texts of four tokens, by either bound); after
+    a write's run, the next SHORT_BULK_RUNS bulk runs take a quarter as much, so a write that
+    comes meanwhile waits for a short run; another write starts the count again."""
+    runs: list[list[str]] = []
+    pause_at, paused, go_on = -1, asyncio.Event(), asyncio.Event()
+
+    async def run(texts: list[str]) -> np.ndarray:
+        runs.append(texts)
+        if len(runs) == pause_at:
+            paused.set()
+            await go_on.wait()
+        return np.ones((len(texts), 2), dtype=np.float32)
+
+    texts = [f"b{n:03}" for n in range(100)]
+    async with MicroBatcher(run, **bounds) as batcher:
+        await batcher.embed(texts[:20], bulk=True)
+        assert [len(texts) for texts in runs] == [8, 8, 4]
+        runs.clear()
+        await batcher.embed(["w"])
+        pause_at = 3  # the write's run, then two short bulk runs: a write comes meanwhile
+        bulk = asyncio.create_task(batcher.embed(texts[20:], bulk=True))
+        await paused.wait()
+        write = asyncio.create_task(batcher.embed(["v"]))
+        await assert_eventually(lambda: batcher.waiting_calls == 2)
+        go_on.set()
+        await asyncio.gather(bulk, write)
+    sizes = [len(texts) for texts in runs]
+    assert sizes[:4] == [1, 2, 2, 1] and runs[3] == ["v"]
+    rest = 80 - 4 - 2 * SHORT_BULK_RUNS
+    assert sizes[4:] == [2] * SHORT_BULK_RUNS + [8] * (rest // 8) + [rest % 8]
+    assert [text for texts in runs if texts[0].startswith("b") for text in texts] == texts[20:]
 
 
 async def test_a_write_cancelled_at_its_deadline_leaves_the_store_writable(tmp_path: Path) -> None:

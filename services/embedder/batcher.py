@@ -34,6 +34,13 @@ class _Request(Generic[T]):
 # A request, and the range of its texts a run takes.
 _Slice = tuple[_Request[T], int, int]
 
+# After a run of writes' or queries' texts, the next this many bulk runs are short: a
+# SHORT_BULK_SHARE of a run's texts and padded tokens. An agent writing during an import
+# waits for one short run of the import's texts, not a full one (about 0.6 s of 64 memories
+# here); once no other text came for that many runs, an import's runs are full again.
+SHORT_BULK_RUNS = 8
+SHORT_BULK_SHARE = 4
+
 
 class MicroBatcher(Generic[T]):
     """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
@@ -48,8 +55,9 @@ class MicroBatcher(Generic[T]):
     alone: a query waits for the run in flight, not for the writes queued before it too. Bulk
     calls (an import's batches) wait in a third, run only when the other two are empty, and
     counted against max_queue among themselves: a write is never refused for an import's texts,
-    and waits for one run of them at most. A bulk call that would take its queue past max_queue
-    waits for room (its caller's deadline bounds the wait) instead of being refused.
+    and waits for one run of them at most, a short one while others keep coming (see
+    SHORT_BULK_RUNS). A bulk call that would take its queue past max_queue waits for room (its
+    caller's deadline bounds the wait) instead of being refused.
     """
 
     def __init__(
@@ -74,6 +82,7 @@ class MicroBatcher(Generic[T]):
         self._urgent: collections.deque[_Request[T]] = collections.deque()
         self._bulk: collections.deque[_Request[T]] = collections.deque()
         self._bulk_room = asyncio.Condition()
+        self._bulk_runs_since_other = SHORT_BULK_RUNS
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -165,15 +174,20 @@ class MicroBatcher(Generic[T]):
     def _take(self) -> list[_Slice[T]]:
         """Slices of queued requests that fill one run (see the class): the urgent ones if any
         wait, else the others, else the bulk ones, in arrival order."""
-        return (
-            self._take_from(self._urgent)
-            or self._take_from(self._queue)
-            or self._take_from(self._bulk)
-        )
+        slices = self._take_from(self._urgent) or self._take_from(self._queue)
+        if slices:
+            self._bulk_runs_since_other = 0
+            return slices
+        short = self._bulk_runs_since_other < SHORT_BULK_RUNS
+        slices = self._take_from(self._bulk, SHORT_BULK_SHARE if short else 1)
+        self._bulk_runs_since_other += bool(slices)
+        return slices
 
-    def _take_from(self, queue: collections.deque[_Request[T]]) -> list[_Slice[T]]:
+    def _take_from(self, queue: collections.deque[_Request[T]], share: int = 1) -> list[_Slice[T]]:
+        """The slices of one run from queue, of at most a share-th of a run's texts and tokens."""
         slices: list[_Slice[T]] = []
-        room = self._max_batch
+        most = max(1, self._max_batch // share)
+        room = most
         longest = 0
         while queue and room > 0:
             request = queue[0]
@@ -182,7 +196,7 @@ class MicroBatcher(Generic[T]):
                 continue
             start = request.taken
             fits, longest = self._fit(
-                request.texts[start : start + room], self._max_batch - room, longest
+                request.texts[start : start + room], most - room, longest, share
             )
             if not fits:
                 break
@@ -194,14 +208,16 @@ class MicroBatcher(Generic[T]):
                 queue.popleft()
         return slices
 
-    def _fit(self, texts: Sequence[T], taken: int, longest: int) -> tuple[int, int]:
+    def _fit(self, texts: Sequence[T], taken: int, longest: int, share: int) -> tuple[int, int]:
         """How many of texts a run holding `taken` texts of up to `longest` tokens takes before
-        its padded tokens would pass max_tokens (a first text always), and its longest then."""
+        its padded tokens would pass a share-th of max_tokens (a first text always), and its
+        longest then."""
         if self._tokens_of is None:
             return len(texts), longest
+        budget = self._max_tokens // share
         for count, text in enumerate(texts):
             tokens = max(longest, self._tokens_of(text))
-            if taken + count and (taken + count + 1) * tokens > self._max_tokens:
+            if taken + count and (taken + count + 1) * tokens > budget:
                 return count, longest
             longest = tokens
         return len(texts), longest
