@@ -81,7 +81,8 @@ def steps(callers: Callers, vectors: dict[str, Any]) -> dict[str, Step]:
     async def vector_search(text: str) -> Any:
         embedded = vectors[text]
         request = store_pb2.VectorSearchRequest(
-            scope=scope, vector=embedded.vectors[0].values, model_id=embedded.model_id, k=FULL_POOL
+            scope=scope, vector=embedded.vectors[0].values, model_id=embedded.model_id,
+            k=FULL_POOL, distinct_text=True,
         )
         return await store.VectorSearch(request)
 
@@ -105,7 +106,8 @@ def steps(callers: Callers, vectors: dict[str, Any]) -> dict[str, Step]:
 
     async def keyword_search(text: str) -> Any:
         request = store_pb2.KeywordSearchRequest(
-            scope=scope, query=text, k=FULL_POOL, min_terms=1, context_keys=True
+            scope=scope, query=text, k=FULL_POOL, min_terms=1, context_keys=True,
+            distinct_text=True,
         )
         return await store.KeywordSearch(request)
 

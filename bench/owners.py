@@ -19,6 +19,7 @@ import numpy as np
 
 from bench.compare import latency, memory_of
 from bench.seeding import b64
+from shared.settings import Settings
 from tests.support import running_stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,6 +89,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             ["embedder", "store", "search", "gateway"],
             HYATLAS_MODE="lite",
             HYATLAS_INDEX_CACHE_MB=str(args.cache_mb),
+            # The embedder's queue as `make run` has it (base_env widens it for tests).
+            HYATLAS_EMBED_MAX_QUEUE=str(Settings.embed_max_queue),
         ) as stack,
     ):
         store = stack.procs["store"].proc

@@ -17,6 +17,7 @@ import aiohttp
 from bench.embedder import sentences
 from shared.clients import EmbedderClient
 from shared.rpc import open_channel
+from shared.settings import Settings
 from tests.support import running_stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -69,7 +70,9 @@ async def run(count: int) -> dict[str, object]:
     imported = 0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with running_stack(root / "embedder", ["embedder"]) as embedder_stack:
+        # The embedder's queue as `make run` has it (base_env widens it for tests).
+        queue = {"HYATLAS_EMBED_MAX_QUEUE": str(Settings.embed_max_queue)}
+        with running_stack(root / "embedder", ["embedder"], **queue) as embedder_stack:
             address = embedder_stack.address("embedder")
             env = {"HYATLAS_EMBEDDER_ADDR": address, "HYATLAS_ADMIN": "on"}
             with running_stack(root / "a", ["store", "gateway"], **env) as first:
