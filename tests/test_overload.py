@@ -247,7 +247,7 @@ async def test_bulk_runs_are_short_while_other_texts_keep_coming(bounds: dict[st
     texts = [f"b{n:03}" for n in range(100)]
     async with MicroBatcher(run, **bounds) as batcher:
         await batcher.embed(texts[:20], bulk=True)
-        assert [len(texts) for texts in runs] == [8, 8, 4]
+        assert [len(run_texts) for run_texts in runs] == [8, 8, 4]
         runs.clear()
         await batcher.embed(["w"])
         pause_at = 3  # the write's run, then two short bulk runs: a write comes meanwhile
@@ -257,11 +257,12 @@ async def test_bulk_runs_are_short_while_other_texts_keep_coming(bounds: dict[st
         await assert_eventually(lambda: batcher.waiting_calls == 2)
         go_on.set()
         await asyncio.gather(bulk, write)
-    sizes = [len(texts) for texts in runs]
+    sizes = [len(run_texts) for run_texts in runs]
     assert sizes[:4] == [1, 2, 2, 1] and runs[3] == ["v"]
     rest = 80 - 4 - 2 * SHORT_BULK_RUNS
     assert sizes[4:] == [2] * SHORT_BULK_RUNS + [8] * (rest // 8) + [rest % 8]
-    assert [text for texts in runs if texts[0].startswith("b") for text in texts] == texts[20:]
+    bulk_texts = [text for run_texts in runs if run_texts[0].startswith("b") for text in run_texts]
+    assert bulk_texts == texts[20:]
 
 
 async def test_a_write_cancelled_at_its_deadline_leaves_the_store_writable(tmp_path: Path) -> None:
