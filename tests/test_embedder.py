@@ -437,7 +437,11 @@ def _rss_mb(pid: int) -> float:
     return int(next(line for line in lines if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
-async def test_the_memory_a_run_of_long_texts_took_is_given_back(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def embedder_process(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[embedder_pb2_grpc.EmbedderStub, int]]:
+    """The embedder service in a process of its own: a stub, and its pid."""
     address = f"unix:{tmp_path / 'e.sock'}"
     env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=address)
     service = ServiceProcess(
@@ -447,14 +451,53 @@ async def test_the_memory_a_run_of_long_texts_took_is_given_back(tmp_path: Path)
     try:
         assert service.proc is not None
         async with open_channel(address) as channel:
-            stub = embedder_pb2_grpc.EmbedderStub(channel)
-            await embed(stub, SENTENCES)
-            before = _rss_mb(service.proc.pid)
-            await embed(stub, [f"{n} {LONG * 8}" for n in range(16)])  # one run, 16 x 256 tokens
-            # onnxruntime's arena held ~370 MB more after such a run when it kept it.
-            assert _rss_mb(service.proc.pid) - before < 120
+            yield embedder_pb2_grpc.EmbedderStub(channel), service.proc.pid
     finally:
         await asyncio.to_thread(service.stop)
+
+
+async def test_the_memory_a_run_of_long_texts_took_is_given_back(tmp_path: Path) -> None:
+    async with embedder_process(tmp_path) as (stub, pid):
+        await embed(stub, SENTENCES)
+        before = _rss_mb(pid)
+        await embed(stub, [f"{n} {LONG * 8}" for n in range(16)])  # one run, 16 x 256 tokens
+        # onnxruntime's arena held ~370 MB more after such a run when it kept it.
+        assert _rss_mb(pid) - before < 120
+
+
+async def test_the_memory_runs_of_many_memories_took_is_given_back_once_idle(
+    tmp_path: Path,
+) -> None:
+    async with embedder_process(tmp_path) as (stub, pid):
+        await embed(stub, SENTENCES)
+        before = _rss_mb(pid)
+        # 300 memories of about 70 tokens, in runs under 128 tokens wide: the runs keep the
+        # arena (it held ~140 MB more after them), but they leave the batcher idle.
+        await embed(stub, [f"{n} {LONG * 2}" for n in range(300)])
+        await assert_eventually(lambda: _rss_mb(pid) - before < 60)
+
+
+async def test_the_batcher_calls_its_idle_hook_once_no_call_came_after_runs() -> None:
+    gate = GatedRun()
+    idle_after: list[int] = []
+
+    async def on_idle() -> None:
+        idle_after.append(len(gate.seen))
+        if len(idle_after) == 1:
+            raise RuntimeError("a hook that fails")
+
+    async with MicroBatcher(gate, max_batch=1, on_idle=on_idle, idle_s=0) as batcher:
+        first = asyncio.create_task(batcher.embed(["a"]))
+        await assert_eventually(lambda: len(gate.seen) == 1)
+        second = asyncio.create_task(batcher.embed(["b"]))
+        await assert_eventually(lambda: batcher.waiting_calls == 1)
+        gate.release.set()
+        await first
+        await second
+        await assert_eventually(lambda: idle_after == [2])  # not after "a": "b" waited
+        # The hook failed: the batcher goes on serving.
+        assert (await batcher.embed(["c"])).tolist() == [[1.0, 1.0]]
+        await assert_eventually(lambda: idle_after == [2, 3])
 
 
 # Model folders and the spec table.

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 RunBatch = Callable[[list[T]], Awaitable[np.ndarray]]
+OnIdle = Callable[[], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -40,6 +41,8 @@ _Slice = tuple[_Request[T], int, int]
 # here); once no other text came for that many runs, an import's runs are full again.
 SHORT_BULK_RUNS = 8
 SHORT_BULK_SHARE = 4
+# How long the batcher waits without a call after a run before it calls its idle hook.
+IDLE_S = 1.0
 
 
 class MicroBatcher(Generic[T]):
@@ -58,6 +61,10 @@ class MicroBatcher(Generic[T]):
     and waits for one run of them at most, a short one while others keep coming (see
     SHORT_BULK_RUNS). A bulk call that would take its queue past max_queue waits for room (its
     caller's deadline bounds the wait) instead of being refused.
+
+    When no call came for idle_s after a run, the worker awaits on_idle (if given), once: the
+    backend may give back what its runs held. An import's next batch, sent the moment the one
+    before is embedded, comes well within it.
     """
 
     def __init__(
@@ -68,11 +75,16 @@ class MicroBatcher(Generic[T]):
         max_queue: int = 256,
         tokens_of: Callable[[T], int] | None = None,
         max_tokens: int = 0,
+        on_idle: OnIdle | None = None,
+        idle_s: float = IDLE_S,
     ) -> None:
         """rows_of: how many rows run_batch gives for one item (one, for a plain text);
         tokens_of: about how many tokens the model takes of one item (so that the run a query
         waits for is short however long the texts written are)."""
         self._run_batch = run_batch
+        self._on_idle = on_idle
+        self._idle_s = idle_s
+        self._ran_since_idle = False
         self._rows_of = rows_of
         self._tokens_of = tokens_of
         self._max_tokens = max_tokens
@@ -224,7 +236,7 @@ class MicroBatcher(Generic[T]):
 
     async def _work(self) -> None:
         while True:
-            await self._wakeup.wait()
+            await self._next_call()
             slices = self._take()
             if not self._queue and not self._urgent and not self._bulk:
                 self._wakeup.clear()
@@ -248,16 +260,37 @@ class MicroBatcher(Generic[T]):
                 continue
             self.runs += 1
             self.texts_run += sum(self._rows_of(item) for item in texts)
-            offset = 0
-            for request, start, end in slices:
-                rows = sum(self._rows_of(item) for item in request.texts[start:end])
-                part = vectors[offset : offset + rows]
-                offset += rows
-                if request.future.done():
-                    continue
-                request.parts.append(part)
-                request.filled += end - start
-                if request.filled == len(request.texts):
-                    parts = request.parts
-                    whole = parts[0] if len(parts) == 1 else np.vstack(parts)
-                    request.future.set_result(whole)
+            self._hand_out(slices, vectors)
+            self._ran_since_idle = True
+
+    async def _next_call(self) -> None:
+        """Waits for a call; after runs, one idle_s without any runs the idle hook first."""
+        if self._wakeup.is_set() or self._on_idle is None or not self._ran_since_idle:
+            await self._wakeup.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), self._idle_s)
+            return
+        except TimeoutError:
+            self._ran_since_idle = False
+        try:
+            await self._on_idle()
+        except Exception as exc:  # the hook only tidies up: the next run goes ahead
+            log.warning("embedder idle hook failed: %s", exc)
+        await self._wakeup.wait()
+
+    def _hand_out(self, slices: list[_Slice[T]], vectors: np.ndarray) -> None:
+        """Gives each request its part of a run's vectors, completing those now whole."""
+        offset = 0
+        for request, start, end in slices:
+            rows = sum(self._rows_of(item) for item in request.texts[start:end])
+            part = vectors[offset : offset + rows]
+            offset += rows
+            if request.future.done():
+                continue
+            request.parts.append(part)
+            request.filled += end - start
+            if request.filled == len(request.texts):
+                parts = request.parts
+                whole = parts[0] if len(parts) == 1 else np.vstack(parts)
+                request.future.set_result(whole)

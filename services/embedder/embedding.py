@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.embedder.batcher import MicroBatcher
+from services.embedder.batcher import MicroBatcher, OnIdle
 from services.embedder.config import EmbedderConfig
 from services.embedder.hash_encoder import HASH_MODEL_ID, HashEncoder
 from services.embedder.models import (
@@ -128,6 +128,7 @@ def _batcher(
     run: Callable[[list[Passage]], Awaitable[np.ndarray]],
     config: EmbedderConfig,
     tokens_of: Callable[[Passage], int] | None = None,
+    on_idle: OnIdle | None = None,
 ) -> MicroBatcher[Passage]:
     return MicroBatcher(
         run,
@@ -136,6 +137,7 @@ def _batcher(
         max_queue=config.max_queue,
         tokens_of=tokens_of,
         max_tokens=RUN_TOKENS,
+        on_idle=on_idle,
     )
 
 
@@ -190,7 +192,11 @@ async def opened_onnx(files: ModelFiles, config: EmbedderConfig) -> AsyncIterato
     async def run_onnx(passages: list[Passage]) -> np.ndarray:
         return await asyncio.to_thread(encoder.encode_passages, passages)
 
-    async with _batcher(run_onnx, config, encoder.tokens_guess) as batcher:
+    async def give_back() -> None:
+        if encoder.holding:
+            await asyncio.to_thread(encoder.give_back)
+
+    async with _batcher(run_onnx, config, encoder.tokens_guess, give_back) as batcher:
         yield Embedder(batcher, info)
 
 

@@ -15,6 +15,7 @@ from tokenizers.models import WordPiece
 from services.embedder.models import ModelFiles, ModelSpec
 from shared.errors import ConfigError
 from shared.passages import Passage
+from shared.runtime import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,13 @@ RUN_TOKENS = 4096
 # it (at most ~220 MB, 32 texts of 128 tokens): the arena keeps them fast (without it the
 # service's throughput on LoCoMo turns fell 18-48% in four alternating runs of bench/embedder).
 SHRINK_AFTER_TOKENS = 128
+# When the batcher goes idle after this many texts were run since the arena last gave back
+# memory, one run of two tokens has it give back what their runs took (an import's 1,000
+# memories left the service 60-80 MB larger), and the allocator its freed pages: the
+# service's memory at rest no longer depends on what it ran last (bench.compare saw the
+# embedder hold 218 MiB after one run and 296 after another). Once every few hundred writes
+# when they come one by one, that costs a run of two tokens and the arena's regrowth.
+GIVE_BACK_AFTER_TEXTS = 256
 # A text is tokenised from its first max_tokens x this many characters (see encode_cut): English
 # takes 4 to 5 characters a token, so the cut falls far past the tokens the model sees.
 CHARS_PER_TOKEN = 16
@@ -163,6 +171,8 @@ class OnnxEncoder:
             raise ConfigError(f"{files.onnx_path} is not a loadable ONNX model: {exc}") from exc
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._texts_held = 0
+        """Texts run since the last give_back."""
         self._inputs = {item.name for item in self._session.get_inputs()}
         outputs = self._session.get_outputs()
         self._output = (
@@ -173,6 +183,7 @@ class OnnxEncoder:
         width = next(o for o in outputs if o.name == self._output).shape[-1]
         if isinstance(width, int) and width != self.spec.ndim:
             self.spec = dataclasses.replace(self.spec, ndim=width)
+        trim_heap()  # building the session read and parsed the model file, then freed it
         log.info(
             "loaded %s from %s (%s pooling, %d threads)",
             self.spec.model_id,
@@ -239,8 +250,11 @@ class OnnxEncoder:
         for (i, j), vector in zip(missing, self.encode(texts), strict=True):
             rows[i][j] = vector
 
-    def _hidden(self, encodings: list[Encoding]) -> tuple[np.ndarray, np.ndarray]:
-        """The model's token states for a run of texts, and their attention mask."""
+    def _hidden(
+        self, encodings: list[Encoding], shrink: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The model's token states for a run of texts, and their attention mask; with shrink,
+        or for long texts, the arena gives back what it holds once the run ends."""
         width = max(len(e.ids) for e in encodings)
         ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
         mask = np.zeros((len(encodings), width), dtype=np.int64)
@@ -250,13 +264,28 @@ class OnnxEncoder:
             ids[row, :n] = encoding.ids
             mask[row, :n] = 1
             types[row, :n] = encoding.type_ids
+        shrink = shrink or width > SHRINK_AFTER_TOKENS
+        self._texts_held += len(encodings)
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         hidden = self._session.run(
             [self._output],
             {k: v for k, v in feed.items() if k in self._inputs},
-            self._shrink if width > SHRINK_AFTER_TOKENS else None,
+            self._shrink if shrink else None,
         )[0]
         return hidden, mask
+
+    @property
+    def holding(self) -> bool:
+        """Whether enough texts ran since the arena last gave back memory that it should now
+        (see GIVE_BACK_AFTER_TEXTS)."""
+        return self._texts_held >= GIVE_BACK_AFTER_TEXTS
+
+    def give_back(self) -> None:
+        """Has the arena give back what runs took (one run of [CLS] [SEP]), and glibc the
+        pages freed."""
+        self._hidden([self._tokenizer.encode("")], shrink=True)
+        trim_heap()  # the runs' other buffers, freed but kept by the allocator
+        self._texts_held = 0
 
     def _pool(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
         if self.spec.pooling == "cls":
