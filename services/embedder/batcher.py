@@ -264,7 +264,8 @@ class MicroBatcher(Generic[T]):
             self._ran_since_idle = True
 
     async def _next_call(self) -> None:
-        """Waits for a call; after runs, one idle_s without any runs the idle hook first."""
+        """Waits for a call. After runs, if none comes within idle_s, the idle hook runs first
+        (once: the next wait for a call is plain)."""
         if self._wakeup.is_set() or self._on_idle is None or not self._ran_since_idle:
             await self._wakeup.wait()
             return

@@ -37,12 +37,12 @@ RUN_TOKENS = 4096
 # it (at most ~220 MB, 32 texts of 128 tokens): the arena keeps them fast (without it the
 # service's throughput on LoCoMo turns fell 18-48% in four alternating runs of bench/embedder).
 SHRINK_AFTER_TOKENS = 128
-# When the batcher goes idle after this many texts were run since the arena last gave back
-# memory, one run of two tokens has it give back what their runs took (an import's 1,000
-# memories left the service 60-80 MB larger), and the allocator its freed pages: the
-# service's memory at rest no longer depends on what it ran last (bench.compare saw the
-# embedder hold 218 MiB after one run and 296 after another). Once every few hundred writes
-# when they come one by one, that costs a run of two tokens and the arena's regrowth.
+# When the batcher has had no call for a second (batcher.IDLE_S) after this many texts were run
+# since the arena last gave back memory, one run of two tokens has it give back what their
+# runs took (300 memories of ~70 tokens left the service ~140 MB larger), and glibc its freed
+# pages: the service's memory at rest no longer depends on what it ran last (bench.compare saw
+# the embedder hold 218 MiB after one run and 296 after another). Writes coming one by one pay
+# for it once every few hundred: a run of two tokens and the arena's regrowth.
 GIVE_BACK_AFTER_TEXTS = 256
 # A text is tokenised from its first max_tokens x this many characters (see encode_cut): English
 # takes 4 to 5 characters a token, so the cut falls far past the tokens the model sees.
