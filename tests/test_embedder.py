@@ -472,7 +472,7 @@ async def test_the_memory_runs_of_many_memories_took_is_given_back_once_idle(
         await embed(stub, SENTENCES)
         before = _rss_mb(pid)
         # 300 memories of about 70 tokens, in runs under 128 tokens wide: the runs keep the
-        # arena (it held ~140 MB more after them), but they leave the batcher idle.
+        # arena (it held ~250 MB more after them), but they leave the batcher idle.
         await embed(stub, [f"{n} {LONG * 2}" for n in range(300)])
         await assert_eventually(lambda: _rss_mb(pid) - before < 60)
 

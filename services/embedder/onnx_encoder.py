@@ -39,7 +39,7 @@ RUN_TOKENS = 4096
 SHRINK_AFTER_TOKENS = 128
 # When the batcher has had no call for a second (batcher.IDLE_S) after this many texts were run
 # since the arena last gave back memory, one run of two tokens has it give back what their
-# runs took (300 memories of ~70 tokens left the service ~140 MB larger), and glibc its freed
+# runs took (300 memories of ~70 tokens left the service ~250 MB larger), and glibc its freed
 # pages: the service's memory at rest no longer depends on what it ran last (bench.compare saw
 # the embedder hold 218 MiB after one run and 296 after another). Writes coming one by one pay
 # for it once every few hundred: a run of two tokens and the arena's regrowth.
