@@ -203,6 +203,7 @@ ABLATION = (
     "context_keys",
     "relaxed_keywords",
     "dates",
+    "times",
     "entities",
     "speaker",
     "recency",

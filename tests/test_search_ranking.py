@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from services.search import ranking
 from services.search.config import SearchConfig
-from services.search.dates import parse_dates
+from services.search.dates import asks_when, parse_dates, says_when
 from services.search.entities import MOST_QUERY_NAMES, mentions, query_entities, subject_of
 from services.search.model import (
     Candidate,
@@ -289,6 +289,82 @@ def test_memory_naming_the_querys_entity_is_favoured() -> None:
         cand("hers", "Priya: I made dal", fused=0.95),
     ]
     assert ids(ranking.boost_entities(ranked, ctx("what did Priya cook"))) == ["hers", "other"]
+
+
+@pytest.mark.parametrize(
+    ("query", "asks"),
+    [
+        ("When did we repaint the kitchen?", True),
+        ("so when was the party", True),
+        ("For how long has Ana had her bike?", True),
+        ("How many years did Ben live in Leeds?", True),
+        ("what year did we move?", True),
+        ("Since when does the shop open on Sundays?", True),
+        ("What did Ana say when we left?", False),
+        ("Where did we go last week?", False),
+        ("how many cats does Ben have", False),
+    ],
+)
+def test_a_query_asks_when_if_it_asks_for_a_time_or_a_length_of_time(
+    query: str, asks: bool
+) -> None:
+    assert asks_when(query) is asks
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("We finished repainting the kitchen yesterday.", True),
+        ("Ana: I've had them for 3 years now!", True),
+        ("a few weeks of rain", True),
+        ("the talk on May 8th, 2023", True),
+        ("back in 2019", True),
+        ("we cook on Mondays", True),
+        ("Ben: lately it has been quiet", True),
+        ("The kitchen is blue and the walls are bare.", False),
+        ("this may help", False),
+        ("I have 3 cats", False),
+    ],
+)
+def test_a_text_says_when_if_it_names_a_date_or_a_length_of_time(text: str, says: bool) -> None:
+    assert says_when(text, REF) is says
+
+
+DATE_WORDS = [
+    "yesterday", "today", "tonight", "tomorrow", "recently", "lately", "these", "days", "day",
+    "week", "weeks", "weekend", "month", "months", "year", "years", "fortnight", "ago", "last",
+    "this", "next", "past", "previous", "in", "on", "of", "since", "during", "the", "before",
+    "may", "May", "march", "June", "Sept", "monday", "Mondays", "wed", "Thursday", "2", "8th",
+    "31", "2023", "1999", "2023-05-08", "three", "a", "few", "couple", "we", "painted", "it", ",",
+    ".",
+]
+
+
+@given(st.lists(st.sampled_from(DATE_WORDS), max_size=8).map(" ".join))
+@settings(max_examples=400)
+def test_every_text_a_date_is_read_in_says_when(text: str) -> None:
+    # says_when looks at a text's words before reading it: no date may be missed for it.
+    assert says_when(text, REF) or not parse_dates(text, REF)
+
+
+def test_a_query_asking_when_lifts_the_memories_that_say_when() -> None:
+    ranked = [
+        cand("talk", "Ana: the kitchen looks great in blue", fused=1.0),
+        cand("when", "Ana: we repainted the kitchen last week", fused=0.6),
+        cand("other", "Ben: the garden needs work", fused=0.5),
+    ]
+    out = ranking.favour_times(ranked, ctx("When did Ana repaint the kitchen?"))
+    assert ids(out) == ["when", "talk", "other"]
+    assert out[0].fused == pytest.approx(0.6 * (1 + ranking.TIME_BOOST))
+
+
+def test_a_query_not_asking_when_leaves_the_order_as_it_was() -> None:
+    ranked = [
+        cand("talk", "the kitchen is blue", fused=1.0),
+        cand("when", "painted it today", fused=0.6),
+    ]
+    out = ranking.favour_times(ranked, ctx("What colour is the kitchen?"))
+    assert [(c.memory_id, c.fused) for c in out] == [("talk", 1.0), ("when", 0.6)]
 
 
 def test_the_subject_of_a_query_is_the_first_name_it_holds() -> None:

@@ -1,4 +1,5 @@
-"""Dates in a query ("yesterday", "last week", "in May 2023", "2 days ago") as time ranges."""
+"""Dates in a query ("yesterday", "last week", "in May 2023", "2 days ago") as time ranges; whether
+a query asks when, and whether a text says when."""
 
 from __future__ import annotations
 
@@ -88,6 +89,25 @@ _RELATIVE = re.compile(r"\b(last|this|next|past|previous)\s+(week|weekend|month|
 _WEEKDAY_RE = re.compile(rf"\b(?:(last|this|next|on|past)\s+)?({_WEEKDAY})s?\b")
 _DAY_WORDS = re.compile(r"\b(today|tonight|yesterday|tomorrow|the day before yesterday)\b")
 _RECENTLY = re.compile(r"\b(recently|lately|these days)\b")
+# A length of time ("3 years", "a few weeks"): how a how-long question is answered.
+_LENGTH = re.compile(rf"\b({_NUMBER})\s+(?:of\s+)?({_UNIT})s?\b")
+_WORD = re.compile(r"[a-z]+|\d+")
+# Every date the readers read, and every length of time, holds one of these words (a month, a
+# weekday, a day word, a unit of time, "recently" or "lately") or a number.
+_TIME_WORDS = frozenset(
+    [
+        *MONTHS,
+        *(f"{day}{s}" for day in _WEEKDAY.split("|") for s in ("", "s")),
+        *("today", "tonight", "yesterday", "tomorrow", "recently", "lately"),
+        *(f"{unit}{s}" for unit in [*UNIT_DAYS, "weekend"] for s in ("", "s")),
+    ]
+)
+# A query that asks for a time: when something happened, or how long it has been.
+_ASKS_WHEN = re.compile(
+    r"^\s*when\b|\bwhen\s+(?:did|does|do|is|was|are|were|will|has|have)\b|\bhow\s+long\b"
+    r"|\bhow\s+many\s+(?:years|months|weeks|days)\b|\bwhat\s+(?:year|month|day|date|time)\b"
+    r"|\bsince\s+when\b"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +186,23 @@ def parse_dates(query: str, reference_time: float, utc_offset_minutes: int = 0) 
                 taken.append(m.span())
                 found.append(found_range)
     return found
+
+
+def asks_when(query: str) -> bool:
+    """Whether a query asks for a time: when something happened, or for how long."""
+    return _ASKS_WHEN.search(query.lower()) is not None
+
+
+def says_when(text: str, reference_time: float) -> bool:
+    """Whether a text names a time: a date parse_dates reads in it (against reference_time),
+    or a length of time ("for 3 years")."""
+    lowered = text.lower()
+    # Most texts name no time and hold none of the words every time holds: a look at their
+    # words rules them out in a fraction of what the readers' patterns take.
+    words = set(_WORD.findall(lowered))
+    if _TIME_WORDS.isdisjoint(words) and not any(word.isdigit() for word in words):
+        return False
+    return _LENGTH.search(lowered) is not None or bool(parse_dates(text, reference_time))
 
 
 def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:

@@ -84,6 +84,7 @@ LITE_PIPELINE = Pipeline(
         Stage("fuse", ranking.fuse_scores),
         Stage(GRAPH, join_graph),
         Stage("dates", ranking.boost_dates),
+        Stage("times", ranking.favour_times),
         Stage("entities", ranking.boost_entities),
         Stage("speaker", ranking.favour_the_speaker),
         Stage("first_person", ranking.favour_the_owner),
