@@ -358,6 +358,19 @@ def test_a_query_asking_when_lifts_the_memories_that_say_when() -> None:
     assert out[0].fused == pytest.approx(0.6 * (1 + ranking.TIME_BOOST))
 
 
+def test_a_long_memory_is_read_for_a_time_in_its_opening_only() -> None:
+    filler = "the kitchen walls were bare " * (ranking.TIME_READ_CHARS // 10)
+    ranked = [
+        cand("late", filler + "and we painted them yesterday", fused=1.0),
+        cand("early", "yesterday we painted the walls " + filler, fused=0.9),
+    ]
+    out = ranking.favour_times(ranked, ctx("When did we paint the walls?"))
+    assert [(c.memory_id, c.fused) for c in out] == [
+        ("early", pytest.approx(0.9 * (1 + ranking.TIME_BOOST))),
+        ("late", 1.0),
+    ]
+
+
 def test_a_query_not_asking_when_leaves_the_order_as_it_was() -> None:
     ranked = [
         cand("talk", "the kitchen is blue", fused=1.0),

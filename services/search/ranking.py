@@ -140,6 +140,9 @@ def boost_dates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
 
 TIME_BOOST = 1.0
 """How much more a memory that says when is worth to a query asking when."""
+TIME_READ_CHARS = 2000
+"""How much of a memory's text is read for a time: the cost of a search stays bounded however
+long its candidates are (a text may hold 100,000 characters)."""
 
 
 def favour_times(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
@@ -155,7 +158,7 @@ def favour_times(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]
     if not asks_when(ctx.query.text):
         return ranked
     for candidate in ranked:
-        if says_when(candidate.content, ctx.reference_time):
+        if says_when(candidate.content[:TIME_READ_CHARS], ctx.reference_time):
             candidate.fused *= 1.0 + TIME_BOOST
     return _resort(ranked)
 
