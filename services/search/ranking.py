@@ -151,9 +151,9 @@ def favour_times(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]
     Of the memories about a thing, the one that answers "when did we repaint the kitchen?" is
     the one that names a time: "we finished the kitchen yesterday", "last week", "in May",
     "for 3 years"; the others are talk about the kitchen. The boost doubles the score: a memory
-    naming no time cannot answer, so it stays above one that can only by matching far better.
-    (Half and three quarters of this lifted fewer of LoCoMo's answers, one and a half lost one
-    of them; see the README.)
+    that names no time cannot answer, so it ranks above one that does only if it matches far
+    better. (A boost of a half, three quarters or one and a half found fewer of LoCoMo's
+    answers; see the README.)
     """
     if not asks_when(ctx.query.text):
         return ranked
