@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from services.search import ranking
 from services.search.config import SearchConfig
-from services.search.dates import asks_when, parse_dates, says_when
+from services.search.dates import (
+    DATE_KINDS,
+    LENGTH,
+    asks_when,
+    parse_dates,
+    says_when,
+    text_words,
+)
 from services.search.entities import MOST_QUERY_NAMES, mentions, query_entities, subject_of
 from services.search.model import (
     Candidate,
@@ -334,16 +341,33 @@ DATE_WORDS = [
     "yesterday", "today", "tonight", "tomorrow", "recently", "lately", "these", "days", "day",
     "week", "weeks", "weekend", "month", "months", "year", "years", "fortnight", "ago", "last",
     "this", "next", "past", "previous", "in", "on", "of", "since", "during", "the", "before",
-    "may", "May", "march", "June", "Sept", "monday", "Mondays", "wed", "Thursday", "2", "8th",
-    "31", "2023", "1999", "2023-05-08", "three", "a", "few", "couple", "we", "painted", "it", ",",
-    ".",
+    "may", "May", "march", "June", "Sept", "Sept.", "monday", "Mondays", "wed", "Thursday",
+    "2", "8th", "31", "2023", "1999", "2023-05-08", "\u0661\u0669\u0669\u0669", "three", "a",
+    "few", "couple", "we", "painted", "it", ",", ".", "-", "_", "5", "\u00e9", "\u0301",
+    # Whole dates, so that each kind is found often: Arabic-Indic digits are digits to re.
+    "these days", "3 weeks ago", "last weekend", "on Friday", "May 8, 2023", "8 May 2023",
+    "in 20\u0662\u0663", "\u0662\u0660\u0662\u0663-\u0660\u0665-\u0660\u0668",
 ]
+# Words glued to their neighbours too ("5may", "2023-05", "may_", "\u00e9may").
+DATE_TEXTS = st.lists(st.sampled_from(DATE_WORDS), max_size=8).flatmap(
+    lambda words: st.lists(st.sampled_from([" ", ""]), min_size=len(words), max_size=len(words))
+    .map(lambda gaps: "".join(w + g for w, g in zip(words, gaps, strict=True)))
+)
 
 
-@given(st.lists(st.sampled_from(DATE_WORDS), max_size=8).map(" ".join))
+@given(DATE_TEXTS)
+@settings(max_examples=1000)
+def test_every_date_or_length_of_time_found_holds_a_word_its_kind_needs(text: str) -> None:
+    # parse_dates and says_when look for a kind only in a text holding one of its words.
+    lowered = text.lower()
+    for kind in (*DATE_KINDS, LENGTH):
+        if kind.pattern.search(lowered):
+            assert not kind.needs.isdisjoint(text_words(lowered)), (kind.pattern, text)
+
+
+@given(DATE_TEXTS)
 @settings(max_examples=400)
 def test_every_text_a_date_is_read_in_says_when(text: str) -> None:
-    # says_when looks at a text's words before reading it: no date may be missed for it.
     assert says_when(text, REF) or not parse_dates(text, REF)
 
 

@@ -4,7 +4,7 @@ a query asks when, and whether a text says when."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
@@ -89,19 +89,12 @@ _RELATIVE = re.compile(r"\b(last|this|next|past|previous)\s+(week|weekend|month|
 _WEEKDAY_RE = re.compile(rf"\b(?:(last|this|next|on|past)\s+)?({_WEEKDAY})s?\b")
 _DAY_WORDS = re.compile(r"\b(today|tonight|yesterday|tomorrow|the day before yesterday)\b")
 _RECENTLY = re.compile(r"\b(recently|lately|these days)\b")
-# A length of time ("3 years", "a few weeks"): how a how-long question is answered.
 _LENGTH = re.compile(rf"\b({_NUMBER})\s+(?:of\s+)?({_UNIT})s?\b")
 _WORD = re.compile(r"[a-z]+|\d+")
-# Every date the readers read, and every length of time, holds one of these words (a month, a
-# weekday, a day word, a unit of time, "recently" or "lately") or a number.
-_TIME_WORDS = frozenset(
-    [
-        *MONTHS,
-        *(f"{day}{s}" for day in _WEEKDAY.split("|") for s in ("", "s")),
-        *("today", "tonight", "yesterday", "tomorrow", "recently", "lately"),
-        *(f"{unit}{s}" for unit in [*UNIT_DAYS, "weekend"] for s in ("", "s")),
-    ]
-)
+FOUR_DIGITS = "0000"
+"""Stands among a text's words (text_words) for any number of four digits it holds."""
+_MONTH_WORDS = frozenset(MONTHS)
+_UNIT_WORDS = frozenset(f"{unit}{s}" for unit in UNIT_DAYS for s in ("", "s"))
 # A query that asks for a time: when something happened, or how long it has been.
 _ASKS_WHEN = re.compile(
     r"^\s*when\b|\bwhen\s+(?:did|does|do|is|was|are|were|will|has|have)\b|\bhow\s+long\b"
@@ -166,6 +159,21 @@ Reader = Callable[[re.Match[str], _Calendar], TimeRange | None]
 """Reads one kind of date from its match, on the asker's calendar (None: no date after all)."""
 
 
+@dataclass(frozen=True)
+class DateKind:
+    """One kind of date, or of length of time: its pattern (over lowercase text), the words a
+    text that names one holds at least one of (see text_words), and its reader."""
+
+    pattern: re.Pattern[str]
+    needs: frozenset[str]
+    read: Reader
+
+
+LENGTH = DateKind(_LENGTH, _UNIT_WORDS, lambda m, cal: None)
+"""A length of time ("3 years", "a few weeks"): how a how-long question is answered (it names
+no date: the reader finds none)."""
+
+
 def parse_dates(query: str, reference_time: float, utc_offset_minutes: int = 0) -> list[TimeRange]:
     """Every date the query names, read against reference_time (unix seconds) in the days of
     someone at utc_offset_minutes ("yesterday" runs from their midnight to midnight; 0: UTC).
@@ -174,18 +182,35 @@ def parse_dates(query: str, reference_time: float, utc_offset_minutes: int = 0) 
     generous spans ("2 days ago" is that day give or take one, "recently" the last 30 days).
     The reference time at the offset must fall within the calendar (SearchQuery checks it).
     """
-    text = query.lower()
+    lowered = query.lower()
     calendar = _Calendar.at(reference_time, utc_offset_minutes)
-    found: list[TimeRange] = []
+    return list(_read_dates(lowered, text_words(lowered), calendar))
+
+
+def _read_dates(
+    lowered: str, words: frozenset[str], calendar: _Calendar
+) -> Iterator[TimeRange]:
+    """The dates of a lowercase text with these words, in reading order: earlier kinds go
+    first, and words one has read ("May 8, 2023") are not read again ("May"). A kind none of
+    whose words the text holds is not looked for (most texts hold none)."""
     taken: list[tuple[int, int]] = []
-    # Earlier readers go first: words one has read ("May 8, 2023") are not read again ("May").
-    for pattern, read in _READERS:
-        for m in pattern.finditer(text):
-            found_range = _within_calendar(read, m, calendar)
+    for kind in DATE_KINDS:
+        if kind.needs.isdisjoint(words):
+            continue
+        for m in kind.pattern.finditer(lowered):
+            found_range = _within_calendar(kind.read, m, calendar)
             if found_range is not None and not _overlaps(m.span(), taken):
                 taken.append(m.span())
-                found.append(found_range)
-    return found
+                yield found_range
+
+
+def text_words(lowered: str) -> frozenset[str]:
+    """The words and numbers of a lowercase text, and FOUR_DIGITS if a number has four digits:
+    a date or a length of time is looked for only in a text holding a word it needs."""
+    words = set(_WORD.findall(lowered))
+    if any(len(word) == 4 and word.isdigit() for word in words):
+        words.add(FOUR_DIGITS)
+    return frozenset(words)
 
 
 def asks_when(query: str) -> bool:
@@ -197,12 +222,11 @@ def says_when(text: str, reference_time: float) -> bool:
     """Whether a text names a time: a date parse_dates reads in it (against reference_time),
     or a length of time ("for 3 years")."""
     lowered = text.lower()
-    # Most texts name no time and hold none of the words every time holds: a look at their
-    # words rules them out in a fraction of what the readers' patterns take.
-    words = set(_WORD.findall(lowered))
-    if _TIME_WORDS.isdisjoint(words) and not any(word.isdigit() for word in words):
-        return False
-    return _LENGTH.search(lowered) is not None or bool(parse_dates(text, reference_time))
+    words = text_words(lowered)
+    if not LENGTH.needs.isdisjoint(words) and LENGTH.pattern.search(lowered) is not None:
+        return True
+    calendar = _Calendar.at(reference_time, 0)
+    return next(_read_dates(lowered, words, calendar), None) is not None
 
 
 def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:
@@ -277,17 +301,38 @@ def _weekday(which: str, weekday: int, calendar: _Calendar, text: str) -> TimeRa
     return calendar.days(today - timedelta(days=back), 1, text)
 
 
-_READERS: tuple[tuple[re.Pattern[str], Reader], ...] = (
-    (_ISO, lambda m, cal: cal.day(int(m[1]), int(m[2]), int(m[3]), m[0])),
-    (_DAY_MONTH_YEAR, lambda m, cal: cal.day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0])),
-    (_MONTH_DAY_YEAR, lambda m, cal: cal.day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0])),
-    (_MONTH_YEAR, lambda m, cal: cal.month(int(m[2]), MONTHS[m[1]], m[0])),
-    (_IN_MONTH, _in_month),
-    (_YEAR, lambda m, cal: cal.year(int(m[1]), m[0])),
-    (_AGO, _ago),
-    (_RELATIVE, lambda m, cal: _relative(m[1], m[2], cal, m[0])),
-    (_DAY_WORDS, _day_word),
-    (_WEEKDAY_RE, lambda m, cal: _weekday(m[1] or "", WEEKDAYS[m[2]], cal, m[0])),
-    (_RECENTLY, lambda m, cal: cal.days(cal.today - timedelta(days=30), 31, m[0])),
+_NUMBERED = frozenset({FOUR_DIGITS})
+DATE_KINDS = (
+    DateKind(_ISO, _NUMBERED, lambda m, cal: cal.day(int(m[1]), int(m[2]), int(m[3]), m[0])),
+    DateKind(
+        _DAY_MONTH_YEAR,
+        _MONTH_WORDS,
+        lambda m, cal: cal.day(int(m[3]), MONTHS[m[2]], int(m[1]), m[0]),
+    ),
+    DateKind(
+        _MONTH_DAY_YEAR,
+        _MONTH_WORDS,
+        lambda m, cal: cal.day(int(m[3]), MONTHS[m[1]], int(m[2]), m[0]),
+    ),
+    DateKind(_MONTH_YEAR, _MONTH_WORDS, lambda m, cal: cal.month(int(m[2]), MONTHS[m[1]], m[0])),
+    DateKind(_IN_MONTH, _MONTH_WORDS, _in_month),
+    DateKind(_YEAR, _NUMBERED, lambda m, cal: cal.year(int(m[1]), m[0])),
+    DateKind(_AGO, frozenset({"ago"}), _ago),
+    DateKind(
+        _RELATIVE,
+        frozenset({"week", "weekend", "month", "year"}),
+        lambda m, cal: _relative(m[1], m[2], cal, m[0]),
+    ),
+    DateKind(_DAY_WORDS, frozenset({"today", "tonight", "yesterday", "tomorrow"}), _day_word),
+    DateKind(
+        _WEEKDAY_RE,
+        frozenset(f"{day}{s}" for day in _WEEKDAY.split("|") for s in ("", "s")),
+        lambda m, cal: _weekday(m[1] or "", WEEKDAYS[m[2]], cal, m[0]),
+    ),
+    DateKind(
+        _RECENTLY,
+        frozenset({"recently", "lately", "days"}),
+        lambda m, cal: cal.days(cal.today - timedelta(days=30), 31, m[0]),
+    ),
 )
-"""Each kind of date and its reader, in reading order."""
+"""Each kind of date a text may name, in reading order."""
