@@ -539,6 +539,17 @@ def test_the_pairwise_passes_know_a_long_memory_by_its_first_words() -> None:
     assert ranking.tokens(f"x {opening}") == ranking.tokens(f"x x {opening} tail")
 
 
+@pytest.mark.parametrize("repeats", [1, 40])
+def test_a_memory_is_known_by_its_first_distinct_words_however_long(repeats: int) -> None:
+    # Short texts are read in one pass, those past ONE_PASS_CHARS word by word.
+    words = [f"W{i % 300}" for i in range(600)] * repeats
+    text = "; ".join(words)
+    assert (len(text) > ranking.ONE_PASS_CHARS) is (repeats > 1)
+    first = list(dict.fromkeys(word.lower() for word in words))[: ranking.PAIRWISE_WORDS]
+    assert ranking.tokens(text) == frozenset(first)
+    assert ranking.tokens("The cat; the CAT, a_dog") == {"the", "cat", "a", "dog"}
+
+
 def test_a_window_of_long_memories_holds_little_memory() -> None:
     # Sixty memories of 3,000 distinct words, each sharing half of them with the next: every
     # word is held by two memories, 91,500 in all (a 44 MB matrix counted word by word).
