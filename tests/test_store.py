@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -162,6 +163,19 @@ async def test_inserted_row_is_listed_got_and_found_by_keyword_and_vector_search
     hits = await vector_hits(store, embedder, "what pet does alice have")
     assert [h.memory.id for h in hits] == [row.id]
     assert 0.3 < hits[0].score <= 1.0001
+
+
+def test_a_row_read_keeps_each_column_in_the_field_of_its_name() -> None:
+    columns = [name.strip() for name in repo_module._COLUMNS.split(",")]
+    values: list[Any] = [f"value of {name}" for name in columns]
+    values[columns.index("source_ids")] = '["a", "b"]'
+    row = repo_module._row([*values, "a column past them"])
+    for name, value in zip(columns, values, strict=True):
+        field = "metadata_json" if name == "metadata" else name
+        assert getattr(row, field) == (("a", "b") if name == "source_ids" else value)
+    built = MemoryRow(**{f.name: getattr(row, f.name) for f in dataclasses.fields(MemoryRow)})
+    assert row == built and hash(row) == hash(built)
+    assert repo_module._row([*values[:9], "[]", *values[10:]]).source_ids == ()
 
 
 async def test_list_pages_filters_and_orders(store: store_pb2_grpc.StoreStub) -> None:

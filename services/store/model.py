@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shared.layers import LAYER_NAMES
@@ -124,6 +125,18 @@ class MemoryRow:
     extraction_status: str = ""
     extraction_tries: int = 0
     write_mode: str = ""
+
+    @classmethod
+    def of_values(cls, values: Sequence[Any]) -> MemoryRow:
+        """A row from every field's value in the order above, set straight into its dict: the
+        frozen class's own __init__ sets each field through object.__setattr__, 13 us a row
+        against 2 so (a hybrid search reads about 170 rows)."""
+        row = object.__new__(cls)
+        row.__dict__.update(zip(_MEMORY_FIELDS, values, strict=True))
+        return row
+
+
+_MEMORY_FIELDS = tuple(f.name for f in fields(MemoryRow))
 
 
 @dataclass(frozen=True)

@@ -158,34 +158,10 @@ def list_page(rows: Sequence[Sequence[Any]], total: int) -> ListPage:
 
 
 def _row(r: Sequence[Any]) -> MemoryRow:
-    return MemoryRow(
-        id=r[0],
-        user_id=r[1],
-        agent_id=r[2],
-        session_id=r[3],
-        layer=r[4],
-        content=r[5],
-        label=r[6],
-        count=r[7],
-        hits=r[8],
-        source_ids=tuple(json.loads(r[9])),
-        metadata_json=r[10],
-        model_id=r[11],
-        created_at=r[12],
-        updated_at=r[13],
-        event_at=r[14],
-        valid_to=r[15],
-        due_at=r[16],
-        status=r[17],
-        invalid_at=r[18],
-        superseded_by=r[19],
-        superseded_how=r[20],
-        drop_reason=r[21],
-        retired_by=r[22],
-        pass_id=r[23],
-        extraction_status=r[24],
-        extraction_tries=r[25],
-        write_mode=r[26],
+    """A row read with _COLUMNS (and maybe more after them) as a MemoryRow."""
+    sources = r[9]
+    return MemoryRow.of_values(
+        (*r[:9], () if sources == "[]" else tuple(json.loads(sources)), *r[10:27])
     )
 
 
