@@ -4,7 +4,8 @@ a query asks when, and whether a text says when."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
@@ -183,20 +184,19 @@ def parse_dates(query: str, reference_time: float, utc_offset_minutes: int = 0) 
     The reference time at the offset must fall within the calendar (SearchQuery checks it).
     """
     lowered = query.lower()
-    calendar = _Calendar.at(reference_time, utc_offset_minutes)
-    return list(_read_dates(lowered, text_words(lowered), calendar))
+    kinds = kinds_in(text_words(lowered))
+    if not kinds:
+        return []
+    return list(_read_dates(lowered, kinds, _Calendar.at(reference_time, utc_offset_minutes)))
 
 
 def _read_dates(
-    lowered: str, words: frozenset[str], calendar: _Calendar
+    lowered: str, kinds: Sequence[DateKind], calendar: _Calendar
 ) -> Iterator[TimeRange]:
-    """The dates of a lowercase text with these words, in reading order: earlier kinds go
-    first, and words one has read ("May 8, 2023") are not read again ("May"). A kind none of
-    whose words the text holds is not looked for (most texts hold none)."""
+    """The dates of those kinds in a lowercase text, in reading order: earlier kinds go first,
+    and words one has read ("May 8, 2023") are not read again ("May")."""
     taken: list[tuple[int, int]] = []
-    for kind in DATE_KINDS:
-        if kind.needs.isdisjoint(words):
-            continue
+    for kind in kinds:
         for m in kind.pattern.finditer(lowered):
             found_range = _within_calendar(kind.read, m, calendar)
             if found_range is not None and not _overlaps(m.span(), taken):
@@ -204,13 +204,19 @@ def _read_dates(
                 yield found_range
 
 
-def text_words(lowered: str) -> frozenset[str]:
+def text_words(lowered: str) -> AbstractSet[str]:
     """The words and numbers of a lowercase text, and FOUR_DIGITS if a number has four digits:
     a date or a length of time is looked for only in a text holding a word it needs."""
     words = set(_WORD.findall(lowered))
     if any(len(word) == 4 and word.isdigit() for word in words):
         words.add(FOUR_DIGITS)
-    return frozenset(words)
+    return words
+
+
+def kinds_in(words: AbstractSet[str]) -> list[DateKind]:
+    """The kinds of date a text with these words may name, in reading order (most texts hold
+    the words of none)."""
+    return [kind for kind in DATE_KINDS if not kind.needs.isdisjoint(words)]
 
 
 def asks_when(query: str) -> bool:
@@ -225,8 +231,11 @@ def says_when(text: str, reference_time: float) -> bool:
     words = text_words(lowered)
     if not LENGTH.needs.isdisjoint(words) and LENGTH.pattern.search(lowered) is not None:
         return True
-    calendar = _Calendar.at(reference_time, 0)
-    return next(_read_dates(lowered, words, calendar), None) is not None
+    kinds = kinds_in(words)
+    if not kinds:
+        return False
+    dates = _read_dates(lowered, kinds, _Calendar.at(reference_time, 0))
+    return next(dates, None) is not None
 
 
 def _overlaps(span: tuple[int, int], taken: list[tuple[int, int]]) -> bool:
