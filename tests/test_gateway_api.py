@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -707,3 +709,14 @@ async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_add
         assert body["llm"] == "unconfigured" and body["consolidations"] == -1
         assert body["extract_sync"].startswith("blocking")
         assert stack.procs["gateway"].stop() == 0  # SIGTERM: a clean stop, exit status 0
+
+
+def test_the_gateway_runs_without_the_ranking_and_numpy() -> None:
+    # The dashboard lists the search's switches from a module of names alone: the stages and
+    # numpy would take about 20 MiB of the gateway's memory.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, gateway.__main__; print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+    ).stdout
+    assert "'numpy'" not in loaded and "'services.search.ranking'" not in loaded
+    assert "'services.search.switches'" in loaded

@@ -8,7 +8,8 @@ from services.search import channels, stages
 from services.search.config import SearchConfig
 from services.search.fusion import fuse_sources, reciprocal_rank_fusion
 from services.search.model import Candidate, Scope, SearchContext, SearchQuery
-from services.search.pipeline import LITE_PIPELINE
+from services.search.pipeline import FULL_RANKING_RUNS, LITE_PIPELINE
+from services.search.switches import FULL_RANKING
 from shared.errors import ConfigError, InvalidArgument
 from shared.limits import END_OF_CALENDAR_S
 
@@ -361,6 +362,11 @@ def test_lite_pipeline_dedupes_before_truncating_so_the_limit_holds_distinct_tex
     assert ids(ranked) == ["v0", "x", "y"]
     assert [t.name for t in timings] == list(LITE_PIPELINE.names)
     assert timings[0].count == 5 and timings[-1].count == 3
+
+
+def test_every_stage_of_the_full_ranking_runs_in_the_order_its_names_give() -> None:
+    assert LITE_PIPELINE.names == FULL_RANKING
+    assert set(FULL_RANKING_RUNS) == set(FULL_RANKING)  # no stage's code left unnamed
 
 
 def test_switched_off_stage_no_longer_runs() -> None:

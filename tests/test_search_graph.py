@@ -20,7 +20,8 @@ from services.search.graph import (
     linked_memory_ids,
 )
 from services.search.model import Candidate, Scope, SearchContext, SearchQuery
-from services.search.pipeline import LITE_PIPELINE, switchable_names
+from services.search.pipeline import LITE_PIPELINE
+from services.search.switches import switchable_names
 from shared.pb import common_pb2, search_pb2, search_pb2_grpc, store_pb2, store_pb2_grpc
 from tests.support import Stack, running_stack
 

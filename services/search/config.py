@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.search.model import RankingSettings
-from services.search.pipeline import RETRIEVAL_SWITCHES, switchable_names
+from services.search.switches import RETRIEVAL_SWITCHES, switchable_names
 from shared.errors import ConfigError
 from shared.settings import Settings
 

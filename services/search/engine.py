@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.search import channels, stages
-from services.search.graph import GRAPH, GraphEdge, graph_names, linked_memory_ids
+from services.search.graph import GraphEdge, graph_names, linked_memory_ids
 from services.search.model import (
     KEYWORD,
     VECTOR,
@@ -21,12 +21,8 @@ from services.search.model import (
     SearchQuery,
     calibrated_floor,
 )
-from services.search.pipeline import (
-    CONTEXT_KEYS,
-    PLAIN_PIPELINE,
-    RELAXED_KEYWORDS,
-    Pipeline,
-)
+from services.search.pipeline import PLAIN_PIPELINE, Pipeline
+from services.search.switches import CONTEXT_KEYS, GRAPH, RELAXED_KEYWORDS
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,6 @@ from services.search.entities import query_entities
 from services.search.model import Candidate, SearchContext
 from shared.text import name_key
 
-GRAPH = "graph"
-"""The stage name that switches graph-assisted recall off (retrieval and ranking both)."""
-
 MAX_GRAPH_MEMORIES = 20
 """At most this many edge memories and evidence facts are fetched for one query."""
 

@@ -7,8 +7,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from services.search import ranking, stages
-from services.search.graph import GRAPH, join_graph
+from services.search.graph import join_graph
 from services.search.model import Candidate, SearchContext
+from services.search.switches import FULL_RANKING, GRAPH
 
 StageFn = Callable[[list[Candidate], SearchContext], list[Candidate]]
 
@@ -79,43 +80,30 @@ PLAIN_PIPELINE = Pipeline(
 )
 """The plain hybrid: reciprocal-rank fusion and the reference's post-processing (reader rrf)."""
 
-LITE_PIPELINE = Pipeline(
-    (
-        Stage("fuse", ranking.fuse_scores),
-        Stage(GRAPH, join_graph),
-        Stage("dates", ranking.boost_dates),
-        Stage("times", ranking.favour_times),
-        Stage("entities", ranking.boost_entities),
-        Stage("speaker", ranking.favour_the_speaker),
-        Stage("first_person", ranking.favour_the_owner),
-        Stage("recency", ranking.boost_recency),
-        Stage("usage", ranking.boost_usage),
-        Stage("ended", stages.drop_ended),
-        Stage("intention_ttl", stages.drop_stale_intentions),
-        Stage("now_apart", stages.drop_now_pages),
-        Stage("dedupe", stages.drop_repeated_text),
-        Stage("near_duplicates", ranking.demote_near_duplicates),
-        Stage("sittings", ranking.favour_sittings),
-        Stage("replies", ranking.lift_replies),
-        Stage("mmr", ranking.mmr),
-        Stage("l5_cap", stages.cap_knowledge),
-        Stage("session_intentions", stages.own_session_intentions_first),
-        Stage("truncate", stages.truncate),
-    )
-)
+FULL_RANKING_RUNS: dict[str, StageFn] = {
+    "fuse": ranking.fuse_scores,
+    GRAPH: join_graph,
+    "dates": ranking.boost_dates,
+    "times": ranking.favour_times,
+    "entities": ranking.boost_entities,
+    "speaker": ranking.favour_the_speaker,
+    "first_person": ranking.favour_the_owner,
+    "recency": ranking.boost_recency,
+    "usage": ranking.boost_usage,
+    "ended": stages.drop_ended,
+    "intention_ttl": stages.drop_stale_intentions,
+    "now_apart": stages.drop_now_pages,
+    "dedupe": stages.drop_repeated_text,
+    "near_duplicates": ranking.demote_near_duplicates,
+    "sittings": ranking.favour_sittings,
+    "replies": ranking.lift_replies,
+    "mmr": ranking.mmr,
+    "l5_cap": stages.cap_knowledge,
+    "session_intentions": stages.own_session_intentions_first,
+    "truncate": stages.truncate,
+}
+"""What each stage of the full ranking does (switches.FULL_RANKING names them in order)."""
+
+LITE_PIPELINE = Pipeline(tuple(Stage(name, FULL_RANKING_RUNS[name]) for name in FULL_RANKING))
 """The full ranking: weighted score fusion, the boosts, demotion and diversity, then the
 reference's post-processing and the limit."""
-
-# Retrieval features that are switched off like stages but act before the ranking runs.
-CONTEXT_KEYS = "context_keys"
-RELAXED_KEYWORDS = "relaxed_keywords"
-RETRIEVAL_SWITCHES = (CONTEXT_KEYS, RELAXED_KEYWORDS)
-
-
-# Fusion makes the ranking; without it there is nothing for the other stages to order.
-ALWAYS_ON = frozenset({"fuse"})
-
-
-def switchable_names() -> tuple[str, ...]:
-    """Every name HYATLAS_SEARCH_DISABLE_STAGES and a request's skip_stages accept."""
-    return (*(n for n in LITE_PIPELINE.names if n not in ALWAYS_ON), *RETRIEVAL_SWITCHES)

@@ -6,7 +6,7 @@ import grpc
 
 from services.search.engine import SearchEngine
 from services.search.model import Candidate, Scope, SearchQuery
-from services.search.pipeline import switchable_names
+from services.search.switches import switchable_names
 from shared.errors import InvalidArgument
 from shared.grants import current_grant
 from shared.layers import LAYER_NAMES
