@@ -8,7 +8,9 @@ hits are the rule's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +65,8 @@ class Search:
     distinct: bool
     narrower: int
     """How many of the nearest keys a first, narrower pass takes."""
+    looked_up: int = retrieval.MAP_SLICE
+    """How many keys' memories are looked up at once."""
 
 
 searches = st.builds(
@@ -72,7 +76,19 @@ searches = st.builds(
     k=st.integers(1, 8),
     distinct=st.booleans(),
     narrower=st.integers(1, 60),
+    looked_up=st.integers(1, 20),
 )
+
+
+@contextlib.contextmanager
+def _looked_up_at_once(count: int) -> Iterator[None]:
+    """retrieval.MAP_SLICE at count for the while."""
+    before = retrieval.MAP_SLICE
+    retrieval.MAP_SLICE = count
+    try:
+        yield
+    finally:
+        retrieval.MAP_SLICE = before
 
 
 async def _write(
@@ -145,9 +161,10 @@ async def _check(written: list[Note], scores: list[float], search: Search) -> No
                     core, reach, search.layers, False, nearest, search.k, 0.0, read,
                 )
 
-            hits = await looked_through(scored[: search.narrower])
-            if len(hits) < search.k:
-                hits = await looked_through(scored)
+            with _looked_up_at_once(search.looked_up):
+                hits = await looked_through(scored[: search.narrower])
+                if len(hits) < search.k:
+                    hits = await looked_through(scored)
             found = [(hit.memory.id, hit.score) for hit in hits]
             assert found == _rule(scored, owners, passes, passages, search)
 
@@ -174,3 +191,35 @@ def test_a_vector_search_reads_its_candidates_into_the_hits_the_rule_gives(
     written: list[Note], scores: list[float], search: Search
 ) -> None:
     asyncio.run(_check(written, scores, search))
+
+
+def test_a_vector_search_looks_up_the_memories_of_the_nearest_keys_only_as_far_as_it_needs() -> (
+    None
+):
+    asyncio.run(_check_depth())
+
+
+async def _check_depth() -> None:
+    """40 memories, each found by its own key; k 3 takes the first slice of keys alone."""
+    with tempfile.TemporaryDirectory() as folder:
+        async with Repo(Path(folder) / "hyatlas.db") as repo:
+            written = [Note("a", L2, retired=False, sentences=(0,), keyed=()) for _ in range(40)]
+            owners, _, _ = await _write(repo, written)
+            scored = [(key, 1.0 - i / 100) for i, key in enumerate(sorted(owners))]
+            asked: list[int] = []
+            looked_up = repo.memories_of_keys
+
+            async def counted(keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+                asked.extend(keys)
+                return await looked_up(keys)
+
+            core = cast(Core, SimpleNamespace(repo=SimpleNamespace(
+                memories_of_keys=counted, get_many=repo.get_many
+            )))
+            read = retrieval._Read(retrieval.Kept(False))
+            with _looked_up_at_once(8):
+                hits = await retrieval._rows_of_best(
+                    core, Reach(("u",)), (), False, scored, 3, 0.0, read
+                )
+            assert [hit.memory.id for hit in hits] == [owners[key] for key, _ in scored[:3]]
+            assert asked == [key for key, _ in scored[:8]]

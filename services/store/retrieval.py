@@ -320,6 +320,12 @@ Ranked = list[tuple[str, tuple[float, int]]]
 """Memories to look at, best first: each id with its best key's score and that key."""
 Pending = deque[tuple[str, tuple[float, int]]]
 
+MAP_SLICE = 128
+"""Keys whose memories are looked up at once, nearest first, as far down a pass's keys as its
+hits need. At 100,000 memories of the compare bench (pairs of turns: a sentence is in several
+memories), a search of k 50 with repeats left out needed its 348 nearest keys (median; 772 at the
+90th percentile); looking up each pass's keys all at once, it looked up 570, now 431."""
+
 
 @dataclass
 class _Read:
@@ -340,25 +346,41 @@ class _Read:
         """Whether the filters (layers, retired rows) left out most of the rows looked at."""
         return sum(self.looked.values()) * 2 < len(self.looked)
 
-    async def fresh(self, repo: Rows, scored: list[tuple[int, float]]) -> Ranked:
-        """The memories behind scored keys that no pass has looked at, each at its best key's
-        score, best first (the memory of a key, and for repeats the sentence that found it, is
-        read once a search)."""
-        unknown = [key for key, _ in scored if key not in self.owners]
+    async def owners_of(self, repo: Rows, keys: list[int]) -> None:
+        """Looks up the memory behind each key not looked up before (and for repeats the
+        sentence that found it): once a search."""
+        unknown = [key for key in keys if key not in self.owners]
         found = await repo.memories_of_keys(unknown)
         for key in unknown:
             memory_id, passage = found.get(key, (None, ""))
             self.owners[key] = memory_id
             if self.kept.distinct:
                 self.passages[key] = passage
-        best: dict[str, tuple[float, int]] = {}
-        for key, score in scored:
-            memory_id = self.owners[key]
-            if memory_id is None or memory_id in self.looked:
-                continue
-            if score > best.get(memory_id, (-np.inf, 0))[0]:
-                best[memory_id] = (score, key)
-        return sorted(best.items(), key=lambda item: item[1][0], reverse=True)
+
+
+@dataclass
+class _Unread:
+    """One pass's keys, nearest first, and the memories behind them no pass has looked at yet,
+    queued in the order of their nearest key (their best: the keys come nearest first), looked
+    up a slice of keys at a time."""
+
+    scored: list[tuple[int, float]]
+    pending: Pending = field(default_factory=deque)
+    queued: set[str] = field(default_factory=set)
+    at: int = 0
+
+    async def fill(self, repo: Rows, read: _Read, size: int) -> None:
+        """Queues memories until size wait or the keys run out."""
+        while len(self.pending) < size and self.at < len(self.scored):
+            chunk = self.scored[self.at : self.at + MAP_SLICE]
+            self.at += len(chunk)
+            await read.owners_of(repo, [key for key, _ in chunk])
+            for key, score in chunk:
+                memory_id = read.owners[key]
+                if memory_id is None or memory_id in read.looked or memory_id in self.queued:
+                    continue
+                self.queued.add(memory_id)
+                self.pending.append((memory_id, (score, key)))
 
 
 async def _rows_of_best(
@@ -371,18 +393,21 @@ async def _rows_of_best(
     min_score: float,
     read: _Read,
 ) -> list[Scored]:
-    """The best k memories behind scored keys (best first), with those an earlier pass read:
+    """The best k memories behind scored keys (nearest first), with those an earlier pass read:
     each memory at its best key's score, its row read once, a slice of memories at a time
     (most searches need one); repeats are left out when read.kept says so (Kept)."""
-    ranked = await read.fresh(core.repo, [item for item in scored if item[1] >= min_score])
-    pending = deque(ranked)
+    unread = _Unread([item for item in scored if item[1] >= min_score])
     hits = read.kept.hits
     taken = 0
-    while len(hits) < k and pending:
+    while len(hits) < k:
         # As many as the hits missing, or as many as read so far when filters drop most.
-        step, waiting = _step(reach, read, pending, max((k - len(hits)) * 5 // 4 + 4, taken))
+        size = max((k - len(hits)) * 5 // 4 + 4, taken)
+        await unread.fill(core.repo, read, size)
+        if not unread.pending:
+            break
+        step, waiting = _step(reach, read, unread.pending, size)
         taken += len(step) - len(waiting)
-        await _keep(core, reach, layers, include_superseded, read, (step, waiting), pending)
+        await _keep(core, reach, layers, include_superseded, read, (step, waiting), unread.pending)
     return hits[:k]
 
 
