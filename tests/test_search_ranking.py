@@ -530,6 +530,22 @@ def test_the_pairwise_passes_match_a_pair_by_pair_reading(
     assert ids(ranking.demote_near_duplicates(ranked(), ctx())) == expected
     settings_ = RankingSettings(mmr_lambda=lam)
     assert ids(ranking.mmr(ranked(), ctx(settings=settings_))) == _mmr_pair_by_pair(ranked(), lam)
+    # Within one search, mmr after near_duplicates reads the overlaps that pass worked out for
+    # a head of the same memories (in another order, fewer of them when there are more than
+    # three: mmr leaves fewer as they are), and works out its own for one holding another.
+    shared = ctx(settings=settings_)
+    demoted = ranking.demote_near_duplicates(ranked(), shared)
+    fewer = demoted[::-1][: max(3, len(demoted) - 1)]
+    other = [*fewer, cand("new", "the dog walk", fused=0.5)]
+    worked_out = []
+    real = ranking.overlaps
+    ranking.overlaps = lambda head: worked_out.append(len(head)) or real(head)  # type: ignore
+    try:
+        assert ids(ranking.mmr(list(fewer), shared)) == _mmr_pair_by_pair(list(fewer), lam)
+        assert ids(ranking.mmr(list(other), shared)) == _mmr_pair_by_pair(list(other), lam)
+    finally:
+        ranking.overlaps = real  # type: ignore
+    assert worked_out == [len(other)]
 
 
 def test_the_pairwise_passes_know_a_long_memory_by_its_first_words() -> None:

@@ -211,6 +211,9 @@ class SearchContext:
     """The embedding model's calibrated floor, for when neither request nor setting sets one."""
     graph: list[Candidate] = field(default_factory=list)
     """Memories behind the L5 edges of entities the query names (graph-assisted recall)."""
+    overlaps: tuple[dict[str, int], Any] | None = None
+    """The last pairwise pass's word overlaps: each memory's row, and the matrix
+    (ranking.head_overlaps)."""
 
     @property
     def floor(self) -> float:

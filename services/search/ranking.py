@@ -7,6 +7,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 
@@ -338,6 +339,19 @@ def overlaps(head: list[Candidate]) -> np.ndarray:
     return np.divide(shared, union, out=np.zeros_like(shared), where=union > 0)
 
 
+def head_overlaps(head: list[Candidate], ctx: SearchContext) -> np.ndarray:
+    """overlaps(head), taken from the matrix an earlier pairwise pass of the search worked out
+    when it holds every one of them (near_duplicates and mmr mostly look at the same head)."""
+    if ctx.overlaps is not None:
+        rows, known = ctx.overlaps
+        at = [rows.get(candidate.memory_id, -1) for candidate in head]
+        if -1 not in at:
+            return cast("np.ndarray", known[np.ix_(at, at)])
+    matrix = overlaps(head)
+    ctx.overlaps = ({candidate.memory_id: i for i, candidate in enumerate(head)}, matrix)
+    return matrix
+
+
 NEAR_DUPLICATE = 0.8
 NEAR_DUPLICATE_PENALTY = 0.5
 PAIRWISE_MIN_WINDOW = 20
@@ -348,7 +362,7 @@ def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[
     """Halves the score of a memory that nearly repeats a better-ranked one."""
     size = max(3 * ctx.query.limit, PAIRWISE_MIN_WINDOW)
     head, tail = ranked[:size], ranked[size:]
-    overlap = overlaps(head)
+    overlap = head_overlaps(head, ctx)
     kept: list[int] = []
     for i, candidate in enumerate(head):
         if kept and overlap[i, kept].max() >= NEAR_DUPLICATE:
@@ -420,7 +434,7 @@ def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
     head, tail = ranked[:size], ranked[size:]
     top = head[0].fused or 1.0
     relevance = lam * np.array([c.fused for c in head]) / top
-    pairs = overlaps(head)
+    pairs = head_overlaps(head, ctx)
     # The greatest overlap of each candidate with anything picked so far, kept up to date.
     overlap = np.zeros(len(head))
     left = np.ones(len(head), dtype=bool)
