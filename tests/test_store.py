@@ -1356,6 +1356,36 @@ async def test_a_write_made_while_the_indexes_follow_in_the_background_is_applie
 
 
 @pytest.mark.sqlite_only
+async def test_the_keyword_indexes_let_their_writers_go_once_writes_stop_and_index_later_ones(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
+    monkeypatch.setattr(repo_module, "WRITERS_IDLE_S", 0.05)
+    let_go = KeywordIndex.let_go
+    released: list[KeywordIndex] = []
+
+    async def noting(index: KeywordIndex) -> None:
+        await let_go(index)
+        released.append(index)
+
+    monkeypatch.setattr(KeywordIndex, "let_go", noting)
+    request = store_pb2.KeywordSearchRequest(scope=scope(), query="note", k=10)
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("an early note", layer=L2))
+        # No other commit comes: once the follower applied the write, both indexes let go.
+        await assert_eventually(lambda: sorted(i.source.name for i in released) == [
+            "context", "own"])
+        assert not any(index.holds_writer for index in released)
+        # The next write takes a writer again; the search finds it, as it finds the first.
+        await apply(stub, insert("a later note", layer=L2))
+        found = await stub.KeywordSearch(request)
+        assert sorted(h.hit.memory.content for h in found.hits) == ["a later note", "an early note"]
+        await assert_eventually(lambda: len(released) == 4)
+        assert not any(index.holds_writer for index in released)
+    assert _keyword_doc_freq(tmp_path, "own", keywords.stem("note")) == 2
+
+
+@pytest.mark.sqlite_only
 async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

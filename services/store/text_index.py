@@ -269,6 +269,18 @@ class KeywordIndex:
         shutil.rmtree(old, ignore_errors=True)
         return self.opened_at(self.folder)
 
+    async def let_go(self) -> None:
+        """Ends the writer (the next batch makes another): the indexing arena a writer keeps
+        from batch to batch, about 24 MB once it has indexed a few thousand rows, is freed."""
+        async with self._lock:
+            if self._writer is not None:
+                await self._in_thread(self._end_writer)
+
+    @property
+    def holds_writer(self) -> bool:
+        """Whether a writer is kept for the next batch."""
+        return self._writer is not None
+
     async def close(self) -> None:
         """Waits for the work of its threads: a build gives up (its caller may be cancelled,
         its thread goes on till it checks); the application of a batch ends."""
