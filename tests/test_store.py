@@ -1373,15 +1373,18 @@ async def test_the_keyword_indexes_let_their_writers_go_once_writes_stop_and_ind
     async with serving_store(tmp_path, embedder_address) as stub:
         await apply(stub, insert("an early note", layer=L2))
         # No other commit comes: once the follower applied the write, both indexes let go.
-        await assert_eventually(lambda: sorted(i.source.name for i in released) == [
-            "context", "own"])
-        assert not any(index.holds_writer for index in released)
+        await assert_eventually(
+            lambda: {i.source.name for i in released} == {"context", "own"}
+            and not any(i.holds_writer for i in released)
+        )
         # The next write takes a writer again; the search finds it, as it finds the first.
+        before = len(released)
         await apply(stub, insert("a later note", layer=L2))
         found = await stub.KeywordSearch(request)
         assert sorted(h.hit.memory.content for h in found.hits) == ["a later note", "an early note"]
-        await assert_eventually(lambda: len(released) == 4)
-        assert not any(index.holds_writer for index in released)
+        await assert_eventually(
+            lambda: len(released) >= before + 2 and not any(i.holds_writer for i in released)
+        )
     assert _keyword_doc_freq(tmp_path, "own", keywords.stem("note")) == 2
 
 
