@@ -105,8 +105,9 @@ class KeywordIndex:
         """About the lowest and the highest id indexed (the lowest may since be deleted)."""
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
-        """Kept from batch to batch: the merges a commit starts go on in its threads, where a
-        writer made for each batch had to wait for them (up to 45 ms under four writers)."""
+        """Kept from batch to batch while commits keep coming (let go once the store sits idle,
+        see let_go): the merges a commit starts go on in its threads, where a writer made for
+        each batch had to wait for them (up to 45 ms under four writers)."""
         self._lock = asyncio.Lock()
         self._closing = False
         self._threads: set[asyncio.Future[Any]] = set()
