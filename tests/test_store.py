@@ -1389,6 +1389,41 @@ async def test_the_keyword_indexes_let_their_writers_go_once_writes_stop_and_ind
 
 
 @pytest.mark.sqlite_only
+async def test_a_search_does_not_wait_for_a_writer_let_go_when_the_index_holds_every_change(
+    tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
+    monkeypatch.setattr(repo_module, "WRITERS_IDLE_S", 0.05)
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+    end_writer = KeywordIndex._end_writer
+
+    def held_end_writer(index: KeywordIndex) -> None:
+        # The first writer let go waits here, in its thread, holding the index's lock.
+        if index.source.name == "own" and index.holds_writer and not started.is_set():
+            started.set()
+            release.wait(WAIT_CEILING_S)
+            ended.set()
+        end_writer(index)
+
+    monkeypatch.setattr(KeywordIndex, "_end_writer", held_end_writer)
+    request = store_pb2.KeywordSearchRequest(scope=scope(), query="lighthouse", k=10)
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("the lighthouse keeper's log", layer=L2))
+        await assert_eventually(started.is_set)
+        try:
+            found = await stub.KeywordSearch(request)
+            # Answered while the writer was still being let go, not after it.
+            assert not ended.is_set()
+            assert [h.hit.memory.content for h in found.hits] == ["the lighthouse keeper's log"]
+        finally:
+            release.set()
+        # A write while a writer is let go waits for it: the next search still finds it.
+        await apply(stub, insert("a second lighthouse", layer=L2))
+        found = await stub.KeywordSearch(request)
+        assert len(found.hits) == 2
+
+
+@pytest.mark.sqlite_only
 async def test_the_change_log_is_pruned_once_the_indexes_hold_it(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -169,7 +169,11 @@ class KeywordIndex:
         search waits on for as long as writes kept landing (up to 1.2 s under four writers).
         A caller that gives up (a search past its deadline) leaves the batch in hand to be
         applied under the lock: its thread goes on, and a second follow would apply it beside.
+        An index that holds every change committed so far is not waited for: a search then
+        goes on while the lock is held for other work (a writer let go waits for its merges).
         """
+        if self._index is not None and self.applied >= await log_high(conn):
+            return
         await asyncio.shield(self._follow(conn))
 
     async def _follow(self, conn: aiosqlite.Connection) -> None:
