@@ -1417,7 +1417,7 @@ async def test_a_search_does_not_wait_for_a_writer_let_go_when_the_index_holds_e
             assert [h.hit.memory.content for h in found.hits] == ["the lighthouse keeper's log"]
         finally:
             release.set()
-        # A write while a writer is let go waits for it: the next search still finds it.
+        # Once the writer is let go, a later write takes a new one and is found too.
         await apply(stub, insert("a second lighthouse", layer=L2))
         found = await stub.KeywordSearch(request)
         assert len(found.hits) == 2
