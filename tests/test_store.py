@@ -1355,12 +1355,18 @@ async def test_a_write_made_while_the_indexes_follow_in_the_background_is_applie
         )
 
 
+@pytest.fixture
+def writers_soon_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keyword indexes follow commits at once and let their writers go 50 ms after."""
+    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
+    monkeypatch.setattr(repo_module, "WRITERS_IDLE_S", 0.05)
+
+
 @pytest.mark.sqlite_only
+@pytest.mark.usefixtures("writers_soon_idle")
 async def test_the_keyword_indexes_let_their_writers_go_once_writes_stop_and_index_later_ones(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
-    monkeypatch.setattr(repo_module, "WRITERS_IDLE_S", 0.05)
     let_go = KeywordIndex.let_go
     released: list[KeywordIndex] = []
 
@@ -1389,11 +1395,10 @@ async def test_the_keyword_indexes_let_their_writers_go_once_writes_stop_and_ind
 
 
 @pytest.mark.sqlite_only
+@pytest.mark.usefixtures("writers_soon_idle")
 async def test_a_search_does_not_wait_for_a_writer_let_go_when_the_index_holds_every_change(
     tmp_path: Path, embedder_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(repo_module, "FOLLOW_DELAY_S", 0.01)
-    monkeypatch.setattr(repo_module, "WRITERS_IDLE_S", 0.05)
     started, release, ended = threading.Event(), threading.Event(), threading.Event()
     end_writer = KeywordIndex._end_writer
 
