@@ -238,6 +238,8 @@ class Settings:
     """HYATLAS_MODEL_DIR: a folder holding the ONNX model and its tokenizer."""
     embed_threads: int = 2
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
+    embed_runs: int = 1
+    """HYATLAS_EMBED_RUNS: model runs in flight at once (they share one run's token budget)."""
     embed_max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     embed_pooled_spans: bool = True
@@ -407,6 +409,7 @@ class Settings:
             embed_key=text("HYATLAS_EMBED_KEY"),
             model_dir=Path(model_dir_raw).expanduser() if model_dir_raw else None,
             embed_threads=read_int(env, "HYATLAS_EMBED_THREADS", 2, 1, 64),
+            embed_runs=read_int(env, "HYATLAS_EMBED_RUNS", 1, 1, 8),
             embed_max_batch=read_int(env, "HYATLAS_EMBED_MAX_BATCH", 64, 1, 1024),
             embed_pooled_spans=read_switch(env, "HYATLAS_EMBED_POOLED_SPANS", True),
             embed_max_queue=read_int(env, "HYATLAS_EMBED_MAX_QUEUE", 256, 1, 1_000_000),

@@ -386,15 +386,20 @@ async def test_a_query_waits_behind_one_run_of_at_most_the_token_budget() -> Non
     assert gate.seen[1] == ["a query"]
 
 
-async def test_a_call_of_long_texts_runs_a_token_budget_at_a_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("runs", "long_runs", "short_runs"), [(1, 2, 1), (2, 3, 2)])
+async def test_a_call_of_long_texts_runs_a_token_budget_at_a_time(
+    tmp_path: Path, runs: int, long_runs: int, short_runs: int
+) -> None:
     long_texts = [f"{n} {LONG * 8}" for n in range(20)]  # past 256 tokens each
-    async with serving(config_for(tmp_path)) as (stub, running):
+    async with serving(config_for(tmp_path, runs=runs)) as (stub, running):
         before = running.embedder.batcher.runs
         await embed(stub, long_texts)
-        assert running.embedder.batcher.runs - before == 2  # 16 x 256 tokens, then 4
+        # One run at a time: 16 x 256 tokens, then 4. Two in flight share the budget: 8, 8, 4.
+        assert running.embedder.batcher.runs - before == long_runs
         before = running.embedder.batcher.runs
+        # 64 ordinary texts, guessed at up to 44 tokens each: 2,816 padded tokens.
         await embed(stub, [f"{n} {text}" for n, text in enumerate(SENTENCES * 8)])
-        assert running.embedder.batcher.runs - before == 1
+        assert running.embedder.batcher.runs - before == short_runs
 
 
 async def test_closing_the_batcher_fails_waiting_calls_as_unavailable() -> None:
@@ -475,6 +480,69 @@ async def test_the_memory_runs_of_many_memories_took_is_given_back_once_idle(
         # arena (it held ~250 MB more after them), but they leave the batcher idle.
         await embed(stub, [f"{n} {LONG * 2}" for n in range(300)])
         await assert_eventually(lambda: _rss_mb(pid) - before < 60)
+
+
+class RunGates:
+    """A run_batch that holds each run until that run (by its first text) is released."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    @property
+    def held(self) -> int:
+        """Runs begun and not yet released."""
+        return sum(not gate.is_set() for gate in self.gates.values())
+
+    def release(self, first_text: str) -> None:
+        self.gates[first_text].set()
+
+    async def __call__(self, texts: list[str]) -> np.ndarray:
+        self.seen.append(texts)
+        gate = self.gates.setdefault(texts[0], asyncio.Event())
+        await gate.wait()
+        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
+async def test_two_runs_are_in_flight_at_once_and_a_call_gets_its_rows_in_order() -> None:
+    gates = RunGates()
+    async with MicroBatcher(gates, max_batch=2, runs=2) as batcher:
+        call = asyncio.create_task(batcher.embed(["a", "bb", "ccc", "dddd"]))
+        await assert_eventually(lambda: gates.seen == [["a", "bb"], ["ccc", "dddd"]])
+        third = asyncio.create_task(batcher.embed(["eeeee"]))
+        await assert_eventually(lambda: batcher.waiting_calls == 1)  # both workers busy
+        gates.release("ccc")  # the call's second run ends first
+        await assert_eventually(lambda: gates.seen[2:] == [["eeeee"]])
+        assert not call.done()
+        gates.release("a")
+        assert [row[0] for row in (await call).tolist()] == [1.0, 2.0, 3.0, 4.0]
+        gates.release("eeeee")
+        assert (await third).tolist() == [[5.0, 1.0]]
+
+
+async def test_the_idle_hook_waits_for_every_run_in_flight_to_end() -> None:
+    gates = RunGates()
+    held_at_idle: list[int] = []
+
+    async def on_idle() -> None:
+        held_at_idle.append(gates.held)
+
+    async with MicroBatcher(gates, max_batch=1, runs=2, on_idle=on_idle, idle_s=0) as batcher:
+        slow = asyncio.create_task(batcher.embed(["slow"]))
+        quick = asyncio.create_task(batcher.embed(["quick"]))
+        await assert_eventually(lambda: gates.held == 2)
+        gates.release("quick")
+        await quick
+        # The worker that ran "quick" found no call: it must not give back while "slow" runs.
+        # It takes the next call once it has passed that point.
+        later = asyncio.create_task(batcher.embed(["later"]))
+        await assert_eventually(lambda: gates.seen[-1] == ["later"])
+        assert held_at_idle == []
+        gates.release("later")
+        gates.release("slow")
+        await slow
+        await later
+        await assert_eventually(lambda: held_at_idle == [0])
 
 
 async def test_the_batcher_calls_its_idle_hook_once_no_call_came_after_runs() -> None:

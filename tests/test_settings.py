@@ -131,6 +131,7 @@ def test_pro_mode_blocks_on_extraction_unless_told_otherwise() -> None:
         ({"HYATLAS_MMR_LAMBDA": "0"}, "HYATLAS_MMR_LAMBDA"),
         ({"HYATLAS_GO_PORT": "70000"}, "HYATLAS_GO_PORT"),
         ({"HYATLAS_LLM_MAX_TOKENS": "0"}, "HYATLAS_LLM_MAX_TOKENS='0' is outside 16"),
+        ({"HYATLAS_EMBED_RUNS": "0"}, "HYATLAS_EMBED_RUNS='0' is outside 1..8"),
     ],
 )
 def test_settings_that_cannot_run_are_fatal_and_name_the_variable(

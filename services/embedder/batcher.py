@@ -1,4 +1,4 @@
-"""Micro-batching: concurrent embed calls coalesced into one model run at a time."""
+"""Micro-batching: concurrent embed calls coalesced into model runs, a few at a time."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ class _Request(Generic[T]):
     taken: int = 0
     """How many of the texts are in a run already."""
     filled: int = 0
-    parts: list[np.ndarray] = field(default_factory=list)
+    parts: dict[int, np.ndarray] = field(default_factory=dict)
+    """The rows of the texts run so far, by the first text of each run's slice (runs may end
+    in another order than they began)."""
 
 
 # A request, and the range of its texts a run takes.
@@ -46,25 +48,26 @@ IDLE_S = 1.0
 
 
 class MicroBatcher(Generic[T]):
-    """Queues texts from concurrent callers; one worker runs whatever queued up, in order.
+    """Queues texts from concurrent callers; `runs` workers each run whatever queued up, in
+    order, one run at a time (so at most `runs` runs are in flight).
 
-    While a run is in flight, new calls wait in the queue; the next run takes all of them, up
+    While runs are in flight, new calls wait in the queue; the next run takes all of them, up
     to max_batch texts, and (given tokens_of) up to max_tokens padded tokens: its texts x the
     most tokens one of them takes, at least one text. A call with more texts than a run takes
     spans several runs. A call that would take the queue past max_queue vectors to make is
     refused (Overloaded) unless the queue is empty.
 
     Urgent calls (a search's query) wait in a queue of their own, which the next run takes
-    alone: a query waits for the run in flight, not for the writes queued before it too. Bulk
+    alone: a query waits for a run in flight to end, not for the writes queued before it too. Bulk
     calls (an import's batches) wait in a third, run only when the other two are empty, and
     counted against max_queue among themselves: a write is never refused for an import's texts,
     and waits for one run of them at most, a short one while others keep coming (see
     SHORT_BULK_RUNS). A bulk call that would take its queue past max_queue waits for room (its
     caller's deadline bounds the wait) instead of being refused.
 
-    When no call came for idle_s after a run, the worker awaits on_idle (if given), once: the
-    backend may give back what its runs held. An import's next batch, sent the moment the one
-    before is embedded, comes well within it.
+    When no call came for idle_s after a run and no run is in flight, a worker awaits on_idle
+    (if given), once: the backend may give back what its runs held. An import's next batch,
+    sent the moment the one before is embedded, comes well within it.
     """
 
     def __init__(
@@ -77,10 +80,12 @@ class MicroBatcher(Generic[T]):
         max_tokens: int = 0,
         on_idle: OnIdle | None = None,
         idle_s: float = IDLE_S,
+        runs: int = 1,
     ) -> None:
         """rows_of: how many rows run_batch gives for one item (one, for a plain text);
         tokens_of: about how many tokens the model takes of one item (so that the run a query
-        waits for is short however long the texts written are)."""
+        waits for is short however long the texts written are); runs: how many runs may be
+        in flight at once (each on a worker of its own)."""
         self._run_batch = run_batch
         self._on_idle = on_idle
         self._idle_s = idle_s
@@ -96,7 +101,9 @@ class MicroBatcher(Generic[T]):
         self._bulk_room = asyncio.Condition()
         self._bulk_runs_since_other = SHORT_BULK_RUNS
         self._wakeup = asyncio.Event()
-        self._worker: asyncio.Task[None] | None = None
+        self._runs = max(1, runs)
+        self._in_flight = 0
+        self._workers: list[asyncio.Task[None]] = []
         self._closed = False
         self.runs = 0
         """Model runs so far (for logs and benchmarks)."""
@@ -122,7 +129,9 @@ class MicroBatcher(Generic[T]):
         )
 
     async def __aenter__(self) -> MicroBatcher[T]:
-        self._worker = asyncio.create_task(self._work(), name="embed-batcher")
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"embed-batcher-{n}") for n in range(self._runs)
+        ]
         return self
 
     async def __aexit__(
@@ -134,17 +143,18 @@ class MicroBatcher(Generic[T]):
         await self.close()
 
     async def close(self) -> None:
-        """Stops the worker; calls still queued fail as Unavailable. Closing twice is harmless."""
+        """Stops the workers; calls still queued fail as Unavailable. Closing twice is harmless."""
         if not self._closed:
             log.info("batcher embedded %d texts in %d runs", self.texts_run, self.runs)
         self._closed = True
         async with self._bulk_room:
             self._bulk_room.notify_all()
-        if self._worker is not None:
-            self._worker.cancel()
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+                await worker
+        self._workers = []
         for queue in (self._urgent, self._queue, self._bulk):
             while queue:
                 request = queue.popleft()
@@ -159,7 +169,7 @@ class MicroBatcher(Generic[T]):
         rows = sum(self._rows_of(text) for text in texts)
         if bulk:
             await self._room_for_bulk(rows)
-        if self._closed or self._worker is None:
+        if self._closed or not self._workers:
             raise Unavailable("embedder is not running")
         waiting = self._waiting(self._urgent, self._queue)
         if not bulk and not self._fits(waiting, rows):
@@ -245,6 +255,7 @@ class MicroBatcher(Generic[T]):
             if not slices:
                 continue
             texts = [text for request, start, end in slices for text in request.texts[start:end]]
+            self._in_flight += 1
             try:
                 vectors = await self._run_batch(texts)
             except asyncio.CancelledError:
@@ -258,14 +269,16 @@ class MicroBatcher(Generic[T]):
                     if not request.future.done():
                         request.future.set_exception(exc)
                 continue
+            finally:
+                self._in_flight -= 1
             self.runs += 1
             self.texts_run += sum(self._rows_of(item) for item in texts)
             self._hand_out(slices, vectors)
             self._ran_since_idle = True
 
     async def _next_call(self) -> None:
-        """Waits for a call. After runs, if none comes within idle_s, the idle hook runs first
-        (once: the next wait for a call is plain)."""
+        """Waits for a call. After runs, if none comes within idle_s and no other worker's run
+        is in flight, the idle hook runs first (once: the next wait for a call is plain)."""
         if self._wakeup.is_set() or self._on_idle is None or not self._ran_since_idle:
             await self._wakeup.wait()
             return
@@ -273,6 +286,11 @@ class MicroBatcher(Generic[T]):
             await asyncio.wait_for(self._wakeup.wait(), self._idle_s)
             return
         except TimeoutError:
+            # Not while another worker's run is in flight (that worker waits idle_s in turn
+            # once it ends), nor when another worker took the hook meanwhile.
+            if self._in_flight or not self._ran_since_idle:
+                await self._wakeup.wait()
+                return
             self._ran_since_idle = False
         try:
             await self._on_idle()
@@ -289,9 +307,9 @@ class MicroBatcher(Generic[T]):
             offset += rows
             if request.future.done():
                 continue
-            request.parts.append(part)
+            request.parts[start] = part
             request.filled += end - start
             if request.filled == len(request.texts):
-                parts = request.parts
+                parts = [request.parts[at] for at in sorted(request.parts)]
                 whole = parts[0] if len(parts) == 1 else np.vstack(parts)
                 request.future.set_result(whole)

@@ -38,6 +38,8 @@ class EmbedderConfig:
     """How long one remote embeddings call may take."""
     threads: int = 2
     """HYATLAS_EMBED_THREADS: onnxruntime intra-op threads."""
+    runs: int = 1
+    """HYATLAS_EMBED_RUNS: model runs in flight at once (they share one run's token budget)."""
     max_batch: int = 64
     """HYATLAS_EMBED_MAX_BATCH: most texts in one model run."""
     pooled_spans: bool = True
@@ -72,6 +74,7 @@ class EmbedderConfig:
             remote_model=settings.embed_model,
             remote_key=settings.embed_key,
             threads=settings.embed_threads,
+            runs=settings.embed_runs,
             max_batch=settings.embed_max_batch,
             pooled_spans=settings.embed_pooled_spans,
             max_queue=settings.embed_max_queue,

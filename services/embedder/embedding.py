@@ -130,14 +130,17 @@ def _batcher(
     tokens_of: Callable[[Passage], int] | None = None,
     on_idle: OnIdle | None = None,
 ) -> MicroBatcher[Passage]:
+    """The batcher of one model. Its runs in flight share RUN_TOKENS, so that the model's
+    working memory is bounded as for one run."""
     return MicroBatcher(
         run,
         config.max_batch,
         rows_of=lambda passage: passage.rows,
         max_queue=config.max_queue,
         tokens_of=tokens_of,
-        max_tokens=RUN_TOKENS,
+        max_tokens=max(1, RUN_TOKENS // config.runs),
         on_idle=on_idle,
+        runs=config.runs,
     )
 
 
