@@ -25,6 +25,7 @@ import aiosqlite
 import tantivy
 
 from services.store.durable import put_in_place
+from shared.runtime import trim_heap
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,6 +234,10 @@ class KeywordIndex:
         finally:
             self._rebuilds_from.remove(high)
         log.info("built keyword index %s: %d rows", self.source.name, len(rows))
+        del rows
+        # Every row's text was read and the build's writer took a large arena: the pages they
+        # freed go back to the system now, not at the next idle round after a later commit.
+        await asyncio.to_thread(trim_heap)
 
     def _build(self, rows: Sequence[Sequence[Any]], high: int) -> Path:
         # A folder of its own: a build whose caller was cancelled (the store stopping) may go
