@@ -327,6 +327,11 @@ def test_rows_in_call_order_undoes_any_order_of_passages(
     assert [taken[k] for k in rows_in_call_order(order, rows_of)] == wanted
 
 
+def _lengths(texts: list[str]) -> np.ndarray:
+    """A stand-in model's rows: each text's length, and 1."""
+    return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
 class GatedRun:
     """A run_batch that records its texts and holds each run until released."""
 
@@ -337,7 +342,7 @@ class GatedRun:
     async def __call__(self, texts: list[str]) -> np.ndarray:
         self.seen.append(texts)
         await self.release.wait()
-        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+        return _lengths(texts)
 
 
 async def test_batcher_skips_a_call_whose_caller_gave_up() -> None:
@@ -501,7 +506,7 @@ class RunGates:
         self.seen.append(texts)
         gate = self.gates.setdefault(texts[0], asyncio.Event())
         await gate.wait()
-        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+        return _lengths(texts)
 
 
 async def test_two_runs_are_in_flight_at_once_and_a_call_gets_its_rows_in_order() -> None:

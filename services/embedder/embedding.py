@@ -138,7 +138,7 @@ def _batcher(
         rows_of=lambda passage: passage.rows,
         max_queue=config.max_queue,
         tokens_of=tokens_of,
-        max_tokens=max(1, RUN_TOKENS // config.runs),
+        max_tokens=RUN_TOKENS // config.runs,
         on_idle=on_idle,
         runs=config.runs,
     )
