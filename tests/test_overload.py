@@ -14,7 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from services.embedder.batcher import SHORT_BULK_RUNS, MicroBatcher
+from services.embedder.batcher import OTHER_RUNS_PER_BULK, SHORT_BULK_RUNS, MicroBatcher
 from services.store.repo import Repo
 from shared.errors import Overloaded
 from tests.llm_fake import HANG, fake_llm_in_thread
@@ -216,13 +216,41 @@ async def test_bulk_texts_take_no_room_from_writes_and_run_after_them() -> None:
         assert batcher.waiting_vectors == 13 and not second.done()
         release.set()
         await asyncio.gather(first, bulk, *writes, second)
-    # The writes queued behind the bulk call ran first; its texts then ran a short run at a
-    # time (one text here, see the test below), as writes had just run, then full runs.
-    assert runs[:2] == [["w0"], ["w1", "w2", "w3"]]
+    # A write had just run, so the bulk call's turn came first: a short run (one text here,
+    # see the test below); then the writes queued behind it, then its texts a short run at a
+    # time, as writes had just run, then full runs.
+    assert runs[:3] == [["w0"], ["b0"], ["w1", "w2", "w3"]]
     short = SHORT_BULK_RUNS
-    assert runs[2:] == [[f"b{n}"] for n in range(short)] + [
-        [f"b{n}" for n in range(short, 10)], ["c0", "c1"]
+    assert runs[3:] == [[f"b{n}"] for n in range(1, short + 1)] + [
+        [f"b{n}" for n in range(short + 1, 10)], ["c0", "c1"]
     ]
+
+
+async def test_writes_that_never_pause_leave_bulk_texts_every_other_run() -> None:
+    """Writers that always have a write queued once held an import's texts back until its
+    deadline: now a bulk run comes after every OTHER_RUNS_PER_BULK runs of writes."""
+    runs: list[list[str]] = []
+    writes: list[asyncio.Task[np.ndarray]] = []
+
+    async def run(texts: list[str]) -> np.ndarray:
+        runs.append(texts)
+        if texts[0].startswith("w") and len(writes) < 100:
+            # A write was always queued when a run ended: the next comes before this one ends.
+            queued = batcher.waiting_calls
+            writes.append(asyncio.create_task(batcher.embed([f"w{len(writes)}"])))
+            await assert_eventually(lambda: batcher.waiting_calls > queued)
+        return np.ones((len(texts), 2), dtype=np.float32)
+
+    async with MicroBatcher(run, max_batch=8) as batcher:
+        writes.append(asyncio.create_task(batcher.embed(["w"])))
+        bulk = asyncio.create_task(batcher.embed([f"b{n}" for n in range(12)], bulk=True))
+        await bulk
+        assert len(writes) < 100  # done while the writes kept coming
+        await asyncio.gather(*writes)
+    kinds = "".join(texts[0][0] for texts in runs)
+    assert kinds.startswith(("w" * OTHER_RUNS_PER_BULK + "b") * 6)
+    # Short runs (a quarter of eight texts) while the writes keep coming.
+    assert [len(texts) for texts in runs if texts[0].startswith("b")] == [2] * 6
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,9 @@ _Slice = tuple[_Request[T], int, int]
 # here); once no other text came for that many runs, an import's runs are full again.
 SHORT_BULK_RUNS = 8
 SHORT_BULK_SHARE = 4
+# While bulk texts wait, a bulk run comes after at most this many runs of others (queries go
+# first all the same): writers that never pause cannot hold an import back past its deadline.
+OTHER_RUNS_PER_BULK = 1
 # How long the batcher waits without a call after a run before it calls its idle hook.
 IDLE_S = 1.0
 
@@ -59,11 +62,12 @@ class MicroBatcher(Generic[T]):
 
     Urgent calls (a search's query) wait in a queue of their own, which the next run takes
     alone: a query waits for a run in flight to end, not for the writes queued before it too. Bulk
-    calls (an import's batches) wait in a third, run only when the other two are empty, and
-    counted against max_queue among themselves: a write is never refused for an import's texts,
-    and waits for one run of them at most, a short one while others keep coming (see
-    SHORT_BULK_RUNS). A bulk call that would take its queue past max_queue waits for room (its
-    caller's deadline bounds the wait) instead of being refused.
+    calls (an import's batches) wait in a third, run when the other two are empty or when their
+    turn comes while others keep coming (OTHER_RUNS_PER_BULK), and are counted against max_queue
+    among themselves: a write is never refused for an import's texts, and waits for one run of
+    them at most, a short one while others keep coming (see SHORT_BULK_RUNS). A bulk call that
+    would take its queue past max_queue waits for room (its caller's deadline bounds the wait)
+    instead of being refused.
 
     When no call came for idle_s after a run and no run is in flight, a worker awaits on_idle
     (if given), once: the backend may give back what its runs held. An import's next batch,
@@ -100,6 +104,7 @@ class MicroBatcher(Generic[T]):
         self._bulk: collections.deque[_Request[T]] = collections.deque()
         self._bulk_room = asyncio.Condition()
         self._bulk_runs_since_other = SHORT_BULK_RUNS
+        self._other_runs_since_bulk = 0
         self._wakeup = asyncio.Event()
         self._runs = max(1, runs)
         self._in_flight = 0
@@ -195,14 +200,27 @@ class MicroBatcher(Generic[T]):
 
     def _take(self) -> list[_Slice[T]]:
         """Slices of queued requests that fill one run (see the class): the urgent ones if any
-        wait, else the others, else the bulk ones, in arrival order."""
-        slices = self._take_from(self._urgent) or self._take_from(self._queue)
-        if slices:
-            self._bulk_runs_since_other = 0
-            return slices
+        wait, else the bulk ones when their turn came (OTHER_RUNS_PER_BULK), else the others,
+        else the bulk ones, in arrival order."""
+        slices = self._take_from(self._urgent)
+        if not slices and self._other_runs_since_bulk >= OTHER_RUNS_PER_BULK:
+            slices = self._take_bulk()
+            if slices:
+                return slices
+        slices = slices or self._take_from(self._queue)
+        if not slices:
+            return self._take_bulk()
+        self._bulk_runs_since_other = 0
+        self._other_runs_since_bulk += 1
+        return slices
+
+    def _take_bulk(self) -> list[_Slice[T]]:
+        """One bulk run's slices: a short run while others came of late (SHORT_BULK_RUNS)."""
         short = self._bulk_runs_since_other < SHORT_BULK_RUNS
         slices = self._take_from(self._bulk, SHORT_BULK_SHARE if short else 1)
-        self._bulk_runs_since_other += bool(slices)
+        if slices:
+            self._bulk_runs_since_other += 1
+            self._other_runs_since_bulk = 0
         return slices
 
     def _take_from(self, queue: collections.deque[_Request[T]], share: int = 1) -> list[_Slice[T]]:
