@@ -61,6 +61,9 @@ class IndexChanges:
 
     removed: dict[str, list[int]] = field(default_factory=dict)
     added: dict[str, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    every_core: bool = False
+    """Whether the keys may go into usearch on every core: the write embedded nothing (an
+    import of an export's vectors), so no model run of its next batch needs the cores."""
 
     def remove(self, user_id: str, key: int | None) -> None:
         """Notes that a key leaves a user's index."""
@@ -358,11 +361,11 @@ class VectorIndexes:
                     await asyncio.to_thread(index.remove, removed)
                 added = [(k, v) for k, v in changes.added.get(user_id, []) if k not in index]
                 if added:
-                    # On one thread: a write's keys are added while the embedder runs the next
-                    # texts on the cores (an import embeds ahead), and usearch's default of a
-                    # thread per core took them from it.
+                    # On one thread unless every_core: a write's keys are added while the
+                    # embedder runs the next texts on the cores (an import embeds ahead), and
+                    # usearch's thread per core took them from it.
                     await asyncio.to_thread(
-                        functools.partial(index.add, threads=1),
+                        functools.partial(index.add, threads=0 if changes.every_core else 1),
                         np.array([key for key, _ in added], dtype=np.uint64),
                         as_stored(np.stack([vector for _, vector in added])),
                     )

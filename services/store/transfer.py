@@ -281,11 +281,14 @@ async def import_lines(
     fresh = _fitting(given, batch, core)
     if fresh is None:
         fresh, _ = await _embedded(core, batch)
+    # Lines that bring their vectors all (an export's) leave the model idle: see every_core.
+    embeds_none = not batch.passages
     rows = _ready(batch.memories, iter(fresh))
     edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
     done = Imported()
     # The lines were checked, and are embedded, for ctx's model: refused if it changed.
     async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
+        w.changes.every_core = embeds_none
         sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
         # Memories and edges are separate tables: an edge may share a memory's id.
