@@ -189,7 +189,7 @@ async def test_the_embedder_queue_refuses_calls_past_its_bound_but_takes_any_cal
         assert (await batcher.embed(["w"] * 10)).shape == (10, 2)
 
 
-async def test_bulk_texts_take_no_room_from_writes_and_run_after_them() -> None:
+async def test_bulk_texts_take_no_room_from_writes_and_wait_their_turn() -> None:
     runs: list[list[str]] = []
     started, release = asyncio.Event(), asyncio.Event()
 

@@ -281,7 +281,7 @@ async def import_lines(
     fresh = _fitting(given, batch, core)
     if fresh is None:
         fresh, _ = await _embedded(core, batch)
-    # Lines that bring their vectors all (an export's) leave the model idle: see every_core.
+    # Lines that all bring their vectors (an export's) leave the model idle: see every_core.
     embeds_none = not batch.passages
     rows = _ready(batch.memories, iter(fresh))
     edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
