@@ -202,17 +202,16 @@ class MicroBatcher(Generic[T]):
         """Slices of queued requests that fill one run (see the class): the urgent ones if any
         wait, else the bulk ones when their turn came (OTHER_RUNS_PER_BULK), else the others,
         else the bulk ones, in arrival order."""
-        slices = self._take_from(self._urgent)
-        if not slices and self._other_runs_since_bulk >= OTHER_RUNS_PER_BULK:
-            slices = self._take_bulk()
-            if slices:
-                return slices
-        slices = slices or self._take_from(self._queue)
-        if not slices:
+        others = self._take_from(self._urgent)
+        if not others:
+            if self._other_runs_since_bulk >= OTHER_RUNS_PER_BULK and (bulk := self._take_bulk()):
+                return bulk
+            others = self._take_from(self._queue)
+        if not others:
             return self._take_bulk()
         self._bulk_runs_since_other = 0
         self._other_runs_since_bulk += 1
-        return slices
+        return others
 
     def _take_bulk(self) -> list[_Slice[T]]:
         """One bulk run's slices: a short run while others came of late (SHORT_BULK_RUNS)."""
