@@ -574,7 +574,8 @@ async def grow(
             index,
             peer_add("peer_64", chunk_lo, hi, PEER_BATCH),
             ours_step("ours_8", chunk_lo, hi, "clients"),
-            floor_step(chunk_lo, hi),
+            # Without the bulk path the floor is measured here; with it, on the import's texts.
+            None if bulk else floor_step(chunk_lo, hi),
         )
         progress(f"added {hi}/{n}")
     lo += batched
