@@ -35,7 +35,13 @@ from services.store.model import (
 )
 from services.store.off_calendar import DATES, EDGE_DATES
 from services.store.schema import create_or_migrate
-from services.store.text_index import KEYWORDS_FOLDER, SOURCES, KeywordIndex
+from services.store.text_index import (
+    KEYWORDS_FOLDER,
+    LOG_HIGH,
+    SOURCES,
+    KeywordIndex,
+    high_of,
+)
 from shared.runtime import trim_heap
 from shared.text import edge_key
 from shared.tombstones import TOMBSTONES_KEY
@@ -1018,7 +1024,9 @@ class Repo(SharedReads):
             log.debug("keyword index %s is not built (the disk was full): searched as empty", name)
             return index
         try:
-            await index.follow(self.text_reader(name))
+            # Whether the index is behind is asked on the event loop: a thread hop a search.
+            high = high_of(await self.keyed_read(1, LOG_HIGH, ()))
+            await index.follow(self.text_reader(name), high)
         except Exception as exc:
             if not disk_full(exc):
                 raise
@@ -1312,7 +1320,7 @@ class Repo(SharedReads):
 
     async def row_seq_high(self) -> int:
         """The highest row sequence number handed out (about how many rows were ever stored)."""
-        rows = await self.reader.execute_fetchall("SELECT max(seq) FROM memories")
+        rows = await self.keyed_read(1, "SELECT max(seq) FROM memories", ())
         return int(next(iter(rows))[0] or 0)
 
     async def user_row_count(self, user_id: str) -> int:

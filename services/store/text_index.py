@@ -16,7 +16,7 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -162,9 +162,9 @@ class KeywordIndex:
             raise RuntimeError(f"text index {self.source.name} is not open")
         return self._index
 
-    async def follow(self, conn: aiosqlite.Connection) -> None:
+    async def follow(self, conn: aiosqlite.Connection, high: int | None = None) -> None:
         """Applies the log rows after the index's position, up to the log's end as it is now,
-        a batch per commit.
+        a batch per commit; high is that end when the caller has just read it (LOG_HIGH).
 
         Rows committed meanwhile are left to the next follow: chasing them held the lock a
         search waits on for as long as writes kept landing (up to 1.2 s under four writers).
@@ -173,7 +173,9 @@ class KeywordIndex:
         An index that holds every change committed so far is not waited for: a search then
         goes on while the lock is held for other work (a writer let go waits for its merges).
         """
-        if self._index is not None and self.applied >= await log_high(conn):
+        if high is None:
+            high = await log_high(conn)
+        if self._index is not None and self.applied >= high:
             return
         await asyncio.shield(self._follow(conn))
 
@@ -365,14 +367,19 @@ def _add(writer: tantivy.IndexWriter, rows: Sequence[Sequence[Any]]) -> None:
         writer.add_document(tantivy.Document(id=int(row_id), text=str(text), owner=str(owner)))
 
 
+LOG_HIGH = "SELECT seq FROM sqlite_sequence WHERE name = 'text_changes'"
+"""The highest seq the change log ever gave (its rows may be pruned since)."""
+
+
+def high_of(rows: Iterable[Sequence[Any]]) -> int:
+    """LOG_HIGH's answer as a number (0 before the first change)."""
+    found = list(rows)
+    return int(found[0][0]) if found else 0
+
+
 async def log_high(conn: aiosqlite.Connection) -> int:
-    """The highest seq the change log ever gave (its rows may be pruned since)."""
-    rows = list(
-        await conn.execute_fetchall(
-            "SELECT seq FROM sqlite_sequence WHERE name = 'text_changes'"
-        )
-    )
-    return int(rows[0][0]) if rows else 0
+    """The highest seq the change log ever gave, read on conn."""
+    return high_of(await conn.execute_fetchall(LOG_HIGH))
 
 
 def _read_position(path: Path) -> int | None:
