@@ -64,8 +64,13 @@ async def recall(api: Api, user: str, query: str) -> tuple[dict[str, Any], str]:
     return body, format_recall(body, query, per_channel=8)
 
 
-async def remember(api: Api, fake: FakeLlm, user: str) -> None:
-    """Two turns: dated facts, a preference, an intention due soon, a page; then a fact
+def tomorrow() -> str:
+    """A due date the search counts as due soon whenever the test runs."""
+    return (datetime.now(UTC).date() + timedelta(days=1)).isoformat()
+
+
+async def remember(api: Api, fake: FakeLlm, user: str, due: str) -> None:
+    """Two turns: dated facts, a preference, an intention due on `due`, a page; then a fact
     replaced and one forgotten."""
     fake.on(f"{user}-one", {
         "facts": [
@@ -74,11 +79,11 @@ async def remember(api: Api, fake: FakeLlm, user: str) -> None:
             {"text": "Rui went hiking in Sintra", "event_at": "2026-11-28"},
             {"text": "Rui's passport number is X123"},
         ],
-        "intentions": [{"text": "Rui will ship Foxtrot 2.0", "due_at": "2026-12-06"}],
+        "intentions": [{"text": "Rui will ship Foxtrot 2.0", "due_at": due}],
         "entities": [{"name": "Foxtrot", "kind": "project", "state": "runs on Postgres 15"}],
     })
     await api.add(f"{user}-one I live in Porto, drink coffee, hiked Sintra on Nov 28, "
-                  "Foxtrot ships Dec 6.", user, agent_id="hermes")
+                  f"Foxtrot ships {due}.", user, agent_id="hermes")
     fake.on(f"{user}-two", lambda r: {"facts": [
         {"text": "Rui lives in Lisbon", "replaces": [r.number_of("Rui lives in Porto")]}]})
     await api.add(f"{user}-two Rui lives in Lisbon now, not in Porto.", user, agent_id="hermes")
@@ -89,13 +94,12 @@ async def remember(api: Api, fake: FakeLlm, user: str) -> None:
 async def test_an_intention_due_soon_is_recalled_with_its_due_date(
     api: Api, fake: FakeLlm
 ) -> None:
-    user = new_user()
-    await remember(api, fake, user)
+    user, due = new_user(), tomorrow()
+    await remember(api, fake, user, due)
     body, text = await recall(api, user, "When does Rui ship Foxtrot?")
     (intention,) = body["memories"]["proactive"]
-    due = datetime.fromtimestamp(intention["due_at"], UTC).date().isoformat()
-    assert due == "2026-12-06"
-    assert "(l7_intention) Rui will ship Foxtrot 2.0 (due 2026-12-06)" in text, text
+    assert datetime.fromtimestamp(intention["due_at"], UTC).date().isoformat() == due
+    assert f"(l7_intention) Rui will ship Foxtrot 2.0 (due {due})" in text, text
 
 
 async def test_an_intention_due_soon_is_recalled_whatever_the_question(
@@ -122,7 +126,7 @@ async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(
     api: Api, fake: FakeLlm
 ) -> None:
     user = new_user()
-    await remember(api, fake, user)
+    await remember(api, fake, user, tomorrow())
     _, text = await recall(api, user, "What did Rui do in Sintra?")
     assert "- [2026-11-28] (l3_fact) Rui went hiking in Sintra" in text, text
     assert "(date = when it happened, else when it was recorded)" in text.splitlines()[0]
@@ -143,7 +147,7 @@ async def test_retired_values_and_a_preference_s_fact_are_not_recalled_twice_or_
     api: Api, fake: FakeLlm
 ) -> None:
     user = new_user()
-    await remember(api, fake, user)
+    await remember(api, fake, user, tomorrow())
     for query in ("Where does Rui live?", "What does Rui drink?", "passport"):
         _, text = await recall(api, user, query)
         assert "Rui lives in Porto" not in text and "X123" not in text, text
