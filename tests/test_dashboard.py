@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -13,7 +14,15 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
+from playwright.async_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Request,
+    Response,
+    Route,
+    async_playwright,
+)
 from yarl import URL
 
 from gateway.dashboard import public_settings, settings_in_force
@@ -769,6 +778,60 @@ async def test_owners_view_lists_users_and_agents_and_opens_one(
     options = ui.page.locator("#owner-agents option")
     assert sorted([str(await o.get_attribute("value")) for o in await options.all()]) == [
         "laptop", "phone"]
+
+
+async def _export_from_owners(ui: Session, user: str, agent: str) -> tuple[str, list[Any]]:
+    """Clicks Export on an owner's row; the file's suggested name and its decoded lines."""
+    row = ui.page.locator(f"tr[data-user='{user}'][data-agent='{agent}']")
+    async with ui.page.expect_download() as started:
+        await row.locator("button.export").click()
+    saved = await started.value
+    path = await saved.path()
+    text = await asyncio.to_thread(Path(path).read_text)
+    lines = [json.loads(line) for line in text.splitlines()]
+    return saved.suggested_filename, lines
+
+
+async def test_owners_view_exports_an_owner_as_a_file_import_takes_back(
+    ui: Session, api: Api
+) -> None:
+    user, other = _user(), _user()
+    await api.add("Laptop: the backup runs at noon.", user, agent_id="laptop")
+    await api.add("Laptop: the disk is 2 TB.", user, agent_id="laptop")
+    await api.add("Phone: the alarm is at 7.", user, agent_id="phone")
+    await api.add("Not this owner's.", other, agent_id="laptop")
+    await ui.open("owners")
+
+    name, lines = await _export_from_owners(ui, user, "laptop")
+    assert name == f"hyatlas-{user}-laptop.jsonl"
+    assert lines[0]["format"] == "hyatlas-export"
+    assert sorted(line["memory"]["content"] for line in lines[1:]) == [
+        "Laptop: the backup runs at noon.", "Laptop: the disk is 2 TB."]
+    assert all(line["vector"] and line["history"] for line in lines[1:])
+    said = ui.page.locator("#owners-message")
+    await said.filter(has_text=f"Exported {user} / laptop").wait_for()
+    await ui.shot("owners-exported")
+    # The file is an export the API takes back: every row is there already, so each is skipped.
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    imported = await api.ok("POST", "/api/v1/import", data=body)
+    assert (imported["imported"], imported["skipped"]) == (0, 2), imported
+
+    name, lines = await _export_from_owners(ui, user, "")
+    assert name == f"hyatlas-{user}.jsonl"
+    assert sorted(line["memory"]["agent_id"] for line in lines[1:]) == [
+        "laptop", "laptop", "phone"]
+
+    # A refusal is said, with the API's reason, and the button works again.
+    async def refuse(route: Route) -> None:
+        await route.fulfill(status=503, json={"error": "store unavailable"})
+
+    ui.refusals["/api/v1/export"] = 503
+    await ui.page.route("**/api/v1/export?*", refuse)
+    button = ui.page.locator(f"tr[data-user='{user}'][data-agent=phone] button.export")
+    await button.click()
+    await said.locator(".error").filter(has_text="store unavailable (HTTP 503)").wait_for()
+    assert f"Could not export {user} / phone" in await said.inner_text()
+    assert await button.is_enabled()
 
 
 async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> None:

@@ -47,14 +47,14 @@ function askToken(rejected) {
   return tokenPrompt;
 }
 
-/** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */
-export async function api(path, { method = "GET", body, query } = {}) {
+/** Sends one request with the tab's token, asking for it again on a 401; the reply otherwise. */
+async function send(path, { method = "GET", body, query, accept = "application/json" } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [key, value] of Object.entries(query || {})) {
     if (value !== "" && value !== null && value !== undefined) url.searchParams.set(key, String(value));
   }
   for (;;) {
-    const headers = { Accept: "application/json" };
+    const headers = { Accept: accept };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
     if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -65,18 +65,48 @@ export async function api(path, { method = "GET", body, query } = {}) {
       credentials: "omit",
       cache: "no-store",
     });
-    let data = null;
-    try {
-      data = await reply.json();
-    } catch {
-      data = null;
-    }
-    if (reply.status === 401) {
-      if (token) sessionStorage.removeItem(TOKEN_KEY);
-      if (!declined && (await askToken(Boolean(token)))) continue;
-      throw new ApiError(401, NO_TOKEN, data);
-    }
-    if (!reply.ok) throw new ApiError(reply.status, (data && data.error) || `HTTP ${reply.status}`, data);
-    return data;
+    if (reply.status !== 401) return reply;
+    if (token) sessionStorage.removeItem(TOKEN_KEY);
+    if (!declined && (await askToken(Boolean(token)))) continue;
+    throw new ApiError(401, NO_TOKEN, await jsonOf(reply));
   }
+}
+
+async function jsonOf(reply) {
+  try {
+    return await reply.json();
+  } catch {
+    return null;
+  }
+}
+
+async function refusal(reply) {
+  const data = await jsonOf(reply);
+  return new ApiError(reply.status, (data && data.error) || `HTTP ${reply.status}`, data);
+}
+
+/** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */
+export async function api(path, options) {
+  const reply = await send(path, options);
+  if (!reply.ok) throw await refusal(reply);
+  return jsonOf(reply);
+}
+
+/** Fetches what a route streams (with the token, which a plain link cannot send) and saves it
+ * as `filename`; throws ApiError on a refusal, and an Error when the stream was cut short. */
+export async function download(path, query, filename) {
+  const reply = await send(path, { query, accept: "application/x-ndjson" });
+  if (!reply.ok) throw await refusal(reply);
+  let blob;
+  try {
+    blob = await reply.blob();
+  } catch {
+    // The server ended the stream early (a store failing part-way leaves it unended).
+    throw new Error("the server cut the file short, so nothing was saved; try again");
+  }
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = filename;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
 }
