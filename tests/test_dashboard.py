@@ -557,6 +557,67 @@ async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     assert [m["memory_id"] for m in listed["memories"]] == [keep_id]
 
 
+async def _tick(ui: Session, *memory_ids: str) -> None:
+    for memory_id in memory_ids:
+        await ui.page.check(f"input.pick-row[data-memory-id='{memory_id}']")
+
+
+async def test_ticked_rows_are_forgotten_restored_and_deleted_together(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    first, second, third = [
+        await api.add(text, user) for text in ("Gate code 1234.", "Wifi key hunter2.", "Keep me.")]
+    await ui.open("memories")
+    await ui.set_owner(user)
+    count = ui.page.locator("#picked-count")
+    assert await ui.page.locator("#forget-picked").is_disabled()
+    await _tick(ui, first, second)
+    assert await count.inner_text() == "2 selected"
+    assert await ui.page.locator("#restore-picked").is_disabled()  # nothing ticked is retired
+
+    await ui.page.click("#forget-picked")
+    await ui.act(ui.page.click("#confirm-forget-picked"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Forgot 2 memories."
+    for memory_id in (first, second):
+        assert (await api.memory(memory_id, user))["superseded_how"] == "forgotten"
+    assert "invalid_at" not in await api.memory(third, user)
+    assert await _memory_ids(ui) == [third]  # retired rows leave the live list
+
+    # With retired rows shown, the page's box ticks all; only the retired ones are restored.
+    await ui.open("memories?superseded=1")
+    await ui.page.check("#pick-all")
+    assert await count.inner_text() == "3 selected"
+    await ui.act(ui.page.click("#restore-picked"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Restored 2 memories."
+    for memory_id in (first, second, third):
+        assert "invalid_at" not in await api.memory(memory_id, user)
+    restores = await api.ok("GET", "/api/v1/history", params={"id": first, "user_id": user})
+    assert [e["actor"] for e in restores["history"] if e["action"] == "restore"] == ["dashboard"]
+
+    # A failure is said with its reason; the rest go through.
+    async def refuse(route: Route) -> None:
+        body = json.loads(route.request.post_data or "{}")
+        if body.get("id") == second:
+            await route.fulfill(status=503, json={"error": "store unavailable"})
+        else:
+            await route.continue_()
+
+    ui.refusals["/api/v1/delete_all"] = 503
+    await ui.page.route("**/api/v1/delete_all", refuse)
+    await _tick(ui, first, second)
+    await ui.page.click("#delete-picked")
+    await ui.act(ui.page.click("#confirm-delete-picked"))
+    assert await ui.page.locator("#action-notice").inner_text() == (
+        "Deleted 1 memory. 1 failed: store unavailable.")
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user})
+    assert sorted(m["memory_id"] for m in listed["memories"]) == sorted([second, third])
+    await _tick(ui, third)
+    await ui.shot("memories-ticked")
+    await ui.page.set_viewport_size(PHONE)  # the box keeps to the row: nothing wider than a phone
+    assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+
 async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api: Api) -> None:
     user = _user()
     await api.add("An older note.", user)

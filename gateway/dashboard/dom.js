@@ -83,4 +83,18 @@ export function facts(pairs) {
   return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", null, k), h("dd", null, v === "" || v === null || v === undefined ? "—" : v)]));
 }
 
+/** A button that asks first: the question with Yes / Cancel replaces it until answered. */
+export function confirmed(id, label, cls, question, yes, onYes) {
+  const button = h("button", { type: "button", id, class: cls }, label);
+  const ask = h("span", { class: "confirm", id: `${id}-confirm`, hidden: true }, `${question} `,
+    h("button", { type: "button", id: `confirm-${id}`, class: cls, onclick: async (e) => {
+      e.target.disabled = true;
+      if (!(await onYes())) e.target.disabled = false;
+    } }, yes),
+    " ",
+    h("button", { type: "button", id: `cancel-${id}`, onclick: () => { ask.hidden = true; button.hidden = false; } }, "Cancel"));
+  button.addEventListener("click", () => { button.hidden = true; ask.hidden = false; });
+  return [button, ask];
+}
+
 export const LAYERS = ["l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema", "l7_intention", "l8_entity"];

@@ -1,7 +1,8 @@
 // Memories: a paged list by layer, and one memory's detail with its sources, lineage, history and actions.
 
 import { api } from "../api.js";
-import { h, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS } from "../dom.js";
+import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS } from "../dom.js";
+import { bulkBar, pickAllCell, pickCell } from "./bulk.js";
 
 const PAGE_SIZE = 50;
 // Recorded as the dashboard's in each memory's history (actor "dashboard").
@@ -76,6 +77,7 @@ function listControls(ctx, body) {
 
 function row(item) {
   return h("tr", { class: "memory-row", "data-memory-id": item.memory_id, "data-layer": item.layer },
+    pickCell(item),
     h("td", { class: "content" }, h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}` }, item.content)),
     h("td", null, h("span", { class: `layer-tag ${item.layer}` }, item.layer)),
     h("td", { class: "when" }, fmtTime(item.gmt_created)),
@@ -111,11 +113,10 @@ async function renderList(root, ctx) {
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
     return;
   }
-  root.append(
-    h("table", { class: "memories", id: "memory-table" },
-      h("thead", null, h("tr", null, h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))),
-      h("tbody", null, body.memories.map(row))),
-    pager);
+  const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
+  table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
+  const finish = (text) => { notice = text; return ctx.refresh(); };
+  root.append(bulkBar(table, owner, ORIGIN, finish), table, pager);
 }
 
 function createForm(ctx) {
@@ -158,20 +159,6 @@ function historyTable(entries) {
     h("thead", null, h("tr", null, h("th", null, "When"), h("th", null, "Action"), h("th", null, "By"), h("th", null, "Why"))),
     h("tbody", null, entries.map((e) => h("tr", { "data-action": e.action },
       h("td", { class: "when" }, fmtTime(e.at)), h("td", null, e.action), h("td", null, e.actor), h("td", null, e.reason || "")))));
-}
-
-/** A button that asks first: the question with Yes / Cancel replaces it until answered. */
-function confirmed(id, label, cls, question, yes, onYes) {
-  const button = h("button", { type: "button", id, class: cls }, label);
-  const ask = h("span", { class: "confirm", id: `${id}-confirm`, hidden: true }, `${question} `,
-    h("button", { type: "button", id: `confirm-${id}`, class: cls, onclick: async (e) => {
-      e.target.disabled = true;
-      if (!(await onYes())) e.target.disabled = false;
-    } }, yes),
-    " ",
-    h("button", { type: "button", id: `cancel-${id}`, onclick: () => { ask.hidden = true; button.hidden = false; } }, "Cancel"));
-  button.addEventListener("click", () => { button.hidden = true; ask.hidden = false; });
-  return [button, ask];
 }
 
 function editForm(ctx, memory, say, box) {
