@@ -152,7 +152,7 @@ OPERATIONS: list[Op] = [
        headers={"Idempotency-Key": {"type": "string", "maxLength": 255}}),
     *both("/api/v1/list", "One owner's rows, newest first",
           {"layer": LAYER, **OWNER, "limit": INT, "offset": INT, "before": NAME,
-           "include_raw": BOOL, "include_superseded": BOOL},
+           "include_raw": BOOL, "include_superseded": BOOL, "contains": NAME},
           obj("total", "offset", "limit", "memories", "layers", "next_before", total=INT,
               offset=INT, limit=INT, memories=arr(MEMORY), layers=LAYERS, graph_nodes=INT,
               graph_edges=INT, next_before=STR)),

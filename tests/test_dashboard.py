@@ -618,6 +618,28 @@ async def test_ticked_rows_are_forgotten_restored_and_deleted_together(
     assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
 
 
+async def test_the_list_filters_by_a_text_and_its_rows_can_all_be_forgotten(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    held = [await api.add(text, user) for text in ("Passport no. X123.", "Renew the PASSPORT.")]
+    other = await api.add("Buy milk.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.page.fill("#list-contains", "passport")
+    await ui.act(ui.page.press("#list-contains", "Enter"))
+    assert sorted(await _memory_ids(ui)) == sorted(held)
+    assert "2 rows" in await ui.page.locator("#page-info").inner_text()
+    assert "contains=passport" in ui.page.url  # kept in the address, as the other filters
+
+    await ui.page.check("#pick-all")
+    await ui.page.click("#forget-picked")
+    await ui.act(ui.page.click("#confirm-forget-picked"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Forgot 2 memories."
+    assert "No memories here hold “passport”" in await ui.page.locator(".empty").inner_text()
+    assert "invalid_at" not in await api.memory(other, user)
+
+
 async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api: Api) -> None:
     user = _user()
     await api.add("An older note.", user)

@@ -394,6 +394,21 @@ async def test_list_pages_on_with_before_past_rows_added_meanwhile(api: Api) -> 
     assert status == 400 and "not one a list returned" in body["error"]
 
 
+async def test_list_keeps_the_rows_holding_a_text_and_counts_them(api: Api) -> None:
+    user = _user()
+    ids = [(await api.add(text, user))["memory_id"]
+           for text in ("My PASSPORT expires in May.", "Renew the passport.", "Buy milk.")]
+    status, page = await api.call("GET", "/api/v1/list", params={
+        "user_id": user, "contains": "Passport", "limit": "1"})
+    assert status == 200, page
+    assert page["total"] == 2 and [m["memory_id"] for m in page["memories"]] == [ids[1]]
+    rest = await api.listing(user, contains="Passport", before=page["next_before"])
+    assert [m["memory_id"] for m in rest["memories"]] == [ids[0]]
+    status, body = await api.call("POST", "/api/v1/list", json={
+        "user_id": user, "contains": "p" * 257})
+    assert status == 400 and "contains" in body["error"], body
+
+
 async def test_list_shows_retired_rows_only_with_include_superseded(api: Api, lite: Stack) -> None:
     user = _user()
     old = (await api.add("The wifi password is hunter2.", user))["memory_id"]

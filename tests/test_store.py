@@ -2147,6 +2147,33 @@ async def test_list_by_source_id_finds_the_rows_learnt_from_a_turn_live_or_retir
     assert await listed(store, source_id=turn.id) == ["moved to Bristol"]
 
 
+async def test_list_by_contains_finds_the_rows_holding_a_text_in_any_case(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    rows = await apply(
+        store,
+        insert("Die ÖLFARBE trocknet langsam"),
+        insert("ölfarbe kaufen"),
+        insert("Acrylfarbe trocknet schnell"),
+        insert("100% sure about the_plan"),
+    )
+    await apply(store, insert("ölfarbe for bob", user="bob"), user="bob")
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=rows[1].id))
+    assert await listed(store, contains="Ölfarbe") == ["Die ÖLFARBE trocknet langsam"]
+    assert await listed(store, contains="ölFARBE", include_superseded=True, order="oldest") == [
+        "Die ÖLFARBE trocknet langsam", "ölfarbe kaufen"]
+    # LIKE's wildcards are plain characters here.
+    assert await listed(store, contains="0% sure") == ["100% sure about the_plan"]
+    assert await listed(store, contains="the_p") == ["100% sure about the_plan"]
+    assert await listed(store, contains="e%p") == []
+    page = await store.ListMemories(store_pb2.ListMemoriesRequest(
+        scope=scope(), contains="trocknet", limit=1))
+    assert page.total == 2 and len(page.memories) == 1
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await listed(store, contains="x" * 257)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 OLD_ADDRESS = "My home address is 12 Elm Street, Springfield."
 
 

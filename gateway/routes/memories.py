@@ -155,6 +155,7 @@ async def list_memories(request: web.Request) -> web.Response:
                 offset=offset,
                 exclude_layers=[] if include_raw or layers else [common_pb2.L2_RAW],
                 cursor=before,
+                contains=params.string("contains"),
             ),
             timeout=rpc_timeout(request),
         ),

@@ -336,6 +336,8 @@ class ListQuery:
     label: str = ""
     source_id: str = ""
     """Only rows learnt from this row (it is among their source_ids)."""
+    contains: str = ""
+    """Only rows whose content holds this text, ignoring case (each one's lower case)."""
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0

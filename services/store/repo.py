@@ -678,6 +678,13 @@ ERASE_KEEPS = (
 )
 
 
+def holds_text(content: str | None, wanted: str) -> bool:
+    """SQL `holds_text(content, wanted)`: whether the content's lower case holds `wanted`
+    (lower-cased by the caller). Python's lower() knows every script, which SQLite's does not;
+    the PostgreSQL store compares with the database's lower()."""
+    return content is not None and wanted in content.lower()
+
+
 def _quick_connection(db_path: Path) -> sqlite3.Connection:
     """The connection of keyed_read: read-only, and SQLite busy is an error at once (the event
     loop must not wait for a lock)."""
@@ -975,6 +982,7 @@ class Repo(SharedReads):
 
         def connector() -> sqlite3.Connection:
             conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=not inline)
+            conn.create_function("holds_text", 2, holds_text, deterministic=True)
             if inline:
                 self._inline = conn
             return conn
@@ -1306,6 +1314,9 @@ class Repo(SharedReads):
         if query.source_id:
             where.append("EXISTS (SELECT 1 FROM json_each(m.source_ids) WHERE value = ?)")
             params.append(query.source_id)
+        if query.contains:
+            where.append("holds_text(m.content, ?)")
+            params.append(query.contains.lower())
         past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(

@@ -406,6 +406,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             superseded_by=request.superseded_by,
             label=check_name("label", request.label),
             source_id=request.source_id,
+            contains=check_name("contains", request.contains),
             limit=request.limit,
             offset=request.offset,
             past=_past(request.cursor),

@@ -65,7 +65,12 @@ function listControls(ctx, body) {
     h("label", { class: "check" }, h("input", {
       type: "checkbox", id: "include-superseded", checked: params.get("superseded") === "1",
       onchange: (e) => go({ superseded: e.target.checked ? "1" : "" }),
-    }), " include superseded"));
+    }), " include superseded"),
+    // A change (Enter, or leaving the field) lists the rows holding the text, any case.
+    h("label", null, "Holding ", h("input", {
+      type: "search", id: "list-contains", value: params.get("contains") || "", maxlength: 256,
+      placeholder: "any text", onchange: (e) => go({ contains: e.target.value.trim() }),
+    })));
   const pager = h("nav", { class: "pager", "aria-label": "Pages" },
     h("button", { type: "button", id: "prev-page", disabled: !before,
       onclick: () => ctx.go(pageHash(params, {}, back.at(-1), back.slice(0, -1))) }, "← Newer"),
@@ -95,6 +100,7 @@ async function renderList(root, ctx) {
       agent_id: owner.agent_id,
       layer: params.get("layer") || "",
       include_superseded: params.get("superseded") === "1",
+      contains: params.get("contains") || "",
       limit: PAGE_SIZE,
       before,
     },
@@ -106,6 +112,11 @@ async function renderList(root, ctx) {
     // The page before held the list's last rows, or deletes emptied this one.
     root.append(emptyState("No older memories: the list ends before this page.",
       h("a", { href: firstHash, id: "first-page" }, "Go to the first page")), pager);
+    return;
+  }
+  if (!body.memories.length && params.get("contains")) {
+    root.append(emptyState(`No memories here hold “${params.get("contains")}”.`,
+      "The list matches the text as written, in any case; Explore finds memories by meaning."));
     return;
   }
   if (!body.memories.length) {

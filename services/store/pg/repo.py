@@ -175,6 +175,9 @@ class PgRepo(SharedReads):
             # Containment (@>), not jsonb's `?` operator: numbered() takes every `?` for one.
             where.append("m.source_ids::jsonb @> jsonb_build_array(?::text)")
             params.append(query.source_id)
+        if query.contains:
+            where.append("strpos(lower(m.content), lower(?::text)) > 0")
+            params.append(query.contains)
         for compare, bound in ((">", query.created_after), ("<", query.created_before)):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
