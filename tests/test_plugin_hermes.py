@@ -499,6 +499,11 @@ def test_the_cli_takes_owner_options_after_the_subcommand_and_refuses_a_limit_be
                         "u-after", "--agent-id", "a-after")
     assert listed.returncode == 0, listed.stderr
     assert contents(json.loads(listed.stdout)) == ["The shed key hangs by the back door"]
+    for held, expected in (("SHED key", ["The shed key hangs by the back door"]), ("garage", [])):
+        listed = hermes_cli(hermes_python, home, "recent", "--contains", held, "--user-id",
+                            "u-after", "--agent-id", "a-after")
+        assert listed.returncode == 0, listed.stderr
+        assert contents(json.loads(listed.stdout)) == expected
     # The server reads a limit of 0 as its own default: the CLI refuses it instead.
     refused = hermes_cli(hermes_python, home, "recent", "--limit", "0")
     assert refused.returncode == 2 and "--limit: 0 is below 1" in refused.stderr

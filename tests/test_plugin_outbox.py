@@ -96,15 +96,17 @@ def test_a_write_queued_past_the_key_window_that_the_server_stored_is_not_stored
 def test_a_row_erased_while_the_outbox_looks_for_its_write_does_not_hide_the_write(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ) -> None:
-    """The stored write is the 201st newest raw row; one of the 200 newer rows is deleted on
-    the server once the first page is read. The next page still starts right after that page,
-    so the write is found and not stored twice."""
+    """The stored write is the 201st newest raw row holding its text (the lookup lists those
+    alone); one of the 200 newer rows is deleted on the server once the first page is read.
+    The next page still starts right after that page, so the write is found and not stored
+    twice."""
     user = f"u-{uuid.uuid4().hex[:8]}"
     key = uuid.uuid4().hex
     first = _turn(user, "USER: the piano was tuned in March")
     assert gateway_add(stack, first, key)["success"] is True
     _server_forgets_key(stack, key)
-    newer = [gateway_add(stack, _turn(user, f"USER: later note {i}"), uuid.uuid4().hex)
+    newer = [gateway_add(stack, _turn(user, f"USER: the piano was tuned in March, note {i}"),
+                         uuid.uuid4().hex)
              for i in range(200)]
     home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
     result = drive(hermes_python, home, "aged_outbox", {

@@ -61,6 +61,7 @@ def register_cli(subparser: argparse.ArgumentParser) -> None:
     recent = subs.add_parser("recent", help="Newest memories")
     recent.add_argument("--layer", choices=LAYERS)
     recent.add_argument("--limit", type=_count, default=20)
+    recent.add_argument("--contains", default="", help="Only memories holding this text (any case)")
     owners = subs.add_parser("owners", help="Users and agents with memories (which ids to look at)")
     forget = subs.add_parser("forget", help="Forget memories by id or matching text")
     forget.add_argument("text", nargs="*")
@@ -148,7 +149,8 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         with _outbox(home, client) as outbox:
             _print(add_or_queue(client, outbox, note))
     elif command == "recent":
-        _print(client.recent(limit=args.limit, layer=args.layer or "", **owner))
+        _print(client.recent(limit=args.limit, layer=args.layer or "", contains=args.contains,
+                             **owner))
     elif command == "owners":
         print(_owners_table(client.owners(), owner))
     elif command == "forget":

@@ -143,10 +143,10 @@ class HyAtlasClient:
     def recent(
         self, *, user_id: str, agent_id: str, limit: int = 20, layer: str = "",
         include_raw: bool = True, offset: int = 0, include_superseded: bool = False,
-        before: str = "",
+        before: str = "", contains: str = "",
     ) -> dict[str, Any]:
         """POST /api/v1/list, newest first; from offset on, or after the row `before` names (a
-        page's next_before)."""
+        page's next_before); with contains, only the rows whose text holds it (any case)."""
         body: dict[str, Any] = {
             "user_id": user_id,
             "agent_id": agent_id,
@@ -159,6 +159,8 @@ class HyAtlasClient:
             body["layer"] = layer
         if before:
             body["before"] = before
+        if contains:
+            body["contains"] = contains
         return self.request("POST", "/api/v1/list", body)
 
     def owners(self) -> dict[str, Any]:

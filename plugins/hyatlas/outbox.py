@@ -35,6 +35,9 @@ MAX_OPS = 10_000
 LIST_PAGE = 200
 """Rows per page when looking for a write the server may already hold."""
 
+CONTAINS_CHARS = 256
+"""The most characters a list's `contains` takes (MAX_NAME_CHARS in shared/limits.py)."""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ops (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -85,7 +88,8 @@ def new_idempotency_key() -> str:
 
 def already_stored(client: HyAtlasClient, payload: dict[str, Any], since: float) -> bool:
     """Whether the server holds this add's raw row, written at or after since: the same text,
-    agent and session among the owner's raw rows (retired ones too), newest first.
+    agent and session among the owner's raw rows (retired ones too) that hold the text's start,
+    newest first (a server without `contains` lists them all, which only takes longer).
 
     Pages go by the list's cursor, not an offset: rows erased or written while it looks would
     shift an offset past rows it never read.
@@ -97,6 +101,7 @@ def already_stored(client: HyAtlasClient, payload: dict[str, Any], since: float)
         listed = client.recent(
             user_id=payload.get("user_id", ""), agent_id=payload.get("agent_id", ""),
             layer="l2_raw", limit=LIST_PAGE, before=before, include_superseded=True,
+            contains=wanted[0].split("\x00")[0][:CONTAINS_CHARS],  # a name takes no NUL
         )
         rows = listed.get("memories") or []
         if any((row.get("content"), row.get("agent_id", ""), row.get("session_id", "")) == wanted
