@@ -23,7 +23,8 @@ export function pickAllCell(table) {
   }));
 }
 
-/** Calls `call(id)` for each id in turn; "" when all went through, else what failed and why. */
+/** Calls `call(id)` for each id in turn: how many went through, and a sentence saying how many
+ * failed and why ("" when none did). */
 async function each(ids, call) {
   const failed = [];
   for (const id of ids) {
@@ -50,6 +51,7 @@ export function bulkBar(table, owner, origin, finish) {
     .map((box) => box.dataset.memoryId);
   const count = h("span", { id: "picked-count", class: "muted" });
   const run = async (ids, call, verb) => {
+    count.textContent = `Working on ${plural(ids.length)}…`;
     const { done, failed } = await each(ids, call);
     await finish(`${verb} ${plural(done)}.${failed}`);
     return true;
