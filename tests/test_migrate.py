@@ -15,6 +15,7 @@ import asyncpg
 import numpy as np
 import pytest
 
+from services.embedder.derive import derive_fp16
 from tests.store_state import LONG_TEXT, call, export, seed
 from tests.support import ROOT, Stack, running_stack
 
@@ -153,3 +154,45 @@ async def test_a_server_on_postgresql_says_it_takes_no_snapshots_and_counts_its_
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert "ok   snapshots: not taken on PostgreSQL" in done.stdout, done.stdout
+
+
+async def test_a_postgresql_store_moves_to_another_model_by_a_migrate_into_a_new_database(
+    tmp_path_factory: pytest.TempPathFactory, target: Stack, pg_databases: Any
+) -> None:
+    """A re-embed is not built on PostgreSQL: a store whose embedder now runs another model
+    says how to move instead, and that way (a new database, `hyatlas migrate`) gives every
+    row and key a vector of the new model."""
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    await seed(target, user)
+    lines = [line for line in (await export(target))[1:] if line["type"] == "memory"]
+    fp16 = derive_fp16(tmp_path_factory.mktemp("fp16"))
+    with running_stack(
+        tmp_path_factory.mktemp("migrate-fp16"),
+        ["embedder", "store", "search", "gateway"],
+        HYATLAS_MODEL_DIR=str(fp16),
+        HYATLAS_STORE_DSN=pg_databases.new_dsn(),
+        HYATLAS_ADMIN="on",
+    ) as moved:
+        with running_stack(
+            tmp_path_factory.mktemp("migrate-old-db-new-model"),
+            ["store", "gateway"],
+            HYATLAS_EMBEDDER_ADDR=moved.address("embedder"),
+            HYATLAS_STORE_DSN=target.env["HYATLAS_STORE_DSN"],
+        ) as mismatched:
+            status, body = await call(mismatched, "POST", "/api/v1/add",
+                                      json={"text": "one more", "user_id": user})
+            assert status == 409 and "hyatlas migrate" in body["error"], body
+
+        reply = await _migrate(target, moved)
+        assert (reply["imported"], reply["refused"]) == (len(await export(target)) - 1, 0)
+        moved_lines = [line for line in (await export(moved))[1:] if line["type"] == "memory"]
+        assert [line["memory"]["id"] for line in moved_lines] == [
+            line["memory"]["id"] for line in lines]
+        model = (await export(moved))[0]["model_id"]
+        assert model == "all-MiniLM-L6-v2-fp16" and lines[0]["model_id"] != model
+        assert {line["model_id"] for line in moved_lines} == {model}
+        keys = [key for line in moved_lines for key in line.get("keys", []) if key["vector"]]
+        assert keys  # the clause and context keys were embedded again, not dropped
+        long_turn = next(line["memory"]["id"] for line in lines
+                         if line["memory"]["content"] == LONG_TEXT)
+        assert long_turn in await _search(moved, user, "farmhouse roof")

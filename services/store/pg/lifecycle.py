@@ -11,6 +11,7 @@ from services.store.core import VectorModel
 from services.store.off_calendar import clear_off_calendar_dates
 from services.store.pg.db import Database, redacted_dsn
 from services.store.pg.repo import PgRepo
+from services.store.pg.schema import REEMBED_INSTEAD
 from services.store.pg.vectors import PgVectors
 from services.store.reembed import ModelSource
 from services.store.retrieval import EXACT_UP_TO
@@ -34,7 +35,8 @@ async def _model(repo: PgRepo, embedder: ModelSource) -> VectorModel:
     if built != model.model_id:
         mismatch = (
             f"the database's vectors come from model {built!r} but the embedder runs "
-            f"{model.model_id!r}; a re-embed is not built for the PostgreSQL store yet"
+            f"{model.model_id!r}; a re-embed is not built for the PostgreSQL store yet: "
+            f"{REEMBED_INSTEAD}"
         )
         log.error("%s", mismatch)
         return VectorModel(built, model.ndim, mismatch=mismatch)

@@ -21,6 +21,12 @@ import asyncpg
 from shared.errors import ConfigError
 from shared.text import edge_key
 
+REEMBED_INSTEAD = (
+    "run the new model on a new database and copy this one into it with `hyatlas migrate "
+    "--to` (its import embeds every row and key again with the new model)"
+)
+"""How a store on PostgreSQL moves to another embedding model meanwhile."""
+
 SCHEMA_VERSION = 6
 """1: the first; 2: the session neighbours index without agent_id; 3: GIN pending lists of
 GIN_PENDING_KB; 4: memory_keys_context_owner; 5: graph_edges' name keys (the SQLite store's
@@ -278,7 +284,7 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
         if stored is not None and stored != ndim:
             raise ConfigError(
                 f"{where} holds {stored}-d vectors but the embedder's model gives {ndim}-d; "
-                "a re-embed is not built for the PostgreSQL store yet"
+                f"a re-embed is not built for the PostgreSQL store yet: {REEMBED_INSTEAD}"
             )
         await conn.execute(_tables(ndim))
         if version is not None and version < 3:
