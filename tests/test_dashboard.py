@@ -917,6 +917,38 @@ async def test_owners_view_exports_an_owner_as_a_file_import_takes_back(
     assert await button.is_enabled()
 
 
+async def test_owners_view_imports_a_file_and_says_what_it_wrote_and_refused(
+    ui: Session, api: Api, tmp_path: Path
+) -> None:
+    user = _user()
+    lines = [
+        {"type": "memory", "memory": {"user_id": user, "content": "Imported: the boat is blue.",
+                                      "id": f"{user}-boat"}},
+        {"type": "memory", "memory": {"user_id": user, "content": "Imported: no such layer.",
+                                      "layer": "l9_nothing"}},
+    ]
+    path = tmp_path / "memories.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    await ui.open("owners")
+    await ui.page.set_input_files("#import-file", str(path))
+    ui.refusals["/api/v1/import"] = 400  # one line refused: the answer is a 400 with counts
+    await ui.act(ui.page.click("#import-send"))
+    report = await ui.page.locator("#import-report").inner_text()
+    assert "1 line imported, 0 lines skipped (their ids are here already), 1 line refused" in report, report
+    assert "line 2:" in report and "l9_nothing" in report, report
+    await ui.shot("owners-imported")
+    assert await ui.page.locator(f"tr[data-user='{user}'][data-agent=''] .live").inner_text() == "1"
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user})
+    assert [m["memory_id"] for m in listed["memories"]] == [f"{user}-boat"]
+
+    # The same file again: the row is skipped by its id, nothing is written twice.
+    await ui.page.set_input_files("#import-file", str(path))
+    await ui.act(ui.page.click("#import-send"))
+    report = await ui.page.locator("#import-report").inner_text()
+    assert "0 lines imported, 1 line skipped" in report, report
+    assert (await api.ok("POST", "/api/v1/list", json={"user_id": user}))["total"] == 1
+
+
 async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> None:
     await ui.open("system")
     page = ui.page

@@ -47,8 +47,9 @@ function askToken(rejected) {
   return tokenPrompt;
 }
 
-/** Sends one request with the tab's token, asking for it again on a 401; the reply otherwise. */
-async function send(path, { method = "GET", body, query, accept = "application/json" } = {}) {
+/** Sends one request with the tab's token, asking for it again on a 401; the reply otherwise.
+ * `body` goes as it is (a string, or a File, which is read again for a second try). */
+async function send(path, { method = "GET", body, query, accept = "application/json", type = "application/json" } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [key, value] of Object.entries(query || {})) {
     if (value !== "" && value !== null && value !== undefined) url.searchParams.set(key, String(value));
@@ -57,11 +58,11 @@ async function send(path, { method = "GET", body, query, accept = "application/j
     const headers = { Accept: accept };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (body !== undefined) headers["Content-Type"] = type;
     const reply = await fetch(url, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body,
       credentials: "omit",
       cache: "no-store",
     });
@@ -86,10 +87,17 @@ async function refusal(reply) {
 }
 
 /** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */
-export async function api(path, options) {
-  const reply = await send(path, options);
+export async function api(path, { body, ...options } = {}) {
+  const reply = await send(path, { ...options, body: body === undefined ? undefined : JSON.stringify(body) });
   if (!reply.ok) throw await refusal(reply);
   return jsonOf(reply);
+}
+
+/** Posts a file as JSON lines; the answer's status and JSON whatever the status (an import
+ * that stopped part-way still says what it wrote). */
+export async function upload(path, file) {
+  const reply = await send(path, { method: "POST", body: file, type: "application/x-ndjson" });
+  return { ok: reply.ok, status: reply.status, data: (await jsonOf(reply)) || {} };
 }
 
 /** Fetches what a route streams (with the token, which a plain link cannot send) and saves it

@@ -1,7 +1,45 @@
 // Owners: every user and agent with memories, their row counts and last write; pick one to look at.
 
-import { api, download } from "../api.js";
+import { api, download, upload } from "../api.js";
 import { h, emptyState, errorBox, fmtCount, fmtTime } from "../dom.js";
+
+const SHOWN_ERRORS = 5;
+
+// What the last import did, shown once by the next render (which lists its owners too).
+let notice = null;
+
+/** What an import's answer says: the counts, and the first lines refused with why. */
+function importReport(status, data) {
+  const lines = (n) => `${fmtCount(n || 0)} ${n === 1 ? "line" : "lines"}`;
+  const counts = `${lines(data.imported)} imported, ${lines(data.skipped)} skipped (their ids are here already), ${lines(data.refused)} refused`;
+  const errors = (data.errors || []).slice(0, SHOWN_ERRORS).map((e) => h("li", null, `line ${e.line}: ${e.error}`));
+  const stopped = status >= 500 || (data.error && !(data.errors || []).length);
+  return h("div", { class: stopped || data.refused ? "error" : "notice", id: "import-report", role: "status" },
+    h("p", null, `${stopped ? "Import stopped" : "Import done"}: ${counts}.`),
+    stopped && data.error ? h("p", null, `${data.error} (HTTP ${status}); the lines before were written, so sending the file again skips them.`) : null,
+    errors.length ? h("ul", null, errors) : null);
+}
+
+/** A file picker that posts an export (or minimal memory lines) to `POST /api/v1/import`. */
+function importForm(ctx) {
+  const file = h("input", { type: "file", id: "import-file", accept: ".jsonl,.ndjson,application/x-ndjson,application/json" });
+  const send = h("button", { type: "submit", id: "import-send" }, "Import");
+  const form = h("form", { class: "toolbar", id: "import-form" }, h("label", null, "Import a file ", file), send);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!file.files.length) return;
+    send.disabled = true;
+    form.append(h("span", { class: "muted", id: "import-working" }, "Importing…"));
+    try {
+      const { status, data } = await upload("/api/v1/import", file.files[0]);
+      notice = importReport(status, data);
+    } catch (error) {
+      notice = errorBox(error, "Could not import");
+    }
+    await ctx.refresh();
+  });
+  return form;
+}
 
 /** A file name from the owner's ids, with anything but letters, digits, ".", "_" and "-" as "_". */
 function exportName(userId, agentId) {
@@ -44,9 +82,12 @@ export async function render(root, ctx) {
   root.append(h("h1", null, "Owners"));
   const { users } = await api("/api/v1/owners");
   if (ctx.stale()) return;
+  root.append(importForm(ctx));
+  if (notice) root.append(notice);
+  notice = null;
   if (!users.length) {
     root.append(emptyState("No memories yet, for anyone.",
-      "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn), or with New memory under Memories."));
+      "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn), with New memory under Memories, or from a file imported above."));
     return;
   }
   root.append(
