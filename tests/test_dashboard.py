@@ -934,7 +934,8 @@ async def test_owners_view_imports_a_file_and_says_what_it_wrote_and_refused(
     ui.refusals["/api/v1/import"] = 400  # one line refused: the answer is a 400 with counts
     await ui.act(ui.page.click("#import-send"))
     report = await ui.page.locator("#import-report").inner_text()
-    assert "1 line imported, 0 lines skipped (their ids are here already), 1 line refused" in report, report
+    assert ("1 line imported, 0 lines skipped (their ids are here already), 1 line refused"
+            in report), report
     assert "line 2:" in report and "l9_nothing" in report, report
     await ui.shot("owners-imported")
     assert await ui.page.locator(f"tr[data-user='{user}'][data-agent=''] .live").inner_text() == "1"
