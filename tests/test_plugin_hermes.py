@@ -314,15 +314,18 @@ def test_tools_answer_json_and_forget_of_a_mere_part_of_a_note_retires_nothing(
         ["hyatlas_add", {"text": "The wifi password is stored in the blue notebook"}],
         ["hyatlas_search", {"query": "wifi password blue notebook", "limit": 5}],
         ["hyatlas_recent", {"limit": 5}],
+        ["hyatlas_recent", {"contains": "BLUE notebook"}],
+        ["hyatlas_recent", {"contains": "red notebook"}],
         ["hyatlas_status", {}],
         ["hyatlas_search", {"query": "x", "layer": "l9_nope"}],
         ["hyatlas_forget", {"text": "wifi password"}],
         ["hyatlas_search", {}],
     ]})["answers"]
-    added, searched, recent, status, bad_layer, forget, no_query = answers
+    added, searched, recent, holding, not_holding, status, bad_layer, forget, no_query = answers
     assert added["success"] is True
     assert any("blue notebook" in c for c in contents(searched))
     assert contents(recent) == ["The wifi password is stored in the blue notebook"]
+    assert contents(holding) == contents(recent) and contents(not_holding) == []
     assert status["mode"] == "lite" and status["plugin_queue"] == 0
     assert "l9_nope" in bad_layer["error"]
     # A forget tool call matches whole values (exact or near-exact), not a part of a note;

@@ -54,7 +54,8 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     },
     {
         "name": "hyatlas_recent",
-        "description": "The most recent memories, newest first.",
+        "description": "The most recent memories, newest first; with contains, only those "
+                       "whose text holds it (any case), to find every memory that says a thing.",
         "parameters": {
             "type": "object",
             "properties": {
@@ -63,6 +64,8 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                           "description": "Most results (default 20)."},
                 "include_raw": {"type": "boolean",
                                 "description": "Include raw conversation turns (default true)."},
+                "contains": {"type": "string", "maxLength": 256,
+                             "description": "Only memories whose text holds this, any case."},
             },
         },
     },
@@ -174,6 +177,7 @@ def _recent(scope: Scope, args: dict[str, Any]) -> Any:
     return scope.client.recent(
         user_id=scope.user_id, agent_id=scope.agent_id, limit=_limit(args, 20),
         layer=_layer(args), include_raw=True if raw is None else parse_flag("include_raw", raw),
+        contains=_optional_text(args, "contains"),
     )
 
 
