@@ -16,7 +16,7 @@ function importReport(status, data) {
   const stopped = status >= 500 || (data.error && !(data.errors || []).length);
   return h("div", { class: stopped || data.refused ? "error" : "notice", id: "import-report", role: "status" },
     h("p", null, `${stopped ? "Import stopped" : "Import done"}: ${counts}.`),
-    stopped && data.error ? h("p", null, `${data.error} (HTTP ${status}); the lines before were written, so sending the file again skips them.`) : null,
+    stopped && data.error ? h("p", null, `${data.error} (HTTP ${status})${data.imported ? "; the lines before it were written, so sending the file again skips them" : ""}.`) : null,
     errors.length ? h("ul", null, errors) : null);
 }
 
