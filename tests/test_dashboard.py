@@ -949,6 +949,20 @@ async def test_owners_view_imports_a_file_and_says_what_it_wrote_and_refused(
     assert "0 lines imported, 1 line skipped" in report, report
     assert (await api.ok("POST", "/api/v1/list", json={"user_id": user}))["total"] == 1
 
+    # An import the server stops says so, with the reason and no claim of lines written.
+    async def busy(route: Route) -> None:
+        await route.fulfill(status=503, json={
+            "lines": 0, "imported": 0, "skipped": 0, "refused": 0, "errors": [],
+            "error": "store unavailable"})
+
+    ui.refusals["/api/v1/import"] = 503
+    await ui.page.route("**/api/v1/import", busy)
+    await ui.page.set_input_files("#import-file", str(path))
+    await ui.act(ui.page.click("#import-send"))
+    report = await ui.page.locator("#import-report").inner_text()
+    assert "Import stopped: 0 lines imported" in report, report
+    assert "store unavailable (HTTP 503)." in report and "were written" not in report, report
+
 
 async def test_system_shows_health_and_settings_but_no_secret(ui: Session) -> None:
     await ui.open("system")
