@@ -36,7 +36,8 @@ LIST_PAGE = 200
 """Rows per page when looking for a write the server may already hold."""
 
 CONTAINS_CHARS = 256
-"""The most characters a list's `contains` takes (MAX_NAME_CHARS in shared/limits.py)."""
+"""The most characters a list's `contains` takes (MAX_NAME_CHARS in shared/limits.py): the
+outbox's lookup and the hyatlas_recent tool keep to it."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ops (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import ClientError, HttpError, HyAtlasClient, Unreachable
-from .outbox import Outbox, new_idempotency_key
+from .outbox import CONTAINS_CHARS, Outbox, new_idempotency_key
 from .settings import parse_flag
 
 CANDIDATES = 3
@@ -64,7 +64,7 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                           "description": "Most results (default 20)."},
                 "include_raw": {"type": "boolean",
                                 "description": "Include raw conversation turns (default true)."},
-                "contains": {"type": "string", "maxLength": 256,
+                "contains": {"type": "string", "maxLength": CONTAINS_CHARS,
                              "description": "Only memories whose text holds this, any case."},
             },
         },
