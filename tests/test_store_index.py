@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from usearch.index import Index
 
-from services.store.flat_index import FLAT_UP_TO, FlatIndex
+from services.store.flat_index import FlatIndex
 from services.store.index import (
-    EXPANSION_ADD,
     INDEX_OVERHEAD_BYTES,
     IndexChanges,
     ReadWriteLock,
@@ -25,7 +24,6 @@ from services.store.index import (
     new_index,
     read_index_file,
     resident_bytes_of,
-    write_index_file,
 )
 from services.store.index_save import DETACH_FROM_BYTES, Detached, save_index
 from shared.errors import Conflict
@@ -467,13 +465,3 @@ def test_a_usearch_index_is_counted_at_twice_its_serialized_length_without_askin
         asked = property(lambda _, walk=walk: pytest.fail(f"{walk} asked"))
         monkeypatch.setattr(Index, walk, asked)
     assert resident_bytes_of(index) == pytest.approx(twice, rel=0.01)
-
-
-def test_a_new_or_restored_usearch_index_builds_its_graph_at_expansion_add(tmp_path: Path) -> None:
-    assert new_index(8).expansion_add == EXPANSION_ADD != Index(ndim=8).expansion_add
-    keys = np.arange(FLAT_UP_TO + 1, dtype=np.uint64)
-    vectors = np.random.default_rng(0).standard_normal((len(keys), 8)).astype(np.float32)
-    write_index_file(tmp_path / "u.usearch", 8, keys, vectors)
-    restored = read_index_file(tmp_path / "u.usearch")
-    assert restored is not None and len(restored) == len(keys)
-    assert restored.expansion_add == EXPANSION_ADD  # a file does not keep it

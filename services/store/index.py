@@ -41,12 +41,6 @@ DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
 # How an index stores a vector: a unit vector's components times 127, as 8-bit integers. Half
 # the memory and disk of half precision; LoCoMo's overall recall and NDCG as with half (README).
 PRECISION = ScalarKind.I8
-# How widely HNSW looks for a new key's neighbours (usearch's default is 128). A search here
-# always asks for hundreds of keys (8 × k at first), and for those the graph built at 64 finds
-# what one built at 128 does: over 110,000 keys of LoCoMo turns and pairs, 300 questions, the
-# top 10 of 400 held 0.9350 of the exact top 10 against 0.9357 (0.9207 at 32), while an add
-# took 0.150 ms against 0.272 (2026-12-07, scratch script).
-EXPANSION_ADD = 64
 # A search for this many keys or fewer runs on the event loop (see VectorIndexes.search).
 QUICK_SEARCH_KEYS = 1024
 # What an index holds in memory besides its serialized form, at most (see resident_bytes_of).
@@ -92,8 +86,8 @@ class Matches:
 
 
 def new_index(ndim: int) -> Index:
-    """An empty index: cosine, stored at PRECISION, its graph built at EXPANSION_ADD."""
-    return Index(ndim=ndim, metric="cos", dtype=PRECISION, expansion_add=EXPANSION_ADD)
+    """An empty index: cosine, stored at PRECISION."""
+    return Index(ndim=ndim, metric="cos", dtype=PRECISION)
 
 
 def resident_bytes_of(index: AnyIndex) -> int:
@@ -532,13 +526,8 @@ def _unsaved(index: AnyIndex, tmp: Path) -> OSError | RuntimeError:
 
 
 def read_index_file(path: Path) -> Index | None:
-    """The usearch index saved at path (None: no usearch index there), its later keys added
-    at EXPANSION_ADD (a file does not keep it)."""
-    index = Index.restore(str(path))
-    if index is not None:
-        # usearch declares this setter apart from its getter, which mypy does not follow.
-        index.expansion_add = EXPANSION_ADD  # type: ignore[misc]
-    return index
+    """The usearch index saved at path (None: no usearch index there)."""
+    return Index.restore(str(path))
 
 
 def write_index_file(path: Path, ndim: int, keys: np.ndarray, vectors: np.ndarray) -> None:
