@@ -94,11 +94,12 @@ async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
 
 def _imported(code: int, reply: Any) -> int:
     """Prints an import's reply (its counts); the exit code: 0 when every line was taken, 1
-    when a line was refused, 2 (a refusal on stderr) when the request was refused or cut short."""
+    when a line was refused, 2 (a refusal on stderr) when the request was refused or cut short
+    (lines refused before a stop included)."""
     _print(reply)
     if code == 200:
         return 0
-    if isinstance(reply, dict) and reply.get("refused"):
+    if isinstance(reply, dict) and reply.get("refused") and not reply.get("stopped"):
         return 1
     raise GatewayError(refusal(code, reply))
 

@@ -80,7 +80,7 @@ def test_import_export_and_import_again_round_trip_with_progress(
     done = hyatlas(stack, "import", str(exported))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) | {"errors": []} == {
-        "lines": 30, "imported": 0, "skipped": 30, "refused": 0, "errors": []
+        "lines": 30, "imported": 0, "skipped": 30, "refused": 0, "errors": [], "stopped": False
     }
 
 
@@ -92,6 +92,18 @@ def test_a_refused_line_exits_1_and_prints_its_number(stack: Stack, tmp_path: Pa
     assert json.loads(done.stdout)["errors"] == [
         {"line": 1, "error": "memory.content is required"}
     ]
+
+
+def test_an_import_stopped_after_a_refused_line_exits_2(stack: Stack, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.jsonl"
+    over = {"type": "memory", "memory": {"user_id": "cut", "content": "x" * (9 << 20)}}
+    cut.write_text('{"type": "memory", "memory": {"user_id": "cut"}}\n' + json.dumps(over) + "\n")
+    done = hyatlas(stack, "import", str(cut))
+    # Not 1 ("a line was refused"): lines after the stop were never read; send the file again.
+    assert done.returncode == 2, done.stdout
+    reply = json.loads(done.stdout)
+    assert reply["stopped"] is True and reply["refused"] == 1
+    assert "over the 8388608 byte limit" in done.stderr
 
 
 def test_status_snapshot_and_doctor(stack: Stack) -> None:

@@ -640,6 +640,66 @@ async def test_the_list_filters_by_a_text_and_its_rows_can_all_be_forgotten(
     assert "invalid_at" not in await api.memory(other, user)
 
 
+async def _ids_holding(api: Api, user: str, text: str, **filters: Any) -> list[str]:
+    listed = await api.ok("POST", "/api/v1/list", json={
+        "user_id": user, "contains": text, "limit": 1000, **filters})
+    return [m["memory_id"] for m in listed["memories"]]
+
+
+@pytest.mark.timeout(600)
+async def test_every_row_the_filters_match_is_acted_on_not_only_the_page(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    # The oldest three, then 1,001 newer ("bulk note 0" to "bulk note 1000"): the three lie past
+    # the first 1,000 rows the API gives.
+    texts = ("The boiler was serviced in March.", "Gym locker 214.", "Dentist on the 9th.")
+    retired = [await api.add(text, user) for text in texts]
+    await _insert_rows(stack, user, 1001)
+    for memory_id in retired:
+        await api.ok("POST", "/api/v1/forget", json={"memory_id": memory_id, "user_id": user})
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open("memories?superseded=1")
+    count, widen = ui.page.locator("#picked-count"), ui.page.locator("#pick-matching")
+    assert not await widen.is_visible()  # offered only once the whole page is ticked
+    await ui.page.check("#pick-all")
+    assert await widen.inner_text() == "Select all 1,004 memories matching"
+    await widen.click()
+    assert await count.inner_text() == "All 1,004 memories matching selected"
+    await ui.shot("memories-all-matching")
+    # Unticking a row goes back to the ticked rows, and the header's box follows.
+    await ui.page.uncheck("input.pick-row >> nth=3")
+    assert await count.inner_text() == f"{PAGE_SIZE - 1} selected"
+    assert not await widen.is_visible()
+    assert not await ui.page.is_checked("#pick-all")
+
+    # Restore takes the retired rows among all those matching, read on through the cursor.
+    await ui.page.check("#pick-all")
+    await widen.click()
+    await ui.act(ui.page.click("#restore-picked"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Restored 3 memories."
+    for memory_id, text in zip(retired, texts, strict=True):
+        assert await _ids_holding(api, user, text) == [memory_id]  # live again
+
+    # Filtered by a text 111 rows hold (5, 50-59, 500-599): all of them go, not the page's 50.
+    await ui.open("memories")
+    await ui.page.fill("#list-contains", "note 5")
+    await ui.act(ui.page.press("#list-contains", "Enter"))
+    await ui.page.check("#pick-all")
+    await widen.click()
+    assert await count.inner_text() == "All 111 memories matching selected"
+    assert await ui.page.locator("#restore-picked").is_disabled()  # the list shows no retired
+    await ui.page.click("#delete-picked")
+    await ui.page.click("#confirm-delete-picked")
+    notice = ui.page.locator("#action-notice")
+    await notice.wait_for(timeout=300_000)
+    assert await notice.inner_text() == "Deleted 111 memories."
+    assert not await _ids_holding(api, user, "note 5", include_superseded=True)
+    listed = await api.ok("POST", "/api/v1/list", json={"user_id": user, "limit": 1})
+    assert listed["total"] == 1004 - 111
+
+
 async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api: Api) -> None:
     user = _user()
     await api.add("An older note.", user)
@@ -949,11 +1009,21 @@ async def test_owners_view_imports_a_file_and_says_what_it_wrote_and_refused(
     assert "0 lines imported, 1 line skipped" in report, report
     assert (await api.ok("POST", "/api/v1/list", json={"user_id": user}))["total"] == 1
 
+    # A line over the size limit stops the import after a refused one: both are said.
+    over = {"type": "memory", "memory": {"user_id": user, "content": "x" * (9 << 20)}}
+    path.write_text("".join(json.dumps(line) + "\n" for line in [*lines, over]))
+    await ui.page.set_input_files("#import-file", str(path))
+    await ui.act(ui.page.click("#import-send"))
+    report = await ui.page.locator("#import-report").inner_text()
+    assert "Import stopped: 0 lines imported, 1 line skipped" in report, report
+    assert "1 line refused" in report and "line 2:" in report, report
+    assert "over the 8388608 byte limit (HTTP 400)." in report, report
+
     # An import the server stops says so, with the reason and no claim of lines written.
     async def busy(route: Route) -> None:
         await route.fulfill(status=503, json={
             "lines": 0, "imported": 0, "skipped": 0, "refused": 0, "errors": [],
-            "error": "store unavailable"})
+            "stopped": True, "error": "store unavailable"})
 
     ui.refusals["/api/v1/import"] = 503
     await ui.page.route("**/api/v1/import", busy)

@@ -81,6 +81,7 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
         "skipped": 0,
         "refused": 0,
         "errors": [],
+        "stopped": False,
     }
     seen = await observed(source, user)
     assert all(any(channels.values()) for channels in seen["hits"].values())
@@ -412,7 +413,7 @@ async def test_an_import_stopped_part_way_says_what_it_wrote_before(target: Stac
     status, reply = await _import(target, body)
     # The long line stopped the reading; every line read before it is written all the same.
     assert status == 400, reply
-    assert "over the 8388608 byte limit" in reply["error"]
+    assert "over the 8388608 byte limit" in reply["error"] and reply["stopped"] is True
     assert (reply["lines"], reply["imported"], reply["refused"]) == (1000, 1000, 0)
     status, listed = await call(target, "POST", "/api/v1/list",
                                 json={"user_id": user, "limit": 1000})

@@ -155,7 +155,7 @@ async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
     assert head.startswith("HTTP/1.1 408"), head
     # Every line that arrived before the client went quiet is written.
     assert reply == {"lines": 3, "imported": 3, "skipped": 0, "refused": 0, "errors": [],
-                     "error": "request body not received within 1s"}
+                     "stopped": True, "error": "request body not received within 1s"}
     async with gateway.get("/api/v1/export", params={"user_id": "stalled"}) as answer:
         exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
     assert [line["memory"]["id"] for line in exported] == [f"stalled-{n}" for n in range(3)]

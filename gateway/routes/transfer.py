@@ -142,14 +142,16 @@ class _Import:
     stop: ServiceError | web.HTTPRequestTimeout | None = None
     """Why the body stopped being read before its end (a line over a limit, a silent client)."""
 
-    def counts(self) -> dict[str, Any]:
-        """What the reply reports: lines read, rows written or skipped, lines refused."""
+    def counts(self, stopped: bool = False) -> dict[str, Any]:
+        """What the reply reports: lines read, rows written or skipped, lines refused, and
+        whether the import stopped part-way (its lines after the stop not read)."""
         return {
             "lines": self.lines,
             "imported": self.imported,
             "skipped": self.skipped,
             "refused": self.refused,
             "errors": self.errors,
+            "stopped": stopped,
         }
 
     def refuse(self, line: int, error: str) -> None:
@@ -298,7 +300,7 @@ def _stopped(
         error, status = client_message(request, exc), exc.http_status
     else:
         error, status = http_message(request, exc), exc.status
-    return json_response({**run.counts(), "error": error}, status=status)
+    return json_response({**run.counts(stopped=True), "error": error}, status=status)
 
 
 @routes.post("/api/v1/import")

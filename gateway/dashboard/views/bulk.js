@@ -1,8 +1,12 @@
 // The Memories list's selection: a box on each row, and Forget / Restore / Delete for the rows
-// ticked on the page, one API call a row (the same calls the detail view makes).
+// ticked on the page, or for every row the list's filters match, one API call a row (the same
+// calls the detail view makes).
 
 import { api } from "../api.js";
-import { h, confirmed } from "../dom.js";
+import { h, confirmed, fmtCount } from "../dom.js";
+
+// Rows read a call when gathering every matching one: the most /api/v1/list gives.
+const LIST_MOST = 1000;
 
 /** The row's box; its data says the memory and whether it is live (only those can be forgotten). */
 export function pickCell(item) {
@@ -23,11 +27,25 @@ export function pickAllCell(table) {
   }));
 }
 
-/** Calls `call(id)` for each id in turn: how many went through, and a sentence saying how many
- * failed and why ("" when none did). */
-async function each(ids, call) {
+/** The ids of every row the list's query matches (its filters, any page) that `keep` takes,
+ * read through the API's cursor, so rows written meanwhile neither repeat nor push others out. */
+async function matchingIds(query, keep) {
+  const ids = [];
+  let before = "";
+  for (;;) {
+    const body = await api("/api/v1/list", { method: "POST", body: { ...query, limit: LIST_MOST, before } });
+    ids.push(...body.memories.filter(keep).map((item) => item.memory_id));
+    if (body.memories.length < LIST_MOST || !body.next_before) return ids;
+    before = body.next_before;
+  }
+}
+
+/** Calls `call(id)` for each id in turn, telling `step` how far it is: how many went through,
+ * and a sentence saying how many failed and why ("" when none did). */
+async function each(ids, call, step) {
   const failed = [];
-  for (const id of ids) {
+  for (const [at, id] of ids.entries()) {
+    step(at, ids.length);
     try {
       await call(id);
     } catch (error) {
@@ -39,39 +57,68 @@ async function each(ids, call) {
 }
 
 function plural(n) {
-  return `${n} ${n === 1 ? "memory" : "memories"}`;
+  return `${fmtCount(n)} ${n === 1 ? "memory" : "memories"}`;
 }
 
-/** The bar over the list: how many rows are ticked and what can be done with them. `finish`
- * shows its text as the next render's notice and renders the list again. */
-export function bulkBar(table, owner, origin, finish) {
+/** The bar over the list: how many rows are ticked and what can be done with them. With every
+ * row of the page ticked and more matching (`matching.total` rows match `matching.query`, the
+ * list's request less its page), it offers to act on all of them. `finish` shows its text as
+ * the next render's notice and renders the list again. */
+export function bulkBar(table, owner, origin, finish, matching) {
   const who = (id) => ({ id, user_id: owner.user_id, agent_id: owner.agent_id, origin });
-  const ticked = (live) => [...table.querySelectorAll("input.pick-row:checked")]
+  const boxes = () => [...table.querySelectorAll("input.pick-row")];
+  const ticked = (live) => boxes().filter((box) => box.checked)
     .filter((box) => live === undefined || box.dataset.live === (live ? "1" : "0"))
     .map((box) => box.dataset.memoryId);
+  // Whether the actions take every matching row rather than the ticked ones.
+  let everyMatching = false;
+  const targets = (live) => everyMatching
+    ? matchingIds(matching.query, (item) => live === undefined || !item.invalid_at === live)
+    : ticked(live);
   const count = h("span", { id: "picked-count", class: "muted" });
-  const run = async (ids, call, verb) => {
-    count.textContent = `Working on ${plural(ids.length)}…`;
-    const { done, failed } = await each(ids, call);
+  const run = async (live, call, verb) => {
+    count.textContent = everyMatching ? "Reading the matching memories…" : "Working…";
+    let ids;
+    try {
+      ids = await targets(live);
+    } catch (error) {
+      await finish(`Nothing done: the matching memories could not be read (${error.message || error}).`);
+      return true;
+    }
+    const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
+    const { done, failed } = await each(ids, call, step);
     await finish(`${verb} ${plural(done)}.${failed}`);
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
-    () => run(ticked(true), (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }), "Forgot"));
+    () => run(true, (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }), "Forgot"));
   const restore = h("button", { type: "button", id: "restore-picked",
-    onclick: async () => { restore.disabled = true; await run(ticked(false), (id) => api("/api/v1/restore", { method: "POST", body: who(id) }), "Restored"); } }, "Restore");
+    onclick: async () => { restore.disabled = true; await run(false, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }), "Restored"); } }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",
-    () => run(ticked(), (id) => api("/api/v1/delete_all", { method: "POST", body: who(id) }), "Deleted"));
-  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, forget, forgetAsk, restore, erase, eraseAsk);
+    () => run(undefined, (id) => api("/api/v1/delete_all", { method: "POST", body: who(id) }), "Deleted"));
+  const widen = h("button", { type: "button", id: "pick-matching",
+    onclick: () => { everyMatching = !everyMatching; update(); } });
+  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, widen, forget, forgetAsk, restore, erase, eraseAsk);
   const update = () => {
     const live = ticked(true).length;
     const all = ticked().length;
-    count.textContent = all ? `${all} selected` : "Tick memories to act on several at once";
-    forget.disabled = !live;
-    restore.disabled = all === live;
+    const page = all > 0 && all === boxes().length;
+    const whole = page && matching.total > all;
+    everyMatching = everyMatching && whole;
+    // The header's box says whether the whole page is ticked, however it came to be.
+    const head = table.querySelector("#pick-all");
+    if (head) head.checked = page;
+    count.textContent = everyMatching ? `All ${plural(matching.total)} matching selected`
+      : all ? `${all} selected` : "Tick memories to act on several at once";
+    widen.hidden = !whole;
+    widen.textContent = everyMatching ? "Select only this page" : `Select all ${plural(matching.total)} matching`;
+    // The list holds retired rows only when it shows superseded ones.
+    forget.disabled = !live && !everyMatching;
+    restore.disabled = everyMatching ? !matching.query.include_superseded : all === live;
     erase.disabled = !all;
   };
-  table.addEventListener("change", update);
+  // A box changed by hand: back to the ticked rows.
+  table.addEventListener("change", () => { everyMatching = false; update(); });
   table.addEventListener("picked", update);
   update();
   return bar;

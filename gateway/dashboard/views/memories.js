@@ -93,18 +93,15 @@ function row(item) {
 async function renderList(root, ctx) {
   const { owner, params } = ctx;
   const { before } = place(params);
-  const body = await api("/api/v1/list", {
-    method: "POST",
-    body: {
-      user_id: owner.user_id,
-      agent_id: owner.agent_id,
-      layer: params.get("layer") || "",
-      include_superseded: params.get("superseded") === "1",
-      contains: params.get("contains") || "",
-      limit: PAGE_SIZE,
-      before,
-    },
-  });
+  // What the list shows, any page: the bulk bar may act on all of it.
+  const query = {
+    user_id: owner.user_id,
+    agent_id: owner.agent_id,
+    layer: params.get("layer") || "",
+    include_superseded: params.get("superseded") === "1",
+    contains: params.get("contains") || "",
+  };
+  const body = await api("/api/v1/list", { method: "POST", body: { ...query, limit: PAGE_SIZE, before } });
   if (ctx.stale()) return;
   const { filters, pager, firstHash } = listControls(ctx, body);
   root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
@@ -127,7 +124,7 @@ async function renderList(root, ctx) {
   const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
   table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
   const finish = (text) => { notice = text; return ctx.refresh(); };
-  root.append(bulkBar(table, owner, ORIGIN, finish), table, pager);
+  root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }), table, pager);
 }
 
 function createForm(ctx) {

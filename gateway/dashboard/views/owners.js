@@ -13,7 +13,8 @@ function importReport(status, data) {
   const lines = (n) => `${fmtCount(n || 0)} ${n === 1 ? "line" : "lines"}`;
   const counts = `${lines(data.imported)} imported, ${lines(data.skipped)} skipped (their ids are here already), ${lines(data.refused)} refused`;
   const errors = (data.errors || []).slice(0, SHOWN_ERRORS).map((e) => h("li", null, `line ${e.line}: ${e.error}`));
-  const stopped = status >= 500 || (data.error && !(data.errors || []).length);
+  // A reply without the counts refused the request as a whole.
+  const stopped = Boolean(data.stopped) || !("errors" in data);
   return h("div", { class: stopped || data.refused ? "error" : "notice", id: "import-report", role: "status" },
     h("p", null, `${stopped ? "Import stopped" : "Import done"}: ${counts}.`),
     stopped && data.error ? h("p", null, `${data.error} (HTTP ${status})${data.imported ? "; the lines before it were written, so sending the file again skips them" : ""}.`) : null,
