@@ -97,4 +97,14 @@ export function confirmed(id, label, cls, question, yes, onYes) {
   return [button, ask];
 }
 
+/** What an action leaves for its view's next render (a render rebuilds the whole view), shown
+ * once: `leave(what)` keeps it, `take()` hands it over (null when nothing waits). */
+export function notices() {
+  let held = null;
+  return {
+    leave: (what) => { held = what; },
+    take: () => { const what = held; held = null; return what; },
+  };
+}
+
 export const LAYERS = ["l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema", "l7_intention", "l8_entity"];

@@ -1,19 +1,18 @@
 // Memories: a paged list by layer, and one memory's detail with its sources, lineage, history and actions.
 
 import { api } from "../api.js";
-import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS } from "../dom.js";
+import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS, notices } from "../dom.js";
 import { bulkBar, pickAllCell, pickCell } from "./bulk.js";
 
 const PAGE_SIZE = 50;
 // Recorded as the dashboard's in each memory's history (actor "dashboard").
 const ORIGIN = "dashboard";
 
-// What the last action did, shown once by the next render (a render rebuilds the whole view).
-let notice = null;
+// What the last action did.
+const notice = notices();
 
 function takeNotice() {
-  const text = notice;
-  notice = null;
+  const text = notice.take();
   return text ? h("p", { class: "notice", id: "action-notice", role: "status" }, text) : null;
 }
 
@@ -123,7 +122,7 @@ async function renderList(root, ctx) {
   }
   const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
   table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
-  const finish = (text) => { notice = text; return ctx.refresh(); };
+  const finish = (text) => { notice.leave(text); return ctx.refresh(); };
   root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }), table, pager);
 }
 
@@ -144,7 +143,7 @@ function createForm(ctx) {
       const body = await api("/api/v1/add", { method: "POST", body: {
         text: text.value, user_id: owner.user_id, agent_id: owner.agent_id, metadata: { write_origin: ORIGIN },
       } });
-      notice = "Stored as a new memory.";
+      notice.leave("Stored as a new memory.");
       ctx.go(`#/memories/${encodeURIComponent(body.memory_id)}`);
     } catch (error) {
       form.querySelector("#create-save").disabled = false;
@@ -185,11 +184,11 @@ function editForm(ctx, memory, say, box) {
         id: memory.memory_id, text: text.value, user_id: owner.user_id, agent_id: owner.agent_id, origin: ORIGIN,
       } });
       if (body.changed === false) {
-        notice = "Nothing saved: the text is unchanged.";
+        notice.leave("Nothing saved: the text is unchanged.");
         await ctx.refresh();
         return;
       }
-      notice = "Saved as a new version. The old text is kept, retired as replaced, with its history.";
+      notice.leave("Saved as a new version. The old text is kept, retired as replaced, with its history.");
       ctx.go(`#/memories/${encodeURIComponent(body.memory_id)}`);
     } catch (error) {
       form.querySelector("#edit-save").disabled = false;
@@ -211,7 +210,7 @@ function actions(ctx, memory, say) {
       say(errorBox(error, failed));
       return false;
     }
-    notice = done;
+    notice.leave(done);
     await ctx.refresh();
     return true;
   };
@@ -238,7 +237,7 @@ function actions(ctx, memory, say) {
       say(errorBox(error, "Delete failed"));
       return false;
     }
-    notice = `Deleted: “${clip(memory.content)}”. Its history stays in the audit log.`;
+    notice.leave(`Deleted: “${clip(memory.content)}”. Its history stays in the audit log.`);
     ctx.go("#/memories");
     return true;
   }));

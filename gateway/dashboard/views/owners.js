@@ -1,12 +1,12 @@
 // Owners: every user and agent with memories, their row counts and last write; pick one to look at.
 
 import { api, download, upload } from "../api.js";
-import { h, emptyState, errorBox, fmtCount, fmtTime } from "../dom.js";
+import { h, emptyState, errorBox, fmtCount, fmtTime, notices } from "../dom.js";
 
 const SHOWN_ERRORS = 5;
 
-// What the last import did, shown once by the next render (which lists its owners too).
-let notice = null;
+// What the last import did (the next render lists its owners too).
+const notice = notices();
 
 /** What an import's answer says: the counts, and the first lines refused with why. */
 function importReport(status, data) {
@@ -33,9 +33,9 @@ function importForm(ctx) {
     form.append(h("span", { class: "muted", id: "import-working" }, "Importing…"));
     try {
       const { status, data } = await upload("/api/v1/import", file.files[0]);
-      notice = importReport(status, data);
+      notice.leave(importReport(status, data));
     } catch (error) {
-      notice = errorBox(error, "Could not import");
+      notice.leave(errorBox(error, "Could not import"));
     }
     await ctx.refresh();
   });
@@ -84,8 +84,8 @@ export async function render(root, ctx) {
   const { users } = await api("/api/v1/owners");
   if (ctx.stale()) return;
   root.append(importForm(ctx));
-  if (notice) root.append(notice);
-  notice = null;
+  const report = notice.take();
+  if (report) root.append(report);
   if (!users.length) {
     root.append(emptyState("No memories yet, for anyone.",
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn), with New memory under Memories, or from a file imported above."));
