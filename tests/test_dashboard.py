@@ -639,6 +639,14 @@ async def test_the_list_filters_by_a_text_and_its_rows_can_all_be_forgotten(
     assert "No memories here hold “passport”" in await ui.page.locator(".empty").inner_text()
     assert "invalid_at" not in await api.memory(other, user)
 
+    # Undo restores what the forgets retired, and the rows are back in the list.
+    await ui.shot("memories-forgot-undo")
+    await ui.act(ui.page.click("#undo-forget"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Restored 2 memories."
+    assert sorted(await _memory_ids(ui)) == sorted(held)
+    for memory_id in held:
+        assert "invalid_at" not in await api.memory(memory_id, user)
+
 
 async def _ids_holding(api: Api, user: str, text: str, **filters: Any) -> list[str]:
     listed = await api.ok("POST", "/api/v1/list", json={

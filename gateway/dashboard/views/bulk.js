@@ -41,19 +41,26 @@ async function matchingIds(query, keep) {
 }
 
 /** Calls `call(id)` for each id in turn, telling `step` how far it is: how many went through,
- * and a sentence saying how many failed and why ("" when none did). */
-async function each(ids, call, step) {
+ * their replies, and a sentence saying how many failed and why ("" when none did). */
+async function each(ids, call, step = () => {}) {
   const failed = [];
+  const replies = [];
   for (const [at, id] of ids.entries()) {
     step(at, ids.length);
     try {
-      await call(id);
+      replies.push(await call(id));
     } catch (error) {
       failed.push(error.message || String(error));
     }
   }
   const done = ids.length - failed.length;
-  return { done, failed: failed.length ? ` ${failed.length} failed: ${[...new Set(failed)].join("; ")}.` : "" };
+  return { done, replies, failed: failed.length ? ` ${failed.length} failed: ${[...new Set(failed)].join("; ")}.` : "" };
+}
+
+/** Every row the forgets' replies say they retired (a forget also takes the value's other
+ * copies), each once. */
+function retiredBy(replies) {
+  return [...new Set(replies.flatMap((reply) => (reply.memories || []).map((m) => m.memory_id)))];
 }
 
 function plural(n) {
@@ -62,8 +69,8 @@ function plural(n) {
 
 /** The bar over the list: how many rows are ticked and what can be done with them. With every
  * row of the page ticked and more matching (`matching.total` rows match `matching.query`, the
- * list's request less its page), it offers to act on all of them. `finish` shows its text as
- * the next render's notice and renders the list again. */
+ * list's request less its page), it offers to act on all of them. `finish(text, undo)` shows
+ * the text as the next render's notice, with the button given, and renders the list again. */
 export function bulkBar(table, owner, origin, finish, matching) {
   const who = (id) => ({ id, user_id: owner.user_id, agent_id: owner.agent_id, origin });
   const boxes = () => [...table.querySelectorAll("input.pick-row")];
@@ -76,7 +83,17 @@ export function bulkBar(table, owner, origin, finish, matching) {
     ? matchingIds(matching.query, (item) => live === undefined || !item.invalid_at === live)
     : ticked(live);
   const count = h("span", { id: "picked-count", class: "muted" });
-  const run = async (live, call, verb) => {
+  const restoreAll = async (ids) => {
+    const { done, failed } = await each(ids, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }));
+    await finish(`Restored ${plural(done)}.${failed}`);
+  };
+  // After a forget: a button that restores what it retired.
+  const undoOf = (replies) => {
+    const ids = retiredBy(replies);
+    return ids.length ? h("button", { type: "button", id: "undo-forget",
+      onclick: (e) => { e.target.disabled = true; return restoreAll(ids); } }, "Undo") : null;
+  };
+  const run = async (live, call, verb, after = () => null) => {
     count.textContent = everyMatching ? "Reading the matching memories…" : "Working…";
     let ids;
     try {
@@ -86,12 +103,12 @@ export function bulkBar(table, owner, origin, finish, matching) {
       return true;
     }
     const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
-    const { done, failed } = await each(ids, call, step);
-    await finish(`${verb} ${plural(done)}.${failed}`);
+    const { done, replies, failed } = await each(ids, call, step);
+    await finish(`${verb} ${plural(done)}.${failed}`, after(replies));
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
-    () => run(true, (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }), "Forgot"));
+    () => run(true, (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }), "Forgot", undoOf));
   const restore = h("button", { type: "button", id: "restore-picked",
     onclick: async () => { restore.disabled = true; await run(false, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }), "Restored"); } }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",

@@ -11,9 +11,12 @@ const ORIGIN = "dashboard";
 // What the last action did.
 const notice = notices();
 
+/** The notice left for this render: its text, and a button (an undo) when one came with it. */
 function takeNotice() {
-  const text = notice.take();
-  return text ? h("p", { class: "notice", id: "action-notice", role: "status" }, text) : null;
+  const left = notice.take();
+  if (!left) return null;
+  const [text, button] = Array.isArray(left) ? left : [left, null];
+  return h("p", { class: "notice", role: "status" }, h("span", { id: "action-notice" }, text), button ? " " : null, button);
 }
 
 function clip(text, size = 60) {
@@ -122,7 +125,7 @@ async function renderList(root, ctx) {
   }
   const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
   table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
-  const finish = (text) => { notice.leave(text); return ctx.refresh(); };
+  const finish = (text, button) => { notice.leave([text, button]); return ctx.refresh(); };
   root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }), table, pager);
 }
 
