@@ -698,11 +698,32 @@ async def test_every_row_the_filters_match_is_acted_on_not_only_the_page(
     await widen.click()
     assert await count.inner_text() == "All 111 memories matching selected"
     assert await ui.page.locator("#restore-picked").is_disabled()  # the list shows no retired
+
+    # Stop ends a long run between two calls: the first delete is held until it is pressed.
+    pressed = asyncio.Event()
+
+    async def held(route: Route) -> None:
+        await pressed.wait()
+        await route.continue_()
+
+    await ui.page.route("**/api/v1/delete_all", held)
     await ui.page.click("#delete-picked")
     await ui.page.click("#confirm-delete-picked")
+    await ui.page.locator("#picked-count", has_text="Working on 1 of 111 memories").wait_for()
+    await ui.page.click("#stop-picked")
+    pressed.set()
     notice = ui.page.locator("#action-notice")
-    await notice.wait_for(timeout=300_000)
-    assert await notice.inner_text() == "Deleted 111 memories."
+    await notice.wait_for()
+    assert await notice.inner_text() == "Deleted 1 memory. Stopped before the other 110 memories."
+    assert len(await _ids_holding(api, user, "note 5", include_superseded=True)) == 110
+    await ui.page.unroute("**/api/v1/delete_all", held)
+
+    await ui.page.check("#pick-all")
+    await widen.click()
+    await ui.page.click("#delete-picked")
+    await ui.page.click("#confirm-delete-picked")
+    await ui.page.locator("#action-notice", has_text="Deleted 110").wait_for(timeout=300_000)
+    assert await notice.inner_text() == "Deleted 110 memories."
     assert not await _ids_holding(api, user, "note 5", include_superseded=True)
     listed = await api.ok("POST", "/api/v1/list", json={"user_id": user, "limit": 1})
     assert listed["total"] == 1004 - 111

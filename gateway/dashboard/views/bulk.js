@@ -40,21 +40,37 @@ async function matchingIds(query, keep) {
   }
 }
 
-/** Calls `call(id)` for each id in turn, telling `step` how far it is: how many went through,
- * their replies, and a sentence saying how many failed and why ("" when none did). */
-async function each(ids, call, step = () => {}) {
+/** Calls `call(id)` for each id in turn, telling `step` how far it is, until `stop()` says to
+ * stop: how many went through, their replies, how many were left, and a sentence saying how
+ * many failed and why ("" when none did). */
+async function each(ids, call, step = () => {}, stop = () => false) {
   const failed = [];
   const replies = [];
-  for (const [at, id] of ids.entries()) {
+  let at = 0;
+  for (; at < ids.length && !stop(); at += 1) {
     step(at, ids.length);
     try {
-      replies.push(await call(id));
+      replies.push(await call(ids[at]));
     } catch (error) {
       failed.push(error.message || String(error));
     }
   }
-  const done = ids.length - failed.length;
-  return { done, replies, failed: failed.length ? ` ${failed.length} failed: ${[...new Set(failed)].join("; ")}.` : "" };
+  const done = at - failed.length;
+  return { done, replies, left: ids.length - at, failed: failed.length ? ` ${failed.length} failed: ${[...new Set(failed)].join("; ")}.` : "" };
+}
+
+/** What runs a bulk action's calls: it says in `count` how far it is, stops between two calls
+ * once `halt` is pressed, and hands `finish` what it did (and `after(replies)`, a button). */
+function runner(count, halt, finish) {
+  let stopping = false;
+  halt.addEventListener("click", () => { stopping = true; halt.disabled = true; });
+  return async (ids, call, verb, after) => {
+    halt.hidden = false;
+    const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
+    const { done, replies, left, failed } = await each(ids, call, step, () => stopping);
+    const rest = left ? ` Stopped before the other ${plural(left)}.` : "";
+    await finish(`${verb} ${plural(done)}.${failed}${rest}`, after(replies));
+  };
 }
 
 /** Every row the forgets' replies say they retired (a forget also takes the value's other
@@ -83,6 +99,8 @@ export function bulkBar(table, owner, origin, finish, matching) {
     ? matchingIds(matching.query, (item) => live === undefined || !item.invalid_at === live)
     : ticked(live);
   const count = h("span", { id: "picked-count", class: "muted" });
+  const halt = h("button", { type: "button", id: "stop-picked", hidden: true }, "Stop");
+  const calls = runner(count, halt, finish);
   const restoreAll = async (ids) => {
     const { done, failed } = await each(ids, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }));
     await finish(`Restored ${plural(done)}.${failed}`);
@@ -91,9 +109,10 @@ export function bulkBar(table, owner, origin, finish, matching) {
   const undoOf = (replies) => {
     const ids = retiredBy(replies);
     return ids.length ? h("button", { type: "button", id: "undo-forget",
-      onclick: (e) => { e.target.disabled = true; return restoreAll(ids); } }, "Undo") : null;
+      onclick: (e) => { e.target.disabled = true; e.target.textContent = "Restoring…"; return restoreAll(ids); } }, "Undo") : null;
   };
   const run = async (live, call, verb, after = () => null) => {
+    for (const button of [forget, restore, erase, widen]) button.disabled = true;
     count.textContent = everyMatching ? "Reading the matching memories…" : "Working…";
     let ids;
     try {
@@ -102,9 +121,7 @@ export function bulkBar(table, owner, origin, finish, matching) {
       await finish(`Nothing done: the matching memories could not be read (${error.message || error}).`);
       return true;
     }
-    const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
-    const { done, replies, failed } = await each(ids, call, step);
-    await finish(`${verb} ${plural(done)}.${failed}`, after(replies));
+    await calls(ids, call, verb, after);
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
@@ -115,7 +132,7 @@ export function bulkBar(table, owner, origin, finish, matching) {
     () => run(undefined, (id) => api("/api/v1/delete_all", { method: "POST", body: who(id) }), "Deleted"));
   const widen = h("button", { type: "button", id: "pick-matching",
     onclick: () => { everyMatching = !everyMatching; update(); } });
-  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, widen, forget, forgetAsk, restore, erase, eraseAsk);
+  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, halt, widen, forget, forgetAsk, restore, erase, eraseAsk);
   const update = () => {
     const live = ticked(true).length;
     const all = ticked().length;
