@@ -12,6 +12,60 @@ def value_key(text: str) -> str:
     return " ".join(kept.split())
 
 
+# Words too common to tell texts apart: left out of keyword queries, and of the words compared
+# when two texts may hold one value.
+STOP_WORDS = frozenset(
+    {
+        "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "can", "could",
+        "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how",
+        "i", "if", "in", "into", "is", "it", "its", "me", "my", "of", "on", "or", "our", "she",
+        "should", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they",
+        "this", "to", "us", "was", "we", "were", "what", "when", "where", "which", "who", "whom",
+        "why", "will", "with", "would", "you", "your",
+        # What contractions leave behind ("we'll", "they're", "I've").
+        "ll", "re", "ve",
+    }
+)
+
+# Words that turn a statement around (value_key splits "don't" into "don" and "t").
+NEGATIONS = frozenset({"not", "no", "never", "t", "nor", "neither", "none", "nothing", "cannot"})
+# How far a value's words may spread in a longer text: a value of n words within 2n + SPREAD.
+SPREAD = 2
+
+
+def may_restate(one: str, other: str) -> bool:
+    """Whether two texts may hold one value however near their vectors are. The words of the
+    shorter (value_key's, less STOP_WORDS) must follow in the longer in order, none added among
+    them holding a digit or a negation, and no negation in the two words before them: so "I
+    like hiking" and "I really like hiking" may, and texts with another number or time ("3pm"
+    / "4pm"), another word in a word's place ("blue" / "red"), their words in another order or
+    a "not" more hold another value. Words around them (the rest of a longer note) do not
+    count."""
+    short, long = sorted((_value_words(one), _value_words(other)), key=len)
+    if not short:
+        return False
+    return any(_follows(short, long, at) for at, word in enumerate(long) if word == short[0])
+
+
+def _value_words(text: str) -> list[str]:
+    return [word for word in value_key(text).split() if word not in STOP_WORDS]
+
+
+def _follows(short: list[str], long: list[str], start: int) -> bool:
+    """Whether short's words follow in long from start, as may_restate asks."""
+    if any(word in NEGATIONS for word in long[max(0, start - 2) : start]):
+        return False
+    matched = 0
+    for word in long[start : start + 2 * len(short) + SPREAD]:
+        if word == short[matched]:
+            matched += 1
+            if matched == len(short):
+                return True
+        elif word in NEGATIONS or any(ch.isdigit() for ch in word):
+            return False
+    return False
+
+
 def content_key(text: str) -> str:
     """A memory's text as two are compared for repeats: lower case, runs of whitespace as one."""
     return " ".join(text.lower().split())

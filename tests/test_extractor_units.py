@@ -295,16 +295,18 @@ def test_a_plan_inserts_before_it_retires_and_retires_each_row_once() -> None:
 def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -> None:
 
     plan = Plan(
-        facts=[FactOp("Prefers tea!"), FactOp("Drinks oolong"), FactOp("Owns a bike")],
+        facts=[FactOp("Prefers tea!"), FactOp("Really prefers tea"), FactOp("Prefers coffee"),
+               FactOp("Owns a bike")],
         intentions=[IntentionOp("prefers tea")],
     )
-    # By its key; by a vector as close as the forgotten one; not at all (orthogonal).
-    turn = _turn({value_key("prefers tea")}, [0.0, 1.0], [0.0, 1.0], [1.0, 0.0],
+    # By its key; by a vector as close as the forgotten one with words that may restate it;
+    # not by as close a vector with another word in its place; not at all (orthogonal).
+    turn = _turn({value_key("prefers tea")}, [0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0],
                  refused_vectors=[[0.0, 1.0]])
     builder = OpBuilder(turn)
     builder.add_facts(plan)
     builder.add_intentions(plan)
-    assert [op.insert.content for op in builder.ops] == ["Owns a bike"]
+    assert [op.insert.content for op in builder.ops] == ["Prefers coffee", "Owns a bike"]
     assert builder.refused_count == 3  # two facts and the intention
 
 

@@ -106,3 +106,29 @@ async def test_a_new_version_written_between_the_forgets_read_and_write_is_forgo
         gone = await store.forget(alice, forget.Forget(memory_id=old.id), actor="api")
         assert {row.id for row in gone.memories} == {old.id, *edits}
         assert (await store.get(alice, edits[0])).superseded_how == "forgotten"
+
+
+async def test_a_near_row_holding_another_number_word_or_negation_is_not_forgotten_with_it(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    # Each pair's vectors lie 0.95 or nearer (the model's cosines: 0.9705, 0.9929, 0.9572, 0.9645).
+    texts = [
+        "The meeting with Sam is at 3pm on Tuesday.", "The meeting with Sam is at 4pm on Tuesday.",
+        "Alice's phone number is 555-0101.", "Alice's phone number is 555-0199.",
+        "I am allergic to peanuts.", "I am not allergic to peanuts.",
+        "I like hiking.", "I really like hiking.",
+    ]
+    async with running_store(store_config(tmp_path, embedder_address)) as store:
+        alice = Reach(("alice",))
+        rows = await store.apply(alice, [Insert("alice", "", "", RAW, text) for text in texts])
+        ids = [row.id for row in rows if row is not None]
+        forgotten: set[str] = set()
+        for asked in (forget.Forget(memory_id=ids[0]), forget.Forget(text=texts[2]),
+                      forget.Forget(text=texts[4]), forget.Forget(text=texts[6])):
+            gone = await store.forget(alice, asked, actor="api")
+            forgotten |= {row.id for row in gone.memories}
+        # The other time, number and the negated statement stay; the same value said with a
+        # word more goes with it.
+        assert forgotten == {ids[0], ids[2], ids[4], ids[6], ids[7]}
+        for kept in (ids[1], ids[3], ids[5]):
+            assert (await store.get(alice, kept)).status == "active"

@@ -17,10 +17,11 @@ from shared.layers import EXPERIENCE
 from shared.pages import MAX_PAGE_HISTORY, meta_of, state_values
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
-from shared.text import value_key
+from shared.text import may_restate, value_key
 from shared.tombstones import tombstones
 
-# A new value this close to a forgotten one counts as the forgotten one said again.
+# A new value this close to a forgotten one counts as the forgotten one said again, when its
+# words may restate it (shared.text.may_restate: not another number, say).
 FORGOTTEN_NEAR = 0.9
 ENTITY_LABEL = "entity"
 
@@ -33,6 +34,7 @@ class Turn:
     refused: set[str]
     """Value keys forgotten on this row's evidence (tombstones)."""
     refused_vectors: np.ndarray
+    """One per refused key, in the keys' sorted order."""
     vectors: np.ndarray
     """One per new fact, then one per experience, in plan order."""
     vectors_model: str
@@ -82,13 +84,16 @@ class OpBuilder:
 
     def _forgotten(self, text: str, vector: np.ndarray | None) -> bool:
         """Whether a new value is one the user had forgotten on this evidence (by its key, or
-        by its vector when it has one)."""
+        by its vector when it has one and its words may restate the forgotten one's)."""
         if value_key(text) in self.turn.refused:
             return True
         refused = self.turn.refused_vectors
         if vector is None or not refused.shape[0]:
             return False
-        return float(np.max(refused @ vector)) >= max(self.turn.dedupe_score, FORGOTTEN_NEAR)
+        near = max(self.turn.dedupe_score, FORGOTTEN_NEAR)
+        cosines = (refused @ vector).tolist()
+        keys = sorted(self.turn.refused)
+        return any(c >= near and may_restate(k, text) for k, c in zip(keys, cosines, strict=True))
 
     def retire(self, memory: common_pb2.Memory, how: str, by: str = "", why: str = "") -> None:
         """Retires a row once (the store keeps a preference fact's L1 mirror in step)."""

@@ -41,10 +41,12 @@ from shared.layers import UNEXTRACTED
 from shared.limits import check_no_nul
 from shared.pages import line_values, meta_of, rests_on
 from shared.passages import Passage
-from shared.text import value_key
+from shared.text import may_restate, value_key
 
 NEAR_EXACT = 0.95
-"""A row this similar to the forgotten text holds the same value (a near-exact match)."""
+"""A row this similar to the forgotten text holds the same value (a near-exact match) when its
+words may restate it (shared.text.may_restate): a phone number or a time one digit apart is
+as near as that, and another value."""
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
 DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
@@ -172,7 +174,8 @@ async def _pending_near(
 async def _holding(
     core: Core, reach: Reach, vector: np.ndarray, key: str, known: dict[str, MemoryRow]
 ) -> dict[str, MemoryRow]:
-    """Forgettable rows whose text (its vector given) is the value, or nearly the same text."""
+    """Forgettable rows whose text (its vector given) is the value, or nearly the same text
+    that may restate it."""
     hits = await vector_search(
         core, reach, vector.tolist(), core.model.model_id, (), CANDIDATES, CANDIDATE_FLOOR,
         include_superseded=True,
@@ -182,7 +185,10 @@ async def _holding(
         for hit in hits
         if hit.memory.id not in known
         and forgettable(hit.memory)
-        and (value_key(hit.memory.content) == key or hit.score >= NEAR_EXACT)
+        and (
+            value_key(hit.memory.content) == key
+            or (hit.score >= NEAR_EXACT and may_restate(key, hit.memory.content))
+        )
     }
 
 

@@ -12,18 +12,7 @@ from collections.abc import Sequence
 import Stemmer
 import tantivy
 
-STOP_WORDS = frozenset(
-    {
-        "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "can", "could",
-        "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how",
-        "i", "if", "in", "into", "is", "it", "its", "me", "my", "of", "on", "or", "our", "she",
-        "should", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they",
-        "this", "to", "us", "was", "we", "were", "what", "when", "where", "which", "who", "whom",
-        "why", "will", "with", "would", "you", "your",
-        # What contractions leave behind ("we'll", "they're", "I've").
-        "ll", "re", "ve",
-    }
-)
+from shared.text import STOP_WORDS
 
 
 @functools.cache
