@@ -43,7 +43,7 @@ from shared.pages import (
     page_text_of,
     rests_on,
 )
-from shared.text import value_key
+from shared.text import may_restate, value_key
 from shared.tombstones import held_tombstones, without_tombstone
 
 
@@ -85,12 +85,19 @@ async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> 
     return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
 
 
+def restates(new: MemoryRow, old: MemoryRow) -> bool:
+    """Whether new may say old's value again, their vectors aside: a row of its kind whose
+    words it may restate."""
+    return same_kind(old, new) and may_restate(old.content, new.content)
+
+
 async def restate(
     w: Write, new: MemoryRow, vector: np.ndarray, at: float, spared: set[str]
 ) -> list[FactChange]:
     """The restatement rule: the owner's live row nearest to a new fact or experience among
-    those of its kind, at cosine >= at, is retired as restated by it (not a row this Apply
-    names itself)."""
+    those of its kind whose words it may restate (shared.text.may_restate: not another number or
+    word in a word's place), at cosine >= at, is retired as restated by it (not a row this
+    Apply names itself)."""
     if new.layer != "l3_fact":
         return []
     core = w.core
@@ -98,7 +105,7 @@ async def restate(
     hits = await vector_search(
         core, reach, vector.tolist(), core.model.model_id, ["l3_fact"], RESTATE_CANDIDATES, at
     )
-    kin = next((h.memory for h in hits if h.memory.id != new.id and same_kind(h.memory, new)), None)
+    kin = next((h.memory for h in hits if h.memory.id != new.id and restates(new, h.memory)), None)
     old = await w.tx.get(kin.id) if kin is not None else None
     if old is None or old.id in spared or old.status != ACTIVE:
         return []

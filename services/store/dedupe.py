@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.store.cascade import restatable, restate_one, settle
+from services.store.cascade import restatable, restate_one, restates, settle
 from services.store.core import Core
 from services.store.model import ACTIVE, ListQuery, MemoryRow, Reach
 
@@ -32,11 +32,15 @@ class Dedupe:
 def restated_pairs(rows: list[MemoryRow], vectors: np.ndarray, threshold: float) -> list[
     tuple[MemoryRow, MemoryRow]
 ]:
-    """(older, the newest newer at >= threshold) for one owner's facts, oldest first."""
+    """(older, the newest newer at >= threshold that restates it) for one owner's facts,
+    oldest first."""
     scores = vectors @ vectors.T
     pairs, gone = [], set()
     for i in range(len(rows)):
-        newer = [j for j in range(i + 1, len(rows)) if j not in gone and scores[i, j] >= threshold]
+        newer = [
+            j for j in range(i + 1, len(rows))
+            if j not in gone and scores[i, j] >= threshold and restates(rows[j], rows[i])
+        ]
         if newer:
             gone.add(i)
             pairs.append((rows[i], rows[newer[-1]]))
