@@ -83,12 +83,34 @@ function plural(n) {
   return `${fmtCount(n)} ${n === 1 ? "memory" : "memories"}`;
 }
 
+/** The API call each action makes for one row, as the detail view makes it. */
+function rowCalls(owner, origin) {
+  const who = (id) => ({ id, user_id: owner.user_id, agent_id: owner.agent_id, origin });
+  return {
+    forget: (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }),
+    restore: (id) => api("/api/v1/restore", { method: "POST", body: who(id) }),
+    erase: (id) => api("/api/v1/delete_all", { method: "POST", body: who(id) }),
+  };
+}
+
+/** After a forget: a button that restores every row it retired (none when it retired none). */
+function undoButton(replies, restore, finish) {
+  const ids = retiredBy(replies);
+  if (!ids.length) return null;
+  return h("button", { type: "button", id: "undo-forget", onclick: async (e) => {
+    e.target.disabled = true;
+    e.target.textContent = "Restoring…";
+    const { done, failed } = await each(ids, restore);
+    await finish(`Restored ${plural(done)}.${failed}`);
+  } }, "Undo");
+}
+
 /** The bar over the list: how many rows are ticked and what can be done with them. With every
  * row of the page ticked and more matching (`matching.total` rows match `matching.query`, the
  * list's request less its page), it offers to act on all of them. `finish(text, undo)` shows
  * the text as the next render's notice, with the button given, and renders the list again. */
 export function bulkBar(table, owner, origin, finish, matching) {
-  const who = (id) => ({ id, user_id: owner.user_id, agent_id: owner.agent_id, origin });
+  const one = rowCalls(owner, origin);
   const boxes = () => [...table.querySelectorAll("input.pick-row")];
   const ticked = (live) => boxes().filter((box) => box.checked)
     .filter((box) => live === undefined || box.dataset.live === (live ? "1" : "0"))
@@ -101,16 +123,6 @@ export function bulkBar(table, owner, origin, finish, matching) {
   const count = h("span", { id: "picked-count", class: "muted" });
   const halt = h("button", { type: "button", id: "stop-picked", hidden: true }, "Stop");
   const calls = runner(count, halt, finish);
-  const restoreAll = async (ids) => {
-    const { done, failed } = await each(ids, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }));
-    await finish(`Restored ${plural(done)}.${failed}`);
-  };
-  // After a forget: a button that restores what it retired.
-  const undoOf = (replies) => {
-    const ids = retiredBy(replies);
-    return ids.length ? h("button", { type: "button", id: "undo-forget",
-      onclick: (e) => { e.target.disabled = true; e.target.textContent = "Restoring…"; return restoreAll(ids); } }, "Undo") : null;
-  };
   const run = async (live, call, verb, after = () => null) => {
     for (const button of [forget, restore, erase, widen]) button.disabled = true;
     count.textContent = everyMatching ? "Reading the matching memories…" : "Working…";
@@ -125,11 +137,11 @@ export function bulkBar(table, owner, origin, finish, matching) {
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
-    () => run(true, (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }), "Forgot", undoOf));
+    () => run(true, one.forget, "Forgot", (replies) => undoButton(replies, one.restore, finish)));
   const restore = h("button", { type: "button", id: "restore-picked",
-    onclick: async () => { restore.disabled = true; await run(false, (id) => api("/api/v1/restore", { method: "POST", body: who(id) }), "Restored"); } }, "Restore");
+    onclick: async () => { restore.disabled = true; await run(false, one.restore, "Restored"); } }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",
-    () => run(undefined, (id) => api("/api/v1/delete_all", { method: "POST", body: who(id) }), "Deleted"));
+    () => run(undefined, one.erase, "Deleted"));
   const widen = h("button", { type: "button", id: "pick-matching",
     onclick: () => { everyMatching = !everyMatching; update(); } });
   const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, halt, widen, forget, forgetAsk, restore, erase, eraseAsk);
