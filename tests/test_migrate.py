@@ -108,6 +108,7 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
         "skipped": 0,
         "refused": 0,
         "errors": [],
+        "stopped": False,
     }
     # Every row with its vector, keys and history, and every edge, in the same order.
     _assert_same(((await export(target))[1:]), lines)
