@@ -503,6 +503,21 @@ async def test_restoring_a_forgotten_fact_lifts_its_tombstone_so_its_evidence_yi
     assert ("restore", "dashboard") in [(e["action"], e["actor"]) for e in trail["history"]]
 
 
+async def test_a_value_a_digit_from_a_forgotten_one_is_learnt_again_from_its_evidence(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    old, new = "Alice's phone number is 555-0101", "Alice's phone number is 555-0199"
+    fake.on("m-phones", {"facts": [{"text": old}]}, {"facts": [{"text": old}, {"text": new}]})
+    turn = await api.add("m-phones Alice's number was 555-0101; since May it is 555-0199.", user)
+    await api.ok("POST", "/api/v1/forget", json={"text": old, "user_id": user})
+    # Re-extracted, the turn gives both: the forgotten number stays refused, the other (its
+    # vector 0.99 near the forgotten one's) is a value of its own.
+    await api.ok("POST", "/api/v1/reprocess", json={"ids": [turn["memory_id"]]})
+    live = [f.content for f in await api.rows(user, "l3_fact", retired=False)]
+    assert live == [new]
+
+
 async def test_two_forgets_at_once_of_facts_from_one_turn_keep_both_tombstones(
     api: Api, fake: FakeLlm
 ) -> None:
