@@ -31,7 +31,6 @@ from services.search.model import (
 from services.search.pipeline import LITE_PIPELINE, PLAIN_PIPELINE
 from services.store.keys import clauses, context_text, own_keys, passage_of
 from shared.errors import ConfigError
-from shared.text import may_restate
 
 # Wednesday 2024-05-15 14:30 UTC.
 REF = datetime(2024, 5, 15, 14, 30, tzinfo=UTC).timestamp()
@@ -456,15 +455,6 @@ def test_near_duplicate_is_demoted_below_a_distinct_memory() -> None:
     assert ids(ranking.demote_near_duplicates(ranked, ctx())) == ["a", "b", "a2"]
 
 
-def test_a_memory_naming_another_time_is_no_repeat_however_many_words_it_shares() -> None:
-    ranked = [
-        cand("a", "The meeting with Sam is at 3pm on Tuesday", fused=1.0),
-        cand("a2", "The meeting with Sam is at 4pm on Tuesday", fused=0.9),  # 8 of 10 words
-        cand("b", "the vet visit is on Friday", fused=0.6),
-    ]
-    assert ids(ranking.demote_near_duplicates(ranked, ctx())) == ["a", "a2", "b"]
-
-
 def test_mmr_lifts_a_different_memory_over_a_repeat_of_the_first() -> None:
     ranked = [
         cand("a", "golden retriever puppy Biscuit adopted", fused=1.0),
@@ -485,17 +475,13 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 def _near_duplicates_pair_by_pair(ranked: list[Candidate]) -> list[str]:
     """The demotion as its docstring states it, one pair at a time."""
-    seen: list[Candidate] = []
+    seen: list[frozenset[str]] = []
     for candidate in ranked:
         words = ranking.tokens(candidate.content)
-        if any(
-            _jaccard(words, ranking.tokens(other.content)) >= ranking.NEAR_DUPLICATE
-            and may_restate(other.content, candidate.content)
-            for other in seen
-        ):
+        if any(_jaccard(words, other) >= ranking.NEAR_DUPLICATE for other in seen):
             candidate.fused *= ranking.NEAR_DUPLICATE_PENALTY
         else:
-            seen.append(candidate)
+            seen.append(words)
     return ids(sorted(ranked, key=lambda c: c.fused, reverse=True))
 
 

@@ -19,7 +19,6 @@ from services.search.entities import (
     subject_of,
 )
 from services.search.model import VECTOR, Candidate, SearchContext
-from shared.text import may_restate
 
 # Question words that make a query question-like rather than a keyword lookup.
 QUESTION_WORDS = frozenset(
@@ -360,16 +359,13 @@ PAIRWISE_MIN_WINDOW = 20
 
 
 def demote_near_duplicates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
-    """Halves the score of a memory that nearly repeats a better-ranked one: most of their words
-    shared, and its words may restate the other's (shared.text.may_restate), so a memory naming
-    another time, number or word in a word's place is not a repeat."""
+    """Halves the score of a memory that nearly repeats a better-ranked one."""
     size = max(3 * ctx.query.limit, PAIRWISE_MIN_WINDOW)
     head, tail = ranked[:size], ranked[size:]
     overlap = head_overlaps(head, ctx)
     kept: list[int] = []
     for i, candidate in enumerate(head):
-        near = [j for j in kept if overlap[i, j] >= NEAR_DUPLICATE]
-        if any(may_restate(head[j].content, candidate.content) for j in near):
+        if kept and overlap[i, kept].max() >= NEAR_DUPLICATE:
             candidate.fused *= NEAR_DUPLICATE_PENALTY
         else:
             kept.append(i)
