@@ -139,7 +139,7 @@ export function bulkBar(table, owner, origin, finish, matching) {
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
     () => run(true, one.forget, "Forgot", (replies) => undoButton(replies, one.restore, finish)));
   const restore = h("button", { type: "button", id: "restore-picked",
-    onclick: async () => { restore.disabled = true; await run(false, one.restore, "Restored"); } }, "Restore");
+    onclick: () => run(false, one.restore, "Restored") }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",
     () => run(undefined, one.erase, "Deleted"));
   const widen = h("button", { type: "button", id: "pick-matching",
