@@ -61,9 +61,36 @@ def _follows(short: list[str], long: list[str], start: int) -> bool:
             matched += 1
             if matched == len(short):
                 return True
-        elif word in NEGATIONS or any(ch.isdigit() for ch in word):
+        elif word in NEGATIONS or _has_digit(word):
             return False
     return False
+
+
+# Words naming a number, as a digit would ("one" left out: mostly a pronoun).
+NUMBER_WORDS = frozenset(
+    {
+        "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+        "twelve", "twenty", "thirty", "forty", "fifty", "hundred", "thousand", "million",
+        "once", "twice", "half", "dozen", "first", "second", "third",
+    }
+)
+
+
+def may_repeat(one: str, other: str) -> bool:
+    """Whether one text may say again, in other words, what the other says: both name the same
+    numbers (words holding a digit, or NUMBER_WORDS) and hold as many negations. Looser than
+    may_restate, which also wants the same words in order: for what a model words anew each
+    time (a pattern drawn from facts), where a near vector mostly means one meaning unless a
+    number or a "not" tells the two apart ("runs 3 times a week" / "5 times", "is vegetarian" /
+    "is not vegetarian")."""
+    words = value_key(one).split(), value_key(other).split()
+    numbers = [{w for w in said if w in NUMBER_WORDS or _has_digit(w)} for said in words]
+    negations = [sum(w in NEGATIONS for w in said) for said in words]
+    return numbers[0] == numbers[1] and negations[0] == negations[1]
+
+
+def _has_digit(word: str) -> bool:
+    return any(ch.isdigit() for ch in word)
 
 
 def content_key(text: str) -> str:

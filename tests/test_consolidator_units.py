@@ -152,7 +152,7 @@ BASE = Fetched(
     facts=FACTS,
     fact_vectors=VECTORS,
     text_vectors={},
-    schema_vectors=[],
+    schemas=[],
     edges=[],
     owner_edges=[],
     arcs=None,
@@ -200,7 +200,7 @@ def test_a_drop_retires_the_named_fact_with_the_reason() -> None:
 def test_a_schema_repeating_a_known_one_is_refused_and_a_new_one_cites_merged_facts() -> None:
     known = unit(0, 1, 0)
     text = {"same old": unit(0, 1, 0.01), "new pattern": unit(0, 0, 1)}
-    seen = fetched(text_vectors=text, schema_vectors=[known])
+    seen = fetched(text_vectors=text, schemas=[("the same old", known)])
     schemas = [Schema("same old", (0, 1)), Schema("new pattern", (0, 2))]
     ops = schema_ops(schemas, seen, {"a": "merged-a"})
     assert ops.refused == ["schema 'same old': repeats a known pattern"]
@@ -209,6 +209,23 @@ def test_a_schema_repeating_a_known_one_is_refused_and_a_new_one_cites_merged_fa
     assert list(op.insert.source_ids) == ["merged-a", "c"]
     assert op.insert.owner.agent_id == "bot" and ops.counts.schemas == 1
     assert ops.core == []
+
+
+def test_a_near_schema_with_another_number_or_a_negation_is_a_new_pattern() -> None:
+    near = unit(0, 1, 0.01)
+    texts = [
+        "The user runs 3 times a week.",
+        "The user is not vegetarian.",
+        "Each week, the user runs 3 times.",
+        "The user is a vegetarian.",
+    ]
+    known = [("The user runs 5 times a week.", unit(0, 1, 0)), ("The user is vegetarian.", near)]
+    seen = fetched(text_vectors=dict.fromkeys(texts, near), schemas=known)
+    ops = schema_ops([Schema(t, (0, 1)) for t in texts], seen, {})
+    # Every vector is as near as can be: the number that changed and the "not" that came in
+    # make new patterns; the other two say again what is known or was just taken.
+    assert [op.insert.content for op in ops.extra] == texts[:2]
+    assert ops.refused == [f"schema {t[:60]!r}: repeats a known pattern" for t in texts[2:]]
 
 
 def test_a_schema_repeating_one_of_the_same_reply_is_refused() -> None:

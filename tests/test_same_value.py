@@ -1,11 +1,13 @@
 """When two texts may hold one value (shared.text.may_restate): the guard a near vector needs
-before a forget takes a row down with the value, or extraction refuses a fact as forgotten."""
+before a forget takes a row down with the value, or extraction refuses a fact as forgotten; and
+when one may say again what the other says in other words (may_repeat: a pattern the
+consolidation pass draws anew)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.text import may_restate
+from shared.text import may_repeat, may_restate
 
 
 @pytest.mark.parametrize(("one", "other"), [
@@ -34,3 +36,24 @@ def test_the_same_value_in_more_words(one: str, other: str) -> None:
 ])
 def test_another_value_however_near(one: str, other: str) -> None:
     assert not may_restate(one, other) and not may_restate(other, one)
+
+
+@pytest.mark.parametrize(("one", "other"), [
+    ("The user prefers to work late at night.", "The user tends to work late into the night."),
+    ("User reviews pull requests every morning.", "Every morning the user reviews pull requests."),
+    ("The user runs 3 times a week.", "Every week the user goes for a run 3 times."),
+    ("The user doesn't drink coffee.", "The user never drinks coffee."),
+])
+def test_other_words_may_say_the_same(one: str, other: str) -> None:
+    assert may_repeat(one, other) and may_repeat(other, one)
+
+
+@pytest.mark.parametrize(("one", "other"), [
+    ("The user runs 3 times a week.", "The user runs 5 times a week."),
+    ("The user runs three times a week.", "The user runs five times a week."),
+    ("The user runs twice a week.", "The user runs a few times a week."),
+    ("The user is vegetarian.", "The user is not vegetarian."),
+    ("The user meets Sam at 3pm.", "The user meets Sam at 4pm."),
+])
+def test_another_number_or_a_negation_says_something_else(one: str, other: str) -> None:
+    assert not may_repeat(one, other) and not may_repeat(other, one)

@@ -13,7 +13,7 @@ from services.consolidator.plan import Drop, EdgeOp, EndEdge, Merge, Plan, Schem
 from shared.layers import ARC
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op
-from shared.text import edge_key
+from shared.text import edge_key, may_repeat
 
 MERGE_GUARD = 0.65
 SCHEMA_DUPLICATE = 0.92
@@ -85,8 +85,8 @@ class Fetched:
     fact_vectors: Mapping[str, np.ndarray]
     text_vectors: Mapping[str, np.ndarray]
     """The vectors of the plan's merge and schema texts."""
-    schema_vectors: Sequence[np.ndarray]
-    """The vectors of the known schemas shown to the model."""
+    schemas: Sequence[tuple[str, np.ndarray]]
+    """The known schemas shown to the model, each text with its vector."""
     edges: Sequence[store_pb2.Edge]
     """The edges shown to the model (end_edges index them)."""
     owner_edges: Sequence[store_pb2.Edge]
@@ -171,18 +171,30 @@ def drop_ops(drops: Sequence[Drop], data: Fetched) -> ClusterOps:
     return ops
 
 
+def repeats_known(
+    text: str, vector: np.ndarray, known: Sequence[tuple[str, np.ndarray]]
+) -> bool:
+    """Whether a new pattern says again what a known one says: its vector as near as
+    SCHEMA_DUPLICATE, and no number or negation of its own (shared.text.may_repeat), so a
+    pattern that changed ("runs 3 times a week" after "5 times") is not taken for the old."""
+    return any(
+        float(seen @ vector) >= SCHEMA_DUPLICATE and may_repeat(text, said)
+        for said, seen in known
+    )
+
+
 def schema_ops(
     schemas: Sequence[Schema], data: Fetched, merged_into: Mapping[str, str]
 ) -> ClusterOps:
     """Each schema as an L6 row citing its facts (or their merges), unless it repeats one."""
     ops = ClusterOps()
-    known = list(data.schema_vectors)
+    known = list(data.schemas)
     for schema in schemas:
         vector = data.text_vectors[schema.text]
-        if known and max(float(v @ vector) for v in known) >= SCHEMA_DUPLICATE:
+        if repeats_known(schema.text, vector, known):
             ops.refused.append(f"schema {schema.text[:60]!r}: repeats a known pattern")
             continue
-        known.append(vector)
+        known.append((schema.text, vector))
         shown = [data.facts[i] for i in schema.facts]
         row = store_pb2.NewMemory(
             owner=data.owner,

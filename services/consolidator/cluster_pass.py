@@ -237,7 +237,7 @@ async def _fetched(
         facts=facts,
         fact_vectors=fact_vectors,
         text_vectors=dict(zip(texts, text_vectors, strict=True)),
-        schema_vectors=[schema_vectors[s.id] for s in known],
+        schemas=[(s.content, schema_vectors[s.id]) for s in known],
         edges=shown.edges,
         owner_edges=shown.owner_edges,
         arcs=shown.arcs,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.consolidator.cluster_ops import SCHEMA_DUPLICATE
+from services.consolidator.cluster_ops import repeats_known
 from services.consolidator.plan import PartialReply, Pattern, read_patterns
 from services.consolidator.prompt import CROSS_SCHEMA, CROSS_SCHEMAS_SHOWN, cross_messages
 from services.consolidator.survey import ACTOR, Owner, owner_key
@@ -63,7 +63,8 @@ async def cross_topic(
         known, found = await asyncio.gather(
             vectors.of_rows(list(schemas)), vectors.of_texts([text for text, _ in patterns])
         )
-        ops = _pattern_ops(report, owner, schemas, patterns, list(known.values()), found)
+        seen = [(s.content, known[s.id]) for s in schemas]
+        ops = _pattern_ops(report, owner, schemas, patterns, seen, found)
         owner.meta["cross_at"] = now
         ops.append(state_op(owner_key(owner.id), owner.meta))
         try:
@@ -79,16 +80,16 @@ def _pattern_ops(
     owner: Owner,
     schemas: Sequence[common_pb2.Memory],
     patterns: Sequence[Pattern],
-    seen: list[np.ndarray],
+    seen: list[tuple[str, np.ndarray]],
     vectors: np.ndarray,
 ) -> list[store_pb2.Op]:
     """An L6 row per pattern that repeats no schema, citing its schemas' evidence."""
     ops: list[store_pb2.Op] = []
     for (text, picked), vector in zip(patterns, vectors, strict=True):
-        if max(float(v @ vector) for v in seen) >= SCHEMA_DUPLICATE:
+        if repeats_known(text, vector, seen):
             report.errors.append(f"cross-topic pattern {text[:60]!r} repeats a schema")
             continue
-        seen.append(vector)
+        seen.append((text, vector))
         evidence = list(dict.fromkeys(f for i in picked for f in schemas[i].source_ids))
         row = store_pb2.NewMemory(
             owner=common_pb2.Owner(user_id=owner.user_id, agent_id=owner.agent_id),
