@@ -66,27 +66,31 @@ def _follows(short: list[str], long: list[str], start: int) -> bool:
     return False
 
 
-# Words naming a number, as a digit would ("one" left out: mostly a pronoun).
-NUMBER_WORDS = frozenset(
-    {
-        "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-        "twelve", "twenty", "thirty", "forty", "fifty", "hundred", "thousand", "million",
-        "once", "twice", "half", "dozen", "first", "second", "third",
-    }
-)
+# Words naming a number, each as the digits it names ("one" left out: mostly a pronoun).
+NUMBER_WORDS = {
+    "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7", "eight": "8",
+    "nine": "9", "ten": "10", "eleven": "11", "twelve": "12", "dozen": "12", "twenty": "20",
+    "thirty": "30", "forty": "40", "fifty": "50", "hundred": "100", "thousand": "1000",
+    "million": "1000000", "once": "1", "twice": "2", "first": "1st", "second": "2nd",
+    "third": "3rd", "half": "half",
+}
 
 
 def may_repeat(one: str, other: str) -> bool:
     """Whether one text may say again, in other words, what the other says: both name the same
-    numbers (words holding a digit, or NUMBER_WORDS) and hold as many negations. Looser than
-    may_restate, which also wants the same words in order: for what a model words anew each
-    time (a pattern drawn from facts), where a near vector mostly means one meaning unless a
-    number or a "not" tells the two apart ("runs 3 times a week" / "5 times", "is vegetarian" /
-    "is not vegetarian")."""
+    numbers (words holding a digit, or NUMBER_WORDS: "three" and "3" are one) and hold as many
+    negations. Looser than may_restate, which also wants the same words in order: for what a
+    model words anew each time (a pattern drawn from facts), where a near vector mostly means
+    one meaning unless a number or a "not" tells the two apart ("runs 3 times a week" / "5
+    times", "is vegetarian" / "is not vegetarian")."""
     words = value_key(one).split(), value_key(other).split()
-    numbers = [{w for w in said if w in NUMBER_WORDS or _has_digit(w)} for said in words]
+    numbers = [{NUMBER_WORDS.get(w, w) for w in said if _names_number(w)} for said in words]
     negations = [sum(w in NEGATIONS for w in said) for said in words]
     return numbers[0] == numbers[1] and negations[0] == negations[1]
+
+
+def _names_number(word: str) -> bool:
+    return word in NUMBER_WORDS or _has_digit(word)
 
 
 def _has_digit(word: str) -> bool:

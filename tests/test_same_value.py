@@ -43,6 +43,8 @@ def test_another_value_however_near(one: str, other: str) -> None:
     ("User reviews pull requests every morning.", "Every morning the user reviews pull requests."),
     ("The user runs 3 times a week.", "Every week the user goes for a run 3 times."),
     ("The user doesn't drink coffee.", "The user never drinks coffee."),
+    ("The user runs three times a week.", "The user runs 3 times every week."),
+    ("The user calls home twice a month.", "Twice a month, the user calls home: 2 calls."),
 ])
 def test_other_words_may_say_the_same(one: str, other: str) -> None:
     assert may_repeat(one, other) and may_repeat(other, one)
