@@ -104,6 +104,8 @@ async def test_cross_topic_pass_generalises_schemas_once_per_interval_across_res
         )
         broader = f"{user} plans everything ahead, from planting to travel"
         repeat = newer[0]
+        # As near to newer[0] as a repeat (cosine about 0.97), but it names another number.
+        changed = f"{user} waters the garden plot number 0 twice at dawn"
 
         def answer(r: Recorded) -> Any:
             if not r.user_message.startswith("PATTERNS:"):
@@ -113,13 +115,16 @@ async def test_cross_topic_pass_generalises_schemas_once_per_interval_across_res
                 "patterns": [
                     {"text": broader, "schemas": [garden_n, travel_n]},
                     {"text": repeat, "schemas": [garden_n, travel_n]},
+                    {"text": changed, "schemas": [garden_n, travel_n]},
                 ]
             }
 
         script.handlers[user] = answer
         report = await digest(api)
-        assert report["cross_schemas"] == 1
-        assert any("repeats a schema" in e for e in report["errors"])
+        assert report["cross_schemas"] == 2
+        assert [e for e in report["errors"] if "repeats a schema" in e] == [
+            f"cross-topic pattern {repeat[:60]!r} repeats a schema"
+        ]
         [call] = cross_calls(script, user)
         assert cross_calls(script, one_topic) == []
         shown = shown_patterns(call)
@@ -133,11 +138,12 @@ async def test_cross_topic_pass_generalises_schemas_once_per_interval_across_res
         for text in texts:
             assert text not in call.prompt
 
-        rows = [r for r in await api.rows(user, "l6_schema") if r.content in (broader, repeat)]
+        wanted = (broader, repeat, changed)
+        rows = [r for r in await api.rows(user, "l6_schema") if r.content in wanted]
         cross = [r for r in rows if json.loads(r.metadata_json or "{}").get("cross_topic")]
-        assert [r.content for r in cross] == [broader]
-        assert cross[0].status == "active"
-        assert list(cross[0].source_ids) == garden + travel
+        assert sorted(r.content for r in cross) == sorted([broader, changed])
+        assert all(r.status == "active" for r in cross)
+        assert all(list(r.source_ids) == garden + travel for r in cross)
         assert [r.content for r in rows if r.content == repeat] == [repeat]
 
         # A second pass within the interval makes no cross-topic call, even after a restart.
