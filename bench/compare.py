@@ -753,6 +753,51 @@ async def searches(
     }
 
 
+async def against_smallest(
+    big: Project, owners: int, sizes: list[int], texts: list[str], questions: list[Probe],
+    args: argparse.Namespace, databases: Databases | None, seeder: Seeder,
+) -> dict[str, Any]:
+    """The hybrid at the largest size against the smallest, measured at the same time: a second
+    stack seeded to the smallest size (the seeder's vectors, no adds timed) and each question
+    asked of both stacks in turn, the order rotating, so the machine's drift hits both (the
+    sizes' own rows are measured minutes apart)."""
+    small_size = sizes[0]
+    times: dict[str, list[float]] = {"small": [], "big": []}
+    failed: list[str] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-compare-small-") as name,
+        project_stack(Path(name), args, databases) as small,
+    ):
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            stacks = {"small": Ours(http, small.base_url), "big": Ours(http, big.base_url)}
+            owner_ids = [owner_of(i, owners) for i in range(small_size)]
+            await seed(stacks["small"], None, seeder, texts, owner_ids, 0, small_size)
+
+            def asking(side: str, text: str, owner: str) -> Step:
+                async def step() -> None:
+                    try:
+                        times[side].append((await stacks[side].search(text, owner, "hybrid"))[0])
+                    except SearchFailed as exc:
+                        failed.append(f"{side}: {exc}")
+
+                return step
+
+            for warm in questions[:WARM_UP]:
+                for side in stacks:
+                    await asking(side, warm.text, owner_of(0, owners))()
+            for values in times.values():
+                values.clear()
+            for index, question in enumerate(questions):
+                owner = owner_of(index, owners)
+                await alternate(index, *(asking(side, question.text, owner) for side in stacks))
+    return {
+        "sizes": [small_size, sizes[-1]],
+        "hybrid_ms": {side: latency(values) for side, values in times.items()},
+        "failed": failed,
+    }
+
+
 async def run_layout(
     owners: int,
     sizes: list[int],
@@ -774,6 +819,11 @@ async def run_layout(
                 rows = await grow_through(
                     project, peer, owners, sizes, texts, questions, args, seeder
                 )
+                if seeder is not None and len(sizes) > 1 and rows[-1]["bulk_path"]:
+                    rows[-1]["against_smallest"] = await against_smallest(
+                        project, owners, sizes, texts, questions, args, databases, seeder
+                    )
+                    print(markdown(rows[-1:]), flush=True)
             finally:
                 if peer is not None:
                     await peer.stop()
@@ -958,6 +1008,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         add("disk KiB per memory", f"{disk['ours_kib_per_memory']}",
             f"{disk.get('chromadb_kib_per_memory', 'n/a')}",
             ratio(disk["ours_kib_per_memory"], disk.get("chromadb_kib_per_memory")))
+        if turn := row.get("against_smallest"):
+            small, big = turn["hybrid_ms"]["small"], turn["hybrid_ms"]["big"]
+            add(f"hybrid p50 / p95 ms, this store and one of {turn['sizes'][0]:,} (seeded) asked "
+                "in turn", f"{big['p50']} / {big['p95']}", f"{small['p50']} / {small['p95']}",
+                f"{ratio(big['p50'], small['p50'])} / {ratio(big['p95'], small['p95'])}")
         if "embedded_texts_per_memory" in row:
             add("vectors made per memory added through the model (chromadb: 1)",
                 f"{row['embedded_texts_per_memory']}", "1",
