@@ -175,7 +175,7 @@ def repeats_known(
     text: str, vector: np.ndarray, known: Sequence[tuple[str, np.ndarray]]
 ) -> bool:
     """Whether a new pattern says again what a known one says: its vector as near as
-    SCHEMA_DUPLICATE, and no number or negation of its own (shared.text.may_repeat), so a
+    SCHEMA_DUPLICATE, and the same numbers and as many negations (shared.text.may_repeat), so a
     pattern that changed ("runs 3 times a week" after "5 times") is not taken for the old."""
     return any(
         float(seen @ vector) >= SCHEMA_DUPLICATE and may_repeat(text, said)
