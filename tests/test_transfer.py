@@ -236,6 +236,33 @@ async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_s
     assert [line["memory"]["id"] for line in mine[1:]] == [fresh]
 
 
+async def test_a_batch_with_a_malformed_line_and_a_taken_id_writes_its_good_lines(
+    target: Stack,
+) -> None:
+    # The store refuses the malformed line first and the taken id only once the rest is
+    # well-formed: the batch goes again until it is taken.
+    alice, bob = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    taken = f"{alice}-m"
+
+    def memory(user: str, text: str, **fields: str) -> str:
+        return json.dumps({"type": "memory", "memory": {"user_id": user, "content": text,
+                                                        **fields}})
+
+    status, reply = await _import(target, (memory(alice, "Ana paints.", id=taken) + "\n").encode())
+    assert status == 200 and reply["imported"] == 1, reply
+    body = "\n".join([
+        memory(bob, "Good G."), "not json", memory(bob, "Bob's text.", id=taken),
+        memory(bob, "Good H."),
+    ]) + "\n"
+    status, reply = await _import(target, body.encode())
+    assert status == 400, reply
+    assert [e["line"] for e in reply["errors"]] == [2, 3]
+    assert reply["errors"][1]["error"] == f"id {taken!r} is taken by another memory"
+    assert (reply["lines"], reply["imported"], reply["refused"]) == (4, 2, 2)
+    status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": bob})
+    assert sorted(m["content"] for m in listing["memories"]) == ["Good G.", "Good H."]
+
+
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     turns = [

@@ -212,23 +212,26 @@ async def _send(
     batch: list[store_pb2.ImportLine],
     embedding: asyncio.Task[store_pb2.EmbedImportResponse | None],
 ) -> None:
-    """One batch to the store; refused for some lines, it goes once more without them, so
-    every good line is written and every bad one reported."""
+    """One batch to the store; refused for some lines, it goes again without them until the
+    store takes it (the store checks a batch in stages, its lines' form before the ids they
+    name, and each refusal names the lines of one stage), so every good line is written and
+    every bad one reported. A refusal that names none of the batch's lines refuses them all."""
     reply = await _write(request, run, batch, await embedding)
-    for error in reply.errors:
-        run.refuse(error.line, error.error)
-    bad = {error.line for error in reply.errors}
-    rest = [line for line in batch if line.line not in bad]
-    if not bad or not rest:
-        return
-    again = await _write(request, run, rest, None)
-    if again.errors:
-        # Refused once more: each line of it is reported, so every line is still counted.
-        named = {error.line: error.error for error in again.errors}
-        first = again.errors[0]
-        why = f"not written: its batch was refused again (line {first.line}: {first.error})"
-        for line in rest:
-            run.refuse(line.line, named.get(line.line, why))
+    while reply.errors:
+        sent = {line.line for line in batch}
+        named = {error.line: error.error for error in reply.errors if error.line in sent}
+        if not named:
+            first = reply.errors[0]
+            why = f"not written: its batch was refused (line {first.line}: {first.error})"
+            for line in batch:
+                run.refuse(line.line, why)
+            return
+        for number, error in named.items():
+            run.refuse(number, error)
+        batch = [line for line in batch if line.line not in named]
+        if not batch:
+            return
+        reply = await _write(request, run, batch, None)
 
 
 def _import_scope(request: web.Request) -> common_pb2.Scope:
