@@ -343,6 +343,9 @@ async def test_a_limit_over_the_maximum_or_negative_is_refused_never_cut(api: Ap
         "POST", "/api/v1/search", json={"query": "row", "user_id": user, "limit": 101})
     assert status == 400 and "over the maximum of 100" in body["error"]
     for method, kw in (("POST", "json"), ("GET", "params")):
+        status, body = await api.call(method, "/api/v1/search", **{kw: {
+            "query": "row", "user_id": user, "limit": -1}})
+        assert status == 400 and "limit must not be negative" in body["error"], body
         status, body = await api.call(method, "/api/v1/list", **{kw: {"user_id": user,
                                                                       "limit": 5000}})
         assert status == 400 and "over the maximum of 1000" in body["error"], body
@@ -350,6 +353,9 @@ async def test_a_limit_over_the_maximum_or_negative_is_refused_never_cut(api: Ap
                                                                       "limit": -5}})
         assert status == 400 and "limit must not be negative" in body["error"], body
     assert (await api.listing(user, limit=0))["limit"] == 20
+    status, body = await api.call(
+        "POST", "/api/v1/search", json={"query": "limit check", "user_id": user, "limit": 0})
+    assert status == 200 and sum(map(len, body["memories"].values())) == 1, body
 
 
 # --- list ----------------------------------------------------------------------------------
@@ -390,8 +396,11 @@ async def test_list_pages_on_with_before_past_rows_added_meanwhile(api: Api) -> 
     assert [m["memory_id"] for m in rest["memories"]] == ids[:1] and rest["total"] == 4
     end = await api.listing(user, before=rest["next_before"])
     assert (end["memories"], end["next_before"]) == ([], "")
-    status, body = await api.call("POST", "/api/v1/list", json={"user_id": user, "before": "x"})
-    assert status == 400 and "not one a list returned" in body["error"]
+    for cursor in ("x", "nan:5", "-inf:5", "inf:5", "1e999:5"):  # no list gives these
+        status, body = await api.call(
+            "POST", "/api/v1/list", json={"user_id": user, "before": cursor}
+        )
+        assert status == 400 and "not one a list returned" in body["error"], cursor
 
 
 async def test_list_keeps_the_rows_holding_a_text_and_counts_them(api: Api) -> None:

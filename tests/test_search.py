@@ -311,14 +311,16 @@ def test_scope_without_user_is_refused() -> None:
         query(scope=Scope(""))
 
 
-@pytest.mark.parametrize(("asked", "limit"), [(0, 5), (-3, 5), (7, 7), (100, 100)])
+@pytest.mark.parametrize(("asked", "limit"), [(0, 5), (7, 7), (100, 100)])
 def test_limit_defaults_to_five_and_goes_up_to_a_hundred(asked: int, limit: int) -> None:
     assert query(limit=asked).limit == limit
 
 
-def test_a_limit_over_a_hundred_is_refused_not_cut() -> None:
+def test_a_limit_over_a_hundred_or_negative_is_refused_not_cut() -> None:
     with pytest.raises(InvalidArgument, match="over the maximum of 100"):
         query(limit=101)
+    with pytest.raises(InvalidArgument, match="limit must not be negative"):
+        query(limit=-3)
 
 
 def test_candidate_pool_is_three_times_the_limit_and_at_least_thirty() -> None:

@@ -21,7 +21,6 @@ from gateway.state import CONFIG, COUNTERS, SEARCH, STORE
 from shared.errors import InvalidArgument
 from shared.pb import search_pb2, store_pb2
 
-SEARCH_LIMIT_DEFAULT = 5
 # The reference reads every reader it does not know as hybrid; hybrid_v2 is one it once had.
 READER_ALIASES = {"hybrid_v2": "hybrid"}
 MAX_FEEDBACK_IDS = 100
@@ -64,9 +63,9 @@ async def search(request: web.Request) -> web.Response:
     query = params.string("query")
     if not query:
         raise InvalidArgument("query required")
+    # The search service sets the default for 0 and refuses a negative limit or one over its
+    # maximum (400), never cuts it.
     limit = params.integer("limit", 0, lo=INT32_MIN)
-    # The search service refuses a limit over its maximum (400), never cuts it.
-    limit = SEARCH_LIMIT_DEFAULT if limit <= 0 else limit
     layer = params.string("layer")
     user_id = _one_named(params, "user_id", "user_ids")
     agent_id = _one_named(params, "agent_id", "agent_ids")

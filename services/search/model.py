@@ -98,8 +98,9 @@ class SearchQuery:
         floor = default_min_score if min_score is None else min_score
         if floor is not None and not 0.0 <= floor <= 1.0:
             raise InvalidArgument(f"min_score {floor} is outside 0..1")
-        if limit <= 0:
-            limit = DEFAULT_LIMIT
+        if limit < 0:
+            raise InvalidArgument("limit must not be negative")
+        limit = limit or DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             raise InvalidArgument(f"limit {limit} is over the maximum of {MAX_LIMIT}")
         if reference_time is not None and not FIRST_TIME_S <= reference_time < END_OF_CALENDAR_S:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -68,7 +69,7 @@ def _past(cursor: str) -> tuple[float, int] | None:
         place = float(created_at), int(seq)
     except ValueError:
         place = None
-    if place is None or not 0 <= place[1] < 2**63:
+    if place is None or not math.isfinite(place[0]) or not 0 <= place[1] < 2**63:
         raise InvalidArgument(f"cursor {cursor!r} is not one a list returned (pass it as is)")
     return place
 
