@@ -56,10 +56,18 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+UNSUPPORTED_ENCODING = (
+    "unsupported Content-Encoding: send the body as gzip or deflate, or unencoded"
+)
+"""What a client sending a body in another Content-Encoding is told: the gateway's parser
+refuses br and zstd (they would need a decoder package that is not installed), the body reader
+any coding it does not know (read_timeouts)."""
+
 _AIOHTTP_MESSAGES = {
     404: "not found",
     405: "method not allowed",
     413: "request body is too large",
+    415: UNSUPPORTED_ENCODING,
 }
 
 

@@ -4,20 +4,17 @@ over its limit, a Content-Encoding no installed decoder reads): JSON errors like
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
-from gateway.errors import json_error
+from gateway.errors import UNSUPPORTED_ENCODING, json_error
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_ENCODING = (
-    "unsupported Content-Encoding: send the body as gzip or deflate, or unencoded"
-)
-"""What a client sending a body in another Content-Encoding is told (br and zstd would need a
-decoder package that is not installed; aiohttp's parser refuses them)."""
 
 
 class _Protocol(web.RequestHandler):
@@ -41,6 +38,17 @@ class _Protocol(web.RequestHandler):
         response = json_error(status, text)
         response.force_close()  # what is left of the request cannot be parsed
         return response
+
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's log of an exception while serving a connection; a body that does not
+        decode, answered 400 already (read_timeouts), is met again when aiohttp reads what is
+        left of it after the answer: that is no failure of the gateway's."""
+        if isinstance(kw.get("exc_info"), RequestPayloadError):
+            log.info("closed a connection whose request body does not decode: %s",
+                     str(kw["exc_info"]).splitlines()[-1].strip())
+            return
+        super().log_exception(*args, **kw)
 
 
 class _Server(web.Server):

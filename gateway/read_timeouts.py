@@ -1,12 +1,13 @@
-"""Slow clients: a request body must arrive within HYATLAS_BODY_TIMEOUT (the head's limit is
-the server's keep-alive timeout, set from HYATLAS_HEADER_TIMEOUT in __main__)."""
+"""Request bodies: one must come in an encoding the gateway reads, and arrive within
+HYATLAS_BODY_TIMEOUT (slow clients; the head's limit is the server's keep-alive timeout, set
+from HYATLAS_HEADER_TIMEOUT in __main__)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from gateway.state import CONFIG
 from shared.errors import InvalidArgument
@@ -25,6 +26,11 @@ def _too_slow(timeout_s: float) -> web.HTTPRequestTimeout:
     return web.HTTPRequestTimeout(reason=f"Request body not received within {timeout_s:g}s")
 
 
+READ_ENCODINGS = frozenset({"", "identity", "gzip", "deflate"})
+"""The Content-Encodings a body may come in: aiohttp decodes gzip and deflate (its parser refuses
+br and zstd, parser_errors), and would pass a body of a coding it does not know on as it is."""
+
+
 def _bad_body(exc: web.RequestPayloadError) -> InvalidArgument:
     # aiohttp words it "400, message:\n  Can not decode content-encoding: gzip": the last line.
     return InvalidArgument(f"bad body: {str(exc).splitlines()[-1].strip()}")
@@ -33,6 +39,10 @@ def _bad_body(exc: web.RequestPayloadError) -> InvalidArgument:
 @web.middleware
 async def body_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Reads a body in full, within the timeout, before the route sees it (read() keeps it)."""
+    if request.body_exists and request.headers.get(hdrs.CONTENT_ENCODING, "").lower() not in (
+        READ_ENCODINGS
+    ):
+        raise web.HTTPUnsupportedMediaType()
     streaming = getattr(request.match_info.handler, "streams_body", False)
     if request.body_exists and not streaming:
         timeout_s = request.app[CONFIG].body_timeout_s
