@@ -263,6 +263,41 @@ async def test_a_batch_with_a_malformed_line_and_a_taken_id_writes_its_good_line
     assert sorted(m["content"] for m in listing["memories"]) == ["Good G.", "Good H."]
 
 
+async def test_a_row_citing_another_users_row_is_not_changed_by_that_users_forget(
+    target: Stack,
+) -> None:
+    # An import may name any id as a row's evidence; what rests on a row is followed within
+    # its user (and aliases) only, so gina's forget and restore reach her rows, not hank's.
+    gina, hank = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    fact = f"{gina}-fact"
+
+    def memory(user: str, memory_id: str, layer: str, text: str, **fields: Any) -> Any:
+        return {"type": "memory", "memory": {"user_id": user, "id": memory_id, "layer": layer,
+                                             "content": text, **fields}}
+
+    status, reply = await _import(target, [
+        memory(gina, fact, "l3_fact", "Gina keeps bees on the roof."),
+        memory(gina, f"{gina}-k", "l5_knowledge", "Gina is a beekeeper.", source_ids=[fact]),
+        memory(hank, f"{hank}-k", "l5_knowledge", "Hank knows a beekeeper.", source_ids=[fact]),
+    ])
+    assert status == 200 and reply["imported"] == 3, reply
+
+    async def how(user: str) -> str | None:
+        status, listing = await call(target, "POST", "/api/v1/list", json={
+            "user_id": user, "layer": "l5_knowledge", "include_superseded": True})
+        assert status == 200 and listing["total"] == 1, listing
+        return listing["memories"][0].get("superseded_how")
+
+    status, body = await call(target, "POST", "/api/v1/forget",
+                              json={"memory_id": fact, "user_id": gina})
+    assert status == 200, body
+    assert (await how(gina), await how(hank)) == ("stale", None)
+    status, body = await call(target, "POST", "/api/v1/restore",
+                              json={"id": fact, "user_id": gina})
+    assert status == 200, body
+    assert (await how(gina), await how(hank)) == (None, None)
+
+
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     turns = [

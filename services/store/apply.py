@@ -214,7 +214,7 @@ async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     after = await w.change(before, "retire", fields, run.reason)
     if op.pass_id:
         await w.tx.record_pass_change(op.pass_id, "retire", op.id)
-    await retire_derived(w, op.id, op.superseded_how)
+    await retire_derived(w, before, op.superseded_how)
     w.facts_changed += fact_changes(op, before, after)
     return after
 
@@ -225,7 +225,7 @@ async def _forget_old_version(run: _Apply, before: MemoryRow, op: Retire) -> Mem
     w = run.write
     fields = {"superseded_how": FORGOTTEN, "drop_reason": op.drop_reason, "retired_by": w.actor}
     after = await w.change(before, "retire", fields, run.reason)
-    await retire_derived(w, op.id, FORGOTTEN)
+    await retire_derived(w, before, FORGOTTEN)
     return after
 
 
@@ -246,7 +246,7 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
     if (why := await _kept_down(w, before)) is not None:
         raise Conflict(f"op {i}: memory {op.id!r} cannot be restored: {why}")
     after = await revive(w, before, run.reason)
-    await restore_derived(w, op.id)
+    await restore_derived(w, before)
     if before.superseded_how == FORGOTTEN:
         await lift_tombstones(w, before, run.reason)
     w.facts_changed += fact_changes(op, before, after)
@@ -356,7 +356,7 @@ async def _tombstone(run: _Apply, i: int, op: Tombstone) -> MemoryRow | None:
     marked = with_tombstones(before.metadata_json, list(op.values), w.now, op.guard)
     after = await w.change(before, "update", {"metadata": marked}, run.reason)
     if not op.guard:
-        await retire_derived(w, op.id, TOMBSTONED)
+        await retire_derived(w, before, TOMBSTONED)
     return after
 
 

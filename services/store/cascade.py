@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence, Set
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from services.store.model import (
     RETIRED,
     SUMMARY,
     TOMBSTONED,
+    Edge,
     MemoryRow,
     Op,
     Reach,
@@ -45,6 +47,14 @@ from shared.pages import (
 )
 from shared.text import may_restate, value_key
 from shared.tombstones import held_tombstones, without_tombstone
+
+
+class _Owned(Protocol):
+    @property
+    def user_id(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Owned)
 
 
 def fact_changes(op: Op, before: MemoryRow, after: MemoryRow | None) -> list[FactChange]:
@@ -118,19 +128,32 @@ async def settle(w: Write) -> None:
     await _render_pages(w)
 
 
-async def _mark_pages(w: Write, memory_id: str) -> None:
-    """Marks the entity page lines memory_id fed stale while a row behind them is dead or gone.
+def _theirs(w: Write, user_id: str, owned: Sequence[T]) -> list[T]:
+    """The rows or edges of user_id's person among owned (see Write.same_person)."""
+    return [one for one in owned if w.same_person(user_id, one.user_id)]
+
+
+async def _evidence(w: Write, user_id: str, memory_id: str) -> MemoryRow | None:
+    """The row memory_id names as evidence of user_id's rows: None if there is none, or it is
+    another person's (as if erased)."""
+    row = await w.tx.get(memory_id)
+    return row if row is not None and w.same_person(user_id, row.user_id) else None
+
+
+async def _mark_pages(w: Write, evidence: MemoryRow) -> None:
+    """Marks the entity page lines a row fed stale while a row behind them is dead or gone.
 
     The pages whose marks changed join w.pages, to be rendered again by settle.
     """
-    for page in await w.tx.pages_citing(memory_id):
+    memory_id = evidence.id
+    for page in _theirs(w, evidence.user_id, await w.tx.pages_citing(memory_id)):
         meta = meta_of(page.metadata_json)
         lines = [cited_by(line) for line in lines_of(meta)]
         cited = set().union(*(ids for ids in lines if memory_id in ids))
         dead: set[str] = set()
         gone: set[str] = set()
         for cited_id in cited:
-            row = await w.tx.get(cited_id)
+            row = await _evidence(w, page.user_id, cited_id)
             if row is None or (row.status == RETIRED and row.superseded_how == FORGOTTEN):
                 gone.add(cited_id)
             if (how := _gone_how(row)) is not None and kills(how, page.layer):
@@ -173,13 +196,13 @@ async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
         why = "no line of the page is live"
         fields = retired_fields(w.now, w.actor, "stale", reason=why)
         after = await w.change(page, "retire", fields, why)
-        await retire_derived(w, page.id, "stale")
+        await retire_derived(w, page, "stale")
     elif (
         page.status == RETIRED and page.superseded_how == "stale" and live
         and await another_page(w, page) is None
     ):
         after = await w.change(page, "restore", live_fields(), "a line of the page is live again")
-        await restore_derived(w, page.id)
+        await restore_derived(w, page)
     return after or page
 
 
@@ -222,31 +245,34 @@ def _gone_how(evidence: MemoryRow | None, lifted: Set[str] = frozenset()) -> str
     return TOMBSTONED if set(held_tombstones(evidence.metadata_json)) - lifted else None
 
 
-async def retire_derived(w: Write, memory_id: str, how: str) -> None:
-    """Retires as stale the live rows resting on memory_id that its going this way kills, and
-    hides their edges, memory_id's own (an L5 row's, gone the same way) and the edges with no
+async def retire_derived(w: Write, evidence: MemoryRow, how: str) -> None:
+    """Retires as stale the live rows resting on a row that its going this way kills, and
+    hides their edges, the row's own (an L5 row's, gone the same way) and the edges with no
     L5 row resting on it (as their row would go).
 
-    Also marks the entity page lines memory_id fed.
+    Also marks the entity page lines the row fed. Only its person's rows and edges rest on it.
     """
-    await _mark_pages(w, memory_id)
+    await _mark_pages(w, evidence)
+    memory_id = evidence.id
     why = f"evidence {memory_id} was {how or 'retired'}"
     killed = [memory_id] if _kills_knowledge(how) else []
     gone = list(killed)
-    for row in await w.tx.derived_from(memory_id):
+    for row in _theirs(w, evidence.user_id, await w.tx.derived_from(memory_id)):
         if row.status != ACTIVE or not kills(how, row.layer):
             continue
         await w.change(row, "retire", retired_fields(w.now, w.actor, "stale", reason=why), why)
         gone.append(row.id)
-    await _hide_edges(w, gone, killed)
+    await _hide_edges(w, evidence.user_id, gone, killed)
 
 
-async def _hide_edges(w: Write, memory_ids: Sequence[str], fact_ids: Sequence[str]) -> None:
-    """Marks stale the edges of memory_ids (their L5 rows) and the edges with no L5 row resting
-    on fact_ids."""
+async def _hide_edges(
+    w: Write, user_id: str, memory_ids: Sequence[str], fact_ids: Sequence[str]
+) -> None:
+    """Marks stale user_id's person's edges of memory_ids (their L5 rows) and those with no L5
+    row resting on fact_ids."""
     edges = await w.tx.edges_of_memories(memory_ids)
     edges += await w.tx.rowless_edges_on(fact_ids) if fact_ids else []
-    for edge in edges:
+    for edge in _theirs(w, user_id, edges):
         await w.tx.update_edge(edge.id, stale=1)
 
 
@@ -254,29 +280,36 @@ async def follow_erased(w: Write, erased: Sequence[MemoryRow]) -> None:
     """What rests on rows just erased goes with them (retire_derived, ERASED: the summaries,
     knowledge, page lines and edges), and a preference fact's L1 mirror follows it."""
     if len(erased) == 1:
-        await retire_derived(w, erased[0].id, ERASED)
+        await retire_derived(w, erased[0], ERASED)
     else:
-        for memory_id in await _rested_on(w, erased):
-            await retire_derived(w, memory_id, ERASED)
-        ids = sorted(row.id for row in erased)
-        await _hide_edges(w, ids, ids)
+        for row in await _rested_on(w, erased):
+            await retire_derived(w, row, ERASED)
+        by_user: dict[str, list[str]] = {}
+        for row in erased:
+            by_user.setdefault(row.user_id, []).append(row.id)
+        for user_id, ids in sorted(by_user.items()):
+            await _hide_edges(w, user_id, sorted(ids), sorted(ids))
     w.facts_changed += [
         FactChange(row, live=False, how=ERASED) for row in erased if is_preference_fact(row)
     ]
 
 
-async def _rested_on(w: Write, erased: Sequence[MemoryRow]) -> list[str]:
-    """The erased rows a live derived row or an entity page rests on: for a bulk delete of
-    thousands, the derived rows and pages of their users are read once, not once a row."""
-    ids = {row.id for row in erased}
+async def _rested_on(w: Write, erased: Sequence[MemoryRow]) -> list[MemoryRow]:
+    """The erased rows a live derived row or an entity page of their person rests on: for a
+    bulk delete of thousands, the derived rows and pages of their users are read once, not
+    once a row."""
+    by_id = {row.id: row for row in erased}
     resting: set[str] = set()
     users = tuple({row.user_id for row in erased})
     for row in await w.tx.rows_in(Reach(users), [*DERIVED_LAYERS, ENTITY]):
         if row.layer == ENTITY:
-            resting |= {i for i in ids - resting if json.dumps(i) in row.metadata_json}
+            named = {i for i in by_id.keys() - resting if json.dumps(i) in row.metadata_json}
         elif row.status == ACTIVE:
-            resting |= ids & set(row.source_ids)
-    return sorted(resting)
+            named = by_id.keys() & set(row.source_ids)
+        else:
+            continue
+        resting |= {i for i in named if w.same_person(row.user_id, by_id[i].user_id)}
+    return [by_id[i] for i in sorted(resting)]
 
 
 async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
@@ -290,18 +323,19 @@ async def retire_if_stillborn(w: Write, row: MemoryRow) -> MemoryRow:
     return await w.change(row, "retire", fields, why) or row
 
 
-async def restore_derived(w: Write, memory_id: str) -> None:
-    """Restores the stale rows resting on memory_id once none of their evidence is gone in a
-    way that kills them (a Now page only while no newer one is live).
+async def restore_derived(w: Write, evidence: MemoryRow) -> None:
+    """Restores the stale rows of its person resting on a row once none of their evidence is
+    gone in a way that kills them (a Now page only while no newer one is live).
 
     Also clears the stale mark of page lines whose facts are all live, of the edges with no L5
     row whose facts all stand, and of the edges of a row live already (stores before _restore
     checked the evidence let a stale row be restored over evidence still retired, leaving its
     edge stale).
     """
-    await _mark_pages(w, memory_id)
-    await _unmark_rowless_edges(w, memory_id)
-    for row in await w.tx.derived_from(memory_id):
+    await _mark_pages(w, evidence)
+    await _unmark_rowless_edges(w, evidence)
+    memory_id = evidence.id
+    for row in _theirs(w, evidence.user_id, await w.tx.derived_from(memory_id)):
         if row.status == RETIRED and row.superseded_how != "stale":
             continue
         if await dead_evidence(w, row) is not None:
@@ -318,28 +352,28 @@ async def dead_evidence(
     """The first of a derived row's evidence that keeps it down, and how it went (erased,
     forgotten, ...), as kills says for this row; None when none of it does (a turn's
     tombstones of lifted values, which the row's restore takes off, do not count)."""
-    return await _first_dead(w, row.source_ids, row.layer, lifted)
+    return await _first_dead(w, row.user_id, row.source_ids, row.layer, lifted)
 
 
 async def _first_dead(
-    w: Write, ids: Sequence[str], layer: str, lifted: Set[str] = frozenset()
+    w: Write, user_id: str, ids: Sequence[str], layer: str, lifted: Set[str] = frozenset()
 ) -> tuple[str, str] | None:
     for source in dict.fromkeys(ids):
-        how = _gone_how(await w.tx.get(source), lifted)
+        how = _gone_how(await _evidence(w, user_id, source), lifted)
         if how is not None and kills(how, layer):
             return source, how or "retired"
     return None
 
 
-async def edge_stands(w: Write, memory_id: str, fact_ids: Sequence[str]) -> bool:
+async def edge_stands(w: Write, user_id: str, memory_id: str, fact_ids: Sequence[str]) -> bool:
     """Whether a new edge may be live: its L5 row (if any) is, and none of its facts is gone
     in a way that would take an L5 row down. Else it is stored stale: a restore of the
     evidence that brings its row back (or, for an edge with no row, leaves none of its facts
     gone) clears the mark."""
-    row = await w.tx.get(memory_id) if memory_id else None
+    row = await _evidence(w, user_id, memory_id) if memory_id else None
     if row is not None and row.status != ACTIVE:
         return False
-    return await _first_dead(w, fact_ids, KNOWLEDGE) is None
+    return await _first_dead(w, user_id, fact_ids, KNOWLEDGE) is None
 
 
 async def revive(w: Write, row: MemoryRow, reason: str) -> MemoryRow | None:
@@ -349,17 +383,22 @@ async def revive(w: Write, row: MemoryRow, reason: str) -> MemoryRow | None:
     return after
 
 
-async def _unmark_rowless_edges(w: Write, fact_id: str) -> None:
-    """Clears the stale mark of the edges with no L5 row resting on fact_id whose facts all
-    stand again (as edge_stands says for a new edge)."""
-    for edge in await w.tx.rowless_edges_on([fact_id]):
-        if edge.stale and await edge_stands(w, "", edge.fact_ids):
+async def _unmark_rowless_edges(w: Write, fact: MemoryRow) -> None:
+    """Clears the stale mark of its person's edges with no L5 row resting on a fact whose facts
+    all stand again (as edge_stands says for a new edge)."""
+    for edge in _theirs(w, fact.user_id, await w.tx.rowless_edges_on([fact.id])):
+        if edge.stale and await edge_stands(w, edge.user_id, "", edge.fact_ids):
             await w.tx.update_edge(edge.id, stale=0)
+
+
+async def edges_on(w: Write, row: MemoryRow) -> list[Edge]:
+    """The edges of the row's person whose searchable memory is the row (an L5 row's)."""
+    return _theirs(w, row.user_id, await w.tx.edges_of_memories([row.id]))
 
 
 async def _unmark_edges(w: Write, row: MemoryRow) -> None:
     """Clears the stale mark of the edges resting on a live row."""
-    for edge in await w.tx.edges_of_memories([row.id]):
+    for edge in await edges_on(w, row):
         if edge.stale:
             await w.tx.update_edge(edge.id, stale=0)
 
@@ -395,7 +434,7 @@ async def lift_tombstones(w: Write, forgotten: MemoryRow, reason: str) -> None:
         if turn is None or turn.layer != RAW or turn.user_id != forgotten.user_id:
             continue
         if await _lift(w, turn, values, reason):
-            await restore_derived(w, turn_id)
+            await restore_derived(w, turn)
     # The guards the forget left on turns then still to be extracted.
     for mark in await w.tx.forget_marks(forgotten.user_id, forgotten.agent_id):
         if mark.layer == RAW and mark.id not in turns:

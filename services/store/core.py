@@ -188,6 +188,12 @@ class Write:
     # Whether a row was deleted for good (see erase): its text must leave the files too.
     erased: bool = False
 
+    def same_person(self, one: str, other: str) -> bool:
+        """Whether two user ids are one person (the same, or aliases: HYATLAS_USER_ALIASES).
+        What rests on a row is followed only within its person: an id another person's row
+        holds is no evidence of these rows, so no user's change reaches another's rows."""
+        return other in self.core.alias_group(one)
+
     async def change(
         self, before: MemoryRow, action: str, fields: dict[str, Any], reason: str
     ) -> MemoryRow | None:

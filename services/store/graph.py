@@ -46,7 +46,7 @@ async def put_edge(w: Write, reach: Reach, op: PutEdge, where: str) -> None:
         invalidated_at=None,
         valid_from=op.valid_from,
         valid_to=op.valid_to,
-        stale=not await edge_stands(w, op.memory_id, op.fact_ids),
+        stale=not await edge_stands(w, op.user_id, op.memory_id, op.fact_ids),
         pass_id=op.pass_id,
     )
     await w.tx.insert_edge(edge)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from services.store.cascade import dead_evidence, restore_derived, retire_derived, revive, settle
+from services.store.cascade import (
+    dead_evidence,
+    edges_on,
+    restore_derived,
+    retire_derived,
+    revive,
+    settle,
+)
 from services.store.core import DEFAULT_ACTOR, Core, Write, retired_fields
 from services.store.mirrors import FactChange, is_preference_fact
 from services.store.model import (
@@ -51,8 +58,8 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
     if kind == "insert" and (row.status == ACTIVE or row.superseded_how == "stale"):
         await w.change(row, "retire", retired_fields(w.now, w.actor, UNDONE, reason=why), why)
         undone.undone_ids.append(target)
-        await retire_derived(w, target, UNDONE)
-        for edge in await w.tx.edges_of_memories([target]):
+        await retire_derived(w, row, UNDONE)
+        for edge in await edges_on(w, row):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
         if (
@@ -65,7 +72,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
             return
         await revive(w, row, why)
         undone.restored_ids.append(target)
-        await restore_derived(w, target)
+        await restore_derived(w, row)
     else:
         return
     if is_preference_fact(row):
