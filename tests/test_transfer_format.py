@@ -170,7 +170,11 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
         # What PostgreSQL cannot hold: an int32 column, an indexed id, a NUL in a JSON list.
         (
             '{"type": "memory", "memory": {"user_id": "u", "content": "x", "count": 3000000000}}',
-            "memory.count must be an integer of 32 bits",
+            "memory.count must be a count: a whole number from 0 to 2^31 - 1",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "hits": -3}}',
+            "memory.hits must be a count: a whole number from 0 to 2^31 - 1",
         ),
         (
             '{"type": "memory", "memory": {"user_id": "u", "content": "x", "superseded_by": "'

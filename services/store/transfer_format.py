@@ -138,9 +138,10 @@ def _string(name: str, value: Any) -> str:
 
 
 def _integer(name: str, value: Any) -> int:
-    # Counts travel as int32 (and PostgreSQL keeps them so).
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31:
-        raise InvalidArgument(f"{name} must be an integer of 32 bits")
+    # Every integer of a row is a count (seen, used, tried), none below 0; counts travel as
+    # int32 (and PostgreSQL keeps them so).
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise InvalidArgument(f"{name} must be a count: a whole number from 0 to 2^31 - 1")
     return value
 
 
