@@ -10,7 +10,7 @@ from services.search.fusion import fuse_sources, reciprocal_rank_fusion
 from services.search.model import Candidate, Scope, SearchContext, SearchQuery
 from services.search.pipeline import FULL_RANKING_RUNS, LITE_PIPELINE
 from services.search.switches import FULL_RANKING
-from shared.errors import ConfigError, InvalidArgument
+from shared.errors import ConfigError, InvalidArgument, TooLarge
 from shared.limits import END_OF_CALENDAR_S
 
 NOW = 1_800_000_000.0
@@ -321,6 +321,13 @@ def test_a_limit_over_a_hundred_or_negative_is_refused_not_cut() -> None:
         query(limit=101)
     with pytest.raises(InvalidArgument, match="limit must not be negative"):
         query(limit=-3)
+
+
+def test_a_query_holding_a_nul_or_over_the_text_limit_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="query may not hold a NUL character"):
+        query(text="what\x00 does the user like")
+    with pytest.raises(TooLarge, match="query has 100,001 characters"):
+        query(text="a" * 100_001)
 
 
 def test_candidate_pool_is_three_times_the_limit_and_at_least_thirty() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import sqlite3
 import subprocess
@@ -38,7 +39,12 @@ from services.store.transfer_repo import TransferRows
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.leases import LEASE_NAME_MAX, lease_name
-from shared.limits import MAX_IDEMPOTENCY_KEY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS
+from shared.limits import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_KEY_CHARS,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+)
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.store_client import PAGE, all_rows, state_op
@@ -801,6 +807,86 @@ async def test_longer_names_and_keys_are_refused_and_change_nothing(
     assert list(everyone.memories) == []
 
 
+async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # So that every row a caller writes comes back from the store's own export (and nothing
+    # such a value would break, a count past int32 or a time past the calendar, is stored).
+    (kept,) = await apply(store, insert("kept fact"))
+    owner = common_pb2.Owner(user_id="alice")
+
+    def edge(weight: float) -> store_pb2.Op:
+        return store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+            owner=owner, subject="Ana", relation="paints", object="walls", weight=weight))
+
+    def update(**fields: Any) -> store_pb2.Op:
+        return store_pb2.Op(update=store_pb2.UpdateOp(id=kept.id, **fields))
+
+    deep = '{"a":' * 40 + "1" + "}" * 40
+    refused = [
+        ([insert("a", count=-3)], "op 0: count must be a count"),
+        ([update(hits=-7)], "op 0: hits must be a count"),
+        ([insert("a", label="l" * (MAX_NAME_CHARS + 1))], "op 0: label has 257 characters"),
+        ([insert("a", id="x\x00y")], "op 0: id 'x\\x00y' is not a usable memory id"),
+        ([insert("a", metadata_json=deep)], "op 0: metadata_json is nested over 32 levels"),
+        ([insert("a", metadata_json='{"k": "a\\u0000b"}')],
+         "op 0: metadata_json may not hold a NUL character"),
+        ([insert("a", metadata_json='{"k": "\\ud83d"}')], "is not valid Unicode"),
+        ([update(metadata_json='{"\\ud800": 1}')], "is not valid Unicode"),
+        ([insert("a", event_at=math.inf)], "op 0: event_at is not between the years 1 and 9999"),
+        ([insert("a", due_at=1e20)], "op 0: due_at is not between the years 1 and 9999"),
+        ([update(event_at=math.nan)], "op 0: event_at is not between the years 1 and 9999"),
+        ([edge(math.nan)], "op 0: an edge's weight must be a finite number"),
+        ([edge(-math.inf)], "op 0: an edge's weight must be a finite number"),
+    ]
+    for ops, error in refused:
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await apply(store, *ops)
+        assert error in (caught.value.details() or ""), (error, caught.value.details())
+    with raises_code(grpc.StatusCode.OUT_OF_RANGE):
+        await apply(store, insert("a" * (MAX_TEXT_CHARS + 1)))
+    assert await listed(store) == ["kept fact"]
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=kept.id))
+    assert (got.memory.metadata_json, got.memory.hits) == ("{}", 0)
+    edges = await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
+    assert list(edges.edges) == []
+
+
+async def test_hits_stop_at_the_largest_count_and_the_row_stays_readable(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (row,) = await apply(store, insert("a much used fact"))
+    for change in ({"hits": 2**31 - 1}, {"hits_delta": 1}):
+        await apply(store, store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, **change)))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    assert got.memory.hits == 2**31 - 1
+    await apply(store, store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, hits_delta=-(2**31 - 1))))
+    await apply(store, store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, hits_delta=-5)))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    assert got.memory.hits == 0
+
+
+async def test_a_read_bounded_by_nan_or_a_score_past_a_cosine_is_refused(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    await apply(store, insert("Ana paints walls"))
+    for request in (
+        store_pb2.ListMemoriesRequest(scope=scope(), created_after=math.nan),
+        store_pb2.ListMemoriesRequest(scope=scope(), created_before=math.inf),
+    ):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await store.ListMemories(request)
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+        await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope(), as_of=math.nan))
+    for score in (math.nan, -5.0, 1.5):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await vector_hits(store, embedder, "who paints", min_score=score)
+        assert "is not a cosine" in (caught.value.details() or "")
+    assert [h.memory.content for h in await vector_hits(store, embedder, "who paints")] == [
+        "Ana paints walls"
+    ]
+
+
 async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_changes_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
@@ -828,6 +914,9 @@ async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_change
     with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
         await store.Forget(store_pb2.ForgetRequest(scope=scope(), text="kept\x00fact"))
     assert caught.value.details() == "text may not hold a NUL character"
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+        await store.KeywordSearch(store_pb2.KeywordSearchRequest(scope=scope(), query="kept\x00"))
+    assert caught.value.details() == "query may not hold a NUL character"
     assert await listed(store) == ["kept fact"]
     found = await store.KeywordSearch(
         store_pb2.KeywordSearchRequest(scope=scope(), query="another")
@@ -2746,6 +2835,15 @@ async def test_an_import_takes_the_vectors_embedded_ahead_for_its_lines_when_the
         assert reply.imported == 1
         stored = await _stored_vector(store, f"{prefix}-0")
         assert float(np.dot(stored, tomatoes)) > 0.999
+    # Given at another length (a caller's own scaling), they are stored at unit length.
+    for prefix, scale in (("ten", 10.0), ("huge", 1e20)):
+        scaled = (rows[:1].astype(np.float64) * scale).astype("<f4").tobytes()
+        reply = await store.ImportRows(_import_request(
+            texts[0], prefix=prefix, vectors=scaled, vectors_model_id=ahead.model_id))
+        assert reply.imported == 1
+        stored = await _stored_vector(store, f"{prefix}-0")
+        assert float(np.linalg.norm(stored)) == pytest.approx(1.0, abs=1e-3)
+        assert float(np.dot(stored, bees)) > 0.999
     # A bad line: nothing embedded ahead; the import names the line and writes nothing.
     bad = _import_request("Fine line")
     bad.lines.append(store_pb2.ImportLine(line=9, json="{not json"))

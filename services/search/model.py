@@ -8,7 +8,12 @@ from typing import Any
 
 from shared.errors import InvalidArgument
 from shared.layers import LAYERS_BY_NAME
-from shared.limits import END_OF_CALENDAR_S, FIRST_TIME_S, MAX_UTC_OFFSET_MINUTES
+from shared.limits import (
+    END_OF_CALENDAR_S,
+    FIRST_TIME_S,
+    MAX_UTC_OFFSET_MINUTES,
+    check_text,
+)
 
 DEFAULT_LIMIT = 5
 MAX_LIMIT = 100
@@ -86,6 +91,7 @@ class SearchQuery:
         """Checks and normalises a request; bad input is an InvalidArgument."""
         if not text.strip():
             raise InvalidArgument("query required")
+        check_text("query", text)
         if not scope.user_id:
             raise InvalidArgument("scope.user_id required")
         key = reader.strip().lower()

@@ -65,6 +65,7 @@ from services.store.model import (
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
 from shared.layers import ONE_LIVE
+from shared.limits import MAX_COUNT
 from shared.pages import has_live_line, meta_of
 from shared.passages import Passage
 from shared.tombstones import tombstones, with_tombstones
@@ -316,7 +317,7 @@ async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     before = await target(w.tx, run.reach, op.id)
     fields = _update_fields(op)
     if op.hits_delta:
-        fields["hits"] = before.hits + op.hits_delta
+        fields["hits"] = min(max(before.hits + op.hits_delta, 0), MAX_COUNT)
     if op.content is not None:
         fields["model_id"] = w.core.model.model_id
         await w.new_content(before, op.content, run.vectors)

@@ -23,6 +23,7 @@ from services.store.model import (
 from services.store.rows import Rows
 from services.store.validate import check_layers, page_size
 from shared.errors import Conflict, InvalidArgument
+from shared.limits import check_text
 from shared.text import content_key
 
 # Up to this many vectors an index is searched by brute force: a few ms, and unlike HNSW it
@@ -68,6 +69,7 @@ async def keyword_search(
     distinct_text, repeats of a text are left out (distinct) and k counts the rest.
     """
     check_layers(layers)
+    check_text("query", query)
     if min_terms < 0:
         raise InvalidArgument("min_terms must not be negative")
     terms = query_terms(query)
@@ -193,6 +195,8 @@ async def vector_search(
     check_layers(layers)
     query = _unit_query(core, vector)
     k = page_size(k, "k") if k or not ids else len(ids)
+    if not -1.0 <= min_score <= 1.0:  # NaN too
+        raise InvalidArgument(f"min_score {min_score} is not a cosine (-1 to 1; 0: no floor)")
     # 0 means no floor at all, negative cosines included.
     min_score = min_score if min_score > 0 else -np.inf
     assert core.indexes is not None

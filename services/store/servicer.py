@@ -78,6 +78,15 @@ def _optional(message: object, name: str) -> float | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[attr-defined]
 
 
+def _bound(message: object, name: str) -> float | None:
+    """An optional time a read is bounded by; NaN or an infinity is refused (every comparison
+    with NaN is false, so it would leave out every row without saying why)."""
+    value = _optional(message, name)
+    if value is not None and not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number (unix seconds)")
+    return value
+
+
 def fill_memory(message: common_pb2.Memory, row: MemoryRow) -> common_pb2.Memory:
     """Sets a proto Memory's fields from a stored row and returns it. A memory inside a reply is
     filled where it lies (a repeated field's add()): building one and passing it in copies it
@@ -401,8 +410,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             include_superseded=request.include_superseded,
             session_id=request.session_id,
             extraction_status=request.extraction_status,
-            created_after=_optional(request, "created_after"),
-            created_before=_optional(request, "created_before"),
+            created_after=_bound(request, "created_after"),
+            created_before=_bound(request, "created_before"),
             newest_first=request.order != "oldest",
             superseded_by=request.superseded_by,
             label=check_name("label", request.label),
@@ -539,7 +548,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ListEdgesResponse:
         edges, total = await self._store.list_edges(
             self._reach(request.scope),
-            _optional(request, "as_of"),
+            _bound(request, "as_of"),
             request.include_stale,
             request.limit,
             request.offset,

@@ -242,15 +242,18 @@ async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
 
 
 def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarray | None:
-    """The given vectors when they are the store's model's, as many as the batch needs, and
-    finite and non-zero; else None (the batch is embedded as without them)."""
+    """The given vectors, unit length, when they are the store's model's, as many as the batch
+    needs, and finite and non-zero; else None (the batch is embedded as without them)."""
     ndim = core.model.ndim
     if given is None or given.model_id != core.model.model_id or len(given.data) % (4 * ndim):
         return None
-    rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim).astype(np.float32)
-    if len(rows) != sum(batch.wanted) or not np.all(np.isfinite(rows)):
+    rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim).astype(np.float64)
+    if len(rows) != sum(batch.wanted):
         return None
-    return None if np.any(np.linalg.norm(rows, axis=1) == 0) else rows
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    if not np.all(np.isfinite(norms)) or np.any(norms == 0):
+        return None
+    return (rows / norms).astype(np.float32)
 
 
 async def embed_lines(

@@ -29,10 +29,10 @@ from shared import client_json
 from shared.errors import InvalidArgument
 from shared.export_format import cut_short_reason
 from shared.limits import (
-    END_OF_CALENDAR_S,
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
-    START_OF_CALENDAR_S,
+    check_count,
+    check_kept_time,
     check_name,
     check_text,
 )
@@ -138,11 +138,7 @@ def _string(name: str, value: Any) -> str:
 
 
 def _integer(name: str, value: Any) -> int:
-    # Every integer of a row is a count (seen, used, tried), none below 0; counts travel as
-    # int32 (and PostgreSQL keeps them so).
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
-        raise InvalidArgument(f"{name} must be a count: a whole number from 0 to 2^31 - 1")
-    return value
+    return check_count(name, value)  # every integer of a row is a count
 
 
 def _number(name: str, value: Any) -> float:
@@ -227,10 +223,8 @@ def _check_id(value: str, what: str) -> None:
 def _check_times(values: Mapping[str, Any], what: str) -> None:
     """An imported time must be one a calendar date shows (the API's pages print them)."""
     for name in _TIMES.intersection(values):
-        if values[name] is not None and not (
-            START_OF_CALENDAR_S <= values[name] < END_OF_CALENDAR_S
-        ):
-            raise InvalidArgument(f"{what}.{name} is not between the years 1 and 9999")
+        if values[name] is not None:
+            check_kept_time(f"{what}.{name}", values[name])
 
 
 # String fields of a row or an edge that are text rather than a name or an id.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,13 +28,23 @@ from services.store.model import (
 )
 from shared import client_json
 from shared.errors import InvalidArgument, PermissionDenied
-from shared.limits import check_key, check_name, check_no_nul
+from shared.limits import (
+    MAX_COUNT,
+    check_count,
+    check_kept_time,
+    check_key,
+    check_name,
+    check_no_nul,
+    check_text,
+)
 
 DEFAULT_LIMIT = 20
 
 
 def metadata(text: str, where: str) -> str:
-    """metadata_json as compact JSON ("{}" when blank); anything but an object is refused."""
+    """metadata_json as compact JSON ("{}" when blank); anything but an object is refused, and
+    an object over the API's limits on metadata (depth, NUL characters, lone surrogates, size),
+    which an import of the row would refuse."""
     if not text.strip():
         return "{}"
     try:
@@ -43,7 +53,8 @@ def metadata(text: str, where: str) -> str:
         raise InvalidArgument(f"{where}: metadata_json is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidArgument(f"{where}: metadata_json must be a JSON object")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    client_json.check_strings(text, value, f"{where}: metadata_json")
+    return client_json.check_object(f"{where}: metadata_json", value)
 
 
 def page_size(limit: int, what: str = "limit") -> int:
@@ -95,23 +106,39 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: insert needs a layer (l1_profile..l8_entity)")
     if not op.content.strip():
         raise InvalidArgument(f"{where}: insert needs non-empty content")
-    _free_text(where, content=op.content, label=op.label)
     _owned(reach, op, where)
     if op.ref:
         if op.ref in refs:
             raise InvalidArgument(f"{where}: ref {op.ref!r} is used twice")
         refs.add(op.ref)
-    if op.id and (op.id.startswith("$") or len(op.id) > 128 or not op.id.strip()):
+    if op.id and (
+        op.id.startswith("$") or len(op.id) > 128 or not op.id.strip() or "\x00" in op.id
+    ):
         raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
     _check_ids(op.source_ids, f"{where}: source_ids")
+    _fields(where, op)
     return replace(op, metadata_json=metadata(op.metadata_json, where))
 
 
-def _free_text(where: str, **texts: str | None) -> None:
-    """Refuses a NUL character in the free text an op stores (the gateway refuses it too)."""
-    for name, text in texts.items():
-        if text is not None:
-            check_no_nul(f"{where}: {name}", text)
+def _fields(where: str, op: Insert | Update) -> None:
+    """What an insert or update stores is what an import of the row would take: text within the
+    API's limits and without NUL, names within theirs, counts of 0 or more, times a calendar
+    shows (an export of the row then imports)."""
+    if op.content is not None:
+        check_text(f"{where}: content", op.content)
+    for name in ("label", "extraction_status", "write_mode"):
+        if (value := getattr(op, name, None)) is not None:
+            check_name(f"{where}: {name}", value)
+    for name in ("count", "hits", "extraction_tries"):
+        if (count := getattr(op, name, None)) is not None:
+            check_count(f"{where}: {name}", count)
+    _times(where, event_at=op.event_at, valid_to=op.valid_to, due_at=op.due_at)
+
+
+def _times(where: str, **times: float | None) -> None:
+    for name, value in times.items():
+        if value is not None:
+            check_kept_time(f"{where}: {name}", value)
 
 
 def _check_ids(ids: Sequence[str], what: str) -> None:
@@ -124,11 +151,20 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: an edge needs owner.user_id")
     if not (op.subject.strip() and op.relation.strip() and op.object.strip()):
         raise InvalidArgument(f"{where}: an edge needs subject, relation and object")
-    _free_text(where, subject=op.subject, relation=op.relation, object=op.object)
+    for name in ("subject", "relation", "object"):
+        check_text(f"{where}: {name}", getattr(op, name))
     _owned(reach, op, where)
     _check_ids(op.source_ids, f"{where}: source_ids")
     _check_ids(op.fact_ids, f"{where}: fact_ids")
     check_name(f"{where}: memory_id", op.memory_id)
+    if not math.isfinite(op.weight):
+        raise InvalidArgument(f"{where}: an edge's weight must be a finite number")
+    _times(where, valid_from=op.valid_from, valid_to=op.valid_to)
+    return op
+
+
+def _end_edge(op: EndEdge, reach: Reach, refs: set[str], where: str) -> Op:
+    _times(where, valid_to=op.valid_to)
     return op
 
 
@@ -150,7 +186,7 @@ def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
             f"{where}: superseded_how {op.superseded_how!r} is not one of "
             + ", ".join(SUPERSEDED_HOW)
         )
-    _free_text(where, drop_reason=op.drop_reason)
+    check_text(f"{where}: drop_reason", op.drop_reason)
     return op
 
 
@@ -159,7 +195,9 @@ def _update(op: Update, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: content cannot be emptied")
     if op.hits is not None and op.hits_delta:
         raise InvalidArgument(f"{where}: set hits or add hits_delta, not both")
-    _free_text(where, content=op.content, label=op.label)
+    if abs(op.hits_delta) > MAX_COUNT:
+        raise InvalidArgument(f"{where}: hits_delta must lie within ±(2^31 - 1)")
+    _fields(where, op)
     if op.metadata_json is not None:
         return replace(op, metadata_json=metadata(op.metadata_json, where))
     return op
@@ -178,7 +216,7 @@ _CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
     Restore: _as_is,
     Tombstone: _as_is,
     Delete: _as_is,
-    EndEdge: _as_is,
+    EndEdge: _end_edge,
 }
 # Ops that name their target by id.
 _BY_ID = (Retire, Update, Restore, Tombstone, Delete, EndEdge)
