@@ -1,10 +1,12 @@
-"""Calendar dates of unix times: read from a model's reply, shown in prompts and replies."""
+"""Calendar dates of unix times: read from a model's reply, checked where a row keeps them,
+shown in prompts and replies."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.errors import InvalidArgument
 from shared.limits import END_OF_CALENDAR_S, START_OF_CALENDAR_S
 
 
@@ -33,6 +35,15 @@ def parse_date(value: Any) -> float | None:
 def on_calendar(seconds: float) -> bool:
     """Whether a calendar date shows unix seconds: the years 1 to 9999, in UTC."""
     return START_OF_CALENDAR_S <= seconds < END_OF_CALENDAR_S
+
+
+def check_on_calendar(what: str, seconds: float) -> float:
+    """A time a row or an edge keeps (unix seconds), one a calendar date shows (the years 1 to
+    9999: an import of an older version's export may reach back before 1970), else a 400 (NaN
+    and the infinities too)."""
+    if not on_calendar(seconds):
+        raise InvalidArgument(f"{what} is not between the years 1 and 9999")
+    return seconds
 
 
 def _moment(seconds: float) -> datetime | None:

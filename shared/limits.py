@@ -69,14 +69,6 @@ def check_count(what: str, value: object) -> int:
     return value
 
 
-def check_kept_time(what: str, value: float) -> float:
-    """A time a row or an edge keeps (unix seconds), one a calendar date shows: from the year 1
-    (an import of an older version's export) to 9999, else a 400 (NaN and the infinities too)."""
-    if not START_OF_CALENDAR_S <= value < END_OF_CALENDAR_S:
-        raise InvalidArgument(f"{what} is not between the years 1 and 9999")
-    return value
-
-
 def check_name(what: str, value: str) -> str:
     """A name (user_id, agent_id, session_id, an id) within MAX_NAME_CHARS and without a NUL
     character (check_no_nul), else a 400."""

@@ -19,7 +19,7 @@ from shared.store_client import StoreClient
 from tests.extractor_support import STACK, Api, new_user
 from tests.llm_fake import HANG, FakeLlm, delayed, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack
-from tests.test_consolidator import L2, L3, new, store_apply
+from tests.test_consolidator import L2, new, store_apply
 
 pytestmark = pytest.mark.slow
 
@@ -246,18 +246,3 @@ async def test_a_row_deleted_during_its_extraction_is_skipped_and_reprocess_goes
 
 def _delete(memory_id: str) -> store_pb2.Op:
     return store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))
-
-
-async def test_a_turn_shown_a_fact_stored_with_a_date_no_calendar_shows_is_extracted(
-    api: Api, fake: FakeLlm
-) -> None:
-    user = new_user()
-    (raw,) = await store_apply(api.store_address, user, new(user, L2, "m-far earlier turn"))
-    far = new(user, L3, "Ida keeps the Foxtrot contract forever", [raw.id])
-    far.insert.event_at = 253402387139.0  # the year 10000, as stored before dates were checked
-    await store_apply(api.store_address, user, far)
-    fake.on("m-far", {"facts": []})
-    added = await api.add("m-far Ida keeps the Foxtrot contract forever.", user)
-    await assert_eventually(lambda: _done(api, user, added["memory_id"]))
-    (call,) = fake.for_marker("m-far Ida")
-    assert "Ida keeps the Foxtrot contract forever (stored " in call.user_message

@@ -26,13 +26,13 @@ from services.store.model import (
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
 from shared import client_json
+from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument
 from shared.export_format import cut_short_reason
 from shared.limits import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
     check_count,
-    check_kept_time,
     check_name,
     check_text,
 )
@@ -224,7 +224,7 @@ def _check_times(values: Mapping[str, Any], what: str) -> None:
     """An imported time must be one a calendar date shows (the API's pages print them)."""
     for name in _TIMES.intersection(values):
         if values[name] is not None:
-            check_kept_time(f"{what}.{name}", values[name])
+            check_on_calendar(f"{what}.{name}", values[name])
 
 
 # String fields of a row or an edge that are text rather than a name or an id.

@@ -27,11 +27,11 @@ from services.store.model import (
     Update,
 )
 from shared import client_json
+from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument, PermissionDenied
 from shared.limits import (
     MAX_COUNT,
     check_count,
-    check_kept_time,
     check_key,
     check_name,
     check_no_nul,
@@ -138,7 +138,7 @@ def _fields(where: str, op: Insert | Update) -> None:
 def _times(where: str, **times: float | None) -> None:
     for name, value in times.items():
         if value is not None:
-            check_kept_time(f"{where}: {name}", value)
+            check_on_calendar(f"{where}: {name}", value)
 
 
 def _check_ids(ids: Sequence[str], what: str) -> None:
