@@ -847,17 +847,3 @@ async def test_edges_link_memories_of_one_session_and_each_to_its_nearest(api: A
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_a_fact_stored_with_a_date_no_calendar_shows_fails_no_pass(
-    api: Api, script: Script
-) -> None:
-    user = marker()
-    raws = await store_apply(
-        api.store_address, user, new(user, L2, f"{user} turn 0"), new(user, L2, f"{user} turn 1")
-    )
-    far = new(user, L3, f"{user} keeps the Foxtrot contract forever", [raws[0].id])
-    far.insert.event_at = 253402387139.0  # the year 10000, as stored before dates were checked
-    note = new(user, L3, f"{user} keeps a note on the Foxtrot contract", [raws[1].id])
-    await store_apply(api.store_address, user, far, note)
-    await digest(api)
-    shown = "\n".join(r.user_message for r in script.calls(user))
-    assert "forever" in shown and "note on the Foxtrot" in shown

@@ -21,7 +21,6 @@ from gateway.errors import UNSUPPORTED_ENCODING, errors_middleware
 from shared.clients import EmbedderClient
 from shared.errors import Internal, InvalidArgument
 from shared.limits import MAX_EMBED_CHARS, MAX_METADATA_BYTES, MAX_NAME_CHARS, MAX_TEXT_CHARS
-from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.support import Stack, assert_eventually, running_stack, serving_http
 
@@ -420,33 +419,6 @@ async def test_a_query_date_past_the_calendar_searches_as_naming_none(
         body["reference_time"] = reference_time
     status, reply = await _call(session, "POST", "/api/v1/search", json=body)
     assert status == 200, reply
-
-
-async def test_a_row_stored_with_a_date_outside_the_calendar_still_lists_and_shows(
-    session: aiohttp.ClientSession, stack: Stack
-) -> None:
-    # Written straight to the store, as a row from before the gateway checked dates.
-    user = f"bad-date-{uuid.uuid4().hex[:6]}"
-    row = store_pb2.NewMemory(
-        owner=common_pb2.Owner(user_id=user), layer=common_pb2.L2_RAW,
-        content="stored with a year 10000 date", event_at=253402387140.0,
-        valid_to=-62135647200.0, due_at=float("nan"),
-    )
-    async with open_channel(stack.address("store")) as channel:
-        reply = await store_pb2_grpc.StoreStub(channel).Apply(
-            store_pb2.ApplyRequest(scope=common_pb2.Scope(user_id=user),
-                                   ops=[store_pb2.Op(insert=row)], actor="api"),
-            timeout=60,
-        )
-    memory_id = reply.memories[0].id
-    status, listed = await _call(session, "POST", "/api/v1/list", json={"user_id": user})
-    assert status == 200, listed
-    assert [m["memory_id"] for m in listed["memories"]] == [memory_id]
-    status, detail = await _call(
-        session, "GET", "/dashboard/api/memory", params={"id": memory_id, "user_id": user})
-    assert status == 200, detail
-    assert detail["memory"]["event_at"] == ""  # no calendar date shows it
-    assert detail["memory"]["valid_to"] == "" and detail["memory"]["due_at"] == ""
 
 
 # --- F2: an unexpected failure tells the client only its reference ---------------------------
