@@ -29,6 +29,14 @@ class GatewayError(Exception):
     """The gateway refused a request or could not be reached; the message says which."""
 
 
+def _checked_url(url: str) -> str:
+    """A gateway's base URL without its trailing slash; one without http:// or https:// is a
+    GatewayError saying so (aiohttp would take it for a relative path)."""
+    if not url.startswith(("http://", "https://")):
+        raise GatewayError(f"{url!r} is no gateway URL: give it as http://host:port")
+    return url.rstrip("/")
+
+
 class GatewayUnavailable(GatewayError):
     """The gateway did not answer, or answered 503: it may answer again soon."""
 
@@ -49,13 +57,13 @@ class Gateway:
     def from_env(cls, url: str = "", environ: Mapping[str, str] = os.environ) -> Gateway:
         """The gateway the flags or HYATLAS_SERVER_URL and HYATLAS_TOKEN name."""
         base = url or environ.get("HYATLAS_SERVER_URL", "").strip() or DEFAULT_URL
-        return cls(base.rstrip("/"), environ.get("HYATLAS_TOKEN", "").strip())
+        return cls(_checked_url(base), environ.get("HYATLAS_TOKEN", "").strip())
 
     @classmethod
     def target(cls, url: str, environ: Mapping[str, str] = os.environ) -> Gateway:
         """The gateway a migration writes to, with its own token (HYATLAS_TO_TOKEN): the
         source's is never sent to another server."""
-        return cls(url.rstrip("/"), environ.get("HYATLAS_TO_TOKEN", "").strip())
+        return cls(_checked_url(url), environ.get("HYATLAS_TO_TOKEN", "").strip())
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -88,7 +96,7 @@ class Gateway:
                 retry_after = reply.headers.get("Retry-After", "")
                 # Seconds only: an HTTP date is left to the caller's own pause.
                 retry_after_s = float(retry_after) if retry_after.isdigit() else None
-                return reply.status, await reply.json(content_type=None), retry_after_s
+                return reply.status, await _json_of(reply), retry_after_s
         except aiohttp.ClientError as exc:
             raise GatewayUnavailable(f"cannot reach the gateway at {self.url}: {exc}") from None
 
@@ -102,7 +110,7 @@ class Gateway:
                 session.get(self.url + "/api/v1/export", params=params) as reply,
             ):
                 if reply.status >= 400:
-                    raise GatewayError(refusal(reply.status, await reply.json(content_type=None)))
+                    raise GatewayError(refusal(reply.status, await _json_of(reply)))
                 with _bar("export", None) as bar:
                     async for chunk in reply.content.iter_chunked(CHUNK_BYTES):
                         out.write(chunk)
@@ -125,7 +133,7 @@ class Gateway:
                     async with session.post(
                         self.url + "/api/v1/import", params=params, data=_read(path, bar)
                     ) as reply:
-                        return reply.status, await reply.json(content_type=None)
+                        return reply.status, await _json_of(reply)
         except aiohttp.ClientError as exc:
             raise GatewayError(f"import into {self.url} failed: {exc}") from None
 
@@ -139,13 +147,13 @@ class Gateway:
                 source.get(self.url + "/api/v1/export") as exported,
             ):
                 if exported.status >= 400:
-                    body = await exported.json(content_type=None)
+                    body = await _json_of(exported)
                     raise GatewayError(f"export from {self.url}: {refusal(exported.status, body)}")
                 with _lines_bar("migrate") as bar:
                     async with sink.post(
                         target.url + "/api/v1/import", data=_counted(exported.content, bar)
                     ) as reply:
-                        body = await reply.json(content_type=None)
+                        body = await _json_of(reply)
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 f"migration from {self.url} to {target.url} cut short ({exc}); run it again: "
@@ -154,6 +162,20 @@ class Gateway:
         if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
             raise GatewayError(f"import into {target.url}: {refusal(reply.status, body)}")
         return reply.status, body
+
+
+async def _json_of(reply: aiohttp.ClientResponse) -> Any:
+    """A reply's JSON body; one that is not JSON (another service at the URL, a proxy's error
+    page) is a GatewayError saying so."""
+    text = await reply.text(errors="replace")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        start = " ".join(text.split())[:60]
+        raise GatewayError(
+            f"{reply.url.origin()} answered HTTP {reply.status} with no JSON ({start!r}): "
+            "is that the HyAtlas gateway (--url, HYATLAS_SERVER_URL)?"
+        ) from None
 
 
 def _cut_short(tail: bytes) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -70,6 +71,8 @@ async def export(gateway: Gateway, args: argparse.Namespace) -> int:
 async def _replacing(path: Path) -> AsyncIterator[IO[bytes]]:
     """A new file beside path, renamed over it once the block completes and removed if it
     fails: an export cut short or refused leaves the previous file as it was."""
+    if await asyncio.to_thread(path.is_dir):  # refused before the export, not after it
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     try:
         out = await asyncio.to_thread(_beside, path)
     except OSError as exc:  # name the file asked for, not the temporary one
@@ -282,9 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one command; a refusal, an unreachable gateway or a file that cannot be read or
     written is one line on stderr and exit 2."""
     args = parser().parse_args(argv)
-    gateway = Gateway.from_env(args.url)
     try:
+        gateway = Gateway.from_env(args.url)
         return asyncio.run(COMMANDS[args.command](gateway, args))
     except (GatewayError, OSError) as exc:
         print(f"hyatlas {args.command}: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # Ctrl-C: an export's file is left as it was; an import or migration is taken up
+        # again by running it once more (the lines written are skipped).
+        print(f"hyatlas {args.command}: interrupted", file=sys.stderr)
+        return 130

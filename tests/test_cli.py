@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -10,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from hyatlas_cli.main import parser
-from tests.support import ROOT, Stack, running_stack
+from tests.support import ROOT, Stack, assert_eventually, running_stack, serving_http
 
 pytestmark = pytest.mark.slow
 
@@ -181,3 +185,75 @@ def test_a_file_that_cannot_be_read_or_written_is_one_line_and_exit_2(
     assert (done.returncode, done.stderr) == (
         2, f"hyatlas export: [Errno 2] No such file or directory: '{nowhere}'\n"
     )
+    done = hyatlas(stack, "export", "-o", str(tmp_path))  # a folder: refused before exporting
+    assert (done.returncode, done.stderr) == (
+        2, f"hyatlas export: [Errno 21] Is a directory: '{tmp_path}'\n"
+    )
+
+
+def _started(*args: str) -> asyncio.Future[asyncio.subprocess.Process]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYATLAS_")}
+    return asyncio.ensure_future(asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hyatlas_cli", *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    ))
+
+
+async def _ended(proc: asyncio.subprocess.Process) -> tuple[int | None, str]:
+    _, err = await asyncio.wait_for(proc.communicate(), 300)
+    return proc.returncode, err.decode()
+
+
+async def test_a_url_answering_with_no_json_or_without_a_scheme_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    # Another web service (or a proxy's error page) at the URL: no traceback, a hint.
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(status=501, text="<!DOCTYPE HTML><html>nope</html>",
+                            content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"type": "memory", "memory": {"user_id": "u", "content": "x"}}))
+    out = tmp_path / "out.jsonl"
+    async with serving_http(app) as url:
+        for args in (["status"], ["snapshot"], ["export", "-o", str(out)], ["import", str(source)],
+                     ["migrate", "--to", "http://127.0.0.1:9"]):
+            code, err = await _ended(await _started(*args, "--url", url))
+            last = err.rstrip("\n").rpartition("\n")[2]  # after any progress bar
+            assert code == 2 and "Traceback" not in err, (args, err)
+            assert last.startswith(f"hyatlas {args[0]}: ") and "is that the HyAtlas gateway" in last
+            assert f"{url} answered HTTP 501 with no JSON" in last, err
+    assert await asyncio.to_thread(os.listdir, tmp_path) == [source.name]
+    code, err = await _ended(await _started("status", "--url", "127.0.0.1:19528"))
+    assert (code, err) == (
+        2, "hyatlas status: '127.0.0.1:19528' is no gateway URL: give it as http://host:port\n"
+    )
+
+
+async def test_ctrl_c_during_an_export_says_interrupted_and_leaves_no_file(
+    tmp_path: Path,
+) -> None:
+    async def export(request: web.Request) -> web.StreamResponse:
+        reply = web.StreamResponse()
+        await reply.prepare(request)
+        await reply.write(b'{"format": "hyatlas-export", "version": 1}\n')
+        await asyncio.Event().wait()  # the rest never comes
+        return reply
+
+    app = web.Application()
+    app.router.add_get("/api/v1/export", export)
+    out = tmp_path / "out.jsonl"
+    async with serving_http(app) as url:
+        proc = await _started("export", "-o", str(out), "--url", url)
+
+        def writing() -> None:
+            assert any(path.name.startswith(".out.jsonl.") for path in tmp_path.iterdir())
+
+        await assert_eventually(writing)
+        proc.send_signal(signal.SIGINT)
+        code, err = await _ended(proc)
+    assert code == 130 and err.endswith("hyatlas export: interrupted\n"), err
+    assert "Traceback" not in err
+    assert await asyncio.to_thread(os.listdir, tmp_path) == []
