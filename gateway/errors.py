@@ -63,6 +63,9 @@ UNSUPPORTED_ENCODING = (
 refuses br and zstd (they would need a decoder package that is not installed), the body reader
 any coding it does not know (read_timeouts)."""
 
+CLIENT_WENT_AWAY = 499
+"""The status a request whose client hung up part-way is logged with (no answer reaches it)."""
+
 _AIOHTTP_MESSAGES = {
     404: "not found",
     405: "method not allowed",
@@ -83,10 +86,27 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(request, exc.status, http_message(request, exc), headers)
+    except ConnectionError as exc:
+        if not _client_gone(request):
+            return _unexpected(request)
+        # The client hung up part-way (an export read in part, an import's body cut short):
+        # nothing failed here, and no answer reaches it (499, as nginx logs such a request).
+        log.info("%s %s: the client went away (%s)", request.method, request.path, exc)
+        return error_response(request, CLIENT_WENT_AWAY, "the client went away")
     except Exception:
-        error_id = new_error_id()
-        log.exception("%s %s failed (error id %s)", request.method, request.path, error_id)
-        return error_response(request, 500, internal_message(error_id))
+        return _unexpected(request)
+
+
+def _client_gone(request: web.Request) -> bool:
+    """Whether the client's connection is closed or closing."""
+    return request.transport is None or request.transport.is_closing()
+
+
+def _unexpected(request: web.Request) -> web.Response:
+    """A 500 telling the client only a reference; the traceback goes to the log with it."""
+    error_id = new_error_id()
+    log.exception("%s %s failed (error id %s)", request.method, request.path, error_id)
+    return error_response(request, 500, internal_message(error_id))
 
 
 def http_message(request: web.Request, exc: web.HTTPException) -> str:

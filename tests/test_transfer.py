@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.store_state import LAYERS, LONG_TEXT, call, export, observed, seed
-from tests.support import Stack, running_stack
+from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -296,6 +296,38 @@ async def test_a_row_citing_another_users_row_is_not_changed_by_that_users_forge
                               json={"id": fact, "user_id": gina})
     assert status == 200, body
     assert (await how(gina), await how(hank)) == (None, None)
+
+
+async def test_a_client_hanging_up_during_an_export_or_an_import_is_no_error(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    long = "The lighthouse log, page {n}: " + "calm sea, light wind. " * 3000  # ~66 KB
+    lines = [{"type": "memory", "memory": {"user_id": user, "content": long.format(n=n)}}
+             for n in range(150)]  # ~10 MB of export, more than the socket buffers hold
+    status, reply = await _import(target, lines)
+    assert status == 200 and reply["imported"] == 150, reply
+    port = target.env["HYATLAS_GO_PORT"]
+    head = f"Host: 127.0.0.1:{port}\r\n"
+    requests = [
+        f"GET /api/v1/export?user_id={user} HTTP/1.1\r\n{head}\r\n".encode(),
+        (f"POST /api/v1/import HTTP/1.1\r\n{head}Content-Type: application/x-ndjson\r\n"
+         "Content-Length: 1000000\r\n\r\n").encode() + json.dumps(lines[0]).encode()[:5000],
+    ]
+    for request in requests:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(port))
+        writer.write(request)
+        await writer.drain()
+        if request.startswith(b"GET"):
+            await reader.readexactly(1000)  # the export is under way
+        writer.transport.abort()  # hangs up at once, unread bytes and all
+    log_path = target.data_dir / "gateway.log"
+
+    def both_seen() -> None:
+        assert log_path.read_text().count("the client went away") == 2
+
+    await assert_eventually(both_seen)
+    assert "error id" not in log_path.read_text()
 
 
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
