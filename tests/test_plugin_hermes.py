@@ -575,6 +575,24 @@ async def test_a_rejected_token_is_reported_as_a_token_problem(
     assert "refused the plugin's token (HTTP 401)" in result["warnings"][0]
 
 
+async def test_another_service_at_server_url_is_reported_as_such_in_one_line(
+    tmp_path: Path, hermes_python: Path
+):
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(status=501, text="<!DOCTYPE HTML>\n<html lang=\"en\">\n<p>No</p>",
+                            content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", page)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
+        result = await drive_async(hermes_python, home, "outage", {"await_check": True})
+    [warning] = result["warnings"]
+    assert f"something other than HyAtlas memory answers at {url} (HTTP 501: " in warning
+    assert '<!DOCTYPE HTML> <html lang="en"> <p>No</p>' in warning and "\n" not in warning
+    assert "check server_url" in warning
+
+
 def test_after_a_recall_overruns_its_budget_later_recalls_are_skipped_not_waited_on(
     tmp_path: Path, hermes_python: Path
 ):
@@ -763,12 +781,19 @@ async def test_a_4xx_of_another_service_at_server_url_keeps_the_turn_until_the_g
         home = make_home(tmp_path, hermes_python, server_url=url)
         tried = await drive_async(hermes_python, home, "tried",
                                   {"turns": [["My passport expires in June", "Noted."]]})
+        # A note the user adds is kept the same way, not refused.
+        noted = await asyncio.to_thread(
+            hermes_cli, hermes_python, home, "add", "The", "gate", "code", "is", "4417")
+        assert noted.returncode == 0, noted.stderr
+        assert json.loads(noted.stdout)["queued"] is True
         other_service = False
         resumed = await drive_async(hermes_python, home, "resume", {"wait_s": 60})
     [op] = tried["queue"]
     assert op["dead"] is False and f"HTTP {status}" in op["last_error"], op
     assert resumed["pending"] == 0
-    assert stored == ["USER: My passport expires in June\n\nASSISTANT: Noted."]
+    assert sorted(stored) == [
+        "The gate code is 4417", "USER: My passport expires in June\n\nASSISTANT: Noted."
+    ]
 
 
 async def test_a_write_the_gateway_refused_is_counted_in_status_and_start_sends_it_again(

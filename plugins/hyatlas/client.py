@@ -69,7 +69,9 @@ class HyAtlasClient:
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             error = _gateway_error(raw)
-            message = raw[:300].decode("utf-8", "replace") if error is None else error
+            # Another service's page (a proxy's, a web server's): its first words, on one line.
+            message = error if error is not None else " ".join(
+                raw[:300].decode("utf-8", "replace").split())[:80]
             raise HttpError(method, path, exc.code, message, error is not None) from None
         except (TimeoutError, urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)

@@ -20,6 +20,10 @@ def problem_text(exc: ClientError, server_url: str) -> str:
     if isinstance(exc, HttpError) and exc.status in (401, 403):
         return (f"HyAtlas memory at {server_url} refused the plugin's token (HTTP {exc.status}); "
                 "set HYATLAS_TOKEN in $HERMES_HOME/.env to the server's token")
+    if isinstance(exc, HttpError) and not exc.from_gateway:
+        return (f"something other than HyAtlas memory answers at {server_url} "
+                f"(HTTP {exc.status}: {exc.message}); check server_url (hyatlas.json, "
+                f"HYATLAS_SERVER_URL), or {START_HINT}")
     if isinstance(exc, HttpError):
         return f"HyAtlas memory at {server_url} is not ready: {exc.message}"
     return f"HyAtlas memory is unreachable at {server_url}; {START_HINT}"

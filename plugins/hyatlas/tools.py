@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import ClientError, HttpError, HyAtlasClient, Unreachable
-from .outbox import CONTAINS_CHARS, Outbox, new_idempotency_key
+from .outbox import CONTAINS_CHARS, Outbox, new_idempotency_key, refused_for_good
 from .settings import parse_flag
 
 CANDIDATES = 3
@@ -181,23 +181,21 @@ def _recent(scope: Scope, args: dict[str, Any]) -> Any:
     )
 
 
-RETRY_STATUSES = frozenset({502, 503, 504})
-"""Answers of a server that is busy or restarting: a note is queued and sent again later."""
-
-
 def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
                  payload: dict[str, Any]) -> dict[str, Any]:
-    """Sends a note now, or keeps it in the outbox when the server does not answer or is busy;
-    the queued op keeps the key of the first try, so a try that did arrive is not stored twice."""
+    """Sends a note now, or keeps it in the outbox when the outbox would send it again: the
+    server does not answer, is busy, refuses the token, or something else answers at its URL
+    (outbox.refused_for_good says which refusals are final). The queued op keeps the key of the
+    first try, so a try that did arrive is not stored twice."""
     key = new_idempotency_key()
     try:
         return client.add(payload, key)
     except (Unreachable, HttpError) as exc:
-        if outbox is None or (isinstance(exc, HttpError) and exc.status not in RETRY_STATUSES):
+        if outbox is None or (isinstance(exc, HttpError) and refused_for_good(exc)):
             raise
         outbox.put("add", payload, key)
         return {"success": True, "queued": True,
-                "note": "server unreachable or busy; stored locally and sent when it is back"}
+                "note": f"not stored yet ({exc}); kept locally and sent once the server takes it"}
 
 
 def forget_payload(owner: dict[str, str], *, text: str, memory_id: str,
