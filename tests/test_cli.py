@@ -191,10 +191,18 @@ def test_a_file_that_cannot_be_read_or_written_is_one_line_and_exit_2(
     )
 
 
+# Ctrl-C as a terminal sends it: a test run started in the background (as CI's is) has SIGINT
+# ignored, which its children inherit, so the command gets Python's own handler back first.
+_AS_IN_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'hyatlas'; runpy.run_module('hyatlas_cli', run_name='__main__')"
+)
+
+
 def _started(*args: str) -> asyncio.Future[asyncio.subprocess.Process]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYATLAS_")}
     return asyncio.ensure_future(asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hyatlas_cli", *args, cwd=ROOT, env=env,
+        sys.executable, "-c", _AS_IN_A_TERMINAL, *args, cwd=ROOT, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     ))
 

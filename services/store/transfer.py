@@ -109,6 +109,11 @@ async def _memory_lines(sql: TransferRows, rows: Sequence[MemoryRow]) -> list[di
     ]
 
 
+UNIT_TOLERANCE = 1e-4
+"""How far from 1 a given vector's length may be and count as unit length (float32 rounding of
+a normalised vector is about 1e-7)."""
+
+
 @dataclass
 class _Row:
     """A memory line ready to write: its id settled and every vector it needs in hand."""
@@ -242,18 +247,20 @@ async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
 
 
 def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarray | None:
-    """The given vectors, unit length, when they are the store's model's, as many as the batch
-    needs, and finite and non-zero; else None (the batch is embedded as without them)."""
+    """The given vectors when they are the store's model's, as many as the batch needs, and
+    finite and non-zero, scaled to unit length (those of unit length already, as the embedder
+    gives them, kept bit for bit); else None (the batch is embedded as without them)."""
     ndim = core.model.ndim
     if given is None or given.model_id != core.model.model_id or len(given.data) % (4 * ndim):
         return None
-    rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim).astype(np.float64)
+    rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim)
     if len(rows) != sum(batch.wanted):
         return None
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    norms = np.linalg.norm(rows.astype(np.float64), axis=1, keepdims=True)
     if not np.all(np.isfinite(norms)) or np.any(norms == 0):
         return None
-    return (rows / norms).astype(np.float32)
+    unit = np.abs(norms - 1.0) <= UNIT_TOLERANCE
+    return np.where(unit, rows, rows / norms).astype(np.float32)
 
 
 async def embed_lines(
