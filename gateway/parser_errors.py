@@ -16,7 +16,6 @@ from gateway.errors import UNSUPPORTED_ENCODING, json_error
 log = logging.getLogger(__name__)
 
 
-
 class _Protocol(web.RequestHandler):
     """A connection whose parser's refusals (4xx) are answered in JSON."""
 
@@ -38,7 +37,6 @@ class _Protocol(web.RequestHandler):
         response = json_error(status, text)
         response.force_close()  # what is left of the request cannot be parsed
         return response
-
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         """aiohttp's log of an exception while serving a connection; a body that does not

@@ -38,10 +38,10 @@ def _bad_body(exc: web.RequestPayloadError) -> InvalidArgument:
 
 @web.middleware
 async def body_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Reads a body in full, within the timeout, before the route sees it (read() keeps it)."""
-    if request.body_exists and request.headers.get(hdrs.CONTENT_ENCODING, "").lower() not in (
-        READ_ENCODINGS
-    ):
+    """Refuses a body in an encoding the gateway does not read (415), then reads a body in
+    full, within the timeout, before the route sees it (read() keeps it)."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").lower()
+    if request.body_exists and encoding not in READ_ENCODINGS:
         raise web.HTTPUnsupportedMediaType()
     streaming = getattr(request.match_info.handler, "streams_body", False)
     if request.body_exists and not streaming:
