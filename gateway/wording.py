@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import GatewayConfig
+from shared.layers import PENDING, SKIPPED
 
 
 def mode_detail(config: GatewayConfig) -> str:
@@ -34,4 +35,4 @@ def extract_sync(config: GatewayConfig) -> str:
 
 def extraction_status(config: GatewayConfig) -> str:
     """The status a new raw row starts with; in pro and ultra the extractor then says more."""
-    return "skipped" if config.mode == "lite" else "pending"
+    return SKIPPED if config.mode == "lite" else PENDING

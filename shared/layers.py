@@ -26,7 +26,11 @@ ARC = "arc"
 """The label of an owner's arc (an L4 summary the consolidator keeps): one is live at a time."""
 ONE_LIVE = {NOW_PAGE: "Now page", ARC: "arc"}
 """Labels (and names) of summaries an owner has one live row of: a newer stands for the older."""
-UNEXTRACTED = frozenset({"pending", "failed", "unconfigured"})
+PENDING, DONE, FAILED = "pending", "done", "failed"
+SKIPPED, UNCONFIGURED = "skipped", "unconfigured"
+EXTRACTION_STATES = (PENDING, DONE, FAILED, SKIPPED, UNCONFIGURED)
+"""What a raw turn's extraction_status may say (other rows say nothing: "")."""
+UNEXTRACTED = frozenset({PENDING, FAILED, UNCONFIGURED})
 """Extraction states of a raw turn still to be extracted (or being extracted now)."""
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}
 _WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}

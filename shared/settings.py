@@ -17,6 +17,8 @@ from shared.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MODES = ("lite", "pro", "ultra")
+LLM_MODES = ("pro", "ultra")
+"""The modes that call an LLM on writes."""
 SERVICES = ("embedder", "store", "search", "extractor", "consolidator")
 MODE_SERVICES = {
     "lite": ("embedder", "store", "search"),

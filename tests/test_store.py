@@ -838,6 +838,9 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         ([update(event_at=math.nan)], "op 0: event_at is not between the years 1 and 9999"),
         ([edge(math.nan)], "op 0: an edge's weight must be a finite number"),
         ([edge(-math.inf)], "op 0: an edge's weight must be a finite number"),
+        ([insert("a", extraction_status="someday")], "op 0: extraction_status 'someday' is not"),
+        ([update(extraction_status="Done")], "op 0: extraction_status 'Done' is not one of"),
+        ([insert("a", write_mode="turbo")], "op 0: write_mode 'turbo' is not one of lite, pro"),
     ]
     for ops, error in refused:
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:

@@ -177,6 +177,16 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             "memory.hits must be a count: a whole number from 0 to 2^31 - 1",
         ),
         (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", "write_mode": "max"}}',
+            "memory: write_mode 'max' is not one of lite, pro, ultra",
+        ),
+        (
+            '{"type": "memory", "memory": {"user_id": "u", "content": "x", '
+            '"extraction_status": "later"}}',
+            "memory: extraction_status 'later' is not one of pending, done, failed, skipped, "
+            "unconfigured",
+        ),
+        (
             '{"type": "memory", "memory": {"user_id": "u", "content": "x", "superseded_by": "'
             + "s" * 6000
             + '"}}',

@@ -28,7 +28,7 @@ from gateway.wording import extraction_status
 from shared.dates import rfc3339
 from shared.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, ServiceError
 from shared.grants import current_grant
-from shared.layers import layer_name
+from shared.layers import PENDING, layer_name
 from shared.limits import check_idempotency_key
 from shared.pb import common_pb2, extractor_pb2, store_pb2
 
@@ -100,7 +100,7 @@ async def add(request: web.Request) -> web.Response:
         })
     request.app[COUNTERS].writes += 1
     memory_id = memory.id
-    if status_ == "pending":
+    if status_ == PENDING:
         status_ = await _extract(request, scope, memory_id)
     return json_response({"success": True, "memory_id": memory_id, "extraction_status": status_})
 
@@ -125,7 +125,7 @@ async def _extract(request: web.Request, scope: common_pb2.Scope, memory_id: str
         )
     except ServiceError as exc:
         log.warning("extraction of %s not started (%s); catch-up will take it", memory_id, exc)
-        return "pending"
+        return PENDING
     return reply.extraction_status
 
 

@@ -26,7 +26,7 @@ from services.extractor.prompt import (
 )
 from services.extractor.reconcile import Reconciler
 from shared.errors import Conflict, ServiceError, Unavailable
-from shared.layers import EXPERIENCE
+from shared.layers import DONE, EXPERIENCE, FAILED, SKIPPED
 from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import StoreClient, update_op
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 ACTOR = "extractor"
 MAX_INTENTIONS = 10
 MAX_PAGES = 5
-DONE, FAILED, SKIPPED = "done", "failed", "skipped"
 LEARNT_LAYERS = [common_pb2.L3_FACT, common_pb2.L7_INTENTION]
 """The layers an extraction writes values to that a re-extraction could write again."""
 LATER_DECISIONS = frozenset(

@@ -19,6 +19,7 @@ from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
 from shared.pages import meta_of, rests_on
 from shared.pb import common_pb2, store_pb2
+from shared.settings import LLM_MODES
 from shared.store_client import StoreClient, retire_op
 from shared.tombstones import held_tombstones
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 ACTOR = "extractor"
 NOW_LABEL = NOW_PAGE
 EPISODE_LABEL = "episode"
-LLM_MODES = ("pro", "ultra")
 EPISODE_LOOKBACK_S = 7 * 24 * 3600.0
 TURN_BYTES = 2_000
 MAX_SOURCES = 200

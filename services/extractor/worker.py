@@ -10,9 +10,6 @@ from dataclasses import dataclass
 
 from services.extractor.extract import (
     ACTOR,
-    DONE,
-    FAILED,
-    SKIPPED,
     Extraction,
     Outcome,
     owner_scope,
@@ -20,15 +17,15 @@ from services.extractor.extract import (
 from services.extractor.living import Living
 from services.extractor.owner_locks import OwnerLocks
 from shared.errors import NotFound
+from shared.layers import DONE, FAILED, PENDING, SKIPPED, UNCONFIGURED
 from shared.leases import Leases, lease_name
 from shared.llm import LlmClient, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
+from shared.settings import LLM_MODES
 from shared.store_client import PAGE, StoreClient, update_op
 
 log = logging.getLogger(__name__)
 
-PENDING, UNCONFIGURED = "pending", "unconfigured"
-LLM_MODES = ("pro", "ultra")
 REPROCESS_MAX_DEFAULT = 200
 OWNER_LEASE = "extraction"
 """The lease of an owner's extractions: one at a time, whichever replica runs them."""

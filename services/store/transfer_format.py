@@ -25,6 +25,7 @@ from services.store.model import (
 )
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
+from services.store.validate import check_states
 from shared import client_json
 from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument
@@ -257,6 +258,7 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
         raise InvalidArgument(f"memory.status must be {ACTIVE!r} or {RETIRED!r}")
     if values.get("superseded_how", "") not in ("", *SUPERSEDED_HOW):
         raise InvalidArgument(f"memory.superseded_how {values['superseded_how']!r} is unknown")
+    check_states("memory", values.get("extraction_status"), values.get("write_mode"))
     created = values.setdefault("created_at", ctx.now)
     values.setdefault("updated_at", created)
     if layer == DEFAULT_LAYER:

@@ -29,6 +29,7 @@ from services.store.model import (
 from shared import client_json
 from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument, PermissionDenied
+from shared.layers import EXTRACTION_STATES
 from shared.limits import (
     MAX_COUNT,
     check_count,
@@ -37,6 +38,7 @@ from shared.limits import (
     check_no_nul,
     check_text,
 )
+from shared.settings import MODES
 
 DEFAULT_LIMIT = 20
 
@@ -126,13 +128,26 @@ def _fields(where: str, op: Insert | Update) -> None:
     shows (an export of the row then imports)."""
     if op.content is not None:
         check_text(f"{where}: content", op.content)
-    for name in ("label", "extraction_status", "write_mode"):
-        if (value := getattr(op, name, None)) is not None:
-            check_name(f"{where}: {name}", value)
+    if op.label is not None:
+        check_name(f"{where}: label", op.label)
+    check_states(where, op.extraction_status, getattr(op, "write_mode", None))
     for name in ("count", "hits", "extraction_tries"):
         if (count := getattr(op, name, None)) is not None:
             check_count(f"{where}: {name}", count)
     _times(where, event_at=op.event_at, valid_to=op.valid_to, due_at=op.due_at)
+
+
+def check_states(where: str, extraction_status: str | None, write_mode: str | None) -> None:
+    """A row's extraction status and write mode are ones the services set, or "" (none)."""
+    if extraction_status and extraction_status not in EXTRACTION_STATES:
+        raise InvalidArgument(
+            f"{where}: extraction_status {extraction_status!r} is not one of "
+            + ", ".join(EXTRACTION_STATES)
+        )
+    if write_mode and write_mode not in MODES:
+        raise InvalidArgument(
+            f"{where}: write_mode {write_mode!r} is not one of {', '.join(MODES)}"
+        )
 
 
 def _times(where: str, **times: float | None) -> None:
