@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.dates import rfc3339
-from shared.layers import LAYER_NAMES, layer_name
+from shared.layers import DONE, LAYER_NAMES, layer_name
 from shared.pb import common_pb2, search_pb2
 
 CHANNELS = ("pages", "profile", "proactive", "experiences", "normal")
@@ -79,7 +79,7 @@ def list_item(memory: common_pb2.Memory) -> dict[str, Any]:
         "session_id": memory.owner.session_id,
         "ts": rfc3339(memory.created_at),
         "gmt_created": unix_seconds(memory.created_at),
-        "extracted": memory.extraction_status == "done",
+        "extracted": memory.extraction_status == DONE,
         "extraction_status": memory.extraction_status,
         "label": memory.label,
         "count": memory.count,

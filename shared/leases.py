@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shared.errors import Conflict, ServiceError, Unavailable
+from shared.grants import CURRENT_GRANT
 from shared.pb import store_pb2
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Leases:
         loop = asyncio.get_running_loop()
         while True:
             sent = loop.time()
-            reply = await self.store.claim_lease(name, self.holder, self.policy.ttl_s)
+            reply = await self._claim(name, self.policy.ttl_s)
             if reply.granted:
                 return sent
             if not wait:
@@ -118,7 +119,7 @@ class Leases:
             sent = loop.time()
             try:
                 async with asyncio.timeout_at(expires):
-                    reply = await self.store.claim_lease(name, self.holder, self.policy.ttl_s)
+                    reply = await self._claim(name, self.policy.ttl_s)
             except (ServiceError, TimeoutError) as exc:
                 why = exc.message if isinstance(exc, ServiceError) else "no answer in time"
                 log.warning("lease %s not renewed: %s", name, why)
@@ -134,8 +135,17 @@ class Leases:
             task.cancel()
             return True
 
+    async def _claim(self, name: str, ttl_s: float) -> store_pb2.ClaimLeaseResponse:
+        """Claims, renews or (ttl_s 0) releases: the replica's own turn-taking, so sent without
+        the grant of a call it serves (the store takes leases from the services alone)."""
+        without_grant = CURRENT_GRANT.set(None)
+        try:
+            return await self.store.claim_lease(name, self.holder, ttl_s)
+        finally:
+            CURRENT_GRANT.reset(without_grant)
+
     async def _release(self, name: str) -> None:
         try:
-            await self.store.claim_lease(name, self.holder, 0.0)
+            await self._claim(name, 0.0)
         except ServiceError as exc:
             log.warning("lease %s not released (it expires by itself): %s", name, exc.message)

@@ -20,6 +20,7 @@ from gateway.grants import ROUTE_SCOPES
 from shared.grants import CURRENT_GRANT, Grant, current_grant, service_context
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
+from tests.llm_fake import FakeLlm, fake_llm_in_thread
 from tests.store_state import apply
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -433,6 +434,30 @@ async def test_background_work_a_call_starts_runs_without_the_callers_grant() ->
         assert current_grant() is not None  # the caller's own context keeps it
     finally:
         CURRENT_GRANT.reset(caller)
+
+
+def test_a_write_with_a_token_for_one_user_is_extracted_in_pro_mode(
+    tmp_path: Path, embedder_address: str, tokens_file: Path
+) -> None:
+    # The extractor serves the write under its caller's grant, but takes the owner's lease as
+    # the service it is: the store refuses leases to a grant that reaches only some owners.
+    async def check(fake: FakeLlm) -> None:
+        fake.on("m-bees", {"facts": [{"text": "Alice keeps bees on her roof"}]})
+        alice = Client(stack.base_url, ALICE_APP)
+        added = await alice.ok("POST", "/api/v1/add",
+                               json={"text": "m-bees I keep bees on my roof", "user_id": ALICE})
+        assert added["extraction_status"] == "done", added
+        facts = await alice.ok("GET", "/api/v1/list",
+                               params={"user_id": ALICE, "layer": "l3_fact"})
+        assert [m["content"] for m in facts["memories"]] == ["Alice keeps bees on her roof"]
+
+    with fake_llm_in_thread() as fake, running_stack(
+        tmp_path, ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens_file),
+        HYATLAS_MODE="pro", HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary",
+        HYATLAS_LLM_KEY="primary-key", HYATLAS_CATCHUP_EVERY="off",
+    ) as stack:
+        asyncio.run(check(fake))
 
 
 def test_without_admin_a_token_for_some_owners_exports_them_and_one_for_all_is_refused(

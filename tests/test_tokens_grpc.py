@@ -116,6 +116,30 @@ def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
     assert [(v.key, v.value_json) for v in kept.values] == [("probe:x", '"carol"')]
 
 
+def test_a_grant_for_some_owners_takes_no_lease_and_sees_no_store_wide_count(
+    tcp_stack: Stack,
+) -> None:
+    # A lease names work on any owner (an owner's extractions): a caller that could take one
+    # could stop another user's; the vector count is the whole store's.
+    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
+    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
+    name = 'extraction/["grpc-dave",""]'
+    claim = store_pb2.ClaimLeaseRequest(name=name, holder="carol's", ttl_s=600.0)
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            store.ClaimLease(claim, metadata=as_carol, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        ours = store_pb2.ClaimLeaseRequest(name=name, holder="a replica", ttl_s=0.0)
+        free = store.ClaimLease(ours, metadata=token, timeout=30)
+        assert (free.granted, free.holder) == (True, "")
+        assert not store.Flush(store_pb2.FlushRequest(), metadata=as_carol,
+                               timeout=30).HasField("vectors")
+        assert store.Flush(store_pb2.FlushRequest(), metadata=token, timeout=30).HasField(
+            "vectors")
+
+
 def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:
     ask = reflection_pb2.ServerReflectionRequest(list_services="")
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:

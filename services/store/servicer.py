@@ -540,7 +540,11 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def Flush(
         self, request: store_pb2.FlushRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.FlushResponse:
-        return store_pb2.FlushResponse(vectors=await self._store.flush())
+        vectors = await self._store.flush()
+        grant = current_grant()
+        if grant is not None and not grant.unrestricted:
+            return store_pb2.FlushResponse()
+        return store_pb2.FlushResponse(vectors=vectors)
 
     @grpc_errors
     async def ListEdges(
@@ -569,6 +573,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def ClaimLease(
         self, request: store_pb2.ClaimLeaseRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ClaimLeaseResponse:
+        self._everyone("claiming a lease")
         lease = await self._store.claim_lease(request.name, request.holder, request.ttl_s)
         return store_pb2.ClaimLeaseResponse(
             granted=lease.granted, holder=lease.holder, expires_at=lease.expires_at
