@@ -68,6 +68,26 @@ def origin_allowed(origin: str, host_header: str, allowed: Set[str]) -> bool:
     return hostname.removesuffix(".") in allowed
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+FORM_TYPES = frozenset(
+    {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
+"""The content types a page may send another origin without the browser asking it first (a
+form, or a fetch in no-cors mode): the body goes, and only the answer is hidden from the page."""
+
+
+def _form_from_another_origin(request: web.Request, origin: str, host: str) -> bool:
+    """Whether a write comes from a page on another origin the Origin rule lets through (a
+    loopback one on another port, say) as a form or a no-cors fetch would send it. Sent as
+    JSON, the browser would have asked first, and this server answers no such question."""
+    if request.method in SAFE_METHODS:
+        return False
+    # origin_allowed has parsed the Origin already.
+    own = bool(host) and urlsplit(origin.strip()).netloc.lower() == host.strip().lower()
+    kind = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    return not own and kind in FORM_TYPES
+
+
 def _log_refusal(request: web.Request, exc: ServiceError) -> None:
     grant = request.get(GRANT)
     log.warning(
@@ -115,8 +135,14 @@ def _check_origin(request: web.Request) -> None:
     if cross_site and not _public_page_opened(request):
         raise PermissionDenied("cross-site request refused")
     origin = request.headers.get("Origin")
-    if origin is not None and not origin_allowed(origin, host, allowed):
+    if origin is None:
+        return
+    if not origin_allowed(origin, host, allowed):
         raise PermissionDenied("cross-origin request refused")
+    if _form_from_another_origin(request, origin, host):
+        raise PermissionDenied(
+            "a write from another origin must be sent as JSON (Content-Type: application/json)"
+        )
 
 
 @web.middleware

@@ -132,6 +132,40 @@ async def test_same_host_origin_passes_but_other_port_does_not(
     assert (await _status_and_json(client, "GET", "/healthz", headers=other))[0] == 403
 
 
+@pytest.mark.parametrize("kind", ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                  "multipart/form-data; boundary=x", None])
+async def test_a_write_a_page_on_another_loopback_port_sends_as_a_form_is_refused(
+    client: TestClient[Any, Any], kind: str | None
+) -> None:
+    # What a page on http://127.0.0.1:8888 sends with fetch(..., {mode: "no-cors"}) or a form:
+    # the browser asks nothing first, so only the type tells it from a JSON client's call.
+    page = {"Origin": "http://127.0.0.1:8888", "Sec-Fetch-Site": "same-site"}
+    headers = page if kind is None else {**page, "Content-Type": kind}
+    body = None if kind is None else b'{"text": "planted", "user_id": "alice"}'
+    for path in ("/api/v1/add", "/api/v1/forget", "/api/v1/import", "/api/v1/digest"):
+        status, reply = await _status_and_json(
+            client, "POST", path, data=body, headers=headers, skip_auto_headers=["Content-Type"])
+        assert status == 403, (path, status, reply)
+        assert "must be sent as JSON" in reply["error"]
+
+
+async def test_the_guard_on_forms_leaves_json_own_origin_and_reads_alone(
+    make_client: MakeClient,
+) -> None:
+    # Each passes the guard and stops at the store behind it, which is not running here (503).
+    client = await make_client(startup_wait_s=0.0)
+    own = {"Host": "127.0.0.1:19528", "Origin": "http://127.0.0.1:19528",
+           "Content-Type": "text/plain"}
+    json_from_page = {"Origin": "http://127.0.0.1:8888", "Content-Type": "application/json"}
+    for headers in (own, json_from_page, {"Content-Type": "text/plain"}):
+        status, _ = await _status_and_json(
+            client, "POST", "/api/v1/add", data=b'{"text": "x"}', headers=headers)
+        assert status == 503, headers
+    status, _ = await _status_and_json(
+        client, "GET", "/api/v1/list", headers={"Origin": "http://127.0.0.1:8888"})
+    assert status == 503
+
+
 async def test_allowlisted_origin_passes(make_client: MakeClient) -> None:
     client = await make_client(allowed_hosts=frozenset({"notes.lan"}))
     headers = {"Origin": "https://notes.lan:4443"}
