@@ -84,6 +84,19 @@ class Databases:
         """The postmaster's pid (its children are the backends), None when it is not running."""
         return self._server.get_pid()
 
+    def halt(self) -> None:
+        """Stops the server, keeping its data: its clients find nobody there until resume()."""
+        pg_ctl(
+            ["-w", "-m", "fast", "stop"],
+            pgdata=self.folder,
+            user=self._server.system_user,
+            timeout=120,
+        )
+
+    def resume(self) -> None:
+        """Starts the halted server again, at the same address."""
+        self._server.ensure_postgres_running()
+
     def stop(self) -> None:
         """Stops the server and removes its folder."""
         self._server.cleanup()

@@ -292,9 +292,13 @@ async def running_grpc_server(
     grace_s: float = 5.0,
     collectors: Iterable[Collector] = (),
     token: str = "",
+    ready: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[tuple[grpc.aio.Server, str]]:
     """Serves the servicers `register` adds (it returns their full service names) on one
     endpoint, `address` (a replica's own: see Settings.listen_address).
+
+    With `ready`, gRPC health follows it (asked every READY_EVERY_S): NOT_SERVING while what
+    the service needs (the store's database) does not answer.
 
     `collectors` add the service's own figures to the metrics Introspect/GetMetrics serves.
     On a TCP address every call but health needs `token` (unix sockets are guarded by the
@@ -337,9 +341,17 @@ async def running_grpc_server(
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names), bound)
+    follower = (
+        asyncio.create_task(_follow_readiness(health_servicer, names, ready), name="readiness")
+        if ready is not None else None
+    )
     try:
         yield server, bound
     finally:
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
         for name in ["", *names]:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.stop(grace_s)
@@ -347,6 +359,30 @@ async def running_grpc_server(
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()
         log.info("stopped %s", ", ".join(names))
+
+
+READY_EVERY_S = 2.0
+"""How often a server whose readiness depends on something else asks it."""
+
+
+async def _follow_readiness(
+    health_servicer: health.aio.HealthServicer,
+    names: list[str],
+    ready: Callable[[], Awaitable[bool]],
+) -> None:
+    """Sets gRPC health to what ready() says, logging each change, until cancelled."""
+    serving = True
+    while True:
+        await asyncio.sleep(READY_EVERY_S)
+        now = await ready()
+        if now == serving:
+            continue
+        serving = now
+        status = health_pb2.HealthCheckResponse
+        for name in ["", *names]:
+            await health_servicer.set(name, status.SERVING if now else status.NOT_SERVING)
+        log.log(logging.INFO if now else logging.WARNING,
+                "%s: %s", ", ".join(names), "serving again" if now else "not ready")
 
 
 def open_channel(address: str, token: str = "") -> grpc.aio.Channel:

@@ -3,10 +3,12 @@ the store backend each test module runs on."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,9 +48,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("store_backend", backends, indirect=True, scope="module")
 
 
-@pytest.fixture(scope="session")
-def pg_databases() -> Iterator[object]:
-    """One real PostgreSQL server (with pgvector) for the session, started on first use.
+@contextlib.contextmanager
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL server (with pgvector) of its own (bench.postgres.Databases).
 
     Its folder is not under pytest's temp dir: run as root, the server runs as a user of its
     own, and another pytest session starting meanwhile makes pytest's dir private again.
@@ -63,6 +65,13 @@ def pg_databases() -> Iterator[object]:
     finally:
         databases.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_databases() -> Iterator[object]:
+    """One real PostgreSQL server for the session, started on first use."""
+    with postgres_server() as databases:
+        yield databases
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -957,6 +957,10 @@ class Repo(SharedReads):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def answers(self) -> bool:
+        """Always: the database is a file of this process's."""
+        return True
+
     async def close(self) -> None:
         """Closes every connection; closing twice is harmless."""
         for task in (self._follower, self._purger, self._builder):

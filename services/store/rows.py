@@ -214,6 +214,10 @@ class Writes(Protocol):
 class Rows(Protocol):
     """Reads of committed rows, and the transactions writes go through."""
 
+    async def answers(self) -> bool:
+        """Whether the database answers now (the store's readiness)."""
+        ...
+
     async def checkpoint(self) -> None:
         """Makes deleted text leave the database's files as far as the backend can under the
         write lock (SQLite: the write-ahead log is folded in and truncated, and after an erase

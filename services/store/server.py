@@ -65,7 +65,9 @@ async def running_server(config: StoreConfig) -> AsyncIterator[str]:
             store_pb2_grpc.add_StoreServicer_to_server(servicer, server)
             return [store_pb2.DESCRIPTOR.services_by_name["Store"].full_name]
 
-        serving = running_grpc_server(config.address, register, token=config.grpc_token)
+        serving = running_grpc_server(
+            config.address, register, token=config.grpc_token, ready=store.answers
+        )
         async with serving as (_, bound):
             yield bound
 

@@ -64,6 +64,10 @@ class Store:
             Snapshots(self._core, data_dir, snapshot_plan) if snapshot_plan is not None else None
         )
 
+    async def answers(self) -> bool:
+        """Whether the store can serve now: its database answers."""
+        return await self._repo.answers()
+
     @property
     def model(self) -> VectorModel:
         """The model the store's vectors come from (a re-embed changes it when it is done)."""

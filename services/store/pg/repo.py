@@ -56,6 +56,10 @@ class PgRepo(SharedReads):
     async def _fetch(self, sql: str, *params: Any) -> Sequence[Sequence[Any]]:
         return list(await self.db.fetch(sql, *params))
 
+    async def answers(self) -> bool:
+        """Whether the database server answers a trivial query in time."""
+        return await self.db.answers()
+
     async def close(self) -> None:
         """Waits for the vacuum passes asked for (the pool is the caller's to close)."""
         await self._vacuums.close()

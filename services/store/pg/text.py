@@ -26,7 +26,7 @@ import asyncpg
 from services.store import keywords
 from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
-from services.store.pg.db import Database, numbered, text_checked
+from services.store.pg.db import Database, checked, numbered
 from services.store.pg.schema import TEXT_CONFIG
 from services.store.repo import _M_COLUMNS, _filters, _row, _where
 
@@ -175,7 +175,7 @@ class _Reader:
 
     async def fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         """The rows of one read."""
-        with text_checked():
+        with checked():
             return await self.conn.fetch(numbered(sql), *params)
 
 
@@ -190,7 +190,7 @@ async def _reading(db: Database) -> AsyncIterator[_Reader]:
     takes a LIMITed read of a common term's rows to be cheapest by a scan of the table (as if
     they were spread evenly), where the GIN index finds them without reading any other row.
     """
-    async with db.pool.acquire() as conn, conn.transaction(readonly=True):
+    async with db.connection() as conn, conn.transaction(readonly=True):
         await conn.execute(
             "SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off"
         )

@@ -23,7 +23,7 @@ async def one_snapshot(db: Database) -> AsyncIterator[PgTransfer]:
     """TransferRows reading committed rows as of one moment, so the rows, vectors, keys and
     history of an export's page agree while other replicas write."""
     async with (
-        db.pool.acquire() as conn,
+        db.connection() as conn,
         conn.transaction(isolation="repeatable_read", readonly=True),
     ):
         yield PgTransfer(conn)

@@ -101,7 +101,7 @@ class PgVectors:
     ) -> list[tuple[int, float]]:
         """The best count keys of both tables' HNSW indexes, best first."""
         ef_search = min(max(count, _EF_SEARCH_MIN), _EF_SEARCH_MAX)
-        async with self._db.pool.acquire() as conn, conn.transaction():
+        async with self._db.connection() as conn, conn.transaction():
             await conn.execute(
                 "SELECT set_config('hnsw.ef_search', $1, true), "
                 "set_config('hnsw.iterative_scan', 'relaxed_order', true)",

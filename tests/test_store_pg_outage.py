@@ -1,0 +1,112 @@
+"""A store on PostgreSQL while its database is away: refused calls are 503s (not 500s), health
+says not ready, it waits at start for a database that is not up yet, and a database that cannot
+serve it stops the start with one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import postgres_server
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    Stack,
+    assert_eventually,
+    base_env,
+    grpc_serving,
+    running_stack,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def databases() -> Iterator[Any]:
+    """A server of this module's own: the tests stop and start it."""
+    with postgres_server() as server:
+        yield server
+
+
+async def _call(stack: Stack, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.request(
+        method, stack.base_url + path, **kw
+    ) as reply:
+        return reply.status, await reply.json()
+
+
+async def test_a_database_gone_while_serving_is_503_and_not_ready_until_it_is_back(
+    tmp_path: Path, embedder_address: str, databases: Any
+) -> None:
+    with running_stack(
+        tmp_path, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_DSN=databases.new_dsn(),
+    ) as stack:
+        add = {"json": {"text": "Ada keeps bees", "user_id": "ada"}}
+        assert (await _call(stack, "POST", "/api/v1/add", **add))[0] == 200
+        databases.halt()
+        try:
+            status, body = await _call(stack, "POST", "/api/v1/add", **add)
+            assert status == 503, body
+            assert body["error"] == "a backing service is unavailable: store"
+            status, body = await _call(stack, "POST", "/api/v1/search",
+                                       json={"query": "bees", "user_id": "ada"})
+            assert status == 503, body
+
+            async def not_ready() -> None:
+                status, body = await _call(stack, "GET", "/readyz")
+                assert (status, body["services"]["store"]) == (503, "not_serving"), body
+
+            await assert_eventually(not_ready)
+        finally:
+            databases.resume()
+
+        async def ready() -> None:
+            assert (await _call(stack, "GET", "/readyz"))[0] == 200
+
+        await assert_eventually(ready)
+        assert (await _call(stack, "POST", "/api/v1/add", **add))[0] == 200
+        status, body = await _call(stack, "POST", "/api/v1/list", json={"user_id": "ada"})
+        assert [m["content"] for m in body["memories"]] == ["Ada keeps bees"] * 2
+    assert "Traceback" not in (tmp_path / "store.log").read_text()
+
+
+async def test_a_store_started_before_its_database_waits_for_it(
+    tmp_path: Path, embedder_address: str, databases: Any
+) -> None:
+    env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=embedder_address,
+                   HYATLAS_STORE_DSN=databases.new_dsn())
+    log = tmp_path / "store.log"
+    databases.halt()
+    try:
+        # Ready here means: running, and saying what it waits for.
+        store = ServiceProcess(
+            "services.store", env, lambda: "does not answer" in log.read_text(), log
+        ).start()
+    finally:
+        databases.resume()
+    try:
+        address = Stack(tmp_path, env).address("store")
+        await assert_eventually(lambda: grpc_serving(address))
+    finally:
+        assert store.stop() == 0
+
+
+def test_a_database_that_cannot_serve_the_store_stops_its_start_with_one_clear_line(
+    tmp_path: Path, embedder_address: str, databases: Any
+) -> None:
+    dsn = databases.new_dsn().replace("hyatlas_", "nosuch_", 1)
+    env = base_env(tmp_path, HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_STORE_DSN=dsn)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.store"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "cannot start: database" in done.stderr and "does not exist" in done.stderr
