@@ -75,10 +75,14 @@ class Databases:
             raise RuntimeError(f"psql failed: {result.stderr.strip()}")
         return result.stdout
 
+    @staticmethod
+    def database_name(dsn: str) -> str:
+        """The name of the database a DSN of new_dsn() names."""
+        return urlsplit(dsn).path.lstrip("/")
+
     def database_bytes(self, dsn: str) -> int:
         """The size of one database on disk, as PostgreSQL counts it (tables, indexes, TOAST)."""
-        name = urlsplit(dsn).path.lstrip("/")
-        return int(self.sql(f"SELECT pg_database_size('{name}')").strip())
+        return int(self.sql(f"SELECT pg_database_size('{self.database_name(dsn)}')").strip())
 
     def server_pid(self) -> int | None:
         """The postmaster's pid (its children are the backends), None when it is not running."""

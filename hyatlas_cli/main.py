@@ -142,6 +142,9 @@ async def reembed(gateway: Gateway, args: argparse.Namespace) -> int:
     out a gateway or store that stops answering for up to --wait seconds at a time."""
     state = await gateway.ok("GET", "/api/v1/status")
     job = state.get("reembed")
+    if job is None and "embed_problem" in state:
+        print(f"no re-embed runs: {state['embed_problem']}", file=sys.stderr)
+        return 1
     if job is None:
         print(f"nothing to re-embed: every vector is of {state['embed']}", file=sys.stderr)
         return 0
@@ -198,6 +201,9 @@ async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
     checks.append(("services ready", code == 200, json.dumps(services)))
     code, state = await gateway.call("GET", "/api/v1/status")
     checks.append(("status", code == 200, _status_line(state) if code == 200 else str(state)))
+    if code == 200:
+        problem = state.get("embed_problem")
+        checks.append(("model", not problem, problem or f"vectors of {state.get('embed')}"))
     code, system = await gateway.call("GET", "/dashboard/api/system")
     if code == 200:
         checks.append(_snapshot_check(system))

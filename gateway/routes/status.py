@@ -72,6 +72,8 @@ async def status(request: web.Request) -> web.Response:
     whole_server = grant is None or grant.unrestricted
     if stats.HasField("reembed"):
         extras["reembed"] = reembed_status(stats.reembed, whole_server)
+    if stats.model_problem:
+        extras["embed_problem"] = stats.model_problem
     # The whole server's counts: not for a token reaching some owners.
     if whole_server:
         extras.update(writes=counters.writes, searches=counters.searches)
@@ -83,7 +85,7 @@ async def status(request: web.Request) -> web.Response:
             )
     return json_response(
         {
-            "status": "ok",
+            "status": "degraded" if stats.model_problem else "ok",
             "ready": is_ready(services, config.mode),
             "services": services,
             "version": VERSION,

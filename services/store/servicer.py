@@ -504,6 +504,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             graph_nodes=stats.graph_nodes,
             graph_edges=stats.graph_edges,
             backend=self._store.backend,
+            model_problem=self._store.model.mismatch,
             reembed=store_pb2.Reembed(
                 to_model_id=progress.to_model_id,
                 done=progress.done,

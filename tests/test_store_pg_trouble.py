@@ -1,6 +1,7 @@
-"""A store on PostgreSQL while its database is away: refused calls are 503s (not 500s), health
-says not ready, it waits at start for a database that is not up yet, and a database that cannot
-serve it stops the start with one clear line."""
+"""A store on PostgreSQL in trouble. While its database is away, refused calls are 503s (not
+500s), health says not ready, and it waits at start for a database that is not up yet; a database
+that cannot serve it stops the start with one clear line; vectors of another model than the
+embedder runs (no re-embed on this backend) show in status, doctor and reembed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.support import (
     grpc_serving,
     running_stack,
 )
+from tests.test_cli import hyatlas
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +112,31 @@ def test_a_database_that_cannot_serve_the_store_stops_its_start_with_one_clear_l
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "cannot start: database" in done.stderr and "does not exist" in done.stderr
+
+
+async def test_vectors_of_another_model_fail_status_doctor_and_reembed_saying_why(
+    tmp_path: Path, embedder_address: str, databases: Any
+) -> None:
+    dsn = databases.new_dsn()
+    services = ["store", "search", "gateway"]
+    with running_stack(tmp_path, ["store"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+                       HYATLAS_STORE_DSN=dsn):
+        pass
+    databases.sql("UPDATE store_meta SET value = 'an-older-model' WHERE key = 'model_id'",
+                  database=databases.database_name(dsn))
+    with running_stack(tmp_path, services, HYATLAS_EMBEDDER_ADDR=embedder_address,
+                       HYATLAS_STORE_DSN=dsn) as stack:
+        status, body = await _call(stack, "GET", "/api/v1/status")
+        assert (status, body["status"]) == (200, "degraded"), body
+        assert "a re-embed is not built for the PostgreSQL store" in body["embed_problem"]
+        done = hyatlas(stack, "reembed", token="")
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith("no re-embed runs: the database's vectors come from model")
+        done = hyatlas(stack, "doctor", token="")
+        assert done.returncode == 1, done.stdout
+        assert "FAIL model: the database's vectors come from model 'an-older-model'" in (
+            done.stdout
+        )
+        status, body = await _call(stack, "POST", "/api/v1/add",
+                                   json={"text": "Ada keeps bees", "user_id": "ada"})
+        assert status == 409, body
