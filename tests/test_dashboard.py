@@ -412,6 +412,22 @@ async def test_rows_written_or_deleted_between_page_loads_neither_repeat_nor_hid
     assert await _memory_ids(ui) == every[PAGE_SIZE - 1 :]
 
 
+async def test_the_last_page_of_a_list_a_whole_number_of_pages_long_offers_no_older_page(
+    ui: Session, stack: Stack
+) -> None:
+    user = _user()
+    await _insert_rows(stack, user, 2 * PAGE_SIZE)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    assert not await ui.page.locator("#next-page").is_disabled()
+    await ui.act(ui.page.click("#next-page"))
+    assert len(await _memory_ids(ui)) == PAGE_SIZE
+    info = await ui.page.locator("#page-info").inner_text()
+    assert f"page 2 of 2 · {2 * PAGE_SIZE} rows" in info, info
+    # It led to an empty "page 3 of 3".
+    assert await ui.page.locator("#next-page").is_disabled()
+
+
 async def test_owner_selector_filters_every_view(ui: Session, api: Api) -> None:
     alice, bob = _user(), _user()
     alice_id = await api.add("Alice keeps bees on the roof.", alice, agent_id="hermes")

@@ -53,12 +53,19 @@ function pageHash(params, changes, cursor = "", back = []) {
   return text ? `#/memories?${text}` : "#/memories";
 }
 
-function listControls(ctx, body) {
+/** Whether rows older than this page's exist: on the first page the total says; past it, rows
+ * written or deleted on the pages before shift the count, so the list is asked for one more. */
+async function hasOlder(query, body, before) {
+  if (body.memories.length < PAGE_SIZE || !body.next_before) return false;
+  if (!before) return body.total > PAGE_SIZE;
+  const next = await api("/api/v1/list", { method: "POST", body: { ...query, limit: 1, before: body.next_before } });
+  return next.memories.length > 0;
+}
+
+function listControls(ctx, body, older) {
   const { params } = ctx;
   const { before, back, page } = place(params);
   const pages = Math.max(page, Math.ceil(body.total / PAGE_SIZE));
-  // A full page may have older rows after it; on the first page the total says for sure.
-  const older = body.memories.length === PAGE_SIZE && body.next_before && (before || body.total > PAGE_SIZE);
   const go = (changes) => ctx.go(pageHash(params, changes));
   const filters = h("div", { class: "toolbar" },
     h("label", null, "Layer ", h("select", { id: "list-layer", onchange: (e) => go({ layer: e.target.value }) },
@@ -104,8 +111,9 @@ async function renderList(root, ctx) {
     contains: params.get("contains") || "",
   };
   const body = await api("/api/v1/list", { method: "POST", body: { ...query, limit: PAGE_SIZE, before } });
+  const older = await hasOlder(query, body, before);
   if (ctx.stale()) return;
-  const { filters, pager, firstHash } = listControls(ctx, body);
+  const { filters, pager, firstHash } = listControls(ctx, body, older);
   root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
   if (!body.memories.length && before) {
     // The page before held the list's last rows, or deletes emptied this one.
