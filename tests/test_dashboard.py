@@ -347,6 +347,51 @@ async def test_a_date_filter_in_explore_says_how_many_hits_it_hid(
     assert [await hit.get_attribute("data-memory-id") for hit in await hits.all()] == [kept]
 
 
+async def test_explore_with_a_date_shows_no_more_hits_than_its_limit(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    for n in range(8):
+        await api.add(f"Coffee note {n}: a flat white at the corner cafe.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    # The search asks for five times the limit so the dates have hits to choose from; the
+    # page showed all of them.
+    await ui.open("explore?q=coffee&reader=keyword&from=2021-01-01&limit=3")
+    assert await ui.page.locator("li.hit").count() == 3
+    assert await ui.page.locator("#date-hidden").count() == 0
+
+
+async def test_why_this_result_gives_the_place_the_hit_is_shown_at(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    target = await api.add("The tram to Belem leaves from Cais do Sodre.", user)
+    # Profile rows holding one of the query's words: they rank below the target, but their
+    # channel is shown before its. A wider search than the page's took them in, ahead of it.
+    scope = common_pb2.Scope(user_id=user)
+    ops = [
+        store_pb2.Op(insert=store_pb2.NewMemory(
+            owner=common_pb2.Owner(user_id=user), layer=common_pb2.L1_PROFILE,
+            content=f"User rides the tram, note {n}",
+        ))
+        for n in range(4)
+    ]
+    async with open_channel(stack.address("store")) as channel:
+        await store_pb2_grpc.StoreStub(channel).Apply(
+            store_pb2.ApplyRequest(scope=scope, ops=ops, actor="extractor")
+        )
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open("explore?q=tram+Belem&reader=keyword&limit=1")
+    hit = ui.page.locator(f"li.hit[data-memory-id='{target}']")
+    assert await ui.page.locator("li.hit").count() == 1
+    await hit.locator("details.why summary").click()
+    await ui.page.locator(f"details.why[data-memory-id='{target}'][data-ready=true]").wait_for()
+    why = await hit.locator("details.why").inner_text()
+    assert "In this search: #1 " in why, why
+
+
 async def test_the_list_shows_no_stray_text_where_no_notice_is_pending(
     ui: Session, api: Api
 ) -> None:

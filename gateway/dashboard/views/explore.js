@@ -24,15 +24,23 @@ function inRange(item, from, to) {
 }
 
 const WHY_READERS = [["hybrid", "hybrid: the full ranking"], ["semantic", "semantic (vector) only"], ["keyword", "keyword only"], ["rrf", "plain rank fusion (the reference's)"]];
-const WHY_LIMIT = 20;
 let stageNames = null;
 
-/** Where a memory lands (1-based, across channels in their order) in one search, or null. */
-async function placeOf(search, memoryId, extra) {
-  const body = await api("/api/v1/search", { method: "POST", body: { ...search, ...extra } });
+/** What a search answer shows, in order: the Now page, then the channels' hits within the dates
+ * (`view.from`, `view.to`), at most `view.limit` of them; and how many hits the dates hid. */
+function shownHits(body, view) {
   const memories = body.memories || {};
   const order = body.order && body.order.length ? body.order : Object.keys(memories);
-  const items = [...(body.now ? [body.now] : []), ...order.flatMap((name) => memories[name] || [])];
+  const found = order.flatMap((name) => (memories[name] || []).map((item) => ({ channel: name, item })));
+  const dated = found.filter(({ item }) => inRange(item, view.from, view.to));
+  return { now: body.now || null, hits: dated.slice(0, view.limit), found: found.length, hidden: found.length - dated.length };
+}
+
+/** Where a memory lands (1-based, the Now page first, then the channels in their order) among
+ * what a search shows, or null. */
+async function placeOf(search, view, memoryId, extra) {
+  const { now, hits } = shownHits(await api("/api/v1/search", { method: "POST", body: { ...search, ...extra } }), view);
+  const items = [...(now ? [now] : []), ...hits.map(({ item }) => item)];
   const at = items.findIndex((item) => item.memory_id === memoryId);
   return at < 0 ? null : { rank: at + 1, score: items[at].score };
 }
@@ -45,28 +53,27 @@ function scoreText(score) {
   return `score ${Number(score).toFixed(3)}`;
 }
 
-function placeText(place) {
-  return place ? `#${place.rank} · ${scoreText(place.score)}` : `not in the top ${WHY_LIMIT}`;
+function placeText(place, limit) {
+  return place ? `#${place.rank} · ${scoreText(place.score)}` : `not in the top ${limit}`;
 }
 
-function moveText(full, without) {
+function moveText(full, without, limit) {
   if (!full && !without) return "";
-  if (!full) return `keeps it out of the top ${WHY_LIMIT}`;
-  if (!without) return `brings it into the top ${WHY_LIMIT}`;
+  if (!full) return `keeps it out of the top ${limit}`;
+  if (!without) return `brings it into the top ${limit}`;
   if (without.rank === full.rank) return "no change";
   const by = Math.abs(without.rank - full.rank);
   return without.rank > full.rank ? `moves it up ${by}` : `moves it down ${by}`;
 }
 
-/** Why a hit ranks where it does: its place by reader, what each stage does to it, stage toggles. */
-async function explain(box, search, memoryId) {
+/** Why a hit ranks where it does (`full`, its place on screen): its place by reader, what each
+ * stage does to it, stage toggles; each asked of the search on screen, shown as it shows. */
+async function explain(box, { search, view }, memoryId, full) {
   stageNames = stageNames || (await api("/dashboard/api/search-stages")).stages;
-  const wide = { ...search, limit: Math.max(search.limit, WHY_LIMIT) };
-  const [full, ...byReader] = await Promise.all([
-    placeOf(wide, memoryId, {}),
-    ...WHY_READERS.map(([reader]) => placeOf(wide, memoryId, { reader })),
-  ]);
-  const byStage = await Promise.all(stageNames.map((stage) => placeOf(wide, memoryId, { skip_stages: [stage] })));
+  const where = (extra) => placeOf(search, view, memoryId, extra);
+  const text = (place) => placeText(place, view.limit);
+  const byReader = await Promise.all(WHY_READERS.map(([reader]) => where({ reader })));
+  const byStage = await Promise.all(stageNames.map((stage) => where({ skip_stages: [stage] })));
   const toggles = stageNames.map((stage) => h("label", { class: "check" }, h("input", { type: "checkbox", name: "skip", value: stage }), ` ${stage}`));
   const toggled = h("span", { class: "why-toggled", id: `why-toggled-${memoryId}` });
   const form = h("form", { class: "why-toggles" }, h("span", null, "Switch off: "), toggles,
@@ -75,74 +82,70 @@ async function explain(box, search, memoryId) {
     event.preventDefault();
     const skip = [...form.querySelectorAll("input[name=skip]:checked")].map((input) => input.value);
     toggled.textContent = "…";
-    toggled.textContent = placeText(await placeOf(wide, memoryId, { skip_stages: skip }));
+    toggled.textContent = text(await where({ skip_stages: skip }));
   });
   box.replaceChildren(
-    h("p", null, `In this search: ${placeText(full)}. The score is ${SCORE_NOTE}; the order is the fused ranking after every stage below.`),
+    h("p", null, `In this search: ${text(full)}. The score is ${SCORE_NOTE}; the order is the fused ranking after every stage below.`),
     h("table", { class: "why-readers" },
       h("thead", null, h("tr", null, h("th", null, "Reader"), h("th", null, "Place"))),
       h("tbody", null, WHY_READERS.map(([reader, label], i) => h("tr", { "data-reader": reader },
-        h("td", null, label), h("td", null, placeText(byReader[i])))))),
+        h("td", null, label), h("td", null, text(byReader[i])))))),
     h("table", { class: "why-stages" },
       h("thead", null, h("tr", null, h("th", null, "Stage"), h("th", null, "Place with it off"), h("th", null, "So the stage…"))),
       h("tbody", null, stageNames.map((stage, i) => {
-        const move = moveText(full, byStage[i]);
+        const move = moveText(full, byStage[i], view.limit);
         return h("tr", { "data-stage": stage, class: move && move !== "no change" ? "moved" : null },
-          h("td", { class: "mono" }, stage), h("td", null, placeText(byStage[i])), h("td", null, move));
+          h("td", { class: "mono" }, stage), h("td", null, text(byStage[i])), h("td", null, move));
       }))),
     form);
 }
 
-function whyPanel(item, search) {
+function whyPanel(item, rank, asked) {
   const box = h("div", { class: "why-body" }, "Asking the search service…");
   const details = h("details", { class: "why", "data-memory-id": item.memory_id }, h("summary", null, "Why this result?"), box);
-  let asked = false;
+  let opened = false;
   details.addEventListener("toggle", () => {
-    if (!details.open || asked) return;
-    asked = true;
-    explain(box, search, item.memory_id).then(
+    if (!details.open || opened) return;
+    opened = true;
+    explain(box, asked, item.memory_id, { rank, score: item.score }).then(
       () => details.setAttribute("data-ready", "true"),
       (error) => box.replaceChildren(errorBox(error, "Could not explain")));
   });
   return details;
 }
 
-function resultItem(item, search) {
+/** One hit, at its place (1-based) in what the search `asked` ({search, view}) shows. */
+function resultItem(item, rank, asked) {
   const when = item.event_at ? `happened ${fmtTime(item.event_at)}` : `learned ${fmtTime(item.gmt_created)}`;
-  return h("li", { class: "hit", "data-memory-id": item.memory_id },
+  return h("li", { class: "hit", "data-memory-id": item.memory_id, "data-rank": rank },
     h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}`, class: "hit-content" }, item.content),
     h("div", { class: "hit-meta" },
       h("span", { class: "score", title: `${SCORE_NOTE} (the order is the fused ranking)` }, scoreText(item.score)),
       h("span", { class: `layer-tag ${item.layer}` }, item.layer),
       h("span", null, when),
       item.label ? h("span", null, item.label) : null),
-    whyPanel(item, search));
+    whyPanel(item, rank, asked));
 }
 
-function results(body, filters, search) {
-  const memories = body.memories || {};
-  const order = body.order && body.order.length ? body.order : Object.keys(memories);
+function results(body, asked) {
+  const { now, hits, found, hidden } = shownHits(body, asked.view);
   const box = h("div", { class: "results" });
-  let shown = 0;
-  let found = 0;
-  if (body.now) {
-    box.append(h("section", { class: "channel", "data-channel": "now" }, h("h3", null, "Now"), h("ul", { class: "hits" }, resultItem(body.now, search))));
+  let rank = 0;
+  if (now) {
+    box.append(h("section", { class: "channel", "data-channel": "now" }, h("h3", null, "Now"), h("ul", { class: "hits" }, resultItem(now, ++rank, asked))));
   }
-  for (const name of order) {
-    found += (memories[name] || []).length;
-    const items = (memories[name] || []).filter((item) => inRange(item, filters.from, filters.to));
-    if (!items.length) continue;
-    shown += items.length;
+  for (const name of new Set(hits.map(({ channel }) => channel))) {
+    const items = hits.filter(({ channel }) => channel === name).map(({ item }) => item);
     box.append(h("section", { class: "channel", "data-channel": name },
       h("h3", null, name, " ", h("small", null, `${items.length} · ${CHANNEL_NOTES[name] || ""}`)),
-      h("ul", { class: "hits" }, items.map((item) => resultItem(item, search)))));
+      h("ul", { class: "hits" }, items.map((item) => resultItem(item, ++rank, asked)))));
   }
-  if (found > shown) {
+  if (hidden) {
     // The dates filter the best hits the search sent: say how many of them they hid.
     box.prepend(h("p", { class: "muted", id: "date-hidden" },
-      `${found - shown} of the ${found} best hits fall outside these dates and are not shown.`));
+      `${hidden} of the ${found} best hits fall outside these dates and are not shown.`));
   }
-  if (!shown && !body.now) {
+  if (!hits.length && !now) {
     box.append(emptyState("Nothing matched for this owner.",
       "Try the keyword reader for exact words, or widen the layer and date filters. The semantic reader leaves out hits under the model's similarity floor (min_score on the System page)."));
   }
@@ -182,10 +185,11 @@ export async function render(root, ctx) {
       "Results come back in channels: profile, proactive, normal (and pages and experiences once extraction writes them)."));
     return;
   }
-  const filters = { from: dayStart(params.get("from")), to: dayStart(params.get("to")) };
   const limit = Math.min(100, Math.max(1, Number(params.get("limit")) || 10));
-  // Dates filter here, on the page: ask for more so the filter has something to choose from.
-  const dated = filters.from !== null || filters.to !== null;
+  // What the page shows of the answer: the dates filter here, then at most `limit` hits.
+  const view = { from: dayStart(params.get("from")), to: dayStart(params.get("to")), limit };
+  // Ask for more when dated, so the filter has something to choose from.
+  const dated = view.from !== null || view.to !== null;
   const search = {
     query,
     user_id: owner.user_id,
@@ -197,7 +201,7 @@ export async function render(root, ctx) {
   try {
     const body = await api("/api/v1/search", { method: "POST", body: search });
     if (ctx.stale()) return;
-    out.append(results(body, filters, search));
+    out.append(results(body, { search, view }));
   } catch (error) {
     if (!ctx.stale()) out.append(errorBox(error));
   }
