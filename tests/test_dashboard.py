@@ -536,6 +536,28 @@ async def test_forget_then_restore_from_the_detail_view_change_state_through_the
     assert await restore.count() == 1 and "dashboard" in await restore.inner_text()
 
 
+async def test_forget_from_the_detail_view_says_how_many_rows_held_the_value_and_undo_restores_all(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    copies = [await api.add("I like green tea.", user) for _ in range(3)]
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{copies[0]}")
+    await ui.page.click("#forget")
+    await ui.act(ui.page.click("#confirm-forget"))
+    notice = await ui.page.locator("#action-notice").inner_text()
+    assert "3 memories held its value" in notice, notice
+    for memory_id in copies:  # forget is by value: every copy went
+        assert (await api.memory(memory_id, user))["superseded_how"] == "forgotten"
+
+    # Undo brings back every row the forget took (Restore brought back only the one shown).
+    await ui.act(ui.page.click("#undo-forget"))
+    assert "Restored 3 memories." in await ui.page.locator("#action-notice").inner_text()
+    for memory_id in copies:
+        assert "invalid_at" not in await api.memory(memory_id, user)
+
+
 async def test_restoring_a_row_whose_replacement_is_live_shows_why_it_was_refused(
     ui: Session, api: Api
 ) -> None:

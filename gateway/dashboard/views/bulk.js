@@ -79,12 +79,12 @@ function retiredBy(replies) {
   return [...new Set(replies.flatMap((reply) => (reply.memories || []).map((m) => m.memory_id)))];
 }
 
-function plural(n) {
+export function plural(n) {
   return `${fmtCount(n)} ${n === 1 ? "memory" : "memories"}`;
 }
 
-/** The API call each action makes for one row, as the detail view makes it. */
-function rowCalls(owner, origin) {
+/** The API call each action makes for one row (the detail view makes the same). */
+export function rowCalls(owner, origin) {
   const who = (id) => ({ id, user_id: owner.user_id, agent_id: owner.agent_id, origin });
   return {
     forget: (id) => api("/api/v1/forget", { method: "POST", body: { ...who(id), reason: "forgotten from the dashboard" } }),
@@ -93,8 +93,9 @@ function rowCalls(owner, origin) {
   };
 }
 
-/** After a forget: a button that restores every row it retired (none when it retired none). */
-function undoButton(replies, restore, finish) {
+/** After forgets: a button that restores every row their replies say they retired (none when
+ * they retired none); `finish(text)` says what it did. */
+export function undoButton(replies, restore, finish) {
   const ids = retiredBy(replies);
   if (!ids.length) return null;
   return h("button", { type: "button", id: "undo-forget", onclick: async (e) => {

@@ -2,7 +2,7 @@
 
 import { api } from "../api.js";
 import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS, notices } from "../dom.js";
-import { bulkBar, pickAllCell, pickCell } from "./bulk.js";
+import { bulkBar, pickAllCell, pickCell, plural, rowCalls, undoButton } from "./bulk.js";
 
 const PAGE_SIZE = 50;
 // Recorded as the dashboard's in each memory's history (actor "dashboard").
@@ -209,41 +209,49 @@ function editForm(ctx, memory, say, box) {
   return form;
 }
 
+/** What a forget did (it takes every live row holding the value), with an Undo that brings
+ * back every row it took. */
+function forgotten(memory, reply, restore, finish) {
+  const copies = reply.forgotten > 1 ? ` (${plural(reply.forgotten)} held its value: all are forgotten)` : "";
+  return [`Forgotten: “${clip(memory.content)}”${copies}.`, undoButton([reply], restore, finish)];
+}
+
 function actions(ctx, memory, say) {
-  const { owner } = ctx;
-  const who = { id: memory.memory_id, user_id: owner.user_id, agent_id: owner.agent_id, origin: ORIGIN };
-  // Runs one action; on success the view re-renders with its notice, on failure it says why.
+  const one = rowCalls(ctx.owner, ORIGIN);
+  const id = memory.memory_id;
+  const finish = (text) => { notice.leave(text); return ctx.refresh(); };
+  // Runs one action; on success the view re-renders with what `done(reply)` says (a text, or a
+  // text and a button), on failure it says why.
   const act = async (call, done, failed) => {
     say(null);
+    let reply;
     try {
-      await call();
+      reply = await call();
     } catch (error) {
       say(errorBox(error, failed));
       return false;
     }
-    notice.leave(done);
-    await ctx.refresh();
+    await finish(done(reply));
     return true;
   };
   const box = h("div", { class: "actions", id: "actions" });
   if (memory.status === "active") {
     const edit = h("button", { type: "button", id: "edit" }, "Edit…");
     edit.addEventListener("click", () => { box.hidden = true; box.after(editForm(ctx, memory, say, box)); });
-    box.append(edit, ...confirmed("forget", "Forget…", "warn", "Forget this memory? Search stops finding it; Restore brings it back.", "Yes, forget",
-      () => act(() => api("/api/v1/forget", { method: "POST", body: { ...who, reason: "forgotten from the dashboard" } }),
-        `Forgotten: “${clip(memory.content)}”. Restore brings it back.`, "Forget failed")));
+    box.append(edit, ...confirmed("forget", "Forget…", "warn", "Forget this memory, and any other holding its value? Search stops finding them; Undo brings them back.", "Yes, forget",
+      () => act(() => one.forget(id), (reply) => forgotten(memory, reply, one.restore, finish), "Forget failed")));
   } else {
     const restore = h("button", { type: "button", id: "restore" }, "Restore");
     restore.addEventListener("click", async () => {
       restore.disabled = true;
-      if (!(await act(() => api("/api/v1/restore", { method: "POST", body: who }),
-        "Restored: search finds it again, and extraction may take its value from its turns again.", "Restore failed"))) restore.disabled = false;
+      if (!(await act(() => one.restore(id),
+        () => "Restored: search finds it again, and extraction may take its value from its turns again.", "Restore failed"))) restore.disabled = false;
     });
     box.append(restore);
   }
   box.append(...confirmed("delete", "Delete…", "danger", "Erase this memory for good? Its history stays.", "Yes, delete", async () => {
     try {
-      await api("/api/v1/delete_all", { method: "POST", body: who });
+      await one.erase(id);
     } catch (error) {
       say(errorBox(error, "Delete failed"));
       return false;
