@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import uuid
@@ -1227,21 +1228,30 @@ async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token
     await page.context.close()
 
 
-async def test_a_token_for_one_user_opens_on_that_user_before_it_has_any_memory(
-    browser: Browser, tmp_path: Path, embedder_address: str, shots: Path
-) -> None:
-    newcomer = "newcomer-secret-0123456789"
+NEWCOMER_TOKEN = "newcomer-secret-0123456789"
+
+
+@contextlib.contextmanager
+def _newcomer_stack(tmp_path: Path, embedder_address: str) -> Iterator[Stack]:
+    """A stack whose one token (NEWCOMER_TOKEN) acts for user newcomer, agent coach."""
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"tokens": [{
-        "name": "newcomer", "token": newcomer, "users": ["newcomer"], "agents": ["coach"],
+        "name": "newcomer", "token": NEWCOMER_TOKEN, "users": ["newcomer"], "agents": ["coach"],
         "scopes": ["read", "write"]}]}))
     with running_stack(
         tmp_path / "data", ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens),
     ) as limited:
+        yield limited
+
+
+async def test_a_token_for_one_user_opens_on_that_user_before_it_has_any_memory(
+    browser: Browser, tmp_path: Path, embedder_address: str, shots: Path
+) -> None:
+    with _newcomer_stack(tmp_path, embedder_address) as limited:
         context = await browser.new_context(viewport=DESKTOP)
         await context.add_init_script(
-            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(newcomer)});"
+            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(NEWCOMER_TOKEN)});"
         )
         session = Session(await context.new_page(), limited.base_url, shots)
         page = session.page
@@ -1253,6 +1263,31 @@ async def test_a_token_for_one_user_opens_on_that_user_before_it_has_any_memory(
         assert await page.locator("#writes .error").count() == 0
         await session.shot("limited-token-overview")
         await context.close()
+
+
+async def test_a_token_for_one_user_given_after_the_dialog_was_dismissed_opens_on_that_user(
+    browser: Browser, tmp_path: Path, embedder_address: str, shots: Path
+) -> None:
+    with _newcomer_stack(tmp_path, embedder_address) as limited:
+        session = Session(await (await browser.new_context(viewport=DESKTOP)).new_page(),
+                          limited.base_url, shots)
+        page = session.page
+        await page.goto(f"{limited.base_url}/dashboard/#/overview")
+        dialog = page.locator("#token-dialog")
+        await dialog.wait_for()
+        await page.keyboard.press("Escape")
+        await session.rendered()
+        await page.click("#nav a[data-view=memories]")
+        await dialog.wait_for()
+        await page.fill("#token-input", NEWCOMER_TOKEN)
+        await page.click("#token-submit")
+        # The owner was looked up at load only: it stayed "default", which the token does
+        # not reach, and the view said 403.
+        view = page.locator("section.view-memories[aria-busy=false]")
+        await view.locator("h1 small:text-is('newcomer / coach')").wait_for()
+        assert await page.locator("#owner-user").input_value() == "newcomer"
+        assert await view.locator(".error").count() == 0
+        await page.context.close()
 
 
 async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(

@@ -19,6 +19,14 @@ let tokenPrompt = null;
 // Set when the user dismissed the dialog: calls fail at once until the user moves on.
 let declined = false;
 
+// Told each time the user gives a token in the dialog (it may reach other owners).
+let tokenGiven = () => {};
+
+/** Calls `listener` each time the user gives a token in the dialog. */
+export function onTokenGiven(listener) {
+  tokenGiven = listener;
+}
+
 /** Lets the next call that needs the token ask for it again (after the user navigates). */
 export function askTokenAgain() {
   declined = false;
@@ -39,6 +47,7 @@ function askToken(rejected) {
       tokenPrompt = null;
       declined = !given;
       resolve(given);
+      if (given) tokenGiven();
     }, { once: true });
   });
   dialog.returnValue = "";

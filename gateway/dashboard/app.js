@@ -1,6 +1,6 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
-import { api, askTokenAgain } from "./api.js";
+import { api, askTokenAgain, onTokenGiven } from "./api.js";
 import { h, errorBox } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as owners from "./views/owners.js";
@@ -138,4 +138,16 @@ window.addEventListener("hashchange", () => {
   render();
 });
 if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
-loadOwners().then(render);
+// A token given after the first lookup (the dialog was dismissed at load, or the token
+// rejected since) may act for another owner: look again, and show the view as that owner's.
+let looked = false;
+onTokenGiven(async () => {
+  if (!looked) return;
+  const was = owner;
+  await loadOwners();
+  if (owner.user_id !== was.user_id || owner.agent_id !== was.agent_id) render();
+});
+loadOwners().then(() => {
+  looked = true;
+  render();
+});
