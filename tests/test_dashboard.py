@@ -1201,6 +1201,33 @@ async def test_a_link_to_the_dashboard_on_another_site_opens_it(ui: Session) -> 
     assert await ui.page.locator("tr[data-service=gateway] .health").inner_text() == "serving"
 
 
+async def test_a_server_that_cannot_be_reached_is_named_and_the_view_recovers_by_itself(
+    browser: Browser, stack: Stack, shots: Path, api: Api
+) -> None:
+    await api.add("Written before the network dropped.", _user())
+    session = await _session(browser, stack, shots, token=True)
+    page = session.page
+
+    def to_the_server(url: str) -> bool:
+        return "/api/" in url
+
+    # The network drops every call, as with the gateway stopped ("Failed to fetch").
+    await page.route(to_the_server, lambda route: route.abort())
+    await page.goto(f"{stack.base_url}/dashboard/#/overview")
+    box = page.locator("#unreachable")
+    await box.wait_for()
+    assert f"cannot be reached at {stack.base_url}" in await box.inner_text()
+    assert await box.locator("#retry").is_visible()
+    await session.shot("unreachable")
+    # It is back: the view renders again without a click (it said "Failed to fetch" for good).
+    await page.unroute(to_the_server)
+    await page.locator("[data-stat=mode] .card-value:text-is('lite')").wait_for()
+    assert await box.count() == 0
+    # The owners could not be read at load: they are read now.
+    assert await page.locator("#owner-users option").count() > 0
+    await page.context.close()
+
+
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

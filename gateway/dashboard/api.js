@@ -12,6 +12,22 @@ export class ApiError extends Error {
   }
 }
 
+/** The server did not answer at all: it is stopped or restarting, or the network is down. */
+export class Unreachable extends Error {
+  constructor() {
+    super(`The HyAtlas server cannot be reached at ${window.location.origin}: it may be stopped or restarting, or the network is down`);
+    this.name = "Unreachable";
+  }
+}
+
+// How many calls found the server unreachable, ever: a render that raised it lost some of its data.
+let unreachable = 0;
+
+/** How many calls have found the server unreachable since the page loaded. */
+export function unreachableCalls() {
+  return unreachable;
+}
+
 const TOKEN_TEXT = "This server needs its access token (HYATLAS_TOKEN). It is kept for this browser tab only.";
 const NO_TOKEN = "No access token given: reload the page, or open another view, to enter it";
 
@@ -56,6 +72,17 @@ function askToken(rejected) {
   return tokenPrompt;
 }
 
+/** fetch, with a failure to reach the server (fetch's TypeError) as Unreachable. */
+async function reach(url, init) {
+  try {
+    return await fetch(url, init);
+  } catch (error) {
+    if (!(error instanceof TypeError)) throw error;
+    unreachable += 1;
+    throw new Unreachable();
+  }
+}
+
 /** Sends one request with the tab's token, asking for it again on a 401; the reply otherwise.
  * `body` goes as it is (a string, or a File, which is read again for a second try). */
 async function send(path, { method = "GET", body, query, accept = "application/json", type = "application/json" } = {}) {
@@ -68,13 +95,7 @@ async function send(path, { method = "GET", body, query, accept = "application/j
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
     if (body !== undefined) headers["Content-Type"] = type;
-    const reply = await fetch(url, {
-      method,
-      headers,
-      body,
-      credentials: "omit",
-      cache: "no-store",
-    });
+    const reply = await reach(url, { method, headers, body, credentials: "omit", cache: "no-store" });
     if (reply.status !== 401) return reply;
     if (token) sessionStorage.removeItem(TOKEN_KEY);
     if (!declined && (await askToken(Boolean(token)))) continue;

@@ -1,6 +1,6 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
-import { api, askTokenAgain, onTokenGiven } from "./api.js";
+import { api, askTokenAgain, onTokenGiven, Unreachable, unreachableCalls } from "./api.js";
 import { h, errorBox } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as owners from "./views/owners.js";
@@ -23,7 +23,14 @@ function savedOwner() {
 
 let owner = savedOwner() || { user_id: "default", agent_id: "" };
 let knownOwners = [];
+// Whether the owners were read (not so when the server could not be reached at load).
+let ownersRead = false;
 let renderSeq = 0;
+// A view that could not reach the server renders again by itself, waiting longer each time.
+const RETRY_FIRST_S = 2;
+const RETRY_MOST_S = 30;
+let retryS = RETRY_FIRST_S;
+let retryTimer = null;
 // Tells a watcher (and the browser tests) that a render finished: this load's id and a counter.
 const loadId = Math.random().toString(36).slice(2);
 
@@ -54,16 +61,40 @@ async function render() {
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
   };
+  clearTimeout(retryTimer);
+  const failures = unreachableCalls();
   try {
     await VIEWS[name].render(section, ctx);
   } catch (error) {
-    if (seq === renderSeq) section.append(errorBox(error, "This view could not load"));
+    // The box below says when the server cannot be reached.
+    if (seq === renderSeq && !(error instanceof Unreachable)) section.append(errorBox(error, "This view could not load"));
   } finally {
     if (seq === renderSeq) {
+      retryIfUnreachable(section, unreachableCalls() > failures);
       section.setAttribute("aria-busy", "false");
       document.documentElement.dataset.rendered = `${loadId}:${seq}`;
     }
   }
+}
+
+/** After a render that could not reach the server, says so over the view and renders it again
+ * after a wait (doubling up to RETRY_MOST_S), or at once with "Try again now". */
+function retryIfUnreachable(section, failed) {
+  if (!failed) {
+    retryS = RETRY_FIRST_S;
+    return;
+  }
+  section.prepend(h("div", { class: "error", role: "alert", id: "unreachable" },
+    `${new Unreachable().message}. Trying again in ${retryS} s. `,
+    h("button", { type: "button", id: "retry", onclick: retry }, "Try again now")));
+  retryTimer = setTimeout(retry, retryS * 1000);
+  retryS = Math.min(retryS * 2, RETRY_MOST_S);
+}
+
+/** Renders the view again, reading the owners first if they could not be read at load. */
+async function retry() {
+  if (!ownersRead) await loadOwners();
+  await render();
 }
 
 /** Fills the owner fields' suggestions: every user, and the agents of the chosen one. */
@@ -118,6 +149,7 @@ async function tokenOwner() {
 async function loadOwners() {
   try {
     knownOwners = (await api("/api/v1/owners")).users;
+    ownersRead = true;
   } catch {
     knownOwners = [];  // the views say what is wrong; the picker just offers nothing
   }
