@@ -515,6 +515,11 @@ async def test_forget_then_restore_from_the_detail_view_change_state_through_the
     assert await ui.page.locator("#forget-confirm").is_visible()
     await ui.page.click("#cancel-forget")
     assert "invalid_at" not in await api.memory(memory_id, user)
+    # Escape answers Cancel too, and gives the focus back to the button that asked.
+    await ui.page.click("#forget")
+    await ui.page.keyboard.press("Escape")
+    await ui.page.locator("#forget:focus").wait_for()
+    assert not await ui.page.locator("#forget-confirm").is_visible()
     await ui.page.click("#forget")
     await ui.act(ui.page.click("#confirm-forget"))
     await ui.page.locator("#memory-detail[data-status=retired]").wait_for()

@@ -83,17 +83,21 @@ export function facts(pairs) {
   return h("dl", { class: "facts" }, pairs.filter(Boolean).map(([k, v]) => [h("dt", null, k), h("dd", null, v === "" || v === null || v === undefined ? "—" : v)]));
 }
 
-/** A button that asks first: the question with Yes / Cancel replaces it until answered. */
+/** A button that asks first: the question with Yes / Cancel replaces it until answered; Cancel
+ * or Escape puts the button back, focused. */
 export function confirmed(id, label, cls, question, yes, onYes) {
   const button = h("button", { type: "button", id, class: cls }, label);
-  const ask = h("span", { class: "confirm", id: `${id}-confirm`, hidden: true }, `${question} `,
+  const cancel = () => { ask.hidden = true; button.hidden = false; button.focus(); };
+  const no = h("button", { type: "button", id: `cancel-${id}`, onclick: cancel }, "Cancel");
+  const ask = h("span", { class: "confirm", id: `${id}-confirm`, hidden: true, onkeydown: (e) => { if (e.key === "Escape") cancel(); } },
+    `${question} `,
     h("button", { type: "button", id: `confirm-${id}`, class: cls, onclick: async (e) => {
       e.target.disabled = true;
       if (!(await onYes())) e.target.disabled = false;
     } }, yes),
-    " ",
-    h("button", { type: "button", id: `cancel-${id}`, onclick: () => { ask.hidden = true; button.hidden = false; } }, "Cancel"));
-  button.addEventListener("click", () => { button.hidden = true; ask.hidden = false; });
+    " ", no);
+  // The question takes the focus (on its safe answer), so that Escape reaches it.
+  button.addEventListener("click", () => { button.hidden = true; ask.hidden = false; no.focus(); });
   return [button, ask];
 }
 
