@@ -277,6 +277,8 @@ async def test_overview_shows_the_counts_status_reports(ui: Session, api: Api) -
     assert unextracted.replace(",", "") == str(status["unextracted"])
     total = await page.locator("[data-stat=total] .card-value").inner_text()
     assert total.replace(",", "") == str(status["vdb_points"])
+    assert await page.locator("[data-stat=total] .card-detail").inner_text() == "all owners"
+    assert await page.locator("#layers h2 small").inner_text() == "live rows, all owners"
     consolidation = page.locator("[data-stat=consolidation]")
     assert "no slow path" in await consolidation.inner_text()
     assert await page.locator("[data-stat=data_bytes]").inner_text() != ""
@@ -1293,6 +1295,10 @@ async def test_a_token_for_one_user_opens_on_that_user_before_it_has_any_memory(
         assert await page.locator("#owner-user").input_value() == "newcomer"
         assert await page.locator("#owner-agent").input_value() == "coach"
         assert await page.locator("#writes .error").count() == 0
+        # The counts are the token's owners', and say so (they said "all owners").
+        reaches = "owners this token reaches"
+        assert await page.locator("[data-stat=total] .card-detail").inner_text() == reaches
+        assert await page.locator("#layers h2 small").inner_text() == f"live rows, {reaches}"
         await session.shot("limited-token-overview")
         await context.close()
 

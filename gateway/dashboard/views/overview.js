@@ -17,6 +17,12 @@ function lastConsolidation(status) {
   return ["never yet", "the ultra consolidation pass has not run"];
 }
 
+/** Whose rows the status counts: the whole server's for a token reaching every owner (the
+ * server's own counts come with them), else the owners the token reaches. */
+function counted(status) {
+  return status.writes === undefined ? "owners this token reaches" : "all owners";
+}
+
 function statusCards(status) {
   const [consolidated, consolidatedDetail] = lastConsolidation(status);
   return h("div", { class: "cards" },
@@ -25,7 +31,7 @@ function statusCards(status) {
     card("embed", "Embedder model", status.embed, status.embed_dims ? `${status.embed_dims} dimensions` : ""),
     card("unextracted", "Unextracted", fmtCount(status.unextracted), status.extract_sync),
     card("consolidation", "Last consolidation", consolidated, consolidatedDetail),
-    card("total", "Live memories", fmtCount(status.vdb_points), "all owners"),
+    card("total", "Live memories", fmtCount(status.vdb_points), counted(status)),
     card("pipeline", "Write pipeline", status.write_pipeline,
       // The whole server's counts: not given to a token reaching only some owners.
       status.writes === undefined ? "" : `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start`),
@@ -58,8 +64,9 @@ export async function render(root, ctx) {
   if (status.status === "fulfilled") statusBox.append(statusCards(status.value));
   else statusBox.append(errorBox(status.reason));
 
-  const layersBox = h("section", { class: "panel", id: "layers" }, h("h2", null, "Layers ", h("small", null, "live rows, all owners")));
+  const layersBox = h("section", { class: "panel", id: "layers" }, h("h2", null, "Layers"));
   if (status.status === "fulfilled") {
+    layersBox.firstChild.append(" ", h("small", null, `live rows, ${counted(status.value)}`));
     layersBox.append(layerBars(status.value.layers || {}));
     const total = Object.values(status.value.layers || {}).reduce((a, b) => a + b, 0);
     if (total === 0) layersBox.append(h("p", { class: "muted" }, "No memories yet: every POST /api/v1/add stores a raw (L2) row; pro and ultra derive the other layers from it."));
