@@ -1017,18 +1017,23 @@ async def test_owners_view_lists_users_and_agents_and_opens_one(
     await api.add("From the phone.", user, agent_id="phone")
     await api.add("From the laptop.", user, agent_id="laptop")
     await api.add("Also from the laptop.", user, agent_id="laptop")
+    await api.add("From no agent at all.", user)
     # A new tab with no owner chosen opens on the most recently written user, not `default`.
     fresh = await _session(browser, stack, shots, token=True)
     await fresh.open("memories")
     assert await fresh.page.locator("#owner-user").input_value() == user
-    assert len(await _memory_ids(fresh)) == 3
+    assert len(await _memory_ids(fresh)) == 4
     await fresh.page.context.close()
 
     await ui.open("owners")
     row = ui.page.locator(f"tr[data-user='{user}'][data-agent=laptop]")
     assert await row.locator(".live").inner_text() == "2"
     everyone = ui.page.locator(f"tr[data-user='{user}'][data-agent='']")
-    assert await everyone.locator(".live").inner_text() == "3"
+    assert await everyone.locator(".live").inner_text() == "4"
+    # The row written with no agent has its own line (it was left out of the agents').
+    alone = ui.page.locator(f"tr.no-agent[data-user='{user}']")
+    assert "(no agent)" in await alone.inner_text()
+    assert await alone.locator(".live").inner_text() == "1"
     await ui.shot("owners")
     await ui.page.set_viewport_size(PHONE)  # rows become cards: nothing wider than a phone
     assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]

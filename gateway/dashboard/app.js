@@ -103,7 +103,9 @@ function suggestOwners() {
   const agents = document.getElementById("owner-agents");
   users.replaceChildren(...knownOwners.map((u) => h("option", { value: u.user_id }, `${u.live} live`)));
   const chosen = knownOwners.find((u) => u.user_id === document.getElementById("owner-user").value.trim());
-  agents.replaceChildren(...(chosen ? chosen.agents : []).map((a) => h("option", { value: a.agent_id }, `${a.live} live`)));
+  // An empty field already means every agent: rows written with none are not offered apart.
+  const named = (chosen ? chosen.agents : []).filter((a) => a.agent_id !== "");
+  agents.replaceChildren(...named.map((a) => h("option", { value: a.agent_id }, `${a.live} live`)));
 }
 
 function pickOwner(next, hash) {

@@ -65,18 +65,35 @@ async function exportOwner(button, userId, agentId) {
   }
 }
 
+function counts(entry) {
+  return [
+    h("td", { class: "num live" }, fmtCount(entry.live)),
+    h("td", { class: "num retired" }, fmtCount(entry.retired)),
+    h("td", { class: "when" }, fmtTime(entry.last_write_at)),
+  ];
+}
+
+/** A user's row (`agentId` "": every agent of theirs) or one agent's, with Open and Export. */
 function ownerRow(ctx, userId, entry, agentId) {
   const current = ctx.owner.user_id === userId && ctx.owner.agent_id === agentId;
   return h("tr", { class: agentId === "" ? "owner-user" : "owner-agent", "data-user": userId, "data-agent": agentId },
     h("td", null, agentId === "" ? h("strong", null, userId) : ""),
-    h("td", null, agentId === "" ? h("span", { class: "muted" }, "all agents") : (entry.agent_id || h("span", { class: "muted" }, "(no agent)"))),
-    h("td", { class: "num live" }, fmtCount(entry.live)),
-    h("td", { class: "num retired" }, fmtCount(entry.retired)),
-    h("td", { class: "when" }, fmtTime(entry.last_write_at)),
+    h("td", null, agentId === "" ? h("span", { class: "muted" }, "all agents") : entry.agent_id),
+    counts(entry),
     h("td", null, current
       ? h("span", { class: "muted" }, "shown")
       : h("button", { type: "button", class: "pick", onclick: () => ctx.setOwner({ user_id: userId, agent_id: agentId }, "#/memories") }, "Open")),
     h("td", null, h("button", { type: "button", class: "export", onclick: (e) => exportOwner(e.currentTarget, userId, agentId) }, "Export")));
+}
+
+/** The rows written with no agent: counted, but they open and export with the user's (an
+ * agent "" asks for every agent). */
+function noAgentRow(userId, entry) {
+  return h("tr", { class: "owner-agent no-agent", "data-user": userId },
+    h("td", null, ""),
+    h("td", null, h("span", { class: "muted" }, "(no agent)")),
+    counts(entry),
+    h("td", { colspan: 2, class: "muted" }, "with all agents"));
 }
 
 export async function render(root, ctx) {
@@ -97,8 +114,7 @@ export async function render(root, ctx) {
     h("table", { class: "owners", id: "owners-table" },
       h("thead", null, h("tr", null, h("th", null, "User"), h("th", null, "Agent"), h("th", null, "Live"), h("th", null, "Retired"), h("th", null, "Last write"), h("th", null, ""), h("th", null, ""))),
       h("tbody", null, users.map((user) => [
-        // "" agent = every agent of the user; an agent literally named "" is shown as (no agent).
         ownerRow(ctx, user.user_id, user, ""),
-        user.agents.filter((a) => a.agent_id !== "").map((a) => ownerRow(ctx, user.user_id, a, a.agent_id)),
+        user.agents.map((a) => a.agent_id === "" ? noAgentRow(user.user_id, a) : ownerRow(ctx, user.user_id, a, a.agent_id)),
       ]))));
 }
