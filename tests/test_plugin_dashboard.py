@@ -81,3 +81,29 @@ async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_re
         assert "Recent note number 0" in await rows.last.inner_text()
         assert await page.get_by_role("button", name="Show 30 more").count() == 0
         await page.close()
+
+
+async def test_recent_pages_by_the_cursor_so_rows_retired_between_pages_hide_none(
+    tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser
+) -> None:
+    user = "u-recent-cursor"
+    for i in range(45):
+        gateway(stack, "POST", "/api/v1/add", {"text": f"Cursor note number {i}", "user_id": user})
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
+    with hermes_dashboard(hermes_python, home) as url:
+        page = await browser.new_page()
+        await page.goto(url + "/hyatlas")
+        await page.locator(".hyatlas-count").get_by_text("Showing 30 of 45 memories").wait_for()
+        # Five rows of the first page are deleted before the next is asked for: by offset, the
+        # next page started 30 rows into the 40 left and skipped the five that moved up.
+        newest = gateway(stack, "POST", "/api/v1/list", {"user_id": user, "limit": 5})
+        for memory in newest["memories"]:
+            gateway(stack, "POST", "/api/v1/delete_all",
+                    {"id": memory["memory_id"], "user_id": user})
+        await page.get_by_role("button", name="Show 30 more").click()
+        rows = page.locator(".hyatlas-count + ul > li.hyatlas-row")
+        await rows.nth(44).wait_for()
+        shown = {text.rsplit(" ", 1)[-1] for text in await rows.all_inner_texts()}
+        assert shown == {str(i) for i in range(45)}
+        assert await page.get_by_role("button", name="Show 30 more").count() == 0
+        await page.close()

@@ -88,12 +88,18 @@ def search(
 def recent(
     layer: str = "",
     limit: int = Query(20, ge=1, le=200),
-    offset: int = Query(0, ge=0),
+    before: str = "",
     include_raw: bool = True,
     user_id: str = "",
     agent_id: str = "",
 ) -> Any:
-    """The newest memories from offset on, with the total (the gateway's /api/v1/list)."""
+    """The newest memories, after the row `before` names (a page's next_before), with the total
+    (the gateway's /api/v1/list) and `more`: whether older rows are left."""
     client, owner = _context(user_id, agent_id)
-    return _call(client.recent, limit=limit, offset=offset, layer=_check_layer(layer),
-                 include_raw=include_raw, **owner)
+    query = {"layer": _check_layer(layer), "include_raw": include_raw, **owner}
+    body = _call(client.recent, limit=limit, before=before, **query)
+    cursor = body.get("next_before", "")
+    # Asked, not counted: rows written or retired between pages make the total no guide.
+    full = cursor and len(body.get("memories", [])) == limit
+    body["more"] = bool(full and _call(client.recent, limit=1, before=cursor, **query)["memories"])
+    return body

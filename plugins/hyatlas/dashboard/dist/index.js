@@ -88,37 +88,33 @@
   function Recent() {
     const [rows, setRows] = React.useState([]);
     const [total, setTotal] = React.useState(null);
+    // The list's cursor after the last row shown, while older rows are left.
+    const [next, setNext] = React.useState("");
     const [loading, setLoading] = React.useState(true);
     const [error, setError] = React.useState("");
-    function load(offset) {
+    function load(before) {
       setLoading(true);
-      api("/recent?limit=" + RECENT_PAGE + "&offset=" + offset).then(function (b) {
-        setRows(function (old) {
-          // Writes since the last page shift it: a row already shown is not shown twice.
-          const kept = old.slice(0, offset);
-          const shown = new Set(kept.map(function (m) { return m.memory_id; }));
-          return kept.concat((b.memories || []).filter(function (m) {
-            return !shown.has(m.memory_id);
-          }));
-        });
+      // Paged by the list's cursor: rows written or retired meanwhile neither repeat nor skip.
+      const after = before ? "&before=" + encodeURIComponent(before) : "";
+      api("/recent?limit=" + RECENT_PAGE + after).then(function (b) {
+        setRows(function (old) { return (before ? old : []).concat(b.memories || []); });
         setTotal(typeof b.total === "number" ? b.total : null);
+        setNext(b.more ? b.next_before : "");
       }).catch(function (e) { setError(String(e)); })
         .finally(function () { setLoading(false); });
     }
-    React.useEffect(function () { load(0); }, []);
+    React.useEffect(function () { load(""); }, []);
     if (error) return h("p", { className: "hyatlas-error" }, error);
     // Never a silent cut: the count says how many rows exist beyond the ones shown.
-    const more = total === null ? rows.length % RECENT_PAGE === 0 && rows.length > 0
-      : rows.length < total;
-    const count = total === null ? rows.length + (more ? "+" : "") : rows.length + " of " + total;
+    const count = total === null ? rows.length + (next ? "+" : "") : rows.length + " of " + total;
     return h("div", null,
       h("p", { className: "hyatlas-count" }, loading && !rows.length ? "Loading…"
         : "Showing " + count + " memories, newest first"),
       h("ul", null, rows.map(function (m) {
         return h(MemoryRow, { key: m.memory_id, memory: m });
       })),
-      more && h("button", { type: "button", disabled: loading,
-        onClick: function () { load(rows.length); } }, "Show " + RECENT_PAGE + " more"));
+      next && h("button", { type: "button", disabled: loading,
+        onClick: function () { load(next); } }, "Show " + RECENT_PAGE + " more"));
   }
 
   function Section(props) {
