@@ -92,6 +92,21 @@ def current_grant() -> Grant | None:
     return CURRENT_GRANT.get()
 
 
+def reaches_everyone() -> bool:
+    """Whether the call being served may see or act on every owner: its grant reaches them all,
+    or it is a service's own work (no grant)."""
+    grant = current_grant()
+    return grant is None or grant.unrestricted
+
+
+def check_everyone(what: str) -> None:
+    """Refuses `what` (an operation on, or figures of, every owner) to a call whose grant
+    reaches only some owners."""
+    grant = current_grant()
+    if grant is not None:
+        grant.check_everyone(what)
+
+
 def service_context() -> contextvars.Context:
     """A copy of the current context without the caller's grant: for background work a call
     starts that serves the owner, not the caller (an alias group's Now page)."""

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from shared.addresses import balancing, channel_target, unix_path
 from shared.errors import ServiceError, error_for_status
-from shared.grants import CURRENT_GRANT, Grant
+from shared.grants import CURRENT_GRANT, Grant, check_everyone
 from shared.limits import MAX_MESSAGE_BYTES
 from shared.pb import introspect_pb2, introspect_pb2_grpc
 
@@ -167,14 +167,18 @@ class _Introspect(introspect_pb2_grpc.IntrospectServicer):
     def __init__(self, meter: _RpcMeter) -> None:
         self._meter = meter
 
+    @grpc_errors
     async def GetRpcCounts(
         self, request: introspect_pb2.GetRpcCountsRequest, context: grpc.aio.ServicerContext
     ) -> introspect_pb2.GetRpcCountsResponse:
+        check_everyone("the service's call counts")
         return introspect_pb2.GetRpcCountsResponse(counts=self._meter.counts())
 
+    @grpc_errors
     async def GetMetrics(
         self, request: introspect_pb2.GetMetricsRequest, context: grpc.aio.ServicerContext
     ) -> introspect_pb2.GetMetricsResponse:
+        check_everyone("the service's metrics")
         text = prometheus_client.generate_latest(self._meter.registry).decode("utf-8")
         return introspect_pb2.GetMetricsResponse(text=text)
 

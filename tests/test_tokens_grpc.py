@@ -3,6 +3,7 @@ beyond loopback without a token stops a start."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.error
@@ -17,7 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.errors import ConfigError
 from shared.grants import Grant
-from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.pb import common_pb2, introspect_pb2, introspect_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.settings import Settings
 from tests.support import ROOT, Stack, base_env, free_port, grpc_serving, running_stack
 
@@ -138,6 +139,124 @@ def test_a_grant_for_some_owners_takes_no_lease_and_sees_no_store_wide_count(
                                timeout=30).HasField("vectors")
         assert store.Flush(store_pb2.FlushRequest(), metadata=token, timeout=30).HasField(
             "vectors")
+
+
+TOKEN = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+AS_CAROL = (*TOKEN, ("x-hyatlas-grant", Grant.build(
+    "carol-app", ["grpc-carol"], ["*"], ["read", "write"]).header()))
+
+
+def _imported(store: store_pb2_grpc.StoreStub, user: str, *rows: dict[str, object]) -> None:
+    """Imports rows for user as a caller holding carol's grant (an import may name any id)."""
+    lines = [store_pb2.ImportLine(line=n, json=json.dumps(
+        {"type": "memory", "memory": {"user_id": user, **row}})) for n, row in enumerate(rows, 1)]
+    reply = store.ImportRows(store_pb2.ImportRowsRequest(
+        scope=common_pb2.Scope(user_id=user), lines=lines), metadata=AS_CAROL, timeout=60)
+    assert not reply.errors, reply.errors
+
+
+def _added(store: store_pb2_grpc.StoreStub, user: str, text: str, **fields: object) -> str:
+    reply = store.Apply(store_pb2.ApplyRequest(
+        scope=common_pb2.Scope(user_id=user), actor="api", ops=[store_pb2.Op(
+            insert=store_pb2.NewMemory(owner=common_pb2.Owner(user_id=user),
+                                       layer=common_pb2.L3_FACT, content=text, **fields))]),
+        metadata=TOKEN, timeout=30)
+    return reply.memories[0].id  # type: ignore[no-any-return]
+
+
+def test_a_row_another_user_named_as_its_replacement_shows_nothing_of_theirs(
+    tcp_stack: Stack,
+) -> None:
+    # An import may write any id in superseded_by or metadata.mirror_of: the row named there is
+    # another user's, which neither side may see or depend on.
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        bob = _added(store, "grpc-bob", "Bob's blood test results are pending")
+        _imported(store, "grpc-carol", {
+            "id": "carol-older", "content": "PLANTED BY CAROL", "layer": "l3_fact",
+            "status": "retired", "superseded_how": "replaced", "superseded_by": bob,
+            "invalid_at": 1796600000,
+        }, {
+            "id": "carol-mirror", "content": "likes tea", "layer": "l1_profile",
+            "status": "retired", "superseded_how": "replaced", "invalid_at": 1796600000,
+            "metadata": {"mirror_of": bob},
+        })
+        body = json.dumps({"query": "blood test results pending", "user_id": "grpc-bob"})
+        request = urllib.request.Request(tcp_stack.base_url + "/api/v1/search",
+                                         data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            found = json.loads(reply.read())["memories"]["normal"]
+        assert [m["content"] for m in found] == ["Bob's blood test results are pending"]
+        assert "PLANTED BY CAROL" not in json.dumps(found)
+
+        def restore(row: str) -> None:
+            store.Apply(store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
+                ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=row))]),
+                metadata=AS_CAROL, timeout=30)
+
+        restore("carol-older")  # bob's live row is no replacement of carol's
+        with pytest.raises(grpc.RpcError) as refused:
+            restore("carol-mirror")
+        assert f"it mirrors preference fact {bob!r}, which is deleted" in (
+            refused.value.details() or "")
+
+
+def test_an_update_condition_on_another_users_row_is_not_found_whatever_it_guesses(
+    tcp_stack: Stack,
+) -> None:
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        bob = _added(store, "grpc-bob", "Bob's PIN is 4711")
+        for guess in ("Bob's PIN is 4711", "Bob's PIN is 1234"):
+            with pytest.raises(grpc.RpcError) as refused:
+                store.Apply(store_pb2.ApplyRequest(
+                    scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
+                    ops=[store_pb2.Op(update=store_pb2.UpdateOp(
+                        id=bob, hits_delta=1, require=store_pb2.Unchanged(content=guess)))]),
+                    metadata=AS_CAROL, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND, guess
+
+
+def test_an_id_erased_then_imported_by_another_user_carries_none_of_the_old_history(
+    tcp_stack: Stack,
+) -> None:
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        _added(store, "grpc-bob", "Bob's old address", id="reused-id")
+        store.Apply(store_pb2.ApplyRequest(
+            scope=common_pb2.Scope(user_id="grpc-bob"), actor="api",
+            ops=[store_pb2.Op(delete=store_pb2.DeleteOp(id="reused-id"))]),
+            metadata=TOKEN, timeout=30)
+        _imported(store, "grpc-carol", {"id": "reused-id", "content": "Carol's own note"})
+        carol = common_pb2.Scope(user_id="grpc-carol")
+        history = store.GetHistory(store_pb2.GetHistoryRequest(scope=carol, id="reused-id"),
+                                   metadata=AS_CAROL, timeout=30)
+        assert [e.action for e in history.entries] == ["insert"]
+        page = store.ExportPage(store_pb2.ExportPageRequest(scope=carol), metadata=AS_CAROL,
+                                timeout=30)
+        exported = [json.loads(line) for line in page.lines]
+        assert "Bob's old address" not in json.dumps(exported)
+        (line,) = [e for e in exported if e["memory"]["id"] == "reused-id"]
+        assert [e["action"] for e in line["history"]] == ["insert"]
+
+
+def test_a_grant_for_some_owners_sees_no_store_wide_figures(tcp_stack: Stack) -> None:
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        every = common_pb2.Scope(all_users=True)
+        assert store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=TOKEN,
+                              timeout=30).db_bytes > 0
+        assert store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=AS_CAROL,
+                              timeout=30).db_bytes == 0
+        introspect = introspect_pb2_grpc.IntrospectStub(channel)
+        for call, request in ((introspect.GetMetrics, introspect_pb2.GetMetricsRequest()),
+                              (introspect.GetRpcCounts, introspect_pb2.GetRpcCountsRequest())):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, metadata=AS_CAROL, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            call(request, metadata=TOKEN, timeout=30)
 
 
 def test_reflection_on_tcp_needs_the_service_token(tcp_stack: Stack) -> None:

@@ -14,7 +14,7 @@ from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
-from shared.grants import current_grant
+from shared.grants import reaches_everyone
 from shared.pb import extractor_pb2, store_pb2
 from shared.redact import redact_url
 
@@ -42,11 +42,12 @@ async def _llm_status(request: web.Request) -> extractor_pb2.GetLlmStatusRespons
         return None
 
 
-def reembed_status(job: store_pb2.Reembed, whole_server: bool) -> dict[str, Any]:
+def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
     """A re-embed in progress: searches use the model in `embed` until it is done. Its counts
-    (and its error) are the whole store's: only for a token reaching every owner."""
+    (and its error) are the whole store's: the store leaves them out for a token reaching only
+    some owners."""
     shown: dict[str, Any] = {"to_model": job.to_model_id, "state": job.state}
-    if whole_server:
+    if job.HasField("total"):
         shown.update(done=job.done, total=job.total, error=job.error)
     return shown
 
@@ -68,10 +69,9 @@ async def status(request: web.Request) -> web.Response:
     else:  # the extractor owns the LLM's state; the gateway does not guess it
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
     extras: dict[str, Any] = {}
-    grant = current_grant()
-    whole_server = grant is None or grant.unrestricted
+    whole_server = reaches_everyone()
     if stats.HasField("reembed"):
-        extras["reembed"] = reembed_status(stats.reembed, whole_server)
+        extras["reembed"] = reembed_status(stats.reembed)
     if stats.model_problem:
         extras["embed_problem"] = stats.model_problem
     # The whole server's counts: not for a token reaching some owners.

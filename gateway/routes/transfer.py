@@ -20,7 +20,7 @@ from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
 from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge
 from shared.export_format import cut_short, header, header_model
-from shared.grants import current_grant
+from shared.grants import reaches_everyone
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.pb import common_pb2, store_pb2
 
@@ -45,10 +45,9 @@ def _export_scope(request: web.Request) -> common_pb2.Scope:
     user_id, agent_id = params.string("user_id"), params.string("agent_id")
     if user_id:
         return owner_scope(user_id, agent_id)
-    grant = current_grant()
     # A token that reaches only some owners exports those (the store narrows every owner to
     # its grant); every owner of the server is HYATLAS_ADMIN's to allow.
-    if (grant is None or grant.unrestricted) and not request.app[CONFIG].admin:
+    if reaches_everyone() and not request.app[CONFIG].admin:
         raise PermissionDenied(EVERY_OWNER)
     return common_pb2.Scope(all_users=True, agent_id=agent_id)
 

@@ -29,6 +29,7 @@ from services.store.core import (
     DEFAULT_ACTOR,
     Core,
     Write,
+    owned,
     retired_fields,
     target,
 )
@@ -296,6 +297,8 @@ async def _live_successor(w: Write, row: MemoryRow) -> MemoryRow | None:
     seen = {row.id}
     while row.superseded_by and row.superseded_by not in seen:
         successor = await w.tx.get(row.superseded_by)
+        if successor is not None and not w.same_person(row.user_id, successor.user_id):
+            return None  # another person's row (an import may name any id): as if erased
         if successor is None or successor.status == ACTIVE:
             return successor
         seen.add(successor.id)
@@ -305,6 +308,8 @@ async def _live_successor(w: Write, row: MemoryRow) -> MemoryRow | None:
 
 async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
     w = run.write
+    # Before the conditions: what they say of a row outside the reach would tell its text.
+    await _not_out_of_reach(w, run.reach, op.id)
     if op.require is not None and not await _unchanged(w, op.id, op.require):
         raise Conflict(
             f"op {i}: memory {op.id!r} was retired, edited or given tombstones since it was read"
@@ -331,6 +336,14 @@ async def _live(w: Write, memory_id: str) -> MemoryRow | None:
     caller read it)."""
     row = await w.tx.get(memory_id)
     return row if row is not None and row.status == ACTIVE else None
+
+
+async def _not_out_of_reach(w: Write, reach: Reach, memory_id: str) -> None:
+    """NotFound for a row the reach does not own, as for one that is not there (a row erased
+    meanwhile passes: the op's conditions say what became of it)."""
+    row = await w.tx.get(memory_id)
+    if row is not None:
+        owned(reach, memory_id, row)
 
 
 async def _still_holds(w: Write, memory_id: str, content: str) -> bool:

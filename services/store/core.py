@@ -283,7 +283,11 @@ class Write:
 
 async def target(tx: Writes, reach: Reach, memory_id: str) -> MemoryRow:
     """The row an op names, if the reach owns it."""
-    row = await tx.get(memory_id)
+    return owned(reach, memory_id, await tx.get(memory_id))
+
+
+def owned(reach: Reach, memory_id: str, row: MemoryRow | None) -> MemoryRow:
+    """The row, if it is there and the reach owns it; NotFound either way otherwise."""
     if row is None or not reach.contains(row.user_id, row.agent_id):
         raise NotFound(f"memory {memory_id!r} not found")
     return row

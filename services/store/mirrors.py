@@ -52,6 +52,8 @@ async def mirrored_fact_down(tx: Writes, row: MemoryRow) -> str | None:
     if await _value_live(tx, row, value_key(row.content)):
         return None
     fact = await tx.get(fact_id)
+    if fact is not None and fact.user_id != row.user_id:
+        fact = None  # another user's row (an import may name any id): as if erased
     how = "deleted" if fact is None else fact.superseded_how or "retired"
     return f"it mirrors preference fact {fact_id!r}, which is {how}: restore that instead"
 

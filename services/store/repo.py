@@ -695,15 +695,18 @@ def _quick_connection(db_path: Path) -> sqlite3.Connection:
 
 
 async def replacement_chains(
-    ids: Sequence[str],
+    rows: Sequence[MemoryRow],
     depth: int,
     replacing: Callable[[list[str]], Awaitable[Iterable[Sequence[Any]]]],
 ) -> dict[str, list[MemoryRow]]:
-    """For each id, the rows it replaced (and they in turn replaced), newest first, up to depth
-    steps back; `replacing` gives the rows (columns as _COLUMNS) superseded by any of a list of
-    ids, newest retirement first. A forgotten version is left out (the chain goes on past it)."""
+    """For each row's id, the rows it replaced (and they in turn replaced), newest first, up to
+    depth steps back; `replacing` gives the rows (columns as _COLUMNS) superseded by any of a
+    list of ids, newest retirement first. A forgotten version is left out (the chain goes on
+    past it); a row of another user is not followed (an import may name any id in
+    superseded_by: another user's old text must not show as this row's)."""
     chains: dict[str, list[MemoryRow]] = {}
-    frontier = {memory_id: memory_id for memory_id in ids}
+    owner = {row.id: row.user_id for row in rows}
+    frontier = {row.id: row.id for row in rows}
     for _ in range(depth):
         if not frontier:
             break
@@ -711,6 +714,8 @@ async def replacement_chains(
         for r in await replacing(list(frontier)):
             old = _row(r)
             root = frontier[old.superseded_by]
+            if old.user_id != owner[root]:
+                continue
             chain = chains.setdefault(root, [])
             if all(old.id != seen.id for seen in chain) and old.id != root:
                 if old.superseded_how != FORGOTTEN:
@@ -1410,8 +1415,11 @@ class Repo(SharedReads):
         )
         return {int(r[28]): (_row(r), str(r[27])) for r in rows}
 
-    async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
-        """For each id, the rows it replaced (and they in turn replaced), newest first."""
+    async def replaced_by(
+        self, rows: Sequence[MemoryRow], depth: int = 5
+    ) -> dict[str, list[MemoryRow]]:
+        """For each row's id, the rows of its owner it replaced (and they in turn replaced),
+        newest first."""
 
         async def replacing(frontier: list[str]) -> Iterable[Sequence[Any]]:
             return await self.keyed_read(
@@ -1422,7 +1430,7 @@ class Repo(SharedReads):
                 (json.dumps(frontier),),
             )
 
-        return await replacement_chains(ids, depth, replacing)
+        return await replacement_chains(rows, depth, replacing)
 
     async def turns_followed(
         self, ids: Sequence[str], layers: Sequence[str], gap_s: float

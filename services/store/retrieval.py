@@ -162,7 +162,7 @@ async def annotated(repo: Rows, hits: list[Scored]) -> list[Scored]:
     if not hits:
         return hits
     ids = [hit.memory.id for hit in hits]
-    chains = await repo.replaced_by(ids)
+    chains = await repo.replaced_by([hit.memory for hit in hits])
     followed = await repo.turns_followed(ids, sorted(CONTEXT_LAYERS), NEIGHBOUR_GAP_S)
     if not chains and not followed:
         return hits

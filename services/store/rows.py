@@ -291,8 +291,11 @@ class Rows(Protocol):
         """A page of rows inside a reach, how many rows match in all, and the last one's place."""
         ...
 
-    async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
-        """For each id, the rows it replaced (and they in turn replaced), newest first."""
+    async def replaced_by(
+        self, rows: Sequence[MemoryRow], depth: int = 5
+    ) -> dict[str, list[MemoryRow]]:
+        """For each row's id, the rows of its owner it replaced (and they in turn replaced),
+        newest first."""
         ...
 
     async def turns_followed(

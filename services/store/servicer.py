@@ -33,10 +33,11 @@ from services.store.model import (
     Unchanged,
     Update,
 )
+from services.store.reembed import Progress
 from services.store.store import Store
 from services.store.transfer import GivenVectors
 from shared.errors import Conflict, InvalidArgument
-from shared.grants import current_grant
+from shared.grants import check_everyone, current_grant, reaches_everyone
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
 from shared.limits import check_idempotency_key, check_name
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
@@ -263,6 +264,14 @@ def edge_message(edge: Edge) -> store_pb2.Edge:
     return message
 
 
+def _reembed(progress: Progress, whole: bool) -> store_pb2.Reembed:
+    """A re-embed's progress; its counts and error only for a caller who sees the whole store."""
+    shown = store_pb2.Reembed(to_model_id=progress.to_model_id, state=progress.state)
+    if whole:
+        shown.done, shown.total, shown.error = progress.done, progress.total, progress.error
+    return shown
+
+
 class StoreServicer(store_pb2_grpc.StoreServicer):
     """Serves the Store contract over a domain Store."""
 
@@ -271,13 +280,6 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
 
     def _reach(self, scope: common_pb2.Scope) -> Reach:
         return self._store.reach(scope.user_id, scope.agent_id, scope.all_users, current_grant())
-
-    @staticmethod
-    def _everyone(what: str) -> None:
-        """Refuses a call on every owner to a caller whose grant reaches only some."""
-        grant = current_grant()
-        if grant is not None:
-            grant.check_everyone(what)
 
     @staticmethod
     def _token_name() -> str:
@@ -293,7 +295,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
         if any(isinstance(op, SetState) for op in ops):
             # State values are the server's own (the slow path's clusters and schedule), no owner's.
-            self._everyone("setting server state")
+            check_everyone("setting server state")
         actor = actor_for(request.actor, request.origin, self._token_name())
         rows = await self._store.apply(reach, ops, actor, request.reason, _key(request))
         if isinstance(rows, Replayed):
@@ -392,7 +394,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def TakeSnapshot(
         self, request: store_pb2.TakeSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.TakeSnapshotResponse:
-        self._everyone("a snapshot")
+        check_everyone("a snapshot")
         snapshot = await self._store.snapshot()
         return store_pb2.TakeSnapshotResponse(
             path=str(snapshot.path), size_bytes=snapshot.size_bytes, paused_s=snapshot.paused_s
@@ -491,12 +493,13 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.GetStatsResponse:
         stats = await self._store.stats(self._reach(request.scope))
         progress = await self._store.reembed_progress()
+        whole = reaches_everyone()
         return store_pb2.GetStatsResponse(
             layers=stats.layers,
             total=stats.total,
             unextracted=stats.unextracted,
             retired=stats.retired,
-            db_bytes=stats.db_bytes,
+            db_bytes=stats.db_bytes if whole else 0,
             vectors=stats.vectors,
             model_id=stats.model_id,
             ndim=stats.ndim,
@@ -505,15 +508,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             graph_edges=stats.graph_edges,
             backend=self._store.backend,
             model_problem=self._store.model.mismatch,
-            reembed=store_pb2.Reembed(
-                to_model_id=progress.to_model_id,
-                done=progress.done,
-                total=progress.total,
-                state=progress.state,
-                error=progress.error,
-            )
-            if progress is not None
-            else None,
+            reembed=_reembed(progress, whole) if progress is not None else None,
         )
 
     @grpc_errors
@@ -542,8 +537,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.FlushRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.FlushResponse:
         vectors = await self._store.flush()
-        grant = current_grant()
-        if grant is not None and not grant.unrestricted:
+        if not reaches_everyone():
             return store_pb2.FlushResponse()
         return store_pb2.FlushResponse(vectors=vectors)
 
@@ -564,7 +558,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def GetState(
         self, request: store_pb2.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetStateResponse:
-        self._everyone("reading server state")
+        check_everyone("reading server state")
         values = await self._store.get_state(request.prefix)
         return store_pb2.GetStateResponse(
             values=[store_pb2.StateValue(key=k, value_json=v) for k, v in values]
@@ -574,7 +568,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def ClaimLease(
         self, request: store_pb2.ClaimLeaseRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ClaimLeaseResponse:
-        self._everyone("claiming a lease")
+        check_everyone("claiming a lease")
         lease = await self._store.claim_lease(request.name, request.holder, request.ttl_s)
         return store_pb2.ClaimLeaseResponse(
             granted=lease.granted, holder=lease.holder, expires_at=lease.expires_at
@@ -595,7 +589,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def UndoPass(
         self, request: store_pb2.UndoPassRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.UndoPassResponse:
-        self._everyone("undoing a pass")
+        check_everyone("undoing a pass")
         undone = await self._store.undo_pass(
             request.pass_id, named_actor(request.actor, self._token_name())
         )
@@ -637,7 +631,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.RestateFactsResponse:
         if not 0 < request.threshold <= 1:
             raise InvalidArgument(f"threshold {request.threshold} is outside (0, 1]")
-        self._everyone("restating facts")
+        check_everyone("restating facts")
         found = await self._store.restate_facts(
             request.threshold, request.dry_run, actor_for(request.actor, "")
         )
@@ -650,7 +644,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def CompactRaw(
         self, request: store_pb2.CompactRawRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.CompactRawResponse:
-        self._everyone("compacting raw turns")
+        check_everyone("compacting raw turns")
         actor = named_actor(request.actor, self._token_name())
         found = await self._store.compact_raw(request.dry_run, actor)
         return store_pb2.CompactRawResponse(**dataclasses.asdict(found))

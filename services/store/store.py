@@ -257,16 +257,17 @@ class Store:
         return await leases.claim(self._core, name, holder, ttl_s)
 
     async def history(self, reach: Reach, memory_id: str) -> list[AuditEntry]:
-        """The audit trail of one row; still there after a delete, for the row's owner."""
+        """The audit trail of one row; still there after a delete, for the row's owner. Entries
+        recorded under another user (an erased row's, whose id an import gave a row of theirs)
+        are not this row's."""
         entries = await self._repo.history(memory_id) if memory_id else []
         row = await self._repo.get(memory_id) if memory_id else None
-        if row is not None:
-            owned = reach.contains(row.user_id, row.agent_id)
-        else:
-            owned = bool(entries) and reach.contains(entries[-1][1], entries[-1][2])
-        if not owned:
+        # The row's owner; after a delete, whose its last entry was.
+        last = entries[-1][1:] if entries else None
+        owner = (row.user_id, row.agent_id) if row is not None else last
+        if owner is None or not reach.contains(*owner):
             raise NotFound(f"memory {memory_id!r} not found")
-        return [entry for entry, _, _ in entries]
+        return [entry for entry, user_id, _ in entries if user_id == owner[0]]
 
     async def export_page(
         self, reach: Reach, edges: bool, after: int, limit: int

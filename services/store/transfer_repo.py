@@ -133,9 +133,12 @@ KEYS_OF = (
     "ORDER BY vector IS NULL, key"
 )
 HISTORY_OF = (
-    "SELECT seq, at, actor, action, memory_id, before_json, after_json, reason FROM audit "
-    "WHERE memory_id {among} ORDER BY seq"
+    "SELECT a.seq, a.at, a.actor, a.action, a.memory_id, a.before_json, a.after_json, a.reason "
+    "FROM audit a JOIN memories m ON m.id = a.memory_id AND m.user_id = a.user_id "
+    "WHERE a.memory_id {among} ORDER BY a.seq"
 )
+"""The audit entries of rows, each recorded under the row's user (an erased row's entries stay
+apart from a row of another user an import gave its id)."""
 OWNERS_AMONG = "SELECT id, user_id, agent_id FROM {table} WHERE id {among}"
 
 

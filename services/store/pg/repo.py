@@ -197,8 +197,11 @@ class PgRepo(SharedReads):
         total = await self.db.fetchval(f"SELECT count(*) FROM memories m {_where(where)}", *params)
         return list_page(rows, int(total))
 
-    async def replaced_by(self, ids: Sequence[str], depth: int = 5) -> dict[str, list[MemoryRow]]:
-        """For each id, the rows it replaced (and they in turn replaced), newest first."""
+    async def replaced_by(
+        self, rows: Sequence[MemoryRow], depth: int = 5
+    ) -> dict[str, list[MemoryRow]]:
+        """For each row's id, the rows of its owner it replaced (and they in turn replaced),
+        newest first."""
 
         async def replacing(frontier: list[str]) -> Iterable[Sequence[Any]]:
             return await self.db.fetch(
@@ -208,7 +211,7 @@ class PgRepo(SharedReads):
                 frontier,
             )
 
-        return await replacement_chains(ids, depth, replacing)
+        return await replacement_chains(rows, depth, replacing)
 
     async def turns_followed(
         self, ids: Sequence[str], layers: Sequence[str], gap_s: float
