@@ -42,11 +42,22 @@ _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "'text'")
 
 
 class LlmUnavailable(Unavailable):
-    """Every endpoint failed: an error, an empty reply or a timeout."""
+    """Every endpoint failed for a reason of its own: an error, a timeout, no answer."""
 
 
 class LlmMalformed(ServiceError):
     """The model's reply was not a JSON object, even after the reminder."""
+
+
+class LlmRefused(LlmMalformed):
+    """Every endpoint refused this very request (HTTP 400, 413 or 422: a prompt too long, a
+    content filter) or gave an empty reply: something of the request, not of the server, so
+    it counts a try of the row as a malformed reply does and others are asked meanwhile."""
+
+
+REFUSALS = frozenset({400, 413, 422})
+"""HTTP statuses a model's server gives for the request itself (not for a key, a model
+name or its load): asking again with the same request will fail again."""
 
 
 @dataclass(frozen=True)
@@ -240,14 +251,18 @@ class LlmClient:
     async def complete(self, messages: list[dict[str, str]], schema: ReplySchema) -> str:
         """One completion: each endpoint in turn, and the whole round once more if all fail."""
         errors: list[str] = []
+        refused = True
         for _round in range(2):
             for endpoint in self.endpoints():
                 try:
                     return await self._call(endpoint, messages, schema)
-                except LlmUnavailable as exc:
+                except (LlmUnavailable, LlmRefused) as exc:
                     log.warning("llm %s at %s failed: %s", endpoint.model, endpoint.base, exc)
                     errors.append(f"{endpoint.model}: {exc.message}")
-        raise LlmUnavailable("; ".join(errors[-2:]))
+                    refused = refused and isinstance(exc, LlmRefused)
+            if refused:
+                break  # the same request would be refused again
+        raise (LlmRefused if refused else LlmUnavailable)("; ".join(errors[-2:]))
 
     async def _call(
         self, endpoint: Endpoint, messages: list[dict[str, str]], schema: ReplySchema
@@ -299,7 +314,8 @@ class LlmClient:
                         )
                         form += 1
                         continue
-                    raise LlmUnavailable(f"HTTP {exc.status_code}: {_short(exc)}") from exc
+                    failure = LlmRefused if exc.status_code in REFUSALS else LlmUnavailable
+                    raise failure(f"HTTP {exc.status_code}: {_short(exc)}") from exc
                 except openai.OpenAIError as exc:
                     raise LlmUnavailable(redact_text(str(exc)) or type(exc).__name__) from exc
                 # Only a form that got an answer is remembered, so a 400 for another reason
@@ -308,7 +324,7 @@ class LlmClient:
                 choices = answer.choices or []
                 text = (choices[0].message.content or "") if choices else ""
                 if not text.strip():
-                    raise LlmUnavailable("empty reply")
+                    raise LlmRefused("empty reply")
                 return text
 
 

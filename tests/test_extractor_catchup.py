@@ -17,7 +17,7 @@ from shared.pb import store_pb2
 from shared.rpc import open_channel
 from shared.store_client import StoreClient
 from tests.extractor_support import STACK, Api, new_user
-from tests.llm_fake import HANG, FakeLlm, delayed, fake_llm_in_thread, held
+from tests.llm_fake import HANG, FakeLlm, delayed, failing, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack
 from tests.test_consolidator import L2, new, store_apply
 
@@ -105,6 +105,30 @@ async def test_a_row_that_never_parses_is_left_alone_after_three_tries(
     other = await api.add("m-after I fix old clocks.", someone)
     await assert_eventually(lambda: _done(api, someone, other["memory_id"]), 30)
     assert len(fake.for_marker("m-never")) == asked
+
+
+@pytest.mark.parametrize("refusal", [failing(400, "the prompt is too long"), ""])
+async def test_a_row_the_model_refuses_counts_its_tries_and_holds_up_no_other_row(
+    api: Api, fake: FakeLlm, refusal: Any
+) -> None:
+    # A 400 (or an empty reply) is about the request: asking again fails again, so it is not
+    # an outage that stops the run (it did: every row behind it waited for good).
+    user, someone = new_user(), new_user()
+    marker = f"m-refused-{user}"
+    fake.on(marker, refusal)
+    refused = await api.add(f"{marker} A turn the model's server will not take.", user)
+    # A row written during a short outage (both rounds of its own extraction get 503s) waits
+    # for catch-up, which meets the refused row first.
+    outage = failing(503, "overloaded")
+    fake.on(f"m-next-{someone}", outage, outage, {"facts": [{"text": "Ida paints boats"}]})
+    other = await api.add(f"m-next-{someone} I paint old boats.", someone)
+    await assert_eventually(lambda: _done(api, someone, other["memory_id"]))
+
+    async def three_tries() -> None:
+        raw = await api.row(user, refused["memory_id"])
+        assert (raw.extraction_tries, raw.extraction_status) == (3, "failed")
+
+    await assert_eventually(three_tries)
 
 
 async def test_after_kill_9_of_the_extractor_every_pending_row_is_caught_up(

@@ -28,6 +28,7 @@ from shared.llm import (
     LlmClient,
     LlmKeys,
     LlmMalformed,
+    LlmRefused,
     LlmUnavailable,
     ReplySchema,
     object_schema,
@@ -240,9 +241,10 @@ async def test_a_server_error_that_is_no_format_refusal_counts_as_the_model_fail
 
 async def test_a_bad_request_in_every_form_is_not_remembered_as_a_refusal() -> None:
     async with running_fake_llm() as fake:
-        fake.push(*[failing(400, "the prompt is too long")] * 8, {"facts": []})
+        # One round of the four forms: a request every form gets refused is not sent again.
+        fake.push(*[failing(400, "the prompt is too long")] * 4, {"facts": []})
         client = LlmClient(fake.url, "m", LlmKeys("k", ""), 10.0)
-        with pytest.raises(LlmUnavailable, match="too long"):
+        with pytest.raises(LlmRefused, match="too long"):
             await client.json_reply([{"role": "user", "content": "hi"}], FACTS)
         await client.json_reply([{"role": "user", "content": "short"}], FACTS)
         assert _format_type(fake.requests[-1]) == "json_schema"
