@@ -754,7 +754,7 @@ async def test_raw_retention_keeps_turns_whose_extraction_is_not_over(
     with running_stack(tmp_path, STACK, **env) as stack:
         api = Api(stack.base_url, stack.address("store"))
         user = marker()
-        statuses = ["pending", "failed", "unconfigured", "done"]
+        statuses = ["pending", "failed", "unconfigured", "skipped", "done"]
         ops = [new(user, L2, f"{user} turn {status}") for status in statuses]
         for op, status in zip(ops, statuses, strict=True):
             op.insert.extraction_status = status
@@ -765,7 +765,8 @@ async def test_raw_retention_keeps_turns_whose_extraction_is_not_over(
 
         await assert_eventually(pruned, interval_s=0.3)
         kept = {r.id for r in await api.rows(user, "l2_raw")}
-        assert kept == {rows[s].id for s in ("pending", "failed", "unconfigured")}
+        # A lite-mode turn ("skipped") was never extracted: it is all there is of its memory.
+        assert kept == {rows[s].id for s in ("pending", "failed", "unconfigured", "skipped")}
 
 
 async def test_raw_retention_keeps_rows_cited_only_by_edges_past_the_newest_thousand(

@@ -1,4 +1,4 @@
-"""Raw retention: old raw turns that nothing live cites and whose extraction is over are deleted."""
+"""Raw retention: old raw turns that nothing live cites and that were extracted are deleted."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from services.consolidator.survey import ACTOR
-from shared.layers import UNEXTRACTED
+from shared.layers import DONE
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import GraphStoreClient
 
@@ -17,8 +17,9 @@ DELETE_CHUNK = 500
 
 
 async def retain_raw(store: GraphStoreClient, retention_s: float | None, report: Report) -> None:
-    """Deletes raw rows older than the retention that no live row or edge cites and whose
-    extraction is over (deleting one still to be extracted loses an acknowledged write)."""
+    """Deletes raw rows older than the retention that no live row or edge cites and that were
+    extracted (deleting one never extracted, still to be or written in lite mode, loses an
+    acknowledged write)."""
     if retention_s is None:
         return
     everyone = common_pb2.Scope(all_users=True)
@@ -40,7 +41,7 @@ async def retain_raw(store: GraphStoreClient, retention_s: float | None, report:
         cited.update(row.source_ids)
     for edge in await store.edges(everyone, include_stale=True):
         cited.update(edge.source_ids)
-    doomed = [r.id for r in old if r.id not in cited and r.extraction_status not in UNEXTRACTED]
+    doomed = [r.id for r in old if r.id not in cited and r.extraction_status == DONE]
     report.protected_raw += len(old) - len(doomed)
     for start in range(0, len(doomed), DELETE_CHUNK):
         chunk = doomed[start : start + DELETE_CHUNK]
