@@ -97,6 +97,12 @@ def _has_digit(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
 
+def may_name_one_entity(one: str, other: str) -> bool:
+    """Whether two names may name one entity: they share a word (value_key's, less STOP_WORDS),
+    as "Leo" and "Leo Rossi" do and "Leo" and "Acme" do not."""
+    return bool(set(_value_words(one)) & set(_value_words(other)))
+
+
 def content_key(text: str) -> str:
     """A memory's text as two are compared for repeats: lower case, runs of whitespace as one."""
     return " ".join(text.lower().split())

@@ -333,6 +333,27 @@ def test_a_page_keeps_its_latest_states_and_the_prompt_shows_it_capped() -> None
     assert len(pages.encode()) < MAX_PAGE_SHOWN_BYTES + 100  # and its notes
 
 
+def test_a_state_sent_to_another_entitys_page_goes_to_its_own() -> None:
+    def page(page_id: str, name: str, state: str) -> common_pb2.Memory:
+        row = common_pb2.Memory(id=page_id, layer=common_pb2.L8_ENTITY)
+        row.metadata_json = page_metadata(name, "person", state, [])
+        return row
+
+    leo = page("page-leo", "Leo", "Leo lives in Rome")
+    acme = page("page-acme", "Acme", "Acme hires")
+    # The model named Leo's page for Acme's news: it goes to Acme's page, found by its name.
+    (op,) = page_ops(OpBuilder(_turn(set())),
+                     [PageOp("Acme", "Acme ships in January", "project", leo)], {"acme": acme})
+    assert op.update.id == "page-acme"
+    # With no page of that name, a new one; a name sharing a word is the page named.
+    (op,) = page_ops(OpBuilder(_turn(set())),
+                     [PageOp("Acme", "Acme ships in January", "project", leo)], {})
+    assert op.insert.content.startswith("Acme:")
+    (op,) = page_ops(OpBuilder(_turn(set())),
+                     [PageOp("Leo Rossi", "Leo moved to Milan", "person", leo)], {})
+    assert op.update.id == "page-leo"
+
+
 @pytest.mark.parametrize(
     "reply", ['{"facts": ' + "[" * 1200, '{"facts": ' + "[" * 1200 + "]" * 1200 + "}"]
 )

@@ -17,7 +17,7 @@ from shared.layers import EXPERIENCE
 from shared.pages import MAX_PAGE_HISTORY, meta_of, state_values
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
-from shared.text import may_restate, value_key
+from shared.text import may_name_one_entity, may_restate, value_key
 from shared.tombstones import tombstones
 
 # A new value this close to a forgotten one counts as the forgotten one said again, when its
@@ -170,7 +170,7 @@ def page_ops(
     seen: set[str] = set()
     for page_op in pages:
         key = page_op.name.casefold()
-        page = page_op.page or known.get(key)
+        page = _its_page(page_op, known)
         if key in seen or state_values(page_op.name, page_op.state) & builder.turn.refused:
             continue
         if page is not None and page.id in seen:
@@ -190,6 +190,18 @@ def page_ops(
         elif (op := _page_update(page, page_op, facts, rests_on)) is not None:
             ops.append(op)
     return ops
+
+
+def _its_page(page_op: PageOp, known: dict[str, common_pb2.Memory]) -> common_pb2.Memory | None:
+    """The page an entity's new state goes to: the one the model named, unless that page is of
+    an entity whose name shares no word with the op's (the model's slip: it would overwrite
+    another entity's page), else the owner's page of the op's name, if any."""
+    named = page_op.page
+    if named is not None and may_name_one_entity(
+        page_op.name, str(page_meta(named).get("entity") or "")
+    ):
+        return named
+    return known.get(page_op.name.casefold())
 
 
 def _page_update(
