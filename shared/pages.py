@@ -89,15 +89,21 @@ def cited_by(line: Mapping[str, Any]) -> set[str]:
     }
 
 
-def mark_lines(meta: dict[str, Any], memory_id: str, dead: Set[str], gone: Set[str]) -> bool:
+def mark_lines(
+    meta: dict[str, Any], memory_id: str, dead: Set[str], gone: Set[str], outdated: Set[str]
+) -> bool:
     """Marks each line memory_id fed stale iff one of its facts is dead (retired in a way that
     takes what rests on it down) or one of the rows it rests on is gone (forgotten or deleted,
-    so its value may not stay in the page); True if a mark changed."""
+    so its value may not stay in the page). A fact outdated (replaced or updated by a newer
+    version) hides the current state only: an earlier state is the past, and a newer fact is
+    why it is history (its line went stale as the page's update made it history, and "what
+    changed" lost it). True if a mark changed."""
     changed = False
-    for line in lines_of(meta):
+    for i, line in enumerate(lines_of(meta)):
         if memory_id not in cited_by(line):
             continue
-        mark = bool(dead & set(line.get("facts") or ()) or gone & set(line.get("rests_on") or ()))
+        facts = set(line.get("facts") or ()) - (outdated if i else set())
+        mark = bool(dead & facts or gone & set(line.get("rests_on") or ()))
         if bool(line.get("stale")) != mark:
             if mark:
                 line["stale"] = True

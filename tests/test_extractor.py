@@ -208,6 +208,34 @@ async def test_each_op_lands_in_its_layer_with_lifecycle_fields(api: Api, fake: 
     assert {r.extraction_status for r in raws} == {"done"}
 
 
+async def test_a_page_keeps_the_state_before_when_the_fact_behind_it_is_replaced(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-initech", {
+        "facts": [{"text": "Eve works as a software developer at Initech in Berlin"}],
+        "entities": [{"name": "Eve", "kind": "person", "state": "developer at Initech"}],
+    })
+    await api.add("m-initech Eve works as a software developer at Initech in Berlin.", user)
+    fake.on("m-hooli", lambda r: {
+        "facts": [{"text": "Eve works as a software developer at Hooli in Berlin",
+                   "replaces": [r.number_of("Eve works as")]}],
+        "entities": [{"name": "Eve", "kind": "person", "state": "developer at Hooli",
+                      "page": r.number_of("Eve:")}],
+    })
+    # Its second sentence is near the old fact (a sentence probe finds it; the whole turn is not).
+    await api.add(
+        "m-hooli Eve changed jobs. Eve works as a software developer at Hooli in Berlin now.", user
+    )
+    facts = await api.rows(user, "l3_fact")
+    old = by_content(facts, "Eve works as a software developer at Initech in Berlin")
+    assert old.superseded_how == "replaced"
+    (page,) = await api.rows(user, "l8_entity")
+    # What changed: the state before stays in the page's history.
+    assert page.content.startswith("Eve: developer at Hooli\nHistory:\n- "), page.content
+    assert page.content.endswith(": developer at Initech")
+
+
 async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(
     api: Api, fake: FakeLlm, embedder_address: str
 ) -> None:

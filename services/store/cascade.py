@@ -21,6 +21,7 @@ from services.store.model import (
     KILLS_DERIVED,
     KILLS_SUMMARIES,
     KNOWLEDGE,
+    OLD_VERSIONS,
     RAW,
     RETIRED,
     SUMMARY,
@@ -152,13 +153,16 @@ async def _mark_pages(w: Write, evidence: MemoryRow) -> None:
         cited = set().union(*(ids for ids in lines if memory_id in ids))
         dead: set[str] = set()
         gone: set[str] = set()
+        outdated: set[str] = set()
         for cited_id in cited:
             row = await _evidence(w, page.user_id, cited_id)
             if row is None or (row.status == RETIRED and row.superseded_how == FORGOTTEN):
                 gone.add(cited_id)
             if (how := _gone_how(row)) is not None and kills(how, page.layer):
                 dead.add(cited_id)
-        if not mark_lines(meta, memory_id, dead, gone):
+                if how in OLD_VERSIONS:
+                    outdated.add(cited_id)
+        if not mark_lines(meta, memory_id, dead, gone, outdated):
             continue
         after = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
         await w.change(
