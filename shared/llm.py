@@ -115,9 +115,16 @@ class Endpoint:
     timeout_s: float
 
 
-def host_of(url: str) -> str:
-    """The lower-cased host of a URL ("" when it has none)."""
-    return (urlsplit(url).hostname or "").lower()
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> tuple[str, str, int | None]:
+    """A URL's scheme, lower-cased host and port (the scheme's own when none is written): what
+    tells one server from another (another port on one host is another server)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme)
+
 
 
 class LlmKeys:
@@ -209,10 +216,10 @@ class LlmClient:
             return [Endpoint(self.base, self.model, primary_key, self.timeout_s)]
         if self.fallback_key is not None:
             fallback_key: str | None = self.fallback_key or None
-        elif host_of(self.fallback_base) == host_of(self.base):
+        elif origin_of(self.fallback_base) == origin_of(self.base):
             fallback_key = primary_key
         else:
-            # The primary's key never goes to another host.
+            # The primary's key never goes to another server (host, port or scheme).
             fallback_key = None
         share = self.timeout_s * PRIMARY_SHARE
         return [

@@ -265,6 +265,19 @@ async def test_a_fallback_on_another_host_is_sent_no_key() -> None:
         assert "Authorization" not in backup.headers
 
 
+async def test_a_fallback_on_another_port_of_the_same_host_is_sent_no_key() -> None:
+    async with running_fake_llm() as primary, running_fake_llm() as other_port:
+        primary.on("", ERROR)
+        other_port.on("", {"ok": True})
+        client = LlmClient(
+            primary.url, "main", LlmKeys("secret", ""), 10.0,
+            fallback_model="backup", fallback_base=other_port.url,
+        )
+        assert await client.json_reply([{"role": "user", "content": "hi"}], FACTS) == {"ok": True}
+        assert primary.requests[0].headers["Authorization"] == "Bearer secret"
+        assert "Authorization" not in other_port.requests[0].headers
+
+
 # --- the ops a plan turns into (pure: no store, no model) ---------------------------------
 
 

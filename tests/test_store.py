@@ -557,6 +557,20 @@ async def test_a_fact_restates_only_a_fact_and_an_experience_only_an_experience(
     }
 
 
+async def test_a_users_own_fact_restates_no_agents_fact_and_an_agents_restates_its_own(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # As consolidation merges nothing across agents: one agent's facts are not another's.
+    (coder,) = await apply(store, insert("Keeps bees in the garden", agent="coder",
+                                         restates_at=0.92))
+    await apply(store, insert("Keeps bees in the garden!", restates_at=0.92))
+    assert sorted(await listed(store)) == ["Keeps bees in the garden", "Keeps bees in the garden!"]
+    (again,) = await apply(store, insert("Keeps bees in the garden!!", agent="coder",
+                                         restates_at=0.92))
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=coder.id))
+    assert (got.memory.superseded_how, got.memory.superseded_by) == ("restated", again.id)
+
+
 async def test_a_near_fact_with_another_number_or_word_restates_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -97,9 +97,14 @@ async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> 
 
 
 def restates(new: MemoryRow, old: MemoryRow) -> bool:
-    """Whether new may say old's value again, their vectors aside: a row of its kind whose
-    words it may restate."""
-    return same_kind(old, new) and may_restate(old.content, new.content)
+    """Whether new may say old's value again, their vectors aside: a row of its kind and of
+    its agent (a user's own fact restates no agent's, as consolidation merges none across
+    agents) whose words it may restate."""
+    return (
+        old.agent_id == new.agent_id
+        and same_kind(old, new)
+        and may_restate(old.content, new.content)
+    )
 
 
 async def restate(
