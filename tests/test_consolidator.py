@@ -355,6 +355,25 @@ async def test_malformed_or_partial_replies_retire_nothing(api: Api, script: Scr
     await settle(api)
 
 
+async def test_a_cluster_the_store_refuses_whole_is_not_reported_as_partly_applied(
+    api: Api, script: Script
+) -> None:
+    user = marker()
+    a, b = f"{user} likes green tea", f"{user} enjoys green tea a lot"
+    await facts_from_turns(api, user, [(a, 0), (b, 1)], 2)
+    # A merged text the store refuses (a NUL), with an arc: refused with and without the arc.
+    script.handlers[user] = lambda r: {
+        **EMPTY, "merges": [{"facts": [1, 2], "text": f"{a}\u0000"}], "arc": f"{user} drinks tea",
+    }
+    report = await digest(api)
+    mine = [e for e in report["errors"] if user in e]
+    assert any("applying failed" in e for e in mine), report["errors"]
+    assert not any("were applied" in e for e in mine), mine
+    assert {row.status for row in await api.rows(user, "l3_fact")} == {"active"}
+    del script.handlers[user]
+    await settle(api)
+
+
 async def test_failed_clusters_are_charged_skipped_after_three_and_a_down_provider_charges_none(
     api: Api, script: Script
 ) -> None:

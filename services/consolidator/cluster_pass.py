@@ -266,14 +266,14 @@ async def _apply(
         if not ops.extra:
             report.errors.append(f"{where}: applying failed: {exc.message}")
             return None
-        report.errors.append(
-            f"{where}: schemas, edges or the arc could not be written ({exc.message}); "
-            "merges and drops were applied"
-        )
         try:
             await store.apply(owner.scope, core, ACTOR, reason)
         except ServiceError as again:
             report.errors.append(f"{where}: applying failed: {again.message}")
             return None
+        report.errors.append(
+            f"{where}: schemas, edges or the arc could not be written ({exc.message}); "
+            "merges and drops were applied"
+        )
         return Counts(ops.counts.merged, ops.counts.dropped)
     return ops.counts
