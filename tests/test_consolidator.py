@@ -114,12 +114,19 @@ def new(user: str, layer: int, content: str, sources: list[str] | None = None) -
     )
 
 
+def extracted_turn(user: str, content: str) -> store_pb2.Op:
+    """A raw turn whose extraction is over (raw retention deletes only such turns)."""
+    op = new(user, L2, content)
+    op.insert.extraction_status = "done"
+    return op
+
+
 async def facts_from_turns(
     api: Api, user: str, facts: list[tuple[str, int]], turns: int
 ) -> tuple[list[str], dict[str, common_pb2.Memory]]:
     """Writes `turns` raw turns and the facts (text, turn index) extracted from them."""
     raws = await store_apply(
-        api.store_address, user, *[new(user, L2, f"{user} turn {n}") for n in range(turns)]
+        api.store_address, user, *[extracted_turn(user, f"{user} turn {n}") for n in range(turns)]
     )
     raw_ids = [r.id for r in raws]
     rows = await store_apply(
@@ -773,7 +780,7 @@ async def test_raw_retention_keeps_turns_whose_extraction_is_not_over(
     with running_stack(tmp_path, STACK, **env) as stack:
         api = Api(stack.base_url, stack.address("store"))
         user = marker()
-        statuses = ["pending", "failed", "unconfigured", "skipped", "done"]
+        statuses = ["", "pending", "failed", "unconfigured", "skipped", "done"]
         ops = [new(user, L2, f"{user} turn {status}") for status in statuses]
         for op, status in zip(ops, statuses, strict=True):
             op.insert.extraction_status = status
@@ -784,8 +791,9 @@ async def test_raw_retention_keeps_turns_whose_extraction_is_not_over(
 
         await assert_eventually(pruned, interval_s=0.3)
         kept = {r.id for r in await api.rows(user, "l2_raw")}
-        # A lite-mode turn ("skipped") was never extracted: it is all there is of its memory.
-        assert kept == {rows[s].id for s in ("pending", "failed", "unconfigured", "skipped")}
+        # A lite-mode turn ("skipped") was never extracted: it is all there is of its memory;
+        # nor is one that says nothing of its extraction ("") known to have been.
+        assert kept == {rows[s].id for s in ("", "pending", "failed", "unconfigured", "skipped")}
 
 
 async def test_raw_retention_keeps_rows_cited_only_by_edges_past_the_newest_thousand(
@@ -796,7 +804,7 @@ async def test_raw_retention_keeps_rows_cited_only_by_edges_past_the_newest_thou
         api = Api(stack.base_url, stack.address("store"))
         user = marker()
         rows = await store_apply(
-            api.store_address, user, *(new(user, L2, f"{user} turn {n}") for n in range(5))
+            api.store_address, user, *(extracted_turn(user, f"{user} turn {n}") for n in range(5))
         )
         first_a, first_b, later_a, later_b, uncited = (r.id for r in rows)
 
