@@ -127,7 +127,8 @@ class Database:
         try:
             async with asyncio.timeout(timeout_s):
                 await self.pool.fetchval("SELECT 1")
-        except UNREACHABLE:
+        except (*UNREACHABLE, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.debug("database %s not ready: %s", redacted_dsn(self.dsn), _reason(exc))
             return False
         return True
 
