@@ -25,6 +25,9 @@ from tests.support import ROOT, Stack, base_env, free_port, grpc_serving, runnin
 pytestmark = pytest.mark.slow
 
 SERVICE_TOKEN = "grpc-service-secret-0123456789"
+TOKEN = (("authorization", f"bearer {SERVICE_TOKEN}"),)
+AS_CAROL = (*TOKEN, ("x-hyatlas-grant", Grant.build(
+    "carol-app", ["grpc-carol"], ["*"], ["read", "write"]).header()))
 
 
 @pytest.fixture(scope="module")
@@ -71,48 +74,42 @@ def _insert(user: str) -> store_pb2.ApplyRequest:
 
 
 def test_the_store_enforces_the_grant_a_call_carries(tcp_stack: Stack) -> None:
-    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
-    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
-    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
         for user in ("grpc-carol", "grpc-dave"):
-            store.Apply(_insert(user), metadata=token, timeout=30)
+            store.Apply(_insert(user), metadata=TOKEN, timeout=30)
         with pytest.raises(grpc.RpcError) as refused:
-            store.Apply(_insert("grpc-dave"), metadata=as_carol, timeout=30)
+            store.Apply(_insert("grpc-dave"), metadata=AS_CAROL, timeout=30)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         every = common_pb2.Scope(all_users=True)
         owners = store.ListOwners(store_pb2.ListOwnersRequest(scope=every),
-                                  metadata=as_carol, timeout=30)
+                                  metadata=AS_CAROL, timeout=30)
         assert [o.user_id for o in owners.owners] == ["grpc-carol"]
         dave = store.ListOwners(store_pb2.ListOwnersRequest(
-            scope=common_pb2.Scope(user_id="grpc-dave")), metadata=token, timeout=30)
+            scope=common_pb2.Scope(user_id="grpc-dave")), metadata=TOKEN, timeout=30)
         assert [o.live for o in dave.owners] == [1]
 
 
 def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
     tcp_stack: Stack,
 ) -> None:
-    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
-    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
-    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
     set_state = store_pb2.ApplyRequest(
         scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
         ops=[store_pb2.Op(set_state=store_pb2.SetStateOp(key="probe:x", value_json='"carol"'))],
     )
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
-        store.Apply(set_state, metadata=token, timeout=30)
+        store.Apply(set_state, metadata=TOKEN, timeout=30)
         with pytest.raises(grpc.RpcError) as refused:
-            store.GetState(store_pb2.GetStateRequest(prefix=""), metadata=as_carol, timeout=30)
+            store.GetState(store_pb2.GetStateRequest(prefix=""), metadata=AS_CAROL, timeout=30)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         changed = store_pb2.ApplyRequest()
         changed.CopyFrom(set_state)
         changed.ops[0].set_state.value_json = '"overwritten"'
         with pytest.raises(grpc.RpcError) as refused:
-            store.Apply(changed, metadata=as_carol, timeout=30)
+            store.Apply(changed, metadata=AS_CAROL, timeout=30)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        kept = store.GetState(store_pb2.GetStateRequest(prefix="probe:"), metadata=token,
+        kept = store.GetState(store_pb2.GetStateRequest(prefix="probe:"), metadata=TOKEN,
                               timeout=30)
     assert [(v.key, v.value_json) for v in kept.values] == [("probe:x", '"carol"')]
 
@@ -122,28 +119,20 @@ def test_a_grant_for_some_owners_takes_no_lease_and_sees_no_store_wide_count(
 ) -> None:
     # A lease names work on any owner (an owner's extractions): a caller that could take one
     # could stop another user's; the vector count is the whole store's.
-    token = (("authorization", f"bearer {SERVICE_TOKEN}"),)
-    grant = Grant.build("carol-app", ["grpc-carol"], ["*"], ["read", "write"])
-    as_carol = (*token, ("x-hyatlas-grant", grant.header()))
     name = 'extraction/["grpc-dave",""]'
     claim = store_pb2.ClaimLeaseRequest(name=name, holder="carol's", ttl_s=600.0)
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
         with pytest.raises(grpc.RpcError) as refused:
-            store.ClaimLease(claim, metadata=as_carol, timeout=30)
+            store.ClaimLease(claim, metadata=AS_CAROL, timeout=30)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         ours = store_pb2.ClaimLeaseRequest(name=name, holder="a replica", ttl_s=0.0)
-        free = store.ClaimLease(ours, metadata=token, timeout=30)
+        free = store.ClaimLease(ours, metadata=TOKEN, timeout=30)
         assert (free.granted, free.holder) == (True, "")
-        assert not store.Flush(store_pb2.FlushRequest(), metadata=as_carol,
+        assert not store.Flush(store_pb2.FlushRequest(), metadata=AS_CAROL,
                                timeout=30).HasField("vectors")
-        assert store.Flush(store_pb2.FlushRequest(), metadata=token, timeout=30).HasField(
+        assert store.Flush(store_pb2.FlushRequest(), metadata=TOKEN, timeout=30).HasField(
             "vectors")
-
-
-TOKEN = (("authorization", f"bearer {SERVICE_TOKEN}"),)
-AS_CAROL = (*TOKEN, ("x-hyatlas-grant", Grant.build(
-    "carol-app", ["grpc-carol"], ["*"], ["read", "write"]).header()))
 
 
 def _imported(store: store_pb2_grpc.StoreStub, user: str, *rows: dict[str, object]) -> None:
