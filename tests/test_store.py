@@ -302,7 +302,7 @@ async def test_retire_can_name_a_row_inserted_earlier_in_the_same_apply(
         )
 
 
-async def test_a_row_is_not_restored_while_what_replaced_it_is_live(
+async def test_a_row_is_not_restored_beside_a_live_version_of_it(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
     (paris,) = await apply(store, insert("Lives in Paris"))
@@ -332,6 +332,25 @@ async def test_a_row_is_not_restored_while_what_replaced_it_is_live(
     (back,) = await apply(store, restore)
     assert back.status == "active"
     assert await listed(store) == ["Lives in Paris"]
+    # Paris's restore cleared its link to Berlin; Rome (forgotten) and Berlin (replaced by
+    # Rome) still come after it, so neither comes back beside it, nor beside Paris's next
+    # version, until that is forgotten.
+    async def refused(live: str) -> None:
+        for memory_id in (rome, berlin):
+            with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+                await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=memory_id)))
+            assert f"{live!r} is that version live now: forget it first" in (
+                info.value.details() or "")
+
+    await refused(paris.id)
+    lyon = await replace(paris.id, "Lives in Lyon")
+    await refused(lyon)
+    assert await listed(store) == ["Lives in Lyon"]
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=lyon, superseded_how="forgotten")))
+    (back,) = await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=rome)))
+    assert back.status == "active"
+    assert await listed(store) == ["Lives in Rome"]
 
 
 async def restate_facts(stub: store_pb2_grpc.StoreStub, dry_run: bool) -> tuple[int, int]:

@@ -268,6 +268,11 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
         return why
     if await newer_one_live(w, row):
         return f"a newer {ONE_LIVE[row.label]} is live (one is live at a time)"
+    if (live := await _restored_over(w, row)) is not None:
+        return (
+            f"a version it replaced was restored after it was retired, and {live.id!r} is "
+            "that version live now: forget it first (one version is live at a time)"
+        )
     if row.layer != ENTITY:
         return None
     if not has_live_line(meta_of(row.metadata_json)):
@@ -289,6 +294,36 @@ async def _unforget_old_version(run: _Apply, before: MemoryRow) -> MemoryRow | N
                            run.reason)
     await lift_tombstones(w, before, run.reason)
     return after
+
+
+async def _restored_over(w: Write, row: MemoryRow) -> MemoryRow | None:
+    """The live version of a row this one replaced (at any depth) that was restored while
+    its chain ended in a retired row: the restore cleared its link to this one, so it is
+    found by what the restore's audit entry found (its `superseded_by`)."""
+    for user_id in w.core.alias_group(row.user_id):
+        for memory_id, before in await w.tx.restores_of(user_id):
+            over = json.loads(before or "{}").get("superseded_by", "")
+            if not over or not await _leads_to(w, over, row.id):
+                continue
+            restored = await w.tx.get(memory_id)
+            if restored is None:
+                continue
+            live = restored if restored.status == ACTIVE else await _live_successor(w, restored)
+            if live is not None:
+                return live
+    return None
+
+
+async def _leads_to(w: Write, memory_id: str, end: str) -> bool:
+    """Whether the chain of replacements from a row (itself included) reaches end."""
+    seen: set[str] = set()
+    while memory_id and memory_id not in seen:
+        if memory_id == end:
+            return True
+        seen.add(memory_id)
+        found = await w.tx.get(memory_id)
+        memory_id = found.superseded_by if found is not None else ""
+    return False
 
 
 async def _live_successor(w: Write, row: MemoryRow) -> MemoryRow | None:

@@ -54,6 +54,10 @@ ADD_AUDIT = (
 
 # What a row's latest audit entry found it as.
 LAST_BEFORE = "SELECT before_json FROM audit WHERE memory_id = ? ORDER BY seq DESC LIMIT 1"
+RESTORES_OF = (
+    "SELECT memory_id, before_json FROM audit WHERE action = 'restore' AND user_id = ? "
+    "ORDER BY seq"
+)
 
 _EDGE_COLUMNS = (
     "id, user_id, agent_id, subject, relation, object, weight, source_ids, fact_ids, memory_id, "
@@ -616,6 +620,11 @@ class Tx:
         """The row as its latest audit entry found it (JSON; "" when none says)."""
         rows = await self._conn.execute_fetchall(LAST_BEFORE, (memory_id,))
         return next((str(r[0]) for r in rows if r[0]), "")
+
+    async def restores_of(self, user_id: str) -> list[tuple[str, str]]:
+        """Each restore of the user's rows: the row's id and the row as it found it (JSON)."""
+        rows = await self._conn.execute_fetchall(RESTORES_OF, (user_id,))
+        return [(str(memory_id), str(before)) for memory_id, before in rows]
 
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,

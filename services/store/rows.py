@@ -195,6 +195,11 @@ class Writes(Protocol):
         """The row as its latest audit entry found it (JSON; "" when none says)."""
         ...
 
+    async def restores_of(self, user_id: str) -> list[tuple[str, str]]:
+        """Each restore of the user's rows, oldest first: the row's id and the row as the
+        restore found it (JSON)."""
+        ...
+
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,
         metadata and every reason but the delete's own are gone (see repo.ERASE_KEEPS)."""

@@ -81,6 +81,8 @@ CREATE TABLE IF NOT EXISTS audit (
   reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
+-- A restore reads what earlier restores of its owner's rows found (apply._restored_over).
+CREATE INDEX IF NOT EXISTS audit_restores ON audit(user_id, seq) WHERE action = 'restore';
 CREATE INDEX IF NOT EXISTS memories_superseded_by ON memories(superseded_by)
   WHERE superseded_by != '';
 CREATE INDEX IF NOT EXISTS memories_neighbours

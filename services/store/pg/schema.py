@@ -176,6 +176,8 @@ CREATE TABLE IF NOT EXISTS audit (
   reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_memory ON audit(memory_id, seq);
+-- A restore reads what earlier restores of its owner's rows found (apply._restored_over).
+CREATE INDEX IF NOT EXISTS audit_restores ON audit(user_id, seq) WHERE action = 'restore';
 
 -- Extra search keys that point back to a memory: context (keyword only) and clause (a
 -- sentence of a long memory, with a vector).

@@ -27,6 +27,7 @@ from services.store.repo import (
     LAST_BEFORE,
     LIVE_EDGE,
     OFF_CALENDAR,
+    RESTORES_OF,
     VECTOR_KEYS_OF,
     _edge,
     _erased,
@@ -382,6 +383,11 @@ class PgWrites:
         """The row as its latest audit entry found it (JSON; "" when none says)."""
         rows = await self._fetch(LAST_BEFORE, memory_id)
         return next((str(r[0]) for r in rows if r[0]), "")
+
+    async def restores_of(self, user_id: str) -> list[tuple[str, str]]:
+        """Each restore of the user's rows: the row's id and the row as it found it (JSON)."""
+        rows = await self._fetch(RESTORES_OF, user_id)
+        return [(str(memory_id), str(before)) for memory_id, before in rows]
 
     async def scrub_history(self, memory_id: str) -> None:
         """Rewrites a row's audit entries as ids, owner, times and states only: its text,
