@@ -2589,7 +2589,7 @@ async def test_an_old_now_page_is_not_restored_while_a_newer_one_is_live(
         scope=scope(), layers=[L4], include_superseded=True, order="oldest"))).memories[0]
     with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
         await apply(store, restore(old.id))
-    assert "a newer Now page is live" in (caught.value.details() or "")
+    assert "another Now page is live" in (caught.value.details() or "")
     assert await summaries(store) == [
         ("now_page", "retired", "stale"), ("episode", "active", ""), ("now_page", "active", "")]
 
@@ -2610,7 +2610,7 @@ async def test_an_old_arc_does_not_come_back_beside_a_newer_one(
     assert await summaries(store) == [("arc", "retired", "stale"), ("arc", "active", "")]
     with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as caught:
         await apply(store, restore(old.id))
-    assert "a newer arc is live" in (caught.value.details() or "")
+    assert "another arc is live" in (caught.value.details() or "")
 
 
 # --- entity pages (L8) a restore brings back ---------------------------------------------------

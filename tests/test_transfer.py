@@ -236,6 +236,46 @@ async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_s
     assert [line["memory"]["id"] for line in mine[1:]] == [fresh]
 
 
+async def test_a_second_live_page_of_an_entity_or_now_page_is_refused_by_line(
+    target: Stack,
+) -> None:
+    alice = f"user-{uuid.uuid4().hex[:8]}"
+
+    def row(memory_id: str, layer: str, text: str, **fields: Any) -> Any:
+        return {"type": "memory", "memory": {"user_id": alice, "id": memory_id,
+                                             "layer": layer, "content": text, **fields}}
+
+    def page(memory_id: str, name: str, **fields: Any) -> Any:
+        return row(memory_id, "l8_entity", f"{name}: works at Acme",
+                   metadata={"entity": name}, **fields)
+
+    def now(memory_id: str, **fields: Any) -> Any:
+        return row(memory_id, "l4_summary", "Now: moving house", label="now_page", **fields)
+
+    status, reply = await _import(target, [page("p1", "Leo"), now("n1")])
+    assert status == 200 and reply["imported"] == 2, reply
+    status, reply = await _import(target, [
+        page("p1", "Leo"),  # the same row again: skipped
+        page("p2", "leo"),  # a second live page of Leo: refused
+        page("p3", "Leo", status="retired", superseded_how="replaced"),  # retired: taken
+        page("p4", "Mia"),
+        page("p5", "Mia"),  # the line before is Mia's live page: refused
+        now("n2"),  # a second live Now page: refused
+        now("n3", status="retired", superseded_how="stale"),
+    ])
+    assert status == 400, reply
+    assert [(e["line"], e["error"]) for e in reply["errors"]] == [
+        (2, "memory 'p2' cannot be live: page 'p1' of its entity is live (an entity has one "
+            "live page)"),
+        (5, "memory 'p5' cannot be live: one on an earlier line is live"),
+        (6, "memory 'n2' cannot be live: another Now page is live (one is live at a time)"),
+    ]
+    assert (reply["imported"], reply["skipped"], reply["refused"]) == (3, 1, 3)
+    live = [line["memory"]["id"] for line in (await export(target, user_id=alice))[1:]
+            if line["memory"]["status"] == "active"]
+    assert sorted(live) == ["n1", "p1", "p4"]
+
+
 async def test_a_batch_with_a_malformed_line_and_a_taken_id_writes_its_good_lines(
     target: Stack,
 ) -> None:

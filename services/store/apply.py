@@ -11,13 +11,12 @@ from typing import Any
 import numpy as np
 
 from services.store.cascade import (
-    another_page,
     dead_evidence,
     fact_changes,
     follow_erased,
     lift_tombstones,
     lifted_values,
-    newer_one_live,
+    live_rival,
     restate,
     restore_derived,
     retire_derived,
@@ -65,7 +64,6 @@ from services.store.model import (
 )
 from services.store.validate import check_layers, given_vector, resolved, validated
 from shared.errors import Conflict, InvalidArgument
-from shared.layers import ONE_LIVE
 from shared.limits import MAX_COUNT
 from shared.pages import has_live_line, meta_of
 from shared.passages import Passage
@@ -266,21 +264,15 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
         )
     if (why := await mirrored_fact_down(w.tx, row)) is not None:
         return why
-    if await newer_one_live(w, row):
-        return f"a newer {ONE_LIVE[row.label]} is live (one is live at a time)"
     if (live := await _restored_over(w, row)) is not None:
         return (
             f"a version it replaced was restored after it was retired, and {live.id!r} is "
             "that version live now: forget it first (one version is live at a time)"
         )
-    if row.layer != ENTITY:
-        return None
-    if not has_live_line(meta_of(row.metadata_json)):
+    if row.layer == ENTITY and not has_live_line(meta_of(row.metadata_json)):
         # Its lines went stale with what they rest on; live, it would be a page of nothing.
         return "no line of the page is live: restore what its lines rest on instead"
-    if (other := await another_page(w, row)) is not None:
-        return f"page {other.id!r} of its entity is live (an entity has one live page)"
-    return None
+    return await live_rival(w, row)
 
 
 async def _unforget_old_version(run: _Apply, before: MemoryRow) -> MemoryRow | None:

@@ -215,16 +215,20 @@ async def _follow_lines(w: Write, page: MemoryRow, live: bool) -> MemoryRow:
     return after or page
 
 
+def entity_of(page: MemoryRow) -> str:
+    """The name of a page's entity as pages are told apart (case aside)."""
+    return str(meta_of(page.metadata_json).get("entity") or "").casefold()
+
+
 async def another_page(w: Write, page: MemoryRow) -> MemoryRow | None:
     """Another live page of the owner about the page's entity, if any."""
-    name = str(meta_of(page.metadata_json).get("entity") or "").casefold()
+    name = entity_of(page)
     reach = w.core.reach(page.user_id, page.agent_id)
     return next(
         (
             other
             for other in await w.tx.rows_in(reach, [ENTITY])
-            if other.id != page.id and other.status == ACTIVE
-            and str(meta_of(other.metadata_json).get("entity") or "").casefold() == name
+            if other.id != page.id and other.status == ACTIVE and entity_of(other) == name
         ),
         None,
     )
@@ -410,6 +414,17 @@ async def _unmark_edges(w: Write, row: MemoryRow) -> None:
     for edge in await edges_on(w, row):
         if edge.stale:
             await w.tx.update_edge(edge.id, stale=0)
+
+
+async def live_rival(w: Write, row: MemoryRow) -> str | None:
+    """Why the row may not be live beside its owner's live rows: another live page of its
+    entity, or another live Now page or arc (an owner has one of each live); None when it
+    may."""
+    if await newer_one_live(w, row):
+        return f"another {ONE_LIVE[row.label]} is live (one is live at a time)"
+    if row.layer == ENTITY and (other := await another_page(w, row)) is not None:
+        return f"page {other.id!r} of its entity is live (an entity has one live page)"
+    return None
 
 
 async def newer_one_live(w: Write, row: MemoryRow) -> bool:

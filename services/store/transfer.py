@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from services.store.cascade import entity_of, live_rival
 from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import VECTOR_KINDS, own_keys
-from services.store.model import AuditEntry, MemoryRow, Reach
+from services.store.model import ACTIVE, ENTITY, SUMMARY, AuditEntry, MemoryRow, Reach
 from services.store.pg.repo import PgRepo
 from services.store.pg.transfer_repo import PgTransfer, one_snapshot
 from services.store.pg.writes import PgWrites
@@ -30,6 +31,7 @@ from services.store.transfer_format import (
 from services.store.transfer_repo import Owner, SqliteTransfer, TransferRows
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError, TooLarge
+from shared.layers import ONE_LIVE
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.passages import Passage, spans_of
 
@@ -306,7 +308,7 @@ async def import_lines(
             await sql.memory_owners([r.line.row.id for r in rows]),
             await sql.edge_owners([e.id for e in edges]),
         )
-        errors = _held_by_others(batch, held)
+        errors = _held_by_others(batch, held) or await _second_live_ones(w, batch, held)
         if errors:
             return Imported(errors=errors)  # nothing written yet: the transaction is empty
         taken = set(held.memories)
@@ -353,6 +355,36 @@ def _held_by_others(batch: _Batch, held: _Held) -> list[tuple[int, str]]:
         if owners.setdefault(one.id, owner) != owner:
             errors.append((number, f"id {one.id!r} is taken by another {what}"))
     return errors
+
+
+async def _second_live_ones(w: Write, batch: _Batch, held: _Held) -> list[tuple[int, str]]:
+    """The new live lines that would make a second live row of what an owner has one live
+    row of (an entity's page, a Now page, an arc): beside one in the store, or one on an
+    earlier line."""
+    errors = []
+    seen: set[tuple[str, ...]] = set()
+    for number, item in zip(batch.numbers, batch.items, strict=True):
+        if not isinstance(item, MemoryLine) or item.row.id in held.memories:
+            continue
+        row = item.row
+        if row.status != ACTIVE or (key := _one_live_key(w, row)) is None:
+            continue
+        why = "one on an earlier line is live" if key in seen else await live_rival(w, row)
+        seen.add(key)
+        if why is not None:
+            errors.append((number, f"memory {row.id!r} cannot be live: {why}"))
+    return errors
+
+
+def _one_live_key(w: Write, row: MemoryRow) -> tuple[str, ...] | None:
+    """What an owner has one live row of that the row is, with its owner (as live_rival
+    reads them: an entity's page by its person, a Now page or arc by its user); None for
+    any other row."""
+    if row.layer == ENTITY:
+        return (*sorted(w.core.alias_group(row.user_id)), row.agent_id, ENTITY, entity_of(row))
+    if row.layer == SUMMARY and row.label in ONE_LIVE:
+        return (row.user_id, row.agent_id, row.label)
+    return None
 
 
 @dataclass
