@@ -236,6 +236,30 @@ async def test_a_page_keeps_the_state_before_when_the_fact_behind_it_is_replaced
     assert page.content.endswith(": developer at Initech")
 
 
+async def test_a_turn_of_an_older_conversation_is_read_on_the_day_it_was_said(
+    api: Api, fake: FakeLlm
+) -> None:
+    # A backfilled conversation (or a catch-up days late): "yesterday" and the page's history
+    # are of the day the turn was said, not the day it is extracted.
+    user = new_user()
+    fake.on("m-acme", {
+        "facts": [{"text": "Leo started at Acme", "event_at": "2026-03-01"}],
+        "entities": [{"name": "Leo", "kind": "person", "state": "works at Acme"}],
+    })
+    await api.add("m-acme Leo started at Acme yesterday.", user, event_at="2026-03-02T18:00:00Z")
+    fake.on("m-initech", lambda r: {
+        "facts": [{"text": "Leo moved to Initech"}],
+        "entities": [{"name": "Leo", "kind": "person", "state": "works at Initech",
+                      "page": r.number_of("Leo:")}],
+    })
+    await api.add("m-initech Leo moved to Initech.", user, event_at=1779321600)  # 2026-05-21
+    assert "Today is 2026-03-02 (Monday)." in fake.for_marker("m-acme")[-1].user_message
+    assert "Today is 2026-05-21 (Thursday)." in fake.for_marker("m-initech")[-1].user_message
+    (page,) = await api.rows(user, "l8_entity")
+    assert page.content == "Leo: works at Initech\nHistory:\n- 2026-03-02: works at Acme"
+    assert json.loads(page.metadata_json)["since"] == "2026-05-21"
+
+
 async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(
     api: Api, fake: FakeLlm, embedder_address: str
 ) -> None:

@@ -7,13 +7,20 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 import numpy as np
 
 from services.extractor.context import Context, read_context
-from services.extractor.fact_ops import OpBuilder, Turn, as_read, page_name, page_ops
+from services.extractor.fact_ops import (
+    OpBuilder,
+    Turn,
+    as_read,
+    page_name,
+    page_ops,
+    said_at,
+)
 from services.extractor.parse import (
     Candidate,
     Plan,
@@ -129,7 +136,7 @@ class Extraction:
         raw = context.raw
         if raw.layer != common_pb2.L2_RAW or raw.status != "active":
             return Outcome(SKIPPED, "not a live raw row")
-        today = now or datetime.now(UTC)
+        today = now or said_at(raw)
         scope = owner_scope(raw)
         text = cap_utf8(raw.content)
         _, model_id, sentence_hits = await self._sentence_probes(context, text)

@@ -26,6 +26,14 @@ FORGOTTEN_NEAR = 0.9
 ENTITY_LABEL = "entity"
 
 
+def said_at(raw: common_pb2.Memory) -> datetime:
+    """When a turn was said: its event time when the writer gave one (an import or backfill
+    of an older conversation), else when it was written; not when it is extracted (catch-up
+    runs hours or days later)."""
+    return datetime.fromtimestamp(raw.event_at if raw.HasField("event_at") else raw.created_at,
+                                  UTC)
+
+
 @dataclass
 class Turn:
     """What building the ops of one raw row needs, fetched before."""
@@ -168,6 +176,7 @@ def page_ops(
     """
     ops: list[store_pb2.Op] = []
     seen: set[str] = set()
+    day = said_at(builder.turn.raw).strftime("%Y-%m-%d")
     for page_op in pages:
         key = page_op.name.casefold()
         page = _its_page(page_op, known)
@@ -184,10 +193,10 @@ def page_ops(
             row = builder.base(common_pb2.L8_ENTITY,
                                page_content(page_op.name, page_op.state, []), ENTITY_LABEL)
             row.metadata_json = page_metadata(
-                page_op.name, page_op.kind, page_op.state, [], facts, rests_on
+                page_op.name, page_op.kind, page_op.state, [], facts, rests_on, day
             )
             ops.append(store_pb2.Op(insert=row))
-        elif (op := _page_update(page, page_op, facts, rests_on)) is not None:
+        elif (op := _page_update(page, page_op, facts, rests_on, day)) is not None:
             ops.append(op)
     return ops
 
@@ -205,11 +214,12 @@ def _its_page(page_op: PageOp, known: dict[str, common_pb2.Memory]) -> common_pb
 
 
 def _page_update(
-    page: common_pb2.Memory, page_op: PageOp, facts: list[str], rests_on: list[str]
+    page: common_pb2.Memory, page_op: PageOp, facts: list[str], rests_on: list[str], day: str
 ) -> store_pb2.Op | None:
-    """The update of a known page whose state changed (None when it did not), made from the
-    page as read before the model's answer: on condition that it is still so, since a line
-    retired, forgotten or deleted meanwhile would come back live in the history it copies."""
+    """The update of a known page whose state changed (None when it did not), said on day,
+    made from the page as read before the model's answer: on condition that it is still so,
+    since a line retired, forgotten or deleted meanwhile would come back live in the history
+    it copies."""
     meta = page_meta(page)
     name = meta.get("entity") or page_op.name
     state = str(meta.get("state") or "")
@@ -220,8 +230,9 @@ def _page_update(
         history.insert(0, _history_entry(page, meta, state))
     del history[MAX_PAGE_HISTORY:]
     kind = page_op.kind or str(meta.get("kind") or "")
-    new_meta = json.loads(page_metadata(name, kind, page_op.state, history, facts, rests_on))
-    new_meta["since"] = datetime.now(UTC).strftime("%Y-%m-%d")
+    new_meta = json.loads(
+        page_metadata(name, kind, page_op.state, history, facts, rests_on, day)
+    )
     return update_op(
         page.id,
         content=page_content(name, page_op.state, history),

@@ -154,17 +154,19 @@ def page_metadata(
     history: Sequence[dict[str, Any]],
     facts: Sequence[str] = (),
     rests_on: Sequence[str] = (),
+    since: str = "",
 ) -> str:
     """The page's structured form, kept in its metadata; facts: the facts that fed the state;
-    rests_on: its turn and the facts extracted from it."""
-    return json.dumps(
-        {
-            "entity": name,
-            "kind": kind,
-            "state": state,
-            "history": list(history),
-            "facts": list(facts),
-            "rests_on": list(rests_on),
-        },
-        ensure_ascii=False,
-    )
+    rests_on: its turn and the facts extracted from it; since: the day the state was said
+    (YYYY-MM-DD; a history line's date once a newer state comes)."""
+    page = {
+        "entity": name,
+        "kind": kind,
+        "state": state,
+        "history": list(history),
+        "facts": list(facts),
+        "rests_on": list(rests_on),
+    }
+    if since:
+        page["since"] = since
+    return json.dumps(page, ensure_ascii=False)
