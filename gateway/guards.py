@@ -69,23 +69,24 @@ def origin_allowed(origin: str, host_header: str, allowed: Set[str]) -> bool:
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-FORM_TYPES = frozenset(
-    {"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
-)
-"""The content types a page may send another origin without the browser asking it first (a
-form, or a fetch in no-cors mode): the body goes, and only the answer is hidden from the page."""
+JSON_TYPE = "application/json"
+"""The one content type a write from another origin may have: a page can send it there only
+after asking the server first (a CORS preflight), which this server never grants. Every other
+type goes without asking: a form's, a no-cors fetch's (text/plain), and the browser's own
+posts (a CSP violation report, application/csp-report, to any address a page names; a link's
+ping, text/ping); each route also reads its parameters from the query string."""
 
 
-def _form_from_another_origin(request: web.Request, origin: str, host: str) -> bool:
+def _written_without_asking(request: web.Request, origin: str, host: str) -> bool:
     """Whether a write comes from a page on another origin the Origin rule lets through (a
-    loopback one on another port, say) as a form or a no-cors fetch would send it. Sent as
-    JSON, the browser would have asked first, and this server answers no such question."""
+    loopback one on another port, say) as something other than JSON: a form, a no-cors fetch
+    or a report the browser sends for the page."""
     if request.method in SAFE_METHODS:
         return False
     # origin_allowed has parsed the Origin already.
     own = bool(host) and urlsplit(origin.strip()).netloc.lower() == host.strip().lower()
     kind = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-    return not own and kind in FORM_TYPES
+    return not own and kind != JSON_TYPE
 
 
 def _log_refusal(request: web.Request, exc: ServiceError) -> None:
@@ -139,7 +140,7 @@ def _check_origin(request: web.Request) -> None:
         return
     if not origin_allowed(origin, host, allowed):
         raise PermissionDenied("cross-origin request refused")
-    if _form_from_another_origin(request, origin, host):
+    if _written_without_asking(request, origin, host):
         raise PermissionDenied(
             "a write from another origin must be sent as JSON (Content-Type: application/json)"
         )

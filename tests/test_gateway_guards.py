@@ -133,12 +133,16 @@ async def test_same_host_origin_passes_but_other_port_does_not(
 
 
 @pytest.mark.parametrize("kind", ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                                  "multipart/form-data; boundary=x", None])
-async def test_a_write_a_page_on_another_loopback_port_sends_as_a_form_is_refused(
+                                  "multipart/form-data; boundary=x", None,
+                                  "application/csp-report", "text/ping",
+                                  "application/reports+json"])
+async def test_a_write_a_page_on_another_loopback_port_sends_without_asking_is_refused(
     client: TestClient[Any, Any], kind: str | None
 ) -> None:
-    # What a page on http://127.0.0.1:8888 sends with fetch(..., {mode: "no-cors"}) or a form:
-    # the browser asks nothing first, so only the type tells it from a JSON client's call.
+    # What a page on http://127.0.0.1:8888 sends with fetch(..., {mode: "no-cors"}) or a form,
+    # or what the browser posts for it (a CSP report to the report-uri it names, a link's
+    # ping): the browser asks nothing first, so only the type tells it from a JSON client's
+    # call.
     page = {"Origin": "http://127.0.0.1:8888", "Sec-Fetch-Site": "same-site"}
     headers = page if kind is None else {**page, "Content-Type": kind}
     body = None if kind is None else b'{"text": "planted", "user_id": "alice"}'
