@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 from collections.abc import Set
 from urllib.parse import urlsplit
 
@@ -38,7 +39,9 @@ def host_name(host_header: str) -> str:
     """The host part of a Host header: port and IPv6 brackets removed, lower-cased."""
     host = host_header.strip().lower()
     if host.startswith("["):
-        return host[1:].split("]", 1)[0]
+        inside, _, rest = host[1:].partition("]")
+        # Anything but a port after the brackets is no host name ("[::1]evil.com").
+        return inside if re.fullmatch(r"(:\d*)?", rest) else host
     if host.count(":") == 1:
         return host.split(":", 1)[0]
     return host
@@ -59,7 +62,8 @@ def origin_allowed(origin: str, host_header: str, allowed: Set[str]) -> bool:
         hostname = parts.hostname or ""
     except ValueError:
         return False
-    if parts.scheme.lower() not in ("http", "https") or not hostname:
+    # A browser's Origin is scheme, host and port: user info or a path is none it sent.
+    if parts.scheme.lower() not in ("http", "https") or not hostname or "@" in parts.netloc:
         return False
     if is_loopback_host(hostname):
         return True
@@ -127,7 +131,14 @@ def _public_page_opened(request: web.Request) -> bool:
     )
 
 
+GUARD_HEADERS = ("Host", "Origin", "Sec-Fetch-Site")
+"""Headers the guards judge a request by: one of each at most (two could be read two ways)."""
+
+
 def _check_origin(request: web.Request) -> None:
+    for name in GUARD_HEADERS:
+        if len(request.headers.getall(name, [])) > 1:
+            raise PermissionDenied(f"a request with more than one {name} header is refused")
     allowed = request.app[CONFIG].allowed_hosts
     host = request.headers.get("Host", "")
     if not host_allowed(host, allowed):

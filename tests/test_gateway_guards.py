@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
+from multidict import CIMultiDict
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
@@ -130,6 +131,21 @@ async def test_same_host_origin_passes_but_other_port_does_not(
     assert (await _status_and_json(client, "GET", "/healthz", headers=same))[0] == 200
     other = {"Host": "192.168.1.9:19528", "Origin": "http://192.168.1.9:8080"}
     assert (await _status_and_json(client, "GET", "/healthz", headers=other))[0] == 403
+
+
+@pytest.mark.parametrize("headers", [
+    [("Host", "[::1]evil.com")],
+    [("Origin", "http://evil.com@127.0.0.1")],
+    [("Host", "127.0.0.1:19528"), ("Host", "evil.com")],
+    [("Origin", "http://127.0.0.1:19528"), ("Origin", "http://evil.com")],
+    [("Sec-Fetch-Site", "same-origin"), ("Sec-Fetch-Site", "cross-site")],
+])
+async def test_a_guard_header_that_reads_two_ways_is_refused(
+    client: TestClient[Any, Any], headers: list[tuple[str, str]]
+) -> None:
+    # No browser sends these; a proxy or a client in between might, and each guard reads one.
+    status, reply = await _status_and_json(client, "GET", "/healthz", headers=CIMultiDict(headers))
+    assert status == 403, reply
 
 
 @pytest.mark.parametrize("kind", ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
