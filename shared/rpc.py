@@ -253,7 +253,12 @@ class _CallGuard(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method: str = handler_call_details.method  # type: ignore[attr-defined]
-        metadata = dict(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
+        entries = list(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
+        metadata = dict(entries)
+        for key in (TOKEN_METADATA, GRANT_METADATA):
+            if sum(1 for name, _ in entries if name == key) > 1:
+                # Two could be read two ways (a proxy adding its own beside the caller's).
+                return _refusal(handler, f"a call with more than one {key} entry is refused")
         if self._token and not method.startswith(OPEN_METHODS) and not self._token_ok(metadata):
             return _refusal(handler, "this address needs the service token (HYATLAS_GRPC_TOKEN)")
         grant = metadata.get(GRANT_METADATA)

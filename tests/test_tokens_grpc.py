@@ -90,6 +90,14 @@ def test_the_store_enforces_the_grant_a_call_carries(tcp_stack: Stack) -> None:
         assert [o.live for o in dave.owners] == [1]
 
 
+def test_a_call_carrying_two_grants_or_two_tokens_is_refused(tcp_stack: Stack) -> None:
+    # One could be read over the other: a grant for everyone after carol's listed every owner.
+    everyone = ("x-hyatlas-grant", Grant.build("any", ["*"], ["*"], ["read"]).header())
+    assert _owners(tcp_stack, (*AS_CAROL, everyone)) == grpc.StatusCode.UNAUTHENTICATED
+    assert _owners(tcp_stack, (*TOKEN, *TOKEN)) == grpc.StatusCode.UNAUTHENTICATED
+    assert _owners(tcp_stack, AS_CAROL) == grpc.StatusCode.OK
+
+
 def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
     tcp_stack: Stack,
 ) -> None:
