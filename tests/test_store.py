@@ -774,6 +774,17 @@ async def test_reading_every_row_in_pages_misses_none_when_rows_before_leave_mea
     assert len(staying) == PAGE + 5 and staying <= {row.id for row in read}
 
 
+@pytest.mark.parametrize("query", ["kayak", "the", ""])
+async def test_a_negative_k_is_refused_whatever_the_query(
+    store: store_pb2_grpc.StoreStub, query: str
+) -> None:
+    # A query with no term to look for ("the") answered OK with no hits.
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+        await store.KeywordSearch(
+            store_pb2.KeywordSearchRequest(scope=scope(), query=query, k=-1))
+    assert "k must not be negative" in (info.value.details() or "")
+
+
 @pytest.mark.parametrize("word", ["दुनिया", "ดนตรี", "naïve"])
 async def test_a_word_written_with_combining_marks_is_found_by_keyword(
     store: store_pb2_grpc.StoreStub, word: str

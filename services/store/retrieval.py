@@ -72,12 +72,12 @@ async def keyword_search(
     check_text("query", query)
     if min_terms < 0:
         raise InvalidArgument("min_terms must not be negative")
+    k = page_size(k, "k")
     terms = query_terms(query)
     required = required_terms(len(terms))
     if not terms:
         return KeywordResult([], [], 0)
     least = min(min_terms, len(terms)) if min_terms else required
-    k = page_size(k, "k")
 
     async def hits_of(index: str) -> list[Scored]:
         fetch = k
