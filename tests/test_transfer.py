@@ -236,6 +236,29 @@ async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_s
     assert [line["memory"]["id"] for line in mine[1:]] == [fresh]
 
 
+async def test_a_retired_line_without_how_or_replaced_by_itself_is_refused(
+    target: Stack,
+) -> None:
+    alice = f"user-{uuid.uuid4().hex[:8]}"
+
+    def row(memory_id: str, **fields: Any) -> Any:
+        return {"type": "memory", "memory": {"user_id": alice, "id": memory_id,
+                                             "content": f"Note {memory_id}", **fields}}
+
+    status, reply = await _import(target, [
+        row("r1", status="retired"),
+        row("r2", status="retired", superseded_how="replaced", superseded_by="r2"),
+        row("r3", status="retired", superseded_how="replaced", superseded_by="r4"),
+        row("r4"),
+    ])
+    assert status == 400, reply
+    assert [(e["line"], e["error"].split(":")[0]) for e in reply["errors"]] == [
+        (1, "memory.superseded_how is required for a retired row"),
+        (2, "memory.superseded_by names the row itself"),
+    ]
+    assert (reply["imported"], reply["refused"]) == (2, 2)
+
+
 async def test_a_second_live_page_of_an_entity_or_now_page_is_refused_by_line(
     target: Stack,
 ) -> None:

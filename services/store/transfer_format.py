@@ -258,6 +258,14 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
         raise InvalidArgument(f"memory.status must be {ACTIVE!r} or {RETIRED!r}")
     if values.get("superseded_how", "") not in ("", *SUPERSEDED_HOW):
         raise InvalidArgument(f"memory.superseded_how {values['superseded_how']!r} is unknown")
+    if values.get("status") == RETIRED and not values.get("superseded_how"):
+        # Shown with no retirement, it would read as live.
+        raise InvalidArgument(
+            f"memory.superseded_how is required for a retired row: one of "
+            f"{', '.join(SUPERSEDED_HOW)}"
+        )
+    if values.get("superseded_by") and values["superseded_by"] == values.get("id"):
+        raise InvalidArgument("memory.superseded_by names the row itself")
     check_states("memory", values.get("extraction_status"), values.get("write_mode"))
     created = values.setdefault("created_at", ctx.now)
     values.setdefault("updated_at", created)
