@@ -546,6 +546,31 @@ async def test_an_edit_to_the_rows_own_text_changes_nothing(api: Api) -> None:
     assert [e["action"] for e in trail["history"]] == ["insert"]
 
 
+async def test_an_edit_corrects_the_date_of_a_row_with_or_without_new_text(api: Api) -> None:
+    user = _user()
+    row = (await api.add("I moved to Lisbon", user, event_at="2026-03-14"))["memory_id"]
+
+    async def edit(**fields: Any) -> tuple[int, Any]:
+        return await api.call("POST", "/api/v1/update", json={"user_id": user, **fields})
+
+    status, dated = await edit(id=row, event_at="2026-03-04")
+    assert status == 200 and dated["changed"] and dated["replaced"] == row, dated
+    status, again = await edit(id=dated["memory_id"], event_at="2026-03-04T00:00:00Z")
+    assert status == 200 and not again["changed"], again
+    status, both = await edit(id=dated["memory_id"], text="I moved to Lisbon on the 4th",
+                              event_at=1772582400)  # 2026-03-04, as unix seconds
+    assert status == 200 and both["changed"], both
+    for body in ({"id": both["memory_id"], "event_at": "March 4th"},
+                 {"id": both["memory_id"]}, {"id": both["memory_id"], "text": ""}):
+        status, reply = await edit(**body)
+        assert status == 400, (body, reply)
+    live = [(m["content"], m["event_at"])
+            for m in (await api.listing(user))["memories"]]
+    assert live == [("I moved to Lisbon on the 4th", 1772582400)]
+    listed = (await api.listing(user, include_superseded=True))["memories"]
+    assert sorted(m["event_at"] for m in listed) == [1772582400, 1772582400, 1773446400]
+
+
 async def test_two_edits_of_one_row_sent_at_once_leave_one_live_version(api: Api) -> None:
     user = _user()
     old = (await api.add("I live in Porto", user))["memory_id"]

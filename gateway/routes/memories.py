@@ -293,9 +293,12 @@ async def restore(request: web.Request) -> web.Response:
     return json_response({"restored": True, "memory": list_items(reply.memories)[0]})
 
 
-def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> store_pb2.NewMemory:
+def _new_version(
+    old: common_pb2.Memory, text: str, event_at: float | None, config: GatewayConfig
+) -> store_pb2.NewMemory:
     """The row an edit inserts: the old row's owner, layer, label, sources, metadata and dates
-    with the new text; a raw row is extracted again like a new write."""
+    with the new text (and event time, when given); a raw row is extracted again like a new
+    write."""
     raw = old.layer == common_pb2.L2_RAW
     row = store_pb2.NewMemory(
         owner=old.owner,
@@ -311,19 +314,28 @@ def _new_version(old: common_pb2.Memory, text: str, config: GatewayConfig) -> st
     for name in ("event_at", "valid_to", "due_at"):
         if old.HasField(name):
             setattr(row, name, getattr(old, name))
+    if event_at is not None:
+        row.event_at = event_at
     return row
+
+
+def _event_time(row: common_pb2.Memory) -> float | None:
+    """A row's event time, None when it has none."""
+    return row.event_at if row.HasField("event_at") else None
 
 
 @routes.post("/api/v1/update")
 @writes
 async def update(request: web.Request) -> web.Response:
-    """New text for one of the owner's live rows: a new version is stored and the old one is
-    retired as replaced by it (both keep their history); the row's own text changes nothing."""
+    """New text or event time for one of the owner's live rows: a new version is stored and
+    the old one is retired as replaced by it (both keep their history); the row's own text
+    and time change nothing."""
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     text = params.string("text", strip=False)
-    if not memory_id or not text.strip():
-        raise InvalidArgument("id and text required")
+    event_at = params.timestamp("event_at")
+    if not memory_id or (not text.strip() and (text or event_at is None)):
+        raise InvalidArgument("id and text (or event_at) required")
     scope = owner_scope(params.string("user_id"), params.string("agent_id"))
     store = request.app[STORE]
     old = (
@@ -333,7 +345,9 @@ async def update(request: web.Request) -> web.Response:
     ).memory
     if old.status != "active":
         raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
-    if text == old.content:  # a new version would say the same: the row stays as it is
+    text = text or old.content
+    if text == old.content and event_at in (None, _event_time(old)):
+        # A new version would say the same: the row stays as it is.
         return json_response({"success": True, "memory_id": memory_id, "replaced": "",
                               "changed": False, "extraction_status": old.extraction_status})
     retire = store_pb2.RetireOp(id=memory_id, superseded_how="replaced", superseded_by="$edited")
@@ -341,7 +355,7 @@ async def update(request: web.Request) -> web.Response:
         store_pb2.ApplyRequest(
             scope=scope,
             ops=[
-                store_pb2.Op(insert=_new_version(old, text, request.app[CONFIG])),
+                store_pb2.Op(insert=_new_version(old, text, event_at, request.app[CONFIG])),
                 store_pb2.Op(retire=retire),
             ],
             actor="api",
