@@ -76,7 +76,8 @@ async def status(request: web.Request) -> web.Response:
         extras["embed_problem"] = stats.model_problem
     # The whole server's counts: not for a token reaching some owners.
     if whole_server:
-        extras.update(writes=counters.writes, searches=counters.searches)
+        extras.update(writes=counters.writes, searches=counters.searches,
+                      data_dir=stats.data_dir or str(config.data_dir))
         if llm is not None:
             extras.update(
                 dropped_ops=llm.dropped_ops,
@@ -106,7 +107,6 @@ async def status(request: web.Request) -> web.Response:
             "unextracted": 0 if config.mode == "lite" else stats.unextracted,
             **await consolidation_status(request),
             "vdb_points": stats.total,
-            "data_dir": stats.data_dir or str(config.data_dir),
             **extras,
         }
     )
