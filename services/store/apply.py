@@ -289,12 +289,14 @@ async def _unforget_old_version(run: _Apply, before: MemoryRow) -> MemoryRow | N
 
 
 async def _restored_over(w: Write, row: MemoryRow) -> MemoryRow | None:
-    """The live version of a row this one replaced (at any depth) that was restored while
-    its chain ended in a retired row: the restore cleared its link to this one, so it is
-    found by what the restore's audit entry found (its `superseded_by`)."""
+    """The live version of a row this one replaced or updated (at any depth) that was
+    restored while its chain ended in a retired row: the restore cleared its link to this one,
+    so it is found by what the restore's audit entry found (its `superseded_by`). Rows a merge
+    took are no versions of it: a pass's undo brings them back beside it."""
     for user_id in w.core.alias_group(row.user_id):
         for memory_id, before in await w.tx.restores_of(user_id):
-            over = json.loads(before or "{}").get("superseded_by", "")
+            was = json.loads(before or "{}")
+            over = was.get("superseded_by", "") if was.get("superseded_how") in OLD_VERSIONS else ""
             if not over or not await _leads_to(w, over, row.id):
                 continue
             restored = await w.tx.get(memory_id)
