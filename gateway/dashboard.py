@@ -20,9 +20,9 @@ from gateway.readiness import service_states
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.shapes import list_item
 from gateway.state import STORE
-from services.search.model import calibrated_floor
 from services.search.switches import switchable_names
 from shared.aliases import Aliases
+from shared.calibration import calibrated_floor
 from shared.dates import rfc3339
 from shared.errors import InvalidArgument, NotFound, ServiceError
 from shared.grants import check_everyone

@@ -26,10 +26,10 @@ from services.search.model import (
     Scope,
     SearchContext,
     SearchQuery,
-    calibrated_floor,
 )
 from services.search.pipeline import LITE_PIPELINE, PLAIN_PIPELINE
 from services.store.keys import clauses, context_text, own_keys, passage_of
+from shared.calibration import calibrated_floor
 from shared.errors import ConfigError
 
 # Wednesday 2024-05-15 14:30 UTC.

@@ -28,8 +28,6 @@ class ExtractorConfig:
     """HYATLAS_RECONCILE: a second call compares new facts with similar stored ones."""
     dedupe_score: float = 0.92
     """HYATLAS_DEDUPE_SCORE: a new fact this similar to a live one retires it as restated."""
-    related_score: float = 0.70
-    """Least cosine similarity of a stored fact shown to the model as related."""
     related_facts: int = 5
     """How many related facts the model is shown."""
     catchup_every_s: float | None = 600.0

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared.calibration import related_score
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import PAGE, StoreClient
 
@@ -27,11 +28,11 @@ class Context:
     """Every live intention and entity page of the owner, newest first."""
 
 
-def _near(
-    scope: common_pb2.Scope, memory_id: str, layer: int, k: int, min_score: float
-) -> store_pb2.Read:
+def _near(scope: common_pb2.Scope, memory_id: str, layer: int, k: int) -> store_pb2.Read:
+    """The k rows of a layer nearest the row, however far (min_score 0: the row's model, which
+    sets the floor, is read in the same call)."""
     request = store_pb2.VectorSearchRequest(
-        scope=scope, near_id=memory_id, layers=[layer], k=k, min_score=min_score  # type: ignore[list-item]
+        scope=scope, near_id=memory_id, layers=[layer], k=k  # type: ignore[list-item]
     )
     return store_pb2.Read(vector_search=request)
 
@@ -42,15 +43,14 @@ async def read_context(
     memory_id: str,
     facts_k: int,
     pages_k: int,
-    min_score: float,
 ) -> Context:
-    """The row, its vector, the facts and pages near it, and the owner's open rows: one read
-    (a second only when the open rows fill more than a page). NotFound when the row is not in
-    scope."""
+    """The row, its vector, the facts and pages related to it (the nearest, at the related
+    score of the row's model or more), and the owner's open rows: one read (a second only when
+    the open rows fill more than a page). NotFound when the row is not in scope."""
     reads = [
         store_pb2.Read(get=store_pb2.GetMemoryRequest(scope=scope, id=memory_id, with_vector=True)),
-        _near(scope, memory_id, common_pb2.L3_FACT, facts_k, min_score),
-        _near(scope, memory_id, common_pb2.L8_ENTITY, pages_k, min_score),
+        _near(scope, memory_id, common_pb2.L3_FACT, facts_k),
+        _near(scope, memory_id, common_pb2.L8_ENTITY, pages_k),
         store_pb2.Read(list=store_pb2.ListMemoriesRequest(
             scope=scope, layers=OPEN_LAYERS, limit=PAGE)),
     ]
@@ -59,5 +59,10 @@ async def read_context(
     if len(rows) < listed.list.total:
         rows = await store.all_rows(store_pb2.ListMemoriesRequest(scope=scope, layers=OPEN_LAYERS))
     vector = np.asarray(got.get.vector, dtype=np.float32) if got.get.vector else None
-    return Context(got.get.memory, vector, list(facts.vector_search.hits),
-                   list(pages.vector_search.hits), rows)
+    floor = related_score(got.get.memory.model_id)
+    return Context(got.get.memory, vector, _related(facts, floor), _related(pages, floor), rows)
+
+
+def _related(found: store_pb2.ReadResult, floor: float) -> list[common_pb2.ScoredMemory]:
+    """The hits of a near read at floor or more."""
+    return [hit for hit in found.vector_search.hits if hit.score >= floor]

@@ -32,6 +32,7 @@ from services.extractor.prompt import (
     extraction_messages,
 )
 from services.extractor.reconcile import Reconciler
+from shared.calibration import related_score
 from shared.errors import Conflict, ServiceError, Unavailable
 from shared.layers import DONE, EXPERIENCE, FAILED, SKIPPED
 from shared.llm import LlmClient, LlmMalformed
@@ -112,7 +113,6 @@ class Extraction:
         embedder: Embedder,
         llm: LlmClient,
         dedupe_score: float = 0.92,
-        related_score: float = 0.70,
         related_facts: int = 5,
         reconciler: Reconciler | None = None,
     ) -> None:
@@ -120,7 +120,6 @@ class Extraction:
         self.embedder = embedder
         self.llm = llm
         self.dedupe_score = dedupe_score
-        self.related_score = related_score
         self.related_facts = related_facts
         self.reconciler = reconciler
         self.counters = Counters()
@@ -128,7 +127,7 @@ class Extraction:
     async def read_context(self, scope: common_pb2.Scope, memory_id: str) -> Context:
         """The row and everything its extraction is shown, in one store read."""
         return await read_context(
-            self.store, scope, memory_id, self.related_facts, MAX_PAGES, self.related_score
+            self.store, scope, memory_id, self.related_facts, MAX_PAGES
         )
 
     async def extract(self, context: Context, now: datetime | None = None) -> Outcome:
@@ -177,7 +176,7 @@ class Extraction:
         sentences, model_id = await self.embedder.embed(probes[1:])
         found = await asyncio.gather(*(
             self.store.vector_search(owner_scope(raw), v, model_id, [common_pb2.L3_FACT],
-                                     self.related_facts, self.related_score)
+                                     self.related_facts, related_score(model_id))
             for v in sentences
         ))
         return own, model_id, [hit for hits in found for hit in hits]
@@ -238,7 +237,7 @@ class Extraction:
         facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
         intentions = [r for r in context.open_rows if r.layer == common_pb2.L7_INTENTION]
         rows: list[tuple[str, common_pb2.Memory]] = [
-            *(("fact", hit.memory) for hit in facts if hit.score >= self.related_score),
+            *(("fact", hit.memory) for hit in facts),
             *(("intention", m) for m in intentions[:MAX_INTENTIONS]),
             *(("page", m) for m in _touched_pages(context, text)),
         ]

@@ -64,7 +64,6 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             embedder,
             llm,
             dedupe_score=config.dedupe_score,
-            related_score=config.related_score,
             related_facts=config.related_facts,
             reconciler=Reconciler(store, llm) if config.reconcile else None,
         )

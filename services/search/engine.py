@@ -19,10 +19,10 @@ from services.search.model import (
     Scope,
     SearchContext,
     SearchQuery,
-    calibrated_floor,
 )
 from services.search.pipeline import PLAIN_PIPELINE, Pipeline
 from services.search.switches import CONTEXT_KEYS, GRAPH, RELAXED_KEYWORDS
+from shared.calibration import calibrated_floor
 
 log = logging.getLogger(__name__)
 

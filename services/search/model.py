@@ -243,18 +243,3 @@ class RankingSettings:
     usage_learning: bool = True
 
 
-# Cosine floors calibrated per embedding model: the similarity above which about nine in ten
-# relevant passages score. BGE's cosines run high (the reference's 0.60); MiniLM's good
-# matches sit around 0.3-0.6.
-MODEL_FLOORS: dict[str, float] = {
-    "bge-small-en-v1.5": 0.60,
-    "all-MiniLM-L6-v2-int8": 0.30,
-    "all-MiniLM-L6-v2": 0.30,
-    "all-MiniLM-L6-v2-fp16": 0.30,
-}
-DEFAULT_FLOOR = 0.60
-
-
-def calibrated_floor(model_id: str) -> float:
-    """The vector floor for a model when HYATLAS_MIN_SCORE is unset (0.60 for unknown models)."""
-    return MODEL_FLOORS.get(model_id, DEFAULT_FLOOR)

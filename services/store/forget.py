@@ -96,7 +96,7 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
         row = await core.get(reach, asked.memory_id)
         if not forgettable(row):
             return Forgotten([], [])
-        text, matches = row.content, {row.id: row}
+        text, matches = row.content, {row.id: row} | await _learnt_only_from(core, reach, row)
     key = value_key(text)
     if not key:
         raise InvalidArgument("text has nothing to match")
@@ -253,6 +253,19 @@ async def _memory_tool_entries(
         return {}
     derived = await core.all_rows(reach, ListQuery(layers=DERIVED_FROM_ENTRIES))
     return entries | {row.id: row for row in derived if entries.keys() & set(row.source_ids)}
+
+
+async def _learnt_only_from(core: Core, reach: Reach, turn: MemoryRow) -> dict[str, MemoryRow]:
+    """The live rows extracted from a turn (facts, preferences, intentions) that no other
+    live row is evidence of: a turn forgotten by id is what it said, and they say it too."""
+    if turn.layer != RAW:
+        return {}
+    query = ListQuery(layers=DERIVED_FROM_ENTRIES, source_id=turn.id)
+    learnt = [row for row in await core.all_rows(reach, query) if forgettable(row)]
+    others = {source for row in learnt for source in row.source_ids} - {turn.id}
+    found = await core.repo.get_many(reach, list(others))
+    live = {memory_id for memory_id, row in found.items() if row.status == ACTIVE}
+    return {row.id: row for row in learnt if not live & set(row.source_ids)}
 
 
 def _without_evidence(matches: dict[str, MemoryRow], key: str) -> dict[str, MemoryRow]:
