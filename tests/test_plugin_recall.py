@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -130,6 +131,31 @@ async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(
     _, text = await recall(api, user, "What did Rui do in Sintra?")
     assert "- [2026-11-28] (l3_fact) Rui went hiking in Sintra" in text, text
     assert "(date = when it happened, else when it was recorded)" in text.splitlines()[0]
+
+
+async def test_a_turn_is_dated_on_the_users_local_day_and_a_date_as_it_was_given(
+    api: Api, fake: FakeLlm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = new_user()
+    await api.add(f"{user}-kayak I bought a red kayak today.", user, agent_id="hermes")
+    body, _ = await recall(api, user, "What did I buy?")
+    (turn,) = [m for m in body["memories"]["normal"] if "kayak" in m["content"]]
+    days = []
+    try:
+        # 25 hours apart: the turn falls on two different days there, whatever the time.
+        for zone in ("Pacific/Kiritimati", "Pacific/Pago_Pago"):
+            monkeypatch.setenv("TZ", zone)
+            time.tzset()
+            days.append(datetime.fromtimestamp(turn["gmt_created"], UTC).astimezone().date())
+            assert f"- [{days[-1].isoformat()}] (l2_raw) {user}-kayak" in format_recall(
+                body, "What did I buy?", per_channel=8)
+            # A date given without a time is that date everywhere.
+            dated = {"memories": {"normal": [{**turn, "event_at": 1795824000}]}}
+            assert "- [2026-11-28]" in format_recall(dated, "kayak", per_channel=8)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert days[0] != days[1]
 
 
 async def test_a_fact_that_happened_before_1970_shows_its_own_date(

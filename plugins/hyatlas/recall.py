@@ -30,16 +30,33 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _day(stamp: Any) -> str:
-    """A stamp's UTC day (dates are stored as UTC midnights; before 1970 they are negative);
-    "" when it is not a time (the gateway sends 0 for none)."""
+    """The day of a stamp (unix seconds, or RFC 3339 as the gateway sends gmt_created): a UTC
+    midnight is a date given without a time (dates are stored so), its own day; any other time
+    is the local day it fell on, as the user lived it. "" when it is not a time (the gateway
+    sends 0 for none)."""
+    moment = _moment(stamp)
+    if moment is None:
+        return stamp[:10] if isinstance(stamp, str) and len(stamp) >= 10 else ""
+    if moment.utcoffset() == dt.timedelta(0) and moment.time() == dt.time(0):
+        return moment.strftime("%Y-%m-%d")
+    return moment.astimezone().strftime("%Y-%m-%d")
+
+
+def _moment(stamp: Any) -> dt.datetime | None:
+    """A stamp as an aware time (UTC for unix seconds; before 1970 they are negative); None
+    when it is none."""
     if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and stamp != 0:
         try:
-            return (_EPOCH + dt.timedelta(seconds=stamp)).strftime("%Y-%m-%d")
+            return _EPOCH + dt.timedelta(seconds=stamp)
         except (OverflowError, ValueError):
-            return ""
-    if isinstance(stamp, str) and len(stamp) >= 10:
-        return stamp[:10]
-    return ""
+            return None
+    if isinstance(stamp, str):
+        try:
+            moment = dt.datetime.fromisoformat(stamp)
+        except ValueError:
+            return None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    return None
 
 
 def _line(item: dict[str, Any]) -> str:
