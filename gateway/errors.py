@@ -19,6 +19,7 @@ from shared.errors import (
     Unavailable,
     Unimplemented,
 )
+from shared.settings import SERVICES
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def client_message(request: web.Request, exc: ServiceError) -> str:
     elif isinstance(exc, Unavailable) and exc.service:
         # gRPC's words name sockets and addresses: the client learns which service, the log why.
         log.warning("%s %s: %s", request.method, request.path, message)
-        message = f"a backing service is unavailable: {exc.service}"
+        message = f"a backing service is unavailable: {_unreachable(exc.service, message)}"
     elif isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
     elif exc.http_status >= 500 and not isinstance(exc, (Unimplemented, StorageFull)):
@@ -148,6 +149,21 @@ def client_message(request: web.Request, exc: ServiceError) -> str:
         log.error("%s %s: %s (error id %s)", request.method, request.path, message, error_id)
         message = internal_message(error_id)
     return message
+
+
+def _unreachable(called: str, message: str) -> str:
+    """The service out of reach, named through the ones the call went by: a service passes on
+    the failure of one it called as "<name>: <its words>" ("store: embedder: failed to
+    connect" is the embedder, through the store)."""
+    chain = [called]
+    while (name := message.partition(": ")[0]) in SERVICES:
+        if name != chain[-1]:
+            chain.append(name)
+        message = message.partition(": ")[2]
+    if len(chain) == 1:
+        return called
+    through = " and ".join(f"the {name}" for name in reversed(chain[:-1]))
+    return f"{chain[-1]} (called through {through})"
 
 
 def _service_error(request: web.Request, exc: ServiceError) -> web.Response:

@@ -10,7 +10,7 @@ from aiohttp import web
 from gateway.state import CHANNELS, CONFIG
 from shared.errors import Unavailable
 from shared.rpc import health_state
-from shared.settings import MODE_SERVICES
+from shared.settings import BACKGROUND_SERVICES, MODE_SERVICES
 
 HEALTH_TIMEOUT_S = 2.0
 
@@ -28,8 +28,18 @@ async def service_states(app: web.Application) -> dict[str, str]:
 
 
 def is_ready(states: dict[str, str], mode: str) -> bool:
-    """Whether every service the mode needs is serving."""
-    return all(states.get(name) == "serving" for name in MODE_SERVICES[mode])
+    """Whether every service the mode's writes and searches need is serving (the background
+    ones are left out: a consolidator away only makes the slow path wait)."""
+    return all(
+        states.get(name) == "serving"
+        for name in MODE_SERVICES[mode]
+        if name not in BACKGROUND_SERVICES
+    )
+
+
+def all_serving(states: dict[str, str]) -> bool:
+    """Whether every service asked is serving (the background ones too)."""
+    return all(state == "serving" for state in states.values())
 
 
 async def wait_for_store(app: web.Application) -> None:

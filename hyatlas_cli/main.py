@@ -198,7 +198,9 @@ async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
     checks: list[tuple[str, bool | None, str]] = []
     code, ready = await gateway.call("GET", "/readyz")
     services = ready.get("services", {}) if isinstance(ready, dict) else {}
-    checks.append(("services ready", code == 200, json.dumps(services)))
+    # Ready is the request path; a background service away (the consolidator) fails it too.
+    every = code == 200 and all(state == "serving" for state in services.values())
+    checks.append(("services ready", every, json.dumps(services)))
     code, state = await gateway.call("GET", "/api/v1/status")
     checks.append(("status", code == 200, _status_line(state) if code == 200 else str(state)))
     if code == 200:

@@ -27,6 +27,9 @@ MODE_SERVICES = {
 }
 """The backing services each mode runs: lite stores and searches with no LLM; pro adds the
 extractor (its LLM calls, Now pages, episodes); ultra adds the consolidator (the slow path)."""
+BACKGROUND_SERVICES = frozenset({"consolidator"})
+"""Services no write or search waits for (the slow path runs behind them): a node is ready to
+serve without them, as a node of a cluster whose consolidator runs on another is."""
 OFF_WORDS = frozenset({"0", "off", "false", "no"})
 ON_WORDS = frozenset({"1", "on", "true", "yes"})
 

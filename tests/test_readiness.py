@@ -54,6 +54,63 @@ async def test_readyz_is_503_until_every_backing_service_answers(
         assert status_body["services"] == body["services"]
 
 
+async def test_an_ultra_node_without_a_consolidator_serves_ready_but_says_it_is_degraded(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    # A node of a cluster whose consolidator runs on the other node, that node down: writes
+    # and searches go on here, so a balancer checking /readyz must keep it; status and doctor
+    # still say the slow path waits.
+    with running_stack(
+        tmp_path, ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_MODE="ultra",
+    ) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+
+        async def ready() -> dict:
+            status, body = await api.call("GET", "/readyz")
+            assert status == 200, body
+            return body
+
+        body = await value_eventually(ready)
+        assert body["services"]["consolidator"] == "unreachable"
+        status = await api.status()
+        assert (status["ready"], status["status"], status["write_pipeline"]) == (
+            True, "degraded", "ok")
+        env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url}
+        doctor = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "hyatlas_cli", "doctor"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert doctor.returncode == 1 and doctor.stdout.startswith("FAIL services ready"), (
+            doctor.stdout)
+
+        await asyncio.to_thread(stack.start, "consolidator")
+
+        async def whole() -> dict:
+            status = await api.status()
+            assert status["status"] == "ok", status
+            return status
+
+        await value_eventually(whole)
+
+
+async def test_status_names_the_embedder_away_as_what_stops_writes(tmp_path: Path) -> None:
+    with running_stack(tmp_path, ["embedder", "store", "search", "gateway"]) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        assert (await api.status())["write_pipeline"] == "ok"
+        await asyncio.to_thread(stack.procs["embedder"].stop)
+
+        async def degraded() -> dict:
+            status = await api.status()
+            assert status["write_pipeline"] == "degraded: the embedder is unreachable", status
+            return status
+
+        status = await value_eventually(degraded)
+        assert (status["status"], status["ready"]) == ("degraded", False)
+        code, body = await api.call("POST", "/api/v1/add", json={"text": "x", "user_id": "u"})
+        assert (code, body["error"]) == (
+            503, "a backing service is unavailable: embedder (called through the store)")
+
+
 async def test_a_write_sent_before_the_store_is_up_waits_for_it(
     tmp_path: Path, embedder_address: str
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.readiness import is_ready, service_states
+from gateway.readiness import all_serving, is_ready, service_states
 from gateway.respond import all_users, json_response, rpc_timeout
 from gateway.routes.digest import consolidation_status
 from gateway.shapes import layer_counts
@@ -52,6 +52,17 @@ def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
     return shown
 
 
+WRITE_PATH = ("embedder", "store")
+"""The services every write goes through, whatever the mode."""
+
+
+def _write_path_down(services: dict[str, str]) -> str:
+    """What stops writes among the services on their path ("" when they all serve)."""
+    down = [f"the {name} is {services[name]}" for name in WRITE_PATH
+            if services.get(name, "serving") != "serving"]
+    return f"degraded: {', '.join(down)}" if down else ""
+
+
 @routes.get("/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
@@ -68,6 +79,7 @@ async def status(request: web.Request) -> web.Response:
         state, pipeline = "unused", "ok"
     else:  # the extractor owns the LLM's state; the gateway does not guess it
         state, pipeline = "unknown", "degraded: the extractor is unavailable"
+    pipeline = _write_path_down(services) or pipeline
     extras: dict[str, Any] = {}
     whole_server = reaches_everyone()
     if stats.HasField("reembed"):
@@ -86,7 +98,7 @@ async def status(request: web.Request) -> web.Response:
             )
     return json_response(
         {
-            "status": "degraded" if stats.model_problem else "ok",
+            "status": "degraded" if stats.model_problem or not all_serving(services) else "ok",
             "ready": is_ready(services, config.mode),
             "services": services,
             "version": VERSION,
