@@ -756,6 +756,8 @@ async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_add
         assert row["extraction_status"] == "unconfigured"
         status, body = await api.call("GET", "/api/v1/status")
         assert body["llm"] == "unconfigured" and body["consolidations"] == -1
+        # Still to be extracted once a model is set (catch-up takes it): counted.
+        assert body["unextracted"] == 1
         assert body["extract_sync"].startswith("blocking")
         assert stack.procs["gateway"].stop() == 0  # SIGTERM: a clean stop, exit status 0
 

@@ -42,6 +42,7 @@ from services.store.text_index import (
     KeywordIndex,
     high_of,
 )
+from shared.layers import UNEXTRACTED
 from shared.runtime import trim_heap
 from shared.text import edge_key
 from shared.tombstones import TOMBSTONES_KEY
@@ -860,7 +861,8 @@ class SharedReads:
             *where,
             "m.layer = 'l2_raw'",
             "m.status = 'active'",
-            "m.extraction_status IN ('pending', 'failed')",
+            # What catch-up works through: unconfigured turns wait for a key (shared.layers).
+            "m.extraction_status IN (" + ", ".join(f"'{s}'" for s in sorted(UNEXTRACTED)) + ")",
         ]
         ((unextracted,),) = await self._fetch(
             f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
