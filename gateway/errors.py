@@ -143,6 +143,9 @@ def client_message(request: web.Request, exc: ServiceError) -> str:
         message = f"a backing service is unavailable: {_unreachable(exc.service, message)}"
     elif isinstance(exc, Unavailable):
         message = f"a backing service is unavailable: {message}"
+    elif isinstance(exc, StorageFull):
+        # Its words say what to do and go to the client; the operator reads them here.
+        log.warning("%s %s refused: %s", request.method, request.path, message)
     elif exc.http_status >= 500 and not isinstance(exc, (Unimplemented, StorageFull)):
         # A backing service's own words may hold exception text: they go to the log only.
         error_id = new_error_id()

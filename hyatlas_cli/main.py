@@ -206,6 +206,8 @@ async def doctor(gateway: Gateway, args: argparse.Namespace) -> int:
     if code == 200:
         problem = state.get("embed_problem")
         checks.append(("model", not problem, problem or f"vectors of {state.get('embed')}"))
+        behind = state.get("keyword_problem")
+        checks.append(("keyword search", not behind, behind or "holds every acknowledged write"))
     code, system = await gateway.call("GET", "/dashboard/api/system")
     if code == 200:
         checks.append(_snapshot_check(system))

@@ -101,14 +101,22 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
         status, body = await call(stack, "POST", "/api/v1/admin/snapshot")
         assert status == 200, body
 
-        # Searched while full, and after a restart on the full disk.
+        # Searched while full, and after a restart on the full disk: a keyword search that
+        # misses acknowledged writes is said to (status, doctor), never silently.
         for _ in range(2):
             status, found = await call(
                 stack, "POST", "/api/v1/search", json={"query": "garden shed", "user_id": user}
             )
             assert status == 200, found
+            missed = set(acked) - set(await _keyword_found(stack, user, list(acked)))
+            status, state = await call(stack, "GET", "/api/v1/status")
+            if missed:
+                assert state["status"] == "degraded" and "misses the latest writes" in (
+                    state["keyword_problem"]), (missed, state)
             stack.procs["store"].stop()
             stack.start("store", wrapper=on_disk)
+        assert "refused: store: the data directory's disk is full" in (
+            stack.procs["gateway"].logs())
 
         grow = [*on_disk, "mount", "-o", "remount,size=64m", str(data_dir)]
         await asyncio.to_thread(subprocess.run, grow, check=True)
@@ -118,6 +126,8 @@ async def test_a_full_disk_refuses_writes_with_507_keeps_reads_and_loses_nothing
         assert status == 200, body
         acked["wagain"] = body["memory_id"]
         assert await _keyword_found(stack, user, list(acked)) == acked
+        status, state = await call(stack, "GET", "/api/v1/status")
+        assert state["status"] == "ok" and "keyword_problem" not in state, state
 
 
 async def _keyword_found(stack: Stack, user: str, words: list[str]) -> dict[str, str]:

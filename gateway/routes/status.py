@@ -52,6 +52,11 @@ def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
     return shown
 
 
+def _problems(stats: store_pb2.GetStatsResponse) -> bool:
+    """Whether the store refuses vector work (its model) or its keyword search misses writes."""
+    return bool(stats.model_problem or stats.keyword_problem)
+
+
 WRITE_PATH = ("embedder", "store")
 """The services every write goes through, whatever the mode."""
 
@@ -86,6 +91,8 @@ async def status(request: web.Request) -> web.Response:
         extras["reembed"] = reembed_status(stats.reembed)
     if stats.model_problem:
         extras["embed_problem"] = stats.model_problem
+    if stats.keyword_problem:
+        extras["keyword_problem"] = stats.keyword_problem
     # The whole server's counts: not for a token reaching some owners.
     if whole_server:
         extras.update(writes=counters.writes, searches=counters.searches,
@@ -98,7 +105,7 @@ async def status(request: web.Request) -> web.Response:
             )
     return json_response(
         {
-            "status": "degraded" if stats.model_problem or not all_serving(services) else "ok",
+            "status": "degraded" if _problems(stats) or not all_serving(services) else "ok",
             "ready": is_ready(services, config.mode),
             "services": services,
             "version": VERSION,

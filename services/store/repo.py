@@ -928,6 +928,8 @@ class Repo(SharedReads):
         self._purger: asyncio.Task[None] | None = None
         self._builder: asyncio.Task[None] | None = None
         self._build_room: int | None = None
+        self._keywords_behind: dict[str, str] = {}
+        """Why each keyword index that misses acknowledged writes now does (a full disk)."""
         """The data disk's free bytes when a keyword index build was last refused for want of
         room (None: none was): the indexes not built are built once more are free."""
         self._pruned = 0
@@ -1050,16 +1052,34 @@ class Repo(SharedReads):
             # Said once a refused build (_build_refused), not at every search meanwhile.
             self._build_when_room()
             log.debug("keyword index %s is not built (the disk was full): searched as empty", name)
+            self._keywords_behind[name] = "is not built: the disk was full"
             return index
+        # Whether the index is behind is asked on the event loop: a thread hop a search.
+        await self._follow_one(name, index, high_of(await self.keyed_read(1, LOG_HIGH, ())))
+        return index
+
+    async def _follow_one(self, name: str, index: KeywordIndex, high: int | None = None) -> None:
+        """Has one keyword index apply the logged changes (up to high); on a full disk it goes
+        on without them, noted once (keyword_problem) rather than at each search."""
         try:
-            # Whether the index is behind is asked on the event loop: a thread hop a search.
-            high = high_of(await self.keyed_read(1, LOG_HIGH, ()))
             await index.follow(self.text_reader(name), high)
         except Exception as exc:
             if not disk_full(exc):
                 raise
-            log.warning("keyword index %s searched without its latest rows: %s", name, exc)
-        return index
+            if name not in self._keywords_behind:
+                log.warning("keyword index %s misses the latest writes till the disk has room: "
+                            "%s", name, exc)
+            self._keywords_behind[name] = "misses the latest writes till the disk has room"
+        else:
+            if self._keywords_behind.pop(name, None) is not None:
+                log.info("keyword index %s holds every acknowledged write again", name)
+
+    @property
+    def keyword_problem(self) -> str:
+        """Why keyword searches miss acknowledged writes now ("" when they do not)."""
+        return "; ".join(
+            f"keyword index {name} {why}" for name, why in sorted(self._keywords_behind.items())
+        )
 
     def _build_refused(self, name: str, exc: Exception) -> None:
         """Notes a keyword index build that failed (on a full disk, as a rule): it is tried
@@ -1105,7 +1125,8 @@ class Repo(SharedReads):
                 await asyncio.sleep(FOLLOW_DELAY_S)
                 self._unfollowed.clear()
                 for name, index in self._keywords.items():
-                    await index.follow(self.text_reader(name))
+                    if index.built:
+                        await self._follow_one(name, index)
                 await self._let_writers_go_when_idle()
         except Exception:  # a search applies the changes then, or reports the failure
             log.exception("keyword indexes could not follow the change log")

@@ -223,6 +223,11 @@ class Rows(Protocol):
         """Whether the database answers now (the store's readiness)."""
         ...
 
+    @property
+    def keyword_problem(self) -> str:
+        """Why keyword searches miss acknowledged writes now ("" when they do not)."""
+        ...
+
     async def checkpoint(self) -> None:
         """Makes deleted text leave the database's files as far as the backend can under the
         write lock (SQLite: the write-ahead log is folded in and truncated, and after an erase

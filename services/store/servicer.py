@@ -508,6 +508,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             graph_edges=stats.graph_edges,
             backend=self._store.backend,
             model_problem=self._store.model.mismatch,
+            keyword_problem=self._store.keyword_problem,
             reembed=_reembed(progress, whole) if progress is not None else None,
         )
 

@@ -69,6 +69,11 @@ class Store:
         return await self._repo.answers()
 
     @property
+    def keyword_problem(self) -> str:
+        """Why keyword searches miss acknowledged writes now ("" when they do not)."""
+        return self._repo.keyword_problem
+
+    @property
     def model(self) -> VectorModel:
         """The model the store's vectors come from (a re-embed changes it when it is done)."""
         return self._core.model

@@ -60,6 +60,11 @@ class PgRepo(SharedReads):
         """Whether the database server answers a trivial query in time."""
         return await self.db.answers()
 
+    @property
+    def keyword_problem(self) -> str:
+        """Never: keyword search reads the database's own text index, written with the rows."""
+        return ""
+
     async def close(self) -> None:
         """Waits for the vacuum passes asked for (the pool is the caller's to close)."""
         await self._vacuums.close()
