@@ -456,18 +456,25 @@ async def test_forgetting_a_turn_by_id_takes_what_was_learnt_from_it_alone(
                     owner=common_pb2.Owner(user_id=user), layer=common_pb2.L3_FACT,
                     content="Kim paddles from Setubal",
                     source_ids=[turn["memory_id"], home["memory_id"]]))]))
+    (paddle,) = await api.rows(user, "l7_intention")
+    await api.ok("POST", "/api/v1/forget", json={"memory_id": paddle.id, "user_id": user})
     body = await api.ok("POST", "/api/v1/forget",
                         json={"memory_id": turn["memory_id"], "user_id": user})
-    assert body["forgotten"] == 3, body
+    assert body["forgotten"] == 2, body
     facts = await api.rows(user, "l3_fact")
     # Said in that turn alone: gone with it; resting on another live turn too: kept.
     assert by_content(facts, "Kim bought a red kayak").superseded_how == "forgotten"
     assert by_content(facts, "Kim paddles from Setubal").status == "active"
     assert by_content(facts, "Kim lives in Setubal").status == "active"
-    (paddle,) = await api.rows(user, "l7_intention")
-    assert paddle.superseded_how == "forgotten"
     hits = await api.search("What boat did Kim buy?", user, layer="l3_fact")
     assert hits and not any("kayak" in hit["content"] for hit in hits), hits
+
+    # The turn's restore brings back what its forget took, not what was forgotten before.
+    await api.ok("POST", "/api/v1/restore", json={"id": turn["memory_id"], "user_id": user})
+    facts = await api.rows(user, "l3_fact")
+    assert by_content(facts, "Kim bought a red kayak").status == "active"
+    (paddle,) = await api.rows(user, "l7_intention")
+    assert paddle.superseded_how == "forgotten"
 
 
 async def test_a_forgotten_value_stays_forgotten_on_its_evidence_but_not_in_a_new_turn(

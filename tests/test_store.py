@@ -302,6 +302,30 @@ async def test_retire_can_name_a_row_inserted_earlier_in_the_same_apply(
         )
 
 
+async def test_a_replaced_row_ends_when_its_newer_version_says_the_change_happened(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    january, march = 1767225600.0, 1772323200.0  # 2026-01-01, 2026-03-01
+
+    async def replaced(old: store_pb2.NewMemory, new: store_pb2.Op) -> float:
+        (row,) = await apply(store, store_pb2.Op(insert=old))
+        await apply(store, new, store_pb2.Op(retire=store_pb2.RetireOp(
+            id=row.id, superseded_how="replaced", superseded_by="$new")))
+        got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+        return got.memory.invalid_at
+
+    before = time.time()
+    porto = insert("Lives in Porto", event_at=january).insert
+    # "Moved to Lisbon in March", written later: Porto ended in March.
+    assert await replaced(porto, insert("Lives in Lisbon", ref="new", event_at=march)) == march
+    # A correction keeping the row's time, a newer version with no time or a time to come:
+    # it ends now.
+    for new in (insert("Lives in Porto, Portugal", ref="new", event_at=january),
+                insert("Lives in Faro", ref="new"),
+                insert("Will live in Faro", ref="new", event_at=time.time() + 86400)):
+        assert await replaced(porto, new) >= before
+
+
 async def test_a_row_is_not_restored_beside_a_live_version_of_it(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
@@ -1497,8 +1521,8 @@ async def test_a_write_made_while_the_indexes_follow_in_the_background_is_applie
 
     async with serving_store(tmp_path, embedder_address) as stub:
 
-        async def follow_then_write(index: KeywordIndex, conn: Any) -> None:
-            await follow(index, conn)
+        async def follow_then_write(index: KeywordIndex, conn: Any, high: Any = None) -> None:
+            await follow(index, conn, high)
             if index.source.name == "own" and not wrote:
                 wrote.append(True)
                 await apply(stub, insert("the zephyrine lighthouse keeper", layer=L2))

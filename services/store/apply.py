@@ -42,6 +42,7 @@ from services.store.model import (
     DERIVED_LAYERS,
     ENTITY,
     FORGOTTEN,
+    LEARNT_LAYERS,
     OLD_VERSIONS,
     RAW,
     REPLACED,
@@ -202,12 +203,14 @@ async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
         raise Conflict(
             f"op {i}: memory {op.id!r} is retired already ({before.superseded_how or 'retired'})"
         )
+    successor = None
     if op.superseded_by:
         if op.superseded_by == op.id:
             raise InvalidArgument(f"op {i}: a memory cannot supersede itself")
-        await target(w.tx, run.reach, op.superseded_by)
+        successor = await target(w.tx, run.reach, op.superseded_by)
     fields = retired_fields(
-        w.now, w.actor, op.superseded_how, by=op.superseded_by, reason=op.drop_reason
+        _ended_at(w.now, before, op.superseded_how, successor), w.actor, op.superseded_how,
+        by=op.superseded_by, reason=op.drop_reason,
     )
     if op.pass_id:
         fields["pass_id"] = op.pass_id
@@ -217,6 +220,18 @@ async def _retire(run: _Apply, i: int, op: Retire) -> MemoryRow | None:
     await retire_derived(w, before, op.superseded_how)
     w.facts_changed += fact_changes(op, before, after)
     return after
+
+
+def _ended_at(now: float, row: MemoryRow, how: str, successor: MemoryRow | None) -> float:
+    """When a row a newer version retires stopped holding: when that version says the change
+    happened (its event time, past and later than the row's own), else now. An edit that
+    keeps the row's event time is a correction, not a change: now."""
+    if successor is None or how not in OLD_VERSIONS or successor.event_at is None:
+        return now
+    earlier = row.event_at is not None and successor.event_at <= row.event_at
+    if successor.event_at > now or earlier:
+        return now
+    return successor.event_at
 
 
 async def _forget_old_version(run: _Apply, before: MemoryRow, op: Retire) -> MemoryRow | None:
@@ -245,12 +260,38 @@ async def _restore(run: _Apply, i: int, op: Restore) -> MemoryRow | None:
         )
     if (why := await _kept_down(w, before)) is not None:
         raise Conflict(f"op {i}: memory {op.id!r} cannot be restored: {why}")
-    after = await revive(w, before, run.reason)
-    await restore_derived(w, before)
-    if before.superseded_how == FORGOTTEN:
-        await lift_tombstones(w, before, run.reason)
+    after = await _revive_with_what_rests_on_it(w, before, run.reason)
+    if before.superseded_how == FORGOTTEN and before.layer == RAW:
+        await _restore_learnt(w, before, op, run.reason)
     w.facts_changed += fact_changes(op, before, after)
     return after
+
+
+async def _revive_with_what_rests_on_it(
+    w: Write, before: MemoryRow, reason: str
+) -> MemoryRow | None:
+    """Makes a retired row live again with what rests on it; a forgotten one's value leaves
+    the tombstones."""
+    after = await revive(w, before, reason)
+    await restore_derived(w, before)
+    if before.superseded_how == FORGOTTEN:
+        await lift_tombstones(w, before, reason)
+    return after
+
+
+async def _restore_learnt(w: Write, turn: MemoryRow, op: Restore, reason: str) -> None:
+    """Brings back what the turn's forget took with it (forget._learnt_only_from): the rows
+    learnt from it forgotten in the same change, unless one may not be live now."""
+    for row in await w.tx.derived_from(turn.id, LEARNT_LAYERS):
+        if (
+            w.same_person(turn.user_id, row.user_id)
+            and row.superseded_how == FORGOTTEN
+            and row.updated_at == turn.updated_at
+            and await _live_successor(w, row) is None
+            and await _kept_down(w, row) is None
+        ):
+            after = await _revive_with_what_rests_on_it(w, row, reason)
+            w.facts_changed += fact_changes(op, row, after)
 
 
 async def _kept_down(w: Write, row: MemoryRow) -> str | None:

@@ -26,6 +26,7 @@ from services.store.model import (
     ACTIVE,
     ENTITY,
     FORGOTTEN,
+    LEARNT_LAYERS,
     RAW,
     ListQuery,
     MemoryRow,
@@ -49,7 +50,6 @@ words may restate it (shared.text.may_restate): a phone number or a time one dig
 as near as that, and another value."""
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
-DERIVED_FROM_ENTRIES = ("l1_profile", "l3_fact", "l7_intention")
 LOOKS = 3
 """The most times a forget reads and writes: again while the rows it forgot had new versions
 written between its read and its write, which it has not seen."""
@@ -251,7 +251,7 @@ async def _memory_tool_entries(
     entries = {r.id: r for r in raws if part in r.content and _memory_tool_entry(r, target)}
     if not entries:
         return {}
-    derived = await core.all_rows(reach, ListQuery(layers=DERIVED_FROM_ENTRIES))
+    derived = await core.all_rows(reach, ListQuery(layers=LEARNT_LAYERS))
     return entries | {row.id: row for row in derived if entries.keys() & set(row.source_ids)}
 
 
@@ -260,7 +260,7 @@ async def _learnt_only_from(core: Core, reach: Reach, turn: MemoryRow) -> dict[s
     live row is evidence of: a turn forgotten by id is what it said, and they say it too."""
     if turn.layer != RAW:
         return {}
-    query = ListQuery(layers=DERIVED_FROM_ENTRIES, source_id=turn.id)
+    query = ListQuery(layers=LEARNT_LAYERS, source_id=turn.id)
     learnt = [row for row in await core.all_rows(reach, query) if forgettable(row)]
     others = {source for row in learnt for source in row.source_ids} - {turn.id}
     found = await core.repo.get_many(reach, list(others))

@@ -31,6 +31,8 @@ KNOWLEDGE = "l5_knowledge"
 """The layer of knowledge rows: each states one graph edge's triple, resting on its facts."""
 DERIVED_LAYERS = (SUMMARY, KNOWLEDGE, "l6_schema")
 """Layers derived from other rows: each row lists its evidence in source_ids."""
+LEARNT_LAYERS = ("l1_profile", "l3_fact", "l7_intention")
+"""Layers of the rows extraction learns from a turn (each cites it in source_ids)."""
 ACTIVE = "active"
 RETIRED = "retired"
 RAW = "l2_raw"

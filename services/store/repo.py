@@ -149,10 +149,12 @@ FORGET_MARKS = (
 parameter: FORGET_MARKS_LIKE); the caller reads the tombstones themselves."""
 FORGET_MARKS_LIKE = f"%{json.dumps(TOMBSTONES_KEY)}%"
 # The rows of the derived layers, to which a condition on their source_ids is added.
-DERIVED_ROWS = (
-    f"SELECT {_COLUMNS} FROM memories WHERE layer IN "
-    + "(" + ", ".join(f"'{layer}'" for layer in DERIVED_LAYERS) + ") AND "
-)
+def rows_of_layers(layers: Sequence[str]) -> str:
+    """The start of a query of rows in the given layers (its WHERE goes on after "AND")."""
+    return (
+        f"SELECT {_COLUMNS} FROM memories WHERE layer IN ("
+        + ", ".join(f"'{layer}'" for layer in layers) + ") AND "
+    )
 _UPDATABLE = frozenset(
     {
         "content", "label", "count", "hits", "metadata", "model_id", "updated_at", "event_at",
@@ -471,10 +473,13 @@ class Tx:
         )
         return [_row(r) for r in rows]
 
-    async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
+    async def derived_from(
+        self, memory_id: str, layers: Sequence[str] = DERIVED_LAYERS
+    ) -> list[MemoryRow]:
+        """Rows of the layers (the derived ones, L4, L5, L6, unless told) that list memory_id
+        among their evidence."""
         rows = await self._conn.execute_fetchall(
-            DERIVED_ROWS
+            rows_of_layers(layers)
             + "EXISTS (SELECT 1 FROM json_each(memories.source_ids) WHERE value = ?)",
             (memory_id,),
         )

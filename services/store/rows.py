@@ -12,6 +12,7 @@ import numpy as np
 
 from services.store.index import IndexChanges, Matches
 from services.store.model import (
+    DERIVED_LAYERS,
     AuditEntry,
     CountQuery,
     Edge,
@@ -107,8 +108,11 @@ class Writes(Protocol):
         """Every row (live or retired) inside a reach and layers."""
         ...
 
-    async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
+    async def derived_from(
+        self, memory_id: str, layers: Sequence[str] = DERIVED_LAYERS
+    ) -> list[MemoryRow]:
+        """Rows of the layers (the derived ones, L4, L5, L6, unless told) that list memory_id
+        among their evidence."""
         ...
 
     async def pages_citing(self, memory_id: str) -> list[MemoryRow]:

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from services.store.model import Edge, MemoryRow, Reach
+from services.store.model import DERIVED_LAYERS, Edge, MemoryRow, Reach
 from services.store.off_calendar import DATES, EDGE_DATES
 from services.store.pg.db import numbered
 from services.store.repo import (
@@ -20,7 +20,6 @@ from services.store.repo import (
     ADD_AUDIT,
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
-    DERIVED_ROWS,
     EDGES_OFF_CALENDAR,
     FORGET_MARKS,
     FORGET_MARKS_LIKE,
@@ -36,6 +35,7 @@ from services.store.repo import (
     _where,
     edge_values,
     row_json,
+    rows_of_layers,
 )
 from shared.errors import Conflict
 
@@ -234,11 +234,14 @@ class PgWrites:
         )
         return [_row(r) for r in rows]
 
-    async def derived_from(self, memory_id: str) -> list[MemoryRow]:
-        """Rows of the derived layers (L4, L5, L6) that list memory_id among their evidence."""
+    async def derived_from(
+        self, memory_id: str, layers: Sequence[str] = DERIVED_LAYERS
+    ) -> list[MemoryRow]:
+        """Rows of the layers (the derived ones, L4, L5, L6, unless told) that list memory_id
+        among their evidence."""
         # Containment (@>), not jsonb's `?` operator: numbered() takes every `?` for a parameter.
         rows = await self._fetch(
-            DERIVED_ROWS + "source_ids::jsonb @> jsonb_build_array(?::text)",
+            rows_of_layers(layers) + "source_ids::jsonb @> jsonb_build_array(?::text)",
             memory_id,
         )
         return [_row(r) for r in rows]
