@@ -119,6 +119,10 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
     other = LineContext(**{**CTX.__dict__, "file_model_id": "other"})
     parsed = _parse(line, other)
     assert isinstance(parsed, MemoryLine) and parsed.vector is None
+    # Left unread, but not unchecked: a line's broken vector is refused whatever its model.
+    for broken in ("@@", 7):
+        with pytest.raises(InvalidArgument, match="vector"):
+            _parse({**line, "vector": broken}, other)
     nameless = _parse({**line, "vector": _b64(np.array([3.0, 0, 4.0, 0]))})
     assert isinstance(nameless, MemoryLine) and nameless.vector is None  # whose vector is it?
     own = _parse({**line, "vector": _b64(np.array([3.0, 0, 4.0, 0])), "model_id": "m"})

@@ -277,13 +277,18 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
     return MemoryRow(**{"id": "", "agent_id": "", "session_id": "", **values})
 
 
-def _vector(text: Any, what: str, ctx: LineContext) -> np.ndarray:
+def _base64(text: Any, what: str) -> bytes:
+    """A vector's bytes; InvalidArgument for anything but well-formed base64 text."""
     if not isinstance(text, str):
         raise InvalidArgument(f"{what} must be base64 text")
     try:
-        blob = base64.b64decode(text, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidArgument(f"{what} is not valid base64") from None
+
+
+def _vector(text: Any, what: str, ctx: LineContext) -> np.ndarray:
+    blob = _base64(text, what)
     if len(blob) != 4 * ctx.ndim:
         raise InvalidArgument(f"{what} holds {len(blob) // 4} floats, not {ctx.ndim}")
     vector = np.frombuffer(blob, dtype="<f4").astype(np.float32)
@@ -299,7 +304,7 @@ def _reusable(value: Any, what: str, reuse: bool, ctx: LineContext) -> np.ndarra
     if value is None:
         return None
     if not reuse:
-        _string(what, value)  # another model's vector: its text is not ours to read
+        _base64(value, what)  # another model's vector, embedded again: well-formed still
         return None
     return _vector(value, what, ctx)
 
