@@ -34,8 +34,9 @@ def release_if_full(data_dir: Path) -> bool:
         return False
     path.unlink()
     log.warning(
-        "the data disk is full: let the %d KiB reserve go so that the store can open; it answers "
-        "reads and refuses writes until space is freed", RESERVE_BYTES >> 10,
+        "the data disk is full: let the %d KiB reserve go so that the store can open; writes "
+        "may use that room, then are refused until space is freed (reads go on)",
+        RESERVE_BYTES >> 10,
     )
     return True
 
