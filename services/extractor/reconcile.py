@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from services.extractor.prompt import TURN_CLOSE, TURN_OPEN
+from shared.calibration import similar_score
 from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, ReplySchema, array_of, object_schema, shown_number
 from shared.pb import common_pb2, store_pb2
@@ -16,7 +17,6 @@ from shared.store_client import StoreClient, retire_op, update_op
 
 log = logging.getLogger(__name__)
 
-SIMILAR = 0.70
 PER_FACT = 5
 SYSTEM = """You compare NEW facts, just learned, with similar STORED facts about the same person. \
 For each pair that belongs together choose one op:
@@ -62,7 +62,8 @@ class Reconciler:
         vectors: Sequence[Any],
         model_id: str,
     ) -> int:
-        """Compares new facts with stored ones at >= 0.70; returns how many ops were applied."""
+        """Compares new facts with stored ones at the model's similar score or more; returns
+        how many ops were applied."""
         stored = await self._stored_near(scope, new_facts, vectors, model_id)
         if not stored:
             return 0
@@ -93,7 +94,8 @@ class Reconciler:
         fresh = {m.id for m in new_facts}
         found = await asyncio.gather(*(
             self.store.vector_search(
-                scope, v, model_id, [common_pb2.L3_FACT], PER_FACT + len(fresh), SIMILAR
+                scope, v, model_id, [common_pb2.L3_FACT], PER_FACT + len(fresh),
+                similar_score(model_id),
             )
             for v in vectors
         ))
