@@ -262,6 +262,18 @@ def settings_in_force(settings: Settings, model_id: str) -> dict[str, Any]:
     return shown
 
 
+def _snapshot_failure(stats: store_pb2.GetStatsResponse) -> dict[str, str] | None:
+    """The store's last scheduled snapshot, when it failed: when, why, and the next try."""
+    if not stats.HasField("snapshot_failure"):
+        return None
+    failure = stats.snapshot_failure
+    return {
+        "at": rfc3339(failure.at),
+        "reason": failure.reason,
+        "retry_at": rfc3339(failure.retry_at),
+    }
+
+
 async def system(request: web.Request) -> web.Response:
     """Service health, settings in force (no secrets), data directory size (with the database's
     on PostgreSQL) and snapshots: the server's, so for a token reaching every owner."""
@@ -289,6 +301,7 @@ async def system(request: web.Request) -> web.Response:
                 "every_s": settings.snapshot_every_s,
                 "keep": settings.snapshot_keep,
                 "files": snapshots,
+                "last_failure": _snapshot_failure(stats),
             },
             "now": rfc3339(time.time()),
         }

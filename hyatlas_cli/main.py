@@ -228,6 +228,14 @@ def _snapshot_check(system: dict[str, Any]) -> tuple[str, bool, str]:
     every_s, files = snapshots["every_s"], snapshots["files"]
     if system.get("store_backend") == "postgresql":
         return ("snapshots", True, "not taken on PostgreSQL: back the database up with pg_dump")
+    failure = snapshots.get("last_failure")
+    if failure:
+        return (
+            "snapshots",
+            False,
+            f"the last scheduled snapshot failed at {failure['at']}: {failure['reason']}; "
+            f"next try at {failure['retry_at']}",
+        )
     schedule = "" if every_s else "schedule off (HYATLAS_SNAPSHOT_EVERY); "
     if not files:
         return ("snapshots", True, f"{schedule}none yet in {snapshots['dir']}")

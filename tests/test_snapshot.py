@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import sqlite3
 import uuid
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -191,3 +193,61 @@ async def test_what_a_snapshot_killed_midway_left_is_removed_at_start_and_before
         status, taken = await call(stack, "POST", "/api/v1/admin/snapshot")
     assert status == 200, taken
     assert [path.name for path in folder.iterdir()] == [Path(taken["path"]).name]
+
+
+class _Stop(BaseException):
+    """Ends a schedule under test: no `except Exception` of it catches this."""
+
+
+async def test_a_failed_scheduled_snapshot_is_tried_again_sooner_and_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Five copies refused by a full disk, one that works, one unexpected error: the pauses
+    between tries grow from five minutes up to the interval, and the failure is kept for stats
+    until a snapshot is written."""
+    (tmp_path / "data").mkdir()
+    core = SimpleNamespace(write_lock=asyncio.Lock(), indexes=None)
+    plan = snapshot.SnapshotPlan(tmp_path / "snapshots", every_s=3600.0)
+    snaps = snapshot.Snapshots(core, tmp_path / "data", plan)  # type: ignore[arg-type]
+    outcomes: list[BaseException | None] = [
+        *[sqlite3.OperationalError("database or disk is full")] * 5,
+        None, RuntimeError("something unexpected"), _Stop(),
+    ]
+    failures_seen: list[snapshot.SnapshotFailure | None] = []
+
+    def copy(data_dir: Path, staging: Path, skip: tuple[Path, ...]) -> None:
+        failures_seen.append(getattr(snaps, "last_failure", None))
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay_s: float) -> None:  # the schedule's pauses, not waited out
+        pauses.append(delay_s)
+        if len(pauses) > len(failures_seen) + 1:  # a failure the schedule took for a copy's
+            raise _Stop
+        await real_sleep(0)
+
+    monkeypatch.setattr(snapshot, "_copy", copy)
+    monkeypatch.setattr(snapshot.asyncio, "sleep", sleep)
+    with caplog.at_level(logging.INFO, logger=snapshot.__name__), pytest.raises(_Stop):
+        await snaps.run_schedule()
+
+    assert pauses == [60, 300, 600, 1200, 2400, 3600, 3600, 300]
+    assert failures_seen[0] is None
+    for seen, pause_s in zip(failures_seen[1:6], pauses[1:6], strict=True):
+        assert seen is not None and seen.reason == "the disk is full"
+        assert seen.retry_at - seen.at == pytest.approx(pause_s)
+    assert failures_seen[6] is None  # the snapshot written cleared it
+    assert snaps.last_failure is not None
+    assert snaps.last_failure.reason == "RuntimeError (the store's log has the details)"
+    failed = [r for r in caplog.records if "snapshot failed" in r.getMessage()]
+    assert [(r.levelno, r.exc_info is None) for r in failed] == [
+        *[(logging.WARNING, True)] * 5, (logging.ERROR, False)
+    ]
+    assert failed[0].getMessage() == (
+        "snapshot failed, the disk is full (database or disk is full); will try again in 300s"
+    )
+    assert len(list(plan.folder.glob("hyatlas-*.zip"))) == 1

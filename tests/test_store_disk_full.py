@@ -318,3 +318,47 @@ def test_a_store_without_a_reserve_that_cannot_open_its_database_on_a_full_disk_
         with pytest.raises(RuntimeError, match="exited 1") as failed:
             store.start()
     assert "disk I/O error" in str(failed.value)
+
+
+def _doctor(stack: Stack) -> subprocess.CompletedProcess[str]:
+    """`hyatlas doctor` against the stack's gateway."""
+    env = {**stack.env, "HYATLAS_SERVER_URL": stack.base_url}
+    return subprocess.run(
+        [sys.executable, "-m", "hyatlas_cli", "doctor"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+async def test_a_scheduled_snapshot_refused_by_a_full_disk_is_one_warning_fails_doctor_and_is_retried(  # noqa: E501
+    tmp_path: Path, embedder_address: str
+) -> None:
+    folder = tmp_path / "snapshots"
+    folder.mkdir()
+    with _small_disk(folder, "size=16k") as on_disk, running_stack(
+        tmp_path / "data", [], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_SNAPSHOT_DIR=str(folder), HYATLAS_SNAPSHOT_EVERY="1s",
+    ) as stack:
+        # Both on the small disk: the gateway lists the snapshots the store writes there.
+        store = stack.start("store", wrapper=on_disk)
+        stack.start("search")
+        stack.start("gateway", wrapper=on_disk)
+
+        def refused_twice() -> None:
+            assert store.logs().count('"msg": "snapshot failed, the disk is full (') >= 2
+
+        await assert_eventually(refused_twice)
+        assert "Traceback" not in store.logs()
+        done = await asyncio.to_thread(_doctor, stack)
+        assert done.returncode == 1, done.stdout
+        assert "FAIL snapshots: the last scheduled snapshot failed at " in done.stdout
+        assert ": the disk is full; next try at " in done.stdout
+
+        grow = [*on_disk, "mount", "-o", "remount,size=64m", str(folder)]
+        await asyncio.to_thread(subprocess.run, grow, check=True)
+
+        async def doctor_content() -> None:
+            done = await asyncio.to_thread(_doctor, stack)
+            assert done.returncode == 0, done.stdout
+            assert "ok   snapshots: newest hyatlas-" in done.stdout
+
+        await assert_eventually(doctor_content)

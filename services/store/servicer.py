@@ -272,6 +272,16 @@ def _reembed(progress: Progress, whole: bool) -> store_pb2.Reembed:
     return shown
 
 
+def _snapshot_failure(store: Store) -> store_pb2.SnapshotFailure | None:
+    """The last scheduled snapshot's failure, if it failed."""
+    failure = store.snapshots.last_failure if store.snapshots is not None else None
+    if failure is None:
+        return None
+    return store_pb2.SnapshotFailure(
+        at=failure.at, reason=failure.reason, retry_at=failure.retry_at
+    )
+
+
 class StoreServicer(store_pb2_grpc.StoreServicer):
     """Serves the Store contract over a domain Store."""
 
@@ -510,6 +520,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             model_problem=self._store.model.mismatch,
             keyword_problem=self._store.keyword_problem,
             reembed=_reembed(progress, whole) if progress is not None else None,
+            snapshot_failure=_snapshot_failure(self._store) if whole else None,
         )
 
     @grpc_errors

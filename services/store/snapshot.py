@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from services.store.core import Core
+from services.store.disk_full import disk_full
 from services.store.disk_reserve import RESERVE_NAME
 from services.store.durable import put_in_place
 from services.store.text_index import KEYWORDS_FOLDER
@@ -28,6 +29,9 @@ STAGING_PREFIX = ".staging-"
 PARTIAL_SUFFIX = ".partial"
 # The first scheduled snapshot comes this long after start (sooner if the interval is shorter).
 FIRST_AFTER_S = 60.0
+# A scheduled snapshot that failed is tried again after this long, then twice as long after
+# each failure in a row, never later than the regular interval.
+RETRY_FIRST_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,15 @@ class SnapshotPlan:
     every_s: float | None = None
     skip: tuple[Path, ...] = ()
     """Folders under the data directory that are no data (the sockets, snapshots put inside)."""
+
+
+@dataclass(frozen=True)
+class SnapshotFailure:
+    """The last scheduled snapshot failed: when (unix seconds), why, and when it is tried again."""
+
+    at: float
+    reason: str
+    retry_at: float
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,12 @@ def clear_leftovers(folder: Path) -> None:
         log.warning("removed %d leftovers of unfinished snapshots in %s", len(left), folder)
 
 
+def retry_pause_s(failures: int, every_s: float) -> float:
+    """How long the schedule waits after its failures-th failure in a row: RETRY_FIRST_S,
+    doubled each time, at most every_s."""
+    return min(RETRY_FIRST_S * 2.0 ** min(failures - 1, 32), every_s)
+
+
 class Snapshots:
     """Takes snapshots of one store's data directory, one at a time."""
 
@@ -130,6 +149,8 @@ class Snapshots:
         self._data_dir = data_dir
         self.plan = plan
         self._lock = asyncio.Lock()
+        self.last_failure: SnapshotFailure | None = None
+        """Set while the last scheduled snapshot failed; any snapshot written clears it."""
 
     async def take(self) -> Snapshot:
         """Copies the data while writes wait, then zips the copy and drops the oldest."""
@@ -150,6 +171,7 @@ class Snapshots:
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
             dropped = await asyncio.to_thread(_prune, folder, self.plan.keep)
+            self.last_failure = None
         size = path.stat().st_size
         log.info(
             "snapshot %s written (%d bytes, writes paused %.3fs, %d old ones deleted)",
@@ -158,14 +180,32 @@ class Snapshots:
         return Snapshot(path, size, paused_s)
 
     async def run_schedule(self) -> None:
-        """Takes a snapshot every plan.every_s seconds, the first one a minute after start."""
+        """Takes a snapshot every plan.every_s seconds, the first one a minute after start; one
+        that failed is tried again sooner (retry_pause_s)."""
         every_s = self.plan.every_s
         if not every_s:
             return
         await asyncio.sleep(min(FIRST_AFTER_S, every_s))
+        failures = 0
         while True:
             try:
                 await self.take()
-            except Exception:
-                log.exception("snapshot failed; will try again in %.0fs", every_s)
-            await asyncio.sleep(every_s)
+                failures, pause_s = 0, every_s
+            except Exception as exc:
+                failures += 1
+                pause_s = retry_pause_s(failures, every_s)
+                self._failed(exc, pause_s)
+            await asyncio.sleep(pause_s)
+
+    def _failed(self, exc: Exception, pause_s: float) -> None:
+        """Logs a failed scheduled snapshot (a full disk in one line, anything else with its
+        traceback) and keeps it for the store's stats."""
+        now = time.time()
+        if disk_full(exc):
+            reason = "the disk is full"
+            log.warning("snapshot failed, the disk is full (%s); will try again in %.0fs",
+                        exc, pause_s)
+        else:
+            reason = f"{type(exc).__name__} (the store's log has the details)"
+            log.exception("snapshot failed; will try again in %.0fs", pause_s)
+        self.last_failure = SnapshotFailure(now, reason, now + pause_s)

@@ -27,6 +27,9 @@ export async function render(root, ctx) {
       h("dt", null, "Size on disk"), h("dd", null, fmtBytes(sys.data_bytes))));
   const snaps = sys.snapshots;
   const snapshots = h("section", { class: "panel", id: "snapshots" }, h("h2", null, "Snapshots"),
+    snaps.last_failure
+      ? h("div", { class: "error", role: "alert" }, `The last scheduled snapshot failed at ${fmtTime(snaps.last_failure.at)}: ${snaps.last_failure.reason}. Next try at ${fmtTime(snaps.last_failure.retry_at)}.`)
+      : null,
     h("p", { class: "muted" }, sys.store_backend === "postgresql" ? "Not taken: the store keeps its rows in PostgreSQL; back the database up with pg_dump." : snaps.every_s ? `Every ${fmtDuration(snaps.every_s)}, keeping ${snaps.keep}, in ${snaps.dir}` : `Off (HYATLAS_SNAPSHOT_EVERY); folder ${snaps.dir}`),
     snaps.files.length
       ? h("table", null, h("tbody", null, snaps.files.map((f) => h("tr", null, h("td", { class: "mono" }, f.name), h("td", { class: "num" }, fmtBytes(f.bytes)), h("td", null, fmtTime(f.modified))))))
