@@ -433,6 +433,34 @@ async def wait_serving(address: str, timeout_s: float = 30.0, service: str = "")
             await asyncio.sleep(0.05)
 
 
+# How a service waited for without an end stands, as its warnings say it.
+_NOT_SERVING = {
+    "unreachable": "does not answer",
+    "not_serving": "answers but is not serving yet",
+}
+# The longest pause between two health checks of a service waited for without an end.
+PATIENT_CHECK_MOST_S = 1.0
+
+
+async def wait_serving_patiently(name: str, address: str, warn_every_s: float = 10.0) -> None:
+    """Waits, however long it takes, until the service at address reports SERVING, with a
+    warning line every warn_every_s while it does not: for a service this one cannot start
+    without, where exiting would only be restarted into the same wait."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    warn_at, pause_s = start + warn_every_s, 0.05
+    async with open_channel(address) as channel:
+        while (state := await health_state(channel)) != "serving":
+            if loop.time() >= warn_at:
+                log.warning(
+                    "the %s at %s %s (waited %.0f s; see its log); still waiting for it",
+                    name, address, _NOT_SERVING.get(state, state), loop.time() - start,
+                )
+                warn_at = loop.time() + warn_every_s
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, PATIENT_CHECK_MOST_S)
+
+
 class ReadAtScrape(Collector):
     """Metric families a service builds from its own counters each time it is scraped."""
 

@@ -16,8 +16,12 @@ from tests.extractor_support import Api, new_user
 from tests.support import (
     ROOT,
     WAIT_CEILING_S,
+    ServiceProcess,
+    Stack,
+    assert_eventually,
     base_env,
     free_port,
+    grpc_serving,
     running_stack,
     value_eventually,
 )
@@ -147,6 +151,44 @@ async def test_a_write_with_no_store_answers_503_that_says_so(
             "POST", "/api/v1/add", json={"text": "nowhere to go", "user_id": new_user()})
     assert status == 503
     assert "store did not answer" in body["error"], body
+
+
+def _waiting_lines(log: Path, address: str) -> list[dict]:
+    """The store's log lines saying it still waits for the embedder at address."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    said = f"the embedder at {address} does not answer"
+    return [line for line in lines if line["msg"].startswith(said)]
+
+
+async def test_a_store_started_before_its_embedder_waits_for_it_with_a_warning_line_each_time(
+    tmp_path: Path,
+) -> None:
+    address = f"unix:{tmp_path / 'embedder.sock'}"
+    env = base_env(tmp_path / "data", HYATLAS_EMBEDDER_ADDR=address)
+    log = tmp_path / "store.log"
+    # Ready here means: running, and saying twice what it waits for. It exited after a minute
+    # with a traceback (TimeoutError), to be restarted into the same wait.
+    store = ServiceProcess(
+        "services.store", env, lambda: len(_waiting_lines(log, address)) >= 2, log
+    ).start()
+    try:
+        for line in _waiting_lines(log, address):
+            assert line["level"] == "warning" and "exc" not in line, line
+            assert line["msg"].endswith("; still waiting for it"), line
+        embedder_env = base_env(tmp_path / "embedder", HYATLAS_EMBEDDER_ADDR=address)
+        embedder = ServiceProcess(
+            "services.embedder", embedder_env, lambda: grpc_serving(address),
+            tmp_path / "embedder.log",
+        ).start()
+        try:
+            store_address = Stack(tmp_path / "data", env).address("store")
+            await assert_eventually(lambda: grpc_serving(store_address))
+        finally:
+            assert store.stop() == 0
+            embedder.stop()
+    finally:
+        store.kill()
+    assert "Traceback" not in log.read_text()
 
 
 def _launch(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:

@@ -37,8 +37,9 @@ class StoreConfig:
     index_cache_bytes: int = DEFAULT_BUDGET_BYTES
     """HYATLAS_INDEX_CACHE_MB: memory the loaded vector indexes may take before the least
     recently used are saved and dropped (they load again on demand)."""
-    embedder_wait_s: float = 60.0
-    """How long start-up waits for the embedder to serve."""
+    embedder_warn_every_s: float = 10.0
+    """How long start-up waits for the embedder to serve before it warns that it still waits,
+    and then between such warnings (it waits as long as it takes)."""
     grpc_token: str = ""
     """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"

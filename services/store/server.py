@@ -16,7 +16,7 @@ from services.store.servicer import StoreServicer
 from services.store.store import Store
 from shared.clients import EmbedderClient
 from shared.pb import store_pb2, store_pb2_grpc
-from shared.rpc import open_channel, running_grpc_server, wait_serving
+from shared.rpc import open_channel, running_grpc_server, wait_serving_patiently
 from shared.runtime import apply_log_level, make_private, until_stopped
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,11 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
     async with contextlib.AsyncExitStack() as stack:
         channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(channel.close)
-        await wait_serving(config.embedder_address, timeout_s=config.embedder_wait_s)
+        # Every write and the vectors' model at open need the embedder: the store waits for it
+        # (one warning line each embedder_warn_every_s) rather than exits to be restarted.
+        await wait_serving_patiently(
+            "embedder", config.embedder_address, config.embedder_warn_every_s
+        )
         if config.store_dsn:
             yield await stack.enter_async_context(
                 open_pg_store(
