@@ -85,8 +85,10 @@ LINK = obj("from", "to", "relation", **{"from": STR, "to": STR, "relation": STR,
 EDGE = obj("id", "from", "to", "relation", id=STR, relation=STR, weight=NUM, sources=arr(STR),
            facts=arr(STR), recorded_at=INT, **{"from": STR, "to": STR})
 JSON_LINES = arr(
-    obj("type", type={"enum": ["memory", "edge"]}, memory=ANY_OBJ, edge=ANY_OBJ),
-    description="one JSON object a line (JSONL); the first may be an export's header",
+    obj("type", type={"enum": ["memory", "edge", "end"]}, memory=ANY_OBJ, edge=ANY_OBJ,
+        lines=INT),
+    description="one JSON object a line (JSONL); the first may be an export's header, the last "
+    'its end line ({"type": "end", "lines": N}, N the lines before it)',
 )
 GRAPH_QUERY = {**OWNER, "n": INT, "k_semantic": INT}
 
@@ -233,7 +235,7 @@ OPERATIONS: list[Op] = [
        reply=obj("lines", "imported", "skipped", "refused", "errors", "stopped", lines=INT,
                  imported=INT, skipped=INT, refused=INT,
                  errors=arr(obj("line", "error", line=INT, error=STR)), stopped=BOOL,
-                 error=STR),
+                 error=STR, complete=BOOL),
        body_type="application/x-ndjson", query=OWNER),
     Op("GET", "/dashboard", "Redirects to /dashboard/", public=True, content="",
        extra_responses={"302": {"description": "to /dashboard/"}}),

@@ -14,11 +14,13 @@ from typing import IO, Any
 import aiohttp
 from tqdm import tqdm
 
-from shared.export_format import cut_short_reason
+from shared.errors import InvalidArgument
+from shared.export_format import cut_short_reason, end_count
 
 DEFAULT_URL = "http://127.0.0.1:19528"
 CHUNK_BYTES = 1 << 16
-# What of an export's end is kept to read a last line saying why it was cut short.
+# What of an export's start and end is kept to read its header, and its last line: the end
+# line of a whole export, or one saying why it was cut short.
 TAIL_BYTES = 1 << 16
 # Export and import run as long as they need; only connecting is bounded.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -101,9 +103,10 @@ class Gateway:
             raise GatewayUnavailable(f"cannot reach the gateway at {self.url}: {exc}") from None
 
     async def export_to(self, out: IO[bytes], params: Mapping[str, str]) -> int:
-        """Streams an export into out with a progress bar; returns the lines written. An export
-        cut short is a GatewayError, naming the reason when the server's last line gives it."""
-        lines, tail = 0, b""
+        """Streams an export into out with a progress bar; returns its memory and edge lines. An
+        export cut short is a GatewayError, naming the reason when the server's last line gives
+        it, and so is one that ends without the end line its header promises."""
+        lines, head, tail = 0, b"", b""
         try:
             async with (
                 aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=self._headers()) as session,
@@ -117,10 +120,30 @@ class Gateway:
                         lines += chunk.count(b"\n")
                         bar.update(len(chunk))
                         tail = (tail + chunk)[-TAIL_BYTES:]
+                        if len(head) < TAIL_BYTES and b"\n" not in head:
+                            head = (head + chunk)[:TAIL_BYTES]
         except aiohttp.ClientError as exc:
             why = _cut_short(tail) or exc
             raise GatewayError(f"export from {self.url} failed: {why}") from None
-        return lines
+        return self._whole(lines, head, tail)
+
+    def _whole(self, lines: int, head: bytes, tail: bytes) -> int:
+        """The memory and edge lines of an export that ended: all but its header and end line
+        (an older server's export has none); a GatewayError when its header promises an end
+        line and the last line is not one that counts the lines before it."""
+        first, last = _json_line(head.partition(b"\n")[0]), tail.rstrip(b"\n").rpartition(b"\n")[2]
+        try:
+            counted = end_count(last.decode("utf-8", "replace"))
+        except InvalidArgument:
+            counted = None
+        if counted is not None and counted == lines - 1:
+            return lines - 2
+        if isinstance(first, dict) and first.get("end_line") is True:
+            raise GatewayError(
+                f"export from {self.url} is incomplete: its last line is not the end line "
+                "counting the lines before it"
+            )
+        return max(lines - 1, 0)
 
     async def import_from(self, path: Path, params: Mapping[str, str]) -> tuple[int, Any]:
         """Streams a JSONL file to the import route with a progress bar; status and reply."""
@@ -176,6 +199,14 @@ async def _json_of(reply: aiohttp.ClientResponse) -> Any:
             f"{reply.url.origin()} answered HTTP {reply.status} with no JSON ({start!r}): "
             "is that the HyAtlas gateway (--url, HYATLAS_SERVER_URL)?"
         ) from None
+
+
+def _json_line(line: bytes) -> Any:
+    """A line's JSON value; None when it is no JSON."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _cut_short(tail: bytes) -> str | None:

@@ -63,7 +63,7 @@ async def export(gateway: Gateway, args: argparse.Namespace) -> int:
     else:
         async with _replacing(Path(args.output)) as out:
             lines = await gateway.export_to(out, _owner(args))
-    print(f"exported {max(lines - 1, 0)} lines to {args.output}", file=sys.stderr)
+    print(f"exported {lines} lines to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -91,18 +91,24 @@ def _beside(path: Path) -> IO[bytes]:
 
 
 async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
-    """Sends a JSONL file to the import route and prints what it did; 1 if a line was refused."""
+    """Sends a JSONL file to the import route and prints what it did; 1 if a line was refused
+    or the file is an export cut short."""
     return _imported(*await gateway.import_from(Path(args.file), _owner(args)))
 
 
 def _imported(code: int, reply: Any) -> int:
     """Prints an import's reply (its counts); the exit code: 0 when every line was taken, 1
-    when a line was refused, 2 (a refusal on stderr) when the request was refused or cut short
-    (lines refused before a stop included)."""
+    when a line was refused or the file is an export missing its end (what it held is written),
+    2 (a refusal on stderr) when the request was refused or cut short (lines refused before a
+    stop included)."""
     _print(reply)
     if code == 200:
         return 0
-    if isinstance(reply, dict) and reply.get("refused") and not reply.get("stopped"):
+    if (
+        isinstance(reply, dict)
+        and (reply.get("refused") or reply.get("complete") is False)
+        and not reply.get("stopped")
+    ):
         return 1
     raise GatewayError(refusal(code, reply))
 

@@ -1,27 +1,40 @@
-"""The first line of a JSONL export (what it is, its version, the model of its vectors) and
-the last line of one cut short."""
+"""The first line of a JSONL export (what it is, its version, the model of its vectors), the
+last line of a whole one (how many lines came before it), and the last line of one cut short."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidArgument
 
 FORMAT = "hyatlas-export"
 VERSION = 1
+END_TYPE = "end"
+# An end line is a few dozen bytes; a longer line is not read as one (nor parsed here).
+END_LINE_MOST_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Header:
+    """What an export's first line says: its vectors' model, and whether it ends with an end
+    line (exports written before that line was, on 2026-12-07, do not)."""
+
+    model_id: str
+    ends: bool
 
 
 def header(model_id: str, ndim: int, now: float) -> dict[str, Any]:
     """The first line of an export."""
     return {
         "format": FORMAT, "version": VERSION, "model_id": model_id, "ndim": ndim,
-        "exported_at": now,
+        "exported_at": now, "end_line": True,
     }
 
 
-def header_model(text: str) -> str | None:
-    """The model a first line names; None when the line is no header (a memory or edge line).
+def read_header(text: str) -> Header | None:
+    """The header a first line is; None when the line is no header (a memory or edge line).
 
     A header of another format or version is refused.
     """
@@ -38,7 +51,37 @@ def header_model(text: str) -> str | None:
     model_id = value.get("model_id", "")
     if not isinstance(model_id, str):
         raise InvalidArgument("the header's model_id must be a string")
-    return model_id
+    return Header(model_id, value.get("end_line") is True)
+
+
+def end(lines: int) -> dict[str, Any]:
+    """The last line of an export that went out whole: the lines before it, the header's too."""
+    return {"type": END_TYPE, "lines": lines}
+
+
+def end_count(text: str) -> int | None:
+    """The lines an end line counts before it; None when text is no end line. An end line of
+    the wrong shape is refused."""
+    if len(text) > END_LINE_MOST_BYTES or END_TYPE not in text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # the line's own check reports it
+    if not isinstance(value, dict) or value.get("type") != END_TYPE:
+        return None
+    lines = value.get("lines")
+    if (
+        set(value) != {"type", "lines"}
+        or not isinstance(lines, int)
+        or isinstance(lines, bool)
+        or lines < 0
+    ):
+        raise InvalidArgument(
+            'an end line is {"type": "end", "lines": N}, N the lines before it (a whole '
+            "number, 0 or more)"
+        )
+    return lines
 
 
 def cut_short(message: str) -> dict[str, Any]:

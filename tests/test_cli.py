@@ -79,13 +79,24 @@ def test_import_export_and_import_again_round_trip_with_progress(
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().endswith(f"exported 30 lines to {exported}")
     written = [json.loads(line) for line in exported.read_text().splitlines()]
-    assert written[0]["format"] == "hyatlas-export" and len(written) == 31
+    assert written[0]["format"] == "hyatlas-export" and len(written) == 32
+    assert written[-1] == {"type": "end", "lines": 31}
 
     done = hyatlas(stack, "import", str(exported))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) | {"errors": []} == {
-        "lines": 30, "imported": 0, "skipped": 30, "refused": 0, "errors": [], "stopped": False
+        "lines": 30, "imported": 0, "skipped": 30, "refused": 0, "errors": [], "stopped": False,
+        "complete": True,
     }
+
+    # A copy cut at a line's end: what it holds is taken, and the exit code says it is short.
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(line + "\n" for line in exported.read_text().splitlines()[:11]))
+    done = hyatlas(stack, "import", str(cut))
+    assert done.returncode == 1, done.stderr
+    reply = json.loads(done.stdout)
+    assert (reply["lines"], reply["skipped"], reply["complete"]) == (10, 10, False), reply
+    assert reply["error"].startswith("the export's end line is missing"), reply
 
 
 def test_a_refused_line_exits_1_and_prints_its_number(stack: Stack, tmp_path: Path) -> None:
@@ -168,7 +179,8 @@ def test_a_refused_export_leaves_the_previous_file_as_it_was(stack: Stack, tmp_p
     assert list(tmp_path.iterdir()) == [previous]  # no temporary left beside it
     done = hyatlas(stack, "export", "--user-id", "nobody", "-o", str(previous))
     assert done.returncode == 0, done.stderr
-    assert json.loads(previous.read_text())["format"] == "hyatlas-export"
+    head, end = (json.loads(line) for line in previous.read_text().splitlines())
+    assert head["format"] == "hyatlas-export" and end == {"type": "end", "lines": 1}
     assert list(tmp_path.iterdir()) == [previous]
 
 
@@ -238,6 +250,38 @@ async def test_a_url_answering_with_no_json_or_without_a_scheme_is_one_line_and_
     assert (code, err) == (
         2, "hyatlas status: '127.0.0.1:19528' is no gateway URL: give it as http://host:port\n"
     )
+
+
+async def test_an_export_ended_without_the_end_line_its_header_promises_exits_2_leaving_no_file(
+    tmp_path: Path,
+) -> None:
+    """A stream ended cleanly at a line's end (a proxy, a server stopped mid-way) is told from
+    a whole export; an older server's export, whose header promises no end line, is whole."""
+    memory = b'{"type": "memory", "memory": {"user_id": "u", "content": "x"}}\n'
+    header = {"format": "hyatlas-export", "version": 1}
+    bodies = {
+        "cut": json.dumps({**header, "end_line": True}).encode() + b"\n" + memory,
+        "older": json.dumps(header).encode() + b"\n" + memory,
+    }
+
+    async def export(request: web.Request) -> web.Response:
+        return web.Response(body=bodies[request.match_info["server"]])
+
+    app = web.Application()
+    app.router.add_get("/{server}/api/v1/export", export)
+    out = tmp_path / "out.jsonl"
+    async with serving_http(app) as url:
+        code, err = await _ended(await _started("export", "-o", str(out), "--url", url + "/cut"))
+        assert code == 2, err
+        assert err.rstrip("\n").rpartition("\n")[2] == (
+            f"hyatlas export: export from {url}/cut is incomplete: its last line is not the end "
+            "line counting the lines before it"
+        )
+        assert await asyncio.to_thread(os.listdir, tmp_path) == []
+        code, err = await _ended(await _started("export", "-o", str(out), "--url", url + "/older"))
+        assert code == 0, err
+        assert err.rstrip("\n").endswith(f"exported 1 lines to {out}")
+        assert await asyncio.to_thread(out.read_bytes) == bodies["older"]
 
 
 async def test_ctrl_c_during_an_export_says_interrupted_and_leaves_no_file(

@@ -1061,7 +1061,7 @@ async def _export_from_owners(ui: Session, user: str, agent: str) -> tuple[str, 
 
 
 async def test_owners_view_exports_an_owner_as_a_file_import_takes_back(
-    ui: Session, api: Api
+    ui: Session, api: Api, tmp_path: Path
 ) -> None:
     user, other = _user(), _user()
     await api.add("Laptop: the backup runs at noon.", user, agent_id="laptop")
@@ -1073,9 +1073,10 @@ async def test_owners_view_exports_an_owner_as_a_file_import_takes_back(
     name, lines = await _export_from_owners(ui, user, "laptop")
     assert name == f"hyatlas-{user}-laptop.jsonl"
     assert lines[0]["format"] == "hyatlas-export"
-    assert sorted(line["memory"]["content"] for line in lines[1:]) == [
+    assert lines[-1] == {"type": "end", "lines": 3}
+    assert sorted(line["memory"]["content"] for line in lines[1:-1]) == [
         "Laptop: the backup runs at noon.", "Laptop: the disk is 2 TB."]
-    assert all(line["vector"] and line["history"] for line in lines[1:])
+    assert all(line["vector"] and line["history"] for line in lines[1:-1])
     said = ui.page.locator("#owners-message")
     await said.filter(has_text=f"Exported {user} / laptop").wait_for()
     await ui.shot("owners-exported")
@@ -1083,10 +1084,21 @@ async def test_owners_view_exports_an_owner_as_a_file_import_takes_back(
     body = "".join(json.dumps(line) + "\n" for line in lines).encode()
     imported = await api.ok("POST", "/api/v1/import", data=body)
     assert (imported["imported"], imported["skipped"]) == (0, 2), imported
+    # The file cut after its first row, imported here: the report says it is incomplete.
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    await ui.page.set_input_files("#import-file", str(cut))
+    ui.refusals["/api/v1/import"] = 400  # what it held is taken; the answer is a 400
+    await ui.act(ui.page.click("#import-send"))
+    report = ui.page.locator("#import-report.error")
+    assert (await report.locator("p").first.inner_text()).startswith(
+        "Import of an incomplete file done: 0 lines imported, 1 line skipped")
+    assert (await report.locator("#import-incomplete").inner_text()).startswith(
+        "the export's end line is missing: the file may be cut short")
 
     name, lines = await _export_from_owners(ui, user, "")
     assert name == f"hyatlas-{user}.jsonl"
-    assert sorted(line["memory"]["agent_id"] for line in lines[1:]) == [
+    assert sorted(line["memory"]["agent_id"] for line in lines[1:-1]) == [
         "laptop", "laptop", "phone"]
 
     # A refusal is said, with the API's reason, and the button works again.

@@ -56,8 +56,9 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     user = f"user-{uuid.uuid4().hex[:8]}"
     ids = await seed(source, user)
     exported = await export(source)
-    head, lines = exported[0], exported[1:]
+    head, lines = exported[0], exported[1:-1]
     assert head["format"] == "hyatlas-export" and head["version"] == 1 and head["ndim"] == 384
+    assert exported[-1] == {"type": "end", "lines": len(exported) - 1}
     memories = [line for line in lines if line["type"] == "memory"]
     assert {m["memory"]["layer"] for m in memories} == set(LAYERS)
     assert [line["type"] for line in lines].count("edge") == 1
@@ -82,6 +83,7 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
         "refused": 0,
         "errors": [],
         "stopped": False,
+        "complete": True,  # the end line came, and is no memory
     }
     seen = await observed(source, user)
     assert all(any(channels.values()) for channels in seen["hits"].values())
@@ -89,12 +91,12 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     assert len(seen["list"]["memories"]) == seen["list"]["total"] > 10
     assert await observed(target, user) == seen
     again = await export(target)
-    assert again[1:] == lines  # every field, vector, key and audit entry, in the same order
+    assert again[1:] == exported[1:]  # every field, vector, key and audit entry, in the same order
 
     status, twice = await _import(target, exported)
     assert status == 200, twice
     assert (twice["imported"], twice["skipped"]) == (0, len(lines))
-    assert (await export(target))[1:] == lines
+    assert (await export(target))[1:-1] == lines
 
 
 async def test_a_bad_line_is_refused_with_its_number_and_the_good_lines_are_written(
@@ -233,7 +235,7 @@ async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_s
     )
     assert (await export(target, user_id=alice))[1:] == before[1:]
     mine = await export(target, user_id=bob)
-    assert [line["memory"]["id"] for line in mine[1:]] == [fresh]
+    assert [line["memory"]["id"] for line in mine[1:-1]] == [fresh]
 
 
 async def test_a_retired_line_without_how_or_replaced_by_itself_is_refused(
@@ -294,7 +296,7 @@ async def test_a_second_live_page_of_an_entity_or_now_page_is_refused_by_line(
         (6, "memory 'n2' cannot be live: another Now page is live (one is live at a time)"),
     ]
     assert (reply["imported"], reply["skipped"], reply["refused"]) == (3, 1, 3)
-    live = [line["memory"]["id"] for line in (await export(target, user_id=alice))[1:]
+    live = [line["memory"]["id"] for line in (await export(target, user_id=alice))[1:-1]
             if line["memory"]["status"] == "active"]
     assert sorted(live) == ["n1", "p1", "p4"]
 
@@ -424,7 +426,7 @@ async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) ->
     hits = [m for items in body["memories"].values() for m in items]
     assert hits and hits[0]["memory_id"] == f"{user}-2"
     exported = await export(target, user_id=user)
-    by_content = {line["memory"]["content"]: line for line in exported[1:]}
+    by_content = {line["memory"]["content"]: line for line in exported[1:-1]}
     middle = by_content[turns[1]]
     assert middle["memory"]["created_at"] == 1_700_000_001
     assert middle["memory"]["layer"] == "l2_raw"
@@ -441,7 +443,8 @@ async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) ->
         )
     await call(target, "POST", "/api/v1/add", json={"text": LONG_TEXT, "user_id": written})
     ordinary = {
-        line["memory"]["content"]: line for line in (await export(target, user_id=written))[1:]
+        line["memory"]["content"]: line
+        for line in (await export(target, user_id=written))[1:-1]
     }
     assert {c: line["keys"] for c, line in by_content.items()} == {
         c: line["keys"] for c, line in ordinary.items()
@@ -480,12 +483,76 @@ async def test_exporting_every_owner_needs_admin_and_one_owner_only_sees_its_row
     for user in (mine, other):
         await call(source, "POST", "/api/v1/add", json={"text": "hello there", "user_id": user})
     exported = await export(source, user_id=mine)
-    assert {line["memory"]["user_id"] for line in exported[1:]} == {mine}
+    assert {line["memory"]["user_id"] for line in exported[1:-1]} == {mine}
     with running_stack(
         tmp_path, ["store", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address
     ) as plain:
         status, body = await call(plain, "GET", "/api/v1/export")
         assert status == 403 and "HYATLAS_ADMIN=on" in body["error"]
+
+
+async def test_an_export_cut_at_a_line_end_is_written_as_far_as_it_goes_and_said_incomplete(
+    source: Stack, target: Stack
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    for n in range(6):
+        status, body = await call(
+            source, "POST", "/api/v1/add", json={"text": f"Cut note {n}.", "user_id": user}
+        )
+        assert status == 200, body
+    exported = await export(source, user_id=user)
+    assert exported[0]["end_line"] is True
+    assert exported[-1] == {"type": "end", "lines": len(exported) - 1}
+    rows = len(exported) - 2
+    assert rows >= 6
+
+    # A copy cut at a line's end (the header and three lines): it imported as a clean 200.
+    status, reply = await _import(target, exported[:4])
+    assert status == 400, reply
+    assert reply == {
+        "lines": 3, "imported": 3, "skipped": 0, "refused": 0, "errors": [], "stopped": False,
+        "complete": False,
+        "error": "the export's end line is missing: the file may be cut short (a partial copy "
+        "or an interrupted download), and only its 3 lines were read",
+    }
+    status, listed = await call(target, "POST", "/api/v1/list", json={"user_id": user})
+    assert listed["total"] == 3, listed
+    # The whole file then: the lines written are skipped, the rest written.
+    status, reply = await _import(target, exported)
+    assert status == 200, reply
+    assert reply == {
+        "lines": rows, "imported": rows - 3, "skipped": 3, "refused": 0, "errors": [],
+        "stopped": False, "complete": True,
+    }
+    # A line gone from the middle: the end line counts the lines before it.
+    status, reply = await _import(target, [*exported[:2], *exported[3:]])
+    assert status == 400, reply
+    assert (reply["complete"], reply["refused"], reply["skipped"]) == (False, 0, rows - 1)
+    assert reply["error"] == (
+        f"the export's end line counts {rows + 1} lines before it, but {rows} came: lines are "
+        "missing from the file"
+    )
+    # An end line after refused lines: both are said.
+    bad = {"type": "memory", "memory": {"content": "Whose?"}}
+    status, reply = await _import(target, [*exported[:2], bad, exported[-1]])
+    assert status == 400, reply
+    assert reply["error"] == (
+        f"line 3: memory.user_id is required; the export's end line counts {rows + 1} lines "
+        "before it, but 3 came: lines are missing from the file"
+    )
+    # An end line of the wrong shape is a refused line.
+    status, reply = await _import(target, [*exported[:2], {"type": "end", "lines": "2"}])
+    assert status == 400, reply
+    assert reply["errors"][0]["line"] == 3 and "an end line is" in reply["errors"][0]["error"]
+
+    # An export from before end lines (its header promises none), and minimal lines without a
+    # header: imported as they were, with no word on an end.
+    older = {key: value for key, value in exported[0].items() if key != "end_line"}
+    status, reply = await _import(target, [older, *exported[1:4]])
+    assert status == 200 and "complete" not in reply, reply
+    minimal = {"type": "memory", "memory": {"user_id": user, "content": "A minimal line."}}
+    status, reply = await _import(target, [minimal])
+    assert status == 200 and "complete" not in reply, reply
 
 
 async def test_an_export_cut_short_by_a_failing_store_is_seen_incomplete(target: Stack) -> None:

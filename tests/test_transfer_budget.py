@@ -107,7 +107,7 @@ async def test_memories_past_the_message_limit_import_and_export_in_smaller_call
 
     async with gateway.get("/api/v1/export", params={"user_id": "keeper"}) as answer:
         assert answer.status == 200
-        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
+        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:-1]]
     assert [line["memory"]["id"] for line in exported] == [f"keeper-{n}" for n in range(12)]
     assert all(line["history"][0]["after"]["content"] == TEXT for line in exported)
 
@@ -157,7 +157,7 @@ async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
     assert reply == {"lines": 3, "imported": 3, "skipped": 0, "refused": 0, "errors": [],
                      "stopped": True, "error": "request body not received within 1s"}
     async with gateway.get("/api/v1/export", params={"user_id": "stalled"}) as answer:
-        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:]]
+        exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:-1]]
     assert [line["memory"]["id"] for line in exported] == [f"stalled-{n}" for n in range(3)]
 
 
@@ -178,7 +178,7 @@ async def test_an_export_cut_short_after_its_first_page_ends_with_a_line_saying_
         with pytest.raises(aiohttp.ClientPayloadError):  # and the stream is left unended
             while line := await answer.content.readline():
                 received.append(line)
-    head, first, last = (json.loads(line) for line in received)
+    head, first, last = (json.loads(line) for line in received)  # and no end line
     assert first["memory"]["id"] == "cut-0"
     reason = last["error"]
     assert "memory 'cut-1' is " in reason and "can be exported" in reason
@@ -190,3 +190,4 @@ async def test_an_export_cut_short_after_its_first_page_ends_with_a_line_saying_
     status, reply = await _import(gateway, [line.decode().rstrip("\n") for line in received])
     assert status == 400, reply
     assert reply["errors"] == [{"line": 3, "error": f"the export was cut short here: {reason}"}]
+    assert reply["complete"] is False

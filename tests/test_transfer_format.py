@@ -20,7 +20,7 @@ from services.store.transfer_format import (
 )
 from services.store.transfer_repo import StoredKey
 from shared.errors import InvalidArgument, ServiceError
-from shared.export_format import header, header_model
+from shared.export_format import Header, end, end_count, header, read_header
 
 CTX = LineContext(
     model_id="m",
@@ -313,10 +313,22 @@ def test_an_edge_line_round_trips_and_a_minimal_one_gets_defaults() -> None:
 
 
 def test_the_header_names_the_model_and_refuses_another_format_or_version() -> None:
-    assert header_model(json.dumps(header("m", 4, 1.0))) == "m"
-    assert header_model('{"type": "memory"}') is None
-    assert header_model("not json") is None
+    assert read_header(json.dumps(header("m", 4, 1.0))) == Header("m", ends=True)
+    # An export written before end lines promises none.
+    assert read_header('{"format": "hyatlas-export", "version": 1}') == Header("", ends=False)
+    assert read_header('{"type": "memory"}') is None
+    assert read_header("not json") is None
     with pytest.raises(InvalidArgument, match="format 'x' is not 'hyatlas-export'"):
-        header_model('{"format": "x"}')
+        read_header('{"format": "x"}')
     with pytest.raises(InvalidArgument, match="export version 2 is not 1"):
-        header_model('{"format": "hyatlas-export", "version": 2}')
+        read_header('{"format": "hyatlas-export", "version": 2}')
+
+
+def test_an_end_line_counts_the_lines_before_it_and_one_of_another_shape_is_refused() -> None:
+    assert end_count(json.dumps(end(31))) == 31
+    assert end_count('{"type": "memory", "memory": {"content": "the end"}}') is None
+    assert end_count("not json, the end") is None
+    for bad in ('{"type": "end"}', '{"type": "end", "lines": -1}', '{"type": "end", "lines": 1.5}',
+                '{"type": "end", "lines": true}', '{"type": "end", "lines": 1, "more": 2}'):
+        with pytest.raises(InvalidArgument, match="an end line is"):
+            end_count(bad)

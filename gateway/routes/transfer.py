@@ -19,7 +19,7 @@ from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
 from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge
-from shared.export_format import cut_short, header, header_model
+from shared.export_format import Header, cut_short, end, end_count, header, read_header
 from shared.grants import reaches_everyone
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.pb import common_pb2, store_pb2
@@ -87,9 +87,11 @@ async def export(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(_jsonl([json.dumps(header(stats.model_id, stats.ndim, time.time()))]))
     await response.write(_jsonl(first.lines))
+    sent = 1 + len(first.lines)
     try:
         async for page in pages:
             await response.write(_jsonl(page.lines))
+            sent += len(page.lines)
     except ServiceError as exc:
         # The 200 went out with the first page: a last line says why, and the stream is left
         # unended (the connection closes once that line is sent) so a client sees it incomplete.
@@ -98,6 +100,8 @@ async def export(request: web.Request) -> web.StreamResponse:
         if request.transport is not None:
             request.transport.close()
         return response
+    # Only a whole export ends with it: a copy cut at a line's end is told from a whole one.
+    await response.write(_jsonl([json.dumps(end(sent))]))
     await response.write_eof()
     return response
 
@@ -140,6 +144,32 @@ class _Import:
     errors: list[dict[str, Any]] = field(default_factory=list)
     stop: ServiceError | web.HTTPRequestTimeout | None = None
     """Why the body stopped being read before its end (a line over a limit, a silent client)."""
+    header: Header | None = None
+    end: tuple[int, int] | None = None
+    """The end line read last, while no line came after it: the lines it counts before it,
+    and the lines that did come before it."""
+
+    def came_before(self) -> int:
+        """The lines read so far, the header's too (the count an end line next would give)."""
+        return self.lines + (self.header is not None)
+
+    def missing(self) -> str | None:
+        """What the file lacks of a whole export: its end line when its header promises one
+        (or another line came after it), or lines the end line counts; None if nothing."""
+        if self.end is None:
+            if self.header is None or not self.header.ends:
+                return None  # minimal lines, or an export from before end lines
+            return (
+                "the export's end line is missing: the file may be cut short (a partial copy or "
+                f"an interrupted download), and only its {self.lines} lines were read"
+            )
+        counted, came = self.end
+        if counted != came:
+            return (
+                f"the export's end line counts {counted} lines before it, but {came} came: "
+                "lines are missing from the file"
+            )
+        return None
 
     def counts(self, stopped: bool = False) -> dict[str, Any]:
         """What the reply reports: lines read, rows written or skipped, lines refused, and
@@ -243,21 +273,33 @@ async def _import_lines(
     request: web.Request, run: _Import
 ) -> AsyncIterator[tuple[store_pb2.ImportLine, int]]:
     """The body's lines to send, with their sizes: a first line that is an export header sets
-    the model, and a line that is not UTF-8 is refused here."""
+    the model, an end line is kept to check the file is whole, and a line that is not UTF-8 or
+    a malformed end line is refused here."""
     first = True
     async for number, raw in _numbered_lines(request):
         try:
             text: str | None = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
             text = None
-        if first and text is not None and (model_id := header_model(text)) is not None:
-            run.model_id = model_id
+        if first and text is not None and (found := read_header(text)) is not None:
+            run.header, run.model_id = found, found.model_id
             first = False
             continue
         first = False
+        counted, refused = None, None
+        if text is not None:
+            try:
+                counted = end_count(text)
+            except InvalidArgument as exc:
+                refused = exc.message
+        if counted is not None:
+            run.end = (counted, run.came_before())
+            continue
+        run.end = None  # a line after the end line: that end was not the file's
         run.lines += 1
-        if text is None:
-            run.refuse(number, "not UTF-8 text")  # never sent: the rest of its batch goes
+        if text is None or refused is not None:
+            # Never sent: the rest of its batch goes.
+            run.refuse(number, refused or "not UTF-8 text")
             continue
         size = len(raw)
         if size > MAX_TRANSFER_LINE_BYTES:
@@ -327,8 +369,14 @@ async def import_jsonl(request: web.Request) -> web.Response:
     if run.stop is not None:
         return _stopped(request, run, run.stop)
     body = run.counts()
-    if run.errors:
-        first = run.errors[0]
-        body["error"] = f"line {first['line']}: {first['error']}"
+    problems = [f"line {run.errors[0]['line']}: {run.errors[0]['error']}"] if run.errors else []
+    missing = run.missing()
+    if (run.header is not None and run.header.ends) or run.end is not None:
+        body["complete"] = missing is None
+    if missing:
+        problems.append(missing)
+    if problems:
+        # Like a refused line: what the file held is written, and the reply says what is not.
+        body["error"] = "; ".join(problems)
         return json_response(body, status=400)
     return json_response(body)

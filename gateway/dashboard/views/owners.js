@@ -8,16 +8,19 @@ const SHOWN_ERRORS = 5;
 // What the last import did (the next render lists its owners too).
 const notice = notices();
 
-/** What an import's answer says: the counts, and the first lines refused with why. */
+/** What an import's answer says: the counts, the first lines refused with why, and whether an
+ * export's file was whole (its end line came). */
 function importReport(status, data) {
   const lines = (n) => `${fmtCount(n || 0)} ${n === 1 ? "line" : "lines"}`;
   const counts = `${lines(data.imported)} imported, ${lines(data.skipped)} skipped (their ids are here already), ${lines(data.refused)} refused`;
   const errors = (data.errors || []).slice(0, SHOWN_ERRORS).map((e) => h("li", null, `line ${e.line}: ${e.error}`));
   // A reply without the counts refused the request as a whole.
   const stopped = Boolean(data.stopped) || !("errors" in data);
-  return h("div", { class: stopped || data.refused ? "error" : "notice", id: "import-report", role: "status" },
-    h("p", null, `${stopped ? "Import stopped" : "Import done"}: ${counts}.`),
+  const cut = data.complete === false;
+  return h("div", { class: stopped || cut || data.refused ? "error" : "notice", id: "import-report", role: "status" },
+    h("p", null, `${stopped ? "Import stopped" : cut ? "Import of an incomplete file done" : "Import done"}: ${counts}.`),
     stopped && data.error ? h("p", null, `${data.error} (HTTP ${status})${data.imported ? "; the lines before it were written, so sending the file again skips them" : ""}.`) : null,
+    !stopped && cut && data.error ? h("p", { id: "import-incomplete" }, `${data.error}. Get the whole export and import it again: the lines written now are skipped.`) : null,
     errors.length ? h("ul", null, errors) : null);
 }
 
