@@ -18,3 +18,8 @@ def snapshot_name(at: datetime) -> str:
 def is_snapshot_name(name: str) -> bool:
     """Whether name is one snapshot_name writes."""
     return _SNAPSHOT.fullmatch(name) is not None
+
+
+def snapshot_time(name: str) -> datetime:
+    """When the snapshot of a name snapshot_name wrote was taken."""
+    return datetime.strptime(name, "hyatlas-%Y%m%dT%H%M%S.%fZ.zip").replace(tzinfo=UTC)

@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import uuid
 import zipfile
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import pytest
 
 from services.store import snapshot
 from services.store.disk_reserve import RESERVE_NAME
+from shared.snapshot_names import snapshot_name
 from tests.store_state import call, observed, seed
 from tests.support import Stack, assert_eventually, running_stack
 
@@ -120,6 +122,19 @@ async def test_snapshots_follow_the_schedule_and_only_the_newest_are_kept(
         await assert_eventually(kept_two_of_three, interval_s=0.02)
     now = {path.name for path in folder.glob("hyatlas-*.zip")}
     assert sorted(seen | now)[-2:] == sorted(now)  # the newest two, however many came before
+
+
+def test_a_restart_waits_for_the_newest_snapshot_to_be_an_interval_old(tmp_path: Path) -> None:
+    # Seven restarts in an hour each took a snapshot a minute after start, and with
+    # HYATLAS_SNAPSHOT_KEEP 7 rotated out every snapshot from before them.
+    day, now = 86400.0, 1796600000.0
+    assert snapshot.first_pause_s(tmp_path / "none", day, now) == snapshot.FIRST_AFTER_S
+    (tmp_path / snapshot_name(datetime.fromtimestamp(now - 2 * day, UTC))).touch()
+    (tmp_path / "hyatlas-before-upgrade.zip").touch()  # not one of the store's
+    assert snapshot.first_pause_s(tmp_path, day, now) == snapshot.FIRST_AFTER_S
+    (tmp_path / snapshot_name(datetime.fromtimestamp(now - 3600, UTC))).touch()
+    assert snapshot.first_pause_s(tmp_path, day, now) == pytest.approx(day - 3600)
+    assert snapshot.first_pause_s(tmp_path, 30.0, now) == 30.0  # an interval under a minute
 
 
 def test_a_file_gone_between_listing_and_copying_is_left_out_of_the_snapshot(

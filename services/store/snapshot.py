@@ -19,7 +19,7 @@ from services.store.disk_full import disk_full
 from services.store.disk_reserve import RESERVE_NAME
 from services.store.durable import put_in_place
 from services.store.text_index import KEYWORDS_FOLDER
-from shared.snapshot_names import is_snapshot_name, snapshot_name
+from shared.snapshot_names import is_snapshot_name, snapshot_name, snapshot_time
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ DB_NAME = "hyatlas.db"
 # A snapshot is copied into a staging folder, then zipped into a partial file renamed into place.
 STAGING_PREFIX = ".staging-"
 PARTIAL_SUFFIX = ".partial"
-# The first scheduled snapshot comes this long after start (sooner if the interval is shorter).
+# The first scheduled snapshot comes this long after start (sooner if the interval is shorter),
+# or once the newest snapshot in the folder is an interval old if that is later.
 FIRST_AFTER_S = 60.0
 # A scheduled snapshot that failed is tried again after this long, then twice as long after
 # each failure in a row, never later than the regular interval.
@@ -135,6 +136,16 @@ def clear_leftovers(folder: Path) -> None:
         log.warning("removed %d leftovers of unfinished snapshots in %s", len(left), folder)
 
 
+def first_pause_s(folder: Path, every_s: float, now: float) -> float:
+    """How long a starting schedule waits for its first snapshot: FIRST_AFTER_S (at most an
+    interval), or till the newest snapshot is an interval old, so that restarts do not take a
+    snapshot each and rotate the older ones out (HYATLAS_SNAPSHOT_KEEP)."""
+    soon = min(FIRST_AFTER_S, every_s)
+    names = [path.name for path in folder.iterdir()] if folder.is_dir() else []
+    taken = [snapshot_time(name).timestamp() for name in names if is_snapshot_name(name)]
+    return max(soon, max(taken) + every_s - now) if taken else soon
+
+
 def retry_pause_s(failures: int, every_s: float) -> float:
     """How long the schedule waits after its failures-th failure in a row: RETRY_FIRST_S,
     doubled each time, at most every_s."""
@@ -180,12 +191,15 @@ class Snapshots:
         return Snapshot(path, size, paused_s)
 
     async def run_schedule(self) -> None:
-        """Takes a snapshot every plan.every_s seconds, the first one a minute after start; one
-        that failed is tried again sooner (retry_pause_s)."""
+        """Takes a snapshot every plan.every_s seconds, the first one a minute after start or
+        an interval after the newest one (first_pause_s); one that failed is tried again sooner
+        (retry_pause_s)."""
         every_s = self.plan.every_s
         if not every_s:
             return
-        await asyncio.sleep(min(FIRST_AFTER_S, every_s))
+        await asyncio.sleep(
+            await asyncio.to_thread(first_pause_s, self.plan.folder, every_s, time.time())
+        )
         failures = 0
         while True:
             try:
