@@ -153,10 +153,10 @@ async def test_a_write_with_no_store_answers_503_that_says_so(
     assert "store did not answer" in body["error"], body
 
 
-def _waiting_lines(log: Path, address: str) -> list[dict]:
-    """The store's log lines saying it still waits for the embedder at address."""
+def _waiting_lines(log: Path, address: str, service: str = "embedder") -> list[dict]:
+    """A service's log lines saying it still waits for the service at address."""
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    said = f"the embedder at {address} does not answer"
+    said = f"the {service} at {address} does not answer"
     return [line for line in lines if line["msg"].startswith(said)]
 
 
@@ -188,6 +188,30 @@ async def test_a_store_started_before_its_embedder_waits_for_it_with_a_warning_l
             embedder.stop()
     finally:
         store.kill()
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize("service", ["extractor", "consolidator"])
+async def test_a_slow_path_service_started_before_its_store_waits_for_it_with_a_warning_line(
+    tmp_path: Path, embedder_address: str, service: str
+) -> None:
+    (tmp_path / "data").mkdir()
+    env = base_env(tmp_path / "data", HYATLAS_EMBEDDER_ADDR=embedder_address,
+                   HYATLAS_MODE="ultra")
+    stack = Stack(tmp_path / "data", env)
+    log = tmp_path / f"{service}.log"
+    # It exited after a minute with a traceback (TimeoutError), to be restarted into the wait.
+    waiting = ServiceProcess(
+        f"services.{service}", env,
+        lambda: bool(_waiting_lines(log, stack.address("store"), "store")), log,
+    ).start()
+    try:
+        stack.start("store")
+        await assert_eventually(lambda: grpc_serving(stack.address(service)))
+        assert waiting.stop() == 0
+    finally:
+        waiting.kill()
+        stack.stop_all()
     assert "Traceback" not in log.read_text()
 
 

@@ -51,8 +51,9 @@ class ConsolidatorConfig:
     unrenewed; a replica killed during a pass frees it after this."""
     lease_poll_s: float = 0.5
     """How often a revert waiting for a pass to end asks for the lease again."""
-    store_wait_s: float = 60.0
-    """How long start-up waits for the store and embedder to serve."""
+    warn_every_s: float = 10.0
+    """How long start-up waits for the store and the embedder to serve before it warns that it
+    still waits, and then between such warnings (it waits as long as it takes)."""
     grpc_token: str = ""
     """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"

@@ -53,8 +53,9 @@ class ExtractorConfig:
     """How often an extraction waiting for its owner's lease asks again."""
     stop_grace_s: float = 10.0
     """How long a clean stop waits for extractions in flight."""
-    store_wait_s: float = 60.0
-    """How long start-up waits for the store and embedder to serve."""
+    warn_every_s: float = 10.0
+    """How long start-up waits for the store and the embedder to serve before it warns that it
+    still waits, and then between such warnings (it waits as long as it takes)."""
     grpc_token: str = ""
     """HYATLAS_GRPC_TOKEN: sent on calls out and required on a TCP listen address."""
     log_level: str = "INFO"

@@ -19,7 +19,12 @@ from shared.clients import EmbedderClient
 from shared.leases import LeasePolicy, Leases
 from shared.llm import llm_client
 from shared.pb import extractor_pb2, extractor_pb2_grpc
-from shared.rpc import ReadAtScrape, open_channel, running_grpc_server, wait_serving
+from shared.rpc import (
+    ReadAtScrape,
+    open_channel,
+    running_grpc_server,
+    wait_serving_patiently,
+)
 from shared.runtime import apply_log_level, background, until_stopped
 from shared.store_client import StoreClient
 
@@ -53,8 +58,10 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
         stack.push_async_callback(store_channel.close)
         embedder_channel = open_channel(config.embedder_address, config.grpc_token)
         stack.push_async_callback(embedder_channel.close)
-        await wait_serving(config.store_address, timeout_s=config.store_wait_s)
-        await wait_serving(config.embedder_address, timeout_s=config.store_wait_s)
+        # Nothing is extracted or consolidated without them: this waits for them (a warning
+        # line each warn_every_s) rather than exits to be restarted into the same wait.
+        await wait_serving_patiently("store", config.store_address, config.warn_every_s)
+        await wait_serving_patiently("embedder", config.embedder_address, config.warn_every_s)
         store = StoreClient(store_channel)
         embedder = EmbedderClient(embedder_channel)
         llm = llm_client(config.llm)
