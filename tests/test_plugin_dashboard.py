@@ -105,5 +105,8 @@ async def test_recent_pages_by_the_cursor_so_rows_retired_between_pages_hide_non
         await rows.nth(44).wait_for()
         shown = {text.rsplit(" ", 1)[-1] for text in await rows.all_inner_texts()}
         assert shown == {str(i) for i in range(45)}
+        # 45 shown, 40 live now: never "45 of 40".
+        await page.locator(".hyatlas-count").get_by_text(
+            "Showing 45 memories, newest first; 40 are live now").wait_for()
         assert await page.get_by_role("button", name="Show 30 more").count() == 0
         await page.close()

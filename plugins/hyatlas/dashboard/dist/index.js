@@ -85,6 +85,15 @@
 
   const RECENT_PAGE = 30;
 
+  // Never a silent cut: the line says how many rows exist beyond the ones shown. The total is
+  // the live rows now, so rows shown and retired since can make the shown more than it.
+  function countLine(shown, total, next) {
+    if (total === null) return "Showing " + shown + (next ? "+" : "") + " memories, newest first";
+    if (shown <= total) return "Showing " + shown + " of " + total + " memories, newest first";
+    return "Showing " + shown + " memories, newest first; " + total +
+      " are live now (some shown were retired or deleted since)";
+  }
+
   function Recent() {
     const [rows, setRows] = React.useState([]);
     const [total, setTotal] = React.useState(null);
@@ -105,11 +114,9 @@
     }
     React.useEffect(function () { load(""); }, []);
     if (error) return h("p", { className: "hyatlas-error" }, error);
-    // Never a silent cut: the count says how many rows exist beyond the ones shown.
-    const count = total === null ? rows.length + (next ? "+" : "") : rows.length + " of " + total;
     return h("div", null,
       h("p", { className: "hyatlas-count" }, loading && !rows.length ? "Loading…"
-        : "Showing " + count + " memories, newest first"),
+        : countLine(rows.length, total, next)),
       h("ul", null, rows.map(function (m) {
         return h(MemoryRow, { key: m.memory_id, memory: m });
       })),
