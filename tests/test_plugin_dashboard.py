@@ -6,11 +6,11 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser
+from playwright.async_api import Browser, Page
 
 from tests.support import Stack, free_port, http_ok, running_stack
 from tests.test_dashboard import CHROMIUM, browser
@@ -60,18 +60,31 @@ def hermes_dashboard(hermes_python: Path, home: Path) -> Iterator[str]:
         proc.wait(30)
 
 
-async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_rest(
-    tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser
-) -> None:
-    user = "u-recent-tab"
+@contextlib.asynccontextmanager
+async def recent_tab(
+    tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser, user: str, note: str
+) -> AsyncIterator[Page]:
+    """The plugin's tab for a user with 45 notes ("<note> 0" .. "<note> 44"), the first page
+    of its Recent shown."""
     for i in range(45):
-        gateway(stack, "POST", "/api/v1/add", {"text": f"Recent note number {i}", "user_id": user})
+        gateway(stack, "POST", "/api/v1/add", {"text": f"{note} {i}", "user_id": user})
     home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
     with hermes_dashboard(hermes_python, home) as url:
         page = await browser.new_page()
         await page.goto(url + "/hyatlas")
+        await page.locator(".hyatlas-count").get_by_text("Showing 30 of 45 memories").wait_for()
+        try:
+            yield page
+        finally:
+            await page.close()
+
+
+async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_rest(
+    tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser
+) -> None:
+    async with recent_tab(tmp_path, hermes_python, stack, browser, "u-recent-tab",
+                          "Recent note number") as page:
         count = page.locator(".hyatlas-count")
-        await count.get_by_text("Showing 30 of 45 memories").wait_for()
         rows = page.locator(".hyatlas-count + ul > li.hyatlas-row")
         assert await rows.count() == 30
         assert "Recent note number 44" in await rows.first.inner_text()
@@ -80,20 +93,14 @@ async def test_recent_says_how_many_memories_it_shows_of_all_and_pages_to_the_re
         assert await rows.count() == 45
         assert "Recent note number 0" in await rows.last.inner_text()
         assert await page.get_by_role("button", name="Show 30 more").count() == 0
-        await page.close()
 
 
 async def test_recent_pages_by_the_cursor_so_rows_retired_between_pages_hide_none(
     tmp_path: Path, hermes_python: Path, stack: Stack, browser: Browser
 ) -> None:
     user = "u-recent-cursor"
-    for i in range(45):
-        gateway(stack, "POST", "/api/v1/add", {"text": f"Cursor note number {i}", "user_id": user})
-    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
-    with hermes_dashboard(hermes_python, home) as url:
-        page = await browser.new_page()
-        await page.goto(url + "/hyatlas")
-        await page.locator(".hyatlas-count").get_by_text("Showing 30 of 45 memories").wait_for()
+    async with recent_tab(tmp_path, hermes_python, stack, browser, user,
+                          "Cursor note number") as page:
         # Five rows of the first page are deleted before the next is asked for: by offset, the
         # next page started 30 rows into the 40 left and skipped the five that moved up.
         newest = gateway(stack, "POST", "/api/v1/list", {"user_id": user, "limit": 5})
@@ -109,4 +116,3 @@ async def test_recent_pages_by_the_cursor_so_rows_retired_between_pages_hide_non
         await page.locator(".hyatlas-count").get_by_text(
             "Showing 45 memories, newest first; 40 are live now").wait_for()
         assert await page.get_by_role("button", name="Show 30 more").count() == 0
-        await page.close()

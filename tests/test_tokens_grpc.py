@@ -161,6 +161,13 @@ def _added(store: store_pb2_grpc.StoreStub, user: str, text: str, **fields: obje
     return reply.memories[0].id  # type: ignore[no-any-return]
 
 
+def _as_carol(store: store_pb2_grpc.StoreStub, op: store_pb2.Op) -> None:
+    """One op applied for grpc-carol under carol's grant."""
+    store.Apply(store_pb2.ApplyRequest(
+        scope=common_pb2.Scope(user_id="grpc-carol"), actor="api", ops=[op]),
+        metadata=AS_CAROL, timeout=30)
+
+
 def test_a_row_another_user_named_as_its_replacement_shows_nothing_of_theirs(
     tcp_stack: Stack,
 ) -> None:
@@ -188,10 +195,7 @@ def test_a_row_another_user_named_as_its_replacement_shows_nothing_of_theirs(
         assert "PLANTED BY CAROL" not in json.dumps(found)
 
         def restore(row: str) -> None:
-            store.Apply(store_pb2.ApplyRequest(
-                scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
-                ops=[store_pb2.Op(restore=store_pb2.RestoreOp(id=row))]),
-                metadata=AS_CAROL, timeout=30)
+            _as_carol(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=row)))
 
         restore("carol-older")  # bob's live row is no replacement of carol's
         with pytest.raises(grpc.RpcError) as refused:
@@ -208,11 +212,8 @@ def test_an_update_condition_on_another_users_row_is_not_found_whatever_it_guess
         bob = _added(store, "grpc-bob", "Bob's PIN is 4711")
         for guess in ("Bob's PIN is 4711", "Bob's PIN is 1234"):
             with pytest.raises(grpc.RpcError) as refused:
-                store.Apply(store_pb2.ApplyRequest(
-                    scope=common_pb2.Scope(user_id="grpc-carol"), actor="api",
-                    ops=[store_pb2.Op(update=store_pb2.UpdateOp(
-                        id=bob, hits_delta=1, require=store_pb2.Unchanged(content=guess)))]),
-                    metadata=AS_CAROL, timeout=30)
+                _as_carol(store, store_pb2.Op(update=store_pb2.UpdateOp(
+                    id=bob, hits_delta=1, require=store_pb2.Unchanged(content=guess))))
             assert refused.value.code() == grpc.StatusCode.NOT_FOUND, guess
 
 
