@@ -26,6 +26,9 @@ ARC = "arc"
 """The label of an owner's arc (an L4 summary the consolidator keeps): one is live at a time."""
 ONE_LIVE = {NOW_PAGE: "Now page", ARC: "arc"}
 """Labels (and names) of summaries an owner has one live row of: a newer stands for the older."""
+REPLACED = "replaced"
+"""How a row is retired by a newer version of it whose value changed (an edit, or a fact
+extraction replaced): a search shows it under that version's `replaced`."""
 PENDING, DONE, FAILED = "pending", "done", "failed"
 SKIPPED, UNCONFIGURED = "skipped", "unconfigured"
 EXTRACTION_STATES = (PENDING, DONE, FAILED, SKIPPED, UNCONFIGURED)

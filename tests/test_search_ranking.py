@@ -31,6 +31,7 @@ from services.search.pipeline import LITE_PIPELINE, PLAIN_PIPELINE
 from services.store.keys import clauses, context_text, own_keys, passage_of
 from shared.calibration import calibrated_floor
 from shared.errors import ConfigError
+from shared.pb import common_pb2
 
 # Wednesday 2024-05-15 14:30 UTC.
 REF = datetime(2024, 5, 15, 14, 30, tzinfo=UTC).timestamp()
@@ -453,6 +454,31 @@ def test_near_duplicate_is_demoted_below_a_distinct_memory() -> None:
         cand("b", "the vet visit is on Friday", fused=0.6),
     ]
     assert ids(ranking.demote_near_duplicates(ranked, ctx())) == ["a", "b", "a2"]
+
+
+def _fact_replacing(memory_id: str, *olds: tuple[str, str], rests_on: str = "") -> Candidate:
+    """A live fact whose older versions were each learnt from a turn, retired as given."""
+    payload = common_pb2.ScoredMemory(
+        replaced=[
+            common_pb2.Memory(id=f"old-{turn}", source_ids=[turn], superseded_how=how)
+            for turn, how in olds
+        ]
+    )
+    sources = (rests_on,) if rests_on else ()
+    return Candidate(memory_id, "l3_fact", memory_id, source_ids=sources, payload=payload)
+
+
+def test_a_turn_saying_a_replaced_value_follows_the_fact_that_replaced_it() -> None:
+    fact = _fact_replacing("fact", ("porto", "replaced"), ("detail", "updated"))
+    ranked = [cand("porto"), cand("detail"), cand("other"), fact, cand("later")]
+    assert ids(ranking.follow_their_facts(ranked, ctx())) == [
+        "detail", "other", "fact", "porto", "later",
+    ]
+    # Below the fact already, or what the fact itself was learnt from: left where it is.
+    below = [fact, cand("x"), cand("porto")]
+    assert ids(ranking.follow_their_facts(below, ctx())) == ["fact", "x", "porto"]
+    own = _fact_replacing("fact", ("both", "replaced"), rests_on="both")
+    assert ids(ranking.follow_their_facts([cand("both"), own], ctx())) == ["both", "fact"]
 
 
 def test_mmr_lifts_a_different_memory_over_a_repeat_of_the_first() -> None:

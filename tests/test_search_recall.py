@@ -99,6 +99,40 @@ async def test_replaced_fact_shows_its_history_in_results(lite: Stack) -> None:
     assert {old["superseded_how"] for old in replaced} == {"replaced"}
 
 
+def learnt_from(user: str, text: str, turn_id: str) -> store_pb2.Op:
+    op = fact(user, text)
+    op.insert.source_ids.append(turn_id)
+    return op
+
+
+async def test_a_turn_whose_fact_was_replaced_comes_after_the_fact_now_true(lite: Stack) -> None:
+    user = _user()
+    turns = []
+    for text in ("I live in Porto, in a flat by the river.", "We moved house last month."):
+        status, body = await call(lite, "/api/v1/add", {"text": text, "user_id": user})
+        assert status == 200, body
+        turns.append(body["memory_id"])
+    old, new = apply(
+        lite,
+        user,
+        [
+            learnt_from(user, "User lives in Porto.", turns[0]),
+            learnt_from(user, "User lives in Lisbon.", turns[1]),
+        ],
+    )
+    apply(lite, user, [retire(old.id, new.id)])
+    query = "where do I live?"
+
+    # The turn saying the old value shares the query's words; the fact now true does not.
+    skipped = await search(lite, user, query, skip_stages=["replaced_turns"])
+    plain = [hit["memory_id"] for hit in skipped]
+    assert plain.index(turns[0]) < plain.index(new.id), plain
+
+    found = [h["memory_id"] for h in await search(lite, user, query)]
+    assert found.index(turns[0]) == found.index(new.id) + 1, found
+    assert sorted(found) == sorted(plain)
+
+
 async def test_a_turn_is_found_by_the_words_of_the_turn_before_it(lite: Stack) -> None:
     user = _user()
     turns = [

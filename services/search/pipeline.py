@@ -98,6 +98,7 @@ FULL_RANKING_RUNS: dict[str, StageFn] = {
     "sittings": ranking.favour_sittings,
     "replies": ranking.lift_replies,
     "mmr": ranking.mmr,
+    "replaced_turns": ranking.follow_their_facts,
     "l5_cap": stages.cap_knowledge,
     "session_intentions": stages.own_session_intentions_first,
     "truncate": stages.truncate,

@@ -19,6 +19,7 @@ from services.search.entities import (
     subject_of,
 )
 from services.search.model import VECTOR, Candidate, SearchContext
+from shared.layers import REPLACED
 
 # Question words that make a query question-like rather than a keyword lookup.
 QUESTION_WORDS = frozenset(
@@ -446,3 +447,38 @@ def mmr(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
         left[best] = False
         overlap = np.maximum(overlap, pairs[:, best])
     return [head[i] for i in picked] + tail
+
+
+def follow_their_facts(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """A turn that said a value since replaced comes right after the fact that replaced it.
+
+    A fact's older versions (its `replaced`, from the store) name the turns they were learnt
+    from: such a turn still says the old value ("I live in Porto") and may share more of the
+    query's words than the fact now true ("User lives in Lisbon"). It stays in the results, as
+    the conversation said it, but below what replaced it. A turn the fact itself rests on is
+    left where it is.
+    """
+    place = {c.memory_id: i for i, c in enumerate(ranked)}
+    after: dict[str, list[Candidate]] = {}
+    moved: set[str] = set()
+    for candidate in ranked:
+        for turn_id in _outdated_turns(candidate) - moved:
+            turn_place = place.get(turn_id)
+            if turn_place is not None and turn_place < place[candidate.memory_id]:
+                after.setdefault(candidate.memory_id, []).append(ranked[turn_place])
+                moved.add(turn_id)
+    if not moved:
+        return ranked
+    out: list[Candidate] = []
+    for candidate in ranked:
+        if candidate.memory_id not in moved:
+            out.append(candidate)
+            out.extend(after.get(candidate.memory_id, ()))
+    return out
+
+
+def _outdated_turns(candidate: Candidate) -> set[str]:
+    """The rows the candidate's replaced versions were learnt from and it was not."""
+    replaced = getattr(candidate.payload, "replaced", ())
+    learnt = {s for old in replaced if old.superseded_how == REPLACED for s in old.source_ids}
+    return learnt - set(candidate.source_ids)

@@ -33,6 +33,7 @@ FULL_RANKING = (
     "sittings",
     "replies",
     "mmr",
+    "replaced_turns",
     "l5_cap",
     "session_intentions",
     "truncate",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from shared.layers import LAYER_NAMES
+from shared.layers import LAYER_NAMES, REPLACED
 
 LAYERS = tuple(LAYER_NAMES.values())
 MAX_LIMIT = 1000
@@ -51,8 +51,6 @@ KILLS_SUMMARIES = frozenset({FORGOTTEN, ERASED, TOMBSTONED, UNDONE})
 """Evidence gone this way takes a summary of it down: its text may hold the value forgotten or
 deleted, or the text of a pass undone (a summary of a replaced or done row is only out of date,
 and rebuilt)."""
-REPLACED = "replaced"
-"""How a row retired by a newer version of it given by hand (an edit) is."""
 OLD_VERSIONS = frozenset({REPLACED, "updated"})
 """How a row retired by a newer version of it is: its text still shows under that version
 (`replaced` in a search), so a forget reaches it as it reaches a live row."""
