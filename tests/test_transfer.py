@@ -164,6 +164,15 @@ async def test_a_line_that_is_not_utf8_is_counted_refused_and_its_batch_written(
     assert listing["total"] == 3
 
 
+async def test_refusals_are_listed_and_named_in_line_order(target: Stack) -> None:
+    # The store refuses lines 1-2 after the gateway refused lines 3-4 as it read them.
+    body = b"{not json\n" * 2 + b"\xff\n" * 2
+    status, reply = await _import(target, body)
+    assert status == 400, reply
+    assert [e["line"] for e in reply["errors"]] == [1, 2, 3, 4]
+    assert reply["error"].startswith("line 1: ")
+
+
 async def test_a_header_of_another_format_is_refused_and_changes_nothing(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     line = {"type": "memory", "memory": {"user_id": user, "content": "Some text."}}

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from bisect import insort
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,10 +185,11 @@ class _Import:
         }
 
     def refuse(self, line: int, error: str) -> None:
-        """Counts a bad line, listing the first few."""
+        """Counts a bad line, listing the first few by line number (a line that is not UTF-8 is
+        refused as it is read, before the store's refusals of the lines sent ahead of it)."""
         self.refused += 1
-        if len(self.errors) < MAX_LISTED_ERRORS:
-            self.errors.append({"line": line, "error": error})
+        insort(self.errors, {"line": line, "error": error}, key=lambda listed: listed["line"])
+        del self.errors[MAX_LISTED_ERRORS:]
 
 
 def _rows_request(
