@@ -77,6 +77,18 @@ def check_name(what: str, value: str) -> str:
     return check_no_nul(what, value)
 
 
+def check_identity(what: str, value: str) -> str:
+    """A name a REST call gives to reach a row (its id, user_id, agent_id, session_id):
+    check_name's rules, and no whitespace around it. The API trims every name it is given, so
+    it could never reach a row stored under " alice " or with the id " x "."""
+    if value != value.strip():
+        raise InvalidArgument(
+            f"{what} {value[:MAX_NAME_CHARS]!r} has whitespace around it: the API trims the "
+            "names it is given, so it could never name this one"
+        )
+    return check_name(what, value)
+
+
 def check_text(what: str, value: str) -> str:
     """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413, and
     without a NUL character (check_no_nul)."""

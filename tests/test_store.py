@@ -896,6 +896,7 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         ([update(hits=-7)], "op 0: hits must be a count"),
         ([insert("a", label="l" * (MAX_NAME_CHARS + 1))], "op 0: label has 257 characters"),
         ([insert("a", id="x\x00y")], "op 0: id 'x\\x00y' is not a usable memory id"),
+        ([insert("a", id=" x ")], "op 0: id ' x ' has whitespace around it"),
         ([insert("a", metadata_json=deep)], "op 0: metadata_json is nested over 32 levels"),
         ([insert("a", metadata_json='{"k": "a\\u0000b"}')],
          "op 0: metadata_json may not hold a NUL character"),

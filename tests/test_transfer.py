@@ -164,6 +164,24 @@ async def test_a_line_that_is_not_utf8_is_counted_refused_and_its_batch_written(
     assert listing["total"] == 3
 
 
+async def test_a_name_with_whitespace_around_it_is_refused_as_the_api_could_not_reach_it(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    lines = [
+        {"type": "memory", "memory": {"user_id": f" {user} ", "content": "Padded owner."}},
+        {"type": "memory", "memory": {"user_id": user, "agent_id": "bot\t", "content": "Agent."}},
+        {"type": "memory", "memory": {"id": " spaced ", "user_id": user, "content": "Padded id."}},
+        {"type": "memory", "memory": {"user_id": user, "content": "Fine."}},
+    ]
+    status, reply = await _import(target, lines)
+    assert status == 400, reply
+    assert [e["line"] for e in reply["errors"]] == [1, 2, 3]
+    assert all("whitespace around it" in e["error"] for e in reply["errors"]), reply
+    status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
+    assert [row["content"] for row in listing["memories"]] == ["Fine."]
+
+
 async def test_refusals_are_listed_and_named_in_line_order(target: Stack) -> None:
     # The store refuses lines 1-2 after the gateway refused lines 3-4 as it read them.
     body = b"{not json\n" * 2 + b"\xff\n" * 2

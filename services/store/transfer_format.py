@@ -34,6 +34,7 @@ from shared.limits import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
     check_count,
+    check_identity,
     check_name,
     check_text,
 )
@@ -230,6 +231,8 @@ def _check_times(values: Mapping[str, Any], what: str) -> None:
 
 # String fields of a row or an edge that are text rather than a name or an id.
 _FREE_TEXT = frozenset({"content", "drop_reason", "subject", "relation", "object"})
+# Names the API is given to reach a row, which it trims (shared.limits.check_identity).
+_IDENTITIES = frozenset({"id", "user_id", "agent_id", "session_id", "superseded_by"})
 
 
 def _check_lengths(values: Mapping[str, Any], what: str) -> None:
@@ -239,7 +242,8 @@ def _check_lengths(values: Mapping[str, Any], what: str) -> None:
         if name == "metadata_json":
             continue
         if isinstance(value, str):
-            (check_text if name in _FREE_TEXT else check_name)(f"{what}.{name}", value)
+            check = check_identity if name in _IDENTITIES else check_name
+            (check_text if name in _FREE_TEXT else check)(f"{what}.{name}", value)
         elif isinstance(value, tuple):  # source_ids, fact_ids
             for one in value:
                 check_name(f"{what}.{name}", one)

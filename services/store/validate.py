@@ -33,6 +33,7 @@ from shared.layers import EXTRACTION_STATES
 from shared.limits import (
     MAX_COUNT,
     check_count,
+    check_identity,
     check_key,
     check_name,
     check_no_nul,
@@ -91,10 +92,10 @@ def check_ids(ids: Sequence[str]) -> None:
 
 
 def _owned(reach: Reach, op: Insert | PutEdge, where: str) -> None:
-    check_name(f"{where}: owner.user_id", op.user_id)
-    check_name(f"{where}: owner.agent_id", op.agent_id)
+    check_identity(f"{where}: owner.user_id", op.user_id)
+    check_identity(f"{where}: owner.agent_id", op.agent_id)
     if isinstance(op, Insert):
-        check_name(f"{where}: owner.session_id", op.session_id)
+        check_identity(f"{where}: owner.session_id", op.session_id)
     if not reach.contains(op.user_id, op.agent_id):
         raise PermissionDenied(
             f"{where}: owner {op.user_id!r} (agent {op.agent_id!r}) is outside the request scope"
@@ -117,6 +118,7 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         op.id.startswith("$") or len(op.id) > 128 or not op.id.strip() or "\x00" in op.id
     ):
         raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
+    check_identity(f"{where}: id", op.id)
     _check_ids(op.source_ids, f"{where}: source_ids")
     _fields(where, op)
     return replace(op, metadata_json=metadata(op.metadata_json, where))
