@@ -79,6 +79,21 @@ async def test_a_database_gone_while_serving_is_503_and_not_ready_until_it_is_ba
     assert "Traceback" not in (tmp_path / "store.log").read_text()
 
 
+async def test_status_hides_a_password_given_in_the_dsn_s_query(
+    tmp_path: Path, embedder_address: str, databases: Any
+) -> None:
+    base = databases.new_dsn()
+    dsn = base + ("&" if "?" in base else "?") + "password=S3cretPassw0rd&application_name=hy"
+    with running_stack(
+        tmp_path, ["store", "search", "gateway"], HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_STORE_DSN=dsn,
+    ) as stack:
+        status, body = await _call(stack, "GET", "/api/v1/status")
+    assert status == 200, body
+    assert body["data_dir"].endswith("password=***&application_name=hy"), body["data_dir"]
+    assert "S3cretPassw0rd" not in (tmp_path / "store.log").read_text()
+
+
 async def test_a_store_started_before_its_database_waits_for_it(
     tmp_path: Path, embedder_address: str, databases: Any
 ) -> None:

@@ -18,6 +18,7 @@ from pgvector.asyncpg import register_vector
 
 from services.store.pg.schema import WRITE_LOCK, create_or_migrate
 from shared.errors import ConfigError, InvalidArgument, Unavailable
+from shared.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,6 @@ def numbered(sql: str) -> str:
     """The statement with each `?` as `$n` (the store's SQL holds no `?` inside literals)."""
     counter = iter(range(1, 1 << 16))
     return _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
-
-
-def redacted_dsn(dsn: str) -> str:
-    """The DSN without its password, for logs and errors."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
 
 
 UNREACHABLE = (
@@ -98,7 +94,7 @@ class Database:
         While the database cannot be reached (it may be starting too) it tries again, waiting
         up to RETRY_MOST_S between tries; what waiting does not mend (a wrong password, no such
         database, no pgvector, a role that may not create it) is a ConfigError."""
-        where = redacted_dsn(self.dsn)
+        where = redact_url(self.dsn)
         wait = 0.5
         while True:
             try:
@@ -128,7 +124,7 @@ class Database:
             async with asyncio.timeout(timeout_s):
                 await self.pool.fetchval("SELECT 1")
         except (*UNREACHABLE, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.debug("database %s not ready: %s", redacted_dsn(self.dsn), _reason(exc))
+            log.debug("database %s not ready: %s", redact_url(self.dsn), _reason(exc))
             return False
         return True
 

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from services.store.core import VectorModel
 from services.store.off_calendar import clear_off_calendar_dates
-from services.store.pg.db import Database, redacted_dsn
+from services.store.pg.db import Database
 from services.store.pg.repo import PgRepo
 from services.store.pg.schema import REEMBED_INSTEAD
 from services.store.pg.vectors import PgVectors
 from services.store.reembed import ModelSource
 from services.store.retrieval import EXACT_UP_TO
 from services.store.store import Store
+from shared.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ async def open_pg_store(
         model = await _model(repo, embedder)
         store = Store(
             repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to,
-            location=redacted_dsn(dsn),
+            location=redact_url(dsn),
         )
-        log.info("store open on %s: model %s (%d-d)", redacted_dsn(dsn), model.model_id, model.ndim)
+        log.info("store open on %s: model %s (%d-d)", redact_url(dsn), model.model_id, model.ndim)
         yield store
     finally:
         await repo.close()
