@@ -377,6 +377,28 @@ async def test_a_row_is_not_restored_beside_a_live_version_of_it(
     assert await listed(store) == ["Lives in Rome"]
 
 
+async def test_a_retired_row_s_text_is_not_edited_in_place(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    old, new = await apply(
+        store, insert("Lives in Porto", user="faro"), insert("Lives in Lisbon", user="faro"),
+        user="faro",
+    )
+    retire = store_pb2.RetireOp(id=old.id, superseded_how="replaced", superseded_by=new.id)
+    await apply(store, store_pb2.Op(retire=retire), user="faro")
+    edit = store_pb2.Op(update=store_pb2.UpdateOp(id=old.id, content="Lives in Faro"))
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+        await apply(store, edit, user="faro")
+    assert "is retired: restore it before editing its text" in (info.value.details() or "")
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope("faro"), id=old.id))
+    assert got.memory.content == "Lives in Porto"
+    # What is not its text still changes (a search's usage feedback, say).
+    (used,) = await apply(
+        store, store_pb2.Op(update=store_pb2.UpdateOp(id=old.id, hits_delta=1)), user="faro"
+    )
+    assert used.hits == 1
+
+
 async def restate_facts(stub: store_pb2_grpc.StoreStub, dry_run: bool) -> tuple[int, int]:
     """(duplicates, rows_superseded) of an admin dedupe_facts at 0.95."""
     reply = await stub.RestateFacts(store_pb2.RestateFactsRequest(threshold=0.95, dry_run=dry_run))

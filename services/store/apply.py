@@ -390,6 +390,9 @@ async def _update(run: _Apply, i: int, op: Update) -> MemoryRow | None:
                 next(run.vectors)
         return None
     before = await target(w.tx, run.reach, op.id)
+    if op.content is not None and before.status != ACTIVE:
+        # A retired row's text is what it said then (an old version shows under its successor).
+        raise Conflict(f"op {i}: memory {op.id!r} is retired: restore it before editing its text")
     fields = _update_fields(op)
     if op.hits_delta:
         fields["hits"] = min(max(before.hits + op.hits_delta, 0), MAX_COUNT)
