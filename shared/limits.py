@@ -89,11 +89,12 @@ def check_identity(what: str, value: str) -> str:
     return check_name(what, value)
 
 
-def check_text(what: str, value: str) -> str:
-    """Free text (a memory's text, a query, a reason) within MAX_TEXT_CHARS, else a 413, and
-    without a NUL character (check_no_nul)."""
-    if len(value) > MAX_TEXT_CHARS:
-        raise TooLarge(f"{what} has {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}")
+def check_text(what: str, value: str, most: int = MAX_TEXT_CHARS) -> str:
+    """Free text (a memory's text, a query, a reason) within most characters (MAX_TEXT_CHARS
+    unless it is longer by rule, as a context key), else a 413, and without a NUL character
+    (check_no_nul)."""
+    if len(value) > most:
+        raise TooLarge(f"{what} has {len(value):,} characters; the limit is {most:,}")
     return check_no_nul(what, value)
 
 

@@ -99,6 +99,23 @@ async def test_round_trip_to_a_fresh_data_dir_gives_the_same_store(
     assert (await export(target))[1:-1] == lines
 
 
+async def test_a_turn_of_the_longest_text_comes_back_with_its_context_key(
+    source: Stack, target: Stack
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    longest = " ".join(["word"] * 20_000)[: 100_000]
+    for text in ("The turn before it.", longest, "The turn after it."):
+        status, body = await call(source, "POST", "/api/v1/add",
+                                  json={"text": text, "user_id": user, "session_id": "s"})
+        assert status == 200, body
+    exported = await export(source, user_id=user)
+    (turn,) = [m for m in exported[1:-1] if m["memory"]["content"] == longest]
+    (context,) = [k for k in turn["keys"] if k["kind"] == "context"]
+    assert len(context["text"]) > len(longest)  # the neighbours' lines around it
+    status, reply = await _import(target, exported)
+    assert (status, reply["imported"], reply["refused"]) == (200, 3, 0), reply
+
+
 async def test_a_bad_line_is_refused_with_its_number_and_the_good_lines_are_written(
     target: Stack,
 ) -> None:

@@ -11,6 +11,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from shared.limits import MAX_TEXT_CHARS
 from shared.passages import Passage, spans_of
 
 CLAUSE = "clause"
@@ -30,6 +31,8 @@ MAX_CLAUSES = 2
 MOST_CLAUSES_HELD = 12
 # A neighbour contributes at most this much text to a context key.
 NEIGHBOUR_CHARS = 400
+MAX_KEY_CHARS = MAX_TEXT_CHARS + 2 * (NEIGHBOUR_CHARS + 1)
+"""The longest key: a context key holds its memory and a line of each neighbour's text."""
 # A write this long after the one before starts a new sitting: they are not each other's context.
 NEIGHBOUR_GAP_S = 6 * 3600.0
 # Layers whose rows are turns of a conversation, so their neighbours are context.

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from services.store.keys import KINDS, VECTOR_KINDS
+from services.store.keys import KINDS, MAX_KEY_CHARS, VECTOR_KINDS
 from services.store.model import (
     ACTIVE,
     LAYERS,
@@ -321,7 +321,7 @@ def _keys(value: Any, reuse: bool, ctx: LineContext) -> tuple[KeyLine, ...]:
         what = f"keys[{i}]"
         if not isinstance(key, dict) or key.get("kind") not in KINDS:
             raise InvalidArgument(f"{what} must be an object of kind " + " or ".join(KINDS))
-        text = check_text(f"{what}.text", _string(f"{what}.text", key.get("text")))
+        text = check_text(f"{what}.text", _string(f"{what}.text", key.get("text")), MAX_KEY_CHARS)
         if not text.strip():
             raise InvalidArgument(f"{what}.text is required")
         vector = _reusable(key.get("vector"), f"{what}.vector", reuse, ctx)
