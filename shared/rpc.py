@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 import prometheus_client
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client.core import Metric
@@ -271,6 +272,47 @@ class _CallGuard(grpc.aio.ServerInterceptor):
         )
 
 
+class _Malformed:
+    """What a request whose bytes are not its message reads as; its handler refuses it."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _DecodeGuard(grpc.aio.ServerInterceptor):
+    """Answers a request that is not a well-formed message (bad UTF-8 in a string, a cut
+    field) with INVALID_ARGUMENT: gRPC's own answer is UNKNOWN with the parser's exception in
+    it, and a traceback in the log, as for a bug."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler.unary_unary or handler.request_deserializer is None:
+            return handler
+        decode, serve = handler.request_deserializer, handler.unary_unary
+
+        def read(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except DecodeError as exc:
+                return _Malformed(str(exc))
+
+        async def refuse_malformed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"a malformed request: {request.reason}"
+                )
+            return await serve(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            refuse_malformed, request_deserializer=read,
+            response_serializer=handler.response_serializer,
+        )
+
+
 class _CallMetadata(grpc.aio.UnaryUnaryClientInterceptor):
     """Sends the service token (if any) and the grant of the call being served (if any)."""
 
@@ -324,7 +366,7 @@ async def running_grpc_server(
         log.warning("gRPC on TCP %s without a service token: anyone who can reach it "
                     "reads and changes every memory (set HYATLAS_GRPC_TOKEN)", address)
     guard = _CallGuard(token if sock is None else "")
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter, guard])
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[meter, guard, _DecodeGuard()])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

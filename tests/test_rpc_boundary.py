@@ -22,6 +22,7 @@ from shared.errors import (
     Unavailable,
     Unimplemented,
 )
+from shared.pb import common_pb2
 from shared.rpc import ServiceClient, grpc_errors, open_channel, running_grpc_server
 
 ERRORS = [InvalidArgument, Unauthenticated, PermissionDenied, NotFound, Conflict, TooLarge,
@@ -89,3 +90,35 @@ async def test_an_unexpected_exception_reaches_the_caller_as_an_id_without_its_t
     logged = [r for r in caplog.records if error_id in r.getMessage()]
     assert logged and logged[0].exc_info is not None
     assert "secret-detail-of-a-bug" in str(logged[0].exc_info[1])
+
+
+async def test_a_request_that_is_not_its_message_is_invalid_argument_and_never_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served: list[common_pb2.Scope] = []
+
+    async def echo(request: common_pb2.Scope, context: grpc.aio.ServicerContext) -> bytes:
+        served.append(request)
+        return b""
+
+    handler = grpc.method_handlers_generic_handler("hyatlas.test.Boundary", {
+        "Fail": grpc.unary_unary_rpc_method_handler(
+            echo, request_deserializer=common_pb2.Scope.FromString),
+    })
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        server.add_generic_rpc_handlers((handler,))
+        return []
+
+    address = f"unix:{tmp_path / 'decode.sock'}"
+    async with running_grpc_server(address, register), open_channel(address) as channel:
+        client = ServiceClient(Stub(channel), "boundary")
+        bad_utf8 = b"\x0a\x03\xff\xfe\xed"  # field 1 (user_id), a string of bytes not UTF-8
+        with pytest.raises(InvalidArgument) as caught:
+            await client.Fail(bad_utf8, timeout=30)
+        assert "a malformed request:" in caught.value.message
+        with pytest.raises(InvalidArgument):
+            await client.Fail(b"\x0a\x09abc", timeout=30)  # a string cut short
+        await client.Fail(common_pb2.Scope(user_id="ok").SerializeToString(), timeout=30)
+    assert [scope.user_id for scope in served] == ["ok"]
+    assert not [r for r in caplog.records if r.exc_info]
