@@ -51,14 +51,18 @@ def channel_target(address: str) -> str:
     """The gRPC target of an address: a single endpoint as it is, a list in the form gRPC's own
     resolvers take for several addresses (unix:P1,P2 / ipv4:H1:P1,H2:P2 / ipv6:[H1]:P1,[H2]:P2).
 
-    ValueError says why a list cannot be one target: unix sockets and TCP mixed, a DNS name (it
-    may stand alone, as one endpoint), or IPv4 and IPv6 mixed.
+    ValueError says why a list cannot be one target: an endpoint named twice, unix sockets and
+    TCP mixed, a DNS name (it may stand alone, as one endpoint), or IPv4 and IPv6 mixed.
     """
     entries = endpoints(address)
     if len(entries) == 1:
         return entries[0]
     if not entries:
         raise ValueError("names no endpoint")
+    twice = sorted({entry for entry in entries if entries.count(entry) > 1})
+    if twice:
+        # One replica would take twice the calls of each other, and look like two in status.
+        raise ValueError(f"names {', '.join(twice)} twice")
     unix = [is_unix(entry) for entry in entries]
     if all(unix):
         return "unix:" + ",".join(str(unix_path(entry)) for entry in entries)

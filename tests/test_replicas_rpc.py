@@ -65,6 +65,7 @@ def test_an_address_becomes_the_target_grpc_balances(address: str, target: str) 
         ("10.0.0.1:7001,[fd00::2]:7001", "mixes IPv4 and IPv6"),
         ("store-a:7001,store-b:7001", "not a host name"),
         ("10.0.0.1:7001,10.0.0.2", "must be IP:PORT"),
+        ("10.0.0.1:7001, 10.0.0.1:7001", "names 10.0.0.1:7001 twice"),
     ],
 )
 def test_a_list_grpc_cannot_balance_is_refused_at_start(address: str, reason: str) -> None:
