@@ -653,6 +653,47 @@ async def _tick(ui: Session, *memory_ids: str) -> None:
         await ui.page.check(f"input.pick-row[data-memory-id='{memory_id}']")
 
 
+async def _held(ui: Session, route: str) -> asyncio.Event:
+    """Holds every call to the route until the event returned is set."""
+    released = asyncio.Event()
+
+    async def hold(request: Route) -> None:
+        await released.wait()
+        await request.continue_()
+
+    await ui.page.route(route, hold)
+    return released
+
+
+async def _held_delete_of_three(ui: Session, api: Api) -> tuple[str, asyncio.Event]:
+    """Ticks a new owner's three rows and starts deleting them, the first call held: the owner
+    and the event that lets the calls through."""
+    user = _user()
+    for n in range(3):
+        await api.add(f"Note {n} to delete in bulk.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    released = await _held(ui, "**/api/v1/delete_all")
+    await ui.page.check("#pick-all")
+    await ui.page.click("#delete-picked")
+    await ui.page.click("#confirm-delete-picked")
+    await ui.page.locator("#picked-count", has_text="Working on 1 of 3 memories").wait_for()
+    return user, released
+
+
+async def test_ticking_a_box_during_a_bulk_run_leaves_the_other_actions_locked(
+    ui: Session, api: Api
+) -> None:
+    _, released = await _held_delete_of_three(ui, api)
+    await ui.page.uncheck("input.pick-row >> nth=0")
+    # Ticking re-enabled them, and a second run started alongside went unreported.
+    for action in ("#forget-picked", "#restore-picked", "#cancel-delete-picked"):
+        assert await ui.page.locator(action).is_disabled(), action
+    assert "Working on 1 of 3" in await ui.page.locator("#picked-count").inner_text()
+    released.set()
+    await ui.page.locator("#action-notice", has_text="Deleted 3 memories.").wait_for()
+
+
 async def test_ticked_rows_are_forgotten_restored_and_deleted_together(
     ui: Session, api: Api
 ) -> None:
@@ -791,13 +832,7 @@ async def test_every_row_the_filters_match_is_acted_on_not_only_the_page(
     assert await ui.page.locator("#restore-picked").is_disabled()  # the list shows no retired
 
     # Stop ends a long run between two calls: the first delete is held until it is pressed.
-    pressed = asyncio.Event()
-
-    async def held(route: Route) -> None:
-        await pressed.wait()
-        await route.continue_()
-
-    await ui.page.route("**/api/v1/delete_all", held)
+    pressed = await _held(ui, "**/api/v1/delete_all")
     await ui.page.click("#delete-picked")
     await ui.page.click("#confirm-delete-picked")
     await ui.page.locator("#picked-count", has_text="Working on 1 of 111 memories").wait_for()
@@ -807,7 +842,7 @@ async def test_every_row_the_filters_match_is_acted_on_not_only_the_page(
     await notice.wait_for()
     assert await notice.inner_text() == "Deleted 1 memory. Stopped before the other 110 memories."
     assert len(await _ids_holding(api, user, "note 5", include_superseded=True)) == 110
-    await ui.page.unroute("**/api/v1/delete_all", held)
+    await ui.page.unroute("**/api/v1/delete_all")
 
     await ui.page.check("#pick-all")
     await widen.click()

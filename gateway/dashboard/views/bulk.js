@@ -66,6 +66,8 @@ function runner(count, halt, finish) {
   halt.addEventListener("click", () => { stopping = true; halt.disabled = true; });
   return async (ids, call, verb, after) => {
     halt.hidden = false;
+    // The answer just pressed is locked with the other actions: the focus goes to Stop.
+    halt.focus();
     const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
     const { done, replies, left, failed } = await each(ids, call, step, () => stopping);
     const rest = left ? ` Stopped before the other ${plural(left)}.` : "";
@@ -125,7 +127,9 @@ export function bulkBar(table, owner, origin, finish, matching) {
   const halt = h("button", { type: "button", id: "stop-picked", hidden: true }, "Stop");
   const calls = runner(count, halt, finish);
   const run = async (live, call, verb, after = () => null) => {
-    for (const button of [forget, restore, erase, widen]) button.disabled = true;
+    // One run at a time: every action, and any question asked, stays locked till the list is
+    // rendered again with what it did.
+    actions.disabled = true;
     count.textContent = everyMatching ? "Reading the matching memories…" : "Working…";
     let ids;
     try {
@@ -145,8 +149,11 @@ export function bulkBar(table, owner, origin, finish, matching) {
     () => run(undefined, one.erase, "Deleted"));
   const widen = h("button", { type: "button", id: "pick-matching",
     onclick: () => { everyMatching = !everyMatching; update(); } });
-  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, halt, widen, forget, forgetAsk, restore, erase, eraseAsk);
+  const actions = h("fieldset", { id: "bulk-actions" }, widen, forget, forgetAsk, restore, erase, eraseAsk);
+  const bar = h("div", { class: "toolbar bulk", id: "bulk-bar" }, count, halt, actions);
   const update = () => {
+    // A box ticked during a run changes neither the run nor its progress.
+    if (actions.disabled) return;
     const live = ticked(true).length;
     const all = ticked().length;
     const page = all > 0 && all === boxes().length;
