@@ -694,6 +694,23 @@ async def test_ticking_a_box_during_a_bulk_run_leaves_the_other_actions_locked(
     await ui.page.locator("#action-notice", has_text="Deleted 3 memories.").wait_for()
 
 
+async def test_leaving_the_list_stops_a_bulk_run_and_says_what_it_did_over_the_next_view(
+    ui: Session, api: Api
+) -> None:
+    user, released = await _held_delete_of_three(ui, api)
+    await ui.act(ui.page.click("#nav a[data-view=overview]"))
+    released.set()
+    # It went on with no way to stop it, then rendered the overview again with nothing said.
+    told = ui.page.locator("#told-text")
+    assert await told.inner_text() == (
+        f"Memories of {user}: Deleted 1 memory. Stopped before the other 2 memories when the"
+        " list was left.")
+    assert (await api.ok("POST", "/api/v1/list", json={"user_id": user}))["total"] == 2
+    assert await ui.page.locator("#view > section.view-overview").count() == 1
+    await ui.act(ui.page.click("#nav a[data-view=memories]"))
+    assert not await ui.page.locator("#told").is_visible()  # said once, over the next view
+
+
 async def test_ticked_rows_are_forgotten_restored_and_deleted_together(
     ui: Session, api: Api
 ) -> None:

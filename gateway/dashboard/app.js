@@ -26,6 +26,8 @@ let knownOwners = [];
 // Whether the owners were read (not so when the server could not be reached at load).
 let ownersRead = false;
 let renderSeq = 0;
+// The user's moves to another view, owner or address (a view rendering itself again is none).
+let moves = 0;
 // A view that could not reach the server renders again by itself, waiting longer each time.
 const RETRY_FIRST_S = 2;
 const RETRY_MOST_S = 30;
@@ -43,7 +45,11 @@ function parseHash() {
 
 async function render() {
   const { name, arg, params } = parseHash();
+  // What a view left behind said is for the view shown after it, not those after that.
+  told().replaceChildren();
+  told().hidden = true;
   const seq = ++renderSeq;
+  const at = moves;
   for (const link of document.querySelectorAll("#nav a")) {
     link.classList.toggle("active", link.dataset.view === name);
     if (link.dataset.view === name) link.setAttribute("aria-current", "page");
@@ -57,9 +63,11 @@ async function render() {
     arg,
     params,
     stale: () => seq !== renderSeq,
+    left: () => at !== moves,
     go: (hash) => { window.location.hash = hash; },
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
+    tell,
   };
   clearTimeout(retryTimer);
   const failures = unreachableCalls();
@@ -75,6 +83,17 @@ async function render() {
       document.documentElement.dataset.rendered = `${loadId}:${seq}`;
     }
   }
+}
+
+function told() {
+  return document.getElementById("told");
+}
+
+/** Says over the view shown what an action of a view left since did (with its button, an
+ * undo), till the next render. */
+function tell(text, button) {
+  told().replaceChildren(h("span", { id: "told-text" }, text), button ? " " : null, button || null);
+  told().hidden = false;
 }
 
 /** After a render that could not reach the server, says so over the view and renders it again
@@ -109,6 +128,7 @@ function suggestOwners() {
 }
 
 function pickOwner(next, hash) {
+  moves += 1;
   owner = { user_id: next.user_id || "default", agent_id: next.agent_id || "" };
   document.getElementById("owner-user").value = owner.user_id;
   document.getElementById("owner-agent").value = owner.agent_id;
@@ -168,6 +188,7 @@ async function loadOwners() {
 
 setupOwner();
 window.addEventListener("hashchange", () => {
+  moves += 1;
   askTokenAgain();
   render();
 });

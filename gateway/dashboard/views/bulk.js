@@ -60,8 +60,9 @@ async function each(ids, call, step = () => {}, stop = () => false) {
 }
 
 /** What runs a bulk action's calls: it says in `count` how far it is, stops between two calls
- * once `halt` is pressed, and hands `finish` what it did (and `after(replies)`, a button). */
-function runner(count, halt, finish) {
+ * once `halt` is pressed or the list is left (`gone()`), and hands `finish` what it did (and
+ * `after(replies)`, a button). */
+function runner(count, halt, gone, finish) {
   let stopping = false;
   halt.addEventListener("click", () => { stopping = true; halt.disabled = true; });
   return async (ids, call, verb, after) => {
@@ -69,8 +70,8 @@ function runner(count, halt, finish) {
     // The answer just pressed is locked with the other actions: the focus goes to Stop.
     halt.focus();
     const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
-    const { done, replies, left, failed } = await each(ids, call, step, () => stopping);
-    const rest = left ? ` Stopped before the other ${plural(left)}.` : "";
+    const { done, replies, left, failed } = await each(ids, call, step, () => stopping || gone());
+    const rest = left ? ` Stopped before the other ${plural(left)}${gone() ? " when the list was left" : ""}.` : "";
     await finish(`${verb} ${plural(done)}.${failed}${rest}`, after(replies));
   };
 }
@@ -110,9 +111,10 @@ export function undoButton(replies, restore, finish) {
 
 /** The bar over the list: how many rows are ticked and what can be done with them. With every
  * row of the page ticked and more matching (`matching.total` rows match `matching.query`, the
- * list's request less its page), it offers to act on all of them. `finish(text, undo)` shows
- * the text as the next render's notice, with the button given, and renders the list again. */
-export function bulkBar(table, owner, origin, finish, matching) {
+ * list's request less its page), it offers to act on all of them. `finish(text, undo)` says
+ * what a run did, with the button given; `gone()` says the list was left (another view, owner
+ * or page), which stops a run as Stop does. */
+export function bulkBar(table, owner, origin, finish, matching, gone) {
   const one = rowCalls(owner, origin);
   const boxes = () => [...table.querySelectorAll("input.pick-row")];
   const ticked = (live) => boxes().filter((box) => box.checked)
@@ -125,7 +127,7 @@ export function bulkBar(table, owner, origin, finish, matching) {
     : ticked(live);
   const count = h("span", { id: "picked-count", class: "muted" });
   const halt = h("button", { type: "button", id: "stop-picked", hidden: true }, "Stop");
-  const calls = runner(count, halt, finish);
+  const calls = runner(count, halt, gone, finish);
   const run = async (live, call, verb, after = () => null) => {
     // One run at a time: every action, and any question asked, stays locked till the list is
     // rendered again with what it did.

@@ -133,8 +133,14 @@ async function renderList(root, ctx) {
   }
   const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
   table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
-  const finish = (text, button) => { notice.leave([text, button]); return ctx.refresh(); };
-  root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }), table, pager);
+  // A run stops when the list is left; rendering again would draw over the view the user went
+  // to, so what it did is said over that one instead.
+  const finish = (text, button) => {
+    if (ctx.left()) return ctx.tell(`Memories of ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""}: ${text}`, button);
+    notice.leave([text, button]);
+    return ctx.refresh();
+  };
+  root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }, ctx.left), table, pager);
 }
 
 function createForm(ctx) {
