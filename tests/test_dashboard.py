@@ -797,6 +797,24 @@ async def test_the_list_filters_by_a_text_and_its_rows_can_all_be_forgotten(
         assert "invalid_at" not in await api.memory(memory_id, user)
 
 
+async def test_a_bulk_forget_counts_the_copies_of_a_value_it_took_with_the_rows_ticked(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    copies = [await api.add("I like green tea.", user, agent_id=agent)
+              for agent in ("phone", "laptop", "car", "watch")]
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await _tick(ui, copies[0])
+    await ui.page.click("#forget-picked")
+    await ui.act(ui.page.click("#confirm-forget-picked"))
+    # It counted the calls: "Forgot 1 memory.", then Undo "Restored 4 memories."
+    assert await ui.page.locator("#action-notice").inner_text() == (
+        "Forgot 4 memories: 1 selected, and 3 more holding the same value.")
+    await ui.act(ui.page.click("#undo-forget"))
+    assert await ui.page.locator("#action-notice").inner_text() == "Restored 4 memories."
+
+
 async def _ids_holding(api: Api, user: str, text: str, **filters: Any) -> list[str]:
     listed = await api.ok("POST", "/api/v1/list", json={
         "user_id": user, "contains": text, "limit": 1000, **filters})

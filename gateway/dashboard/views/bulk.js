@@ -60,19 +60,19 @@ async function each(ids, call, step = () => {}, stop = () => false) {
 }
 
 /** What runs a bulk action's calls: it says in `count` how far it is, stops between two calls
- * once `halt` is pressed or the list is left (`gone()`), and hands `finish` what it did (and
- * `after(replies)`, a button). */
+ * once `halt` is pressed or the list is left (`gone()`), and hands `finish` what it did, as
+ * `said(done, replies, ids)` puts it (and `after(replies)`, a button). */
 function runner(count, halt, gone, finish) {
   let stopping = false;
   halt.addEventListener("click", () => { stopping = true; halt.disabled = true; });
-  return async (ids, call, verb, after) => {
+  return async (ids, call, said, after) => {
     halt.hidden = false;
     // The answer just pressed is locked with the other actions: the focus goes to Stop.
     halt.focus();
     const step = (at, n) => { count.textContent = `Working on ${fmtCount(at + 1)} of ${plural(n)}…`; };
     const { done, replies, left, failed } = await each(ids, call, step, () => stopping || gone());
     const rest = left ? ` Stopped before the other ${plural(left)}${gone() ? " when the list was left" : ""}.` : "";
-    await finish(`${verb} ${plural(done)}.${failed}${rest}`, after(replies));
+    await finish(`${said(done, replies, ids)}${failed}${rest}`, after(replies));
   };
 }
 
@@ -81,6 +81,19 @@ function runner(count, halt, gone, finish) {
 function retiredBy(replies) {
   return [...new Set(replies.flatMap((reply) => (reply.memories || []).map((m) => m.memory_id)))];
 }
+
+/** What forgets did, in rows: those selected, and the other rows holding their values that
+ * went with them (counting the calls would leave those out). */
+function forgot(_done, replies, ids) {
+  const rows = retiredBy(replies);
+  const selected = new Set(ids);
+  const more = rows.filter((id) => !selected.has(id)).length;
+  if (!more) return `Forgot ${plural(rows.length)}.`;
+  return `Forgot ${plural(rows.length)}: ${fmtCount(rows.length - more)} selected, and ${fmtCount(more)} more holding the same value.`;
+}
+
+/** What restores or deletes did: one row a call. */
+const counted = (verb) => (done) => `${verb} ${plural(done)}.`;
 
 export function plural(n) {
   return `${fmtCount(n)} ${n === 1 ? "memory" : "memories"}`;
@@ -128,7 +141,7 @@ export function bulkBar(table, owner, origin, finish, matching, gone) {
   const count = h("span", { id: "picked-count", class: "muted" });
   const halt = h("button", { type: "button", id: "stop-picked", hidden: true }, "Stop");
   const calls = runner(count, halt, gone, finish);
-  const run = async (live, call, verb, after = () => null) => {
+  const run = async (live, call, said, after = () => null) => {
     // One run at a time: every action, and any question asked, stays locked till the list is
     // rendered again with what it did.
     actions.disabled = true;
@@ -140,15 +153,15 @@ export function bulkBar(table, owner, origin, finish, matching, gone) {
       await finish(`Nothing done: the matching memories could not be read (${error.message || error}).`);
       return true;
     }
-    await calls(ids, call, verb, after);
+    await calls(ids, call, said, after);
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
-    () => run(true, one.forget, "Forgot", (replies) => undoButton(replies, one.restore, finish)));
+    () => run(true, one.forget, forgot, (replies) => undoButton(replies, one.restore, finish)));
   const restore = h("button", { type: "button", id: "restore-picked",
-    onclick: () => run(false, one.restore, "Restored") }, "Restore");
+    onclick: () => run(false, one.restore, counted("Restored")) }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",
-    () => run(undefined, one.erase, "Deleted"));
+    () => run(undefined, one.erase, counted("Deleted")));
   const widen = h("button", { type: "button", id: "pick-matching",
     onclick: () => { everyMatching = !everyMatching; update(); } });
   const actions = h("fieldset", { id: "bulk-actions" }, widen, forget, forgetAsk, restore, erase, eraseAsk);
