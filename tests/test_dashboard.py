@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 from playwright.async_api import (
     Browser,
     ConsoleMessage,
+    Locator,
     Page,
     Request,
     Response,
@@ -1295,31 +1296,64 @@ async def test_a_link_to_the_dashboard_on_another_site_opens_it(ui: Session) -> 
     assert await ui.page.locator("tr[data-service=gateway] .health").inner_text() == "serving"
 
 
+def _to_the_server(url: str) -> bool:
+    return "/api/" in url
+
+
+async def _overview_while_down(
+    session: Session, answer: Callable[[Route], Awaitable[None]]
+) -> Locator:
+    """Opens the overview with every call to the server answered by `answer`: the box saying
+    the server is down, once shown."""
+    await session.page.route(_to_the_server, answer)
+    await session.page.goto(f"{session.base_url}/dashboard/#/overview")
+    box = session.page.locator("#unreachable")
+    await box.wait_for()
+    assert await box.locator("#retry").is_visible()
+    return box
+
+
+async def _recovers_by_itself(session: Session, box: Locator) -> None:
+    """Lets the calls through again: the view renders again without a click, the box gone."""
+    await session.page.unroute(_to_the_server)
+    await session.page.locator("[data-stat=mode] .card-value:text-is('lite')").wait_for()
+    assert await box.count() == 0
+    # The owners could not be read at load: they are read now.
+    assert await session.page.locator("#owner-users option").count() > 0
+
+
 async def test_a_server_that_cannot_be_reached_is_named_and_the_view_recovers_by_itself(
     browser: Browser, stack: Stack, shots: Path, api: Api
 ) -> None:
     await api.add("Written before the network dropped.", _user())
     session = await _session(browser, stack, shots, token=True)
-    page = session.page
-
-    def to_the_server(url: str) -> bool:
-        return "/api/" in url
-
     # The network drops every call, as with the gateway stopped ("Failed to fetch").
-    await page.route(to_the_server, lambda route: route.abort())
-    await page.goto(f"{stack.base_url}/dashboard/#/overview")
-    box = page.locator("#unreachable")
-    await box.wait_for()
+    box = await _overview_while_down(session, lambda route: route.abort())
     assert f"cannot be reached at {stack.base_url}" in await box.inner_text()
-    assert await box.locator("#retry").is_visible()
     await session.shot("unreachable")
-    # It is back: the view renders again without a click (it said "Failed to fetch" for good).
-    await page.unroute(to_the_server)
-    await page.locator("[data-stat=mode] .card-value:text-is('lite')").wait_for()
-    assert await box.count() == 0
-    # The owners could not be read at load: they are read now.
-    assert await page.locator("#owner-users option").count() > 0
-    await page.context.close()
+    # It said "Failed to fetch" for good.
+    await _recovers_by_itself(session, box)
+    await session.page.context.close()
+
+
+async def test_a_server_not_ready_yet_says_so_and_the_view_recovers_by_itself(
+    browser: Browser, stack: Stack, shots: Path, api: Api
+) -> None:
+    await api.add("Written before the store restarted.", _user())
+    session = await _session(browser, stack, shots, token=True)
+
+    async def restarting(route: Route) -> None:
+        await route.fulfill(status=503, headers={"Retry-After": "1"},
+                            json={"error": "a backing service is unavailable: store"})
+
+    # The 503 was shown once, as the view's error, and stayed after the store was back.
+    box = await _overview_while_down(session, restarting)
+    assert f"server at {stack.base_url} is not ready yet (a backing service is unavailable:" \
+        " store). Trying again in" in await box.inner_text()
+    # The Layers panel was left blank.
+    assert "unavailable: store" in await session.page.locator("#layers .error").inner_text()
+    await _recovers_by_itself(session, box)
+    await session.page.context.close()
 
 
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(

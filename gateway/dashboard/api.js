@@ -20,12 +20,36 @@ export class Unreachable extends Error {
   }
 }
 
-// How many calls found the server unreachable, ever: a render that raised it lost some of its data.
-let unreachable = 0;
+/** The server answered that it is not ready yet (503: a backing service is unavailable, as
+ * while it restarts). */
+export class NotReady extends ApiError {
+  constructor(message, body) {
+    super(503, message, body);
+    this.name = "NotReady";
+  }
+}
 
-/** How many calls have found the server unreachable since the page loaded. */
-export function unreachableCalls() {
-  return unreachable;
+// The calls that found the server unreachable or not ready, ever, and the last one's error: a
+// render that met one lost some of its data.
+let outages = 0;
+let lastOutage = null;
+
+function outage(error) {
+  outages += 1;
+  lastOutage = error;
+  return error;
+}
+
+/** How many calls have found the server unreachable or not ready since the page loaded, and
+ * the last one's error (an Unreachable or a NotReady). */
+export function outagesSoFar() {
+  return { count: outages, last: lastOutage };
+}
+
+/** Whether an error says the server is down for now (it is worth trying again) rather than
+ * what is wrong with the call. */
+export function isOutage(error) {
+  return error instanceof Unreachable || error instanceof NotReady;
 }
 
 const TOKEN_TEXT = "This server needs its access token (HYATLAS_TOKEN). It is kept for this browser tab only.";
@@ -78,8 +102,7 @@ async function reach(url, init) {
     return await fetch(url, init);
   } catch (error) {
     if (!(error instanceof TypeError)) throw error;
-    unreachable += 1;
-    throw new Unreachable();
+    throw outage(new Unreachable());
   }
 }
 
@@ -113,7 +136,8 @@ async function jsonOf(reply) {
 
 async function refusal(reply) {
   const data = await jsonOf(reply);
-  return new ApiError(reply.status, (data && data.error) || `HTTP ${reply.status}`, data);
+  const message = (data && data.error) || `HTTP ${reply.status}`;
+  return reply.status === 503 ? outage(new NotReady(message, data)) : new ApiError(reply.status, message, data);
 }
 
 /** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */

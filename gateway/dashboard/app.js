@@ -1,6 +1,6 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
-import { api, askTokenAgain, onTokenGiven, Unreachable, unreachableCalls } from "./api.js";
+import { api, askTokenAgain, isOutage, onTokenGiven, outagesSoFar, Unreachable } from "./api.js";
 import { h, errorBox } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as owners from "./views/owners.js";
@@ -28,7 +28,8 @@ let ownersRead = false;
 let renderSeq = 0;
 // The user's moves to another view, owner or address (a view rendering itself again is none).
 let moves = 0;
-// A view that could not reach the server renders again by itself, waiting longer each time.
+// A view that could not reach the server, or found it not ready, renders again by itself,
+// waiting longer each time.
 const RETRY_FIRST_S = 2;
 const RETRY_MOST_S = 30;
 let retryS = RETRY_FIRST_S;
@@ -70,15 +71,16 @@ async function render() {
     tell,
   };
   clearTimeout(retryTimer);
-  const failures = unreachableCalls();
+  const outages = outagesSoFar().count;
   try {
     await VIEWS[name].render(section, ctx);
   } catch (error) {
-    // The box below says when the server cannot be reached.
-    if (seq === renderSeq && !(error instanceof Unreachable)) section.append(errorBox(error, "This view could not load"));
+    // The box below says when the server cannot be reached or is not ready.
+    if (seq === renderSeq && !isOutage(error)) section.append(errorBox(error, "This view could not load"));
   } finally {
     if (seq === renderSeq) {
-      retryIfUnreachable(section, unreachableCalls() > failures);
+      const now = outagesSoFar();
+      retryIfDown(section, now.count > outages ? now.last : null);
       section.setAttribute("aria-busy", "false");
       document.documentElement.dataset.rendered = `${loadId}:${seq}`;
     }
@@ -96,15 +98,18 @@ function tell(text, button) {
   told().hidden = false;
 }
 
-/** After a render that could not reach the server, says so over the view and renders it again
- * after a wait (doubling up to RETRY_MOST_S), or at once with "Try again now". */
-function retryIfUnreachable(section, failed) {
-  if (!failed) {
+/** After a render that could not reach the server or found it not ready (`outage`, the last
+ * such error), says so over the view and renders it again after a wait (doubling up to
+ * RETRY_MOST_S), or at once with "Try again now". */
+function retryIfDown(section, outage) {
+  if (!outage) {
     retryS = RETRY_FIRST_S;
     return;
   }
+  const why = outage instanceof Unreachable ? outage.message
+    : `The HyAtlas server at ${window.location.origin} is not ready yet (${outage.message})`;
   section.prepend(h("div", { class: "error", role: "alert", id: "unreachable" },
-    `${new Unreachable().message}. Trying again in ${retryS} s. `,
+    `${why}. Trying again in ${retryS} s. `,
     h("button", { type: "button", id: "retry", onclick: retry }, "Try again now")));
   retryTimer = setTimeout(retry, retryS * 1000);
   retryS = Math.min(retryS * 2, RETRY_MOST_S);

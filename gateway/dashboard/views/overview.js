@@ -70,6 +70,8 @@ export async function render(root, ctx) {
     layersBox.append(layerBars(status.value.layers || {}));
     const total = Object.values(status.value.layers || {}).reduce((a, b) => a + b, 0);
     if (total === 0) layersBox.append(h("p", { class: "muted" }, "No memories yet: every POST /api/v1/add stores a raw (L2) row; pro and ultra derive the other layers from it."));
+  } else {
+    layersBox.append(errorBox(status.reason));
   }
 
   const ownerName = owner.agent_id ? `${owner.user_id} / ${owner.agent_id}` : owner.user_id;
