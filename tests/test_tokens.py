@@ -292,6 +292,7 @@ async def test_a_read_only_token_reads_but_cannot_write(
 ) -> None:
     reader = Client(stack.base_url, ALICE_READER)
     await reader.ok("POST", "/api/v1/list", json={"user_id": ALICE})
+    assert (await reader.ok("GET", "/api/v1/status"))["scopes"] == ["read"]
     before = await Client(stack.base_url, OPS).ok(
         "POST", "/api/v1/list", json={"user_id": ALICE, "limit": 1000})
     for path, body in [("/api/v1/add", {"text": "reader writes", "user_id": ALICE}),

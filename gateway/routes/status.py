@@ -14,7 +14,7 @@ from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
 from shared.errors import ServiceError
-from shared.grants import reaches_everyone
+from shared.grants import SCOPES, current_grant, reaches_everyone
 from shared.pb import extractor_pb2, store_pb2
 from shared.redact import redact_url
 
@@ -50,6 +50,13 @@ def reembed_status(job: store_pb2.Reembed) -> dict[str, Any]:
     if job.HasField("total"):
         shown.update(done=job.done, total=job.total, error=job.error)
     return shown
+
+
+def _scopes() -> list[str]:
+    """The scopes the caller's token holds (every one when the API needs no token), so a client
+    offers only what it may do."""
+    grant = current_grant()
+    return [scope for scope in SCOPES if grant is None or scope in grant.scopes]
 
 
 def _problems(stats: store_pb2.GetStatsResponse) -> bool:
@@ -126,6 +133,7 @@ async def status(request: web.Request) -> web.Response:
             "unextracted": 0 if config.mode == "lite" else stats.unextracted,
             **await consolidation_status(request),
             "vdb_points": stats.total,
+            "scopes": _scopes(),
             **extras,
         }
     )
