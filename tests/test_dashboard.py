@@ -210,11 +210,13 @@ async def browser() -> AsyncIterator[Browser]:
             await chromium.close()
 
 
-async def _session(browser: Browser, stack: Stack, shots: Path, *, token: bool) -> Session:
+async def _session(
+    browser: Browser, stack: Stack, shots: Path, *, token: bool, token_text: str = TOKEN
+) -> Session:
     context = await browser.new_context(viewport=DESKTOP)
     if token:
         await context.add_init_script(
-            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(TOKEN)});"
+            f"window.sessionStorage.setItem('hyatlas.token', {json.dumps(token_text)});"
         )
     page = await context.new_page()
     session = Session(page, stack.base_url, shots)
@@ -1387,12 +1389,14 @@ NEWCOMER_TOKEN = "newcomer-secret-0123456789"
 
 
 @contextlib.contextmanager
-def _newcomer_stack(tmp_path: Path, embedder_address: str) -> Iterator[Stack]:
+def _newcomer_stack(
+    tmp_path: Path, embedder_address: str, scopes: tuple[str, ...] = ("read", "write")
+) -> Iterator[Stack]:
     """A stack whose one token (NEWCOMER_TOKEN) acts for user newcomer, agent coach."""
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"tokens": [{
         "name": "newcomer", "token": NEWCOMER_TOKEN, "users": ["newcomer"], "agents": ["coach"],
-        "scopes": ["read", "write"]}]}))
+        "scopes": list(scopes)}]}))
     with running_stack(
         tmp_path / "data", ["store", "search", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens),
@@ -1449,6 +1453,33 @@ async def test_a_token_for_one_user_given_after_the_dialog_was_dismissed_opens_o
         await page.context.close()
 
 
+async def test_a_read_only_token_for_some_owners_is_offered_only_what_it_may_do(
+    browser: Browser, tmp_path: Path, embedder_address: str, shots: Path
+) -> None:
+    with _newcomer_stack(tmp_path, embedder_address, scopes=("read",)) as limited:
+        await _insert_rows(limited, "newcomer", 1, agent_id="coach")
+        session = await _session(browser, limited, shots, token=True, token_text=NEWCOMER_TOKEN)
+        page = session.page
+        # Storage and System said 403; New memory, Forget, Delete and Import failed with 403s.
+        await session.open("overview")
+        assert "reaching every owner" in await page.locator("#storage").inner_text()
+        assert await page.locator("#nav a[data-view=system]").is_hidden()
+        await session.open("system")
+        assert "whole server's" in await page.locator(".view .empty").inner_text()
+        await session.open("memories")
+        assert await page.locator("#read-only").is_visible()
+        assert await page.locator("#create, #bulk-bar, input.pick-row").count() == 0
+        await session.act(page.click("tr.memory-row a"))
+        assert await page.locator("#read-only").is_visible()
+        assert await page.locator("#actions").count() == 0
+        await session.open("owners")
+        assert await page.locator("#import-needs-admin").is_visible()
+        assert await page.locator("#import-form").count() == 0
+        assert 403 not in session.failed.values()
+        assert session.unexpected_console_errors() == []
+        await page.context.close()
+
+
 async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:
@@ -1488,9 +1519,9 @@ async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
 # --- many rows ---------------------------------------------------------------------------
 
 
-async def _insert_rows(stack: Stack, user_id: str, rows: int) -> None:
-    """Stores raw rows for the user through the store's Apply, a few hundred per call."""
-    owner = common_pb2.Owner(user_id=user_id, session_id="bulk")
+async def _insert_rows(stack: Stack, user_id: str, rows: int, agent_id: str = "") -> None:
+    """Stores raw rows for the owner through the store's Apply, a few hundred per call."""
+    owner = common_pb2.Owner(user_id=user_id, agent_id=agent_id, session_id="bulk")
     async with open_channel(stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
         batch = 500

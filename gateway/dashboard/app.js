@@ -25,6 +25,9 @@ let owner = savedOwner() || { user_id: "default", agent_id: "" };
 let knownOwners = [];
 // Whether the owners were read (not so when the server could not be reached at load).
 let ownersRead = false;
+// What the tab's token may do, as the status says: change memories (write), import (admin), and
+// see the whole server's figures (it reaches every owner). Everything, till the status is read.
+let reach = { write: true, admin: true, everyone: true };
 let renderSeq = 0;
 // The user's moves to another view, owner or address (a view rendering itself again is none).
 let moves = 0;
@@ -69,6 +72,7 @@ async function render() {
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
     tell,
+    reach: { ...reach },
   };
   clearTimeout(retryTimer);
   const outages = outagesSoFar().count;
@@ -117,7 +121,7 @@ function retryIfDown(section, outage) {
 
 /** Renders the view again, reading the owners first if they could not be read at load. */
 async function retry() {
-  if (!ownersRead) await loadOwners();
+  if (!ownersRead) await lookUp();
   await render();
 }
 
@@ -191,6 +195,24 @@ async function loadOwners() {
   suggestOwners();
 }
 
+/** Reads what the token may do; a failure leaves it as it was (the views say what is wrong). */
+async function loadReach() {
+  try {
+    const { scopes, writes } = await api("/api/v1/status");
+    // The whole server's counts come only to a token reaching every owner.
+    reach = { write: scopes.includes("write"), admin: scopes.includes("admin"), everyone: writes !== undefined };
+  } catch {
+    return;
+  }
+  // The System view holds only the whole server's figures: not offered to a token for some owners.
+  document.querySelector("#nav a[data-view=system]").hidden = !reach.everyone;
+}
+
+/** What the page learns of the tab's token: the owners and what it may do. */
+async function lookUp() {
+  await Promise.all([loadOwners(), loadReach()]);
+}
+
 setupOwner();
 window.addEventListener("hashchange", () => {
   moves += 1;
@@ -203,11 +225,11 @@ if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
 let looked = false;
 onTokenGiven(async () => {
   if (!looked) return;
-  const was = owner;
-  await loadOwners();
-  if (owner.user_id !== was.user_id || owner.agent_id !== was.agent_id) render();
+  const [was, could] = [owner, JSON.stringify(reach)];
+  await lookUp();
+  if (owner.user_id !== was.user_id || owner.agent_id !== was.agent_id || JSON.stringify(reach) !== could) render();
 });
-loadOwners().then(() => {
+lookUp().then(() => {
   looked = true;
   render();
 });

@@ -89,9 +89,15 @@ function listControls(ctx, body, older) {
   return { filters, pager, firstHash: pageHash(params, {}) };
 }
 
-function row(item) {
+/** Said in place of the actions to a token that only reads. */
+function readOnly() {
+  return h("p", { class: "muted", id: "read-only" }, "This token only reads: storing, changing, forgetting and deleting memories need one with the write scope.");
+}
+
+/** A row of the list, with its box when the rows can be acted on (`pick`). */
+function row(item, pick) {
   return h("tr", { class: "memory-row", "data-memory-id": item.memory_id, "data-layer": item.layer },
-    pickCell(item),
+    pick ? pickCell(item) : null,
     h("td", { class: "content" }, h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}` }, item.content)),
     h("td", null, h("span", { class: `layer-tag ${item.layer}` }, item.layer)),
     h("td", { class: "when" }, fmtTime(item.gmt_created)),
@@ -114,7 +120,8 @@ async function renderList(root, ctx) {
   const older = await hasOlder(query, body, before);
   if (ctx.stale()) return;
   const { filters, pager, firstHash } = listControls(ctx, body, older);
-  root.append(...[takeNotice(), filters, createForm(ctx)].filter(Boolean));
+  const writes = ctx.reach.write;
+  root.append(...[takeNotice(), filters, writes ? createForm(ctx) : readOnly()].filter(Boolean));
   if (!body.memories.length && before) {
     // The page before held the list's last rows, or deletes emptied this one.
     root.append(emptyState("No older memories: the list ends before this page.",
@@ -131,8 +138,8 @@ async function renderList(root, ctx) {
       "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn); pro and ultra derive facts, summaries and intentions from them."));
     return;
   }
-  const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map(row)));
-  table.prepend(h("thead", null, h("tr", null, pickAllCell(table), h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
+  const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map((item) => row(item, writes))));
+  table.prepend(h("thead", null, h("tr", null, writes ? pickAllCell(table) : null, h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
   // A run stops when the list is left; rendering again would draw over the view the user went
   // to, so what it did is said over that one instead.
   const finish = (text, button) => {
@@ -140,7 +147,7 @@ async function renderList(root, ctx) {
     notice.leave([text, button]);
     return ctx.refresh();
   };
-  root.append(bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }, ctx.left), table, pager);
+  root.append(...[writes ? bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }, ctx.left) : null, table, pager].filter(Boolean));
 }
 
 function createForm(ctx) {
@@ -291,7 +298,7 @@ async function renderDetail(root, ctx) {
         memory.label ? h("span", { class: "muted" }, ` ${memory.label}`) : null),
       h("blockquote", { class: "memory-content", id: "memory-content" }, memory.content),
       takeNotice(),
-      actions(ctx, memory, say),
+      ctx.reach.write ? actions(ctx, memory, say) : readOnly(),
       message,
       h("div", { class: "two" },
         h("section", { class: "panel" }, h("h2", null, "Owner"), facts([

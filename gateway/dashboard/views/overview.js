@@ -56,7 +56,7 @@ export async function render(root, ctx) {
   const [status, writes, system] = await Promise.allSettled([
     api("/api/v1/status"),
     api("/dashboard/api/writes", { query: { ...owner, days: 28 } }),
-    api("/dashboard/api/system"),
+    ctx.reach.everyone ? api("/dashboard/api/system") : null,
   ]);
   if (ctx.stale()) return;
 
@@ -80,7 +80,9 @@ export async function render(root, ctx) {
   else writesBox.append(errorBox(writes.reason));
 
   const storageBox = h("section", { class: "panel", id: "storage" }, h("h2", null, "Storage"));
-  if (system.status === "fulfilled") {
+  if (!ctx.reach.everyone) {
+    storageBox.append(h("p", { class: "muted" }, "The whole server's storage: shown to a token reaching every owner."));
+  } else if (system.status === "fulfilled") {
     const sys = system.value;
     storageBox.append(h("dl", { class: "facts" },
       h("dt", null, "Data directory"), h("dd", { class: "mono" }, sys.data_dir),

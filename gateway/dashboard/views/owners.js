@@ -103,7 +103,8 @@ export async function render(root, ctx) {
   root.append(h("h1", null, "Owners"));
   const { users } = await api("/api/v1/owners");
   if (ctx.stale()) return;
-  root.append(importForm(ctx));
+  root.append(ctx.reach.admin ? importForm(ctx)
+    : h("p", { class: "muted", id: "import-needs-admin" }, "Importing a file needs a token with the admin scope."));
   const report = notice.take();
   if (report) root.append(report);
   if (!users.length) {

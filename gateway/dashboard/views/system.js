@@ -11,6 +11,10 @@ function value(v) {
 
 export async function render(root, ctx) {
   root.append(h("h1", null, "System"));
+  if (!ctx.reach.everyone) {
+    root.append(emptyState("The services, settings and storage shown here are the whole server's: a token reaching only some owners does not see them."));
+    return;
+  }
   const sys = await api("/dashboard/api/system");
   if (ctx.stale()) return;
   const health = h("section", { class: "panel", id: "health" }, h("h2", null, "Services"),
