@@ -893,6 +893,24 @@ async def test_every_row_the_filters_match_is_acted_on_not_only_the_page(
     assert listed["total"] == 1004 - 111
 
 
+async def test_at_phone_width_the_whole_page_is_ticked_and_every_matching_row_selected(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    await _insert_rows(stack, user, PAGE_SIZE + 1)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.page.set_viewport_size(PHONE)
+    # The header's box was hidden with the header, and the offer for all N with it.
+    assert await ui.page.locator("#pick-all").is_visible()
+    await ui.page.click("text=Select this page")
+    await ui.page.click("#pick-matching")
+    count = f"All {PAGE_SIZE + 1} memories matching selected"
+    assert await ui.page.locator("#picked-count").inner_text() == count
+    assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    await ui.shot("memories-phone-select-all")
+
+
 async def test_create_then_edit_keeps_both_versions_in_history(ui: Session, api: Api) -> None:
     user = _user()
     await api.add("An older note.", user)

@@ -16,15 +16,16 @@ export function pickCell(item) {
   }));
 }
 
-/** The header's box: ticks or clears every row of the page. */
+/** The header's box: ticks or clears every row of the page (named in words where the other
+ * headers are not shown, at phone width). */
 export function pickAllCell(table) {
-  return h("th", { class: "pick" }, h("input", {
+  return h("th", { class: "pick" }, h("label", null, h("span", { class: "pick-label" }, "Select this page "), h("input", {
     type: "checkbox", id: "pick-all", "aria-label": "Select every memory on this page",
     onchange: (e) => {
       for (const box of table.querySelectorAll("input.pick-row")) box.checked = e.target.checked;
       table.dispatchEvent(new Event("picked"));
     },
-  }));
+  })));
 }
 
 /** The ids of every row the list's query matches (its filters, any page) that `keep` takes,
