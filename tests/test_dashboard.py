@@ -590,6 +590,20 @@ async def test_restoring_a_row_whose_replacement_is_live_shows_why_it_was_refuse
     assert (await api.memory(paris, user))["superseded_how"] == "replaced"
 
 
+async def test_a_row_whose_newer_version_was_deleted_says_so(ui: Session, api: Api) -> None:
+    user = _user()
+    paris = await api.add("I live in Paris.", user)
+    edited = await api.ok("POST", "/api/v1/update",
+                          json={"id": paris, "text": "I live in Berlin.", "user_id": user})
+    await api.ok("POST", "/api/v1/delete_all", json={"id": edited["memory_id"], "user_id": user})
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{paris}")
+    # It said "Nothing replaced it (it was retired on its own)".
+    said = await ui.page.locator("#replaced-by p").inner_text()
+    assert said == "Its newer version was deleted."
+
+
 async def test_the_list_shows_why_a_retired_row_was_dropped_and_its_detail_restores_it(
     ui: Session, api: Api, stack: Stack
 ) -> None:

@@ -276,6 +276,14 @@ function actions(ctx, memory, say) {
   return box;
 }
 
+/** Why no row shows as the one that replaced this one. */
+function noReplacement(memory) {
+  if (memory.status === "active") return "Nothing: it is current.";
+  // A replaced row's newer version is missing only once it was deleted.
+  if (memory.superseded_how === "replaced") return "Its newer version was deleted.";
+  return "Nothing replaced it (it was retired on its own).";
+}
+
 async function renderDetail(root, ctx) {
   const { owner, arg } = ctx;
   const query = { id: arg, user_id: owner.user_id, agent_id: owner.agent_id };
@@ -317,7 +325,7 @@ async function renderDetail(root, ctx) {
         missing.length ? h("p", { class: "muted" }, `${missing.length} source row(s) no longer exist.`) : null),
       h("div", { class: "two" },
         h("section", { class: "panel", id: "replaced-by" }, h("h2", null, "Replaced by"),
-          replacedBy ? miniList([replacedBy], "") : h("p", { class: "muted" }, memory.status === "active" ? "Nothing: it is current." : "Nothing replaced it (it was retired on its own).")),
+          replacedBy ? miniList([replacedBy], "") : h("p", { class: "muted" }, noReplacement(memory))),
         h("section", { class: "panel", id: "replaced" }, h("h2", null, "What it replaced"),
           miniList(replaced, "Nothing."))),
       h("section", { class: "panel" }, h("h2", null, "History"),
