@@ -637,6 +637,27 @@ async def test_the_list_shows_why_a_retired_row_was_dropped_and_its_detail_resto
     assert "invalid_at" not in await api.memory(fact_id, user)
 
 
+async def test_the_address_names_the_owner_so_back_and_a_pasted_link_open_that_owners_memory(
+    ui: Session, api: Api, browser: Browser, stack: Stack, shots: Path
+) -> None:
+    mine, theirs = _user(), _user()
+    memory_id = await api.add("A note of the first owner.", mine)
+    await ui.open("memories")
+    await ui.set_owner(mine)
+    await ui.open(f"memories/{memory_id}")
+    await ui.set_owner(theirs)
+    # Back (and the address pasted in a tab on another owner) said "memory ... not found".
+    await ui.act(ui.page.go_back())
+    assert await ui.page.locator("#memory-detail").get_attribute("data-memory-id") == memory_id
+    assert await ui.page.locator("#owner-user").input_value() == mine
+    other = await _session(browser, stack, shots, token=True)
+    await other.open("memories")
+    await other.set_owner(theirs)
+    await other.act(other.page.goto(ui.page.url))
+    assert await other.page.locator("#memory-detail").get_attribute("data-memory-id") == memory_id
+    await other.page.context.close()
+
+
 async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     ui: Session, api: Api
 ) -> None:
@@ -1144,7 +1165,7 @@ async def test_owners_view_lists_users_and_agents_and_opens_one(
     assert await ui.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     await ui.page.set_viewport_size(DESKTOP)
     await ui.act(row.locator("button.pick").click())
-    assert ui.page.url.endswith("#/memories")
+    assert ui.page.url.endswith(f"#/memories?user={user}&agent=laptop")
     assert await ui.page.locator("#owner-agent").input_value() == "laptop"
     assert len(await _memory_ids(ui)) == 2
     # The picker suggests the known users and the chosen user's agents.

@@ -47,8 +47,30 @@ function parseHash() {
   return { name, arg: parts.slice(1).join("/"), params: new URLSearchParams(search || "") };
 }
 
+/** The owner an address names (its `user` and `agent`), or null when it names none. */
+function ownerIn(params) {
+  const user = params.get("user");
+  return user ? { user_id: user, agent_id: params.get("agent") || "" } : null;
+}
+
+/** The address with the owner in it, so that going back to it, or pasting it in another tab,
+ * opens that owner's view (a memory's id alone is another owner's "not found"). */
+function withOwner(hash, who) {
+  const [path, search] = hash.replace(/^#\/?/, "").split("?", 2);
+  const params = new URLSearchParams(search || "");
+  params.set("user", who.user_id);
+  if (who.agent_id) params.set("agent", who.agent_id);
+  else params.delete("agent");
+  return `#/${path}?${params}`;
+}
+
 async function render() {
   const { name, arg, params } = parseHash();
+  // The owner the address names is the view's; an address naming none (a link a view wrote)
+  // is the current owner's, and says so from now on.
+  const named = ownerIn(params);
+  if (named) adopt(named);
+  else window.history.replaceState(null, "", withOwner(window.location.hash, owner));
   // What a view left behind said is for the view shown after it, not those after that.
   told().replaceChildren();
   told().hidden = true;
@@ -68,7 +90,7 @@ async function render() {
     params,
     stale: () => seq !== renderSeq,
     left: () => at !== moves,
-    go: (hash) => { window.location.hash = hash; },
+    go,
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
     tell,
@@ -136,18 +158,28 @@ function suggestOwners() {
   agents.replaceChildren(...named.map((a) => h("option", { value: a.agent_id }, `${a.live} live`)));
 }
 
-function pickOwner(next, hash) {
-  moves += 1;
+/** Makes `next` the owner every view reads, in the header's fields and kept for the tab. */
+function adopt(next) {
   owner = { user_id: next.user_id || "default", agent_id: next.agent_id || "" };
   document.getElementById("owner-user").value = owner.user_id;
   document.getElementById("owner-agent").value = owner.agent_id;
   sessionStorage.setItem(OWNER_KEY, JSON.stringify(owner));
   suggestOwners();
+}
+
+/** Opens an address as the current owner's; the one shown already renders again. */
+function go(hash) {
+  const target = withOwner(hash, owner);
+  if (target === window.location.hash) render();
+  else window.location.hash = target;
+}
+
+function pickOwner(next, hash) {
+  moves += 1;
+  adopt(next);
   // A memory's detail belongs to its owner: go back to the list when the owner changes.
   const { name, arg } = parseHash();
-  const target = hash || (name === "memories" && arg ? "#/memories" : "");
-  if (target && target !== window.location.hash) window.location.hash = target;
-  else render();
+  go(hash || (name === "memories" && arg ? "#/memories" : window.location.hash));
 }
 
 function setupOwner() {
@@ -227,7 +259,10 @@ onTokenGiven(async () => {
   if (!looked) return;
   const [was, could] = [owner, JSON.stringify(reach)];
   await lookUp();
-  if (owner.user_id !== was.user_id || owner.agent_id !== was.agent_id || JSON.stringify(reach) !== could) render();
+  if (owner.user_id === was.user_id && owner.agent_id === was.agent_id && JSON.stringify(reach) === could) return;
+  // The owner the page fell back to, in the address, gives way to the token's.
+  window.history.replaceState(null, "", withOwner(window.location.hash, owner));
+  render();
 });
 lookUp().then(() => {
   looked = true;

@@ -174,9 +174,7 @@ export async function render(root, ctx) {
     const next = new URLSearchParams();
     next.set("q", String(data.get("query")).trim());
     for (const key of ["reader", "layer", "from", "to", "limit"]) if (data.get(key)) next.set(key, String(data.get(key)));
-    const hash = `#/explore?${next}`;
-    if (window.location.hash === hash) ctx.refresh();
-    else ctx.go(hash);
+    ctx.go(`#/explore?${next}`);
   });
 
   const query = (params.get("q") || "").trim();
