@@ -658,6 +658,26 @@ async def test_the_address_names_the_owner_so_back_and_a_pasted_link_open_that_o
     await other.page.context.close()
 
 
+async def test_the_focus_follows_edit_and_goes_to_what_an_action_leaves(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The spare key is in the drawer.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    await ui.open(f"memories/{memory_id}")
+    # It stayed on the hidden Edit button, and Cancel and each action's render left it on <body>.
+    await ui.page.click("#edit")
+    assert await ui.page.locator("#edit-text:focus").count() == 1
+    await ui.page.click("#edit-cancel")
+    assert await ui.page.locator("#edit:focus").count() == 1
+    await ui.page.click("#forget")
+    await ui.act(ui.page.click("#confirm-forget"))
+    assert await ui.page.locator("#undo-forget:focus").count() == 1
+    await ui.act(ui.page.click("#undo-forget"))
+    assert await ui.page.locator(".notice:focus").inner_text() == "Restored 1 memory."
+
+
 async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     ui: Session, api: Api
 ) -> None:

@@ -16,7 +16,11 @@ function takeNotice() {
   const left = notice.take();
   if (!left) return null;
   const [text, button] = Array.isArray(left) ? left : [left, null];
-  return h("p", { class: "notice", role: "status" }, h("span", { id: "action-notice" }, text), button ? " " : null, button);
+  const shown = h("p", { class: "notice", role: "status", tabindex: -1 }, h("span", { id: "action-notice" }, text), button ? " " : null, button);
+  // The render that says what an action did replaced the button that acted: the focus goes to
+  // what comes next, the undo, or else what was said (once the view holds it).
+  queueMicrotask(() => (button || shown).focus());
+  return shown;
 }
 
 function clip(text, size = 60) {
@@ -192,14 +196,15 @@ function historyTable(entries) {
       h("td", { class: "when" }, fmtTime(e.at)), h("td", null, e.action), h("td", null, e.actor), h("td", null, e.reason || "")))));
 }
 
-function editForm(ctx, memory, say, box) {
+/** The edit form; `close()` takes it away (Cancel). */
+function editForm(ctx, memory, say, close) {
   const { owner } = ctx;
   const text = h("textarea", { id: "edit-text", rows: 4, required: true }, memory.content);
   const form = h("form", { class: "editor", id: "edit-form" },
     h("label", null, "New text (stored as a new version; this one is kept as replaced)", text),
     h("div", { class: "row" },
       h("button", { type: "submit", id: "edit-save" }, "Save"),
-      h("button", { type: "button", id: "edit-cancel", onclick: () => { form.remove(); box.hidden = false; } }, "Cancel")));
+      h("button", { type: "button", id: "edit-cancel", onclick: close }, "Cancel")));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     form.querySelector("#edit-save").disabled = true;
@@ -250,7 +255,13 @@ function actions(ctx, memory, say) {
   const box = h("div", { class: "actions", id: "actions" });
   if (memory.status === "active") {
     const edit = h("button", { type: "button", id: "edit" }, "Edit…");
-    edit.addEventListener("click", () => { box.hidden = true; box.after(editForm(ctx, memory, say, box)); });
+    // The focus goes with what is shown: to the text, and back to Edit when it is closed.
+    edit.addEventListener("click", () => {
+      const form = editForm(ctx, memory, say, () => { form.remove(); box.hidden = false; edit.focus(); });
+      box.hidden = true;
+      box.after(form);
+      form.querySelector("#edit-text").focus();
+    });
     box.append(edit, ...confirmed("forget", "Forget…", "warn", "Forget this memory, and any other holding its value? Search stops finding them; Undo brings them back.", "Yes, forget",
       () => act(() => one.forget(id), (reply) => forgotten(memory, reply, one.restore, finish), "Forget failed")));
   } else {
