@@ -233,7 +233,8 @@ async def test_list_pages_on_by_cursor_without_repeats_or_skips_as_rows_come_and
     second = await page(first.next_cursor)
     assert [m.content for m in second.memories] == ["note 3", "note 2"]
     for seen in ("note 3", "note 2"):  # offset 4 would skip note 1
-        await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(id=notes[seen].id)))
+        await apply(store, store_pb2.Op(
+            retire=store_pb2.RetireOp(id=notes[seen].id, superseded_how="dropped")))
     third = await page(second.next_cursor)
     assert [m.content for m in third.memories] == ["note 1", "note 0"] and third.total == 5
     end = await page(third.next_cursor)
@@ -252,7 +253,8 @@ async def test_a_bad_op_in_the_middle_of_apply_leaves_nothing(
 ) -> None:
     (kept,) = await apply(store, insert("kept fact"))
     bad_ops = [
-        (grpc.StatusCode.NOT_FOUND, store_pb2.Op(retire=store_pb2.RetireOp(id="no-such-id"))),
+        (grpc.StatusCode.NOT_FOUND, store_pb2.Op(retire=store_pb2.RetireOp(
+            id="no-such-id", superseded_how="dropped"))),
         (grpc.StatusCode.INVALID_ARGUMENT, insert("   ")),
         (grpc.StatusCode.INVALID_ARGUMENT, insert("no layer", layer=common_pb2.LAYER_UNSPECIFIED)),
         (grpc.StatusCode.INVALID_ARGUMENT, insert("no owner", user="")),
@@ -298,7 +300,8 @@ async def test_retire_can_name_a_row_inserted_earlier_in_the_same_apply(
     }
     with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
         await apply(
-            store, store_pb2.Op(retire=store_pb2.RetireOp(id=new.id, superseded_by="$nothing"))
+            store, store_pb2.Op(retire=store_pb2.RetireOp(
+                id=new.id, superseded_how="replaced", superseded_by="$nothing"))
         )
 
 
@@ -600,7 +603,8 @@ async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(
     new, _ = await apply(
         store,
         insert("Carol is 31", ref="n"),
-        store_pb2.Op(retire=store_pb2.RetireOp(id=old.id, superseded_by="$n")),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=old.id, superseded_how="replaced", superseded_by="$n")),
     )
     await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=new.id)))
     assert await listed(store) == []
@@ -663,7 +667,7 @@ async def test_another_owners_row_is_not_found_and_stays_unchanged(
     (agent_row,) = await apply(store, insert("agent note", agent="a1"))
     foreign_ops = [
         store_pb2.Op(delete=store_pb2.DeleteOp(id=theirs.id)),
-        store_pb2.Op(retire=store_pb2.RetireOp(id=theirs.id)),
+        store_pb2.Op(retire=store_pb2.RetireOp(id=theirs.id, superseded_how="dropped")),
         store_pb2.Op(update=store_pb2.UpdateOp(id=theirs.id, content="pwned")),
     ]
     for op in foreign_ops:
@@ -805,7 +809,8 @@ class _RetiresBetweenPages:
         if not self.retired:
             self.retired = [m.id for m in reply.memories[: self._count]]
             await apply(self._stub, *(
-                store_pb2.Op(retire=store_pb2.RetireOp(id=i)) for i in self.retired
+                store_pb2.Op(retire=store_pb2.RetireOp(id=i, superseded_how="dropped"))
+                for i in self.retired
             ))
         return reply
 
@@ -912,6 +917,9 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
     def update(**fields: Any) -> store_pb2.Op:
         return store_pb2.Op(update=store_pb2.UpdateOp(id=kept.id, **fields))
 
+    def retire(**fields: Any) -> store_pb2.Op:
+        return store_pb2.Op(retire=store_pb2.RetireOp(id=kept.id, **fields))
+
     deep = '{"a":' * 40 + "1" + "}" * 40
     refused = [
         ([insert("a", count=-3)], "op 0: count must be a count"),
@@ -932,6 +940,7 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         ([insert("a", extraction_status="someday")], "op 0: extraction_status 'someday' is not"),
         ([update(extraction_status="Done")], "op 0: extraction_status 'Done' is not one of"),
         ([insert("a", write_mode="turbo")], "op 0: write_mode 'turbo' is not one of lite, pro"),
+        ([retire()], "op 0: superseded_how is required for a retired row: one of replaced"),
     ]
     for ops, error in refused:
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
@@ -2024,7 +2033,8 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
         insert("turn three", layer=L2, extraction_status="done"),
         insert("a fact"),
     )
-    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(id=fact.id)))
+    await apply(store, store_pb2.Op(
+        retire=store_pb2.RetireOp(id=fact.id, superseded_how="dropped")))
     await apply(store, insert("bob's", user="bob"), user="bob")
     stats = await store.GetStats(store_pb2.GetStatsRequest(scope=scope()))
     assert dict(stats.layers)["l2_raw"] == 3 and dict(stats.layers)["l3_fact"] == 0

@@ -18,14 +18,13 @@ from services.store.model import (
     ACTIVE,
     LAYERS,
     RETIRED,
-    SUPERSEDED_HOW,
     AuditEntry,
     Edge,
     MemoryRow,
 )
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
-from services.store.validate import check_states
+from services.store.validate import check_how, check_states
 from shared import client_json
 from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument
@@ -260,14 +259,9 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
         raise InvalidArgument(f"memory.layer {layer!r} is not one of {', '.join(LAYERS)}")
     if values.get("status", ACTIVE) not in (ACTIVE, RETIRED):
         raise InvalidArgument(f"memory.status must be {ACTIVE!r} or {RETIRED!r}")
-    if values.get("superseded_how", "") not in ("", *SUPERSEDED_HOW):
-        raise InvalidArgument(f"memory.superseded_how {values['superseded_how']!r} is unknown")
-    if values.get("status") == RETIRED and not values.get("superseded_how"):
-        # Shown with no retirement, it would read as live.
-        raise InvalidArgument(
-            f"memory.superseded_how is required for a retired row: one of "
-            f"{', '.join(SUPERSEDED_HOW)}"
-        )
+    check_how(
+        "memory.superseded_how", values.get("superseded_how", ""), values.get("status") == RETIRED
+    )
     if values.get("superseded_by") and values["superseded_by"] == values.get("id"):
         raise InvalidArgument("memory.superseded_by names the row itself")
     check_states("memory", values.get("extraction_status"), values.get("write_mode"))

@@ -197,12 +197,19 @@ def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
     return op
 
 
-def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
-    if op.superseded_how and op.superseded_how not in SUPERSEDED_HOW:
+def check_how(what: str, how: str, retired: bool) -> None:
+    """How a row was retired is one the store knows, and a retired row says how: shown with
+    none, it would read as live (an import refuses it, so an export of it would not load)."""
+    if how and how not in SUPERSEDED_HOW:
+        raise InvalidArgument(f"{what} {how!r} is not one of {', '.join(SUPERSEDED_HOW)}")
+    if retired and not how:
         raise InvalidArgument(
-            f"{where}: superseded_how {op.superseded_how!r} is not one of "
-            + ", ".join(SUPERSEDED_HOW)
+            f"{what} is required for a retired row: one of {', '.join(SUPERSEDED_HOW)}"
         )
+
+
+def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
+    check_how(f"{where}: superseded_how", op.superseded_how, retired=True)
     check_text(f"{where}: drop_reason", op.drop_reason)
     return op
 
