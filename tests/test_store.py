@@ -910,9 +910,9 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
     (kept,) = await apply(store, insert("kept fact"))
     owner = common_pb2.Owner(user_id="alice")
 
-    def edge(weight: float) -> store_pb2.Op:
-        return store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
-            owner=owner, subject="Ana", relation="paints", object="walls", weight=weight))
+    def edge(weight: float, pass_id: str = "") -> store_pb2.Op:
+        return store_pb2.Op(put_edge=store_pb2.PutEdgeOp(owner=owner, subject="Ana",
+            relation="paints", object="walls", weight=weight, pass_id=pass_id))
 
     def update(**fields: Any) -> store_pb2.Op:
         return store_pb2.Op(update=store_pb2.UpdateOp(id=kept.id, **fields))
@@ -921,6 +921,8 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         return store_pb2.Op(retire=store_pb2.RetireOp(id=kept.id, **fields))
 
     deep = '{"a":' * 40 + "1" + "}" * 40
+    long_name = "p" * (MAX_NAME_CHARS + 1)
+    edge_ended = store_pb2.Op(end_edge=store_pb2.EndEdgeOp(id="an-edge", pass_id=long_name))
     refused = [
         ([insert("a", count=-3)], "op 0: count must be a count"),
         ([update(hits=-7)], "op 0: hits must be a count"),
@@ -941,6 +943,10 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         ([update(extraction_status="Done")], "op 0: extraction_status 'Done' is not one of"),
         ([insert("a", write_mode="turbo")], "op 0: write_mode 'turbo' is not one of lite, pro"),
         ([retire()], "op 0: superseded_how is required for a retired row: one of replaced"),
+        ([insert("a", pass_id="p\x00")], "op 0: pass_id may not hold a NUL character"),
+        ([retire(superseded_how="dropped", pass_id=long_name)], "op 0: pass_id has 257 char"),
+        ([edge(1.0, pass_id="p\x00")], "op 0: pass_id may not hold a NUL character"),
+        ([edge_ended], "op 0: pass_id has 257 characters"),
     ]
     for ops, error in refused:
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:

@@ -120,6 +120,7 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
         raise InvalidArgument(f"{where}: id {op.id!r} is not a usable memory id")
     check_identity(f"{where}: id", op.id)
     _check_ids(op.source_ids, f"{where}: source_ids")
+    check_name(f"{where}: pass_id", op.pass_id)
     _fields(where, op)
     return replace(op, metadata_json=metadata(op.metadata_json, where))
 
@@ -174,6 +175,7 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
     _check_ids(op.source_ids, f"{where}: source_ids")
     _check_ids(op.fact_ids, f"{where}: fact_ids")
     check_name(f"{where}: memory_id", op.memory_id)
+    check_name(f"{where}: pass_id", op.pass_id)
     if not math.isfinite(op.weight):
         raise InvalidArgument(f"{where}: an edge's weight must be a finite number")
     _times(where, valid_from=op.valid_from, valid_to=op.valid_to)
@@ -182,6 +184,7 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
 
 def _end_edge(op: EndEdge, reach: Reach, refs: set[str], where: str) -> Op:
     _times(where, valid_to=op.valid_to)
+    check_name(f"{where}: pass_id", op.pass_id)
     return op
 
 
@@ -211,6 +214,7 @@ def check_how(what: str, how: str, retired: bool) -> None:
 def _retire(op: Retire, reach: Reach, refs: set[str], where: str) -> Op:
     check_how(f"{where}: superseded_how", op.superseded_how, retired=True)
     check_text(f"{where}: drop_reason", op.drop_reason)
+    check_name(f"{where}: pass_id", op.pass_id)
     return op
 
 
