@@ -952,8 +952,19 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
             await apply(store, *ops)
         assert error in (caught.value.details() or ""), (error, caught.value.details())
-    with raises_code(grpc.StatusCode.OUT_OF_RANGE):
-        await apply(store, insert("a" * (MAX_TEXT_CHARS + 1)))
+    for actor, error in (
+        ("hacker\x00", "actor may not hold a NUL character"),
+        ("a" * 1000, "actor has 1,000 characters; at most 256"),
+    ):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await apply(store, insert("a"), actor=actor)
+        assert caught.value.details() == error
+    for ops, request in (
+        ([insert("a" * (MAX_TEXT_CHARS + 1))], {}),
+        ([insert("a")], {"reason": "r" * (MAX_TEXT_CHARS + 1)}),  # import's limit on history
+    ):
+        with raises_code(grpc.StatusCode.OUT_OF_RANGE):
+            await apply(store, *ops, **request)
     assert await listed(store) == ["kept fact"]
     got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=kept.id))
     assert (got.memory.metadata_json, got.memory.hits) == ("{}", 0)

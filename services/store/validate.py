@@ -36,7 +36,6 @@ from shared.limits import (
     check_identity,
     check_key,
     check_name,
-    check_no_nul,
     check_text,
 )
 from shared.settings import MODES
@@ -251,9 +250,9 @@ _BY_ID = (Retire, Update, Restore, Tombstone, Delete, EndEdge)
 
 
 def validated(reach: Reach, ops: Sequence[Op], reason: str = "") -> list[Op]:
-    """The ops (and the reason their audit entries give), checked one by one, with their
-    metadata made compact JSON."""
-    check_no_nul("reason", reason)
+    """The ops (and the reason their audit entries give, as an import of the entries would
+    take it), checked one by one, with their metadata made compact JSON."""
+    check_text("reason", reason)
     refs: set[str] = set()
     checked: list[Op] = []
     for i, op in enumerate(ops):
