@@ -2922,6 +2922,20 @@ def _import_request(*texts: str, prefix: str = "imp", **fields: Any) -> store_pb
     return store_pb2.ImportRowsRequest(scope=scope(), lines=lines, **fields)
 
 
+async def test_an_import_whose_states_for_raw_lines_are_unknown_is_refused_and_writes_nothing(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # The request's states fill in what a raw line leaves out: a line may not carry these.
+    for fields, error in (
+        ({"extraction_status": "bogus"}, "import: extraction_status 'bogus' is not one of"),
+        ({"write_mode": "bogus"}, "import: write_mode 'bogus' is not one of lite, pro"),
+    ):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await store.ImportRows(_import_request("Keeps bees on the roof", **fields))
+        assert error in (caught.value.details() or "")
+    assert await listed(store) == []
+
+
 async def _stored_vector(store: store_pb2_grpc.StoreStub, memory_id: str) -> np.ndarray:
     got = await store.GetMemory(
         store_pb2.GetMemoryRequest(scope=scope(), id=memory_id, with_vector=True))

@@ -35,7 +35,14 @@ from services.store.rows import Rows, Vectors
 from services.store.snapshot import Snapshot, SnapshotPlan, Snapshots
 from services.store.transfer import Imported
 from services.store.transfer_format import LineContext
-from services.store.validate import MAX_LIMIT, check_ids, check_layers, page_offset, page_size
+from services.store.validate import (
+    MAX_LIMIT,
+    check_ids,
+    check_layers,
+    check_states,
+    page_offset,
+    page_size,
+)
 from shared.errors import Conflict, InvalidArgument, NotFound
 from shared.grants import Grant
 
@@ -283,6 +290,8 @@ class Store:
     def _line_context(
         self, file_model_id: str, extraction_status: str, write_mode: str
     ) -> LineContext:
+        # The states a raw line leaves out are the request's: held to a line's own rule.
+        check_states("import", extraction_status, write_mode)
         return LineContext(
             self.model.model_id, self.model.ndim, file_model_id, time.time(),
             extraction_status, write_mode,
