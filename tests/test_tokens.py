@@ -21,7 +21,7 @@ from shared.grants import CURRENT_GRANT, Grant, current_grant, service_context
 from shared.pb import common_pb2, store_pb2
 from shared.settings import Settings
 from tests.llm_fake import FakeLlm, fake_llm_in_thread
-from tests.store_state import apply
+from tests.store_state import apply, insert
 from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
@@ -322,6 +322,17 @@ async def test_the_audit_records_the_token_name_as_the_caller(
         "GET", "/api/v1/history", params={"id": added["memory_id"], "user_id": BOB})
     # One shared HYATLAS_TOKEN names nobody: the client's declared origin stays the actor.
     assert [e["actor"] for e in history["history"]] == ["plugin"]
+
+
+async def test_an_admin_dedupe_records_the_token_name_as_the_actor(stack: Stack) -> None:
+    (older,) = await apply(stack, "carol", insert("carol", "l3_fact", "Keeps bees on the roof"))
+    await apply(stack, "carol", insert("carol", "l3_fact", "Keeps bees on the roof."))
+    ops = Client(stack.base_url, OPS)
+    done = await ops.ok("POST", "/api/v1/admin/dedupe_facts",
+                        json={"dry_run": False, "threshold": 0.95})
+    assert done["rows_superseded"] >= 1
+    history = await ops.ok("GET", "/api/v1/history", params={"id": older.id, "user_id": "carol"})
+    assert [e["actor"] for e in history["history"]] == ["api", "ops"]
 
 
 async def test_hyatlas_token_alone_reaches_every_owner_and_scope(

@@ -645,7 +645,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             raise InvalidArgument(f"threshold {request.threshold} is outside (0, 1]")
         check_everyone("restating facts")
         found = await self._store.restate_facts(
-            request.threshold, request.dry_run, actor_for(request.actor, "")
+            request.threshold, request.dry_run, actor_for(request.actor, "", self._token_name())
         )
         return store_pb2.RestateFactsResponse(
             owners=found.owners, facts=found.facts, duplicates=found.duplicates,
