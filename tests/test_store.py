@@ -36,6 +36,7 @@ from services.store.schema import SCHEMA_VERSION
 from services.store.server import running_server
 from services.store.text_index import SOURCES, KeywordIndex
 from services.store.transfer_repo import TransferRows
+from services.store.validate import MAX_APPLY_OPS
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
 from shared.leases import LEASE_NAME_MAX, lease_name
@@ -970,6 +971,20 @@ async def test_what_an_import_would_refuse_apply_refuses_and_changes_nothing(
     assert (got.memory.metadata_json, got.memory.hits) == ("{}", 0)
     edges = await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope()))
     assert list(edges.edges) == []
+
+
+async def test_an_apply_of_more_ops_than_the_bound_is_refused_whole(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # One Apply holds the single writer for all of its ops, so their number is bounded.
+    (row,) = await apply(store, insert("a much used fact"))
+    hit = store_pb2.Op(update=store_pb2.UpdateOp(id=row.id, hits_delta=1))
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+        await apply(store, *[hit] * (MAX_APPLY_OPS + 1))
+    assert caught.value.details() == "an Apply takes at most 5,000 ops, got 5,001: split the write"
+    await apply(store, *[hit] * MAX_APPLY_OPS)
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+    assert got.memory.hits == MAX_APPLY_OPS
 
 
 async def test_hits_stop_at_the_largest_count_and_the_row_stays_readable(

@@ -39,6 +39,7 @@ from services.store.validate import (
     MAX_LIMIT,
     check_ids,
     check_layers,
+    check_op_count,
     check_states,
     page_offset,
     page_size,
@@ -120,6 +121,7 @@ class Store:
     ) -> list[MemoryRow | None] | Replayed:
         """Applies ops in one transaction: every one of them, or none (None for a delete); a
         key used before for the same ops gives that write's answer instead."""
+        check_op_count(ops)
         return await apply.apply_ops(self._core, reach, ops, actor, reason, key)
 
     async def forget(self, reach: Reach, asked: forget.Forget, actor: str) -> forget.Forgotten:

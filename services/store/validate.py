@@ -41,6 +41,13 @@ from shared.limits import (
 from shared.settings import MODES
 
 DEFAULT_LIMIT = 20
+MAX_APPLY_OPS = 5_000
+"""The most ops one Apply may carry: one Apply holds the single writer for all of its ops
+(15,000 inserts took 18 s, and other writes timed out behind them). Above what the services
+send: a consolidation pass at its largest batch of 1,000 facts (a retire each, a merged row per
+two, the edges its reply names); the consolidator's cluster upkeep (a state value per cluster
+of up to HYATLAS_CONSOLIDATE_BATCH facts) reaches it only for an owner of 250,000 facts at the
+default batch of 50."""
 
 
 def metadata(text: str, where: str) -> str:
@@ -82,6 +89,14 @@ def check_layers(layers: Sequence[str]) -> None:
     for layer in layers:
         if layer not in LAYERS:
             raise InvalidArgument(f"unknown layer {layer!r}")
+
+
+def check_op_count(ops: Sequence[Op]) -> None:
+    """Refuses more ops than one Apply may carry."""
+    if len(ops) > MAX_APPLY_OPS:
+        raise InvalidArgument(
+            f"an Apply takes at most {MAX_APPLY_OPS:,} ops, got {len(ops):,}: split the write"
+        )
 
 
 def check_ids(ids: Sequence[str]) -> None:
