@@ -1013,6 +1013,11 @@ async def test_a_read_bounded_by_nan_or_a_score_past_a_cosine_is_refused(
             await store.ListMemories(request)
     with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
         await store.ListEdges(store_pb2.ListEdgesRequest(scope=scope(), as_of=math.nan))
+    for start in (math.nan, -math.inf):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await store.CountMemories(store_pb2.CountMemoriesRequest(
+                scope=scope(), start=start, bucket_s=86400.0, buckets=1))
+        assert caught.value.details() == "start must be a finite number (unix seconds)"
     for score in (math.nan, -5.0, 1.5):
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
             await vector_hits(store, embedder, "who paints", min_score=score)
@@ -1020,6 +1025,24 @@ async def test_a_read_bounded_by_nan_or_a_score_past_a_cosine_is_refused(
     assert [h.memory.content for h in await vector_hits(store, embedder, "who paints")] == [
         "Ana paints walls"
     ]
+
+
+async def test_a_list_filter_no_row_could_hold_is_refused_not_answered_empty(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # As label and contains are: an empty page would say no row matches, not that none can.
+    await apply(store, insert("Ana paints walls"))
+    for filters, error in (
+        ({"session_id": "s\x00"}, "session_id may not hold a NUL character"),
+        ({"session_id": "s" * 1000}, "session_id has 1,000 characters; at most 256"),
+        ({"source_id": "x\x00"}, "source_id may not hold a NUL character"),
+        ({"superseded_by": "x" * 1000}, "superseded_by has 1,000 characters; at most 256"),
+        ({"extraction_status": "bogus"}, "list: extraction_status 'bogus' is not one of pending"),
+    ):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+            await listed(store, **filters)
+        assert (caught.value.details() or "").startswith(error), caught.value.details()
+    assert await listed(store, extraction_status="done") == []
 
 
 async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_changes_nothing(

@@ -36,6 +36,7 @@ from services.store.model import (
 from services.store.reembed import Progress
 from services.store.store import Store
 from services.store.transfer import GivenVectors
+from services.store.validate import check_states
 from shared.errors import Conflict, InvalidArgument
 from shared.grants import check_everyone, current_grant, reaches_everyone
 from shared.layers import LAYER_NAMES, LAYERS_BY_NAME
@@ -79,13 +80,18 @@ def _optional(message: object, name: str) -> float | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[attr-defined]
 
 
-def _bound(message: object, name: str) -> float | None:
-    """An optional time a read is bounded by; NaN or an infinity is refused (every comparison
-    with NaN is false, so it would leave out every row without saying why)."""
-    value = _optional(message, name)
-    if value is not None and not math.isfinite(value):
+def _finite(name: str, value: float) -> float:
+    """A time a read is bounded by; NaN or an infinity is refused (every comparison with NaN is
+    false, so it would leave out every row without saying why)."""
+    if not math.isfinite(value):
         raise InvalidArgument(f"{name} must be a finite number (unix seconds)")
     return value
+
+
+def _bound(message: object, name: str) -> float | None:
+    """An optional time a read is bounded by, refused as _finite refuses it."""
+    value = _optional(message, name)
+    return None if value is None else _finite(name, value)
 
 
 def fill_memory(message: common_pb2.Memory, row: MemoryRow) -> common_pb2.Memory:
@@ -347,7 +353,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             layers=_layers(request.layers),
             exclude_layers=_layers(request.exclude_layers),
             include_superseded=request.include_superseded,
-            start=request.start,
+            start=_finite("start", request.start),
             bucket_s=request.bucket_s,
             buckets=request.buckets,
         )
@@ -416,18 +422,19 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ListMemoriesResponse:
         if request.order not in ("", "newest", "oldest"):
             raise InvalidArgument(f"order {request.order!r} is not one of newest, oldest")
+        check_states("list", request.extraction_status, None)  # another matches no row
         query = ListQuery(
             layers=_layers(request.layers),
             exclude_layers=_layers(request.exclude_layers),
             include_superseded=request.include_superseded,
-            session_id=request.session_id,
+            session_id=check_name("session_id", request.session_id),
             extraction_status=request.extraction_status,
             created_after=_bound(request, "created_after"),
             created_before=_bound(request, "created_before"),
             newest_first=request.order != "oldest",
-            superseded_by=request.superseded_by,
+            superseded_by=check_name("superseded_by", request.superseded_by),
             label=check_name("label", request.label),
-            source_id=request.source_id,
+            source_id=check_name("source_id", request.source_id),
             contains=check_name("contains", request.contains),
             limit=request.limit,
             offset=request.offset,
