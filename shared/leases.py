@@ -33,6 +33,10 @@ class LeaseLost(Unavailable):
 LEASE_NAME_MAX = 300
 """The longest lease name the store takes."""
 
+LEASE_TTL_MAX_S = 86_400.0
+"""The longest ttl_s the store grants a lease for: a holder that dies is waited out that long
+before another replica takes its work over (HYATLAS_LEASE_TTL is 60 s by default)."""
+
 
 def lease_name(kind: str, *parts: str) -> str:
     """A lease's name from its kind and the ids it covers (ids may hold any character): the ids

@@ -39,7 +39,7 @@ from services.store.transfer_repo import TransferRows
 from services.store.validate import MAX_APPLY_OPS
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
-from shared.leases import LEASE_NAME_MAX, lease_name
+from shared.leases import LEASE_NAME_MAX, LEASE_TTL_MAX_S, lease_name
 from shared.limits import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_KEY_CHARS,
@@ -717,10 +717,13 @@ async def test_a_lease_is_one_holders_until_released_or_expired(
         assert await claim(store, "pass", "c", 60) == (True, "c")
 
     await assert_eventually(expired)
-    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
-        await claim(store, "pass", "", 60)
-    with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
-        await claim(store, "pass", "a", -1)
+    for name, holder, ttl_s in (
+        ("pass", "", 60), ("pass", "a", -1), ("pass", "a", math.inf), ("pass", "a", 1e300),
+        ("pass", "a", LEASE_TTL_MAX_S + 1), ("pa\x00ss", "a", 60), ("pass", "a" * 1000, 60),
+    ):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await claim(store, name, holder, ttl_s)
+    assert await claim(store, "pass", "c", LEASE_TTL_MAX_S) == (True, "c")
 
 
 async def test_a_live_fact_is_a_key_of_the_turn_it_cites_until_it_is_changed_or_erased(

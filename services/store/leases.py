@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from services.store.core import Core
 from shared.errors import InvalidArgument
-from shared.leases import LEASE_NAME_MAX
+from shared.leases import LEASE_NAME_MAX, LEASE_TTL_MAX_S
+from shared.limits import check_name, check_no_nul
 
 PREFIX = "lease/"
 """Leases live in the state table under this prefix, beside the consolidator's state."""
@@ -48,10 +49,14 @@ async def claim(core: Core, name: str, holder: str, ttl_s: float) -> Lease:
 def _check(name: str, holder: str, ttl_s: float) -> None:
     if not name or len(name) > LEASE_NAME_MAX:
         raise InvalidArgument(f"a lease name is 1 to {LEASE_NAME_MAX} characters")
+    check_no_nul("lease name", name)
     if not holder:
         raise InvalidArgument("holder is required")
-    if not math.isfinite(ttl_s) or ttl_s < 0:
-        raise InvalidArgument(f"ttl_s {ttl_s} is not a duration")
+    check_name("holder", holder)
+    if not (math.isfinite(ttl_s) and 0 <= ttl_s <= LEASE_TTL_MAX_S):
+        raise InvalidArgument(
+            f"ttl_s {ttl_s} is not a duration of 0 to {LEASE_TTL_MAX_S:,.0f} seconds"
+        )
 
 
 def _stored(values: list[tuple[str, str]], key: str) -> tuple[str, float]:
