@@ -1048,6 +1048,23 @@ async def test_a_list_filter_no_row_could_hold_is_refused_not_answered_empty(
     assert await listed(store, extraction_status="done") == []
 
 
+async def test_a_memory_tool_forget_of_a_target_the_tool_has_not_is_refused(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    meta = json.dumps({"write_origin": "memory_tool", "target": "memory"})
+    await apply(store, insert("Keeps the spare key under the blue pot", layer=L2,
+                              metadata_json=meta))
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as caught:
+        await store.Forget(store_pb2.ForgetRequest(
+            scope=scope(), text="spare key", memory_tool=True, target="bogus"))
+    assert caught.value.details() == (
+        "target 'bogus' is not one of the memory tool's: memory, user")
+    for target, forgotten in (("user", 0), ("memory", 1)):
+        found = await store.Forget(store_pb2.ForgetRequest(
+            scope=scope(), text="spare key", memory_tool=True, target=target))
+        assert len(found.memories) == forgotten
+
+
 async def test_free_text_holding_a_nul_is_refused_by_the_store_itself_and_changes_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -39,7 +39,7 @@ from services.store.model import (
 from services.store.retrieval import keyword_search, vector_search
 from shared.errors import InvalidArgument
 from shared.layers import UNEXTRACTED
-from shared.limits import check_no_nul
+from shared.limits import MAX_NAME_CHARS, check_no_nul
 from shared.pages import line_values, meta_of, rests_on
 from shared.passages import Passage
 from shared.text import may_restate, value_key
@@ -59,6 +59,10 @@ extraction in flight is most often of a turn just written. A backlog of thousand
 a key or with no LLM configured, a long outage) would make one forget that many row changes:
 10,000 took it past the 8 s write deadline. An older one is guarded when it may hold the value
 (_pending_near)."""
+
+
+MEMORY_TOOL_TARGETS = ("memory", "user")
+"""The targets of Hermes's memory tool: its notes, and what it keeps of the user."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,12 @@ async def forget(core: Core, reach: Reach, asked: Forget, actor: str) -> Forgott
     if bool(asked.text.strip()) == bool(asked.memory_id):
         raise InvalidArgument("forget needs exactly one of text and id")
     check_no_nul("text", asked.text)
+    if asked.memory_tool and asked.target not in ("", *MEMORY_TOOL_TARGETS):
+        # Another would match no entry, and the forget would say nothing was there.
+        raise InvalidArgument(
+            f"target {asked.target[:MAX_NAME_CHARS]!r} is not one of the memory tool's: "
+            + ", ".join(MEMORY_TOOL_TARGETS)
+        )
     text, matches = asked.text, {}
     if asked.memory_id:
         row = await core.get(reach, asked.memory_id)
