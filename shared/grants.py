@@ -19,6 +19,16 @@ def _names(values: Iterable[str]) -> frozenset[str] | None:
     return None if ANY in names else names
 
 
+def _listed(value: object) -> frozenset[str] | None:
+    """The names a grant header lists (null: any); anything but a list of strings is refused
+    (a string would be read as names of one character each: "u6" as users u and 6)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise TypeError("a grant's users and agents are lists of names")
+    return frozenset(value)
+
+
 @dataclass(frozen=True)
 class Grant:
     """The owners (user and agent ids, None: any) and scopes one token reaches."""
@@ -69,11 +79,10 @@ class Grant:
         """The grant a call's metadata carries."""
         try:
             data = json.loads(value)
-            users, agents = data["users"], data["agents"]
             return cls(
                 str(data["name"]),
-                None if users is None else frozenset(str(u) for u in users),
-                None if agents is None else frozenset(str(a) for a in agents),
+                _listed(data["users"]),
+                _listed(data["agents"]),
                 audited=bool(data["audited"]),
             )
         except (ValueError, KeyError, TypeError) as exc:

@@ -98,6 +98,18 @@ def test_a_call_carrying_two_grants_or_two_tokens_is_refused(tcp_stack: Stack) -
     assert _owners(tcp_stack, AS_CAROL) == grpc.StatusCode.OK
 
 
+def test_a_grant_naming_its_owners_other_than_as_a_list_of_names_is_refused(
+    tcp_stack: Stack,
+) -> None:
+    # A string was read a character a name: "u6" as the users u and 6.
+    for users, agents in (("u6", ["*"]), (["u6"], "a1"), (["u6", 6], ["*"])):
+        grant = json.dumps({"name": "u6-app", "audited": True, "users": users, "agents": agents})
+        refused = _owners(tcp_stack, (*TOKEN, ("x-hyatlas-grant", grant)))
+        assert refused == grpc.StatusCode.INVALID_ARGUMENT, (users, agents)
+    listed = json.dumps({"name": "u6-app", "audited": True, "users": ["u6"], "agents": None})
+    assert _owners(tcp_stack, (*TOKEN, ("x-hyatlas-grant", listed))) == grpc.StatusCode.OK
+
+
 def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
     tcp_stack: Stack,
 ) -> None:
