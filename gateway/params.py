@@ -16,6 +16,7 @@ from shared.limits import (
     END_OF_CALENDAR_S,
     FIRST_TIME_S,
     MAX_JSON_DEPTH,
+    check_id_list,
     check_name,
     check_text,
 )
@@ -160,16 +161,15 @@ class Params:
         string, the name repeated); blank ones are left out."""
         return [item for item in self._string_list(name) or [] if item]
 
-    def ids(self, name: str) -> list[str] | None:
+    def ids(self, name: str, most: int) -> list[str] | None:
         """A list of ids as strings reads it, None when absent; given, it must hold at least
-        one, and no blank one (a 400 names it)."""
+        one, and at most `most`, none blank (check_id_list)."""
         items = self._string_list(name)
         if items is None:
             return None
         if not items:
             raise InvalidArgument(f"{name} must hold at least one id")
-        if "" in items:
-            raise InvalidArgument(f"{name}[{items.index('')}] is blank")
+        check_id_list(name, items, most)
         return items
 
     def _string_list(self, name: str) -> list[str] | None:

@@ -3,6 +3,8 @@ embedder."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shared.errors import InvalidArgument, TooLarge
 
 MAX_TEXT_CHARS = 100_000
@@ -87,6 +89,18 @@ def check_identity(what: str, value: str) -> str:
             "names it is given, so it could never name this one"
         )
     return check_name(what, value)
+
+
+def check_id_list(what: str, ids: Sequence[str], most: int) -> None:
+    """A list of ids a call names: none blank and at most `most` of them (refused, never cut),
+    else a 400 naming the first blank one."""
+    blank = next((i for i, one in enumerate(ids) if not one.strip()), None)
+    if blank is not None:
+        raise InvalidArgument(f"{what}[{blank}] is blank")
+    if len(ids) > most:
+        raise InvalidArgument(
+            f"{what} holds {len(ids):,} ids; at most {most:,} a call, call again for the rest"
+        )
 
 
 def check_text(what: str, value: str, most: int = MAX_TEXT_CHARS) -> str:

@@ -10,13 +10,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from services.extractor.extract import probe_texts
 from services.extractor.prompt import EXTRACTION_SCHEMA
 from shared.calibration import related_score
 from shared.clients import EmbedderClient
-from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.pb import common_pb2, extractor_pb2, extractor_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import HANG, FakeLlm, Recorded, fake_llm_in_thread, held
@@ -362,6 +363,30 @@ async def test_reprocess_with_ids_holding_no_id_or_a_blank_one_is_a_400_and_runs
         assert (status, body["error"]) == (400, error)
     assert calls() == before  # neither the queue nor the named turn was extracted
     assert (await api.row(user, queued["memory_id"])).extraction_tries == 1
+
+
+async def test_reprocess_over_grpc_takes_no_blank_id_nor_more_ids_than_rest_does(
+    pro: Stack, api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-grpc-ids", "not json", "still not json")
+    queued = await api.add("m-grpc-ids a turn left in the unextracted queue", user)
+    before = len(fake.for_marker("m-grpc-ids"))
+    many = [queued["memory_id"]] * 1001
+    async with open_channel(pro.address("extractor")) as channel:
+        extractor = extractor_pb2_grpc.ExtractorStub(channel)
+        for ids, error in (
+            ([""], "ids[0] is blank"),
+            ([queued["memory_id"], "  "], "ids[1] is blank"),
+            (many, "ids holds 1,001 ids; at most 1,000 a call, call again for the rest"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await extractor.Reprocess(extractor_pb2.ReprocessRequest(ids=ids))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details() == error
+    status, body = await api.call("POST", "/api/v1/reprocess", json={"ids": many})
+    assert (status, body["error"]) == (400, error)
+    assert len(fake.for_marker("m-grpc-ids")) == before  # nothing was extracted
 
 
 async def test_a_reply_in_code_fences_with_prose_is_read(api: Api, fake: FakeLlm) -> None:

@@ -21,6 +21,7 @@ from gateway.shapes import list_items
 from gateway.state import CONFIG, EXTRACTOR, STORE
 from shared.errors import InvalidArgument, PermissionDenied
 from shared.pb import extractor_pb2, store_pb2
+from shared.store_client import PAGE
 
 routes = web.RouteTableDef()
 
@@ -36,7 +37,7 @@ async def reprocess(request: web.Request) -> web.Response:
     first."""
     config = request.app[CONFIG]
     params = await request_params(request)
-    ids = params.ids("ids") or []
+    ids = params.ids("ids", PAGE) or []
     most = params.integer("max", 0, lo=INT32_MIN)
     most = 200 if most <= 0 else most
     if config.mode == "lite":

@@ -6,6 +6,7 @@ import grpc
 
 from services.extractor.worker import Worker
 from shared.errors import InvalidArgument
+from shared.limits import check_id_list
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.redact import redact_url
 from shared.rpc import grpc_errors
@@ -37,6 +38,7 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
             raise InvalidArgument("max must not be negative")
         if request.max > PAGE:  # refused, never cut: one listing of the store gives PAGE rows
             raise InvalidArgument(f"max is at most {PAGE:,} a call; call again for the rest")
+        check_id_list("ids", request.ids, PAGE)  # as many as max may name, each a row
         counts = await self._worker.reprocess(list(request.ids), request.max)
         return extractor_pb2.ReprocessResponse(
             reprocessed=counts.reprocessed, failed=counts.failed, skipped=counts.skipped
