@@ -1030,6 +1030,19 @@ async def test_a_read_bounded_by_nan_or_a_score_past_a_cosine_is_refused(
     ]
 
 
+async def test_neighbours_report_cosines_within_minus_one_and_one(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # Vectors are kept at half precision, so not quite unit length: a text and its copy scored
+    # up to 1.002.
+    texts = [f"Ana paints walls {n}" for n in range(8)]
+    rows = await apply(store, *(insert(text) for text in texts + texts))
+    reply = await store.Neighbours(store_pb2.NeighboursRequest(
+        scope=scope(), ids=[r.id for r in rows], k=1))
+    scores = [link.score for link in reply.links]
+    assert len(scores) == 16 and all(-1.0 <= score <= 1.0 for score in scores), scores
+
+
 async def test_a_list_filter_no_row_could_hold_is_refused_not_answered_empty(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -112,7 +112,8 @@ async def neighbours(
     if k == 0 or len(kept) < 2:
         return []
     matrix = np.stack([vectors[i] for i in kept])
-    scores = matrix @ matrix.T
+    # Stored vectors are unit length only to half precision: a text and its copy scored 1.002.
+    scores = np.clip(matrix @ matrix.T, -1.0, 1.0)
     np.fill_diagonal(scores, -np.inf)
     links: list[tuple[str, str, float]] = []
     for a, memory_id in enumerate(kept):
