@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from services.store.keys import MAX_KEY_CHARS
 from services.store.model import AuditEntry, Edge, MemoryRow
 from services.store.transfer_format import (
     EdgeLine,
@@ -225,8 +226,8 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
         ),
         (
             json.dumps({"type": "memory", "memory": {"user_id": "u", "content": "x"},
-                        "keys": [{"kind": "clause", "text": LONG_TEXT}]}),
-            "keys[0].text has 100,001 characters; the limit is 100,000",
+                        "keys": [{"kind": "context", "text": "t" * (MAX_KEY_CHARS + 1)}]}),
+            f"keys[0].text has {MAX_KEY_CHARS + 1:,} characters; the limit is {MAX_KEY_CHARS:,}",
         ),
         (
             json.dumps({"type": "edge", "edge": {
