@@ -11,13 +11,14 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from shared.errors import Conflict, ServiceError, Unavailable
 from shared.grants import CURRENT_GRANT
 from shared.pb import store_pb2
+from shared.settings import read_duration_always_on
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,16 @@ LEASE_NAME_MAX = 300
 LEASE_TTL_MAX_S = 86_400.0
 """The longest ttl_s the store grants a lease for: a holder that dies is waited out that long
 before another replica takes its work over (HYATLAS_LEASE_TTL is 60 s by default)."""
+
+
+def lease_ttl_setting(environ: Mapping[str, str]) -> float:
+    """HYATLAS_LEASE_TTL (60 s by default): one past LEASE_TTL_MAX_S logs a line and takes the
+    most, since the store would refuse every claim for it."""
+    ttl_s = read_duration_always_on(environ, "HYATLAS_LEASE_TTL", 60.0)
+    if ttl_s > LEASE_TTL_MAX_S:
+        log.warning("HYATLAS_LEASE_TTL=%r is over a day; using a day", environ["HYATLAS_LEASE_TTL"])
+        return LEASE_TTL_MAX_S
+    return ttl_s
 
 
 def lease_name(kind: str, *parts: str) -> str:

@@ -7,12 +7,15 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from services.consolidator.config import ConsolidatorConfig
+from services.extractor.config import ExtractorConfig
 from services.store.config import StoreConfig
 from services.store.server import running_server
-from shared.leases import LeaseBusy, LeaseLost, LeasePolicy, Leases
+from shared.leases import LEASE_TTL_MAX_S, LeaseBusy, LeaseLost, LeasePolicy, Leases
 from shared.pb import common_pb2
 from shared.rpc import open_channel
 from shared.store_client import GraphStoreClient, state_op
@@ -79,3 +82,10 @@ async def test_a_lease_taken_over_stops_its_block_with_lease_lost(
             )
             await asyncio.Event().wait()
     assert (await stored(store, "job"))[0] == "b"  # a release never frees another's lease
+
+
+@pytest.mark.parametrize("config", [ExtractorConfig, ConsolidatorConfig])
+def test_a_lease_ttl_setting_past_what_the_store_grants_takes_the_most(config: Any) -> None:
+    # The store refuses a lease over a day: a longer setting would leave every claim refused.
+    assert config.from_env({"HYATLAS_LEASE_TTL": "48h"}).lease_ttl_s == LEASE_TTL_MAX_S
+    assert config.from_env({"HYATLAS_LEASE_TTL": "90s"}).lease_ttl_s == 90.0

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
-from shared.settings import LlmSettings, Settings, read_duration_always_on
+from shared.leases import lease_ttl_setting
+from shared.settings import LlmSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class ConsolidatorConfig:
             cross_schema_every_s=settings.cross_schema_every_s,
             raw_retention_s=settings.raw_retention_s,
             user_aliases=settings.user_aliases,
-            lease_ttl_s=read_duration_always_on(env, "HYATLAS_LEASE_TTL", 60.0),
+            lease_ttl_s=lease_ttl_setting(env),
             grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
-from shared.settings import LlmSettings, Settings, read_duration, read_duration_always_on
+from shared.leases import lease_ttl_setting
+from shared.settings import LlmSettings, Settings, read_duration
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ExtractorConfig:
             now_every_s=settings.now_every_s,
             episode_gap_s=settings.episode_gap_s,
             user_aliases=settings.user_aliases,
-            lease_ttl_s=read_duration_always_on(env, "HYATLAS_LEASE_TTL", 60.0),
+            lease_ttl_s=lease_ttl_setting(env),
             grpc_token=settings.grpc_token,
             log_level=settings.log_level,
         )
