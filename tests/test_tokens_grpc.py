@@ -256,10 +256,11 @@ def test_a_grant_for_some_owners_sees_no_store_wide_figures(tcp_stack: Stack) ->
     with grpc.insecure_channel(tcp_stack.address("store")) as channel:
         store = store_pb2_grpc.StoreStub(channel)
         every = common_pb2.Scope(all_users=True)
-        assert store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=TOKEN,
-                              timeout=30).db_bytes > 0
-        assert store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=AS_CAROL,
-                              timeout=30).db_bytes == 0
+        whole = store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=TOKEN, timeout=30)
+        assert whole.db_bytes > 0 and whole.data_dir
+        some = store.GetStats(store_pb2.GetStatsRequest(scope=every), metadata=AS_CAROL,
+                              timeout=30)
+        assert (some.db_bytes, some.data_dir) == (0, "")
         introspect = introspect_pb2_grpc.IntrospectStub(channel)
         for call, request in ((introspect.GetMetrics, introspect_pb2.GetMetricsRequest()),
                               (introspect.GetRpcCounts, introspect_pb2.GetRpcCountsRequest())):

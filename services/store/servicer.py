@@ -520,7 +520,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             vectors=stats.vectors,
             model_id=stats.model_id,
             ndim=stats.ndim,
-            data_dir=stats.data_dir,
+            data_dir=stats.data_dir if whole else "",
             graph_nodes=stats.graph_nodes,
             graph_edges=stats.graph_edges,
             backend=self._store.backend,
