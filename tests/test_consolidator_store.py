@@ -369,6 +369,35 @@ async def test_undo_reverts_every_change_of_a_pass_and_nothing_else(
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_a_pass_is_undone_once_so_what_came_after_its_undo_stands(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (lunch,) = await apply(store, insert("Alice had a sandwich for lunch"))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=lunch.id, superseded_how="dropped", drop_reason="trivial", pass_id="p-once")))
+    await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-once", actor="api"))
+    await apply(  # the user edits the row the undo brought back
+        store,
+        insert("Alice had a cheese sandwich for lunch", ref="edit"),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=lunch.id, superseded_how="replaced", superseded_by="$edit")),
+    )
+    await knowledge_over_two_facts(store)
+    (made,) = await edges(store)
+    await apply(store, end(made.id, valid_to=1_750_000_000.0, pass_id="p-end-once"))
+    await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-end-once", actor="api"))
+    await apply(store, end(made.id, valid_to=1_760_000_000.0, pass_id="p-end-later"))
+
+    # Undone again, each pass brought back what was changed since: two live versions of the
+    # lunch, and the edge the later pass ended.
+    for pass_id in ("p-once", "p-end-once"):
+        with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+            await store.UndoPass(store_pb2.UndoPassRequest(pass_id=pass_id, actor="api"))
+        assert f"pass {pass_id!r} was undone already" in (info.value.details() or "")
+    assert "Alice had a sandwich for lunch" not in await listed(store, layers=[L3])
+    assert await edges(store) == []
+
+
 async def merge_pass(stub: store_pb2_grpc.StoreStub, pass_id: str) -> tuple[list[str], str]:
     """Two facts merged by a pass into a new one: their ids and the merged row's."""
     _, fact_ids = await two_turns_two_facts(stub)

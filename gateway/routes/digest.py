@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.errors import error_extras
-from gateway.respond import all_users, json_response, request_params, rpc_timeout
+from gateway.respond import all_users, json_response, request_params, rpc_timeout, writes
 from gateway.state import CONFIG, CONSOLIDATOR, STORE
 from shared.dates import rfc3339
 from shared.errors import Conflict, InvalidArgument, ServiceError
@@ -129,6 +129,7 @@ async def digest(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/digest/undo")
 @routes.post("/api/v1/undo_pass")
+@writes
 async def undo_pass(request: web.Request) -> web.Response:
     """Reverts every change of one consolidation pass: {pass_id}."""
     params = await request_params(request)

@@ -24,9 +24,14 @@ from services.store.model import (
     MemoryRow,
     Undone,
 )
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import Conflict, InvalidArgument, NotFound
 from shared.text import value_key
 from shared.tombstones import tombstones
+
+UNDONE_MARK = "pass_undone"
+"""The change an undo records for its pass, last: a pass is undone once. Undone again, its
+changes would be reverted over what came after the first undo (a row edited since brought
+back beside its new version, an edge a later pass ended made live again)."""
 
 
 async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
@@ -38,6 +43,9 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
         changes = await w.tx.pass_changes(pass_id)
         if not changes:
             raise NotFound(f"pass {pass_id!r} not found (or it changed nothing)")
+        if changes[0][0] == UNDONE_MARK:
+            raise Conflict(f"pass {pass_id!r} was undone already")
+        await w.tx.record_pass_change(pass_id, UNDONE_MARK, "")
         for kind, target, before_json in changes:
             if kind in ("insert", "retire"):
                 await _undo_row(w, undone, pass_id, kind, target)
