@@ -875,3 +875,11 @@ async def test_edges_link_memories_of_one_session_and_each_to_its_nearest(api: A
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+
+
+async def test_a_digest_with_a_malformed_body_is_refused_and_runs_no_pass(api: Api) -> None:
+    runs = (await api.ok("GET", "/api/v1/digest"))["runs"]
+    status, body = await api.call("POST", "/api/v1/digest", data=b"{bad",
+                                  headers={"Content-Type": "application/json"})
+    assert (status, body["error"]) == (400, "bad body"), body
+    assert (await api.ok("GET", "/api/v1/digest"))["runs"] == runs

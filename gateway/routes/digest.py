@@ -96,6 +96,7 @@ async def digest(request: web.Request) -> web.Response:
         return json_response({"digest_ok": False, "mode": config.mode, "reason": NO_SLOW_PATH})
     consolidator = request.app[CONSOLIDATOR]
     if request.method == "POST":
+        await request_params(request)  # takes none, but a malformed body is a 400 as anywhere
         reply = await consolidator.RunPass(
             consolidator_pb2.RunPassRequest(), timeout=PASS_TIMEOUT_S
         )
