@@ -533,6 +533,27 @@ async def test_undoing_a_pass_takes_down_a_now_page_or_arc_built_on_its_merge_un
     assert await status_of(store, page.id) == ("active", "")
 
 
+async def test_undoing_a_pass_whose_arc_went_stale_brings_the_arc_before_back(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (first, second) = await apply(store, insert("Alice teaches"), insert("Alice started a PhD"))
+    (old_arc,) = await apply(store, insert(
+        "Alice is a teacher.", layer=L4, label="arc", source_ids=[first.id], pass_id="p-arc1"))
+    await apply(
+        store,
+        insert("Alice is a teacher working on a PhD.", layer=L4, label="arc",
+               source_ids=[first.id, second.id], ref="arc", pass_id="p-arc2"),
+        store_pb2.Op(retire=store_pb2.RetireOp(
+            id=old_arc.id, superseded_how="replaced", superseded_by="$arc", pass_id="p-arc2")),
+    )
+    await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=second.id))  # the new arc: stale
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-arc2", actor="api"))
+    # The old arc's own evidence stands: it comes back (it was kept, and the owner left with none).
+    assert (list(reply.restored_ids), list(reply.kept_ids)) == ([old_arc.id], [])
+    assert await listed(store, layers=[L4]) == ["Alice is a teacher."]
+
+
 async def test_state_values_and_caller_chosen_ids(store: store_pb2_grpc.StoreStub) -> None:
     (row,) = await apply(
         store,

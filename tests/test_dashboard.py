@@ -152,6 +152,12 @@ class Session:
         await self.page.fill("#owner-agent", agent_id)
         await self.act(self.page.click("#owner button[type=submit]"))
 
+    async def open_memory(self, user_id: str, memory_id: str) -> None:
+        """Opens a memory's detail view as its owner's."""
+        await self.open("memories")
+        await self.set_owner(user_id)
+        await self.open(f"memories/{memory_id}")
+
     async def shot(self, name: str) -> None:
         """Screenshots the page at desktop and phone width."""
         for label, size in (("desktop", DESKTOP), ("phone", PHONE)):
@@ -552,9 +558,7 @@ async def test_forget_from_the_detail_view_says_how_many_rows_held_the_value_and
 ) -> None:
     user = _user()
     copies = [await api.add("I like green tea.", user) for _ in range(3)]
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{copies[0]}")
+    await ui.open_memory(user, copies[0])
     await ui.page.click("#forget")
     await ui.act(ui.page.click("#confirm-forget"))
     notice = await ui.page.locator("#action-notice").inner_text()
@@ -576,9 +580,7 @@ async def test_restoring_a_row_whose_replacement_is_live_shows_why_it_was_refuse
     paris = await api.add("I live in Paris.", user)
     edited = await api.ok("POST", "/api/v1/update",
                           json={"id": paris, "text": "I live in Berlin.", "user_id": user})
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{paris}")
+    await ui.open_memory(user, paris)
     await ui.page.locator("#memory-detail[data-status=retired]").wait_for()
     ui.refusals["/api/v1/restore"] = 409
     await ui.page.click("#restore")
@@ -596,9 +598,7 @@ async def test_a_row_whose_newer_version_was_deleted_says_so(ui: Session, api: A
     edited = await api.ok("POST", "/api/v1/update",
                           json={"id": paris, "text": "I live in Berlin.", "user_id": user})
     await api.ok("POST", "/api/v1/delete_all", json={"id": edited["memory_id"], "user_id": user})
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{paris}")
+    await ui.open_memory(user, paris)
     # It said "Nothing replaced it (it was retired on its own)".
     said = await ui.page.locator("#replaced-by p").inner_text()
     assert said == "Its newer version was deleted."
@@ -642,9 +642,7 @@ async def test_the_address_names_the_owner_so_back_and_a_pasted_link_open_that_o
 ) -> None:
     mine, theirs = _user(), _user()
     memory_id = await api.add("A note of the first owner.", mine)
-    await ui.open("memories")
-    await ui.set_owner(mine)
-    await ui.open(f"memories/{memory_id}")
+    await ui.open_memory(mine, memory_id)
     await ui.set_owner(theirs)
     # Back (and the address pasted in a tab on another owner) said "memory ... not found".
     await ui.act(ui.page.go_back())
@@ -663,9 +661,7 @@ async def test_the_focus_follows_edit_and_goes_to_what_an_action_leaves(
 ) -> None:
     user = _user()
     memory_id = await api.add("The spare key is in the drawer.", user)
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{memory_id}")
+    await ui.open_memory(user, memory_id)
     # It stayed on the hidden Edit button, and Cancel and each action's render left it on <body>.
     await ui.page.click("#edit")
     assert await ui.page.locator("#edit-text:focus").count() == 1
@@ -684,9 +680,7 @@ async def test_delete_asks_for_confirmation_then_erases_through_the_api(
     user = _user()
     memory_id = await api.add("Temporary note to erase.", user)
     keep_id = await api.add("A note to keep.", user)
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{memory_id}")
+    await ui.open_memory(user, memory_id)
 
     await ui.page.click("#delete")
     assert await ui.page.locator("#confirm-delete").is_visible()
@@ -1004,9 +998,7 @@ async def test_saving_an_edit_with_the_same_text_says_nothing_changed(
 ) -> None:
     user = _user()
     memory_id = await api.add("The spare key is under the blue flowerpot.", user)
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{memory_id}")
+    await ui.open_memory(user, memory_id)
     await ui.page.click("#edit")
     await ui.act(ui.page.click("#edit-save"))
     detail = ui.page.locator("#memory-detail")
@@ -1079,9 +1071,7 @@ async def test_detail_shows_what_a_memory_replaced_and_its_sources(
         )
     old_id, new_id = old.memories[0].id, new.memories[0].id
 
-    await ui.open("memories")
-    await ui.set_owner(user)
-    await ui.open(f"memories/{new_id}")
+    await ui.open_memory(user, new_id)
     assert await ui.page.locator(f"#replaced li[data-memory-id='{old_id}']").count() == 1
     assert "Porto to Lisbon" in await ui.page.locator("#memory-detail").inner_text()
     await ui.shot("detail-lineage")

@@ -47,6 +47,8 @@ TOMBSTONED = "tombstoned"
 """How a turn that holds a forgotten value is gone as evidence (it stays live)."""
 UNDONE = "undone"
 """How a row a consolidation pass wrote is retired when the pass is undone."""
+STALE = "stale"
+"""How a derived row is retired while its evidence is gone (forgotten, deleted, undone)."""
 KILLS_SUMMARIES = frozenset({FORGOTTEN, ERASED, TOMBSTONED, UNDONE})
 """Evidence gone this way takes a summary of it down: its text may hold the value forgotten or
 deleted, or the text of a pass undone (a summary of a replaced or done row is only out of date,

@@ -20,6 +20,7 @@ from services.store.model import (
     FORGOTTEN,
     RAW,
     RETIRED,
+    STALE,
     UNDONE,
     MemoryRow,
     Undone,
@@ -63,7 +64,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
     if row is None:
         return
     why = f"undo of pass {pass_id}"
-    if kind == "insert" and (row.status == ACTIVE or row.superseded_how == "stale"):
+    if kind == "insert" and (row.status == ACTIVE or row.superseded_how == STALE):
         await w.change(row, "retire", retired_fields(w.now, w.actor, UNDONE, reason=why), why)
         undone.undone_ids.append(target)
         await retire_derived(w, row, UNDONE)
@@ -73,7 +74,7 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         if (
             row.superseded_how == FORGOTTEN
             or await _value_forgotten(w, row)
-            or not await _successor_stands(w, undone, row)
+            or not await _successor_stands(w, undone, row, pass_id)
             or (row.layer in DERIVED_LAYERS and await dead_evidence(w, row) is not None)
         ):
             undone.kept_ids.append(target)
@@ -105,15 +106,18 @@ async def _value_forgotten(w: Write, row: MemoryRow) -> bool:
     return False
 
 
-async def _successor_stands(w: Write, undone: Undone, row: MemoryRow) -> bool:
+async def _successor_stands(w: Write, undone: Undone, row: MemoryRow, pass_id: str) -> bool:
     """Whether the row that replaced a retired one (if any) is live, or retired only by this
-    undo: one forgotten, replaced or deleted since the pass took its value with it, so the rows
-    merged into it stay retired (a forgotten value must not come back)."""
+    undo (already, or to come: the pass wrote it and it is stale, its evidence gone since): one
+    forgotten, replaced or deleted since the pass took its value with it, so the rows merged
+    into it stay retired (a forgotten value must not come back)."""
     if not row.superseded_by:
         return True
     successor = await w.tx.get(row.superseded_by)
     return successor is not None and (
-        successor.status == ACTIVE or successor.id in undone.undone_ids
+        successor.status == ACTIVE
+        or successor.id in undone.undone_ids
+        or (successor.pass_id == pass_id and successor.superseded_how == STALE)
     )
 
 
