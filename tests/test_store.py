@@ -2405,6 +2405,10 @@ async def test_count_memories_counts_rows_per_time_bucket(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await store.CountMemories(store_pb2.CountMemoriesRequest(scope=scope(), buckets=0))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for length in (math.inf, math.nan, -1.0):  # one bucket of all time is no bucket
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await store.CountMemories(store_pb2.CountMemoriesRequest(
+                scope=scope(), start=start, bucket_s=length, buckets=2))
 
 
 async def test_list_by_superseded_by_finds_what_a_row_replaced(

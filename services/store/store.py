@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -177,8 +178,8 @@ class Store:
         check_layers(query.exclude_layers)
         if not 1 <= query.buckets <= MAX_LIMIT:
             raise InvalidArgument(f"buckets must be between 1 and {MAX_LIMIT}")
-        if not query.bucket_s > 0:
-            raise InvalidArgument("bucket_s must be positive")
+        if not 0 < query.bucket_s < math.inf:
+            raise InvalidArgument("bucket_s must be a positive number of seconds")
         return await self._repo.count_buckets(reach, query)
 
     async def keyword_search(
