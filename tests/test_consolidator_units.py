@@ -426,3 +426,22 @@ async def test_a_failing_worker_cancels_and_awaits_the_other_before_its_error_go
     with pytest.raises(RuntimeError, match="a bug"):
         await run_jobs(cast(Any, _StateStore()), config, Report(), jobs, time.monotonic(), run)
     assert stopped == [2]
+
+
+@pytest.mark.parametrize(("calls_fail", "down"), [(True, True), (False, False)])
+async def test_the_provider_is_taken_down_only_when_the_calls_failed(
+    calls_fail: bool, down: bool
+) -> None:
+    report = Report()
+
+    async def run(owner: Owner, cluster: Cluster) -> bool:
+        # A cluster fails by its call, or by the store refusing its ops after an answer.
+        report.failed_calls += calls_fail
+        return False
+
+    owner = Owner("ann", "", {}, [Cluster(1, []), Cluster(2, [])], {})
+    jobs = deque((owner, c) for c in owner.clusters)
+    await run_jobs(cast(Any, _StateStore()), ConsolidatorConfig("", "", ""), report, jobs,
+                   time.monotonic(), run)
+    assert report.provider_down is down
+    assert any("the provider is taken to be down" in e for e in report.errors) is down
