@@ -763,6 +763,29 @@ async def test_leaving_the_list_stops_a_bulk_run_and_says_what_it_did_over_the_n
     assert not await ui.page.locator("#told").is_visible()  # said once, over the next view
 
 
+async def test_leaving_a_memory_while_its_forget_is_out_says_what_it_did_over_the_next_view(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The boat is moored at pier 9.", user)
+    await ui.open_memory(user, memory_id)
+    released = await _held(ui, "**/api/v1/forget")
+    await ui.page.click("#forget")
+    await ui.page.click("#confirm-forget")
+    await ui.act(ui.page.click("#nav a[data-view=overview]"))
+    released.set()
+    # The detail view was drawn again over the overview, the notice with it.
+    told = ui.page.locator("#told-text")
+    await told.wait_for()
+    assert await told.inner_text() == (
+        f"Memories of {user}: Forgotten: “The boat is moored at pier 9.”.")
+    assert await ui.page.locator("#view > section.view-overview").count() == 1
+    assert await ui.page.locator("#memory-detail").count() == 0
+    await ui.page.click("#told #undo-forget")  # its Undo, said over this view too
+    await told.filter(has_text="Restored 1 memory.").wait_for()
+    assert "invalid_at" not in await api.memory(memory_id, user)
+
+
 async def test_ticked_rows_are_forgotten_restored_and_deleted_together(
     ui: Session, api: Api
 ) -> None:

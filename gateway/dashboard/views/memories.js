@@ -23,6 +23,11 @@ function takeNotice() {
   return shown;
 }
 
+/** Whose memories a notice said over another view speaks of. */
+function memoriesOf(owner) {
+  return `Memories of ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""}`;
+}
+
 function clip(text, size = 60) {
   return text.length > size ? `${text.slice(0, size - 1)}…` : text;
 }
@@ -147,7 +152,7 @@ async function renderList(root, ctx) {
   // A run stops when the list is left; rendering again would draw over the view the user went
   // to, so what it did is said over that one instead.
   const finish = (text, button) => {
-    if (ctx.left()) return ctx.tell(`Memories of ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""}: ${text}`, button);
+    if (ctx.left()) return ctx.tell(`${memoriesOf(owner)}: ${text}`, button);
     notice.leave([text, button]);
     return ctx.refresh();
   };
@@ -237,7 +242,17 @@ function forgotten(memory, reply, restore, finish) {
 function actions(ctx, memory, say) {
   const one = rowCalls(ctx.owner, ORIGIN);
   const id = memory.memory_id;
-  const finish = (text) => { notice.leave(text); return ctx.refresh(); };
+  // Once the view was left while a call was out, rendering it again would draw over the view
+  // the user went to: what was done is said over that one instead (a text, or a text and a
+  // button).
+  const finish = (text) => {
+    if (!ctx.left()) {
+      notice.leave(text);
+      return ctx.refresh();
+    }
+    const [said, button] = [text].flat();
+    return ctx.tell(`${memoriesOf(ctx.owner)}: ${said}`, button);
+  };
   // Runs one action; on success the view re-renders with what `done(reply)` says (a text, or a
   // text and a button), on failure it says why.
   const act = async (call, done, failed) => {
@@ -280,8 +295,12 @@ function actions(ctx, memory, say) {
       say(errorBox(error, "Delete failed"));
       return false;
     }
-    notice.leave(`Deleted: “${clip(memory.content)}”. Its history stays in the audit log.`);
-    ctx.go("#/memories");
+    const said = `Deleted: “${clip(memory.content)}”. Its history stays in the audit log.`;
+    if (ctx.left()) ctx.tell(`${memoriesOf(ctx.owner)}: ${said}`);
+    else {
+      notice.leave(said);
+      ctx.go("#/memories");
+    }
     return true;
   }));
   return box;
