@@ -326,6 +326,12 @@ async def test_an_edge_cannot_end_before_it_began(store: store_pb2_grpc.StoreStu
         await apply(store, end(made.id, valid_to=1_748_736_000.0))
     assert "cannot end (2025-06-01T00:00:00Z) before it began (2026-01-15" in info.value.details()
     assert [e.id for e in await edges(store)] == [made.id]
+    # Nor is one written ended before it began.
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+        await knowledge_over_two_facts(
+            store, subject="Hotel", valid_from=1_768_435_200.0, valid_to=1_748_736_000.0)
+    assert "an edge cannot end (2025-06-01T00:00:00Z) before it began" in info.value.details()
+    assert [e.id for e in await edges(store)] == [made.id]
     got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=knowledge))
     assert not got.memory.HasField("valid_to")
 

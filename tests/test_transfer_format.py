@@ -231,6 +231,12 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
         ),
         (
             json.dumps({"type": "edge", "edge": {
+                "user_id": "u", "subject": "a", "relation": "b", "object": "c",
+                "valid_from": 1_768_435_200.0, "valid_to": 1_748_736_000.0}}),
+            "edge cannot end (2025-06-01T00:00:00Z) before it began (2026-01-15T00:00:00Z)",
+        ),
+        (
+            json.dumps({"type": "edge", "edge": {
                 "user_id": "u", "subject": "a", "relation": "b", "object": LONG_TEXT}}),
             "edge.object has 100,001 characters; the limit is 100,000",
         ),

@@ -12,8 +12,7 @@ from services.store.cascade import edge_stands
 from services.store.core import Core, Write, target
 from services.store.model import Edge, EndEdge, PutEdge, Reach
 from services.store.rows import Rows
-from services.store.validate import check_ids, page_offset, page_size
-from shared.dates import rfc3339
+from services.store.validate import check_edge_span, check_ids, page_offset, page_size
 from shared.errors import InvalidArgument, NotFound
 from shared.text import edge_key
 
@@ -74,11 +73,7 @@ async def end_edge(w: Write, reach: Reach, op: EndEdge, where: str) -> None:
     if edge.invalidated_at is not None:
         return
     ends = op.valid_to if op.valid_to else w.now
-    if edge.valid_from is not None and ends < edge.valid_from:
-        raise InvalidArgument(
-            f"{where}: edge {op.id!r} cannot end ({rfc3339(ends)}) before it began "
-            f"({rfc3339(edge.valid_from)})"
-        )
+    check_edge_span(f"{where}: edge {op.id!r}", edge.valid_from, ends)
     await w.tx.update_edge(edge.id, invalidated_at=w.now, valid_to=ends)
     row = await w.tx.get(edge.memory_id) if edge.memory_id else None
     if row is not None:

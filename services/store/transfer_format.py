@@ -24,7 +24,7 @@ from services.store.model import (
 )
 from services.store.repo import row_fields
 from services.store.transfer_repo import StoredKey
-from services.store.validate import check_how, check_states
+from services.store.validate import check_edge_span, check_how, check_states
 from shared import client_json
 from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument
@@ -389,6 +389,7 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     _check_id(values.get("id", ""), "edge")
     _check_lengths(values, "edge")
     _check_times(values, "edge")
+    check_edge_span("edge", values.get("valid_from"), values.get("valid_to"))
     defaults = {
         "id": "", "agent_id": "", "weight": 1.0, "source_ids": (), "fact_ids": (),
         "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,

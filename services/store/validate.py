@@ -27,7 +27,7 @@ from services.store.model import (
     Update,
 )
 from shared import client_json
-from shared.dates import check_on_calendar
+from shared.dates import check_on_calendar, rfc3339
 from shared.errors import InvalidArgument, PermissionDenied
 from shared.layers import EXTRACTION_STATES
 from shared.limits import (
@@ -193,7 +193,16 @@ def _put_edge(op: PutEdge, reach: Reach, refs: set[str], where: str) -> Op:
     if not math.isfinite(op.weight):
         raise InvalidArgument(f"{where}: an edge's weight must be a finite number")
     _times(where, valid_from=op.valid_from, valid_to=op.valid_to)
+    check_edge_span(f"{where}: an edge", op.valid_from, op.valid_to)
     return op
+
+
+def check_edge_span(what: str, begins: float | None, ends: float | None) -> None:
+    """An edge ends no earlier than it began (either may be unknown)."""
+    if begins is not None and ends is not None and ends < begins:
+        raise InvalidArgument(
+            f"{what} cannot end ({rfc3339(ends)}) before it began ({rfc3339(begins)})"
+        )
 
 
 def _end_edge(op: EndEdge, reach: Reach, refs: set[str], where: str) -> Op:
