@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,22 @@ async def test_graph_as_of_shows_an_ended_edge_before_its_end_only(
     after = await edges(store, as_of=ended.invalidated_at + 1)
     assert [e.id for e in before] == [made.id]
     assert after == []
+
+
+async def test_an_edge_learnt_to_end_later_holds_till_then_now_and_as_of(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    knowledge, _ = await knowledge_over_two_facts(store)
+    (made,) = await edges(store)
+    later = time.time() + 30 * 86400.0
+    await apply(store, end(made.id, valid_to=later))  # the lease ends next month
+    # It left the graph at once, while its L5 row went on answering searches till then.
+    assert [e.id for e in await edges(store)] == [made.id]
+    (ended,) = await edges(store, include_stale=True)
+    assert [e.id for e in await edges(store, as_of=ended.invalidated_at + 1)] == [made.id]
+    assert await edges(store, as_of=later + 1) == []
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=knowledge))
+    assert got.memory.valid_to == later
 
 
 @pytest.mark.parametrize("how", ["forget", "delete"])

@@ -8,6 +8,7 @@ import json
 import logging
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import MISSING
 from pathlib import Path
@@ -882,13 +883,19 @@ class SharedReads:
     async def list_edges(
         self, reach: Reach, as_of: float | None, include_stale: bool, limit: int, offset: int
     ) -> tuple[list[Edge], int]:
-        """Edges in a reach, newest first: live now, or as the graph stood at as_of."""
+        """Edges in a reach, newest first: true now, or as the graph stood at as_of (learnt by
+        then, and not ended by then: an edge learnt to end later, at its valid_to, holds till
+        then, as its L5 row does in a search)."""
         where, params = _edge_filters(reach)
         if as_of is not None:
-            where.append("recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ?)")
-            params.extend([as_of, as_of])
+            where.append(
+                "recorded_at <= ? AND (invalidated_at IS NULL OR invalidated_at > ? "
+                "OR valid_to > ?)"
+            )
+            params.extend([as_of, as_of, as_of])
         elif not include_stale:
-            where.append("invalidated_at IS NULL")
+            where.append("(invalidated_at IS NULL OR valid_to > ?)")
+            params.append(time.time())
         if not include_stale:
             # Its evidence is forgotten or erased now: hidden from the graph at any time.
             where.append("stale = 0")
