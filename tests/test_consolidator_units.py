@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from services.consolidator.plan import (
 )
 from services.consolidator.prompt import consolidation_messages, reply_keys
 from services.consolidator.schedule import run_jobs
-from services.consolidator.survey import Owner
+from services.consolidator.survey import UPKEEP_OPS, Owner, cluster_key, owner_name, survey
 from services.consolidator.vectors import Vectors
 from shared.errors import Unavailable
 from shared.llm import LlmClient, LlmKeys, shown_number
@@ -445,3 +446,27 @@ async def test_the_provider_is_taken_down_only_when_the_calls_failed(
                    time.monotonic(), run)
     assert report.provider_down is down
     assert any("the provider is taken to be down" in e for e in report.errors) is down
+
+
+async def test_a_survey_saves_many_clusters_in_applies_the_store_takes() -> None:
+    # An owner whose 2,500 clusters lost their facts: each is deleted from the state, and the
+    # owner's meta written, in applies of at most UPKEEP_OPS (the store takes 5,000).
+    owner = owner_name("ann", "")
+    state = {cluster_key(owner, i): json.dumps(Cluster(i, [f"f{i}"]).to_json())
+             for i in range(1, 2501)}
+    applied: list[int] = []
+
+    class _Store:
+        async def state(self, prefix: str) -> dict[str, str]:
+            return state
+
+        async def all_rows(self, request: object) -> list[common_pb2.Memory]:
+            return []
+
+        async def apply(self, scope: object, ops: list[store_pb2.Op], *args: object) -> None:
+            applied.append(len(ops))
+
+    owners = await survey(cast(Any, _Store()), Vectors(cast(Any, None)),
+                          ConsolidatorConfig("", "", ""), lambda user: user, time.time())
+    assert owners == []
+    assert applied == [UPKEEP_OPS, UPKEEP_OPS, 501]

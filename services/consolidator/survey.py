@@ -79,6 +79,12 @@ class Owner:
         return owner_scope(self.user_id, self.agent_id)
 
 
+UPKEEP_OPS = 1_000
+"""The most cluster state ops one Apply carries: the store takes at most 5,000, and an owner
+of many facts has a cluster per few of them. A survey cut between two is made up by the next,
+which finds the clusters still to save."""
+
+
 async def survey(
     store: GraphStoreClient,
     vectors: Vectors,
@@ -112,10 +118,10 @@ async def survey(
         before = {c.id: c.to_json() for c in old}
         clusters, meta_changed = _clusters_now(old, list(rows), by_id, meta, config, now)
         ops = _upkeep_ops(owner_id, before, clusters, meta if meta_changed else None)
-        if ops:
-            # Clusters left without facts are state alone, written in any owner's name.
-            scope = owner_scope(*scopes[owner_id]) if rows else common_pb2.Scope(all_users=True)
-            await store.apply(scope, ops, ACTOR, "clusters")
+        # Clusters left without facts are state alone, written in any owner's name.
+        scope = owner_scope(*scopes[owner_id]) if rows else common_pb2.Scope(all_users=True)
+        for start in range(0, len(ops), UPKEEP_OPS):  # the owner's meta, last, goes last
+            await store.apply(scope, ops[start : start + UPKEEP_OPS], ACTOR, "clusters")
         if rows:
             owners.append(Owner(*scopes[owner_id], rows, clusters, meta))
     return owners
