@@ -45,9 +45,8 @@ MAX_APPLY_OPS = 5_000
 """The most ops one Apply may carry: one Apply holds the single writer for all of its ops
 (15,000 inserts took 18 s, and other writes timed out behind them). Above what the services
 send: a consolidation pass at its largest batch of 1,000 facts (a retire each, a merged row per
-two, the edges its reply names); the consolidator's cluster upkeep (a state value per cluster
-of up to HYATLAS_CONSOLIDATE_BATCH facts) reaches it only for an owner of 250,000 facts at the
-default batch of 50."""
+two, the edges its reply names); the consolidator's cluster upkeep sends 1,000 at most
+(consolidator.survey.UPKEEP_OPS)."""
 
 
 def metadata(text: str, where: str) -> str:
