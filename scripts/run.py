@@ -9,7 +9,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+import xmlrpc.client
 from pathlib import Path
+
+from supervisor.xmlrpc import SupervisorTransport
 
 from shared.addresses import endpoints
 from shared.errors import ConfigError
@@ -88,6 +91,34 @@ def is_ready(url: str) -> bool:
         return False
 
 
+def gave_up(supervisor_dir: Path) -> list[str]:
+    """The programs supervisord gave up on (FATAL: each of its starts ended before it had lived
+    startsecs); none while supervisord does not answer yet."""
+    transport = SupervisorTransport(serverurl=f"unix://{supervisor_dir / 'supervisor.sock'}")
+    proxy = xmlrpc.client.ServerProxy("http://localhost", transport=transport)
+    try:
+        processes = proxy.supervisor.getAllProcessInfo()
+    except (OSError, xmlrpc.client.Error):
+        return []
+    return [
+        p["name"] if p["group"] == p["name"] else f"{p['group']}:{p['name']}"
+        for p in processes
+        if p["statename"] == "FATAL"
+    ]
+
+
+def wait_until_ready(proc: subprocess.Popen[bytes], url: str, supervisor_dir: Path) -> bool:
+    """Waits for the gateway to say every service is ready; False when supervisord exited or
+    gave a service up (a bad setting only that service reads stops it at every start)."""
+    while proc.poll() is None and not is_ready(url):
+        if failed := gave_up(supervisor_dir):
+            print(f"hyatlas: {', '.join(failed)} could not start (every try ended at once; its "
+                  "lines above say why): stopping", file=sys.stderr, flush=True)
+            return False
+        time.sleep(POLL_S)
+    return proc.poll() is None
+
+
 def main() -> int:
     """Runs supervisord until it exits; SIGINT and SIGTERM stop it (and every service) cleanly."""
     try:
@@ -112,11 +143,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     url = readyz_url(settings)
     # With HYATLAS_GO_PORT=0 the gateway picks its port and only its log says which.
-    while settings.http_port and proc.poll() is None and not is_ready(url):
-        time.sleep(POLL_S)
-    if settings.http_port and proc.poll() is None:
+    if not settings.http_port:
+        return proc.wait()
+    if wait_until_ready(proc, url, Path(env["HYATLAS_SUPERVISOR_DIR"])):
         print(f"hyatlas: ready on {url.removesuffix('/readyz')} (mode {settings.mode}, "
               f"data in {settings.data_dir})", flush=True)
+    elif proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        return 2
     return proc.wait()
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Aliases:
@@ -13,11 +15,13 @@ class Aliases:
 
     @classmethod
     def parse(cls, raw: str) -> Aliases:
-        """Groups split by ';', ids in a group by ',' (a group of one is no group)."""
-        groups = []
+        """Groups split by ';', ids in a group by ',' (a group of one is no group); an id in two
+        groups is a ConfigError, as each id is one person."""
+        groups: list[tuple[str, ...]] = []
         for chunk in raw.split(";"):
             ids = tuple(dict.fromkeys(part.strip() for part in chunk.split(",") if part.strip()))
             if len(ids) > 1:
+                _check_apart(ids, groups)
                 groups.append(ids)
         return cls(tuple(groups))
 
@@ -34,3 +38,12 @@ class Aliases:
             if user_id in group:
                 return group[0]
         return user_id
+
+
+def _check_apart(ids: tuple[str, ...], groups: list[tuple[str, ...]]) -> None:
+    for group in groups:
+        if shared := [user_id for user_id in ids if user_id in group]:
+            raise ConfigError(
+                f"HYATLAS_USER_ALIASES lists {shared[0]!r} in two groups ({','.join(group)!r} and "
+                f"{','.join(ids)!r}); an id is one person: put the ids of that person in one group"
+            )

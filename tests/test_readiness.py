@@ -115,6 +115,25 @@ async def test_status_names_the_embedder_away_as_what_stops_writes(tmp_path: Pat
             503, "a backing service is unavailable: embedder (called through the store)")
 
 
+async def test_status_with_the_store_away_still_says_what_serves(tmp_path: Path) -> None:
+    # It was a bare {"error": ...}: no services, no write_pipeline, though the README says both.
+    with running_stack(tmp_path, ["embedder", "store", "search", "gateway"]) as stack:
+        api = Api(stack.base_url, stack.address("store"))
+        await asyncio.to_thread(stack.procs["store"].stop)
+
+        async def away() -> dict:
+            code, body = await api.call("GET", "/api/v1/status")
+            assert code == 503 and body["services"]["store"] != "serving", body
+            return body
+
+        body = await value_eventually(away)
+        assert body["error"] == "a backing service is unavailable: store"
+        assert (body["status"], body["ready"], body["mode"]) == ("degraded", False, "lite")
+        assert body["write_pipeline"] == f"degraded: the store is {body['services']['store']}"
+        assert body["services"]["embedder"] == "serving"
+        assert body["scopes"] == ["read", "write", "admin"]
+
+
 async def test_a_write_sent_before_the_store_is_up_waits_for_it(
     tmp_path: Path, embedder_address: str
 ) -> None:
@@ -215,9 +234,11 @@ async def test_a_slow_path_service_started_before_its_store_waits_for_it_with_a_
     assert "Traceback" not in log.read_text()
 
 
-def _launch(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+def _launch(
+    data_dir: Path, port: int, log_path: Path, **settings: str
+) -> subprocess.Popen[bytes]:
     """`make run`'s launcher, lite mode, with its own data directory and port."""
-    env = base_env(data_dir, HYATLAS_GO_PORT=str(port))
+    env = base_env(data_dir, HYATLAS_GO_PORT=str(port), **settings)
     del env["HYATLAS_RUN_DIR"]  # the default: <data>/run
     with log_path.open("wb") as log:
         return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run.py")], cwd=ROOT,
@@ -273,3 +294,30 @@ async def test_two_launches_from_one_checkout_come_up_apart_and_write_once_ready
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(WAIT_CEILING_S) for _, _, _, proc in launches]
     assert codes == [0, 0]
+
+
+async def test_a_launch_whose_store_cannot_start_says_so_and_stops_every_service(
+    tmp_path: Path,
+) -> None:
+    # A setting only the store reads: supervisord restarts the store until it gives it up, and
+    # the launcher, which used to wait for readiness forever, says so and stops.
+    log_path = tmp_path / "run.log"
+    proc = _launch(tmp_path / "data", free_port(), log_path, HYATLAS_INDEX_CACHE_MB="abc")
+
+    def exited() -> int:
+        code = proc.poll()
+        assert code is not None
+        return code
+
+    try:
+        code = await value_eventually(exited, interval_s=0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # run.py stops supervisord and every service
+            proc.wait(WAIT_CEILING_S)
+    log = log_path.read_text()
+    assert code == 2, log[-4000:]
+    assert "HYATLAS_INDEX_CACHE_MB must be a positive whole number of MiB, not 'abc'" in log
+    assert "hyatlas: store:store-0 could not start" in log
+    assert "hyatlas: ready" not in log
+    assert not (tmp_path / "data" / "run" / "supervisor" / "supervisord.pid").exists()

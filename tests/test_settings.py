@@ -157,6 +157,12 @@ def test_aliases_group_ids_and_ignore_singletons() -> None:
     assert s.user_aliases.canonical("robert") == "bob"
 
 
+def test_an_id_in_two_alias_groups_is_refused() -> None:
+    # Accepted, "a,b;b,c" let c read b's rows while b never saw c's.
+    with pytest.raises(ConfigError, match=r"lists 'b' in two groups \('a,b' and 'b,c'\)"):
+        Settings.from_env({"HYATLAS_USER_ALIASES": "a,b;b,c"})
+
+
 def test_allowed_hosts_drop_ports_and_lowercase() -> None:
     s = Settings.from_env({"HYATLAS_ALLOWED_HOSTS": "NAS.local:8080, proxy.example ,[fe80::1]:9"})
     assert s.allowed_hosts == frozenset({"nas.local", "proxy.example", "fe80::1"})

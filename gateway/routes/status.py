@@ -7,13 +7,14 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.errors import client_message
 from gateway.readiness import all_serving, is_ready, service_states
 from gateway.respond import all_users, json_response, rpc_timeout
 from gateway.routes.digest import consolidation_status
 from gateway.shapes import layer_counts
 from gateway.state import CONFIG, COUNTERS, EXTRACTOR, STORE
 from gateway.wording import extract_sync, mode_detail
-from shared.errors import ServiceError
+from shared.errors import ServiceError, Unavailable
 from shared.grants import SCOPES, current_grant, reaches_everyone
 from shared.pb import extractor_pb2, store_pb2
 from shared.redact import redact_url
@@ -75,13 +76,34 @@ def _write_path_down(services: dict[str, str]) -> str:
     return f"degraded: {', '.join(down)}" if down else ""
 
 
+async def _store_away(request: web.Request, exc: Unavailable) -> web.Response:
+    """The 503 of a status whose counts the store cannot give: still which services serve and
+    what stops writes, so a client can say what is down."""
+    config = request.app[CONFIG]
+    services = await service_states(request.app)
+    body = {
+        "error": client_message(request, exc),
+        "status": "degraded",
+        "ready": is_ready(services, config.mode),
+        "services": services,
+        "write_pipeline": _write_path_down(services) or "degraded: the store is unavailable",
+        "version": VERSION,
+        "mode": config.mode,
+        "scopes": _scopes(),
+    }
+    return json_response(body, status=exc.http_status)
+
+
 @routes.get("/api/v1/status")
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
     config = request.app[CONFIG]
-    stats = await request.app[STORE].GetStats(
-        store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
-    )
+    try:
+        stats = await request.app[STORE].GetStats(
+            store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
+        )
+    except Unavailable as exc:
+        return await _store_away(request, exc)
     counters = request.app[COUNTERS]
     services = await service_states(request.app)
     llm = await _llm_status(request)
