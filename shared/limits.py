@@ -134,3 +134,13 @@ def check_key(what: str, key: str) -> str:
     if len(key) > MAX_KEY_CHARS:
         raise InvalidArgument(f"{what} has {len(key):,} characters; at most {MAX_KEY_CHARS}")
     return key
+
+
+def check_reprocess(ids: Sequence[str], most: int, page: int) -> None:
+    """A reprocess call: max not negative and at most page rows, ids as check_id_list takes
+    them (refused, never cut: one listing of the store gives page rows)."""
+    if most < 0:
+        raise InvalidArgument("max must not be negative")
+    if most > page:
+        raise InvalidArgument(f"max is at most {page:,} a call; call again for the rest")
+    check_id_list("ids", ids, page)  # as many as max may name, each a row

@@ -131,6 +131,11 @@ async def test_what_needs_an_llm_or_the_slow_path_says_so(api: Api) -> None:
     await api.add("Pick up the parcel on Monday", user)
     reprocess = await api.ok("POST", "/api/v1/reprocess", json={})
     assert reprocess["reprocessed"] == 0 and "lite" in reprocess["note"]
+    # What pro and ultra refuse, lite refuses too (it answered 200).
+    for body, error in (({"max": 1001}, "max is at most 1,000 a call; call again for the rest"),
+                        ({"ids": ["a", " "]}, "ids[1] is blank")):
+        status, refused = await api.call("POST", "/api/v1/reprocess", json=body)
+        assert (status, refused["error"]) == (400, error)
     digest = await api.ok("GET", "/api/v1/digest")
     assert digest["digest_ok"] is False and "ultra" in digest["reason"]
     status, body = await api.call("POST", "/api/v1/undo_pass", json={"pass_id": "p-1"})

@@ -20,6 +20,7 @@ from gateway.respond import (
 from gateway.shapes import list_items
 from gateway.state import CONFIG, EXTRACTOR, STORE
 from shared.errors import InvalidArgument, PermissionDenied
+from shared.limits import check_reprocess
 from shared.pb import extractor_pb2, store_pb2
 from shared.store_client import PAGE
 
@@ -39,7 +40,8 @@ async def reprocess(request: web.Request) -> web.Response:
     params = await request_params(request)
     ids = params.ids("ids", PAGE) or []
     most = params.integer("max", 0, lo=INT32_MIN)
-    most = 200 if most <= 0 else most
+    most = 200 if most <= 0 else most  # the reference's: none or less is its default
+    check_reprocess(ids, most, PAGE)  # lite answers without the extractor, which checks too
     if config.mode == "lite":
         if ids:
             skipped = len(ids)

@@ -6,7 +6,7 @@ import grpc
 
 from services.extractor.worker import Worker
 from shared.errors import InvalidArgument
-from shared.limits import check_id_list
+from shared.limits import check_reprocess
 from shared.pb import extractor_pb2, extractor_pb2_grpc
 from shared.redact import redact_url
 from shared.rpc import grpc_errors
@@ -34,11 +34,7 @@ class ExtractorServicer(extractor_pb2_grpc.ExtractorServicer):
     async def Reprocess(
         self, request: extractor_pb2.ReprocessRequest, context: grpc.aio.ServicerContext
     ) -> extractor_pb2.ReprocessResponse:
-        if request.max < 0:
-            raise InvalidArgument("max must not be negative")
-        if request.max > PAGE:  # refused, never cut: one listing of the store gives PAGE rows
-            raise InvalidArgument(f"max is at most {PAGE:,} a call; call again for the rest")
-        check_id_list("ids", request.ids, PAGE)  # as many as max may name, each a row
+        check_reprocess(request.ids, request.max, PAGE)
         counts = await self._worker.reprocess(list(request.ids), request.max)
         return extractor_pb2.ReprocessResponse(
             reprocessed=counts.reprocessed, failed=counts.failed, skipped=counts.skipped
