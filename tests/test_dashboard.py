@@ -31,7 +31,7 @@ from gateway.dashboard import public_settings, settings_in_force
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from shared.settings import Settings
-from tests.support import Stack, running_stack
+from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -1368,6 +1368,43 @@ async def test_system_shows_a_snapshot_interval_under_an_hour_in_minutes(
     await session.open("system")
     schedule = await session.page.locator("#snapshots p.muted").inner_text()
     assert schedule.startswith("Every 30 min, keeping 7"), schedule  # it said "Every 1 h"
+    assert session.unexpected_console_errors() == []
+    await session.page.context.close()
+
+
+@pytest.fixture
+def failing_snapshots(tmp_path: Path, embedder_address: str) -> Iterator[Stack]:
+    """A store whose snapshot folder is a file, so each scheduled snapshot (one a second)
+    fails."""
+    folder = tmp_path / "snapshots"
+    folder.write_text("a file where the snapshots' folder should be")
+    with running_stack(
+        tmp_path / "data",
+        ["store", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_TOKEN=TOKEN,
+        HYATLAS_SNAPSHOT_EVERY="1s",
+        HYATLAS_SNAPSHOT_DIR=str(folder),
+    ) as running:
+        yield running
+
+
+async def test_system_says_when_the_last_scheduled_snapshot_failed_and_why(
+    browser: Browser, failing_snapshots: Stack, shots: Path
+) -> None:
+    api = Api(failing_snapshots.base_url)
+
+    async def failed() -> bool:
+        system = await api.ok("GET", "/dashboard/api/system")
+        return system["snapshots"]["last_failure"] is not None
+
+    await assert_eventually(failed)
+    session = await _session(browser, failing_snapshots, shots, token=True)
+    await session.open("system")
+    banner = await session.page.locator("#snapshots .error[role=alert]").inner_text()
+    assert banner.startswith("The last scheduled snapshot failed at "), banner
+    assert ": FileExistsError (the store's log has the details). Next try at " in banner, banner
+    await session.shot("snapshot-failed")
     assert session.unexpected_console_errors() == []
     await session.page.context.close()
 
