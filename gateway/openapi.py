@@ -141,7 +141,7 @@ OPERATIONS: list[Op] = [
     Op("GET", "/api/v1/status", "Mode, model, services, counts",
        reply=obj("status", "mode", "layers", status=STR, ready=BOOL, services=ANY_OBJ,
                  version=STR, mode=STR, llm=STR, layers=LAYERS, writes=INT, searches=INT,
-                 embed=STR, embed_problem=STR)),
+                 embed=STR, embed_problem=STR, scopes=arr(STR), reaches_every_owner=BOOL)),
     Op("GET", "/api/v1/metrics", "Live rows per layer and the graph's size",
        reply=obj("layers", "total", layers=LAYERS, total=INT, graph_nodes=INT, graph_edges=INT)),
     Op("GET", "/api/v1/owners", "Users and agents with row counts", {"user_id": NAME},

@@ -1603,6 +1603,27 @@ async def test_a_read_only_token_for_some_owners_is_offered_only_what_it_may_do(
         await page.context.close()
 
 
+async def test_whether_a_token_reaches_every_owner_is_read_from_what_status_says_of_its_reach(
+    ui: Session, api: Api
+) -> None:
+    assert (await api.ok("GET", "/api/v1/status"))["reaches_every_owner"] is True
+
+    async def without_counters(route: Route) -> None:
+        reply = await route.fetch()
+        body = await reply.json()
+        for key in ("writes", "searches", "data_dir"):
+            del body[key]
+        await route.fulfill(response=reply, json=body)
+
+    # The page took a status without the server's counters for a token reaching only some
+    # owners: no System view, and counts "of the owners this token reaches".
+    await ui.page.route("**/api/v1/status", without_counters)
+    await ui.open("overview")
+    assert await ui.page.locator("#nav a[data-view=system]").is_visible()
+    assert await ui.page.locator("[data-stat=total] .card-detail").inner_text() == "all owners"
+    assert await ui.page.locator("#layers h2 small").inner_text() == "live rows, all owners"
+
+
 async def test_the_page_asks_for_the_token_once_and_keeps_it_for_the_tab(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

@@ -52,6 +52,12 @@ export function isOutage(error) {
   return error instanceof Unreachable || error instanceof NotReady;
 }
 
+/** Whether the status answer says the tab's token reaches every owner (the server's own counts
+ * and settings are for such a token only). */
+export function reachesEveryOwner(status) {
+  return status.reaches_every_owner === true;
+}
+
 const TOKEN_TEXT = "This server needs its access token (HYATLAS_TOKEN). It is kept for this browser tab only.";
 const NO_TOKEN = "No access token given: reload the page, or open another view, to enter it";
 

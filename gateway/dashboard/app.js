@@ -1,6 +1,6 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
-import { api, askTokenAgain, isOutage, onTokenGiven, outagesSoFar, Unreachable } from "./api.js";
+import { api, askTokenAgain, isOutage, onTokenGiven, outagesSoFar, reachesEveryOwner, Unreachable } from "./api.js";
 import { h, errorBox } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as owners from "./views/owners.js";
@@ -230,9 +230,9 @@ async function loadOwners() {
 /** Reads what the token may do; a failure leaves it as it was (the views say what is wrong). */
 async function loadReach() {
   try {
-    const { scopes, writes } = await api("/api/v1/status");
-    // The whole server's counts come only to a token reaching every owner.
-    reach = { write: scopes.includes("write"), admin: scopes.includes("admin"), everyone: writes !== undefined };
+    const status = await api("/api/v1/status");
+    const { scopes } = status;
+    reach = { write: scopes.includes("write"), admin: scopes.includes("admin"), everyone: reachesEveryOwner(status) };
   } catch {
     return;
   }

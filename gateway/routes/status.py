@@ -156,6 +156,7 @@ async def status(request: web.Request) -> web.Response:
             **await consolidation_status(request),
             "vdb_points": stats.total,
             "scopes": _scopes(),
+            "reaches_every_owner": whole_server,
             **extras,
         }
     )

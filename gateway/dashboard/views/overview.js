@@ -1,6 +1,6 @@
 // Overview: status, layer composition, writes over time, storage.
 
-import { api } from "../api.js";
+import { api, reachesEveryOwner } from "../api.js";
 import { h, errorBox, fmtBytes, fmtCount, fmtTime, LAYERS } from "../dom.js";
 import { writesChart } from "../chart.js";
 
@@ -17,10 +17,10 @@ function lastConsolidation(status) {
   return ["never yet", "the ultra consolidation pass has not run"];
 }
 
-/** Whose rows the status counts: the whole server's for a token reaching every owner (the
- * server's own counts come with them), else the owners the token reaches. */
+/** Whose rows the status counts: the whole server's for a token reaching every owner, else
+ * the owners the token reaches. */
 function counted(status) {
-  return status.writes === undefined ? "owners this token reaches" : "all owners";
+  return reachesEveryOwner(status) ? "all owners" : "owners this token reaches";
 }
 
 function statusCards(status) {
@@ -34,7 +34,7 @@ function statusCards(status) {
     card("total", "Live memories", fmtCount(status.vdb_points), counted(status)),
     card("pipeline", "Write pipeline", status.write_pipeline,
       // The whole server's counts: not given to a token reaching only some owners.
-      status.writes === undefined ? "" : `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start`),
+      reachesEveryOwner(status) ? `${fmtCount(status.writes)} writes, ${fmtCount(status.searches)} searches since start` : ""),
   );
 }
 
