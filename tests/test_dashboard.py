@@ -1481,6 +1481,55 @@ async def test_a_server_not_ready_yet_says_so_and_the_view_recovers_by_itself(
     await session.page.context.close()
 
 
+# A paused page clock: the page's timers (its retries) fire only when a test runs it on.
+PAGE_CLOCK_START_MS = 1_800_000_000_000
+
+
+async def _paused_clock(session: Session) -> None:
+    await session.page.clock.install(time=PAGE_CLOCK_START_MS)
+    await session.page.clock.pause_at(PAGE_CLOCK_START_MS + 1_000)
+
+
+def _busy(retry_after: str, asked: list[str] | None = None) -> Callable[[Route], Awaitable[None]]:
+    """Answers a call as the gateway does past its requests in flight: 503 with Retry-After
+    (noting the call's URL in `asked`)."""
+
+    async def answer(route: Route) -> None:
+        if asked is not None:
+            asked.append(route.request.url)
+        await route.fulfill(status=503, headers={"Retry-After": retry_after}, json={
+            "error": "server busy: 64 requests in flight already; retry shortly"})
+
+    return answer
+
+
+async def test_a_busy_server_is_asked_again_when_its_retry_after_says_within_a_bound(
+    browser: Browser, stack: Stack, shots: Path
+) -> None:
+    session = await _session(browser, stack, shots, token=True)
+    await _paused_clock(session)
+    asked: list[str] = []
+    box = await _overview_while_down(session, _busy("7", asked))
+    # It waited 2 s, then 4, 8…, whatever the server asked.
+    assert "Trying again in 7 s." in await box.inner_text()
+    calls = len(asked)
+    await session.page.clock.run_for(6_900)
+    assert len(asked) == calls and await box.is_visible()
+    await session.act(session.page.clock.run_for(100))
+    assert len(asked) > calls
+    assert "Trying again in 7 s." in await box.inner_text()
+    # An hour is not waited: at most 30 s.
+    await session.page.unroute(_to_the_server)
+    await session.page.route(_to_the_server, _busy("3600"))
+    await session.act(session.page.click("#retry"))
+    assert "Trying again in 30 s." in await box.inner_text()
+    await session.page.unroute(_to_the_server)
+    await session.act(session.page.clock.run_for(30_000))
+    await session.page.locator("[data-stat=mode] .card-value:text-is('lite')").wait_for()
+    assert await box.count() == 0
+    await session.page.context.close()
+
+
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

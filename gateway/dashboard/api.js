@@ -21,12 +21,22 @@ export class Unreachable extends Error {
 }
 
 /** The server answered that it is not ready yet (503: a backing service is unavailable, as
- * while it restarts). */
+ * while it restarts, or too many requests in flight); `retryAfterS` is how long its Retry-After
+ * asks the client to wait (null when it says nothing readable). */
 export class NotReady extends ApiError {
-  constructor(message, body) {
+  constructor(message, body, retryAfterS) {
     super(503, message, body);
     this.name = "NotReady";
+    this.retryAfterS = retryAfterS;
   }
+}
+
+/** The seconds a Retry-After header asks for (a number of seconds or an HTTP date), or null. */
+function retryAfterOf(reply) {
+  const value = (reply.headers.get("Retry-After") || "").trim();
+  if (/^\d+$/.test(value)) return Number(value);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? null : Math.max(0, Math.ceil((at - Date.now()) / 1000));
 }
 
 // The calls that found the server unreachable or not ready, ever, and the last one's error: a
@@ -143,7 +153,7 @@ async function jsonOf(reply) {
 async function refusal(reply) {
   const data = await jsonOf(reply);
   const message = (data && data.error) || `HTTP ${reply.status}`;
-  return reply.status === 503 ? outage(new NotReady(message, data)) : new ApiError(reply.status, message, data);
+  return reply.status === 503 ? outage(new NotReady(message, data, retryAfterOf(reply))) : new ApiError(reply.status, message, data);
 }
 
 /** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */

@@ -31,10 +31,14 @@ let reach = { write: true, admin: true, everyone: true };
 let renderSeq = 0;
 // The user's moves to another view, owner or address (a view rendering itself again is none).
 let moves = 0;
-// A view that could not reach the server, or found it not ready, renders again by itself,
-// waiting longer each time.
+// A view that could not reach the server, or found it not ready, renders again by itself:
+// after the server's Retry-After, or when it gave none after a wait doubling each time.
 const RETRY_FIRST_S = 2;
 const RETRY_MOST_S = 30;
+// A server's Retry-After is followed within these bounds: never sooner (a 0 would retry at
+// once, again and again), never later (a restart is usually over by then).
+const WAIT_LEAST_S = 1;
+const WAIT_MOST_S = 30;
 let retryS = RETRY_FIRST_S;
 let retryTimer = null;
 // Tells a watcher (and the browser tests) that a render finished: this load's id and a counter.
@@ -124,21 +128,37 @@ function tell(text, button) {
   told().hidden = false;
 }
 
+/** What an outage says of the server: it cannot be reached, or it is not ready yet and why. */
+function outageText(error) {
+  return error instanceof Unreachable ? error.message
+    : `The HyAtlas server at ${window.location.origin} is not ready yet (${error.message})`;
+}
+
+/** How long to wait before trying again what met `errors` (outages), and whether the server
+ * asked for it: what its Retry-After asks (the longest when several did), within WAIT_LEAST_S
+ * and WAIT_MOST_S; `backoffS` when a call got no answer or no Retry-After. */
+function waitAfter(errors, backoffS) {
+  const asked = errors.map((error) => error.retryAfterS ?? null);
+  if (asked.includes(null)) return { waitS: backoffS, asked: false };
+  return { waitS: Math.min(WAIT_MOST_S, Math.max(WAIT_LEAST_S, ...asked)), asked: true };
+}
+
 /** After a render that could not reach the server or found it not ready (`outage`, the last
- * such error), says so over the view and renders it again after a wait (doubling up to
- * RETRY_MOST_S), or at once with "Try again now". */
+ * such error), says so over the view and renders it again after a wait (as long as the
+ * server's Retry-After asks, else doubling up to RETRY_MOST_S), or at once with "Try again
+ * now". */
 function retryIfDown(section, outage) {
   if (!outage) {
     retryS = RETRY_FIRST_S;
     return;
   }
-  const why = outage instanceof Unreachable ? outage.message
-    : `The HyAtlas server at ${window.location.origin} is not ready yet (${outage.message})`;
+  const { waitS, asked } = waitAfter([outage], retryS);
+  if (!asked) retryS = Math.min(retryS * 2, RETRY_MOST_S);
   section.prepend(h("div", { class: "error", role: "alert", id: "unreachable" },
-    `${why}. Trying again in ${retryS} s. `,
+    `${outageText(outage)}. Trying again in ${waitS} s. `,
     h("button", { type: "button", id: "retry", onclick: retry }, "Try again now")));
-  retryTimer = setTimeout(retry, retryS * 1000);
-  retryS = Math.min(retryS * 2, RETRY_MOST_S);
+  clearTimeout(retryTimer);
+  retryTimer = setTimeout(retry, waitS * 1000);
 }
 
 /** Renders the view again, reading the owners first if they could not be read at load. */
