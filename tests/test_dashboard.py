@@ -1512,6 +1512,11 @@ async def test_a_busy_server_is_asked_again_when_its_retry_after_says_within_a_b
     box = await _overview_while_down(session, _busy("7", asked))
     # It waited 2 s, then 4, 8…, whatever the server asked.
     assert "Trying again in 7 s." in await box.inner_text()
+    # Each panel the server did not give says it waits (the status answer fills two).
+    for panel in ("status", "layers", "writes", "storage"):
+        note = await session.page.locator(f"#{panel} .waiting").inner_text()
+        assert note == "Waiting to load this: the server is not ready yet: server busy: 64" \
+            " requests in flight already; retry shortly.", note
     calls = len(asked)
     await session.page.clock.run_for(6_900)
     assert len(asked) == calls and await box.is_visible()
@@ -1528,6 +1533,40 @@ async def test_a_busy_server_is_asked_again_when_its_retry_after_says_within_a_b
     await session.page.locator("[data-stat=mode] .card-value:text-is('lite')").wait_for()
     assert await box.count() == 0
     await session.page.context.close()
+
+
+async def test_only_the_part_of_a_view_the_server_could_not_give_waits_and_loads_again(
+    browser: Browser, stack: Stack, shots: Path, api: Api
+) -> None:
+    user = _user()
+    await api.add("Written before the writes chart was busy.", user)
+    session = await _session(browser, stack, shots, token=True)
+    await _paused_clock(session)
+    page = session.page
+    await session.open("overview")
+    await session.set_owner(user)
+    await page.route("**/dashboard/api/writes*", _busy("1"))
+    session.refusals["/dashboard/api/writes"] = 503
+
+    def statuses() -> list[str]:
+        return [url for url in session.requests if "/api/v1/status" in url]
+
+    await session.act(page.click("#nav a[data-view=overview]"))
+    assert "server busy" in await page.locator("#writes .error").inner_text()
+    assert await page.locator("[data-stat=mode] .card-value").inner_text() == "lite"
+    assert await page.locator("#layers tr[data-layer=l2_raw]").count() == 1
+    assert await page.locator("#unreachable").is_visible()
+    asked = len(statuses())
+    await page.unroute("**/dashboard/api/writes*")
+    await session.act(page.clock.run_for(2_000))
+    await page.locator("#writes svg").wait_for()
+    # The whole view was fetched again, the status too, its panels blanked meanwhile.
+    assert len(statuses()) == asked
+    assert await page.locator("#writes .error, #unreachable").count() == 0
+    assert await page.locator("[data-stat=mode] .card-value").inner_text() == "lite"
+    await session.shot("part-waited")
+    assert session.unexpected_console_errors() == []
+    await page.context.close()
 
 
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(

@@ -39,23 +39,6 @@ function retryAfterOf(reply) {
   return Number.isNaN(at) ? null : Math.max(0, Math.ceil((at - Date.now()) / 1000));
 }
 
-// The calls that found the server unreachable or not ready, ever, and the last one's error: a
-// render that met one lost some of its data.
-let outages = 0;
-let lastOutage = null;
-
-function outage(error) {
-  outages += 1;
-  lastOutage = error;
-  return error;
-}
-
-/** How many calls have found the server unreachable or not ready since the page loaded, and
- * the last one's error (an Unreachable or a NotReady). */
-export function outagesSoFar() {
-  return { count: outages, last: lastOutage };
-}
-
 /** Whether an error says the server is down for now (it is worth trying again) rather than
  * what is wrong with the call. */
 export function isOutage(error) {
@@ -118,7 +101,7 @@ async function reach(url, init) {
     return await fetch(url, init);
   } catch (error) {
     if (!(error instanceof TypeError)) throw error;
-    throw outage(new Unreachable());
+    throw new Unreachable();
   }
 }
 
@@ -153,7 +136,7 @@ async function jsonOf(reply) {
 async function refusal(reply) {
   const data = await jsonOf(reply);
   const message = (data && data.error) || `HTTP ${reply.status}`;
-  return reply.status === 503 ? outage(new NotReady(message, data, retryAfterOf(reply))) : new ApiError(reply.status, message, data);
+  return reply.status === 503 ? new NotReady(message, data, retryAfterOf(reply)) : new ApiError(reply.status, message, data);
 }
 
 /** Calls the gateway and returns the decoded JSON; throws ApiError on any non-2xx answer. */

@@ -1,7 +1,8 @@
 // The shell: hash routes to views, the owner selector every view reads, one render at a time.
 
-import { api, askTokenAgain, isOutage, onTokenGiven, outagesSoFar, reachesEveryOwner, Unreachable } from "./api.js";
+import { api, askTokenAgain, onTokenGiven, reachesEveryOwner, Unreachable } from "./api.js";
 import { h, errorBox } from "./dom.js";
+import { Parts } from "./parts.js";
 import * as overview from "./views/overview.js";
 import * as owners from "./views/owners.js";
 import * as explore from "./views/explore.js";
@@ -23,16 +24,19 @@ function savedOwner() {
 
 let owner = savedOwner() || { user_id: "default", agent_id: "" };
 let knownOwners = [];
-// Whether the owners were read (not so when the server could not be reached at load).
+// Whether the owners, and what the token may do, were read (not so when the server could not
+// be reached at load).
 let ownersRead = false;
+let reachRead = false;
 // What the tab's token may do, as the status says: change memories (write), import (admin), and
 // see the whole server's figures (it reaches every owner). Everything, till the status is read.
 let reach = { write: true, admin: true, everyone: true };
 let renderSeq = 0;
 // The user's moves to another view, owner or address (a view rendering itself again is none).
 let moves = 0;
-// A view that could not reach the server, or found it not ready, renders again by itself:
-// after the server's Retry-After, or when it gave none after a wait doubling each time.
+// The parts of a view that could not reach the server, or found it not ready, load again by
+// themselves: after the server's Retry-After, or when it gave none after a wait doubling each
+// time.
 const RETRY_FIRST_S = 2;
 const RETRY_MOST_S = 30;
 // A server's Retry-After is followed within these bounds: never sooner (a 0 would retry at
@@ -41,8 +45,10 @@ const WAIT_LEAST_S = 1;
 const WAIT_MOST_S = 30;
 let retryS = RETRY_FIRST_S;
 let retryTimer = null;
-// Tells a watcher (and the browser tests) that a render finished: this load's id and a counter.
+// Tells a watcher (and the browser tests) that a render, or a round of loading waiting parts
+// again, finished: this load's id and a counter.
 const loadId = Math.random().toString(36).slice(2);
+let marks = 0;
 
 function parseHash() {
   const [path, search] = window.location.hash.replace(/^#\/?/, "").split("?", 2);
@@ -88,33 +94,36 @@ async function render() {
   const root = document.getElementById("view");
   const section = h("section", { class: `view view-${name}`, "data-view": name, "aria-busy": "true" });
   root.replaceChildren(section);
+  const stale = () => seq !== renderSeq;
+  const parts = new Parts(stale);
   const ctx = {
     owner: { ...owner },
     arg,
     params,
-    stale: () => seq !== renderSeq,
+    stale,
     left: () => at !== moves,
     go,
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
     tell,
     reach: { ...reach },
+    part: (boxes, fetch, draw, fail) => parts.load(boxes, fetch, draw, fail),
   };
   clearTimeout(retryTimer);
-  const outages = outagesSoFar().count;
   try {
     await VIEWS[name].render(section, ctx);
   } catch (error) {
-    // The box below says when the server cannot be reached or is not ready.
-    if (seq === renderSeq && !isOutage(error)) section.append(errorBox(error, "This view could not load"));
-  } finally {
-    if (seq === renderSeq) {
-      const now = outagesSoFar();
-      retryIfDown(section, now.count > outages ? now.last : null);
-      section.setAttribute("aria-busy", "false");
-      document.documentElement.dataset.rendered = `${loadId}:${seq}`;
-    }
+    if (seq === renderSeq) section.append(errorBox(error, "This view could not load"));
   }
+  if (seq !== renderSeq) return;
+  section.setAttribute("aria-busy", "false");
+  waitForServer(section, parts);
+}
+
+/** Tells a watcher that the view shown is drawn as far as the server let it. */
+function marked() {
+  marks += 1;
+  document.documentElement.dataset.rendered = `${loadId}:${marks}`;
 }
 
 function told() {
@@ -143,28 +152,34 @@ function waitAfter(errors, backoffS) {
   return { waitS: Math.min(WAIT_MOST_S, Math.max(WAIT_LEAST_S, ...asked)), asked: true };
 }
 
-/** After a render that could not reach the server or found it not ready (`outage`, the last
- * such error), says so over the view and renders it again after a wait (as long as the
- * server's Retry-After asks, else doubling up to RETRY_MOST_S), or at once with "Try again
- * now". */
-function retryIfDown(section, outage) {
-  if (!outage) {
+/** While parts of the view (`parts`) wait for the server, says so over it and loads them again
+ * after a wait (as long as the server's Retry-After asks, else doubling up to RETRY_MOST_S), or
+ * at once with "Try again now"; the parts that loaded stay. */
+function waitForServer(section, parts) {
+  section.querySelector(":scope > #unreachable")?.remove();
+  const errors = [...parts.waiting.values()];
+  if (!errors.length) {
     retryS = RETRY_FIRST_S;
+    marked();
     return;
   }
-  const { waitS, asked } = waitAfter([outage], retryS);
+  const { waitS, asked } = waitAfter(errors, retryS);
   if (!asked) retryS = Math.min(retryS * 2, RETRY_MOST_S);
+  const seq = renderSeq;
+  const retry = async () => {
+    clearTimeout(retryTimer);
+    // Owners or a reach read only now may change what the view shows: it was rendered again.
+    if (!(ownersRead && reachRead) && (await lookAgain())) return;
+    if (seq !== renderSeq) return;
+    await parts.again();
+    if (seq === renderSeq) waitForServer(section, parts);
+  };
   section.prepend(h("div", { class: "error", role: "alert", id: "unreachable" },
-    `${outageText(outage)}. Trying again in ${waitS} s. `,
+    `${outageText(errors[0])}. Trying again in ${waitS} s. `,
     h("button", { type: "button", id: "retry", onclick: retry }, "Try again now")));
   clearTimeout(retryTimer);
   retryTimer = setTimeout(retry, waitS * 1000);
-}
-
-/** Renders the view again, reading the owners first if they could not be read at load. */
-async function retry() {
-  if (!ownersRead) await lookUp();
-  await render();
+  marked();
 }
 
 /** Fills the owner fields' suggestions: every user, and the agents of the chosen one. */
@@ -253,6 +268,7 @@ async function loadReach() {
     const status = await api("/api/v1/status");
     const { scopes } = status;
     reach = { write: scopes.includes("write"), admin: scopes.includes("admin"), everyone: reachesEveryOwner(status) };
+    reachRead = true;
   } catch {
     return;
   }
@@ -265,6 +281,18 @@ async function lookUp() {
   await Promise.all([loadOwners(), loadReach()]);
 }
 
+/** Looks the token up again; when the owner or what the token may do changed, renders the view
+ * again as that (true then). */
+async function lookAgain() {
+  const [was, could] = [owner, JSON.stringify(reach)];
+  await lookUp();
+  if (owner.user_id === was.user_id && owner.agent_id === was.agent_id && JSON.stringify(reach) === could) return false;
+  // The owner the page fell back to, in the address, gives way to the token's.
+  window.history.replaceState(null, "", withOwner(window.location.hash, owner));
+  render();
+  return true;
+}
+
 setupOwner();
 window.addEventListener("hashchange", () => {
   moves += 1;
@@ -275,15 +303,7 @@ if (!window.location.hash) window.history.replaceState(null, "", "#/overview");
 // A token given after the first lookup (the dialog was dismissed at load, or the token
 // rejected since) may act for another owner: look again, and show the view as that owner's.
 let looked = false;
-onTokenGiven(async () => {
-  if (!looked) return;
-  const [was, could] = [owner, JSON.stringify(reach)];
-  await lookUp();
-  if (owner.user_id === was.user_id && owner.agent_id === was.agent_id && JSON.stringify(reach) === could) return;
-  // The owner the page fell back to, in the address, gives way to the token's.
-  window.history.replaceState(null, "", withOwner(window.location.hash, owner));
-  render();
-});
+onTokenGiven(() => looked && lookAgain());
 lookUp().then(() => {
   looked = true;
   render();

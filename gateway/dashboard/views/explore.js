@@ -196,11 +196,5 @@ export async function render(root, ctx) {
     layer: params.get("layer") || "",
     limit: dated ? Math.min(100, limit * 5) : limit,
   };
-  try {
-    const body = await api("/api/v1/search", { method: "POST", body: search });
-    if (ctx.stale()) return;
-    out.append(results(body, { search, view }));
-  } catch (error) {
-    if (!ctx.stale()) out.append(errorBox(error));
-  }
+  await ctx.part(out, () => api("/api/v1/search", { method: "POST", body: search }), (body) => out.append(results(body, { search, view })));
 }

@@ -91,9 +91,8 @@ export async function render(root, ctx) {
   const dayEnd = Date.parse(`${asOf}T23:59:59Z`);
   const ts = Number.isNaN(dayEnd) ? asOf : Math.floor(dayEnd / 1000);
   const fillNote = "The knowledge graph (L5) is empty until consolidation builds it: in ultra mode the periodic consolidation pass turns facts into entities and relations.";
-  try {
-    const body = await api("/api/v1/graph-as-of", { query: { ts, n: EDGE_LIMIT, user_id: owner.user_id, agent_id: owner.agent_id } });
-    if (ctx.stale()) return;
+  const query = { ts, n: EDGE_LIMIT, user_id: owner.user_id, agent_id: owner.agent_id };
+  const draw = (body) => {
     const nodes = body.nodes || [];
     const edges = body.relations || body.edges || [];
     if (!nodes.length) {
@@ -105,9 +104,10 @@ export async function render(root, ctx) {
       ? `the newest ${fmtCount(edges.length)} of ${fmtCount(body.total)} relations (the rest are not drawn)`
       : `${fmtCount(edges.length)} relations`;
     out.append(h("p", { class: "muted" }, `${fmtCount(nodes.length)} nodes, ${shown} as of ${asOf}`), h("div", { class: "graph-box" }, drawGraph(nodes, edges)));
-  } catch (error) {
-    if (ctx.stale()) return;
+  };
+  const fail = (error) => {
     if (error.status === 501) out.append(emptyState(fillNote), errorBox(error, "The server says"));
     else out.append(errorBox(error, error.status === 400 ? `No graph as of ${JSON.stringify(asOf)}` : undefined));
-  }
+  };
+  await ctx.part(out, () => api("/api/v1/graph-as-of", { query }), draw, fail);
 }

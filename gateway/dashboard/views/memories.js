@@ -125,9 +125,19 @@ async function renderList(root, ctx) {
     include_superseded: params.get("superseded") === "1",
     contains: params.get("contains") || "",
   };
-  const body = await api("/api/v1/list", { method: "POST", body: { ...query, limit: PAGE_SIZE, before } });
-  const older = await hasOlder(query, body, before);
-  if (ctx.stale()) return;
+  const load = async () => {
+    const body = await api("/api/v1/list", { method: "POST", body: { ...query, limit: PAGE_SIZE, before } });
+    return { body, older: await hasOlder(query, body, before) };
+  };
+  const out = h("div", { id: "memory-list" });
+  root.append(out);
+  await ctx.part(out, load, ({ body, older }) => drawList(out, ctx, query, body, older));
+}
+
+/** The list's page (`body`, and whether `older` rows exist), with its filters, pager and bulk bar. */
+function drawList(root, ctx, query, body, older) {
+  const { owner, params } = ctx;
+  const { before } = place(params);
   const { filters, pager, firstHash } = listControls(ctx, body, older);
   const writes = ctx.reach.write;
   root.append(...[takeNotice(), filters, writes ? createForm(ctx) : readOnly()].filter(Boolean));
@@ -317,17 +327,15 @@ function noReplacement(memory) {
 async function renderDetail(root, ctx) {
   const { owner, arg } = ctx;
   const query = { id: arg, user_id: owner.user_id, agent_id: owner.agent_id };
-  const [detail, history] = await Promise.allSettled([
-    api("/dashboard/api/memory", { query }),
-    api("/api/v1/history", { query }),
-  ]);
-  if (ctx.stale()) return;
-  root.append(h("p", null, h("a", { href: "#/memories", id: "back" }, "← All memories")));
-  if (detail.status === "rejected") {
-    root.append(errorBox(detail.reason));
-    return;
-  }
-  const { memory, sources, missing_sources: missing, replaced, replaced_by: replacedBy } = detail.value;
+  const out = h("div", { id: "memory-out" });
+  root.append(h("p", null, h("a", { href: "#/memories", id: "back" }, "← All memories")), out);
+  await ctx.part(out, () => api("/dashboard/api/memory", { query }), (detail) => drawDetail(out, ctx, detail, query));
+}
+
+/** A memory's detail (`detail`, the dashboard's memory answer), its history read apart. */
+async function drawDetail(root, ctx, detail, query) {
+  const { memory, sources, missing_sources: missing, replaced, replaced_by: replacedBy } = detail;
+  const historyBox = h("section", { class: "panel", id: "history-panel" }, h("h2", null, "History"));
   const message = h("div", { id: "action-message" });
   const say = (node) => message.replaceChildren(...(node ? [node] : []));
   root.append(
@@ -358,11 +366,11 @@ async function renderDetail(root, ctx) {
           replacedBy ? miniList([replacedBy], "") : h("p", { class: "muted" }, noReplacement(memory))),
         h("section", { class: "panel", id: "replaced" }, h("h2", null, "What it replaced"),
           miniList(replaced, "Nothing."))),
-      h("section", { class: "panel" }, h("h2", null, "History"),
-        history.status === "fulfilled" ? historyTable(history.value.history) : errorBox(history.reason)),
+      historyBox,
       Object.keys(memory.metadata || {}).length
         ? h("section", { class: "panel" }, h("h2", null, "Metadata"), h("pre", { class: "mono" }, JSON.stringify(memory.metadata, null, 2)))
         : null));
+  await ctx.part(historyBox, () => api("/api/v1/history", { query }), (body) => historyBox.append(historyTable(body.history)));
 }
 
 export async function render(root, ctx) {

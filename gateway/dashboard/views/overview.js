@@ -1,7 +1,7 @@
 // Overview: status, layer composition, writes over time, storage.
 
 import { api, reachesEveryOwner } from "../api.js";
-import { h, errorBox, fmtBytes, fmtCount, fmtTime, LAYERS } from "../dom.js";
+import { h, fmtBytes, fmtCount, fmtTime, LAYERS } from "../dom.js";
 import { writesChart } from "../chart.js";
 
 function card(key, label, value, detail) {
@@ -50,46 +50,36 @@ function layerBars(layers) {
     })));
 }
 
+function storageFacts(sys) {
+  return h("dl", { class: "facts" },
+    h("dt", null, "Data directory"), h("dd", { class: "mono" }, sys.data_dir),
+    h("dt", null, "Size on disk"), h("dd", { "data-stat": "data_bytes" }, fmtBytes(sys.data_bytes)),
+    h("dt", null, "Snapshots"), h("dd", null, `${sys.snapshots.files.length} in ${sys.snapshots.dir}`));
+}
+
+/** The status cards and the layer bars, from one status answer. */
+function drawStatus(statusBox, layersBox, status) {
+  statusBox.append(statusCards(status));
+  layersBox.firstChild.append(" ", h("small", null, `live rows, ${counted(status)}`));
+  layersBox.append(layerBars(status.layers || {}));
+  const total = Object.values(status.layers || {}).reduce((a, b) => a + b, 0);
+  if (total === 0) layersBox.append(h("p", { class: "muted" }, "No memories yet: every POST /api/v1/add stores a raw (L2) row; pro and ultra derive the other layers from it."));
+}
+
 export async function render(root, ctx) {
   const { owner } = ctx;
   root.append(h("h1", null, "Overview"));
-  const [status, writes, system] = await Promise.allSettled([
-    api("/api/v1/status"),
-    api("/dashboard/api/writes", { query: { ...owner, days: 28 } }),
-    ctx.reach.everyone ? api("/dashboard/api/system") : null,
-  ]);
-  if (ctx.stale()) return;
-
   const statusBox = h("section", { class: "panel", id: "status" }, h("h2", null, "Status"));
-  if (status.status === "fulfilled") statusBox.append(statusCards(status.value));
-  else statusBox.append(errorBox(status.reason));
-
   const layersBox = h("section", { class: "panel", id: "layers" }, h("h2", null, "Layers"));
-  if (status.status === "fulfilled") {
-    layersBox.firstChild.append(" ", h("small", null, `live rows, ${counted(status.value)}`));
-    layersBox.append(layerBars(status.value.layers || {}));
-    const total = Object.values(status.value.layers || {}).reduce((a, b) => a + b, 0);
-    if (total === 0) layersBox.append(h("p", { class: "muted" }, "No memories yet: every POST /api/v1/add stores a raw (L2) row; pro and ultra derive the other layers from it."));
-  } else {
-    layersBox.append(errorBox(status.reason));
-  }
-
   const ownerName = owner.agent_id ? `${owner.user_id} / ${owner.agent_id}` : owner.user_id;
   const writesBox = h("section", { class: "panel", id: "writes" }, h("h2", null, "Writes over time ", h("small", null, `owner ${ownerName}, last 28 days (UTC)`)));
-  if (writes.status === "fulfilled") writesBox.append(writesChart(writes.value.days));
-  else writesBox.append(errorBox(writes.reason));
-
   const storageBox = h("section", { class: "panel", id: "storage" }, h("h2", null, "Storage"));
-  if (!ctx.reach.everyone) {
-    storageBox.append(h("p", { class: "muted" }, "The whole server's storage: shown to a token reaching every owner."));
-  } else if (system.status === "fulfilled") {
-    const sys = system.value;
-    storageBox.append(h("dl", { class: "facts" },
-      h("dt", null, "Data directory"), h("dd", { class: "mono" }, sys.data_dir),
-      h("dt", null, "Size on disk"), h("dd", { "data-stat": "data_bytes" }, fmtBytes(sys.data_bytes)),
-      h("dt", null, "Snapshots"), h("dd", null, `${sys.snapshots.files.length} in ${sys.snapshots.dir}`)));
-  } else {
-    storageBox.append(errorBox(system.reason));
-  }
   root.append(statusBox, h("div", { class: "two" }, layersBox, storageBox), writesBox);
+  if (!ctx.reach.everyone) storageBox.append(h("p", { class: "muted" }, "The whole server's storage: shown to a token reaching every owner."));
+  // Each panel shows what came; one the server could not give yet waits and loads by itself.
+  await Promise.all([
+    ctx.part([statusBox, layersBox], () => api("/api/v1/status"), (status) => drawStatus(statusBox, layersBox, status)),
+    ctx.part(writesBox, () => api("/dashboard/api/writes", { query: { ...owner, days: 28 } }), (writes) => writesBox.append(writesChart(writes.days))),
+    ctx.reach.everyone ? ctx.part(storageBox, () => api("/dashboard/api/system"), (sys) => storageBox.append(storageFacts(sys))) : null,
+  ]);
 }

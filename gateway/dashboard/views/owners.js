@@ -100,19 +100,22 @@ function noAgentRow(userId, entry) {
 }
 
 export async function render(root, ctx) {
-  root.append(h("h1", null, "Owners"));
-  const { users } = await api("/api/v1/owners");
-  if (ctx.stale()) return;
-  root.append(ctx.reach.admin ? importForm(ctx)
+  root.append(h("h1", null, "Owners"), ctx.reach.admin ? importForm(ctx)
     : h("p", { class: "muted", id: "import-needs-admin" }, "Importing a file needs a token with the admin scope."));
   const report = notice.take();
   if (report) root.append(report);
+  const out = h("div", { id: "owners-out" });
+  root.append(out);
+  await ctx.part(out, () => api("/api/v1/owners"), ({ users }) => out.append(...ownersTable(ctx, users)));
+}
+
+/** Every user and agent with memories, or what fills the list when there is none. */
+function ownersTable(ctx, users) {
   if (!users.length) {
-    root.append(emptyState("No memories yet, for anyone.",
-      "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn), with New memory under Memories, or from a file imported above."));
-    return;
+    return [emptyState("No memories yet, for anyone.",
+      "Memories arrive through POST /api/v1/add (the Hermes plugin sends every turn), with New memory under Memories, or from a file imported above.")];
   }
-  root.append(
+  return [
     h("p", { class: "muted" }, "Every user with memories and each agent that wrote for them, most recent writer first. Open one to see its memories; Export saves its memories (retired ones too, with their history) and relations as a JSONL file that POST /api/v1/import takes back."),
     h("div", { id: "owners-message", role: "status" }),
     h("table", { class: "owners", id: "owners-table" },
@@ -120,5 +123,6 @@ export async function render(root, ctx) {
       h("tbody", null, users.map((user) => [
         ownerRow(ctx, user.user_id, user, ""),
         user.agents.map((a) => a.agent_id === "" ? noAgentRow(user.user_id, a) : ownerRow(ctx, user.user_id, a, a.agent_id)),
-      ]))));
+      ]))),
+  ];
 }

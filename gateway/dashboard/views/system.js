@@ -15,8 +15,13 @@ export async function render(root, ctx) {
     root.append(emptyState("The services, settings and storage shown here are the whole server's: a token reaching only some owners does not see them."));
     return;
   }
-  const sys = await api("/dashboard/api/system");
-  if (ctx.stale()) return;
+  const out = h("div", { id: "system-out" });
+  root.append(out);
+  await ctx.part(out, () => api("/dashboard/api/system"), (sys) => out.append(...panels(sys)));
+}
+
+/** The services, data directory, snapshots and settings the system answer says. */
+function panels(sys) {
   const health = h("section", { class: "panel", id: "health" }, h("h2", null, "Services"),
     h("table", { class: "services" },
       h("thead", null, h("tr", null, h("th", null, "Service"), h("th", null, "Health"), h("th", null, "Address"))),
@@ -41,5 +46,5 @@ export async function render(root, ctx) {
   const settings = h("section", { class: "panel", id: "settings" }, h("h2", null, "Settings in force ", h("small", null, "keys and tokens show only whether they are set")),
     h("table", { class: "settings" }, h("tbody", null, Object.entries(sys.settings).map(([key, v]) => h("tr", { "data-setting": key },
       h("th", { scope: "row", class: "mono" }, key), h("td", { class: "mono" }, value(v)))))));
-  root.append(health, h("div", { class: "two" }, storage, snapshots), settings);
+  return [health, h("div", { class: "two" }, storage, snapshots), settings];
 }
