@@ -717,6 +717,11 @@ async def _held(ui: Session, route: str) -> asyncio.Event:
     return released
 
 
+async def _let_through(held: asyncio.Event) -> None:
+    """Lets the calls `_held` holds through."""
+    held.set()
+
+
 async def _held_delete_of_three(ui: Session, api: Api) -> tuple[str, asyncio.Event]:
     """Ticks a new owner's three rows and starts deleting them, the first call held: the owner
     and the event that lets the calls through."""
@@ -784,6 +789,57 @@ async def test_leaving_a_memory_while_its_forget_is_out_says_what_it_did_over_th
     await ui.page.click("#told #undo-forget")  # its Undo, said over this view too
     await told.filter(has_text="Restored 1 memory.").wait_for()
     assert "invalid_at" not in await api.memory(memory_id, user)
+
+
+async def test_an_undo_pressed_over_the_list_shows_the_rows_it_brought_back(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    kept = await api.add("The spare key is under the blue flowerpot.", user)
+    memory_id = await api.add("The boat is moored at pier 12.", user)
+    await ui.open_memory(user, memory_id)
+    forgets = await _held(ui, "**/api/v1/forget")
+    await ui.page.click("#forget")
+    await ui.page.click("#confirm-forget")
+    # Back to the list, which is read once the forget is done.
+    lists = await _held(ui, "**/api/v1/list")
+    await ui.page.click("#back")
+    forgets.set()
+    told = ui.page.locator("#told-text")
+    await told.filter(has_text="Forgotten").wait_for()
+    await ui.act(_let_through(lists))
+    assert await _memory_ids(ui) == [kept]
+    await ui.page.click("#told #undo-forget")
+    await told.filter(has_text="Restored 1 memory.").wait_for()
+    # The row was restored, but the list went on without it.
+    assert sorted(await _memory_ids(ui)) == sorted([kept, memory_id])
+    assert await told.inner_text() == f"Memories of {user}: Restored 1 memory."
+
+
+async def test_an_undo_of_a_bulk_forget_pressed_over_the_list_gone_to_shows_the_row_live(
+    ui: Session, api: Api
+) -> None:
+    user = _user()
+    memory_id = await api.add("The garage code is 4471.", user)
+    await api.add("The garden gate opens inwards.", user)
+    await ui.open("memories")
+    await ui.set_owner(user)
+    forgets = await _held(ui, "**/api/v1/forget")
+    await _tick(ui, memory_id)
+    await ui.page.click("#forget-picked")
+    await ui.page.click("#confirm-forget-picked")
+    # To the list with retired rows too, which is read once the forget is done.
+    lists = await _held(ui, "**/api/v1/list")
+    await ui.page.click("#include-superseded")
+    forgets.set()
+    told = ui.page.locator("#told-text")
+    await told.filter(has_text="Forgot 1 memory.").wait_for()
+    await ui.act(_let_through(lists))
+    state = ui.page.locator(f"tr.memory-row[data-memory-id='{memory_id}'] .state")
+    assert await state.inner_text() == "forgotten"
+    await ui.page.click("#told #undo-forget")
+    await told.filter(has_text="Restored 1 memory.").wait_for()
+    assert await state.inner_text() == "active"  # it still said forgotten
 
 
 async def test_ticked_rows_are_forgotten_restored_and_deleted_together(

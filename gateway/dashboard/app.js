@@ -106,6 +106,7 @@ async function render() {
     refresh: render,
     setOwner: (next, hash) => pickOwner(next, hash),
     tell,
+    tellRedrawn,
     reach: { ...reach },
     part: (boxes, fetch, draw, fail) => parts.load(boxes, fetch, draw, fail),
   };
@@ -135,6 +136,13 @@ function told() {
 function tell(text, button) {
   told().replaceChildren(h("span", { id: "told-text" }, text), button ? " " : null, button || null);
   told().hidden = false;
+}
+
+/** Says over the view shown, after an Undo in the notice, what it did; the view is drawn
+ * again first, as it may show the rows the Undo brought back. */
+async function tellRedrawn(text) {
+  await render();
+  tell(text);
 }
 
 /** What an outage says of the server: it cannot be reached, or it is not ready yet and why. */

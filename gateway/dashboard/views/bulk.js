@@ -125,8 +125,9 @@ export function undoButton(replies, restore, finish) {
 
 /** The bar over the list: how many rows are ticked and what can be done with them. With every
  * row of the page ticked and more matching (`matching.total` rows match `matching.query`, the
- * list's request less its page), it offers to act on all of them. `finish(text, undo)` says
- * what a run did, with the button given; `gone()` says the list was left (another view, owner
+ * list's request less its page), it offers to act on all of them. `finish(text, undo, true)`
+ * says what a run did, with the button given, and what an Undo did (`true`: the rows it brought
+ * back may be on the view shown); `gone()` says the list was left (another view, owner
  * or page), which stops a run as Stop does. */
 export function bulkBar(table, owner, origin, finish, matching, gone) {
   const one = rowCalls(owner, origin);
@@ -158,7 +159,7 @@ export function bulkBar(table, owner, origin, finish, matching, gone) {
     return true;
   };
   const [forget, forgetAsk] = confirmed("forget-picked", "Forget…", "warn", "Forget the live ones ticked? Restore brings them back.", "Yes, forget",
-    () => run(true, one.forget, forgot, (replies) => undoButton(replies, one.restore, finish)));
+    () => run(true, one.forget, forgot, (replies) => undoButton(replies, one.restore, (text) => finish(text, null, true))));
   const restore = h("button", { type: "button", id: "restore-picked",
     onclick: () => run(false, one.restore, counted("Restored")) }, "Restore");
   const [erase, eraseAsk] = confirmed("delete-picked", "Delete…", "danger", "Erase every memory ticked for good? Their histories stay.", "Yes, delete",

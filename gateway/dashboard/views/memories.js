@@ -28,6 +28,20 @@ function memoriesOf(owner) {
   return `Memories of ${owner.user_id}${owner.agent_id ? ` / ${owner.agent_id}` : ""}`;
 }
 
+/** Says what an action did (`said`: a text, or a text and a button, an Undo): in this view,
+ * rendered again with it; once the user went to another view, over that one, since rendering
+ * this one would draw over it. `redraw` (an Undo pressed there) renders that view again
+ * first: it may show the rows the Undo brought back. */
+function sayDone(ctx, said, redraw = false) {
+  const [text, button] = [said].flat();
+  if (!ctx.left()) {
+    notice.leave(button ? [text, button] : text);
+    return ctx.refresh();
+  }
+  const over = `${memoriesOf(ctx.owner)}: ${text}`;
+  return redraw ? ctx.tellRedrawn(over) : ctx.tell(over, button);
+}
+
 function clip(text, size = 60) {
   return text.length > size ? `${text.slice(0, size - 1)}…` : text;
 }
@@ -159,13 +173,8 @@ function drawList(root, ctx, query, body, older) {
   }
   const table = h("table", { class: "memories", id: "memory-table" }, h("tbody", null, body.memories.map((item) => row(item, writes))));
   table.prepend(h("thead", null, h("tr", null, writes ? pickAllCell(table) : null, h("th", null, "Content"), h("th", null, "Layer"), h("th", null, "Learned"), h("th", null, "State"))));
-  // A run stops when the list is left; rendering again would draw over the view the user went
-  // to, so what it did is said over that one instead.
-  const finish = (text, button) => {
-    if (ctx.left()) return ctx.tell(`${memoriesOf(owner)}: ${text}`, button);
-    notice.leave([text, button]);
-    return ctx.refresh();
-  };
+  // A run stops when the list is left: what it did is said over the view the user went to.
+  const finish = (text, button, redraw) => sayDone(ctx, [text, button], redraw);
   root.append(...[writes ? bulkBar(table, owner, ORIGIN, finish, { total: body.total, query }, ctx.left) : null, table, pager].filter(Boolean));
 }
 
@@ -252,17 +261,9 @@ function forgotten(memory, reply, restore, finish) {
 function actions(ctx, memory, say) {
   const one = rowCalls(ctx.owner, ORIGIN);
   const id = memory.memory_id;
-  // Once the view was left while a call was out, rendering it again would draw over the view
-  // the user went to: what was done is said over that one instead (a text, or a text and a
-  // button).
-  const finish = (text) => {
-    if (!ctx.left()) {
-      notice.leave(text);
-      return ctx.refresh();
-    }
-    const [said, button] = [text].flat();
-    return ctx.tell(`${memoriesOf(ctx.owner)}: ${said}`, button);
-  };
+  // Once the view was left while a call was out, what was done is said over the view the user
+  // went to.
+  const finish = (said) => sayDone(ctx, said);
   // Runs one action; on success the view re-renders with what `done(reply)` says (a text, or a
   // text and a button), on failure it says why.
   const act = async (call, done, failed) => {
@@ -288,7 +289,7 @@ function actions(ctx, memory, say) {
       form.querySelector("#edit-text").focus();
     });
     box.append(edit, ...confirmed("forget", "Forget…", "warn", "Forget this memory, and any other holding its value? Search stops finding them; Undo brings them back.", "Yes, forget",
-      () => act(() => one.forget(id), (reply) => forgotten(memory, reply, one.restore, finish), "Forget failed")));
+      () => act(() => one.forget(id), (reply) => forgotten(memory, reply, one.restore, (text) => sayDone(ctx, text, true)), "Forget failed")));
   } else {
     const restore = h("button", { type: "button", id: "restore" }, "Restore");
     restore.addEventListener("click", async () => {
