@@ -1625,6 +1625,41 @@ async def test_only_the_part_of_a_view_the_server_could_not_give_waits_and_loads
     await page.context.close()
 
 
+async def test_try_again_now_pressed_twice_shows_what_came_once(
+    browser: Browser, stack: Stack, shots: Path, api: Api
+) -> None:
+    user = _user()
+    await api.add("Written before the writes chart was busy.", user)
+    session = await _session(browser, stack, shots, token=True)
+    await _paused_clock(session)
+    page = session.page
+    await session.open("overview")
+    await session.set_owner(user)
+    session.refusals["/dashboard/api/writes"] = 503
+    await page.route("**/dashboard/api/writes*", _busy("1"))
+    await session.act(page.click("#nav a[data-view=overview]"))
+    await page.unroute("**/dashboard/api/writes*")
+    held: list[str] = []
+    released = asyncio.Event()
+
+    async def hold(route: Route) -> None:
+        held.append(route.request.url)
+        await released.wait()
+        await route.continue_()
+
+    await page.route("**/dashboard/api/writes*", hold)
+    load_id, marks = str(await page.locator("html").get_attribute("data-rendered")).rsplit(":", 1)
+    await page.dblclick("#retry")
+    await assert_eventually(lambda: len(held) == 2)
+    released.set()
+    # Both tries are over once the page marked each.
+    await page.locator(f"html[data-rendered='{load_id}:{int(marks) + 2}']").wait_for(
+        state="attached")
+    assert await page.locator("#writes svg").count() == 1  # each try drew the chart
+    assert await page.locator("#writes .error, #unreachable").count() == 0
+    await page.context.close()
+
+
 async def test_escape_on_the_token_dialog_leaves_a_usable_page_and_a_wrong_token_is_rejected(
     browser: Browser, stack: Stack, shots: Path
 ) -> None:

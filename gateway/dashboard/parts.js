@@ -29,25 +29,29 @@ export class Parts {
    * in each box saying it). */
   async load(boxes, fetch, draw, fail) {
     const all = [boxes].flat();
+    // Two tries may overlap (Try again now pressed while one is out): the first answer that is
+    // not an outage is shown, once; what comes after it is not.
+    let settled = false;
     const attempt = async () => {
       let data;
       try {
         data = await fetch();
       } catch (error) {
-        if (this.stale()) return;
-        this.waiting.delete(attempt);
+        if (this.stale() || settled) return;
         unmark(all);
         if (isOutage(error)) {
           this.waiting.set(attempt, error);
           for (const box of all) box.append(waitingNote(error));
-        } else if (fail) {
-          fail(error);
-        } else {
-          for (const box of all) box.append(errorBox(error));
+          return;
         }
+        settled = true;
+        this.waiting.delete(attempt);
+        if (fail) fail(error);
+        else for (const box of all) box.append(errorBox(error));
         return;
       }
-      if (this.stale()) return;
+      if (this.stale() || settled) return;
+      settled = true;
       this.waiting.delete(attempt);
       unmark(all);
       await draw(data);
