@@ -1461,6 +1461,10 @@ async def test_system_says_when_the_last_scheduled_snapshot_failed_and_why(
     assert banner.startswith("The last scheduled snapshot failed at "), banner
     assert ": FileExistsError (the store's log has the details). Next try at " in banner, banner
     await session.shot("snapshot-failed")
+    # The Overview's Storage says so too (it said "0 in …" and nothing else).
+    await session.open("overview")
+    said = await session.page.locator("#storage .error[role=alert]").inner_text()
+    assert said.startswith("The last scheduled snapshot failed at "), said
     assert session.unexpected_console_errors() == []
     await session.page.context.close()
 

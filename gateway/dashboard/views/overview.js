@@ -3,6 +3,7 @@
 import { api, reachesEveryOwner } from "../api.js";
 import { h, fmtBytes, fmtCount, fmtTime, LAYERS } from "../dom.js";
 import { writesChart } from "../chart.js";
+import { snapshotFailure } from "./system.js";
 
 function card(key, label, value, detail) {
   return h("div", { class: "card", "data-stat": key },
@@ -54,7 +55,7 @@ function storageFacts(sys) {
   return h("dl", { class: "facts" },
     h("dt", null, "Data directory"), h("dd", { class: "mono" }, sys.data_dir),
     h("dt", null, "Size on disk"), h("dd", { "data-stat": "data_bytes" }, fmtBytes(sys.data_bytes)),
-    h("dt", null, "Snapshots"), h("dd", null, `${sys.snapshots.files.length} in ${sys.snapshots.dir}`));
+    h("dt", null, "Snapshots"), h("dd", null, `${sys.snapshots.files.length} in ${sys.snapshots.dir}`, snapshotFailure(sys.snapshots)));
 }
 
 /** The status cards and the layer bars, from one status answer. */

@@ -3,6 +3,14 @@
 import { api } from "../api.js";
 import { h, emptyState, fmtBytes, fmtDuration, fmtTime } from "../dom.js";
 
+/** Says when the last scheduled snapshot failed, why, and when it is tried again (null when
+ * it did not fail). */
+export function snapshotFailure(snaps) {
+  const failure = snaps.last_failure;
+  if (!failure) return null;
+  return h("div", { class: "error snapshot-failed", role: "alert" }, `The last scheduled snapshot failed at ${fmtTime(failure.at)}: ${failure.reason}. Next try at ${fmtTime(failure.retry_at)}.`);
+}
+
 function value(v) {
   if (v === null || v === undefined || v === "") return "—";
   if (typeof v === "object") return JSON.stringify(v);
@@ -36,9 +44,7 @@ function panels(sys) {
       h("dt", null, "Size on disk"), h("dd", null, fmtBytes(sys.data_bytes))));
   const snaps = sys.snapshots;
   const snapshots = h("section", { class: "panel", id: "snapshots" }, h("h2", null, "Snapshots"),
-    snaps.last_failure
-      ? h("div", { class: "error", role: "alert" }, `The last scheduled snapshot failed at ${fmtTime(snaps.last_failure.at)}: ${snaps.last_failure.reason}. Next try at ${fmtTime(snaps.last_failure.retry_at)}.`)
-      : null,
+    snapshotFailure(snaps),
     h("p", { class: "muted" }, sys.store_backend === "postgresql" ? "Not taken: the store keeps its rows in PostgreSQL; back the database up with pg_dump." : snaps.every_s ? `Every ${fmtDuration(snaps.every_s)}, keeping ${snaps.keep}, in ${snaps.dir}` : `Off (HYATLAS_SNAPSHOT_EVERY); folder ${snaps.dir}`),
     snaps.files.length
       ? h("table", null, h("tbody", null, snaps.files.map((f) => h("tr", null, h("td", { class: "mono" }, f.name), h("td", { class: "num" }, fmtBytes(f.bytes)), h("td", null, fmtTime(f.modified))))))
