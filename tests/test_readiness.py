@@ -131,7 +131,7 @@ async def test_status_with_the_store_away_still_says_what_serves(tmp_path: Path)
         assert (body["status"], body["ready"], body["mode"]) == ("degraded", False, "lite")
         assert body["write_pipeline"] == f"degraded: the store is {body['services']['store']}"
         assert body["services"]["embedder"] == "serving"
-        assert body["scopes"] == ["read", "write", "admin"]
+        assert (body["scopes"], body["reaches_every_owner"]) == (["read", "write", "admin"], True)
 
 
 async def test_a_write_sent_before_the_store_is_up_waits_for_it(

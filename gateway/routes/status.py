@@ -90,6 +90,7 @@ async def _store_away(request: web.Request, exc: Unavailable) -> web.Response:
         "version": VERSION,
         "mode": config.mode,
         "scopes": _scopes(),
+        "reaches_every_owner": reaches_everyone(),
     }
     return json_response(body, status=exc.http_status)
 
