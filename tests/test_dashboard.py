@@ -1459,7 +1459,10 @@ async def test_system_says_when_the_last_scheduled_snapshot_failed_and_why(
     await session.open("system")
     banner = await session.page.locator("#snapshots .error[role=alert]").inner_text()
     assert banner.startswith("The last scheduled snapshot failed at "), banner
-    assert ": FileExistsError (the store's log has the details). Next try at " in banner, banner
+    # An OSError's words and path (it said "FileExistsError" alone).
+    folder = failing_snapshots.env["HYATLAS_SNAPSHOT_DIR"]
+    assert f": File exists: {folder} (the store's log has the details). Next try at " in banner, (
+        banner)
     await session.shot("snapshot-failed")
     # The Overview's Storage says so too (it said "0 in …" and nothing else).
     await session.open("overview")

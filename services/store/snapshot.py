@@ -220,6 +220,14 @@ class Snapshots:
             log.warning("snapshot failed, the disk is full (%s); will try again in %.0fs",
                         exc, pause_s)
         else:
-            reason = f"{type(exc).__name__} (the store's log has the details)"
+            reason = f"{_what_failed(exc)} (the store's log has the details)"
             log.exception("snapshot failed; will try again in %.0fs", pause_s)
         self.last_failure = SnapshotFailure(now, reason, now + pause_s)
+
+
+def _what_failed(exc: Exception) -> str:
+    """A failure in a few words: an OSError's words and the path it names (a folder that is a
+    file, a folder it may not write), else the exception's kind."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return type(exc).__name__
