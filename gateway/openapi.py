@@ -85,8 +85,8 @@ LINK = obj("from", "to", "relation", **{"from": STR, "to": STR, "relation": STR,
 EDGE = obj("id", "from", "to", "relation", id=STR, relation=STR, weight=NUM, sources=arr(STR),
            facts=arr(STR), recorded_at=INT, **{"from": STR, "to": STR})
 JSON_LINES = arr(
-    obj("type", type={"enum": ["memory", "edge", "end"]}, memory=ANY_OBJ, edge=ANY_OBJ,
-        lines=INT),
+    obj("type", type={"enum": ["memory", "edge", "gone", "end"]}, memory=ANY_OBJ, edge=ANY_OBJ,
+        gone=ANY_OBJ, lines=INT),
     description="one JSON object a line (JSONL); the first may be an export's header, the last "
     'its end line ({"type": "end", "lines": N}, N the lines before it)',
 )
@@ -229,14 +229,16 @@ OPERATIONS: list[Op] = [
            duplicates=INT, sample=arr(STR), rows_superseded=INT)),
     Op("POST", "/api/v1/admin/snapshot", "A snapshot of the data directory now (admin)",
        reply=obj("path", "bytes", "paused_s", path=STR, bytes=INT, paused_s=NUM)),
-    Op("GET", "/api/v1/export", "The scope's rows and edges as JSONL", OWNER,
+    Op("GET", "/api/v1/export", "The scope's rows and edges as JSONL (gone: and the ids of "
+       "rows deleted for good and edges undone)", {**OWNER, "gone": BOOL},
        content="application/x-ndjson"),
-    Op("POST", "/api/v1/import", "Writes an export (or minimal memory lines), streamed",
+    Op("POST", "/api/v1/import", "Writes an export (or minimal memory lines), streamed (sync: "
+       "replaces rows and edges that differ, applies gone lines)",
        reply=obj("lines", "imported", "skipped", "refused", "errors", "stopped", lines=INT,
-                 imported=INT, skipped=INT, refused=INT,
+                 imported=INT, skipped=INT, updated=INT, erased=INT, refused=INT,
                  errors=arr(obj("line", "error", line=INT, error=STR)), stopped=BOOL,
                  error=STR, complete=BOOL),
-       body_type="application/x-ndjson", query=OWNER),
+       body_type="application/x-ndjson", query={**OWNER, "sync": BOOL}),
     Op("GET", "/dashboard", "Redirects to /dashboard/", public=True, content="",
        extra_responses={"302": {"description": "to /dashboard/"}}),
     Op("GET", "/dashboard/", "The dashboard's page", public=True, content="text/html"),

@@ -282,6 +282,100 @@ async def test_an_id_another_owner_holds_is_refused_and_one_its_owner_holds_is_s
     assert [line["memory"]["id"] for line in mine[1:-1]] == [fresh]
 
 
+def _bare(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Export lines without their vectors (a row's text settles its vector)."""
+    bare = json.loads(json.dumps(lines))
+    for line in bare:
+        for holder in [line, *line.get("keys", [])]:
+            holder.pop("vector", None)
+    return bare
+
+
+def _line_of(lines: list[dict[str, Any]], layer: str) -> dict[str, Any]:
+    return next(line for line in lines if line.get("memory", {}).get("layer") == layer)
+
+
+def _gone(kind: str, item_id: str, user: str) -> dict[str, Any]:
+    return {"type": "gone", "gone": {"kind": kind, "id": item_id, "user_id": user}}
+
+
+async def test_a_sync_import_replaces_what_changed_and_takes_away_what_is_gone_a_plain_one_not(
+    source: Stack, target: Stack
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    await seed(source, user)
+    lines = (await export(source, user_id=user))[1:-1]
+    status, reply = await _import(target, lines)
+    assert status == 200 and reply["imported"] == len(lines), reply
+    changed = json.loads(json.dumps(lines))
+    summary, schema = _line_of(changed, "l4_summary"), _line_of(changed, "l6_schema")
+    summary["memory"].update(label="trips", hits=3, metadata={"x": 1})
+    schema["memory"]["content"] = "l6_schema note: my favourite coffee is a flat white"
+    schema["vector"] = None  # embedded by the import
+    (edge,) = [line for line in changed if line["type"] == "edge"]
+    edge["edge"].update(weight=0.5, invalidated_at=1_800_000_000.0)
+    gone = [
+        _gone("memory", summary["memory"]["id"], "someone-else"),  # not theirs: skipped
+        _gone("memory", summary["memory"]["id"], user),
+        _gone("edge", edge["edge"]["id"], user),
+        _gone("memory", "no-such-row", user),  # nothing to take away: skipped
+    ]
+
+    # Without sync, a line whose id is held skips however it differs, and a gone line too.
+    status, reply = await _import(target, changed + gone)
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (0, len(changed) + 4)
+    assert "updated" not in reply
+    assert _bare((await export(target, user_id=user))[1:-1]) == _bare(lines)
+
+    status, reply = await _import(target, changed, sync="true")
+    assert status == 200, reply
+    assert (reply["imported"], reply["updated"], reply["erased"], reply["skipped"]) == (
+        0, 3, 0, len(changed) - 3
+    )
+    assert _bare((await export(target, user_id=user))[1:-1]) == _bare(changed)
+    status, body = await call(target, "POST", "/api/v1/search",
+                              json={"query": "flat white coffee", "user_id": user, "limit": 3})
+    assert status == 200, body
+    found = [m["memory_id"] for items in body["memories"].values() for m in items]
+    assert schema["memory"]["id"] in found
+
+    status, reply = await _import(target, gone, sync="true")
+    assert status == 200, reply
+    assert (reply["erased"], reply["skipped"], reply["updated"]) == (2, 2, 0), reply
+    kept = [line for line in changed if line not in (summary, edge)]
+    assert _bare((await export(target, user_id=user))[1:-1]) == _bare(kept)
+
+
+async def test_a_sync_import_refuses_another_row_under_a_held_id_and_a_bad_switch(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    line = {"type": "memory", "memory": {"user_id": user, "id": f"{user}-m", "content": "Hi.",
+                                         "layer": "l4_summary"}}
+    status, reply = await _import(target, [line])
+    assert status == 200 and reply["imported"] == 1, reply
+    before = await export(target, user_id=user)
+    other = {**line, "memory": {**line["memory"], "layer": "l3_fact", "content": "Bye."}}
+    fresh = {"type": "memory", "memory": {"user_id": user, "content": "Also new.",
+                                          "layer": "l4_summary"}}
+    status, reply = await _import(target, [other, fresh], sync="true")
+    assert status == 400, reply
+    assert reply["errors"] == [{"line": 1, "error": (
+        f"memory {user + '-m'!r} differs from the stored one in layer, which no change of a "
+        "memory alters: it is not the same memory, and is not replaced"
+    )}]
+    assert (reply["imported"], reply["updated"], reply["refused"]) == (1, 0, 1), reply
+    assert (await export(target, user_id=user))[1:-2] == before[1:-1]  # the new row came last
+
+    for switch in ({"sync": "maybe"}, {"sync": ""}):
+        status, reply = await _import(target, [other], **switch)
+        assert status == 400 and "sync must be true or false" in reply["error"], reply
+    status, reply = await call(target, "GET", "/api/v1/export",
+                               params={"user_id": user, "gone": "perhaps"})
+    assert status == 400 and "gone must be true or false" in reply["error"], reply
+    assert (await export(target, user_id=user))[1:-2] == before[1:-1]
+
+
 async def test_a_retired_line_without_how_or_replaced_by_itself_is_refused(
     target: Stack,
 ) -> None:

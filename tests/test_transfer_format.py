@@ -13,9 +13,11 @@ from services.store.keys import MAX_KEY_CHARS
 from services.store.model import AuditEntry, Edge, MemoryRow
 from services.store.transfer_format import (
     EdgeLine,
+    GoneLine,
     LineContext,
     MemoryLine,
     edge_line,
+    gone_line,
     memory_line,
     parse_line,
 )
@@ -40,8 +42,16 @@ def _b64(vector: np.ndarray) -> str:
     return base64.b64encode(vector.astype("<f4").tobytes()).decode()
 
 
-def _parse(line: dict[str, Any], ctx: LineContext = CTX) -> MemoryLine | EdgeLine:
+def _parse(line: dict[str, Any], ctx: LineContext = CTX) -> MemoryLine | EdgeLine | GoneLine:
     return parse_line(json.dumps(line), ctx)
+
+
+def test_a_rendered_gone_line_parses_back_to_what_it_names() -> None:
+    for kind in ("memory", "edge"):
+        assert _parse(gone_line(kind, "x1", "u", "a")) == GoneLine(kind, "x1", "u", "a")
+    assert _parse({"type": "gone", "gone": {"kind": "edge", "id": "x", "user_id": "u"}}) == (
+        GoneLine("edge", "x", "u", "")
+    )
 
 
 def test_a_rendered_row_parses_back_to_the_same_row_with_its_vector_keys_and_history() -> None:
@@ -136,7 +146,18 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
     [
         ("{nope", "not JSON"),
         ("[1]", "a line must be a JSON object"),
-        ('{"type": "row"}', "type 'row' is not 'memory' or 'edge'"),
+        ('{"type": "row"}', "type 'row' is not 'memory', 'edge' or 'gone'"),
+        ('{"type": "gone", "gone": {"kind": "row", "id": "x", "user_id": "u"}}',
+         "gone.kind must be 'memory' or 'edge'"),
+        ('{"type": "gone", "gone": {"kind": "memory", "user_id": "u"}}', "gone.id is required"),
+        ('{"type": "gone", "gone": {"kind": "edge", "id": "x"}}', "gone.user_id is required"),
+        ('{"type": "gone", "gone": {"kind": "edge", "id": "x", "user_id": "u", "at": 1}}',
+         "unknown gone field 'at'"),
+        ('{"type": "gone", "gone": {"kind": "edge", "id": "x", "user_id": " u"}}',
+         "gone.user_id ' u' has whitespace around it"),
+        ('{"type": "gone", "gone": {"kind": "memory", "id": 7, "user_id": "u"}}',
+         "gone.id must be a string"),
+        ('{"type": "gone", "gone": []}', "gone must be a JSON object"),
         ('{"type": "memory", "memory": {"user_id": "u"}}', "memory.content is required"),
         ('{"type": "memory", "memory": {"content": "x"}}', "memory.user_id is required"),
         (

@@ -54,15 +54,17 @@ def _export_scope(request: web.Request) -> common_pb2.Scope:
 
 
 async def _pages(
-    request: web.Request, scope: common_pb2.Scope
+    request: web.Request, scope: common_pb2.Scope, gone: bool
 ) -> AsyncIterator[store_pb2.ExportPageResponse]:
-    """Every page of memory lines, then every page of edge lines."""
-    for edges in (False, True):
+    """Every page of memory lines, then every page of edge lines; with gone, then the gone
+    lines of rows deleted for good and of edges undone."""
+    phases = [(False, False), (True, False)] + ([(False, True), (True, True)] if gone else [])
+    for edges, gone_ones in phases:
         after, done = 0, False
         while not done:
             page = await request.app[STORE].ExportPage(
                 store_pb2.ExportPageRequest(
-                    scope=scope, edges=edges, after=after, limit=PAGE_LINES
+                    scope=scope, edges=edges, after=after, limit=PAGE_LINES, gone=gone_ones
                 ),
                 timeout=rpc_timeout(request),
             )
@@ -72,12 +74,14 @@ async def _pages(
 
 @routes.get("/api/v1/export")
 async def export(request: web.Request) -> web.StreamResponse:
-    """Streams the scope's rows (with vectors, keys and history) and edges as JSONL."""
+    """Streams the scope's rows (with vectors, keys and history) and edges as JSONL, and with
+    gone=true the ids of what is gone from it (for an import with sync=true)."""
     scope = _export_scope(request)
+    gone = Params(request.query, {}).boolean("gone", False)
     stats = await request.app[STORE].GetStats(
         store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
     )
-    pages = _pages(request, scope)
+    pages = _pages(request, scope, gone)
     first = await anext(pages)  # a refusal still comes back as a JSON error
     response = web.StreamResponse(
         headers={
@@ -138,9 +142,13 @@ class _Import:
     """An import in progress: the file's model and what the batches did so far."""
 
     model_id: str = ""
+    sync: bool = False
+    """Whether the import brings held rows and edges in step with the lines (sync=true)."""
     lines: int = 0
     imported: int = 0
     skipped: int = 0
+    updated: int = 0
+    erased: int = 0
     refused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     stop: ServiceError | web.HTTPRequestTimeout | None = None
@@ -174,11 +182,14 @@ class _Import:
 
     def counts(self, stopped: bool = False) -> dict[str, Any]:
         """What the reply reports: lines read, rows written or skipped, lines refused, and
-        whether the import stopped part-way (its lines after the stop not read)."""
+        whether the import stopped part-way (its lines after the stop not read); with sync,
+        rows and edges replaced and taken away too."""
+        synced = {"updated": self.updated, "erased": self.erased} if self.sync else {}
         return {
             "lines": self.lines,
             "imported": self.imported,
             "skipped": self.skipped,
+            **synced,
             "refused": self.refused,
             "errors": self.errors,
             "stopped": stopped,
@@ -203,6 +214,7 @@ def _rows_request(
         extraction_status=extraction_status(config),
         write_mode=config.mode,
         actor="api",
+        sync=run.sync,
     )
 
 
@@ -234,6 +246,8 @@ async def _write(
     reply = await request.app[STORE].ImportRows(rows, timeout=IMPORT_TIMEOUT_S)
     run.imported += reply.imported
     run.skipped += reply.skipped
+    run.updated += reply.updated
+    run.erased += reply.erased
     return reply
 
 
@@ -352,8 +366,9 @@ def _stopped(
 @routes.post("/api/v1/import")
 @streams_body
 async def import_jsonl(request: web.Request) -> web.Response:
-    """Writes an export (or minimal memory lines) batch by batch; ids their owner holds skip."""
-    run = _Import()
+    """Writes an export (or minimal memory lines) batch by batch; ids their owner holds skip,
+    or with sync=true are replaced when their line differs (and gone lines applied)."""
+    run = _Import(sync=Params(request.query, {}).boolean("sync", False))
     # Each batch is embedded while the one before it is written; they are written in order.
     queued: list[tuple[list[store_pb2.ImportLine], asyncio.Task[Any]]] = []
     try:

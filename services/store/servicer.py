@@ -365,7 +365,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         self, request: store_pb2.ExportPageRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.ExportPageResponse:
         lines, cursor, done = await self._store.export_page(
-            self._reach(request.scope), request.edges, request.after, request.limit
+            self._reach(request.scope), request.edges, request.after, request.limit,
+            request.gone,
         )
         return store_pb2.ExportPageResponse(lines=lines, cursor=cursor, done=done)
 
@@ -384,10 +385,13 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             request.write_mode,
             actor_for(request.actor, "", self._token_name()),
             given,
+            request.sync,
         )
         return store_pb2.ImportRowsResponse(
             imported=done.imported,
             skipped=done.skipped,
+            updated=done.updated,
+            erased=done.erased,
             errors=[store_pb2.ImportError(line=n, error=e) for n, e in done.errors],
         )
 

@@ -285,10 +285,11 @@ class Store:
         return [entry for entry, user_id, _ in entries if user_id == owner[0]]
 
     async def export_page(
-        self, reach: Reach, edges: bool, after: int, limit: int
+        self, reach: Reach, edges: bool, after: int, limit: int, gone: bool = False
     ) -> tuple[list[str], int, bool]:
-        """A page of the JSONL export (memories or edges), its cursor, and whether it is last."""
-        return await transfer.export_page(self._core, reach, edges, after, limit)
+        """A page of the JSONL export (memories or edges, or with gone what is gone of them),
+        its cursor, and whether it is last."""
+        return await transfer.export_page(self._core, reach, edges, after, limit, gone)
 
     def _line_context(
         self, file_model_id: str, extraction_status: str, write_mode: str
@@ -309,11 +310,13 @@ class Store:
         write_mode: str = "",
         actor: str = "",
         given: transfer.GivenVectors | None = None,
+        sync: bool = False,
     ) -> Imported:
         """Numbered JSONL lines written in one transaction, or none when one is bad; vectors
-        embed_import gave for the very lines are used instead of embedding them."""
+        embed_import gave for the very lines are used instead of embedding them. With sync,
+        changed rows and edges are replaced and gone lines applied (transfer.import_lines)."""
         ctx = self._line_context(file_model_id, extraction_status, write_mode)
-        return await transfer.import_lines(self._core, reach, lines, ctx, actor, given)
+        return await transfer.import_lines(self._core, reach, lines, ctx, actor, given, sync)
 
     async def embed_import(
         self, reach: Reach, lines: Sequence[tuple[int, str]], file_model_id: str

@@ -14,21 +14,25 @@ import numpy as np
 from services.store.cascade import entity_of, live_rival
 from services.store.core import DEFAULT_ACTOR, Core, Write
 from services.store.keys import VECTOR_KINDS, own_keys
-from services.store.model import ACTIVE, ENTITY, SUMMARY, AuditEntry, MemoryRow, Reach
+from services.store.model import ACTIVE, ENTITY, SUMMARY, AuditEntry, Edge, MemoryRow, Reach
 from services.store.pg.repo import PgRepo
 from services.store.pg.transfer_repo import PgTransfer, one_snapshot
 from services.store.pg.writes import PgWrites
 from services.store.repo import row_json
 from services.store.transfer_format import (
     EdgeLine,
+    GoneLine,
     KeyLine,
     LineContext,
     MemoryLine,
     edge_line,
+    gone_line,
+    history_entry,
     memory_line,
     parse_line,
 )
 from services.store.transfer_repo import Owner, SqliteTransfer, TransferRows
+from services.store.transfer_sync import Stored, changed_columns, replace_edge, take_away
 from services.store.validate import MAX_LIMIT, page_size
 from shared.errors import InvalidArgument, ServiceError, TooLarge
 from shared.layers import ONE_LIVE
@@ -59,22 +63,34 @@ def _within(w: Write) -> TransferRows:
 
 @dataclass
 class Imported:
-    """What one import batch did: lines written, lines whose id existed, bad lines."""
+    """What one import batch did: lines written, lines whose id existed (or, gone lines, that
+    took nothing away), rows and edges a sync replaced, rows and edges a sync took away as
+    gone, and bad lines."""
 
     imported: int = 0
     skipped: int = 0
+    updated: int = 0
+    erased: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)
 
 
 async def export_page(
-    core: Core, reach: Reach, edges: bool, after: int, limit: int
+    core: Core, reach: Reach, edges: bool, after: int, limit: int, gone: bool = False
 ) -> tuple[list[str], int, bool]:
-    """Lines after the cursor, the cursor of the last one, and whether none follow. A page
-    ends early, before the limit, where its lines would pass TRANSFER_BUDGET_BYTES."""
+    """Lines after the cursor, the cursor of the last one, and whether none follow: memory
+    lines, edge lines, or with gone the gone lines of rows deleted for good (of edges undone,
+    with edges). A page ends early, before the limit, where its lines would pass
+    TRANSFER_BUDGET_BYTES."""
     limit = page_size(limit)
+    found: list[tuple[int, dict[str, Any]]]
     async with _committed(core) as sql:
-        if edges:
-            found: list[tuple[int, dict[str, Any]]] = [
+        if gone:
+            found = [
+                (seq, gone_line("edge" if edges else "memory", *item))
+                for seq, item in await sql.gone_after(reach, edges, after, limit)
+            ]
+        elif edges:
+            found = [
                 (seq, edge_line(edge)) for seq, edge in await sql.edges_after(reach, after, limit)
             ]
         else:
@@ -125,16 +141,26 @@ class _Row:
     key_vectors: list[np.ndarray]
 
 
+Line = MemoryLine | EdgeLine | GoneLine
+
+
+def _owner(item: Line) -> MemoryRow | Edge | GoneLine:
+    """What holds a line's owner (user_id and agent_id)."""
+    if isinstance(item, MemoryLine):
+        return item.row
+    return item.edge if isinstance(item, EdgeLine) else item
+
+
 def _parsed(
     lines: Sequence[tuple[int, str]], reach: Reach, ctx: LineContext
-) -> tuple[list[MemoryLine | EdgeLine], list[tuple[int, str]]]:
+) -> tuple[list[Line], list[tuple[int, str]]]:
     """Every line checked; the bad ones with their line number and reason."""
-    parsed: list[MemoryLine | EdgeLine] = []
+    parsed: list[Line] = []
     errors: list[tuple[int, str]] = []
     for number, text in lines:
         try:
             item = parse_line(text, ctx)
-            owner = item.row if isinstance(item, MemoryLine) else item.edge
+            owner = _owner(item)
             if not reach.contains(owner.user_id, owner.agent_id):
                 raise InvalidArgument(f"owner {owner.user_id!r} is outside the request scope")
         except ServiceError as exc:
@@ -144,9 +170,9 @@ def _parsed(
     return parsed, errors
 
 
-def _with_ids(items: list[MemoryLine | EdgeLine]) -> list[MemoryLine | EdgeLine]:
+def _with_ids(items: list[Line]) -> list[Line]:
     """Lines without an id get a new one, as an ordinary write would."""
-    out: list[MemoryLine | EdgeLine] = []
+    out: list[Line] = []
     for item in items:
         if isinstance(item, MemoryLine) and not item.row.id:
             item = replace(item, row=replace(item.row, id=str(uuid.uuid4())))
@@ -203,7 +229,7 @@ def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Ro
 class _Batch:
     """An import batch's lines checked, with ids, and what of them needs embedding."""
 
-    items: list[MemoryLine | EdgeLine]
+    items: list[Line]
     numbers: list[int]
     """Each item's line number."""
     passages: list[Passage]
@@ -213,6 +239,11 @@ class _Batch:
     def memories(self) -> list[MemoryLine]:
         """The memory lines, in order."""
         return [item for item in self.items if isinstance(item, MemoryLine)]
+
+    @property
+    def gone(self) -> list[GoneLine]:
+        """The gone lines, in order."""
+        return [item for item in self.items if isinstance(item, GoneLine)]
 
 
 @dataclass(frozen=True)
@@ -283,10 +314,13 @@ async def import_lines(
     ctx: LineContext,
     actor: str,
     given: GivenVectors | None = None,
+    sync: bool = False,
 ) -> Imported:
     """Writes the lines in one transaction, or none of them if any is bad; an id its owner
-    holds already skips, one another owner holds is a bad line. Vectors given for the very
-    lines (embed_lines) are used instead of embedding them."""
+    holds already skips, one another owner holds is a bad line. With sync, a line that
+    differs from the row (or edge) its owner holds replaces it, and a gone line takes its row
+    or edge away; without, a gone line skips. Vectors given for the very lines (embed_lines)
+    are used instead of embedding them."""
     batch, errors = _batch(lines, reach, ctx)
     if batch is None:
         return Imported(errors=errors)
@@ -297,7 +331,6 @@ async def import_lines(
     embeds_none = not batch.passages
     rows = _ready(batch.memories, iter(fresh))
     edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
-    done = Imported()
     # The lines were checked, and are embedded, for ctx's model: refused if it changed.
     async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
         w.changes.every_core = embeds_none
@@ -308,28 +341,48 @@ async def import_lines(
             await sql.memory_owners([r.line.row.id for r in rows]),
             await sql.edge_owners([e.id for e in edges]),
         )
-        errors = _held_by_others(batch, held) or await _second_live_ones(w, batch, held)
+        stored = await Stored.read(sql, batch.items) if sync else None
+        errors = (
+            _held_by_others(batch, held)
+            or await _second_live_ones(w, batch, held)
+            or (stored.unreplaceable(batch.numbers, batch.items) if stored else [])
+        )
         if errors:
             return Imported(errors=errors)  # nothing written yet: the transaction is empty
-        taken = set(held.memories)
+        done = Imported()
         after = _After()
+        seen: set[str] = set()
         for row in rows:
-            if row.line.row.id in taken:
+            memory_id = row.line.row.id
+            first = memory_id not in seen
+            seen.add(memory_id)
+            if first and memory_id not in held.memories:
+                await _write_row(w, row, after)
+                done.imported += 1
+            elif first and stored is not None and stored.row_changed(row.line):
+                await _replace_row(w, sql, stored, row, after)
+                done.updated += 1
+            else:
                 done.skipped += 1
-                continue
-            taken.add(row.line.row.id)
-            await _write_row(w, row, after)
-            done.imported += 1
         await sql.add_context_keys(after.context_keys)
         await sql.add_history(after.history)
-        taken = set(held.edges)
+        seen = set()
         for edge in edges:
-            if edge.id in taken:
+            first = edge.id not in seen
+            seen.add(edge.id)
+            if first and edge.id not in held.edges:
+                await w.tx.insert_edge(edge)
+                done.imported += 1
+            elif first and stored is not None and stored.edge_changed(edge):
+                await replace_edge(w, stored, edge)
+                done.updated += 1
+            else:
                 done.skipped += 1
-                continue
-            taken.add(edge.id)
-            await w.tx.insert_edge(edge)
-            done.imported += 1
+        for gone in batch.gone:
+            if stored is not None and await take_away(w, stored, gone):
+                done.erased += 1
+            else:
+                done.skipped += 1
     return done
 
 
@@ -347,6 +400,8 @@ def _held_by_others(batch: _Batch, held: _Held) -> list[tuple[int, str]]:
     memories, edges = dict(held.memories), dict(held.edges)
     errors = []
     for number, item in zip(batch.numbers, batch.items, strict=True):
+        if isinstance(item, GoneLine):
+            continue  # it takes away only what its owner holds
         what, owners, one = (
             ("memory", memories, item.row) if isinstance(item, MemoryLine)
             else ("edge", edges, item.edge)
@@ -408,6 +463,42 @@ async def _write_row(w: Write, ready: _Row, after: _After) -> None:
         entry = AuditEntry(0, w.now, w.actor, "insert", row.id, "", row_json(row), IMPORT_REASON)
         after.history.append((row, entry))
     else:
+        after.history.extend((row, entry) for entry in line.history)
+
+
+async def _replace_row(
+    w: Write, sql: TransferRows, stored: Stored, ready: _Row, after: _After
+) -> None:
+    """Gives a stored row the line's fields, and when they differ its text's vector, its keys
+    and its history (a line without history adds an entry for the change)."""
+    row, line = ready.line.row, ready.line
+    before = stored.rows[row.id]
+    await w.tx.update(row.id, changed_columns(before, row))
+    if line.keys is None:
+        if before.content != row.content:  # new keys, as an ordinary edit of the text makes
+            await w.new_content(before, row.content, iter([ready.vector, *ready.key_vectors]))
+    else:
+        if before.content != row.content:
+            old, new = await w.tx.replace_vector(row.id, w.core.model.model_id, ready.vector)
+            w.changes.remove(row.user_id, old)
+            w.changes.add(row.user_id, new, ready.vector)
+        if [(k.kind, k.text) for k in stored.keys.get(row.id, [])] != [
+            (k.kind, k.text) for k in line.keys
+        ]:
+            for kind in sorted(VECTOR_KINDS):
+                for key in await w.tx.drop_vector_keys(row.id, kind):
+                    w.changes.remove(row.user_id, key)
+            await sql.drop_context_key(row.id)
+            await _write_keys(w, ready, line.keys, after)
+    if line.history is None:
+        entry = AuditEntry(
+            0, w.now, w.actor, "update", row.id, row_json(before), row_json(row), IMPORT_REASON
+        )
+        after.history.append((row, entry))
+    elif [history_entry(e) for e in stored.history.get(row.id, [])] != [
+        history_entry(e) for e in line.history
+    ]:
+        await sql.drop_history(row.id, row.user_id)
         after.history.extend((row, entry) for entry in line.history)
 
 

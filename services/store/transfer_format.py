@@ -1,4 +1,4 @@
-"""The lines of a JSONL export: memory lines and edge lines, rendered and checked."""
+"""The lines of a JSONL export: memory lines, edge lines and gone lines, rendered and checked."""
 
 from __future__ import annotations
 
@@ -74,6 +74,21 @@ class EdgeLine:
     edge: Edge
 
 
+GONE_KINDS = ("memory", "edge")
+"""What a gone line names: a row deleted for good, or an edge undone with its pass."""
+
+
+@dataclass(frozen=True)
+class GoneLine:
+    """A checked gone line: the id (and owner) of a memory or an edge that is gone from the
+    exporting store, which a sync import takes away too."""
+
+    kind: str
+    id: str
+    user_id: str
+    agent_id: str
+
+
 @dataclass(frozen=True)
 class LineContext:
     """What checking a line needs besides the line: the store's model and the write's defaults."""
@@ -93,7 +108,8 @@ def _b64(blob: bytes | None) -> str | None:
     return base64.b64encode(blob).decode("ascii") if blob is not None else None
 
 
-def _entry(entry: AuditEntry) -> dict[str, Any]:
+def history_entry(entry: AuditEntry) -> dict[str, Any]:
+    """One audit entry as a line holds it (its rows as objects)."""
     return {
         "at": entry.at,
         "actor": entry.actor,
@@ -117,7 +133,7 @@ def memory_line(
         "vector": _b64(vector[1]) if vector else None,
         "model_id": vector[0] if vector else "",
         "keys": [{"kind": k.kind, "text": k.text, "vector": _b64(k.vector)} for k in keys],
-        "history": [_entry(e) for e in history],
+        "history": [history_entry(e) for e in history],
     }
 
 
@@ -127,6 +143,14 @@ def edge_line(edge: Edge) -> dict[str, Any]:
     fields["source_ids"] = list(edge.source_ids)
     fields["fact_ids"] = list(edge.fact_ids)
     return {"type": "edge", "edge": fields}
+
+
+def gone_line(kind: str, item_id: str, user_id: str, agent_id: str) -> dict[str, Any]:
+    """One memory deleted for good, or one edge undone, by its id and owner."""
+    return {
+        "type": "gone",
+        "gone": {"kind": kind, "id": item_id, "user_id": user_id, "agent_id": agent_id},
+    }
 
 
 # -- checking ---------------------------------------------------------------------------------
@@ -398,7 +422,28 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
     return EdgeLine(Edge(**{**defaults, **values}))
 
 
-def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
+def _gone(line: Mapping[str, Any]) -> GoneLine:
+    if set(line) - {"type", "gone"}:
+        raise InvalidArgument(f"unknown field {sorted(set(line) - {'type', 'gone'})[0]!r}")
+    value = line.get("gone")
+    if not isinstance(value, dict):
+        raise InvalidArgument("gone must be a JSON object")
+    names = ("kind", "id", "user_id", "agent_id")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise InvalidArgument(f"unknown gone field {unknown[0]!r}")
+    if value.get("kind") not in GONE_KINDS:
+        raise InvalidArgument("gone.kind must be " + " or ".join(map(repr, GONE_KINDS)))
+    _required(value, "gone", ("id", "user_id"))
+    fields = {
+        name: check_identity(f"gone.{name}", _string(f"gone.{name}", value.get(name, "")))
+        for name in names[1:]
+    }
+    _check_id(fields["id"], "gone")
+    return GoneLine(value["kind"], **fields)
+
+
+def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine | GoneLine:
     """One line of an import, checked; a bad one is refused with the reason."""
     try:
         line = client_json.loads(text)
@@ -418,4 +463,6 @@ def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine:
         return _memory(line, ctx)
     if kind == "edge":
         return _edge(line, ctx)
-    raise InvalidArgument(f"type {kind!r} is not 'memory' or 'edge'")
+    if kind == "gone":
+        return _gone(line)
+    raise InvalidArgument(f"type {kind!r} is not 'memory', 'edge' or 'gone'")

@@ -80,6 +80,18 @@ class TransferRows(ABC):
         sql, params = edges_after_sql(reach, after, limit)
         return page_edges(await self._fetch(sql, params))
 
+    async def gone_after(
+        self, reach: Reach, edges: bool, after: int, limit: int
+    ) -> list[tuple[int, tuple[str, str, str]]]:
+        """What is gone inside the reach after seq `after`, oldest first: rows deleted for good
+        (by the seq of their delete's audit entry; an id a row holds again is not gone), or
+        edges undone with their pass. Each with its (id, user id, agent id)."""
+        owned, params = reach.sql("" if edges else "a.")
+        sql = (GONE_EDGES if edges else GONE_MEMORIES).format(
+            owner="".join(f" AND {condition}" for condition in owned)
+        )
+        return [(r[0], (r[1], r[2], r[3])) for r in await self._fetch(sql, [*params, after, limit])]
+
     async def vectors_of(self, memory_ids: Sequence[str]) -> dict[str, tuple[str, bytes]]:
         """Each row's own vector: (model id, little-endian float32 bytes)."""
         rows = await self._among(VECTORS_OF, memory_ids)
@@ -93,6 +105,16 @@ class TransferRows(ABC):
     async def history_of(self, memory_ids: Sequence[str]) -> dict[str, list[AuditEntry]]:
         """Each row's audit entries, oldest first."""
         return history_by_memory(await self._among(HISTORY_OF, memory_ids))
+
+    async def rows_of(self, memory_ids: Sequence[str]) -> dict[str, MemoryRow]:
+        """The rows with these ids, live or retired, by id."""
+        rows = await self._among(ROWS_OF, memory_ids, columns=_M_COLUMNS)
+        return {row.id: row for row in (_row(r) for r in rows)}
+
+    async def edges_of(self, edge_ids: Sequence[str]) -> dict[str, tuple[Edge, bool]]:
+        """The edges with these ids by id, each with whether it was undone with its pass."""
+        rows = await self._among(EDGES_OF, edge_ids, columns=_EDGE_COLUMNS)
+        return {edge.id: (edge, bool(r[-1])) for r in rows for edge in [_edge(r[:-1])]}
 
     async def memory_owners(self, memory_ids: Sequence[str]) -> dict[str, Owner]:
         """The owner (user id, agent id) of each id among memory_ids that a row has."""
@@ -109,6 +131,14 @@ class TransferRows(ABC):
         """Writes audit entries as they were recorded elsewhere, each under its row's owner."""
         if entries:
             await self._execute_many(ADD_AUDIT, history_params(entries))
+
+    async def drop_history(self, memory_id: str, user_id: str) -> None:
+        """Removes a row's audit entries (those recorded under its user), to be written anew."""
+        await self._execute_many(DROP_HISTORY, [(memory_id, user_id)])
+
+    async def drop_context_key(self, memory_id: str) -> None:
+        """Removes a row's context key, to be written anew."""
+        await self._execute_many(DROP_CONTEXT_KEY, [(memory_id,)])
 
     async def add_context_keys(self, keys: Sequence[tuple[str, str]]) -> None:
         """Gives new rows their context keys as they were: (memory id, text)."""
@@ -139,6 +169,19 @@ HISTORY_OF = (
 )
 """The audit entries of rows, each recorded under the row's user (an erased row's entries stay
 apart from a row of another user an import gave its id)."""
+ROWS_OF = "SELECT {columns} FROM memories m WHERE m.id {among}"
+EDGES_OF = "SELECT {columns}, undone FROM graph_edges WHERE id {among}"
+GONE_MEMORIES = (
+    "SELECT a.seq, a.memory_id, a.user_id, a.agent_id FROM audit a WHERE a.action = 'delete' "
+    "AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.memory_id){owner} AND a.seq > ? "
+    "ORDER BY a.seq LIMIT ?"
+)
+GONE_EDGES = (
+    "SELECT seq, id, user_id, agent_id FROM graph_edges WHERE undone = 1{owner} AND seq > ? "
+    "ORDER BY seq LIMIT ?"
+)
+DROP_HISTORY = "DELETE FROM audit WHERE memory_id = ? AND user_id = ?"
+DROP_CONTEXT_KEY = "DELETE FROM memory_keys WHERE memory_id = ? AND kind = 'context'"
 OWNERS_AMONG = "SELECT id, user_id, agent_id FROM {table} WHERE id {among}"
 
 
