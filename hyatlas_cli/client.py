@@ -161,26 +161,30 @@ class Gateway:
             raise GatewayError(f"import into {self.url} failed: {exc}") from None
 
     async def copy_to(self, target: Gateway) -> tuple[int, Any]:
-        """Streams this gateway's export of every owner into target's import as it arrives,
-        with a progress bar counting lines; the import's status and reply."""
+        """Streams this gateway's export of every owner, with what is gone from it, into
+        target's import as it arrives, syncing (rows and edges that changed are replaced,
+        rows deleted and edges undone here are there too), with a progress bar counting
+        lines; the import's status and reply."""
         try:
             async with (
                 aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=self._headers()) as source,
                 aiohttp.ClientSession(timeout=STREAM_TIMEOUT, headers=target._headers()) as sink,
-                source.get(self.url + "/api/v1/export") as exported,
+                source.get(self.url + "/api/v1/export", params={"gone": "true"}) as exported,
             ):
                 if exported.status >= 400:
                     body = await _json_of(exported)
                     raise GatewayError(f"export from {self.url}: {refusal(exported.status, body)}")
                 with _lines_bar("migrate") as bar:
                     async with sink.post(
-                        target.url + "/api/v1/import", data=_counted(exported.content, bar)
+                        target.url + "/api/v1/import",
+                        params={"sync": "true"},
+                        data=_counted(exported.content, bar),
                     ) as reply:
                         body = await _json_of(reply)
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 f"migration from {self.url} to {target.url} cut short ({exc}); run it again: "
-                "rows already moved are skipped"
+                "rows already moved are skipped, or replaced where they changed since"
             ) from None
         if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
             raise GatewayError(f"import into {target.url}: {refusal(reply.status, body)}")

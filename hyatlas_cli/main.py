@@ -115,7 +115,8 @@ def _imported(code: int, reply: Any) -> int:
 
 async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:
     """Copies every owner's rows (vectors, keys, history) and edges into another server, such
-    as a new one on PostgreSQL; ids are kept, so running it again adds only what is new."""
+    as a new one on PostgreSQL; ids are kept, so running it again adds what is new, replaces
+    what changed and takes away what was deleted for good (or undone) since."""
     target = Gateway.target(args.to)
     if target.url == gateway.url:
         raise GatewayError(f"--to {target.url} is the server being migrated")

@@ -106,6 +106,8 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
         "lines": len(lines),
         "imported": len(lines),
         "skipped": 0,
+        "updated": 0,
+        "erased": 0,
         "refused": 0,
         "errors": [],
         "stopped": False,
@@ -131,8 +133,73 @@ async def test_migrate_moves_every_owner_into_postgresql_and_again_adds_nothing(
         assert [e["action"] for e in history["history"]] == ["insert", "retire", "restore"]
 
     again = await _migrate(source, target)
-    assert (again["imported"], again["skipped"], again["refused"]) == (0, len(lines), 0)
+    assert (again["imported"], again["skipped"], again["updated"], again["refused"]) == (
+        0, len(lines), 0, 0)
     _assert_same(((await export(target))[1:-1]), lines)
+
+
+async def _ok(stack: Stack, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, reply = await call(stack, "POST", path, json=body)
+    assert status == 200, reply
+    return dict(reply)
+
+
+async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_since_the_first(
+    source: Stack, target: Stack
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    seeded = await seed(source, user)
+    first = await _migrate(source, target)
+    assert (first["imported"], first["refused"]) == (len(await export(source)) - 2, 0)
+    older = await export(source)
+
+    # Writes on the old server between the two runs, of every kind that changes a row.
+    forgot = await _ok(source, "/api/v1/forget", {"user_id": user, "id": seeded["l3_fact"]})
+    assert forgot["forgotten"] >= 1
+    edited = await _ok(source, "/api/v1/update", {
+        "user_id": user, "id": seeded["dentist_turn"],
+        "text": "I had a dentist appointment on Wednesday.",
+    })
+    # The row the forgotten fact replaced can come back now.
+    restored = await _ok(source, "/api/v1/restore", {"user_id": user, "id": seeded["retired"]})
+    assert restored["restored"] is True
+    long_turn = next(
+        line["memory"]["id"] for line in older[1:-1]
+        if line["type"] == "memory" and line["memory"]["content"] == LONG_TEXT
+    )
+    await _ok(source, "/api/v1/delete_all", {"user_id": user, "id": long_turn})
+    added = await _ok(source, "/api/v1/add", {
+        "text": "I started learning the cello in May.", "user_id": user, "session_id": "s2",
+    })
+    lines = (await export(source))[1:-1]
+    assert long_turn not in {line["memory"]["id"] for line in lines if "memory" in line}
+
+    again = await _migrate(source, target)
+    _assert_same((await export(target))[1:-1], lines)
+    assert long_turn not in await _search(target, user, "farmhouse roof")
+    assert seeded["l3_fact"] not in await _search(target, user, "favourite tea")
+    assert edited["memory_id"] in await _search(target, user, "dentist appointment")
+    assert added["memory_id"] in await _search(target, user, "cello")
+    # The edit's new version and the new turn are new rows; the forgotten, edited and restored
+    # rows (and the turns beside the deleted one, their context keys) are replaced.
+    assert again["imported"] >= 2 and again["updated"] >= 3, again
+    assert (again["erased"], again["refused"]) == (1, 0), again
+    assert again["lines"] == len(lines) + 1  # the deleted turn's gone line
+
+    # Once more changes nothing.
+    third = await _migrate(source, target)
+    assert (third["imported"], third["updated"], third["erased"]) == (0, 0, 0), third
+    # The older export imported without sync rolls no row back: it adds the one it holds that
+    # the store does not (the deleted turn), as any import does, and skips the rest.
+    status, reply = await call(
+        target, "POST", "/api/v1/import",
+        data="".join(json.dumps(line) + "\n" for line in older).encode(),
+    )
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (1, len(older) - 3), reply
+    assert "updated" not in reply
+    moved = [line for line in (await export(target))[1:-1]
+             if line.get("memory", {}).get("id") != long_turn]
+    _assert_same(moved, lines)
 
 
 async def test_a_server_on_postgresql_says_it_takes_no_snapshots_and_counts_its_database(
