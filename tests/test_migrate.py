@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from services.embedder.derive import derive_fp16
-from tests.store_state import LONG_TEXT, call, export, seed
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
+from tests.store_state import LONG_TEXT, apply, call, export, seed
 from tests.support import ROOT, Stack, running_stack
 
 pytestmark = pytest.mark.slow
@@ -149,6 +151,13 @@ async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     seeded = await seed(source, user)
+    turns = await _ok(source, "/api/v1/list", {"user_id": user, "layer": "l2_raw"})
+    # An edge a consolidation pass wrote, to be undone with it.
+    await apply(source, user, store_pb2.Op(put_edge=store_pb2.PutEdgeOp(
+        owner=common_pb2.Owner(user_id=user), subject="user", relation="visits",
+        object="dentist", source_ids=[m["memory_id"] for m in turns["memories"][:2]],
+        fact_ids=[seeded["l3_fact"]], pass_id=f"pass-{user}",
+    )))
     first = await _migrate(source, target)
     assert (first["imported"], first["refused"]) == (len(await export(source)) - 2, 0)
     older = await export(source)
@@ -168,6 +177,10 @@ async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_
         if line["type"] == "memory" and line["memory"]["content"] == LONG_TEXT
     )
     await _ok(source, "/api/v1/delete_all", {"user_id": user, "id": long_turn})
+    async with open_channel(source.address("store")) as channel:
+        await store_pb2_grpc.StoreStub(channel).UndoPass(
+            store_pb2.UndoPassRequest(pass_id=f"pass-{user}", actor="api"), timeout=60
+        )
     added = await _ok(source, "/api/v1/add", {
         "text": "I started learning the cello in May.", "user_id": user, "session_id": "s2",
     })
@@ -183,8 +196,8 @@ async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_
     # The edit's new version and the new turn are new rows; the forgotten, edited and restored
     # rows (and the turns beside the deleted one, their context keys) are replaced.
     assert again["imported"] >= 2 and again["updated"] >= 3, again
-    assert (again["erased"], again["refused"]) == (1, 0), again
-    assert again["lines"] == len(lines) + 1  # the deleted turn's gone line
+    assert (again["erased"], again["refused"]) == (2, 0), again
+    assert again["lines"] == len(lines) + 2  # the gone lines of the deleted turn, the undone edge
 
     # Once more changes nothing.
     third = await _migrate(source, target)
@@ -195,6 +208,7 @@ async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_
         target, "POST", "/api/v1/import",
         data="".join(json.dumps(line) + "\n" for line in older).encode(),
     )
+    # (The undone edge is kept hidden, and skipped, as on the old server.)
     assert status == 200 and (reply["imported"], reply["skipped"]) == (1, len(older) - 3), reply
     assert "updated" not in reply
     moved = [line for line in (await export(target))[1:-1]

@@ -346,6 +346,30 @@ async def test_a_sync_import_replaces_what_changed_and_takes_away_what_is_gone_a
     assert _bare((await export(target, user_id=user))[1:-1]) == _bare(kept)
 
 
+async def test_an_export_asked_for_gone_lines_ends_with_the_rows_deleted_for_good_since(
+    source: Stack,
+) -> None:
+    user, other = f"user-{uuid.uuid4().hex[:8]}", f"user-{uuid.uuid4().hex[:8]}"
+    await seed(source, user)
+    await seed(source, other)
+    summary = _line_of((await export(source, user_id=user))[1:-1], "l4_summary")
+    status, body = await call(source, "POST", "/api/v1/delete_all",
+                              json={"user_id": user, "id": summary["memory"]["id"]})
+    assert status == 200, body
+    exported = await export(source, user_id=user, gone="true")
+    assert exported[-2] == {"type": "gone", "gone": {
+        "kind": "memory", "id": summary["memory"]["id"], "user_id": user, "agent_id": ""}}
+    assert exported[-1] == {"type": "end", "lines": len(exported) - 1}
+    assert exported[1:-2] == (await export(source, user_id=user))[1:-1]
+    assert all(line.get("type") != "gone" for line in await export(source, user_id=other,
+                                                                    gone="true"))
+    # An id a row holds again (imported back) is not gone.
+    status, reply = await _import(source, [summary])
+    assert status == 200 and reply["imported"] == 1, reply
+    assert all(line.get("type") != "gone" for line in await export(source, user_id=user,
+                                                                    gone="true"))
+
+
 async def test_a_sync_import_refuses_another_row_under_a_held_id_and_a_bad_switch(
     target: Stack,
 ) -> None:
