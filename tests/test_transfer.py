@@ -370,6 +370,35 @@ async def test_an_export_asked_for_gone_lines_ends_with_the_rows_deleted_for_goo
                                                                     gone="true"))
 
 
+async def test_a_minimal_line_synced_changes_only_what_it_gives(target: Stack) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    memory_id = f"{user}-m"
+    note = {"type": "memory", "memory": {"user_id": user, "id": memory_id, "label": "notes",
+                                         "content": "A short note.", "layer": "l4_summary"}}
+    edge = {"type": "edge", "edge": {"user_id": user, "id": f"{user}-e", "subject": "Ana",
+                                     "relation": "paints", "object": "walls"}}
+    status, reply = await _import(target, [note, edge])
+    assert status == 200 and reply["imported"] == 2, reply
+    before = (await export(target, user_id=user))[1:-1]
+    # Again as it was: the times it leaves out are the stored ones, not now.
+    status, reply = await _import(target, [note, edge], sync="true")
+    assert status == 200 and (reply["skipped"], reply["updated"]) == (2, 0), reply
+    longer = {"type": "memory", "memory": {"user_id": user, "id": memory_id, "content": LONG_TEXT}}
+    status, reply = await _import(target, [longer], sync="true")
+    assert status == 200 and reply["updated"] == 1, reply
+    row, edge_after = (await export(target, user_id=user))[1:-1]
+    assert edge_after == before[1]
+    assert row["memory"] == {**before[0]["memory"], "content": LONG_TEXT}
+    assert {key["kind"] for key in row["keys"]} == {"clause"}  # keys of the new text
+    assert [(e["action"], e["reason"]) for e in row["history"]] == [
+        ("insert", "import"), ("update", "import")]
+    assert row["history"][1]["after"]["content"] == LONG_TEXT
+    status, body = await call(target, "POST", "/api/v1/search",
+                              json={"query": "farmhouse roof", "user_id": user, "limit": 3})
+    assert status == 200, body
+    assert memory_id in [m["memory_id"] for items in body["memories"].values() for m in items]
+
+
 async def test_a_sync_import_refuses_another_row_under_a_held_id_and_a_bad_switch(
     target: Stack,
 ) -> None:

@@ -177,7 +177,7 @@ def _with_ids(items: list[Line]) -> list[Line]:
         if isinstance(item, MemoryLine) and not item.row.id:
             item = replace(item, row=replace(item.row, id=str(uuid.uuid4())))
         elif isinstance(item, EdgeLine) and not item.edge.id:
-            item = EdgeLine(replace(item.edge, id=str(uuid.uuid4())))
+            item = replace(item, edge=replace(item.edge, id=str(uuid.uuid4())))
         out.append(item)
     return out
 
@@ -330,7 +330,7 @@ async def import_lines(
     # Lines that all bring their vectors (an export's) leave the model idle: see every_core.
     embeds_none = not batch.passages
     rows = _ready(batch.memories, iter(fresh))
-    edges = [item.edge for item in batch.items if isinstance(item, EdgeLine)]
+    edge_lines = [item for item in batch.items if isinstance(item, EdgeLine)]
     # The lines were checked, and are embedded, for ctx's model: refused if it changed.
     async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
         w.changes.every_core = embeds_none
@@ -339,7 +339,7 @@ async def import_lines(
         # Memories and edges are separate tables: an edge may share a memory's id.
         held = _Held(
             await sql.memory_owners([r.line.row.id for r in rows]),
-            await sql.edge_owners([e.id for e in edges]),
+            await sql.edge_owners([line.edge.id for line in edge_lines]),
         )
         stored = await Stored.read(sql, batch.items) if sync else None
         errors = (
@@ -359,21 +359,26 @@ async def import_lines(
             if first and memory_id not in held.memories:
                 await _write_row(w, row, after)
                 done.imported += 1
-            elif first and stored is not None and stored.row_changed(row.line):
-                await _replace_row(w, sql, stored, row, after)
+            elif first and stored is not None and stored.row_changed(
+                line := stored.resolved(row.line)
+            ):
+                await _replace_row(w, sql, stored, replace(row, line=line), after)
                 done.updated += 1
             else:
                 done.skipped += 1
         await sql.add_context_keys(after.context_keys)
         await sql.add_history(after.history)
         seen = set()
-        for edge in edges:
+        for line in edge_lines:
+            edge = line.edge
             first = edge.id not in seen
             seen.add(edge.id)
             if first and edge.id not in held.edges:
                 await w.tx.insert_edge(edge)
                 done.imported += 1
-            elif first and stored is not None and stored.edge_changed(edge):
+            elif first and stored is not None and stored.edge_changed(
+                edge := stored.resolved(line).edge
+            ):
                 await replace_edge(w, stored, edge)
                 done.updated += 1
             else:

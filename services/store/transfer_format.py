@@ -65,6 +65,8 @@ class MemoryLine:
     vector: np.ndarray | None
     keys: tuple[KeyLine, ...] | None
     history: tuple[AuditEntry, ...] | None
+    given: frozenset[str] | None = dataclasses.field(default=None, compare=False)
+    """The row's fields the line gives (None: every one); the rest are defaults."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class EdgeLine:
     """A checked edge line."""
 
     edge: Edge
+    given: frozenset[str] | None = dataclasses.field(default=None, compare=False)
+    """The edge's fields the line gives (None: every one); the rest are defaults."""
 
 
 GONE_KINDS = ("memory", "edge")
@@ -272,8 +276,10 @@ def _check_lengths(values: Mapping[str, Any], what: str) -> None:
                 check_name(f"{what}.{name}", one)
 
 
-def _row(value: Any, ctx: LineContext) -> MemoryRow:
+def _row(value: Any, ctx: LineContext) -> tuple[MemoryRow, frozenset[str]]:
+    """The row a line's memory object makes, and the fields it gives."""
     values = _checked(value, "memory", _MEMORY_FIELDS)
+    given = frozenset(values)
     _required(values, "memory", ("user_id", "content"))
     _check_id(values.get("id", ""), "memory")
     _check_lengths(values, "memory")
@@ -296,7 +302,7 @@ def _row(value: Any, ctx: LineContext) -> MemoryRow:
         values.setdefault("extraction_status", ctx.extraction_status)
         values.setdefault("write_mode", ctx.write_mode)
     values["model_id"] = ctx.model_id
-    return MemoryRow(**{"id": "", "agent_id": "", "session_id": "", **values})
+    return MemoryRow(**{"id": "", "agent_id": "", "session_id": "", **values}), given
 
 
 def _base64(text: Any, what: str) -> bytes:
@@ -392,7 +398,7 @@ def _memory(line: Mapping[str, Any], ctx: LineContext) -> MemoryLine:
     unknown = sorted(set(line) - {"type", "memory", "vector", "model_id", "keys", "history"})
     if unknown:
         raise InvalidArgument(f"unknown field {unknown[0]!r}")
-    row = _row(line.get("memory"), ctx)
+    row, given = _row(line.get("memory"), ctx)
     model_id = _string("model_id", line.get("model_id") or ctx.file_model_id)
     reuse = model_id == ctx.model_id
     keys = line.get("keys")
@@ -402,6 +408,7 @@ def _memory(line: Mapping[str, Any], ctx: LineContext) -> MemoryLine:
         vector=_reusable(line.get("vector"), "vector", reuse, ctx),
         keys=None if keys is None else _keys(keys, reuse, ctx),
         history=None if history is None else _history(history),
+        given=given,
     )
 
 
@@ -419,7 +426,7 @@ def _edge(line: Mapping[str, Any], ctx: LineContext) -> EdgeLine:
         "memory_id": "", "recorded_at": ctx.now, "invalidated_at": None, "valid_from": None,
         "valid_to": None, "stale": False, "pass_id": "",
     }
-    return EdgeLine(Edge(**{**defaults, **values}))
+    return EdgeLine(Edge(**{**defaults, **values}), frozenset(values))
 
 
 def _gone(line: Mapping[str, Any]) -> GoneLine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.store.core import Write
@@ -52,12 +52,25 @@ class Stored:
             await sql.edges_of(edge_ids),
         )
 
+    def resolved(self, item: MemoryLine | EdgeLine | GoneLine) -> Any:
+        """A line over what the store holds of its id: the fields it leaves out (a minimal
+        line's) are the stored row's or edge's, not the defaults of a new one."""
+        if isinstance(item, MemoryLine) and item.given is not None and item.row.id in self.rows:
+            fields = {name: getattr(item.row, name) for name in item.given}
+            kept = replace(self.rows[item.row.id], model_id=item.row.model_id)
+            return replace(item, row=replace(kept, **fields))
+        if isinstance(item, EdgeLine) and item.given is not None and item.edge.id in self.edges:
+            fields = {name: getattr(item.edge, name) for name in item.given}
+            return replace(item, edge=replace(self.edges[item.edge.id][0], **fields))
+        return item
+
     def unreplaceable(self, numbers: Sequence[int], items: Sequence[Any]) -> list[tuple[int, str]]:
         """The lines that name a stored row or edge but differ from it in what never changes
         after a write (a row's layer, session, evidence, creation time or write mode; an
         edge's names): another row or edge under the same id, which a sync does not replace."""
         errors = []
-        for number, item in zip(numbers, items, strict=True):
+        for number, given in zip(numbers, items, strict=True):
+            item = self.resolved(given)
             if isinstance(item, MemoryLine) and item.row.id in self.rows:
                 fixed = _fixed_row_fields(self.rows[item.row.id], item.row)
             elif isinstance(item, EdgeLine) and item.edge.id in self.edges:
