@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +27,6 @@ from services.store.transfer_format import (
     MemoryLine,
     edge_line,
     gone_line,
-    history_entry,
     memory_line,
     parse_line,
 )
@@ -350,45 +349,69 @@ async def import_lines(
         if errors:
             return Imported(errors=errors)  # nothing written yet: the transaction is empty
         done = Imported()
-        after = _After()
-        seen: set[str] = set()
-        for row in rows:
-            memory_id = row.line.row.id
-            first = memory_id not in seen
-            seen.add(memory_id)
-            if first and memory_id not in held.memories:
-                await _write_row(w, row, after)
-                done.imported += 1
-            elif first and stored is not None and stored.row_changed(
-                line := stored.resolved(row.line)
-            ):
-                await _replace_row(w, sql, stored, replace(row, line=line), after)
-                done.updated += 1
-            else:
-                done.skipped += 1
-        await sql.add_context_keys(after.context_keys)
-        await sql.add_history(after.history)
-        seen = set()
-        for line in edge_lines:
-            edge = line.edge
-            first = edge.id not in seen
-            seen.add(edge.id)
-            if first and edge.id not in held.edges:
-                await w.tx.insert_edge(edge)
-                done.imported += 1
-            elif first and stored is not None and stored.edge_changed(
-                edge := stored.resolved(line).edge
-            ):
-                await replace_edge(w, stored, edge)
-                done.updated += 1
-            else:
-                done.skipped += 1
+        await _write_memories(w, sql, rows, held.memories, stored, done)
+        await _write_edges(w, edge_lines, held.edges, stored, done)
         for gone in batch.gone:
             if stored is not None and await take_away(w, stored, gone):
                 done.erased += 1
             else:
                 done.skipped += 1
     return done
+
+
+async def _write_memories(
+    w: Write,
+    sql: TransferRows,
+    rows: Sequence[_Row],
+    held: Mapping[str, Owner],
+    stored: Stored | None,
+    done: Imported,
+) -> None:
+    """Each row whose id is not held written, and with stored (a sync) each held one whose
+    line differs replaced; the rest (an id on an earlier line too) skipped."""
+    after = _After()
+    seen: set[str] = set()
+    for row in rows:
+        memory_id = row.line.row.id
+        first = memory_id not in seen
+        seen.add(memory_id)
+        if first and memory_id not in held:
+            await _write_row(w, row, after)
+            done.imported += 1
+        elif first and stored is not None and stored.row_changed(
+            line := stored.resolved(row.line)
+        ):
+            await _replace_row(w, sql, stored, replace(row, line=line), after)
+            done.updated += 1
+        else:
+            done.skipped += 1
+    await sql.add_context_keys(after.context_keys)
+    await sql.add_history(after.history)
+
+
+async def _write_edges(
+    w: Write,
+    lines: Sequence[EdgeLine],
+    held: Mapping[str, Owner],
+    stored: Stored | None,
+    done: Imported,
+) -> None:
+    """As _write_memories, for edges."""
+    seen: set[str] = set()
+    for line in lines:
+        edge = line.edge
+        first = edge.id not in seen
+        seen.add(edge.id)
+        if first and edge.id not in held:
+            await w.tx.insert_edge(edge)
+            done.imported += 1
+        elif first and stored is not None and stored.edge_changed(
+            edge := stored.resolved(line).edge
+        ):
+            await replace_edge(w, stored, edge)
+            done.updated += 1
+        else:
+            done.skipped += 1
 
 
 @dataclass(frozen=True)
@@ -487,9 +510,7 @@ async def _replace_row(
             old, new = await w.tx.replace_vector(row.id, w.core.model.model_id, ready.vector)
             w.changes.remove(row.user_id, old)
             w.changes.add(row.user_id, new, ready.vector)
-        if [(k.kind, k.text) for k in stored.keys.get(row.id, [])] != [
-            (k.kind, k.text) for k in line.keys
-        ]:
+        if stored.keys_differ(line):
             for kind in sorted(VECTOR_KINDS):
                 for key in await w.tx.drop_vector_keys(row.id, kind):
                     w.changes.remove(row.user_id, key)
@@ -500,9 +521,7 @@ async def _replace_row(
             0, w.now, w.actor, "update", row.id, row_json(before), row_json(row), IMPORT_REASON
         )
         after.history.append((row, entry))
-    elif [history_entry(e) for e in stored.history.get(row.id, [])] != [
-        history_entry(e) for e in line.history
-    ]:
+    elif stored.history_differs(line):
         await sql.drop_history(row.id, row.user_id)
         after.history.extend((row, entry) for entry in line.history)
 

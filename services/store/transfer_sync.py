@@ -90,14 +90,21 @@ class Stored:
         """Whether the line differs from its stored row: its fields, or (when the line gives
         them) its keys' kinds and texts or its history. Vectors are left out: a row's text
         and model settle them, and each backend stores them at its own precision."""
-        memory_id = line.row.id
-        if row_fields(self.rows[memory_id]) != row_fields(line.row):
-            return True
-        keys = [(key.kind, key.text) for key in self.keys.get(memory_id, [])]
-        if line.keys is not None and keys != [(key.kind, key.text) for key in line.keys]:
-            return True
-        history = [history_entry(e) for e in self.history.get(memory_id, [])]
-        return line.history is not None and history != [history_entry(e) for e in line.history]
+        return (
+            row_fields(self.rows[line.row.id]) != row_fields(line.row)
+            or self.keys_differ(line)
+            or self.history_differs(line)
+        )
+
+    def keys_differ(self, line: MemoryLine) -> bool:
+        """Whether the line gives keys other than its stored row's (kinds and texts, in order)."""
+        stored = [(key.kind, key.text) for key in self.keys.get(line.row.id, [])]
+        return line.keys is not None and stored != [(key.kind, key.text) for key in line.keys]
+
+    def history_differs(self, line: MemoryLine) -> bool:
+        """Whether the line gives a history other than its stored row's."""
+        stored = [history_entry(e) for e in self.history.get(line.row.id, [])]
+        return line.history is not None and stored != [history_entry(e) for e in line.history]
 
     def edge_changed(self, edge: Edge) -> bool:
         """Whether an edge line differs from its stored edge (an undone one differs from any)."""
