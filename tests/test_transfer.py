@@ -399,6 +399,34 @@ async def test_a_minimal_line_synced_changes_only_what_it_gives(target: Stack) -
     assert memory_id in [m["memory_id"] for items in body["memories"].values() for m in items]
 
 
+async def test_a_fact_retired_or_restored_by_a_synced_minimal_line_leaves_or_keys_its_turn(
+    target: Stack,
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    turn = {"type": "memory", "memory": {"user_id": user, "id": f"{user}-t", "session_id": "s",
+                                         "content": "I moved to Porto last spring."}}
+    fact = {"type": "memory", "memory": {"user_id": user, "id": f"{user}-f", "layer": "l3_fact",
+                                         "content": "The user lives in Porto.",
+                                         "source_ids": [f"{user}-t"]}}
+    dropped = {**fact, "memory": {**fact["memory"], "status": "retired",
+                                  "superseded_how": "dropped", "invalid_at": 1_800_000_000.0}}
+    live = {**fact, "memory": {**fact["memory"], "status": "active", "superseded_how": "",
+                               "invalid_at": None}}
+
+    async def turn_keys() -> list[tuple[str, str]]:
+        line = (await export(target, user_id=user))[1]
+        assert line["memory"]["id"] == f"{user}-t"
+        return [(key["kind"], key["text"]) for key in line["keys"]]
+
+    status, reply = await _import(target, [turn, fact])
+    assert status == 200 and reply["imported"] == 2, reply
+    assert ("fact", "The user lives in Porto.") in await turn_keys()
+    for line, keyed in ((dropped, False), (live, True)):
+        status, reply = await _import(target, [line], sync="true")
+        assert status == 200 and reply["updated"] == 1, reply
+        assert (("fact", "The user lives in Porto.") in await turn_keys()) is keyed
+
+
 async def test_a_sync_import_refuses_another_row_under_a_held_id_and_a_bad_switch(
     target: Stack,
 ) -> None:

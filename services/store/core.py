@@ -205,12 +205,18 @@ class Write:
             actor=self.actor, action=action, row=before, before=before, after=after,
             reason=reason, at=self.now,
         )
-        if after is not None and after.layer in FACT_KEY_LAYERS and before.status != after.status:
+        if after is not None:
+            await self.fact_keys_follow(before, after)
+        return after
+
+    async def fact_keys_follow(self, before: MemoryRow, after: MemoryRow) -> None:
+        """A fact retired since before stops being a key of its turns, and one restored is
+        again."""
+        if after.layer in FACT_KEY_LAYERS and before.status != after.status:
             if after.status == ACTIVE:
                 await self.add_fact_keys(after, await self.tx.vector(after.id))
             elif before.status == ACTIVE:
                 await self.drop_fact_keys(before)
-        return after
 
     async def add_keys(
         self, row: MemoryRow, vectors: Iterator[np.ndarray], neighbour: bool = True

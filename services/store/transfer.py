@@ -502,9 +502,10 @@ async def _replace_row(
     row, line = ready.line.row, ready.line
     before = stored.rows[row.id]
     await w.tx.update(row.id, changed_columns(before, row))
-    if line.keys is None:
-        if before.content != row.content:  # new keys, as an ordinary edit of the text makes
+    if line.keys is None:  # the keys an ordinary edit, retire or restore leaves it
+        if before.content != row.content:
             await w.new_content(before, row.content, iter([ready.vector, *ready.key_vectors]))
+        await w.fact_keys_follow(replace(before, content=row.content), row)
     else:
         if before.content != row.content:
             old, new = await w.tx.replace_vector(row.id, w.core.model.model_id, ready.vector)
