@@ -199,6 +199,14 @@ async def test_a_second_migrate_carries_forgets_edits_restores_and_deletes_made_
     assert (again["erased"], again["refused"]) == (2, 0), again
     assert again["lines"] == len(lines) + 2  # the gone lines of the deleted turn, the undone edge
 
+    # The deleted turn's history answers on both, as ids, times and states with the delete last.
+    for stack in (source, target):
+        status, history = await call(stack, "GET", "/api/v1/history",
+                                     params={"user_id": user, "id": long_turn})
+        assert status == 200, history
+        assert history["history"][-1]["action"] == "delete", history
+        assert LONG_TEXT not in json.dumps(history), history
+
     # Once more changes nothing.
     third = await _migrate(source, target)
     assert (third["imported"], third["updated"], third["erased"]) == (0, 0, 0), third
