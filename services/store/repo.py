@@ -156,7 +156,7 @@ def rows_of_layers(layers: Sequence[str]) -> str:
         f"SELECT {_COLUMNS} FROM memories WHERE layer IN ("
         + ", ".join(f"'{layer}'" for layer in layers) + ") AND "
     )
-_UPDATABLE = frozenset(
+UPDATABLE_COLUMNS = frozenset(
     {
         "content", "label", "count", "hits", "metadata", "model_id", "updated_at", "event_at",
         "valid_to", "due_at", "status", "invalid_at", "superseded_by", "superseded_how",
@@ -370,7 +370,7 @@ class Tx:
 
     async def update(self, memory_id: str, fields: dict[str, Any]) -> None:
         """Sets the given columns of one row."""
-        unknown = set(fields) - _UPDATABLE
+        unknown = set(fields) - UPDATABLE_COLUMNS
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")
         if not fields:

@@ -11,7 +11,7 @@ from typing import Any
 from services.store.core import Write
 from services.store.erase import erase
 from services.store.model import AuditEntry, Edge, MemoryRow
-from services.store.repo import _UPDATABLE, row_fields
+from services.store.repo import UPDATABLE_COLUMNS, row_fields
 from services.store.transfer_format import EdgeLine, GoneLine, MemoryLine, history_entry
 from services.store.transfer_repo import StoredKey, TransferRows
 
@@ -132,7 +132,7 @@ def _id(item: MemoryLine | EdgeLine) -> str:
 def _fixed_row_fields(stored: MemoryRow, row: MemoryRow) -> list[str]:
     return [
         name for name, column in ROW_COLUMNS.items()
-        if column not in _UPDATABLE and getattr(stored, name) != getattr(row, name)
+        if column not in UPDATABLE_COLUMNS and getattr(stored, name) != getattr(row, name)
     ]
 
 
@@ -148,7 +148,7 @@ def changed_columns(stored: MemoryRow, row: MemoryRow) -> dict[str, Any]:
     return {
         column: getattr(row, name)
         for name, column in ROW_COLUMNS.items()
-        if column in _UPDATABLE and getattr(stored, name) != getattr(row, name)
+        if column in UPDATABLE_COLUMNS and getattr(stored, name) != getattr(row, name)
     }
 
 

@@ -16,7 +16,6 @@ from services.store.repo import (
     _COLUMNS,
     _EDGE_COLUMNS,
     _M_COLUMNS,
-    _UPDATABLE,
     ADD_AUDIT,
     ADD_EDGE,
     CLAUSE_KEY_OFFSET,
@@ -27,6 +26,7 @@ from services.store.repo import (
     LIVE_EDGE,
     OFF_CALENDAR,
     RESTORES_OF,
+    UPDATABLE_COLUMNS,
     VECTOR_KEYS_OF,
     _edge,
     _erased,
@@ -132,7 +132,7 @@ class PgWrites:
 
     async def update(self, memory_id: str, fields: dict[str, Any]) -> None:
         """Sets the given columns of one row."""
-        unknown = set(fields) - _UPDATABLE
+        unknown = set(fields) - UPDATABLE_COLUMNS
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")
         if not fields:
