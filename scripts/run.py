@@ -16,6 +16,7 @@ from supervisor.xmlrpc import SupervisorTransport
 
 from shared.addresses import endpoints
 from shared.errors import ConfigError
+from shared.runtime import CANNOT_START
 from shared.settings import MODE_SERVICES, SERVICES, Settings, read_int
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +93,9 @@ def is_ready(url: str) -> bool:
 
 
 def gave_up(supervisor_dir: Path) -> list[str]:
-    """The programs supervisord gave up on (FATAL: each of its starts ended before it had lived
-    startsecs); none while supervisord does not answer yet."""
+    """The programs that cannot start: exited with CANNOT_START, or given up by supervisord
+    (FATAL: each start ended before it had lived startsecs); none while supervisord does not
+    answer yet."""
     transport = SupervisorTransport(serverurl=f"unix://{supervisor_dir / 'supervisor.sock'}")
     proxy = xmlrpc.client.ServerProxy("http://localhost", transport=transport)
     try:
@@ -104,6 +106,7 @@ def gave_up(supervisor_dir: Path) -> list[str]:
         p["name"] if p["group"] == p["name"] else f"{p['group']}:{p['name']}"
         for p in processes
         if p["statename"] == "FATAL"
+        or (p["statename"] == "EXITED" and p["exitstatus"] == CANNOT_START)
     ]
 
 
@@ -112,8 +115,8 @@ def wait_until_ready(proc: subprocess.Popen[bytes], url: str, supervisor_dir: Pa
     gave a service up (a bad setting only that service reads stops it at every start)."""
     while proc.poll() is None and not is_ready(url):
         if failed := gave_up(supervisor_dir):
-            print(f"hyatlas: {', '.join(failed)} could not start (every try ended at once; its "
-                  "lines above say why): stopping", file=sys.stderr, flush=True)
+            print(f"hyatlas: {', '.join(failed)} could not start (its lines above say why): "
+                  "stopping", file=sys.stderr, flush=True)
             return False
         time.sleep(POLL_S)
     return proc.poll() is None

@@ -156,9 +156,14 @@ def trim_heap() -> bool:
         return False
 
 
+CANNOT_START = 2
+"""A service's exit status when it cannot start (a ConfigError): supervisord and systemd do not
+restart it (deploy/), and make run reports it."""
+
+
 def run_service(service: str, main: Callable[[], Awaitable[None]]) -> None:
     """Runs a service's main() with a private umask and few malloc arenas; a ConfigError exits
-    with status 2."""
+    with CANNOT_START."""
     os.umask(PRIVATE_UMASK)
     limit_malloc_arenas()
     setup_logging(service)
@@ -166,4 +171,4 @@ def run_service(service: str, main: Callable[[], Awaitable[None]]) -> None:
         asyncio.run(main())  # type: ignore[arg-type]
     except ConfigError as exc:
         logging.getLogger(service).error("cannot start: %s", exc)
-        sys.exit(2)
+        sys.exit(CANNOT_START)
