@@ -25,6 +25,9 @@ INSTALLER = ROOT / "plugins" / "hyatlas" / "install.py"
 
 pytestmark = pytest.mark.slow
 
+GATEWAY_STATUS = {"version": "5.0.0-py", "mode": "lite", "layers": {}}
+"""The least of a status answer the plugin takes for a HyAtlas gateway's."""
+
 
 @pytest.fixture(scope="session")
 def hermes_python() -> Path:
@@ -52,7 +55,7 @@ def searching_gateway(
     """A stand-in gateway in lite mode whose searches the test answers."""
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response({"mode": "lite"})
+        return web.json_response(GATEWAY_STATUS)
 
     app = web.Application()
     app.router.add_get("/api/v1/status", status)
@@ -244,6 +247,8 @@ async def test_memory_tool_mirror_sends_add_marked_memory_tool_and_forget_of_old
 
     async def record(request: web.Request) -> web.Response:
         seen.append((request.path, await request.json()))
+        if request.path == "/api/v1/forget":
+            return web.json_response({"forgotten": 1, "memories": [], "evidence_ids": []})
         return web.json_response({"success": True, "memory_id": "m1"})
 
     app = web.Application()
@@ -593,6 +598,46 @@ async def test_another_service_at_server_url_is_reported_as_such_in_one_line(
     assert "check server_url" in warning
 
 
+async def test_another_service_answering_200_json_at_server_url_stores_nothing_and_says_so(
+    tmp_path: Path, hermes_python: Path
+):
+    """An OpenAI-compatible server at server_url answers every route 200 with JSON of its own:
+    no queued write counts as stored, the session warns it is not a HyAtlas server, the CLI
+    says so too; once a gateway answers there, everything queued is stored."""
+    stored: list[str] = []
+    other_service = True
+
+    async def answer(request: web.Request) -> web.Response:
+        if other_service:
+            return web.json_response({"object": "list", "data": []})
+        if request.path == "/api/v1/status":
+            return web.json_response(GATEWAY_STATUS)
+        stored.append((await request.json())["text"])
+        return web.json_response({"success": True, "memory_id": f"m{len(stored)}"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url)
+        session = await drive_async(hermes_python, home, "outage", {"await_check": True})
+        tried = await drive_async(hermes_python, home, "tried",
+                                  {"turns": [["My passport expires in June", "Noted."]]})
+        shown = await asyncio.to_thread(hermes_cli, hermes_python, home, "status")
+        noted = await asyncio.to_thread(hermes_cli, hermes_python, home, "add", "Gate", "4417")
+        other_service = False
+        resumed = await drive_async(hermes_python, home, "resume", {"wait_s": 60})
+    [warning] = session["warnings"]
+    assert f"{url} is not a HyAtlas server" in warning and "check server_url" in warning
+    [op] = tried["queue"]
+    assert op["dead"] is False and "is not a HyAtlas server" in op["last_error"], op
+    status = tried["status"]
+    assert status["plugin_queue"] == 1 and "not a HyAtlas server" in status["error"], status
+    assert shown.returncode == 1 and f"{url} is not a HyAtlas server" in shown.stderr
+    assert json.loads(noted.stdout)["queued"] is True, noted.stdout
+    assert resumed["pending"] == 0
+    assert sorted(stored) == ["Gate 4417", "USER: My passport expires in June\n\nASSISTANT: Noted."]
+
+
 def test_after_a_recall_overruns_its_budget_later_recalls_are_skipped_not_waited_on(
     tmp_path: Path, hermes_python: Path
 ):
@@ -809,7 +854,7 @@ async def test_a_write_the_gateway_refused_is_counted_in_status_and_start_sends_
         return web.json_response({"success": True, "memory_id": "m1"})
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response({"mode": "lite"})
+        return web.json_response(GATEWAY_STATUS)
 
     async def ready(request: web.Request) -> web.Response:
         return web.json_response({"ready": True})

@@ -7,6 +7,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 USER_AGENT = "hermes-hyatlas/5.0"
@@ -18,6 +19,16 @@ class ClientError(Exception):
 
 class Unreachable(ClientError):
     """The gateway did not answer (connection refused, timeout, DNS)."""
+
+
+class NotHyAtlas(ClientError):
+    """Something answered at server_url, but not the way a HyAtlas gateway answers (another
+    service, such as an OpenAI-compatible server, that replies 200 with JSON of its own)."""
+
+    def __init__(self, method: str, path: str, base_url: str, reply: Any) -> None:
+        self.detail = f"{method} {path} answered {_first_words(json.dumps(reply))}"
+        super().__init__(f"{base_url} is not a HyAtlas server ({self.detail}); check server_url "
+                         "(hyatlas.json, HYATLAS_SERVER_URL)")
 
 
 class HttpError(ClientError):
@@ -85,6 +96,12 @@ class HyAtlasClient:
         except ValueError:
             raise ClientError(f"{method} {path}: answer is not JSON: {raw[:200]!r}") from None
 
+    def _expect(self, method: str, path: str, reply: Any, shape: Callable[[Any], bool]) -> Any:
+        """reply when it has the shape the gateway answers path with; else NotHyAtlas."""
+        if not shape(reply):
+            raise NotHyAtlas(method, path, self.base_url, reply)
+        return reply
+
     def healthy(self, timeout_s: float = 1.0) -> bool:
         """Whether /healthz answers {"status": "ok"}."""
         try:
@@ -104,15 +121,17 @@ class HyAtlasClient:
             return False
         return isinstance(reply, dict) and reply.get("ready") is True
 
-    def status(self) -> dict[str, Any]:
-        """GET /api/v1/status."""
-        return self.request("GET", "/api/v1/status")
+    def status(self, **kwargs: Any) -> dict[str, Any]:
+        """GET /api/v1/status (a reply without version, mode and layers is not a gateway's)."""
+        path = "/api/v1/status"
+        return self._expect("GET", path, self.request("GET", path, **kwargs), is_status)
 
     def add(self, payload: dict[str, Any], idempotency_key: str = "") -> dict[str, Any]:
         """POST /api/v1/add with {text, user_id, agent_id, session_id, metadata}; a write sent
         again with the same idempotency_key is stored once."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self.request("POST", "/api/v1/add", payload, headers=headers)
+        reply = self.request("POST", "/api/v1/add", payload, headers=headers)
+        return self._expect("POST", "/api/v1/add", reply, is_added)
 
     def search(
         self,
@@ -140,7 +159,8 @@ class HyAtlasClient:
             body["layer"] = layer
         if session_id:
             body["session_id"] = session_id
-        return self.request("POST", "/api/v1/search", body, timeout_s=timeout_s)
+        reply = self.request("POST", "/api/v1/search", body, timeout_s=timeout_s)
+        return self._expect("POST", "/api/v1/search", reply, is_search)
 
     def recent(
         self, *, user_id: str, agent_id: str, limit: int = 20, layer: str = "",
@@ -163,7 +183,8 @@ class HyAtlasClient:
             body["before"] = before
         if contains:
             body["contains"] = contains
-        return self.request("POST", "/api/v1/list", body)
+        return self._expect("POST", "/api/v1/list", self.request("POST", "/api/v1/list", body),
+                            is_list)
 
     def owners(self) -> dict[str, Any]:
         """GET /api/v1/owners: every user and agent with memories, counts and last write."""
@@ -171,11 +192,13 @@ class HyAtlasClient:
 
     def forget(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST /api/v1/forget: retire the memories matching a text or id (reversible)."""
-        return self.request("POST", "/api/v1/forget", payload)
+        reply = self.request("POST", "/api/v1/forget", payload)
+        return self._expect("POST", "/api/v1/forget", reply, is_forgotten)
 
     def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST /api/v1/restore: bring one retired memory back ({memory_id, user_id, agent_id})."""
-        return self.request("POST", "/api/v1/restore", payload)
+        reply = self.request("POST", "/api/v1/restore", payload)
+        return self._expect("POST", "/api/v1/restore", reply, is_restored)
 
     def flush(self) -> dict[str, Any]:
         """POST /api/v1/flush: ask the server to persist what it holds in memory."""
@@ -184,6 +207,53 @@ class HyAtlasClient:
     def set_llm_key(self, key: str) -> dict[str, Any]:
         """POST /api/v1/llm/key: hand the extraction key to the server (kept in its memory)."""
         return self.request("POST", "/api/v1/llm/key", {"key": key})
+
+
+def _has(reply: Any, **kinds: type) -> bool:
+    """Whether reply is a JSON object whose named fields hold values of those kinds."""
+    return isinstance(reply, dict) and all(_of_kind(reply.get(name), kind)
+                                           for name, kind in kinds.items())
+
+
+def _of_kind(value: Any, kind: type) -> bool:
+    # JSON true is no count, though Python's bool is an int.
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def is_added(reply: Any) -> bool:
+    """An add's answer: success true and the new row's memory_id."""
+    return _has(reply, memory_id=str) and reply.get("success") is True and bool(reply["memory_id"])
+
+
+def is_forgotten(reply: Any) -> bool:
+    """A forget's answer: how many rows it retired, and which."""
+    return _has(reply, forgotten=int, memories=list)
+
+
+def is_restored(reply: Any) -> bool:
+    """A restore's answer: whether it brought the row back, and the row."""
+    return _has(reply, restored=bool, memory=dict)
+
+
+def is_status(reply: Any) -> bool:
+    """A status answer: the server's version and mode, and its live rows per layer."""
+    return _has(reply, version=str, mode=str, layers=dict)
+
+
+def is_search(reply: Any) -> bool:
+    """A search answer: its channels of memories."""
+    return _has(reply, memories=dict)
+
+
+def is_list(reply: Any) -> bool:
+    """A list answer: a page of memories."""
+    return _has(reply, memories=list)
+
+
+def _first_words(text: str) -> str:
+    """The start of another service's answer, on one line."""
+    words = " ".join(text.split())
+    return words if len(words) <= 80 else words[:79] + "…"
 
 
 def well_formed(value: Any) -> Any:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .client import ClientError, HttpError, HyAtlasClient
+from .client import ClientError, HttpError, HyAtlasClient, NotHyAtlas
 
 log = logging.getLogger("hyatlas")
 
@@ -20,6 +20,8 @@ def problem_text(exc: ClientError, server_url: str) -> str:
     if isinstance(exc, HttpError) and exc.status in (401, 403):
         return (f"HyAtlas memory at {server_url} refused the plugin's token (HTTP {exc.status}); "
                 "set HYATLAS_TOKEN in $HERMES_HOME/.env to the server's token")
+    if isinstance(exc, NotHyAtlas):
+        return f"something other than HyAtlas memory answers at {server_url}: {exc}"
     if isinstance(exc, HttpError) and not exc.from_gateway:
         return (f"something other than HyAtlas memory answers at {server_url} "
                 f"(HTTP {exc.status}: {exc.message}); check server_url (hyatlas.json, "
@@ -75,9 +77,10 @@ class ServerHealth:
             self._warned = False
 
     def check(self, client: HyAtlasClient, timeout_s: float) -> bool:
-        """Asks the gateway for its status once; records the outcome."""
+        """Asks the gateway for its status once (an answer that is not a gateway's status counts
+        as a failure); records the outcome."""
         try:
-            client.request("GET", "/api/v1/status", timeout_s=timeout_s)
+            client.status(timeout_s=timeout_s)
         except ClientError as exc:
             self.failed(problem_text(exc, client.base_url))
             return False

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .client import ClientError, HttpError, HyAtlasClient, Unreachable
+from .client import ClientError, HttpError, HyAtlasClient, NotHyAtlas, Unreachable
 from .outbox import CONTAINS_CHARS, Outbox, new_idempotency_key, refused_for_good
 from .settings import parse_flag
 
@@ -190,7 +190,7 @@ def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
     key = new_idempotency_key()
     try:
         return client.add(payload, key)
-    except (Unreachable, HttpError) as exc:
+    except (Unreachable, NotHyAtlas, HttpError) as exc:
         if outbox is None or (isinstance(exc, HttpError) and refused_for_good(exc)):
             raise
         outbox.put("add", payload, key)
