@@ -905,6 +905,39 @@ def test_cli_add_while_the_server_is_down_queues_and_hermes_hyatlas_start_sends_
     assert stored == ["The boiler is serviced in May"]
 
 
+def test_a_note_added_then_forgotten_while_the_server_is_down_is_not_live_once_it_is_back(
+    tmp_path: Path, hermes_python: Path, embedder_address: str
+):
+    """The forget tool and `hermes hyatlas forget` queue like the add does, in order behind
+    it: once the server is back, the note is stored and then forgotten."""
+    port = free_port()
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
+                     user_id="u-forget-queue")
+    answers = drive(hermes_python, home, "tool_calls", {"session_id": "s-forget-queue", "calls": [
+        ["hyatlas_add", {"text": "The spare key is under the red pot"}],
+        ["hyatlas_forget", {"text": "The spare key is under the red pot"}],
+        ["hyatlas_status", {}],
+    ]})["answers"]
+    added, forgotten, status = answers
+    assert added["queued"] is True and forgotten["queued"] is True, answers
+    assert status["plugin_queue"] == 2
+    noted = hermes_cli(hermes_python, home, "add", "The", "alarm", "code", "is", "5150")
+    dropped = hermes_cli(hermes_python, home, "forget", "The", "alarm", "code", "is", "5150")
+    assert json.loads(noted.stdout)["queued"] is True, noted.stderr
+    assert json.loads(dropped.stdout)["queued"] is True, dropped.stderr
+    with running_stack(tmp_path / "up", ["store", "search", "gateway"],
+                       HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as up:
+        resumed = drive(hermes_python, home, "resume", {"wait_s": 60})
+        live = contents(gateway(up, "POST", "/api/v1/list", {"user_id": "u-forget-queue"}))
+        kept = gateway(up, "POST", "/api/v1/list",
+                       {"user_id": "u-forget-queue", "include_superseded": True})["memories"]
+    assert resumed["pending"] == 0
+    assert live == []
+    assert sorted((m["content"], m["superseded_how"]) for m in kept) == [
+        ("The alarm code is 5150", "forgotten"),
+        ("The spare key is under the red pot", "forgotten")]
+
+
 async def test_hermes_hyatlas_start_fails_when_the_server_takes_none_of_the_queued_writes(
     tmp_path: Path, hermes_python: Path
 ):

@@ -24,7 +24,7 @@ from .settings import (
     resolve_ids,
     state_dir,
 )
-from .tools import LAYERS, add_or_queue, forget_or_suggest, forget_payload, queue_counts
+from .tools import LAYERS, add_or_queue, forget_now, forget_payload, queue_counts, send_or_queue
 
 
 def _owner_options(parser: argparse.ArgumentParser, default: str) -> None:
@@ -156,7 +156,9 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
     elif command == "forget":
         payload = forget_payload(owner, text=" ".join(args.text).strip(),
                                  memory_id=args.memory_id.strip(), reason="hermes hyatlas forget")
-        _print(forget_or_suggest(client, payload))
+        with _outbox(home, client) as outbox:
+            _print(send_or_queue(outbox, "forget", payload,
+                                 lambda _key: forget_now(client, payload)))
     elif command == "restore":
         _print(client.restore({"memory_id": args.memory_id, **owner}))
     elif command == "start":

@@ -467,6 +467,15 @@ class Outbox:
                 self._changed.wait(min(left, 0.1))
         return True
 
+    def caught_up(self, timeout_s: float) -> bool:
+        """Whether nothing due waits to be sent, after sending what is due (the sender thread
+        for up to timeout_s; without one, this thread, once): an op sent directly while this
+        is False would overtake the ops queued before it."""
+        if self._thread is None:
+            self.send_once()
+            return self._next_due() is None
+        return self.flush(timeout_s)
+
     def close(self, timeout_s: float = 3.0) -> None:
         """Sends what it can within timeout_s, then stops; the rest stays on disk for next time."""
         if self._thread is not None:

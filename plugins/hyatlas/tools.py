@@ -16,6 +16,9 @@ CANDIDATES = 3
 LAYERS = ("l1_profile", "l2_raw", "l3_fact", "l4_summary", "l5_knowledge", "l6_schema",
           "l7_intention", "l8_entity")
 MAX_LIMIT = 50
+CATCH_UP_S = 3.0
+"""How long a tool's write waits for the ops queued before it to be sent, before it is queued
+behind them instead."""
 
 
 @dataclass
@@ -181,21 +184,38 @@ def _recent(scope: Scope, args: dict[str, Any]) -> Any:
     )
 
 
-def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
-                 payload: dict[str, Any]) -> dict[str, Any]:
-    """Sends a note now, or keeps it in the outbox when the outbox would send it again: the
-    server does not answer, is busy, refuses the token, or something else answers at its URL
-    (outbox.refused_for_good says which refusals are final). The queued op keeps the key of the
-    first try, so a try that did arrive is not stored twice."""
+def send_or_queue(outbox: Outbox | None, kind: str, payload: dict[str, Any],
+                  send: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """Sends an op now with send(idempotency_key), or keeps it in the outbox: behind the ops
+    queued before it, so it never overtakes them (a forget sent before its note's queued add
+    would leave the note live), or when the outbox would send it again: the server does not
+    answer, is busy, refuses the token, or something else answers at its URL
+    (outbox.refused_for_good says which refusals are final). The queued op keeps the key of
+    the first try, so a try that did arrive is not stored twice."""
     key = new_idempotency_key()
+    if outbox is not None and not outbox.caught_up(CATCH_UP_S):
+        outbox.put(kind, payload, key)
+        return _queued(f"{outbox.pending() - 1} earlier writes wait in the local queue "
+                       f"({outbox.last_error or 'being sent'})")
     try:
-        return client.add(payload, key)
+        return send(key)
     except (Unreachable, NotHyAtlas, HttpError) as exc:
         if outbox is None or (isinstance(exc, HttpError) and refused_for_good(exc)):
             raise
-        outbox.put("add", payload, key)
-        return {"success": True, "queued": True,
-                "note": f"not stored yet ({exc}); kept locally and sent once the server takes it"}
+        outbox.put(kind, payload, key)
+        return _queued(str(exc))
+
+
+def _queued(why: str) -> dict[str, Any]:
+    return {"success": True, "queued": True,
+            "note": f"not done yet ({why}); kept locally and sent in order once the server "
+                    "takes it"}
+
+
+def add_or_queue(client: HyAtlasClient, outbox: Outbox | None,
+                 payload: dict[str, Any]) -> dict[str, Any]:
+    """Stores a note now, or queues it (send_or_queue says when)."""
+    return send_or_queue(outbox, "add", payload, lambda key: client.add(payload, key))
 
 
 def forget_payload(owner: dict[str, str], *, text: str, memory_id: str,
@@ -253,12 +273,20 @@ def _forget(scope: Scope, args: dict[str, Any]) -> Any:
         text=_optional_text(args, "text"), memory_id=memory_id,
         reason=_optional_text(args, "reason") or "asked by the agent",
     )
+    return send_or_queue(scope.outbox, "forget", payload,
+                         lambda _key: forget_now(scope.client, payload))
+
+
+def forget_now(client: HyAtlasClient, payload: dict[str, Any]) -> dict[str, Any]:
+    """forget_or_suggest; the gateway's own 404 is final: no such memory, or no forget."""
     try:
-        return forget_or_suggest(scope.client, payload)
+        return forget_or_suggest(client, payload)
     except HttpError as exc:
-        if exc.status in (404, 405, 501) and not memory_id:
-            raise ClientError("this server does not offer forget yet") from None
-        raise
+        if not (exc.from_gateway and exc.status in (404, 405, 501)):
+            raise
+        if payload.get("memory_id") and exc.status == 404:
+            raise ClientError(str(exc)) from None
+        raise ClientError("this server does not offer forget yet") from None
 
 
 def _restore(scope: Scope, args: dict[str, Any]) -> Any:
