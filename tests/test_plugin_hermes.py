@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -769,9 +770,11 @@ def test_dashboard_router_mounts_in_hermes_web_server_and_proxies_search(
     assert result["asset_status"] == 200
 
 
-def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_is_back(
+def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_sent_when_it_is_back_keep_when_said(
     tmp_path: Path, hermes_python: Path, embedder_address: str
 ):
+    """Turns queued while the gateway is away are stored once it is back, each with the time
+    it was said as its event_at (the extractor reads "yesterday" from it), not the delivery's."""
     port = free_port()
     home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{port}",
                      user_id="u-down", prefetch_budget_s=1.0, timeout_s=30.0)
@@ -795,13 +798,16 @@ def test_gateway_down_prefetch_and_sync_turn_survive_and_turns_are_sent_when_it_
     assert max(down["prefetch_s"]) < 30.0, down
     assert len(list((home / "hyatlas").glob("outbox.sqlite3"))) == 1
 
+    back_at = int(time.time())
     with running_stack(tmp_path / "back", ["store", "search", "gateway"],
                        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_GO_PORT=str(port)) as back:
         resumed = drive(hermes_python, home, "resume", {"wait_s": 30})
         assert resumed["pending"] == 0
-        stored = contents(gateway(back, "POST", "/api/v1/list", {"user_id": "u-down"}))
-    assert sorted(stored) == sorted(
+        rows = gateway(back, "POST", "/api/v1/list", {"user_id": "u-down"})["memories"]
+    assert sorted(row["content"] for row in rows) == sorted(
         [f"USER: {u}\n\nASSISTANT: {a}" for u, a in turns] + ["Noted from the CLI"])
+    # Said before the gateway was back, stored after it: each keeps when it was said.
+    assert all(row["event_at"] < back_at <= row["gmt_created"] for row in rows), rows
 
 
 @pytest.mark.parametrize(("status", "content_type", "body"), [

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
-from .client import ClientError, HyAtlasClient
+from .client import ClientError, HyAtlasClient, local_now
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
@@ -310,6 +310,7 @@ class HyAtlasProvider(MemoryProvider):
             self._queue("add", {
                 "text": text,
                 **self._owner(session_id),
+                "event_at": local_now(),
                 "metadata": {"write_origin": "sync_turn", "source": "hermes"},
             })
         except Exception:  # a memory failure must never break the agent's turn
@@ -350,6 +351,7 @@ class HyAtlasProvider(MemoryProvider):
                 self._queue("add", {
                     "text": content.strip(),
                     **self._owner(session_id),
+                    "event_at": local_now(),
                     "metadata": {**extra, "write_origin": "memory_tool", "target": target},
                 })
         except Exception:  # Hermes's own memory write already succeeded; never undo it

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .client import ClientError, HyAtlasClient, Unreachable
+from .client import ClientError, HyAtlasClient, Unreachable, local_now
 from .health import START_HINT
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
@@ -144,7 +144,7 @@ def _run(command: str, args: argparse.Namespace, settings: PluginSettings, home:
         print(json.dumps(answer, indent=2) if args.json else
               format_recall(answer, query, per_channel=args.limit) or "no memories found")
     elif command == "add":
-        note = {"text": " ".join(args.text), "session_id": "cli",
+        note = {"text": " ".join(args.text), "session_id": "cli", "event_at": local_now(),
                 "metadata": {"write_origin": "cli"}, **owner}
         with _outbox(home, client) as outbox:
             _print(add_or_queue(client, outbox, note))

@@ -153,7 +153,7 @@ class HyAtlasClient:
             "user_id": user_id,
             "agent_id": agent_id,
             "limit": limit,
-            "reference_time": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "reference_time": local_now(),
         }
         if layer:
             body["layer"] = layer
@@ -207,6 +207,12 @@ class HyAtlasClient:
     def set_llm_key(self, key: str) -> dict[str, Any]:
         """POST /api/v1/llm/key: hand the extraction key to the server (kept in its memory)."""
         return self.request("POST", "/api/v1/llm/key", {"key": key})
+
+
+def local_now() -> str:
+    """Now by this machine's clock and zone, in RFC 3339 (a search's reference_time, and an
+    add's event_at: when it was said, which a write delivered late from the queue keeps)."""
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def _has(reply: Any, **kinds: type) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .client import ClientError, HttpError, HyAtlasClient, NotHyAtlas, Unreachable
+from .client import ClientError, HttpError, HyAtlasClient, NotHyAtlas, Unreachable, local_now
 from .outbox import CONTAINS_CHARS, Outbox, new_idempotency_key, refused_for_good
 from .settings import parse_flag
 
@@ -260,6 +260,7 @@ def _add(scope: Scope, args: dict[str, Any]) -> Any:
         "user_id": scope.user_id,
         "agent_id": scope.agent_id,
         "session_id": scope.session_id,
+        "event_at": local_now(),
         "metadata": {"write_origin": "tool", "tool_name": "hyatlas_add"},
     })
 
