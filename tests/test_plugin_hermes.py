@@ -173,15 +173,54 @@ def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
     listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-turns", "limit": 50})
     stored = contents(listed)
     # Injected memory context and compaction summaries are Hermes's text, not the user's;
-    # each message is capped at 4,000 characters.
+    # each message is capped at 4,000 characters, by its head and tail.
     assert len(stored) == 3
-    assert "USER: What time is it?\n\nASSISTANT: " + "A" * 4000 in stored
+    assert ("USER: What time is it?\n\nASSISTANT: " + "A" * 1984
+            + " … [1,033 characters left out] … " + "A" * 1983) in stored
     assert any(t.startswith("USER: My dog is called Biscuit") and "ASSISTANT: Biscuit" in t
                for t in stored)
     found = gateway(stack, "POST", "/api/v1/search",
                     {"query": "marine biologist coral reefs", "user_id": "u-turns"})
     assert any("coral reefs" in c for c in contents(found))
     assert all(m.get("session_id") == "s-turns" for m in listed["memories"])
+
+
+async def test_a_long_message_keeps_its_head_and_tail_in_the_stored_turn_and_the_recall_query(
+    tmp_path: Path, hermes_python: Path
+):
+    """A pasted log whose important line is its last: the stored turn keeps each message's
+    first and last characters (4,000 at most) and says how many were left out between; the
+    recall searches with the head and tail too."""
+    added: list[str] = []
+    queries: list[str] = []
+
+    async def add(request: web.Request) -> web.Response:
+        added.append((await request.json())["text"])
+        return web.json_response({"success": True, "memory_id": f"m{len(added)}"})
+
+    async def search(request: web.Request) -> web.Response:
+        queries.append((await request.json())["query"])
+        return web.json_response({"memories": {}, "order": []})
+
+    log = "\n".join(f"12:00:{i % 60:02d} INFO step {i} ok" for i in range(900))
+    pasted = f"Why does the backup fail?\n{log}\nERROR: /dev/sdb1 is full"
+    app = searching_gateway(search)
+    app.router.add_post("/api/v1/add", add)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, prefetch_budget_s=6.0)
+        result = await drive_async(hermes_python, home, "turns", {
+            "session_id": "s-long", "turns": [[pasted, "The disk is full."]],
+            "final_query": pasted})
+    assert all(result["flushed"]), result
+    [text] = added
+    left_out = len(pasted) - (4000 - len(" … [00,000 characters left out] … "))
+    assert text.startswith("USER: Why does the backup fail?\n12:00:00 INFO step 0 ok")
+    assert f" … [{left_out:,} characters left out] … " in text
+    assert text.endswith("ERROR: /dev/sdb1 is full\n\nASSISTANT: The disk is full.")
+    assert len(text) == len("USER: \n\nASSISTANT: The disk is full.") + 4000
+    assert queries and all(q.startswith("Why does the backup fail?") and
+                           q.endswith("ERROR: /dev/sdb1 is full") and len(q) == 4000
+                           and "left out" not in q for q in queries), queries
 
 
 def test_a_turn_holding_a_lone_surrogate_or_a_nul_is_stored_with_replacement_characters(

@@ -17,7 +17,7 @@ from .client import ClientError, HyAtlasClient, local_now
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
-from .recall import clean_message, format_recall, turn_text
+from .recall import format_recall, recall_query, turn_text
 from .settings import (
     PluginSettings,
     config_schema,
@@ -258,7 +258,7 @@ class HyAtlasProvider(MemoryProvider):
         if self.client is None or self.settings is None:
             return ""
         sid = session_id or self.session_id
-        query = clean_message(query)
+        query = recall_query(query)
         if not query:
             return self._last_recall(sid)
         recall = self._recall_in_background(query, sid)
@@ -275,7 +275,7 @@ class HyAtlasProvider(MemoryProvider):
         """Warms the session's recall cache without holding Hermes's worker thread."""
         if self.client is None:
             return
-        query = clean_message(query)
+        query = recall_query(query)
         if query:
             self._recall_in_background(query, session_id or self.session_id)
 

@@ -115,23 +115,49 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
 
 
 def clean_message(text: str) -> str:
-    """A message's own text: no injected memory context, no compaction summary, capped."""
+    """A message's own text: no injected memory context, no compaction summary (not capped)."""
     if not isinstance(text, str):
         return ""
     text = _MEMORY_CONTEXT.sub("", text).strip()
     if text.startswith(COMPACTION_PREFIXES):
         return ""
-    return text[:MESSAGE_CHARS]
+    return text
+
+
+def keep_ends(text: str, limit: int, *, say_how_much: bool = True) -> str:
+    """text, or at most limit characters of it: its head and its tail, with a marker between
+    them saying how many characters were left out (a bare "…" without say_how_much).
+
+    A pasted log or trace says what matters at its end as often as at its start.
+    """
+    if len(text) <= limit:
+        return text
+    room = limit - len(_left_out(len(text), say_how_much))
+    head = (room + 1) // 2
+    tail = room - head
+    return (text[:head] + _left_out(len(text) - room, say_how_much)
+            + text[len(text) - tail:])
+
+
+def _left_out(chars: int, say_how_much: bool) -> str:
+    return f" … [{chars:,} characters left out] … " if say_how_much else " … "
+
+
+def recall_query(text: str) -> str:
+    """What recall searches for a message: its own text, its head and tail when it is long
+    (no count of what was left out: words the search would look for)."""
+    return keep_ends(clean_message(text), MESSAGE_CHARS, say_how_much=False)
 
 
 def turn_text(user: str, assistant: str) -> str:
-    """The text of one turn as stored: USER and ASSISTANT lines, at most TURN_CHARS.
+    """The text of one turn as stored: USER and ASSISTANT lines, each message at most
+    MESSAGE_CHARS and the turn at most TURN_CHARS, a longer one kept by its head and tail.
 
     "" when the user said nothing of their own (only injected context or a compaction summary).
     """
-    user = clean_message(user)
+    user = keep_ends(clean_message(user), MESSAGE_CHARS)
     if not user:
         return ""
-    assistant = clean_message(assistant)
+    assistant = keep_ends(clean_message(assistant), MESSAGE_CHARS)
     text = f"USER: {user}" + (f"\n\nASSISTANT: {assistant}" if assistant else "")
-    return text[:TURN_CHARS]
+    return keep_ends(text, TURN_CHARS)
