@@ -1144,19 +1144,67 @@ def test_the_server_default_choice_hermes_setup_writes_into_config_yaml_leaves_i
     assert result["available"] is True
 
 
-@pytest.mark.parametrize(("values", "error"), [
-    ({"server_url": "localhost:19528"}, "server_url='localhost:19528' is not an http(s) URL"),
-    ({"mode": "max"}, "mode='max' is not one of lite, pro, ultra"),
+@pytest.mark.parametrize(("values", "error", "saved"), [
+    ({"server_url": "ftp://localhost:19528", "user_id": "alice"},
+     "server_url='ftp://localhost:19528' is not an http(s) URL; not saved, server_url stays "
+     "'http://127.0.0.1:19528' (the other answers were saved)", {"user_id": "alice"}),
+    ({"mode": "max"}, "mode='max' is not one of lite, pro, ultra; not saved, mode stays '' "
+     "(the other answers were saved)", {}),
 ], ids=["url", "mode"])
-def test_setup_values_the_plugin_could_not_load_are_refused_and_not_saved(
-    tmp_path: Path, hermes_python: Path, values: dict[str, str], error: str
+def test_a_setup_value_the_plugin_could_not_load_is_refused_and_the_other_answers_saved(
+    tmp_path: Path, hermes_python: Path, values: dict[str, str], error: str,
+    saved: dict[str, str]
 ):
     home = make_home(tmp_path, hermes_python)
     result = drive(hermes_python, home, "refused_config", {"values": values})
     assert result["error"] == error
     # hyatlas.json keeps what the installer wrote, and the provider stays available.
-    assert json.loads(result["saved"]) == {"server_cwd": str(ROOT)}
+    assert json.loads(result["saved"]) == {"server_cwd": str(ROOT), **saved}
     assert result["available"] is True
+
+
+def test_a_server_url_given_as_host_and_port_is_saved_as_an_http_url(
+    tmp_path: Path, hermes_python: Path
+):
+    """What a user types at `hermes memory setup`'s question: host:port means the gateway."""
+    home = make_home(tmp_path, hermes_python)
+    result = drive(hermes_python, home, "config", {
+        "values": {"server_url": "127.0.0.1:23400"}, "read": ["server_url"]})
+    assert result["saved"]["server_url"] == "http://127.0.0.1:23400"
+    assert result["loaded"] == {"server_url": "http://127.0.0.1:23400"}
+
+
+async def test_a_server_url_the_plugin_cannot_use_is_shown_in_the_session_and_turns_wait(
+    tmp_path: Path, hermes_python: Path
+):
+    """HYATLAS_SERVER_URL is not an http(s) URL: Hermes's warning says so at session start,
+    the turn waits in the local queue (not sent anywhere), and a session with a working
+    config sends it."""
+    stored: list[tuple[str, str]] = []
+
+    async def add(request: web.Request) -> web.Response:
+        body = await request.json()
+        stored.append((body["user_id"], body["text"]))
+        return web.json_response({"success": True, "memory_id": f"m{len(stored)}"})
+
+    async def search(request: web.Request) -> web.Response:
+        return web.json_response({"memories": {}})
+
+    app = searching_gateway(search)
+    app.router.add_post("/api/v1/add", add)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-misconfigured")
+        bad = await drive_async(hermes_python, home, "misconfigured", {},
+                                HYATLAS_SERVER_URL="ftp://127.0.0.1:19528")
+        resumed = await drive_async(hermes_python, home, "resume", {"wait_s": 60})
+    problem = "HYATLAS_SERVER_URL='ftp://127.0.0.1:19528' is not an http(s) URL"
+    assert bad["available"] is True, bad
+    [warning] = bad["warnings"]
+    assert problem in warning and "wait in the local queue" in warning, warning
+    assert bad["pending"] == 1
+    assert problem in bad["tool"]["error"] and problem in bad["status_config"]["config_error"]
+    assert resumed["pending"] == 0
+    assert stored == [("u-misconfigured", "USER: My locker code is 2231\n\nASSISTANT: Noted.")]
 
 
 def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_setting(
@@ -1175,7 +1223,9 @@ def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_set
         "HYATLAS_PREFETCH_LIMIT='0' must be a number above 0",
         "",
     ]
-    assert result["available"] is False  # config.yaml's own timeout_s: 0
+    # config.yaml's own timeout_s: 0. The provider is still available: it says what is wrong
+    # at session start and keeps the turns in the local queue.
+    assert result["available"] is True
     status = hermes_cli(hermes_python, home, "status")
     assert status.returncode == 1
     assert f"{home / 'config.yaml'}: timeout_s=0 must be a number above 0" in status.stderr

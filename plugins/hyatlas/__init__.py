@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import sqlite3
 import threading
@@ -23,6 +24,7 @@ from .settings import (
     config_schema,
     hermes_home_dir,
     load_settings,
+    read_settings,
     resolve_ids,
     save_config,
     state_dir,
@@ -64,6 +66,8 @@ class HyAtlasProvider(MemoryProvider):
         self.writes = False
         self.queue_problem = "the local queue is not open"
         """Why writes cannot be queued when the outbox is None."""
+        self.config_problem = ""
+        """What is wrong with a config the plugin cannot run with ("" when it can)."""
         self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._recall_lock = threading.Lock()
         self._inflight: dict[str, Recall] = {}
@@ -78,13 +82,24 @@ class HyAtlasProvider(MemoryProvider):
     # -- setup -----------------------------------------------------------------
 
     def is_available(self) -> bool:
-        """True when the plugin's config parses; makes no network call."""
-        try:
-            load_settings(hermes_home_dir())
-        except ValueError as exc:
-            log.warning("hyatlas config is invalid: %s", exc)
-            return False
+        """True: makes no network call. With a config it cannot run with, the provider still
+        keeps the main agent's turns in its local queue and says what is wrong at session
+        start (and `hermes memory status` shows it as config_error)."""
+        problems = read_settings(hermes_home_dir())[1]
+        if problems:
+            log.warning("hyatlas config is invalid: %s", problems[0])
         return True
+
+    def get_status_config(self, provider_config: dict[str, Any]) -> dict[str, Any]:
+        """What `hermes memory status` shows: the settings in effect (no secret), and what is
+        wrong with the config, if anything."""
+        settings, problems = read_settings(hermes_home_dir())
+        shown: dict[str, Any] = {
+            key: getattr(settings, key) for key in ("server_url", "user_id", "agent_id",
+                                                      "auto_start", "mode", "sync")}
+        if problems:
+            shown["config_error"] = "; ".join(problems)
+        return shown
 
     def get_config_schema(self) -> list[dict[str, Any]]:
         """The fields `hermes memory setup` asks for."""
@@ -111,8 +126,7 @@ class HyAtlasProvider(MemoryProvider):
         warning_callback (CLI sessions), else the log.
         """
         home = Path(kwargs.get("hermes_home") or hermes_home_dir())
-        settings = load_settings(home)
-        self.settings = settings
+        settings, problems = read_settings(home)
         self.hermes_home = home
         self.session_id = session_id or ""
         self.user_id, self.agent_id = resolve_ids(settings, kwargs)
@@ -121,6 +135,10 @@ class HyAtlasProvider(MemoryProvider):
         # Cron, flush and subagent runs read memory but never write it: their prompts are not
         # the user's conversation.
         self.writes = self.agent_context == "primary"
+        if problems:
+            self._queue_only(home, settings, problems)
+            return
+        self.settings = settings
         self.client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
                                     token=settings.token)
         if self.writes:
@@ -138,14 +156,28 @@ class HyAtlasProvider(MemoryProvider):
         log.info("hyatlas memory for user=%s agent=%s context=%s at %s", self.user_id,
                  self.agent_id, self.agent_context, settings.server_url)
 
-    def _open_outbox(self, home: Path, client: HyAtlasClient) -> None:
+    def _queue_only(self, home: Path, settings: PluginSettings, problems: list[str]) -> None:
+        """A config the plugin cannot run with: no recall and no sending this session, the
+        main agent's turns kept in the local queue for a session with a config that works."""
+        self.config_problem = "; ".join(problems)
+        if self.writes:
+            self._open_outbox(home, HyAtlasClient(settings.server_url), send=False)
+        kept = ("turns wait in the local queue until a session starts with a working config"
+                if self.outbox is not None else "turns are not stored")
+        self.health.failed(
+            f"HyAtlas memory is off: its config is not valid ({self.config_problem}); fix it in "
+            f"hyatlas.json, config.yaml or the HYATLAS_* environment. Until then no memories "
+            f"are recalled and {kept}", wrap=False)
+
+    def _open_outbox(self, home: Path, client: HyAtlasClient, *, send: bool = True) -> None:
         try:
             self.outbox = open_outbox(state_dir(home) / "outbox.sqlite3", client)
         except (OSError, sqlite3.Error) as exc:
             self.queue_problem = f"the local queue under {home} could not be opened ({exc})"
             log.error("hyatlas: %s; turns will not be stored", self.queue_problem)
             return
-        self.outbox.start()
+        if send:
+            self.outbox.start()
 
     def _start_server(self) -> None:
         assert self.launcher is not None
@@ -366,7 +398,8 @@ class HyAtlasProvider(MemoryProvider):
     def handle_tool_call(self, tool_name: str, args: dict[str, Any], **kwargs: Any) -> str:
         """Runs one tool; a JSON string either way."""
         if self.client is None:
-            return '{"error": "hyatlas is not initialized"}'
+            return json.dumps({"error": f"hyatlas config is not valid: {self.config_problem}"
+                               if self.config_problem else "hyatlas is not initialized"})
         scope = Scope(self.client, self.user_id, self.agent_id, self.session_id, self.outbox,
                       self.writes)
         return handle(scope, tool_name, args)

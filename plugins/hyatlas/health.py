@@ -52,8 +52,9 @@ class ServerHealth:
         with self._lock:
             return self._clock() < self._skip_until
 
-    def failed(self, message: str, *, warn: bool = True) -> None:
-        """Starts a back-off; warns the user once per outage (with warn, else only logs)."""
+    def failed(self, message: str, *, warn: bool = True, wrap: bool = True) -> None:
+        """Starts a back-off; warns the user once per outage (with warn, else only logs); wrap
+        adds what an outage means for turns."""
         with self._lock:
             self._skip_until = self._clock() + self._backoff_s
             first = warn and not self._warned
@@ -62,7 +63,7 @@ class ServerHealth:
             log.debug("hyatlas: %s", message)
             return
         text = (f"{message}. Turns will not wait for memory recall for a while; new turns wait "
-                "in the local queue.")
+                "in the local queue." if wrap else f"{message}.")
         log.warning("%s", text)
         if self._warn is not None:
             try:

@@ -7,6 +7,7 @@ import math
 import os
 import shlex
 import tempfile
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -209,59 +210,102 @@ def _layer(source: str, values: Mapping[str, Any]) -> dict[str, tuple[str, Any]]
 def load_settings(
     hermes_home: str | Path, environ: Mapping[str, str] | None = None
 ) -> PluginSettings:
-    """Settings from defaults < hyatlas.json < config.yaml (hyatlas sections) < HYATLAS_* env."""
-    environ = os.environ if environ is None else environ
-    home = Path(hermes_home)
-    layered: dict[str, tuple[str, Any]] = {}
-    for source, values in (
-        (str(home / CONFIG_FILE), _read_json(home / CONFIG_FILE)),
-        (str(home / "config.yaml"), _read_hermes_yaml(home / "config.yaml")),
-    ):
-        layered.update(_layer(source, values))
-    for key, env_name in ENV_NAMES.items():
-        if environ.get(env_name, "") != "":
-            layered[key] = (env_name, environ[env_name])
-    return _checked(layered)
-
-
-def _checked(layered: Mapping[str, tuple[str, Any]]) -> PluginSettings:
-    """Settings from (where it was read, raw value) per setting; ValueError naming the first
-    value that is not valid."""
-    defaults = PluginSettings()
-    values: dict[str, Any] = {}
-    for f in fields(PluginSettings):
-        if f.name in layered:
-            label, raw = layered[f.name]
-            values[f.name] = _coerce(label, raw, getattr(defaults, f.name))
-            if f.name in POSITIVE and not (math.isfinite(values[f.name]) and values[f.name] > 0):
-                raise ValueError(f"{label}={raw!r} must be a number above 0")
-    settings = PluginSettings(**values)
-    if settings.mode not in MODES:
-        raise ValueError(f"mode={settings.mode!r} is not one of lite, pro, ultra")
-    if settings.sync not in SYNC_VALUES:
-        raise ValueError(f"sync={settings.sync!r} is not one of on, off")
-    if not settings.server_url.startswith(("http://", "https://")):
-        raise ValueError(f"server_url={settings.server_url!r} is not an http(s) URL")
+    """Settings from defaults < hyatlas.json < config.yaml (hyatlas sections) < HYATLAS_* env;
+    ValueError naming the first value (or file) that is not valid."""
+    settings, problems = read_settings(hermes_home, environ)
+    if problems:
+        raise ValueError(problems[0])
     return settings
 
 
+def read_settings(
+    hermes_home: str | Path, environ: Mapping[str, str] | None = None
+) -> tuple[PluginSettings, list[str]]:
+    """The settings load_settings reads, with each value that is not valid left at its default
+    and each file that cannot be read left out; and what was wrong, in words a user can act on
+    (none when load_settings would succeed)."""
+    environ = os.environ if environ is None else environ
+    home = Path(hermes_home)
+    layered: dict[str, tuple[str, Any]] = {}
+    problems = []
+    for path, read in ((home / CONFIG_FILE, _read_json), (home / "config.yaml", _read_hermes_yaml)):
+        try:
+            layered.update(_layer(str(path), read(path)))
+        except ValueError as exc:
+            problems.append(str(exc))
+    for key, env_name in ENV_NAMES.items():
+        if environ.get(env_name, "") != "":
+            layered[key] = (env_name, environ[env_name])
+    settings, invalid = _checked(layered)
+    return settings, problems + invalid
+
+
+def _checked(
+    layered: Mapping[str, tuple[str, Any]],
+) -> tuple[PluginSettings, list[str]]:
+    """Settings from (where it was read, raw value) per setting, each value that is not valid
+    left at its default; and a ValueError's text for each of those."""
+    values: dict[str, Any] = {}
+    problems = []
+    for f in fields(PluginSettings):
+        if f.name in layered:
+            label, raw = layered[f.name]
+            try:
+                values[f.name] = _value(f.name, label, raw)
+            except ValueError as exc:
+                problems.append(str(exc))
+    return PluginSettings(**values), problems
+
+
+def _value(key: str, label: str, raw: Any) -> Any:
+    """One setting's value from its raw value; ValueError naming label when it is not valid."""
+    value = _coerce(label, raw, getattr(PluginSettings, key))
+    if key in POSITIVE and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{label}={raw!r} must be a number above 0")
+    if key == "mode" and value not in MODES:
+        raise ValueError(f"mode={value!r} is not one of lite, pro, ultra")
+    if key == "sync" and value not in SYNC_VALUES:
+        raise ValueError(f"sync={value!r} is not one of on, off")
+    if key == "server_url":
+        return gateway_url(label, value)
+    return value
+
+
+def gateway_url(label: str, raw: str) -> str:
+    """The gateway's base URL: an http(s) URL with a host, or host:port as a user types it
+    (taken as http://host:port, the gateway's own scheme); ValueError naming label otherwise."""
+    url = raw if "://" in raw else f"http://{raw}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError:
+        raise ValueError(f"{label}={raw!r} has a port that is not a number") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{label}={raw!r} is not an http(s) URL")
+    return url
+
+
 def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
-    """Merges the non-secret values into $HERMES_HOME/hyatlas.json (mode 0600); drops secrets."""
+    """Merges the non-secret values into $HERMES_HOME/hyatlas.json (mode 0600); drops secrets.
+    ValueError, after saving the rest, naming each value that is not valid (not saved)."""
     home = Path(hermes_home)
     home.mkdir(parents=True, exist_ok=True)
     path = home / CONFIG_FILE
     current = _read_json(path)
-    defaults = PluginSettings()
+    refused = []
     for key, value in values.items():
         if key in SECRET_KEYS or key not in ENV_NAMES:
             continue
         if value == SERVER_DEFAULT:
             current.pop(key, None)
             continue
-        current[key] = _coerce(key, value, getattr(defaults, key))
-    # A value load_settings would refuse is refused now: Hermes's setup then says so, where
-    # saved it would turn the provider off at the next start.
-    _checked(_layer(str(path), current))
+        # A value load_settings would refuse is not saved (it would turn the provider off at
+        # the next start), but the other answers of the same setup are.
+        try:
+            current[key] = _value(key, key, value)
+        except ValueError as exc:
+            kept = current.get(key, getattr(PluginSettings, key))
+            refused.append(f"{exc}; not saved, {key} stays {kept!r}")
     # Write to a private temp file first so the config is never briefly world-readable.
     fd, tmp = tempfile.mkstemp(dir=home, prefix=".hyatlas.", suffix=".json")
     try:
@@ -273,6 +317,8 @@ def save_config(values: Mapping[str, Any], hermes_home: str | Path) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if refused:
+        raise ValueError("; ".join(refused) + " (the other answers were saved)")
     return path
 
 

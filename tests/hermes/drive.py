@@ -247,6 +247,26 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
             "backing_off": backing_off}
 
 
+def misconfigured(params: dict[str, Any]) -> dict[str, Any]:
+    """A CLI session as Hermes's agent starts one (the provider only when it is available) with
+    a config the plugin cannot run with, and one turn: what was warned and queued, the status
+    tool's answer and what `hermes memory status` shows."""
+    warnings: list[str] = []
+    provider = _provider()
+    if not provider.is_available():
+        return {"available": False, "warnings": warnings}
+    manager = _manager(provider, "s-misconfigured", agent_context="primary",
+                       warning_callback=warnings.append)
+    manager.sync_all("My locker code is 2231", "Noted.", session_id="s-misconfigured")
+    manager.flush_pending(timeout=WAIT_CEILING_S)
+    pending = provider.outbox.pending()
+    tool = json.loads(manager.handle_tool_call("hyatlas_status", {}))
+    shown = provider.get_status_config({})
+    manager.shutdown_all()
+    return {"available": True, "warnings": warnings, "pending": pending, "tool": tool,
+            "status_config": shown}
+
+
 def tried(params: dict[str, Any]) -> dict[str, Any]:
     """Turns queued and each sent at least once to whatever answers at server_url; the queue
     and the status tool's answer after that."""
@@ -474,9 +494,9 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
 
 SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
                                      mirrored_until_sent, tool_calls, context_writes,
-                                     logged_writes, down, outage, tried, resume, autostart,
-                                     starting, dashboard, config, refused_config, refused_settings,
-                                     closed_mid_send, aged_outbox)}
+                                     logged_writes, down, outage, misconfigured, tried, resume,
+                                     autostart, starting, dashboard, config, refused_config,
+                                     refused_settings, closed_mid_send, aged_outbox)}
 
 
 def main() -> None:
