@@ -10,11 +10,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page
 
-from tests.support import Stack, free_port, http_ok, running_stack
+from tests.support import Stack, free_port, http_ok, running_stack, serving_http
 from tests.test_dashboard import CHROMIUM, browser
-from tests.test_plugin_hermes import gateway, hermes_env, hermes_python, make_home
+from tests.test_plugin_hermes import (
+    GATEWAY_STATUS,
+    gateway,
+    hermes_env,
+    hermes_python,
+    make_home,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +123,53 @@ async def test_recent_pages_by_the_cursor_so_rows_retired_between_pages_hide_non
         await page.locator(".hyatlas-count").get_by_text(
             "Showing 45 memories, newest first; 40 are live now").wait_for()
         assert await page.get_by_role("button", name="Show 30 more").count() == 0
+
+
+async def test_the_tab_names_its_owner_counts_the_owners_rows_and_search_shows_the_now_page(
+    tmp_path: Path, hermes_python: Path, browser: Browser
+) -> None:
+    """The status says whose memories the tab shows and how many that owner has live (not the
+    server's writes since its start, shown apart as such); a search shows the Now page the
+    agent's recall gets."""
+    listed: list[dict[str, str]] = []
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({**GATEWAY_STATUS, "llm": "unused", "writes": 4,
+                                  "layers": {"l2_raw": 500}})
+
+    async def list_rows(request: web.Request) -> web.Response:
+        listed.append(await request.json())
+        return web.json_response({"total": 12, "memories": [], "next_before": "",
+                                  "layers": {"l2_raw": 9, "l3_fact": 3}})
+
+    async def search(request: web.Request) -> web.Response:
+        hit = {"memory_id": "m1", "content": "Rui lives in Lisbon", "layer": "l3_fact",
+               "score": 0.9, "gmt_created": 1764547200}
+        now = {"memory_id": "p1", "content": "NOW: Rui moves to Lisbon on Friday",
+               "layer": "l4_summary", "score": 1.0, "gmt_created": 1764547200}
+        return web.json_response({"memories": {"normal": [hit]}, "order": ["now", "normal"],
+                                  "now": now})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/list", list_rows)
+    app.router.add_post("/api/v1/search", search)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-owner-tab",
+                         agent_id="a-writer")
+        with hermes_dashboard(hermes_python, home) as dashboard:
+            page = await browser.new_page()
+            try:
+                await page.goto(dashboard + "/hyatlas")
+                await page.locator(".hyatlas-owner").get_by_text(
+                    "Memories of user u-owner-tab, every agent (this Hermes writes as agent "
+                    "a-writer): 12 live").wait_for()
+                server = await page.locator(".hyatlas-server").inner_text()
+                await page.get_by_placeholder("Search memories").fill("where does Rui live")
+                await page.get_by_role("button", name="Search").click()
+                await page.locator(".hyatlas-now").get_by_text(
+                    "NOW: Rui moves to Lisbon on Friday").wait_for()
+            finally:
+                await page.close()
+    assert "4 writes since the server started" in server
+    assert listed and all(body["user_id"] == "u-owner-tab" for body in listed)

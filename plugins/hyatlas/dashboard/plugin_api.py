@@ -34,15 +34,21 @@ router = APIRouter()
 
 
 def _context(user_id: str, agent_id: str) -> tuple[Any, dict[str, str]]:
+    client, owner, _ = _hermes_context(user_id, agent_id)
+    return client, owner
+
+
+def _hermes_context(user_id: str, agent_id: str) -> tuple[Any, dict[str, str], str]:
+    """The gateway's client, the owner the tab shows, and the agent id this Hermes writes as."""
     try:
         settings = _settings_mod.load_settings(_settings_mod.hermes_home_dir())
     except ValueError as exc:
         raise HTTPException(status_code=500, detail=f"hyatlas config: {exc}") from None
-    default_user, _ = _settings_mod.resolve_ids(settings, _settings_mod.hermes_identity())
+    default_user, writer = _settings_mod.resolve_ids(settings, _settings_mod.hermes_identity())
     client = _client_mod.HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
                                        token=settings.token)
     # The tab is the person's view: every agent of the user unless one is asked for.
-    return client, {"user_id": user_id or default_user, "agent_id": agent_id}
+    return client, {"user_id": user_id or default_user, "agent_id": agent_id}, writer
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -62,10 +68,15 @@ def _check_layer(layer: str) -> str:
 
 @router.get("/status")
 def status() -> Any:
-    """The gateway's /api/v1/status, plus the user this Hermes writes for."""
-    client, owner = _context("", "")
+    """The gateway's /api/v1/status (its counts are the whole server's), plus the owner the tab
+    shows, the agent id this Hermes writes as, and that owner's live rows: in all and per
+    layer."""
+    client, owner, writer = _hermes_context("", "")
     body = _call(client.status)
+    listed = _call(client.recent, limit=1, **owner)
     body["hermes_owner"] = owner
+    body["hermes_agent"] = writer
+    body["owner_memories"] = {"total": listed.get("total"), "layers": listed.get("layers", {})}
     return body
 
 

@@ -42,14 +42,24 @@
     }, []);
     if (error) return h("p", { className: "hyatlas-error" }, "Server unavailable: " + error);
     if (!status) return h("p", null, "Loading status…");
-    const layers = status.layers || {};
+    const owner = status.hermes_owner || {};
+    const mine = status.owner_memories || {};
+    const layers = mine.layers || {};
+    // The tab shows one person's memories; the server's own counts are every owner's.
     return h("div", null,
-      h("p", null, "Version " + (status.version || "?") + " · mode " + (status.mode || "?") +
-        " · LLM " + (status.llm || "?") + " · " + (status.writes || 0) + " writes"),
+      h("p", { className: "hyatlas-owner" }, "Memories of user " + (owner.user_id || "?") +
+        (owner.agent_id ? ", agent " + owner.agent_id : ", every agent") +
+        " (this Hermes writes as agent " + (status.hermes_agent || "?") + "): " +
+        (typeof mine.total === "number" ? mine.total : "?") + " live"),
       h("table", null, h("tbody", null, Object.keys(layers).map(function (k) {
         return h("tr", { key: k }, h("td", null, k),
           h("td", { style: { paddingLeft: "1rem", textAlign: "right" } }, String(layers[k])));
-      }))));
+      }))),
+      h("p", { className: "hyatlas-server", style: { opacity: 0.7 } },
+        "Server: version " + (status.version || "?") + " · mode " + (status.mode || "?") +
+        " · LLM " + (status.llm || "?") +
+        (typeof status.writes === "number"
+          ? " · " + status.writes + " writes since the server started" : "")));
   }
 
   function Search() {
@@ -66,6 +76,8 @@
     }
     const memories = (answer && answer.memories) || {};
     const order = (answer && answer.order) || Object.keys(memories);
+    // The owner's Now page, as the agent's recall and `hermes hyatlas search` show it first.
+    const now = answer && answer.now && answer.now.content ? answer.now : null;
     return h("div", null,
       h("form", { onSubmit: run, style: { display: "flex", gap: "0.5rem" } },
         h("input", { value: query, placeholder: "Search memories",
@@ -74,6 +86,8 @@
           LAYERS.map(function (l) { return h("option", { key: l, value: l }, l || "all layers"); })),
         h("button", { type: "submit" }, "Search")),
       error && h("p", { className: "hyatlas-error" }, error),
+      now && h("div", { className: "hyatlas-now" }, h("h4", null, "now"),
+        h("ul", null, h(MemoryRow, { memory: now }))),
       order.filter(function (c) { return Array.isArray(memories[c]) && memories[c].length; })
         .map(function (c) {
           return h("div", { key: c }, h("h4", null, c),
