@@ -167,7 +167,7 @@ def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
     })
     assert all(result["flushed"]), result
     assert result["ids"] == {"user_id": "u-turns", "agent_id": "default"}
-    assert "HyAtlas long-term memory" in result["system_prompt"]
+    assert "HyAtlas long-term memory is active" in result["system_prompt"]
     assert "Biscuit" in result["final"]
     assert "[20" in result["final"]  # each recalled line carries its date
     listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-turns", "limit": 50})
@@ -601,6 +601,10 @@ def test_a_stopped_server_reaches_hermes_warning_callback_once_and_cli_says_how_
     assert "unreachable" in result["warnings"][0]
     assert "hermes hyatlas start" in result["warnings"][0]
     assert result["backing_off"] == [True]
+    # The system prompt, kept for the whole session, does not claim memory is active.
+    prompt = result["system_prompt"]
+    assert "did not answer when this session started" in prompt and "is active" not in prompt
+    assert "dated when it happened (else when it was stored)" in prompt
     status = hermes_cli(hermes_python, home, "status")
     assert status.returncode == 1 and "hermes hyatlas start" in status.stderr
 
@@ -1204,6 +1208,7 @@ async def test_a_server_url_the_plugin_cannot_use_is_shown_in_the_session_and_tu
     assert problem in warning and "wait in the local queue" in warning, warning
     assert bad["pending"] == 1
     assert problem in bad["tool"]["error"] and problem in bad["status_config"]["config_error"]
+    assert "is off this session" in bad["system_prompt"]
     assert resumed["pending"] == 0
     assert stored == [("u-misconfigured", "USER: My locker code is 2231\n\nASSISTANT: Noted.")]
 

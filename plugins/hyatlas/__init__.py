@@ -37,6 +37,8 @@ SESSION_CACHE = 64
 """How many sessions keep their last recall for fallback."""
 CHECK_TIMEOUT_S = 5.0
 """How long the start-of-session check waits for the gateway's status."""
+PROMPT_CHECK_WAIT_S = 1.0
+"""How long the system prompt waits for that check, to say whether memory answers."""
 
 
 @dataclass
@@ -218,12 +220,23 @@ class HyAtlasProvider(MemoryProvider):
     # -- recall ------------------------------------------------------------------
 
     def system_prompt_block(self) -> str:
-        """A short note that long-term memory exists and how to use its tools."""
+        """A short note on long-term memory and its tools, true to how the server stood when
+        the session started (Hermes keeps this text for the whole session)."""
+        if self.config_problem:
+            return ("HyAtlas long-term memory is off this session (its config is not valid): "
+                    "no memories are recalled; what is said is kept locally.")
         if self.client is None:
             return ""
-        return ("HyAtlas long-term memory is active. Relevant memories arrive in "
-                "<memory-context> with the date each was recorded; hyatlas_search looks "
-                "further, hyatlas_add stores a note, hyatlas_forget removes one.")
+        if self.check_thread is not None:
+            self.check_thread.join(PROMPT_CHECK_WAIT_S)
+        use = ("Relevant memories arrive in <memory-context>, each dated when it happened "
+               "(else when it was stored); hyatlas_search looks further, hyatlas_add stores a "
+               "note, hyatlas_forget removes one.")
+        if self.health.backing_off():
+            return ("HyAtlas long-term memory did not answer when this session started: "
+                    "memories may be missing; what is said is kept and stored once it answers. "
+                    + use)
+        return "HyAtlas long-term memory is active. " + use
 
     def _failed(self, message: str) -> None:
         """Backs recall off; warns unless auto start is still bringing the server up: it warns

@@ -234,6 +234,7 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
                        warning_callback=warnings.append)
     if params.get("await_check"):
         provider.check_thread.join(WAIT_CEILING_S)
+    system_prompt = manager.build_system_prompt()
     prefetch_s, recalls, backing_off = [], [], []
     for query in params.get("prefetch", []):
         started = time.monotonic()
@@ -244,7 +245,7 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
         backing_off.append(provider.health.backing_off())
     manager.shutdown_all()
     return {"warnings": warnings, "prefetch_s": prefetch_s, "recalls": recalls,
-            "backing_off": backing_off}
+            "backing_off": backing_off, "system_prompt": system_prompt}
 
 
 def misconfigured(params: dict[str, Any]) -> dict[str, Any]:
@@ -262,9 +263,10 @@ def misconfigured(params: dict[str, Any]) -> dict[str, Any]:
     pending = provider.outbox.pending()
     tool = json.loads(manager.handle_tool_call("hyatlas_status", {}))
     shown = provider.get_status_config({})
+    system_prompt = manager.build_system_prompt()
     manager.shutdown_all()
     return {"available": True, "warnings": warnings, "pending": pending, "tool": tool,
-            "status_config": shown}
+            "status_config": shown, "system_prompt": system_prompt}
 
 
 def tried(params: dict[str, Any]) -> dict[str, Any]:
