@@ -1179,6 +1179,37 @@ def test_a_server_url_given_as_host_and_port_is_saved_as_an_http_url(
     assert result["loaded"] == {"server_url": "http://127.0.0.1:23400"}
 
 
+def hermes_memory_setup(hermes_python: Path, home: Path, answers: list[str]
+                        ) -> subprocess.CompletedProcess[str]:
+    """`hermes memory setup hyatlas` with the answers typed one a line (no terminal: the
+    pickers keep their current choice, secrets are read from stdin)."""
+    return subprocess.run([str(hermes_python.parent / "hermes"), "memory", "setup", "hyatlas"],
+                          env=hermes_env(home), input="".join(f"{a}\n" for a in answers),
+                          capture_output=True, text=True, timeout=120, start_new_session=True)
+
+
+def test_memory_setup_asks_again_for_a_url_it_could_not_load_and_says_saved_only_when_saved(
+    tmp_path: Path, hermes_python: Path
+):
+    home = make_home(tmp_path, hermes_python)
+    (home / "config.yaml").write_text("model: {}\n")  # not yet the memory provider
+    installed = (home / "hyatlas.json").read_text()
+    given_up = hermes_memory_setup(hermes_python, home, ["ftp://x", "gopher://y", "http://:1"])
+    assert given_up.returncode == 0, given_up.stderr
+    assert "no valid server_url after 3 tries. Nothing was saved." in given_up.stdout
+    assert "saved to" not in given_up.stdout and "provider config saved" not in given_up.stdout
+    assert (home / "hyatlas.json").read_text() == installed
+    done = hermes_memory_setup(hermes_python, home, [
+        "ftp://x", "127.0.0.1:23400", "alice", "", "", "", "", "", "", "", ""])
+    assert done.returncode == 0, done.stderr
+    assert "server_url='ftp://x' is not an http(s) URL; try again" in done.stdout
+    assert f"Settings saved to {home / 'hyatlas.json'}" in done.stdout
+    saved = json.loads((home / "hyatlas.json").read_text())
+    assert (saved["server_url"], saved["user_id"]) == ("http://127.0.0.1:23400", "alice")
+    assert saved["server_cwd"] == str(ROOT)  # a blank answer keeps what was there
+    assert "provider: hyatlas" in (home / "config.yaml").read_text()
+
+
 async def test_a_server_url_the_plugin_cannot_use_is_shown_in_the_session_and_turns_wait(
     tmp_path: Path, hermes_python: Path
 ):

@@ -111,6 +111,12 @@ class HyAtlasProvider(MemoryProvider):
         """Writes the non-secret values to $HERMES_HOME/hyatlas.json (0600)."""
         save_config(values, hermes_home)
 
+    def post_setup(self, hermes_home: str, config: dict[str, Any]) -> None:
+        """`hermes memory setup`: asks each question, checking each answer as it is given."""
+        from .setup_wizard import run_setup
+
+        run_setup(hermes_home, config)
+
     def backup_paths(self) -> list[str]:
         """The server's data directory when it lives outside HERMES_HOME."""
         try:

@@ -271,6 +271,16 @@ def _value(key: str, label: str, raw: Any) -> Any:
     return value
 
 
+def check_value(key: str, raw: Any) -> Any:
+    """A setup answer for key as the plugin would load it; ValueError saying why not."""
+    return _value(key, key, raw)
+
+
+def saved_config(hermes_home: str | Path) -> dict[str, Any]:
+    """What $HERMES_HOME/hyatlas.json holds ({} without one)."""
+    return _read_json(Path(hermes_home) / CONFIG_FILE)
+
+
 def gateway_url(label: str, raw: str) -> str:
     """The gateway's base URL: an http(s) URL with a host, or host:port as a user types it
     (taken as http://host:port, the gateway's own scheme); ValueError naming label otherwise."""
