@@ -668,6 +668,7 @@ async def test_another_service_answering_200_json_at_server_url_stores_nothing_a
                                   {"turns": [["My passport expires in June", "Noted."]]})
         shown = await asyncio.to_thread(hermes_cli, hermes_python, home, "status")
         noted = await asyncio.to_thread(hermes_cli, hermes_python, home, "add", "Gate", "4417")
+        owners = await asyncio.to_thread(hermes_cli, hermes_python, home, "owners")
         other_service = False
         resumed = await drive_async(hermes_python, home, "resume", {"wait_s": 60})
     [warning] = session["warnings"]
@@ -677,6 +678,7 @@ async def test_another_service_answering_200_json_at_server_url_stores_nothing_a
     status = tried["status"]
     assert status["plugin_queue"] == 1 and "not a HyAtlas server" in status["error"], status
     assert shown.returncode == 1 and f"{url} is not a HyAtlas server" in shown.stderr
+    assert owners.returncode == 1 and f"{url} is not a HyAtlas server" in owners.stderr
     assert json.loads(noted.stdout)["queued"] is True, noted.stdout
     assert resumed["pending"] == 0
     assert sorted(stored) == ["Gate 4417", "USER: My passport expires in June\n\nASSISTANT: Noted."]

@@ -188,7 +188,8 @@ class HyAtlasClient:
 
     def owners(self) -> dict[str, Any]:
         """GET /api/v1/owners: every user and agent with memories, counts and last write."""
-        return self.request("GET", "/api/v1/owners")
+        path = "/api/v1/owners"
+        return self._expect("GET", path, self.request("GET", path), is_owners)
 
     def forget(self, payload: dict[str, Any]) -> dict[str, Any]:
         """POST /api/v1/forget: retire the memories matching a text or id (reversible)."""
@@ -254,6 +255,11 @@ def is_search(reply: Any) -> bool:
 def is_list(reply: Any) -> bool:
     """A list answer: a page of memories."""
     return _has(reply, memories=list)
+
+
+def is_owners(reply: Any) -> bool:
+    """An owners answer: its users, each with its agents."""
+    return _has(reply, users=list)
 
 
 def _first_words(text: str) -> str:
