@@ -1246,6 +1246,21 @@ async def test_a_server_url_the_plugin_cannot_use_is_shown_in_the_session_and_tu
     assert stored == [("u-misconfigured", "USER: My locker code is 2231\n\nASSISTANT: Noted.")]
 
 
+def test_an_unreadable_hyatlas_json_keeps_no_turn_since_it_may_name_their_owner(
+    tmp_path: Path, hermes_python: Path
+):
+    """hyatlas.json may hold the user id: a turn queued without it could be delivered to
+    another user's memories, so the session says what is wrong and keeps none."""
+    home = make_home(tmp_path, hermes_python, server_url=f"http://127.0.0.1:{free_port()}")
+    (home / "hyatlas.json").write_text('{"user_id": "alice",')
+    result = drive(hermes_python, home, "misconfigured")
+    [warning] = result["warnings"]
+    assert "hyatlas.json: not a readable JSON object" in warning, warning
+    assert "turns are not stored" in warning
+    assert result["pending"] is None
+    assert not (home / "hyatlas" / "outbox.sqlite3").exists()
+
+
 def test_a_timeout_budget_or_limit_that_is_not_above_0_is_refused_naming_the_setting(
     tmp_path: Path, hermes_python: Path
 ):

@@ -87,7 +87,7 @@ class HyAtlasProvider(MemoryProvider):
         """True: makes no network call. With a config it cannot run with, the provider still
         keeps the main agent's turns in its local queue and says what is wrong at session
         start (and `hermes memory status` shows it as config_error)."""
-        problems = read_settings(hermes_home_dir())[1]
+        problems = read_settings(hermes_home_dir()).problems
         if problems:
             log.warning("hyatlas config is invalid: %s", problems[0])
         return True
@@ -95,7 +95,7 @@ class HyAtlasProvider(MemoryProvider):
     def get_status_config(self, provider_config: dict[str, Any]) -> dict[str, Any]:
         """What `hermes memory status` shows: the settings in effect (no secret), and what is
         wrong with the config, if anything."""
-        settings, problems = read_settings(hermes_home_dir())
+        settings, problems, _ = read_settings(hermes_home_dir())
         shown: dict[str, Any] = {
             key: getattr(settings, key) for key in ("server_url", "user_id", "agent_id",
                                                       "auto_start", "mode", "sync")}
@@ -134,7 +134,7 @@ class HyAtlasProvider(MemoryProvider):
         warning_callback (CLI sessions), else the log.
         """
         home = Path(kwargs.get("hermes_home") or hermes_home_dir())
-        settings, problems = read_settings(home)
+        settings, problems, files_read = read_settings(home)
         self.hermes_home = home
         self.session_id = session_id or ""
         self.user_id, self.agent_id = resolve_ids(settings, kwargs)
@@ -144,7 +144,7 @@ class HyAtlasProvider(MemoryProvider):
         # the user's conversation.
         self.writes = self.agent_context == "primary"
         if problems:
-            self._queue_only(home, settings, problems)
+            self._queue_only(home, settings, problems, files_read)
             return
         self.settings = settings
         self.client = HyAtlasClient(settings.server_url, timeout_s=settings.timeout_s,
@@ -164,11 +164,13 @@ class HyAtlasProvider(MemoryProvider):
         log.info("hyatlas memory for user=%s agent=%s context=%s at %s", self.user_id,
                  self.agent_id, self.agent_context, settings.server_url)
 
-    def _queue_only(self, home: Path, settings: PluginSettings, problems: list[str]) -> None:
+    def _queue_only(self, home: Path, settings: PluginSettings, problems: list[str],
+                    files_read: bool) -> None:
         """A config the plugin cannot run with: no recall and no sending this session, the
-        main agent's turns kept in the local queue for a session with a config that works."""
+        main agent's turns kept in the local queue for a session with a config that works;
+        not kept when a config file could not be read, since it may name their owner."""
         self.config_problem = "; ".join(problems)
-        if self.writes:
+        if self.writes and files_read:
             self._open_outbox(home, HyAtlasClient(settings.server_url), send=False)
         kept = ("turns wait in the local queue until a session starts with a working config"
                 if self.outbox is not None else "turns are not stored")

@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 CONFIG_FILE = "hyatlas.json"
 """Non-secret settings written by `hermes memory setup`, under $HERMES_HOME."""
@@ -212,18 +212,27 @@ def load_settings(
 ) -> PluginSettings:
     """Settings from defaults < hyatlas.json < config.yaml (hyatlas sections) < HYATLAS_* env;
     ValueError naming the first value (or file) that is not valid."""
-    settings, problems = read_settings(hermes_home, environ)
+    settings, problems, _ = read_settings(hermes_home, environ)
     if problems:
         raise ValueError(problems[0])
     return settings
 
 
+class SettingsRead(NamedTuple):
+    """What read_settings found."""
+
+    settings: PluginSettings
+    """Each value that is not valid left at its default, each file not read left out."""
+    problems: list[str]
+    """What was wrong, in words a user can act on (none when load_settings would succeed)."""
+    files_read: bool
+    """Whether every config file was read (else even the ids may not be the configured ones)."""
+
+
 def read_settings(
     hermes_home: str | Path, environ: Mapping[str, str] | None = None
-) -> tuple[PluginSettings, list[str]]:
-    """The settings load_settings reads, with each value that is not valid left at its default
-    and each file that cannot be read left out; and what was wrong, in words a user can act on
-    (none when load_settings would succeed)."""
+) -> SettingsRead:
+    """The settings load_settings reads, as far as they can be read (see SettingsRead)."""
     environ = os.environ if environ is None else environ
     home = Path(hermes_home)
     layered: dict[str, tuple[str, Any]] = {}
@@ -236,8 +245,9 @@ def read_settings(
     for key, env_name in ENV_NAMES.items():
         if environ.get(env_name, "") != "":
             layered[key] = (env_name, environ[env_name])
+    files_read = not problems
     settings, invalid = _checked(layered)
-    return settings, problems + invalid
+    return SettingsRead(settings, problems + invalid, files_read)
 
 
 def _checked(

@@ -251,7 +251,7 @@ def outage(params: dict[str, Any]) -> dict[str, Any]:
 def misconfigured(params: dict[str, Any]) -> dict[str, Any]:
     """A CLI session as Hermes's agent starts one (the provider only when it is available) with
     a config the plugin cannot run with, and one turn: what was warned and queued, the status
-    tool's answer and what `hermes memory status` shows."""
+    tool's answer and what `hermes memory status` shows (pending None: no local queue)."""
     warnings: list[str] = []
     provider = _provider()
     if not provider.is_available():
@@ -260,7 +260,7 @@ def misconfigured(params: dict[str, Any]) -> dict[str, Any]:
                        warning_callback=warnings.append)
     manager.sync_all("My locker code is 2231", "Noted.", session_id="s-misconfigured")
     manager.flush_pending(timeout=WAIT_CEILING_S)
-    pending = provider.outbox.pending()
+    pending = None if provider.outbox is None else provider.outbox.pending()
     tool = json.loads(manager.handle_tool_call("hyatlas_status", {}))
     shown = provider.get_status_config({})
     system_prompt = manager.build_system_prompt()
