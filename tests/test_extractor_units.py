@@ -290,6 +290,25 @@ def _turn(
                 np.array(vectors, dtype=np.float32).reshape(-1, 2), "model-x", 0.92)
 
 
+def test_a_fact_a_reply_writes_twice_is_one_row_and_keeps_what_each_copy_retires() -> None:
+    # All three copies were stored live: a later change retired one, the others stayed.
+    old = common_pb2.Memory(id="old-fact", content="Vic drinks milk")
+    plan = Plan(facts=[
+        FactOp("Vic drinks tea"),
+        FactOp("vic drinks TEA.", replaces=[old]),  # one value key
+        FactOp("Vic drinks tea every morning"),  # near, and its words may restate it
+        FactOp("Vic drinks black coffee"),  # near, but other words in the value's place
+    ])
+    near = [0.96, 0.28]
+    builder = OpBuilder(_turn(set(), [1.0, 0.0], [1.0, 0.0], near, near))
+    builder.add_facts(plan)
+    inserts = [op.insert for op in builder.all_ops() if op.WhichOneof("op") == "insert"]
+    assert [row.content for row in inserts] == ["Vic drinks tea", "Vic drinks black coffee"]
+    (retire,) = [op.retire for op in builder.all_ops() if op.WhichOneof("op") == "retire"]
+    assert (retire.id, retire.superseded_how, retire.superseded_by) == (
+        "old-fact", "replaced", f"${inserts[0].ref}")
+
+
 def test_a_plan_inserts_before_it_retires_and_retires_each_row_once() -> None:
 
     old = common_pb2.Memory(id="old-fact", content="Lives in Leeds")

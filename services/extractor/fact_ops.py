@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from services.extractor.parse import PageOp, Plan
+from services.extractor.parse import FactOp, PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
 from shared.pages import MAX_PAGE_HISTORY, meta_of, state_values
@@ -115,10 +115,15 @@ class OpBuilder:
         return store_pb2.Op(insert=row)
 
     def add_facts(self, plan: Plan) -> None:
-        """New facts (the store retires what each restates), and what they replace or update."""
+        """New facts (the store retires what each restates), and what they replace or update;
+        a fact the reply wrote twice is one row."""
+        written: list[tuple[str, np.ndarray, str]] = []
         for i, fact in enumerate(plan.facts):
             vector = self.turn.vectors[i]
             if self.refuses(fact.text, vector):
+                continue
+            if (ref := self._written_before(written, fact.text, vector)) is not None:
+                self._retire_for(fact, ref)
                 continue
             row = self.base(common_pb2.L3_FACT, fact.text, fact.label)
             row.ref, row.id, row.count = f"f{i}", str(uuid.uuid4()), 1
@@ -129,10 +134,30 @@ class OpBuilder:
                 row.count = max(fact.updates.count, 1) + 1
             row.restates_at = self.turn.dedupe_score
             self.ops.append(self._with_vector(row, vector))
-            for old in fact.replaces:
-                self.retire(old, "replaced", f"${row.ref}")
-            if fact.updates is not None:
-                self.retire(fact.updates, "updated", f"${row.ref}")
+            written.append((fact.text, vector, row.ref))
+            self._retire_for(fact, row.ref)
+
+    def _retire_for(self, fact: FactOp, ref: str) -> None:
+        """Retires what a new fact (its row's ref in this apply) replaces or updates."""
+        for old in fact.replaces:
+            self.retire(old, "replaced", f"${ref}")
+        if fact.updates is not None:
+            self.retire(fact.updates, "updated", f"${ref}")
+
+    def _written_before(
+        self, written: Sequence[tuple[str, np.ndarray, str]], text: str, vector: np.ndarray
+    ) -> str | None:
+        """The ref of a fact of this reply that text says again, by the store's restatement
+        rule (one value key, or within the dedupe score with words that may restate it), which
+        rows inserted together do not meet."""
+        key = value_key(text)
+        for earlier, earlier_vector, ref in written:
+            if value_key(earlier) == key or (
+                float(earlier_vector @ vector) >= self.turn.dedupe_score
+                and may_restate(earlier, text)
+            ):
+                return ref
+        return None
 
     def add_experiences(self, plan: Plan) -> None:
         """Lessons learned, kept apart from the facts about the user; one learnt again in
