@@ -28,6 +28,7 @@ from services.extractor.parse import (
 )
 from services.extractor.prompt import (
     EXTRACTION_SCHEMA,
+    SYSTEM,
     cap_utf8,
     extraction_messages,
 )
@@ -146,7 +147,7 @@ class Extraction:
         except LlmMalformed as exc:
             await self.fail(raw, exc)
             return Outcome(FAILED, exc.message)
-        plan = read_plan(reply, {c.number: c for c in candidates})
+        plan = read_plan(reply, {c.number: c for c in candidates}, SYSTEM)
         self.counters.dropped_ops += plan.dropped
         ops = await self._ops(raw, plan, context.open_rows, await self._settled(raw))
         ops.append(done_op(raw))

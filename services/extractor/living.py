@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from services.extractor.prompt import cap_utf8
+from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
 from shared.dates import day
 from shared.grants import service_context
 from shared.layers import NOW_PAGE
@@ -163,15 +163,15 @@ class Living:
         lines = [f"Today is {day(time.time())}."]
         lines.append("Open intentions:")
         lines += [
-            f"- {one_line(m.content)}{_due(m)}" for m in intentions
+            f"- {one_line(m.content, ROW_SHOWN_CHARS)}{_due(m)}" for m in intentions
         ] or ["(none)"]
         lines.append("Recent facts, newest first:")
-        lines += [f"- {one_line(m.content)} (stored {day(m.created_at)})" for m in facts] or [
-            "(none)"
-        ]
+        lines += [
+            f"- {one_line(m.content, ROW_SHOWN_CHARS)} (stored {day(m.created_at)})" for m in facts
+        ] or ["(none)"]
         if pages:
             lines.append("Entity pages:")
-            lines += [f"- {cap_utf8(m.content, 600)}" for m in pages]
+            lines += [f"- {one_line(cap_utf8(m.content, 600))}" for m in pages]
         reply = await self.llm.json_reply(
             [
                 {"role": "system", "content": NOW_SYSTEM},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,10 @@ log = logging.getLogger(__name__)
 _PREFERENCES = "user_preferences"
 # Labels a fact may carry; anything else the model invents is kept as no label.
 FACT_LABELS = frozenset({_PREFERENCES, "user_info", "project", "event", "decision", "other"})
+MAX_ITEM_CHARS = 2_000
+"""The longest text a reply's item may hold (a fact is one statement, a state a sentence or two):
+a longer one is dropped, not stored."""
+_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -82,15 +87,16 @@ def _text(value: Any) -> str:
     return " ".join(value.split()) if isinstance(value, str) else ""
 
 
-def read_plan(data: dict[str, Any], shown: dict[int, Candidate]) -> Plan:
-    """Turns a reply into a Plan; an op naming an unknown number is dropped and counted."""
-    reader = _PlanReader(shown)
+def read_plan(data: dict[str, Any], shown: dict[int, Candidate], instructions: str = "") -> Plan:
+    """Turns a reply into a Plan; an op naming an unknown number, or a text too long or made of
+    the instructions' own words only, is dropped and counted."""
+    reader = _PlanReader(shown, instructions)
     reader.facts(data)
     reader.intentions(data)
     reader.entities(data)
     for item in _items(data, "experiences"):
         text = _text(item.get("text")) if isinstance(item, dict) else _text(item)
-        if text:
+        if text and reader.usable("experience", text, item):
             reader.plan.experiences.append(text)
     return reader.plan
 
@@ -104,9 +110,10 @@ def _numbers(value: Any) -> list[Any]:
 class _PlanReader:
     """Reads one reply's ops; only numbers that were shown, of the right kind, pass."""
 
-    def __init__(self, shown: dict[int, Candidate]) -> None:
+    def __init__(self, shown: dict[int, Candidate], instructions: str) -> None:
         self.shown = shown
         self.plan = Plan()
+        self.instruction_words = frozenset(_WORD.findall(instructions.casefold()))
 
     def pick(self, value: Any, kind: str) -> common_pb2.Memory:
         number = shown_number(value)
@@ -117,15 +124,29 @@ class _PlanReader:
             raise _Unknown(value)
         return candidate.memory
 
-    def drop(self, what: str, item: Any) -> None:
+    def drop(self, what: str, item: Any, why: str = "naming a number that was not shown") -> None:
         self.plan.dropped += 1
-        log.warning("dropped a %s op naming a number that was not shown: %.200r", what, item)
+        log.warning("dropped a %s op %s: %.200r", what, why, item)
+
+    def usable(self, what: str, text: str, item: Any) -> bool:
+        """Whether a text the model wrote may be stored: at most MAX_ITEM_CHARS, and holding a
+        word the instructions do not (a small model echoes the reply template's placeholders,
+        "one self-contained statement"); else the op is dropped and counted."""
+        if len(text) > MAX_ITEM_CHARS:
+            self.drop(what, item, f"whose text is over {MAX_ITEM_CHARS:,} characters")
+            return False
+        if self.instruction_words and set(_WORD.findall(text.casefold())) <= self.instruction_words:
+            self.drop(what, item, "holding only the instructions' own words")
+            return False
+        return True
 
     def facts(self, data: dict[str, Any]) -> None:
         for item in _items(data, "facts"):
             if isinstance(item, str):
                 item = {"text": item}
             if not isinstance(item, dict) or not _text(item.get("text")):
+                continue
+            if not self.usable("fact", _text(item["text"]), item):
                 continue
             label = _text(item.get("label"))
             try:
@@ -148,6 +169,8 @@ class _PlanReader:
             if isinstance(item, str):
                 item = {"text": item}
             if isinstance(item, dict) and _text(item.get("text")):
+                if not self.usable("intention", _text(item["text"]), item):
+                    continue
                 self.plan.intentions.append(
                     IntentionOp(_text(item["text"]), parse_date(item.get("due_at")))
                 )
@@ -164,6 +187,11 @@ class _PlanReader:
             if not isinstance(item, dict):
                 continue
             if not _text(item.get("name")) or not _text(item.get("state")):
+                continue
+            if len(_text(item["name"])) > MAX_ITEM_CHARS:
+                self.drop("entity", item, f"whose name is over {MAX_ITEM_CHARS:,} characters")
+                continue
+            if not self.usable("entity", _text(item["state"]), item):
                 continue
             try:
                 page = next(iter(self.pick(n, "page") for n in _numbers(item.get("page"))), None)

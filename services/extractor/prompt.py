@@ -16,6 +16,9 @@ from shared.prompt_text import fenced, one_line
 MAX_TEXT_BYTES = 16_000
 # An entity page as the prompt shows it: its state and latest history, however long the page.
 MAX_PAGE_SHOWN_BYTES = 2_000
+# A stored fact or intention as a prompt shows it (a row written through the API may be far
+# longer than any statement the model writes).
+ROW_SHOWN_CHARS = 1_000
 ELLIPSIS = "…"
 TURN_TAG = "turn"
 
@@ -116,9 +119,9 @@ def _line(candidate: Candidate) -> str:
         notes.append(f"said {memory.count} times")
     notes.append(f"stored {day(memory.created_at)}")
     if candidate.kind == "page":
-        content = cap_utf8(memory.content, MAX_PAGE_SHOWN_BYTES)
+        content = one_line(cap_utf8(memory.content, MAX_PAGE_SHOWN_BYTES))
     else:
-        content = one_line(memory.content)
+        content = one_line(memory.content, ROW_SHOWN_CHARS)
     return f"[{candidate.number}] {content} ({'; '.join(notes)})"
 
 

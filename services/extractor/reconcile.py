@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from services.extractor.prompt import TURN_TAG
+from services.extractor.prompt import ROW_SHOWN_CHARS, TURN_TAG
 from shared.calibration import similar_score
 from shared.layers import EXPERIENCE
 from shared.llm import LlmClient, ReplySchema, array_of, object_schema, shown_number
@@ -72,9 +72,9 @@ class Reconciler:
         new_numbers = {i: m for i, m in enumerate(new_facts, start=1)}
         old_numbers = {i: m for i, m in enumerate(stored, start=len(new_facts) + 1)}
         lines = ["New facts:"]
-        lines += [f"[{n}] {one_line(m.content)}" for n, m in new_numbers.items()]
+        lines += [f"[{n}] {one_line(m.content, ROW_SHOWN_CHARS)}" for n, m in new_numbers.items()]
         lines.append("Stored facts:")
-        lines += [f"[{n}] {one_line(m.content)}" for n, m in old_numbers.items()]
+        lines += [f"[{n}] {one_line(m.content, ROW_SHOWN_CHARS)}" for n, m in old_numbers.items()]
         lines.append(f"The turn they came from:\n{fenced(turn, TURN_TAG)}")
         reply = await self.llm.json_reply(
             [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines)}],
