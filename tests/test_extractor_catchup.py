@@ -270,3 +270,24 @@ async def test_a_row_deleted_during_its_extraction_is_skipped_and_reprocess_goes
 
 def _delete(memory_id: str) -> store_pb2.Op:
     return store_pb2.Op(delete=store_pb2.DeleteOp(id=memory_id))
+
+
+async def test_reprocess_takes_turns_written_while_no_model_was_configured(
+    store_backend: str, tmp_path: Path, embedder_address: str, fake: FakeLlm
+) -> None:
+    # Status counted them as unextracted, but reprocess took only pending and failed ones.
+    env = _env(fake, embedder_address, HYATLAS_LLM_KEY="k", HYATLAS_CATCHUP_EVERY="off")
+    with running_stack(tmp_path, STACK, **env) as stack:
+        user = new_user()
+        marker = f"{user}-unconfigured"
+        fake.on(marker, {"facts": [{"text": f"{user} keeps bees in Tavira"}]})
+        turn = new(user, L2, f"{marker} I keep bees in Tavira.")
+        turn.insert.extraction_status = "unconfigured"
+        turn.insert.write_mode = "ultra"
+        (row,) = await store_apply(stack.address("store"), user, turn)
+        api = Api(stack.base_url, stack.address("store"))
+        assert (await api.ok("GET", "/api/v1/status"))["unextracted"] == 1
+        assert (await api.ok("POST", "/api/v1/reprocess", json={"max": 10}))["reprocessed"] == 1
+        assert (await api.row(user, row.id)).extraction_status == "done"
+        assert [f.content for f in await api.rows(user, "l3_fact")] == [
+            f"{user} keeps bees in Tavira"]

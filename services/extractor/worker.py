@@ -239,7 +239,7 @@ class Worker:
             request.created_before = now - self.policy.min_age_s
             if self.policy.max_age_s is not None:
                 request.created_after = now - self.policy.max_age_s
-        statuses = (PENDING, FAILED, UNCONFIGURED) if aged else (PENDING, FAILED)
+        statuses = (PENDING, FAILED, UNCONFIGURED)
         rows: list[common_pb2.Memory] = []
         for status in statuses:
             request.extraction_status = status
