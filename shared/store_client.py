@@ -95,8 +95,13 @@ class StoreClient:
 
     async def list_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
         """One page of rows (at most PAGE; use all_rows for every match)."""
-        reply = await self._stub.ListMemories(request, timeout=self._timeout_s)
-        return list(reply.memories)
+        return list((await self.list_page(request)).memories)
+
+    async def list_page(
+        self, request: store_pb2.ListMemoriesRequest
+    ) -> store_pb2.ListMemoriesResponse:
+        """One page of rows with the cursor that reads on past it."""
+        return await self._stub.ListMemories(request, timeout=self._timeout_s)
 
     async def all_rows(self, request: store_pb2.ListMemoriesRequest) -> list[common_pb2.Memory]:
         """Every row a list request matches, page by page."""

@@ -291,3 +291,34 @@ async def test_reprocess_takes_turns_written_while_no_model_was_configured(
         assert (await api.row(user, row.id)).extraction_status == "done"
         assert [f.content for f in await api.rows(user, "l3_fact")] == [
             f"{user} keeps bees in Tavira"]
+
+
+async def test_catch_up_reads_past_turns_it_gave_up_on_to_the_ones_it_may_take(
+    store_backend: str, tmp_path: Path, embedder_address: str, fake: FakeLlm
+) -> None:
+    # A run read the oldest 100 failed turns and only then left out the given-up ones: 101
+    # given up kept a newer failed turn from ever being tried again.
+    with running_stack(tmp_path, STACK, **_env(fake, embedder_address, HYATLAS_LLM_KEY="k")) as (
+        stack
+    ):
+        user, store = new_user(), stack.address("store")
+        given_up = []
+        for i in range(101):
+            turn = new(user, L2, f"{user}-given-up {i}")
+            turn.insert.extraction_status, turn.insert.write_mode = "failed", "ultra"
+            given_up.append(turn)
+        rows = await store_apply(store, user, *given_up)
+        await store_apply(store, user, *(
+            store_pb2.Op(update=store_pb2.UpdateOp(id=r.id, extraction_tries=3)) for r in rows))
+        marker = f"{user}-newer"
+        fake.on(marker, {"facts": [{"text": f"{user} rows on the Tagus"}]})
+        newer = new(user, L2, f"{marker} I row on the Tagus.")
+        newer.insert.extraction_status, newer.insert.write_mode = "failed", "ultra"
+        (row,) = await store_apply(store, user, newer)
+        api = Api(stack.base_url, store)
+
+        async def extracted() -> None:
+            assert (await api.row(user, row.id)).extraction_status == "done"
+
+        await assert_eventually(extracted)
+        assert [f.content for f in await api.rows(user, "l3_fact")] == [f"{user} rows on the Tagus"]

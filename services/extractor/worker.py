@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.extractor.extract import (
@@ -27,6 +28,9 @@ from shared.store_client import PAGE, StoreClient, update_op
 log = logging.getLogger(__name__)
 
 REPROCESS_MAX_DEFAULT = 200
+SCAN_PAGES = 20
+"""How many pages of one state a catch-up run reads at most, passing over rows it may not take
+(turns given up on stay failed): 20 pages of 5 × batch rows, 2,000 at the default batch."""
 OWNER_LEASE = "extraction"
 """The lease of an owner's extractions: one at a time, whichever replica runs them."""
 
@@ -226,34 +230,54 @@ class Worker:
         return Counts(done, failed, skipped), 0
 
     async def _unextracted(self, most: int, *, aged: bool) -> list[common_pb2.Memory]:
-        """Live raw rows extraction has not reached, oldest first."""
+        """Live raw rows extraction has not reached, oldest first; catch-up's (aged) read on
+        past rows it may not take (given up on, of lite, being extracted) to find most."""
         now = time.time()
         request = store_pb2.ListMemoriesRequest(
             scope=common_pb2.Scope(all_users=True),
             layers=[common_pb2.L2_RAW],
             order="oldest",
-            # Candidates for at most `most` rows; what is left waits for the next round.
             limit=min(max(most, 1) * 5, PAGE),
         )
         if aged:
             request.created_before = now - self.policy.min_age_s
             if self.policy.max_age_s is not None:
                 request.created_after = now - self.policy.max_age_s
-        statuses = (PENDING, FAILED, UNCONFIGURED)
         rows: list[common_pb2.Memory] = []
-        for status in statuses:
+        for status in (PENDING, FAILED, UNCONFIGURED):
             request.extraction_status = status
-            rows.extend(await self.store.list_rows(request))
-        if aged:
-            rows = [
-                r
-                for r in rows
-                if r.write_mode in LLM_MODES
-                and r.extraction_tries < self.policy.tries
-                and r.id not in self._tasks
-            ]
+            rows.extend(await self._first_taken(request, most, self._takes if aged else None))
         rows.sort(key=lambda r: r.created_at)
         return rows[:most]
+
+    def _takes(self, row: common_pb2.Memory) -> bool:
+        """Whether catch-up may take a row: written in a mode that extracts, not given up on
+        (policy.tries tries), not being extracted now."""
+        return (
+            row.write_mode in LLM_MODES
+            and row.extraction_tries < self.policy.tries
+            and row.id not in self._tasks
+        )
+
+    async def _first_taken(
+        self,
+        request: store_pb2.ListMemoriesRequest,
+        most: int,
+        takes: Callable[[common_pb2.Memory], bool] | None,
+    ) -> list[common_pb2.Memory]:
+        """Up to most rows of the listing that takes accepts (all, without it), page after page
+        by the listing's cursor, reading at most SCAN_PAGES pages (what is left waits for the
+        next run)."""
+        page = store_pb2.ListMemoriesRequest()
+        page.CopyFrom(request)
+        kept: list[common_pb2.Memory] = []
+        for _ in range(SCAN_PAGES if takes is not None else 1):
+            reply = await self.store.list_page(page)
+            kept += [r for r in reply.memories if takes is None or takes(r)]
+            if len(kept) >= most or len(reply.memories) < page.limit or not reply.next_cursor:
+                break
+            page.cursor = reply.next_cursor
+        return kept[:most]
 
     async def catch_up(self) -> Counts:
         """One run: up to batch rows, one at a time; stops at the first model error."""
