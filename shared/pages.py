@@ -41,6 +41,19 @@ def page_text_of(meta: Mapping[str, Any]) -> str:
     )
 
 
+def current_state(content: str, meta: Mapping[str, Any]) -> str:
+    """A page's current state: its metadata's, unless its text is not the page the metadata
+    describes (a user edited it): then the edited text's first line, less the entity's name."""
+    state = str(meta.get("state") or "")
+    if not content.strip() or content == page_text_of(meta):
+        return state
+    first = content.strip().split("\n", 1)[0].strip()
+    name = str(meta.get("entity") or "")
+    if name and first.startswith(f"{name}:"):
+        first = first[len(name) + 1 :].strip()
+    return first or state
+
+
 def lines_of(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """A page's lines: the current state (the metadata itself) and its history entries."""
     return [meta, *(h for h in meta.get("history", []) if isinstance(h, dict))]

@@ -14,7 +14,7 @@ import numpy as np
 from services.extractor.parse import FactOp, PageOp, Plan
 from services.extractor.prompt import page_content, page_metadata
 from shared.layers import EXPERIENCE
-from shared.pages import MAX_PAGE_HISTORY, meta_of, state_values
+from shared.pages import MAX_PAGE_HISTORY, current_state, meta_of, state_values
 from shared.pb import common_pb2, store_pb2
 from shared.store_client import retire_op, update_op
 from shared.text import may_name_one_entity, may_restate, value_key
@@ -247,7 +247,7 @@ def _page_update(
     it copies."""
     meta = page_meta(page)
     name = meta.get("entity") or page_op.name
-    state = str(meta.get("state") or "")
+    state = current_state(page.content, meta)  # a user's edit of the page goes to its history
     if value_key(state) == value_key(page_op.state):
         return None
     history = [h for h in meta.get("history", []) if isinstance(h, dict)]
