@@ -1598,23 +1598,32 @@ async def test_a_busy_server_is_asked_again_when_its_retry_after_says_within_a_b
     await session.page.context.close()
 
 
-async def test_only_the_part_of_a_view_the_server_could_not_give_waits_and_loads_again(
+async def _overview_with_writes_busy(
     browser: Browser, stack: Stack, shots: Path, api: Api
-) -> None:
+) -> Session:
+    """The Overview of an owner with a write, drawn on a paused clock while the writes chart's
+    route answers 503 (Retry-After 1) and every other part answers."""
     user = _user()
     await api.add("Written before the writes chart was busy.", user)
     session = await _session(browser, stack, shots, token=True)
     await _paused_clock(session)
-    page = session.page
     await session.open("overview")
     await session.set_owner(user)
-    await page.route("**/dashboard/api/writes*", _busy("1"))
+    await session.page.route("**/dashboard/api/writes*", _busy("1"))
     session.refusals["/dashboard/api/writes"] = 503
+    await session.act(session.page.click("#nav a[data-view=overview]"))
+    return session
+
+
+async def test_only_the_part_of_a_view_the_server_could_not_give_waits_and_loads_again(
+    browser: Browser, stack: Stack, shots: Path, api: Api
+) -> None:
+    session = await _overview_with_writes_busy(browser, stack, shots, api)
+    page = session.page
 
     def statuses() -> list[str]:
         return [url for url in session.requests if "/api/v1/status" in url]
 
-    await session.act(page.click("#nav a[data-view=overview]"))
     assert "server busy" in await page.locator("#writes .error").inner_text()
     assert await page.locator("[data-stat=mode] .card-value").inner_text() == "lite"
     assert await page.locator("#layers tr[data-layer=l2_raw]").count() == 1
@@ -1635,16 +1644,8 @@ async def test_only_the_part_of_a_view_the_server_could_not_give_waits_and_loads
 async def test_try_again_now_pressed_twice_shows_what_came_once(
     browser: Browser, stack: Stack, shots: Path, api: Api
 ) -> None:
-    user = _user()
-    await api.add("Written before the writes chart was busy.", user)
-    session = await _session(browser, stack, shots, token=True)
-    await _paused_clock(session)
+    session = await _overview_with_writes_busy(browser, stack, shots, api)
     page = session.page
-    await session.open("overview")
-    await session.set_owner(user)
-    session.refusals["/dashboard/api/writes"] = 503
-    await page.route("**/dashboard/api/writes*", _busy("1"))
-    await session.act(page.click("#nav a[data-view=overview]"))
     await page.unroute("**/dashboard/api/writes*")
     held: list[str] = []
     released = asyncio.Event()
