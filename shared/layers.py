@@ -35,6 +35,9 @@ EXTRACTION_STATES = (PENDING, DONE, FAILED, SKIPPED, UNCONFIGURED)
 """What a raw turn's extraction_status may say (other rows say nothing: "")."""
 UNEXTRACTED = frozenset({PENDING, FAILED, UNCONFIGURED})
 """Extraction states of a raw turn still to be extracted (or being extracted now)."""
+EXTRACTION_TRIES = 3
+"""Failed tries after which a raw turn's extraction is given up: catch-up passes it over and
+status no longer counts it unextracted (reprocess still takes it)."""
 _SHORT = {f"l{value}": value for value in LAYER_NAMES}
 _WORDS = {name.split("_", 1)[1]: value for value, name in LAYER_NAMES.items()}
 

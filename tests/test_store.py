@@ -39,6 +39,7 @@ from services.store.transfer_repo import TransferRows
 from services.store.validate import MAX_APPLY_OPS
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
+from shared.layers import EXTRACTION_TRIES
 from shared.leases import LEASE_NAME_MAX, LEASE_TTL_MAX_S, lease_name
 from shared.limits import (
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -2137,6 +2138,12 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
     flushed = await store.Flush(store_pb2.FlushRequest())
     assert flushed.vectors == 5
     assert raw.extraction_status == "pending"
+    # A turn given up on (three failed tries) is no longer counted: catch-up passes it over.
+    (given_up,) = await apply(store, insert("turn four", layer=L2, extraction_status="failed"))
+    await apply(store, store_pb2.Op(
+        update=store_pb2.UpdateOp(id=given_up.id, extraction_tries=EXTRACTION_TRIES)))
+    stats = await store.GetStats(store_pb2.GetStatsRequest(scope=scope()))
+    assert (stats.total, stats.unextracted) == (4, 2)
 
 
 @pytest.mark.sqlite_only

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared.aliases import Aliases
+from shared.layers import EXTRACTION_TRIES
 from shared.leases import lease_ttl_setting
 from shared.settings import LlmSettings, Settings, read_duration
 
@@ -39,7 +40,7 @@ class ExtractorConfig:
     """HYATLAS_CATCHUP_MIN_AGE: rows younger than this are left to the write that made them."""
     catchup_batch: int = 20
     """Most rows one catch-up run extracts."""
-    catchup_tries: int = 3
+    catchup_tries: int = EXTRACTION_TRIES
     """After this many unparseable replies a row is left alone."""
     now_every_s: float | None = 15 * 60.0
     """HYATLAS_NOW_EVERY: least time between Now page rebuilds; None: after every write."""

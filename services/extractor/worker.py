@@ -18,7 +18,7 @@ from services.extractor.extract import (
 from services.extractor.living import Living
 from services.extractor.owner_locks import OwnerLocks
 from shared.errors import NotFound
-from shared.layers import DONE, FAILED, PENDING, SKIPPED, UNCONFIGURED
+from shared.layers import DONE, EXTRACTION_TRIES, FAILED, PENDING, SKIPPED, UNCONFIGURED
 from shared.leases import Leases, lease_name
 from shared.llm import LlmClient, LlmUnavailable
 from shared.pb import common_pb2, store_pb2
@@ -52,7 +52,7 @@ class CatchupPolicy:
     max_age_s: float | None = 168 * 3600.0
     min_age_s: float = 120.0
     batch: int = 20
-    tries: int = 3
+    tries: int = EXTRACTION_TRIES
 
 
 @dataclass(frozen=True)

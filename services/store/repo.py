@@ -43,7 +43,7 @@ from services.store.text_index import (
     KeywordIndex,
     high_of,
 )
-from shared.layers import UNEXTRACTED
+from shared.layers import EXTRACTION_TRIES, UNEXTRACTED
 from shared.runtime import trim_heap
 from shared.text import edge_key
 from shared.tombstones import TOMBSTONES_KEY
@@ -869,6 +869,7 @@ class SharedReads:
             "m.status = 'active'",
             # What catch-up works through: unconfigured turns wait for a key (shared.layers).
             "m.extraction_status IN (" + ", ".join(f"'{s}'" for s in sorted(UNEXTRACTED)) + ")",
+            f"m.extraction_tries < {EXTRACTION_TRIES}",  # given up on: catch-up passes it over
         ]
         ((unextracted,),) = await self._fetch(
             f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
