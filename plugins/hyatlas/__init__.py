@@ -314,9 +314,12 @@ class HyAtlasProvider(MemoryProvider):
         query = recall_query(query)
         if not query:
             return self._last_recall(sid)
+        # Read before the recall starts: a quick answer could end the back-off, or replace the
+        # last recall, before this thread looked (a race a loaded machine lost).
+        backing_off, last = self.health.backing_off(), self._last_recall(sid)
         recall = self._recall_in_background(query, sid)
-        if self.health.backing_off():
-            return self._last_recall(sid)
+        if backing_off:
+            return last
         budget_s = self.settings.prefetch_budget_s
         if not recall.done.wait(budget_s):
             self._failed(
