@@ -198,17 +198,27 @@ class Params:
         found = self.time_and_offset(name)
         return None if found is None else found[0]
 
-    def time_and_offset(self, name: str) -> tuple[float, timedelta] | None:
-        """A point in time as timestamp reads it, with the UTC offset it was written at (zero
-        for unix seconds, a "Z" time or one without an offset); None when absent."""
+    def time_and_offset(self, name: str) -> tuple[float, int] | None:
+        """A point in time as timestamp reads it, with the UTC offset it was written at in
+        minutes (zero for unix seconds, a "Z" time or one without an offset); None when absent."""
         value, _ = self._lookup(name)
         if value is _MISSING:
             return None
         if isinstance(value, str):
-            return parse_time(name, value)
+            seconds, offset = parse_time(name, value)
+            return seconds, _offset_minutes(name, offset)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{name} must be unix seconds or an RFC3339 / ISO date string")
-        return _in_range(name, float(value)), timedelta()
+        return _in_range(name, float(value)), 0
+
+
+def _offset_minutes(name: str, offset: timedelta) -> int:
+    """A time's UTC offset in minutes: the days of the clock it was written by start at midnight
+    by that clock ("yesterday" at 20:00-08:00 is the day before there, not in UTC)."""
+    minutes, rest = divmod(offset, timedelta(minutes=1))
+    if rest:  # ISO 8601 and Python take seconds in an offset; RFC3339 and real clocks do not
+        raise InvalidArgument(f"the UTC offset of {name} must be whole minutes (+hh:mm)")
+    return int(minutes)
 
 
 def parse_time(name: str, text: str) -> tuple[float, timedelta]:

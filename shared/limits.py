@@ -64,6 +64,20 @@ MAX_COUNT = 2**31 - 1
 PostgreSQL keeps them so."""
 
 
+def check_utc_offset(what: str, minutes: object) -> int:
+    """A UTC offset in whole minutes, under a day either way, else a 400."""
+    if (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int)
+        or not -MAX_UTC_OFFSET_MINUTES <= minutes <= MAX_UTC_OFFSET_MINUTES
+    ):
+        raise InvalidArgument(
+            f"{what} {minutes} is not between -{MAX_UTC_OFFSET_MINUTES} and "
+            f"{MAX_UTC_OFFSET_MINUTES} minutes (under a day)"
+        )
+    return minutes
+
+
 def check_count(what: str, value: object) -> int:
     """A count a row keeps (0..MAX_COUNT), else a 400."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:

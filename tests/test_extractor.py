@@ -283,6 +283,31 @@ async def test_a_turn_of_an_older_conversation_is_read_on_the_day_it_was_said(
     assert json.loads(page.metadata_json)["since"] == "2026-05-21"
 
 
+async def test_a_turn_is_read_on_the_writers_local_day_not_the_utc_one(
+    api: Api, fake: FakeLlm
+) -> None:
+    # Said at 20:00 in Los Angeles on Monday 2 March: already Tuesday in UTC. "Yesterday" is
+    # Sunday 1 March there, and the page's state dates from the writer's Monday.
+    user = new_user()
+    fake.on("m-evening", {
+        "facts": [{"text": "Mia ran a half marathon", "event_at": "2026-03-01"}],
+        "entities": [{"name": "Mia", "kind": "person", "state": "runs half marathons"}],
+    })
+    turn = await api.add(
+        "m-evening Mia ran a half marathon yesterday.", user, event_at="2026-03-02T20:00:00-08:00"
+    )
+    assert "Today is 2026-03-02 (Monday)." in fake.for_marker("m-evening")[-1].user_message
+    raw = await api.row(user, turn["memory_id"])
+    assert (raw.event_at, raw.utc_offset_minutes) == (1772510400, -480)  # 2026-03-03T04:00Z
+    (page,) = await api.rows(user, "l8_entity")
+    assert json.loads(page.metadata_json)["since"] == "2026-03-02"
+    # A writer that gives no offset (unix seconds, "Z" or none) is read in UTC days.
+    fake.on("m-utc", {})
+    plain = await api.add("m-utc Mia stretched.", user, event_at="2026-03-03T04:00:00")
+    assert "Today is 2026-03-03 (Tuesday)." in fake.for_marker("m-utc")[-1].user_message
+    assert (await api.row(user, plain["memory_id"])).utc_offset_minutes == 0
+
+
 async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(
     api: Api, fake: FakeLlm, embedder_address: str
 ) -> None:

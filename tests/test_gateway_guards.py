@@ -316,6 +316,8 @@ async def test_json_that_is_not_an_object_is_400(client: TestClient[Any, Any]) -
             {"query": "q", "reference_time": "2024-05-15T20:00+01:00:30"},
             "reference_time",
         ),
+        ("/api/v1/add", {"text": "x", "event_at": "2024-05-15T20:00-08:00:30"}, "event_at"),
+        ("/api/v1/update", {"id": "m", "event_at": "2024-05-15T20:00+05:30:01"}, "event_at"),
         ("/api/v1/list", {"limit": True}, "limit"),
         ("/api/v1/list", {"offset": -1}, "offset"),
         ("/api/v1/list", {"include_raw": "maybe"}, "include_raw"),

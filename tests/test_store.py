@@ -1379,6 +1379,34 @@ async def test_a_widened_vector_search_reads_each_key_and_each_row_once(
 
 
 @pytest.mark.sqlite_only
+async def test_a_version_4_store_gets_the_writers_utc_offset_and_its_rows_read_in_utc(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    async with serving_store(tmp_path, embedder_address) as stub:
+        await apply(stub, insert("Ivy said this before offsets were kept", layer=L2))
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    # As version 4 left it: no writer's offset on a row.
+    db.executescript(
+        "ALTER TABLE memories DROP COLUMN utc_offset_minutes; DELETE FROM schema_version; "
+        "INSERT INTO schema_version VALUES (4, 0);"
+    )
+    db.close()
+    async with serving_store(tmp_path, embedder_address) as stub:
+        (new,) = await apply(stub, insert("Ivy says this at 20:00 in LA", layer=L2,
+                                          event_at=1772510400, utc_offset_minutes=-480))
+        reply = await stub.ListMemories(
+            store_pb2.ListMemoriesRequest(scope=scope(), order="oldest")
+        )
+        assert [(m.content, m.utc_offset_minutes) for m in reply.memories] == [
+            ("Ivy said this before offsets were kept", 0), ("Ivy says this at 20:00 in LA", -480)
+        ]
+        assert new.utc_offset_minutes == -480
+    db = sqlite3.connect(tmp_path / "hyatlas.db")
+    assert db.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    db.close()
+
+
+@pytest.mark.sqlite_only
 async def test_a_version_1_store_is_migrated_and_keeps_its_keyword_index(
     tmp_path: Path, embedder_address: str
 ) -> None:

@@ -135,6 +135,26 @@ async def test_a_version_5_databases_keyword_columns_split_its_texts_as_sqlite_d
         assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
 
 
+async def test_a_version_6_databases_rows_get_the_writers_utc_offset_read_as_utc(
+    pg_databases: Any,
+) -> None:
+    async with fresh_schema(pg_databases) as conn:
+        # As version 6 left it: no writer's offset on a row.
+        await as_version(
+            conn,
+            6,
+            "ALTER TABLE memories DROP COLUMN utc_offset_minutes; "
+            "INSERT INTO memories (id, user_id, layer, content, created_at, updated_at) "
+            "VALUES ('m1', 'u', 'l2_raw', 'said before offsets were kept', 0, 0)",
+        )
+
+        await create_or_migrate(conn, NDIM, "test")
+        await create_or_migrate(conn, NDIM, "test")  # and again: nothing more to do
+
+        assert await conn.fetchval("SELECT utc_offset_minutes FROM memories") == 0
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == SCHEMA_VERSION
+
+
 async def test_a_version_4_databases_edges_get_name_keys_that_ignore_case_in_any_script(
     pg_databases: Any,
 ) -> None:

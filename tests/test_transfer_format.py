@@ -83,6 +83,7 @@ def test_a_rendered_row_parses_back_to_the_same_row_with_its_vector_keys_and_his
         extraction_status="done",
         extraction_tries=1,
         write_mode="pro",
+        utc_offset_minutes=-480,  # west of UTC: an offset is no count
     )
     entry = AuditEntry(7, 1.5, "api", "insert", "r1", "", json.dumps({"id": "r1"}), "add")
     keys = [
@@ -260,6 +261,11 @@ def test_a_vector_of_another_model_is_left_to_be_embedded_again() -> None:
             json.dumps({"type": "edge", "edge": {
                 "user_id": "u", "subject": "a", "relation": "b", "object": LONG_TEXT}}),
             "edge.object has 100,001 characters; the limit is 100,000",
+        ),
+        (
+            json.dumps({"type": "memory", "memory": {
+                "user_id": "u", "content": "x", "utc_offset_minutes": 24 * 60}}),
+            "memory.utc_offset_minutes 1440 is not between -1439 and 1439 minutes (under a day)",
         ),
         # A NUL in free text, which PostgreSQL cannot hold (SQLite can: refused on both).
         (

@@ -61,7 +61,8 @@ async def add(request: web.Request) -> web.Response:
     session_id = params.string("session_id")
     if not session_id and isinstance(metadata.get("session_id"), str):
         session_id = check_string("session_id", metadata["session_id"]).strip()
-    event_at = params.timestamp("event_at")
+    # The writer's UTC offset goes with the row: extraction reads the turn on the writer's day.
+    event_at = params.time_and_offset("event_at")
     origin = metadata.get("write_origin")
     status_ = extraction_status(config)
 
@@ -78,7 +79,7 @@ async def add(request: web.Request) -> web.Response:
         write_mode=config.mode,
     )
     if event_at is not None:
-        row.event_at = event_at
+        row.event_at, row.utc_offset_minutes = event_at
     await wait_for_store(request.app)
     reply = await request.app[STORE].Apply(
         store_pb2.ApplyRequest(
@@ -294,11 +295,11 @@ async def restore(request: web.Request) -> web.Response:
 
 
 def _new_version(
-    old: common_pb2.Memory, text: str, event_at: float | None, config: GatewayConfig
+    old: common_pb2.Memory, text: str, event_at: tuple[float, int] | None, config: GatewayConfig
 ) -> store_pb2.NewMemory:
-    """The row an edit inserts: the old row's owner, layer, label, sources, metadata and dates
-    with the new text (and event time, when given); a raw row is extracted again like a new
-    write."""
+    """The row an edit inserts: the old row's owner, layer, label, sources, metadata, dates and
+    writer's UTC offset with the new text (and event time with its offset, when given); a raw
+    row is extracted again like a new write."""
     raw = old.layer == common_pb2.L2_RAW
     row = store_pb2.NewMemory(
         owner=old.owner,
@@ -310,18 +311,19 @@ def _new_version(
         extraction_status=extraction_status(config) if raw else old.extraction_status,
         write_mode=config.mode,
         ref="edited",
+        utc_offset_minutes=old.utc_offset_minutes,
     )
     for name in ("event_at", "valid_to", "due_at"):
         if old.HasField(name):
             setattr(row, name, getattr(old, name))
     if event_at is not None:
-        row.event_at = event_at
+        row.event_at, row.utc_offset_minutes = event_at
     return row
 
 
-def _event_time(row: common_pb2.Memory) -> float | None:
-    """A row's event time, None when it has none."""
-    return row.event_at if row.HasField("event_at") else None
+def _event_time(row: common_pb2.Memory) -> tuple[float, int] | None:
+    """A row's event time with its writer's UTC offset, None when it has none."""
+    return (row.event_at, row.utc_offset_minutes) if row.HasField("event_at") else None
 
 
 @routes.post("/api/v1/update")
@@ -333,7 +335,7 @@ async def update(request: web.Request) -> web.Response:
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     text = params.string("text", strip=False)
-    event_at = params.timestamp("event_at")
+    event_at = params.time_and_offset("event_at")
     if not memory_id or (not text.strip() and (text or event_at is None)):
         raise InvalidArgument("id and text (or event_at) required")
     scope = owner_scope(params.string("user_id"), params.string("agent_id"))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from aiohttp import web
 
 from gateway.params import Params
@@ -46,15 +44,6 @@ def _one_named(params: Params, one: str, many: str) -> str:
     return named[0] if named else ""
 
 
-def _offset_minutes(offset: timedelta) -> int:
-    """A reference time's UTC offset in minutes: the days its query's dates name start at
-    midnight by that clock ("yesterday" at 20:00-08:00 is the day before there, not in UTC)."""
-    minutes, rest = divmod(offset, timedelta(minutes=1))
-    if rest:  # ISO 8601 and Python take seconds in an offset; RFC3339 and real clocks do not
-        raise InvalidArgument("the UTC offset of reference_time must be whole minutes (+hh:mm)")
-    return minutes
-
-
 @routes.get("/api/v1/search")
 @routes.post("/api/v1/search")
 async def search(request: web.Request) -> web.Response:
@@ -86,7 +75,7 @@ async def search(request: web.Request) -> web.Response:
         req.min_score = min_score
     if reference is not None:
         req.reference_time = reference[0]
-        req.reference_utc_offset_minutes = _offset_minutes(reference[1])
+        req.reference_utc_offset_minutes = reference[1]
     reply = await request.app[SEARCH].SearchMemories(req, timeout=rpc_timeout(request))
     request.app[COUNTERS].searches += 1
     return json_response(search_response(reply))

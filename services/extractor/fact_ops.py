@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,13 @@ ENTITY_LABEL = "entity"
 
 
 def said_at(raw: common_pb2.Memory) -> datetime:
-    """When a turn was said: its event time when the writer gave one (an import or backfill
-    of an older conversation), else when it was written; not when it is extracted (catch-up
-    runs hours or days later)."""
+    """When a turn was said, by the writer's clock (its UTC offset: "yesterday" said at 20:00
+    in Los Angeles is the day before there, not in UTC): its event time when the writer gave
+    one (an import or backfill of an older conversation), else when it was written; not when
+    it is extracted (catch-up runs hours or days later)."""
+    zone = timezone(timedelta(minutes=raw.utc_offset_minutes))
     return datetime.fromtimestamp(raw.event_at if raw.HasField("event_at") else raw.created_at,
-                                  UTC)
+                                  zone)
 
 
 @dataclass

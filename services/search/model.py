@@ -11,8 +11,8 @@ from shared.layers import LAYERS_BY_NAME
 from shared.limits import (
     END_OF_CALENDAR_S,
     FIRST_TIME_S,
-    MAX_UTC_OFFSET_MINUTES,
     check_text,
+    check_utc_offset,
 )
 
 DEFAULT_LIMIT = 5
@@ -131,11 +131,7 @@ class SearchQuery:
 
 def _check_utc_offset(reference_time: float | None, minutes: int) -> None:
     """Refuses an offset of a day or more, or one that moves the reference day off the calendar."""
-    if not -MAX_UTC_OFFSET_MINUTES <= minutes <= MAX_UTC_OFFSET_MINUTES:
-        raise InvalidArgument(
-            f"reference_utc_offset_minutes {minutes} is not between "
-            f"-{MAX_UTC_OFFSET_MINUTES} and {MAX_UTC_OFFSET_MINUTES} (under a day)"
-        )
+    check_utc_offset("reference_utc_offset_minutes", minutes)
     if reference_time is not None and reference_time + minutes * 60 >= END_OF_CALENDAR_S:
         raise InvalidArgument(
             f"reference_time {reference_time} at UTC offset {minutes} minutes is in the year 10000"

@@ -480,6 +480,7 @@ def _new_row(memory_id: str, op: Insert, now: float, model_id: str) -> MemoryRow
         due_at=op.due_at,
         extraction_status=op.extraction_status,
         write_mode=op.write_mode,
+        utc_offset_minutes=op.utc_offset_minutes,
         pass_id=op.pass_id,
     )
 

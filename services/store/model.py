@@ -127,6 +127,8 @@ class MemoryRow:
     extraction_status: str = ""
     extraction_tries: int = 0
     write_mode: str = ""
+    utc_offset_minutes: int = 0
+    """The writer's UTC offset when it was said: its local day (0: UTC, or none given)."""
 
     @classmethod
     def of_values(cls, values: Sequence[Any]) -> MemoryRow:
@@ -159,6 +161,7 @@ class Insert:
     count: int = 0
     extraction_status: str = ""
     write_mode: str = ""
+    utc_offset_minutes: int = 0
     pass_id: str = ""
     ref: str = ""
     id: str = ""

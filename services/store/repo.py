@@ -138,8 +138,10 @@ _COLUMNS = (
     "id, user_id, agent_id, session_id, layer, content, label, count, hits, source_ids, "
     "metadata, model_id, created_at, updated_at, event_at, valid_to, due_at, status, "
     "invalid_at, superseded_by, superseded_how, drop_reason, retired_by, pass_id, "
-    "extraction_status, extraction_tries, write_mode"
+    "extraction_status, extraction_tries, write_mode, utc_offset_minutes"
 )
+ROW_WIDTH = len(_COLUMNS.split(","))
+"""How many values a row read with _COLUMNS takes; what a query selects after them follows."""
 OFF_CALENDAR = _off_calendar(_COLUMNS, "memories", DATES)
 _M_COLUMNS = ", ".join(f"m.{name.strip()}" for name in _COLUMNS.split(","))
 FORGET_MARKS = (
@@ -176,7 +178,7 @@ def _row(r: Sequence[Any]) -> MemoryRow:
     """A row read with _COLUMNS (and maybe more after them) as a MemoryRow."""
     sources = r[9]
     return MemoryRow.of_values(
-        (*r[:9], () if sources == "[]" else tuple(json.loads(sources)), *r[10:27])
+        (*r[:9], () if sources == "[]" else tuple(json.loads(sources)), *r[10:ROW_WIDTH])
     )
 
 
@@ -348,7 +350,7 @@ class Tx:
     async def insert(self, row: MemoryRow, vector: np.ndarray) -> int:
         """Adds a row and its vector; returns the vector's key."""
         self._inline.execute(
-            f"INSERT INTO memories ({_COLUMNS}) VALUES ({','.join('?' * 27)})",
+            f"INSERT INTO memories ({_COLUMNS}) VALUES ({','.join('?' * ROW_WIDTH)})",
             (
                 row.id, row.user_id, row.agent_id, row.session_id, row.layer, row.content,
                 row.label, row.count, row.hits, json.dumps(list(row.source_ids)),
@@ -356,6 +358,7 @@ class Tx:
                 row.valid_to, row.due_at, row.status, row.invalid_at, row.superseded_by,
                 row.superseded_how, row.drop_reason, row.retired_by, row.pass_id,
                 row.extraction_status, row.extraction_tries, row.write_mode,
+                row.utc_offset_minutes,
             ),
         )
         return await self._put_vector(row.id, row.model_id, vector)
@@ -690,7 +693,7 @@ ERASE_KEEPS = (
     "id", "user_id", "agent_id", "session_id", "layer", "status", "model_id", "created_at",
     "updated_at", "event_at", "valid_to", "due_at", "invalid_at", "superseded_by",
     "superseded_how", "retired_by", "pass_id", "extraction_status", "extraction_tries",
-    "write_mode", "source_ids", "count", "hits",
+    "write_mode", "utc_offset_minutes", "source_ids", "count", "hits",
 )
 
 
@@ -1458,7 +1461,7 @@ class Repo(SharedReads):
             (json.dumps(list(rowids)), *params),
             self.text_reader(index.name),
         )
-        return {int(r[28]): (_row(r), str(r[27])) for r in rows}
+        return {int(r[ROW_WIDTH + 1]): (_row(r), str(r[ROW_WIDTH])) for r in rows}
 
     async def replaced_by(
         self, rows: Sequence[MemoryRow], depth: int = 5

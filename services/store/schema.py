@@ -9,7 +9,7 @@ import aiosqlite
 from shared.errors import ConfigError
 from shared.text import edge_key
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Rows and their keys carry an owner key: one token per user id ('o' and the id's hex), indexed
 # beside the text, so a keyword search reads only its owner's postings.
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS memories (
   extraction_status TEXT NOT NULL DEFAULT '',
   extraction_tries INTEGER NOT NULL DEFAULT 0,
   write_mode TEXT NOT NULL DEFAULT '',
+  utc_offset_minutes INTEGER NOT NULL DEFAULT 0,
   owner_key TEXT GENERATED ALWAYS AS ('o' || hex(user_id)) VIRTUAL
 );
 CREATE INDEX IF NOT EXISTS memories_owner
@@ -226,6 +227,11 @@ ALTER TABLE graph_edges ADD COLUMN relation_key TEXT NOT NULL DEFAULT '';
 ALTER TABLE graph_edges ADD COLUMN object_key TEXT NOT NULL DEFAULT '';
 """
 
+# Versions 1 to 4 kept no writer's UTC offset: their rows are read in UTC days, as they were.
+_WRITER_OFFSET = """
+ALTER TABLE memories ADD COLUMN utc_offset_minutes INTEGER NOT NULL DEFAULT 0;
+"""
+
 # Versions 1 and 2 kept the keyword indexes in FTS5 tables; the store builds the tantivy
 # indexes from the rows when it opens (they have no position yet).
 _FROM_FTS5 = """
@@ -247,11 +253,14 @@ async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
         raise ConfigError(
             f"{path} has schema version {version}; this build knows up to {SCHEMA_VERSION}"
         )
-    if version in (1, 2, 3):
+    if version is not None and version < SCHEMA_VERSION:
         # One transaction: a crash mid-way leaves the older version as it was.
         steps = (_FROM_1 if version == 1 else "") + (_FROM_FTS5 if version < 3 else "")
-        await conn.executescript(f"BEGIN IMMEDIATE; {steps} {_EDGE_KEYS} {_TEXT_LOG}")
-        await _key_edges(conn)
+        if version < 4:
+            steps += _EDGE_KEYS + _TEXT_LOG
+        await conn.executescript(f"BEGIN IMMEDIATE; {steps} {_WRITER_OFFSET}")
+        if version < 4:
+            await _key_edges(conn)
         await _set_version(conn)
         await conn.execute("COMMIT")
     # Also after a migration: tables added since without a version step reach every store.

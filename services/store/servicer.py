@@ -120,6 +120,7 @@ def fill_memory(message: common_pb2.Memory, row: MemoryRow) -> common_pb2.Memory
     message.extraction_status = row.extraction_status
     message.extraction_tries = row.extraction_tries
     message.write_mode = row.write_mode
+    message.utc_offset_minutes = row.utc_offset_minutes
     for name in ("event_at", "valid_to", "due_at", "invalid_at"):
         value = getattr(row, name)
         if value is not None:
@@ -161,6 +162,7 @@ def _insert(new: store_pb2.NewMemory) -> Op:
         count=new.count,
         extraction_status=new.extraction_status,
         write_mode=new.write_mode,
+        utc_offset_minutes=new.utc_offset_minutes,
         pass_id=new.pass_id,
         ref=new.ref,
         id=new.id,

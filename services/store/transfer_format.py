@@ -36,6 +36,7 @@ from shared.limits import (
     check_identity,
     check_name,
     check_text,
+    check_utc_offset,
 )
 
 DEFAULT_LAYER = "l2_raw"
@@ -198,6 +199,11 @@ def _metadata(name: str, value: Any) -> str:
     return client_json.check_object(name, value)  # the API's limits on metadata
 
 
+# A checker per field whose values are not those of its annotation's checker below.
+_BY_NAME: dict[str, Callable[[str, Any], Any]] = {
+    "metadata_json": _metadata,
+    "utc_offset_minutes": check_utc_offset,  # an int that is no count: west of UTC is negative
+}
 # A checker per annotation of the row and edge dataclasses, so a new column is covered at once.
 _BY_ANNOTATION: dict[str, Callable[[str, Any], Any]] = {
     "str": _string,
@@ -214,7 +220,7 @@ def _fields(cls: type, renamed: Mapping[str, str]) -> dict[str, tuple[str, Calla
     found = {}
     for f in dataclasses.fields(cls):
         name = renamed.get(f.name, f.name)
-        check = _metadata if f.name == "metadata_json" else _BY_ANNOTATION[str(f.type)]
+        check = _BY_NAME.get(f.name) or _BY_ANNOTATION[str(f.type)]
         found[name] = (f.name, check)
     return found
 

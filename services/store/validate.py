@@ -37,6 +37,7 @@ from shared.limits import (
     check_key,
     check_name,
     check_text,
+    check_utc_offset,
 )
 from shared.settings import MODES
 
@@ -134,6 +135,7 @@ def _insert(op: Insert, reach: Reach, refs: set[str], where: str) -> Op:
     check_identity(f"{where}: id", op.id)
     _check_ids(op.source_ids, f"{where}: source_ids")
     check_name(f"{where}: pass_id", op.pass_id)
+    check_utc_offset(f"{where}: utc_offset_minutes", op.utc_offset_minutes)
     _fields(where, op)
     return replace(op, metadata_json=metadata(op.metadata_json, where))
 

@@ -27,10 +27,11 @@ REEMBED_INSTEAD = (
 )
 """How a store on PostgreSQL moves to another embedding model meanwhile."""
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """1: the first; 2: the session neighbours index without agent_id; 3: GIN pending lists of
 GIN_PENDING_KB; 4: memory_keys_context_owner; 5: graph_edges' name keys (the SQLite store's
-version 4); 6: the keyword columns made with TEXT_CONFIG from the text split at punctuation."""
+version 4); 6: the keyword columns made with TEXT_CONFIG from the text split at punctuation;
+7: memories.utc_offset_minutes, the writer's UTC offset (the SQLite store's version 5)."""
 
 GIN_PENDING_KB = 128
 """The most a GIN index keeps of new rows in its pending list before merging them in (the
@@ -139,6 +140,7 @@ CREATE TABLE IF NOT EXISTS memories (
   extraction_status TEXT NOT NULL DEFAULT '',
   extraction_tries INTEGER NOT NULL DEFAULT 0,
   write_mode TEXT NOT NULL DEFAULT '',
+  utc_offset_minutes INTEGER NOT NULL DEFAULT 0,
   {_TERM_COLUMNS["memories"]}
 );
 CREATE INDEX IF NOT EXISTS memories_owner
@@ -289,6 +291,12 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
                 f"a re-embed is not built for the PostgreSQL store yet: {REEMBED_INSTEAD}"
             )
         await conn.execute(_tables(ndim))
+        if version is not None and version < 7:
+            # Rows written before kept no writer's offset: they are read in UTC days, as they were.
+            await conn.execute(
+                "ALTER TABLE memories ADD COLUMN IF NOT EXISTS "
+                "utc_offset_minutes INTEGER NOT NULL DEFAULT 0"
+            )
         if version is not None and version < 3:
             await _bound_gin_pending_lists(conn)
         if version is not None and version < 5:

@@ -28,7 +28,7 @@ from services.store.keywords import finding_terms, matched_terms, stem
 from services.store.model import MemoryRow, Reach
 from services.store.pg.db import Database, checked, numbered
 from services.store.pg.schema import TEXT_CONFIG
-from services.store.repo import _M_COLUMNS, _filters, _row, _where
+from services.store.repo import _M_COLUMNS, ROW_WIDTH, _filters, _row, _where
 
 
 @dataclass(frozen=True)
@@ -403,6 +403,8 @@ async def _ranked(
         more = more or len(rows) == limit * CHEAP_SHARE
         for r in rows:
             if r[0] is not None:
-                best[int(r[28])] = (_row(r), str(r[27]), float(r[29]))
+                best[int(r[ROW_WIDTH + 1])] = (
+                    _row(r), str(r[ROW_WIDTH]), float(r[ROW_WIDTH + 2])
+                )
     ranked = sorted(best.values(), key=lambda hit: hit[2], reverse=True)
     return ranked[:limit], more

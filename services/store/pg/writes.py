@@ -26,6 +26,7 @@ from services.store.repo import (
     LIVE_EDGE,
     OFF_CALENDAR,
     RESTORES_OF,
+    ROW_WIDTH,
     UPDATABLE_COLUMNS,
     VECTOR_KEYS_OF,
     _edge,
@@ -110,13 +111,14 @@ class PgWrites:
         write lock, so this is only the last guard)."""
         try:
             await self._execute(
-                f"INSERT INTO memories ({_COLUMNS}) VALUES ({','.join('?' * 27)})",
+                f"INSERT INTO memories ({_COLUMNS}) VALUES ({','.join('?' * ROW_WIDTH)})",
                 row.id, row.user_id, row.agent_id, row.session_id, row.layer, row.content,
                 row.label, row.count, row.hits, json.dumps(list(row.source_ids)),
                 row.metadata_json, row.model_id, row.created_at, row.updated_at, row.event_at,
                 row.valid_to, row.due_at, row.status, row.invalid_at, row.superseded_by,
                 row.superseded_how, row.drop_reason, row.retired_by, row.pass_id,
                 row.extraction_status, row.extraction_tries, row.write_mode,
+                row.utc_offset_minutes,
             )
         except asyncpg.UniqueViolationError as exc:
             raise Conflict(f"memory {row.id!r} already exists") from exc
