@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +306,31 @@ async def test_a_turn_is_read_on_the_writers_local_day_not_the_utc_one(
     plain = await api.add("m-utc Mia stretched.", user, event_at="2026-03-03T04:00:00")
     assert "Today is 2026-03-03 (Tuesday)." in fake.for_marker("m-utc")[-1].user_message
     assert (await api.row(user, plain["memory_id"])).utc_offset_minutes == 0
+
+
+async def test_a_turn_dated_ahead_is_read_today_and_its_planned_event_keeps_its_date(
+    api: Api, fake: FakeLlm
+) -> None:
+    # A REST writer dates a turn by what it tells of, months ahead: the turn keeps that date,
+    # the model is told it, and today is still the day the turn was written.
+    user = new_user()
+    fake.on("m-dentist", {"facts": [
+        {"text": "Noa has a dentist appointment at 10:00", "event_at": "2027-06-01"},
+    ]})
+    turn = await api.add(
+        "m-dentist Dentist appointment at 10:00.", user, event_at="2027-06-01T10:00:00+02:00"
+    )
+    raw = await api.row(user, turn["memory_id"])
+    assert raw.event_at == datetime(2027, 6, 1, 8, tzinfo=UTC).timestamp()
+    written = datetime.fromtimestamp(raw.created_at, timezone(timedelta(hours=2)))
+    prompt = fake.for_marker("m-dentist")[-1].user_message
+    assert f"Today is {written:%Y-%m-%d} ({written:%A})." in prompt
+    assert "The writer dated this turn 2027-06-01 (Tuesday): what it tells of lies ahead." in prompt
+    (fact,) = await api.rows(user, "l3_fact")
+    assert fact.event_at == datetime(2027, 6, 1, tzinfo=UTC).timestamp()
+    assert "for a planned or expected event, the date it will happen" in (
+        fake.for_marker("m-dentist")[-1].prompt
+    )
 
 
 async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(

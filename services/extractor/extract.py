@@ -17,6 +17,7 @@ from services.extractor.fact_ops import (
     OpBuilder,
     Turn,
     as_read,
+    dated_ahead,
     page_name,
     page_ops,
     said_at,
@@ -141,7 +142,7 @@ class Extraction:
         text = cap_utf8(raw.content)
         _, model_id, sentence_hits = await self._sentence_probes(context, text)
         candidates = self._candidates(context, text, sentence_hits)
-        messages = extraction_messages(text, today, candidates)
+        messages = extraction_messages(text, today, candidates, dated_ahead(raw))
         try:
             reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
         except LlmMalformed as exc:

@@ -26,14 +26,28 @@ FORGOTTEN_NEAR = 0.9
 ENTITY_LABEL = "entity"
 
 
+def _writers_time(raw: common_pb2.Memory, seconds: float) -> datetime:
+    """A time by the writer's clock (its UTC offset: "yesterday" said at 20:00 in Los Angeles
+    is the day before there, not in UTC)."""
+    return datetime.fromtimestamp(seconds, timezone(timedelta(minutes=raw.utc_offset_minutes)))
+
+
 def said_at(raw: common_pb2.Memory) -> datetime:
-    """When a turn was said, by the writer's clock (its UTC offset: "yesterday" said at 20:00
-    in Los Angeles is the day before there, not in UTC): its event time when the writer gave
-    one (an import or backfill of an older conversation), else when it was written; not when
-    it is extracted (catch-up runs hours or days later)."""
-    zone = timezone(timedelta(minutes=raw.utc_offset_minutes))
-    return datetime.fromtimestamp(raw.event_at if raw.HasField("event_at") else raw.created_at,
-                                  zone)
+    """When a turn was said, by the writer's clock: its event time when the writer gave one (an
+    import or backfill of an older conversation), else when it was written; not when it is
+    extracted (catch-up runs hours or days later). A turn is not said after it was written: an
+    event time later than that is the date of what it tells of (dated_ahead)."""
+    if raw.HasField("event_at") and raw.event_at <= raw.created_at:
+        return _writers_time(raw, raw.event_at)
+    return _writers_time(raw, raw.created_at)
+
+
+def dated_ahead(raw: common_pb2.Memory) -> datetime | None:
+    """The event time a writer gave a turn later than when it was written, by its clock: the
+    date of what the turn tells of, which lies ahead (a planned event); None otherwise."""
+    if raw.HasField("event_at") and raw.event_at > raw.created_at:
+        return _writers_time(raw, raw.event_at)
+    return None
 
 
 @dataclass

@@ -47,7 +47,8 @@ invent a number; never name anything that is not shown.
 Write it with names, not pronouns. Label stable likes, dislikes, style and constraints as \
 user_preferences.
 - event_at is the date the fact was true or the event happened, worked out from today's date \
-(e.g. "yesterday"); null when the turn does not say.
+(e.g. "yesterday"); for a planned or expected event, the date it will happen, in the future \
+too (e.g. "next Friday"), never today's in its place; null when the turn does not say.
 - If a new fact changes a shown fact's value, list that fact under "replaces". If it adds detail \
 to, or is another occurrence of, a shown fact, give that number as "updates".
 - Write an intention only for a goal that reaches beyond this exchange, and not again for a turn \
@@ -108,6 +109,11 @@ def cap_utf8(text: str, limit: int = MAX_TEXT_BYTES) -> str:
     return data[:room].decode("utf-8", errors="ignore") + ELLIPSIS
 
 
+def _date(moment: datetime) -> str:
+    """A date as the prompt names it, e.g. 2026-03-02 (Monday)."""
+    return f"{moment.strftime('%Y-%m-%d')} ({moment.strftime('%A')})"
+
+
 def _line(candidate: Candidate) -> str:
     memory = candidate.memory
     notes = []
@@ -126,10 +132,13 @@ def _line(candidate: Candidate) -> str:
 
 
 def extraction_messages(
-    text: str, today: datetime, candidates: Sequence[Candidate]
+    text: str, today: datetime, candidates: Sequence[Candidate], ahead: datetime | None = None
 ) -> list[dict[str, str]]:
-    """The chat messages of one extraction call; text must already be capped."""
-    parts = [f"Today is {today.strftime('%Y-%m-%d')} ({today.strftime('%A')})."]
+    """The chat messages of one extraction call; text must already be capped; ahead: the date
+    the writer gave a turn about something to come (a planned event), if later than today."""
+    parts = [f"Today is {_date(today)}."]
+    if ahead is not None:
+        parts.append(f"The writer dated this turn {_date(ahead)}: what it tells of lies ahead.")
     for kind, title in (
         ("fact", "Related stored facts"),
         ("intention", "Open intentions"),
