@@ -17,6 +17,7 @@ from services.extractor.extract import probe_texts
 from services.extractor.prompt import EXTRACTION_SCHEMA
 from shared.calibration import related_score
 from shared.clients import EmbedderClient
+from shared.dates import day
 from shared.pb import common_pb2, extractor_pb2, extractor_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
@@ -331,6 +332,29 @@ async def test_a_turn_dated_ahead_is_read_today_and_its_planned_event_keeps_its_
     assert "for a planned or expected event, the date it will happen" in (
         fake.for_marker("m-dentist")[-1].prompt
     )
+
+
+async def test_a_fact_said_again_keeps_its_date_unless_the_repeat_gives_another(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-wedding", {"facts": [
+        {"text": "Ana married Rui in Porto", "event_at": "2026-06-20"},
+        {"text": "Ana ran the Porto half marathon", "event_at": "2026-05-03"},
+    ]})
+    await api.add("m-wedding Ana married Rui in Porto on 20 June; she ran the half in May.", user)
+    fake.on("m-again", lambda r: {"facts": [
+        {"text": "Ana married Rui in Porto, by the river", "updates": r.number_of("Ana married")},
+        {"text": "Ana ran the Porto half marathon again", "event_at": "2026-11-29",
+         "updates": r.number_of("Ana ran")},
+    ]})
+    await api.add("m-again As I said, Ana married Rui by the river; she ran the half again.", user)
+    facts = await api.rows(user, "l3_fact")
+    wedding = by_content(facts, "Ana married Rui in Porto, by the river")
+    assert (wedding.count, day(wedding.event_at)) == (2, "2026-06-20")
+    again = by_content(facts, "Ana ran the Porto half marathon again")
+    assert (again.count, day(again.event_at)) == (2, "2026-11-29")
+    assert "with null, the shown fact's date is kept" in fake.for_marker("m-again")[-1].prompt
 
 
 async def test_a_turn_is_found_by_the_words_of_the_facts_learnt_from_it(

@@ -70,6 +70,16 @@ class Turn:
     a re-extraction does not write them again."""
 
 
+def _event_at(fact: FactOp) -> float | None:
+    """A new fact's event time: the one the model gave, else that of the fact it updates (a
+    repeat or more detail of it: the fact said again is still of that date)."""
+    if fact.event_at is not None:
+        return fact.event_at
+    if fact.updates is not None and fact.updates.HasField("event_at"):
+        return fact.updates.event_at
+    return None
+
+
 @dataclass
 class OpBuilder:
     """Collects inserts first and retirements last, each retirement once."""
@@ -144,8 +154,8 @@ class OpBuilder:
             row = self.base(common_pb2.L3_FACT, fact.text, fact.label)
             row.ref, row.id, row.count = f"f{i}", str(uuid.uuid4()), 1
             self.fed.append((fact.text, row.id))
-            if fact.event_at is not None:
-                row.event_at = fact.event_at
+            if (event_at := _event_at(fact)) is not None:
+                row.event_at = event_at
             if fact.updates is not None:
                 row.count = max(fact.updates.count, 1) + 1
             row.restates_at = self.turn.dedupe_score

@@ -50,7 +50,8 @@ user_preferences.
 (e.g. "yesterday"); for a planned or expected event, the date it will happen, in the future \
 too (e.g. "next Friday"), never today's in its place; null when the turn does not say.
 - If a new fact changes a shown fact's value, list that fact under "replaces". If it adds detail \
-to, or is another occurrence of, a shown fact, give that number as "updates".
+to, or is another occurrence of, a shown fact, give that number as "updates" (another occurrence \
+with its own event_at: with null, the shown fact's date is kept).
 - Write an intention only for a goal that reaches beyond this exchange, and not again for a turn \
 that just continues a shown open intention.
 - Leave a list empty when the turn gives nothing for it. Small talk gives nothing.
