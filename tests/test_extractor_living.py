@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared.dates import day
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
 from tests.extractor_support import STACK, Api, by_content, new_user
@@ -93,6 +95,41 @@ async def test_the_now_page_follows_the_writes_and_leads_search(api: Api, fake: 
     await assert_eventually(replaced)
     body = await api.ok("POST", "/api/v1/search", json={"query": "Foxtrot", "user_id": user})
     assert body["order"][0] == "now" and body["now"]["content"].startswith("NOW #")
+
+
+async def test_an_intention_months_overdue_is_shown_as_overdue_not_as_current(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    today = datetime.now(UTC).date()
+    overdue = (today - timedelta(days=120)).isoformat()
+    ahead = (today + timedelta(days=30)).isoformat()
+    fake.on("m-plans", {"intentions": [
+        {"text": "Quinn will file the Q2 taxes", "due_at": overdue},
+        {"text": "Quinn will renew the passport", "due_at": ahead},
+    ]})
+    await api.add("m-plans Taxes for Q2 and the passport renewal are on my list.", user)
+
+    async def built() -> None:
+        assert [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+
+    await assert_eventually(built)
+    prompt = [r.user_message for r in fake.requests
+              if "Now page" in r.prompt and "Quinn will file" in r.user_message][-1]
+    assert (
+        f"Open intentions:\n- Quinn will renew the passport (due {ahead})\n"
+        "Overdue intentions, still open a day or more past their due date:\n"
+        f"- Quinn will file the Q2 taxes (due {overdue})\n"
+    ) in prompt
+    # Extraction is shown both, the current one first, and the other marked overdue.
+    fake.on("m-filed", {})
+    await api.add("m-filed Still need to sort out the taxes.", user)
+    shown = fake.for_marker("m-filed")[-1].user_message
+    stored = day((await api.rows(user, "l7_intention"))[0].created_at)
+    assert (
+        f"[1] Quinn will renew the passport (due {ahead}; stored {stored})\n"
+        f"[2] Quinn will file the Q2 taxes (due {overdue}, overdue; stored {stored})"
+    ) in shown
 
 
 async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> None:

@@ -46,6 +46,9 @@ class ExtractorConfig:
     """HYATLAS_NOW_EVERY: least time between Now page rebuilds; None: after every write."""
     episode_gap_s: float | None = 30 * 60.0
     """HYATLAS_EPISODE_GAP: a pause that ends an episode of work; None: no episode summaries."""
+    intention_ttl_s: float | None = 168 * 3600.0
+    """HYATLAS_INTENTION_TTL: how long an undated intention is current (the Now page shows it
+    as open); None: forever."""
     user_aliases: Aliases = Aliases()
     """HYATLAS_USER_ALIASES: Now pages and episodes are kept under a group's first id."""
     lease_ttl_s: float = 60.0
@@ -87,6 +90,7 @@ class ExtractorConfig:
             catchup_min_age_s=min_age or 0.0,
             now_every_s=settings.now_every_s,
             episode_gap_s=settings.episode_gap_s,
+            intention_ttl_s=settings.intention_ttl_s,
             user_aliases=settings.user_aliases,
             lease_ttl_s=lease_ttl_setting(env),
             grpc_token=settings.grpc_token,

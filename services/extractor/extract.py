@@ -36,6 +36,7 @@ from services.extractor.prompt import (
 from services.extractor.reconcile import Reconciler
 from shared.calibration import related_score
 from shared.errors import Conflict, ServiceError, Unavailable
+from shared.intentions import is_overdue
 from shared.layers import DONE, EXPERIENCE, FAILED, SKIPPED
 from shared.llm import LlmClient, LlmMalformed
 from shared.pb import common_pb2, store_pb2
@@ -141,7 +142,7 @@ class Extraction:
         scope = owner_scope(raw)
         text = cap_utf8(raw.content)
         _, model_id, sentence_hits = await self._sentence_probes(context, text)
-        candidates = self._candidates(context, text, sentence_hits)
+        candidates = self._candidates(context, text, sentence_hits, today.timestamp())
         messages = extraction_messages(text, today, candidates, dated_ahead(raw))
         try:
             reply = await self.llm.json_reply(messages, EXTRACTION_SCHEMA)
@@ -230,14 +231,19 @@ class Extraction:
         context: Context,
         text: str,
         sentence_hits: Sequence[common_pb2.ScoredMemory],
+        now: float,
     ) -> list[Candidate]:
-        """Related facts, open intentions and touched pages, numbered 1, 2, ..."""
+        """Related facts, open intentions (those not overdue at now first, so overdue ones
+        do not crowd them out) and touched pages, numbered 1, 2, ..."""
         best: dict[str, common_pb2.ScoredMemory] = {}
         for hit in (*context.facts, *sentence_hits):
             if hit.memory.id not in best or hit.score > best[hit.memory.id].score:
                 best[hit.memory.id] = hit
         facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
-        intentions = [r for r in context.open_rows if r.layer == common_pb2.L7_INTENTION]
+        intentions = sorted(
+            (r for r in context.open_rows if r.layer == common_pb2.L7_INTENTION),
+            key=lambda r: r.HasField("due_at") and is_overdue(r.due_at, now),
+        )
         rows: list[tuple[str, common_pb2.Memory]] = [
             *(("fact", hit.memory) for hit in facts),
             *(("intention", m) for m in intentions[:MAX_INTENTIONS]),

@@ -9,6 +9,7 @@ from typing import Any
 
 from services.extractor.parse import Candidate
 from shared.dates import day
+from shared.intentions import is_overdue
 from shared.llm import ReplySchema, array_of, object_schema
 from shared.pages import page_text
 from shared.prompt_text import fenced, one_line
@@ -115,13 +116,14 @@ def _date(moment: datetime) -> str:
     return f"{moment.strftime('%Y-%m-%d')} ({moment.strftime('%A')})"
 
 
-def _line(candidate: Candidate) -> str:
+def _line(candidate: Candidate, today: datetime) -> str:
     memory = candidate.memory
     notes = []
     if memory.HasField("event_at") and (event := day(memory.event_at)):
         notes.append(f"event {event}")
     if memory.HasField("due_at") and (due := day(memory.due_at)):
-        notes.append(f"due {due}")
+        overdue = is_overdue(memory.due_at, today.timestamp())
+        notes.append(f"due {due}, overdue" if overdue else f"due {due}")
     if memory.count > 1:
         notes.append(f"said {memory.count} times")
     notes.append(f"stored {day(memory.created_at)}")
@@ -145,7 +147,7 @@ def extraction_messages(
         ("intention", "Open intentions"),
         ("page", "Entity pages"),
     ):
-        lines = [_line(c) for c in candidates if c.kind == kind]
+        lines = [_line(c, today) for c in candidates if c.kind == kind]
         parts.append(f"{title}:\n" + ("\n".join(lines) if lines else "(none)"))
     parts.append(f"The new turn:\n{fenced(text, TURN_TAG)}")
     parts.append("Reply with the JSON object only.")

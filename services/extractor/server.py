@@ -83,6 +83,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             config.episode_gap_s,
             config.mode,
             leases,
+            config.intention_ttl_s,
         )
         worker = Worker(
             extraction,

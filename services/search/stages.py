@@ -5,9 +5,8 @@ from __future__ import annotations
 from services.search.channels import NOW_PAGE_LABEL
 from services.search.fusion import fuse_sources
 from services.search.model import Candidate, SearchContext
+from shared.intentions import DAY_S, is_current
 from shared.text import content_key
-
-DAY_S = 86400.0
 
 
 def fuse(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
@@ -16,18 +15,11 @@ def fuse(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
 
 
 def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> bool:
-    """Whether an L7 intention may still be shown (every other layer always may).
-
-    One with a due date stays until a day after it is due; one without stays ttl_s after it was
-    written (forever when ttl_s is None).
-    """
+    """Whether an L7 intention may still be shown: while it is current (shared.intentions);
+    every other layer always may."""
     if candidate.layer != "l7_intention":
         return True
-    if candidate.due_at is not None:
-        return now <= candidate.due_at + DAY_S
-    if ttl_s is None:
-        return True
-    return now - candidate.created_at <= ttl_s
+    return is_current(candidate.due_at, candidate.created_at, now, ttl_s)
 
 
 DUE_SOON_S = 2 * DAY_S
