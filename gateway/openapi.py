@@ -39,6 +39,11 @@ REFERENCE_TIME: Schema = {
     "description": TIME["description"] + "; its UTC offset (whole minutes) sets the days the "
     "query's dates name, from midnight to midnight there (none, or Z: UTC days)",
 }
+EVENT_TIME: Schema = {
+    **TIME,
+    "description": TIME["description"] + "; when it was said: its UTC offset (whole minutes) is "
+    "kept as the writer's, whose days extraction reads the turn in (none, or Z: UTC days)",
+}
 LAYER: Schema = {
     "type": "string", "maxLength": MAX_NAME_CHARS,
     "examples": ["*", *LAYER_NAMES.values()],
@@ -149,7 +154,7 @@ OPERATIONS: list[Op] = [
                                   last_write_at=STR, agents=arr(ANY_OBJ))))),
     Op("POST", "/api/v1/add", "Stores one raw turn",
        {"text": TEXT, "data": TEXT, **OWNER, "session_id": NAME, "metadata": METADATA,
-        "event_at": TIME},
+        "event_at": EVENT_TIME},
        obj("success", "memory_id", "extraction_status", success=BOOL, memory_id=STR,
            extraction_status=STR, replayed=BOOL),
        headers={"Idempotency-Key": {"type": "string", "maxLength": 255}}),
@@ -166,8 +171,8 @@ OPERATIONS: list[Op] = [
        {"id": NAME, "memory_id": NAME, **OWNER, "origin": NAME, "reason": TEXT},
        obj("restored", "memory", restored=BOOL, memory=MEMORY)),
     Op("POST", "/api/v1/update", "Stores new text as a new version of a row",
-       {"id": NAME, "memory_id": NAME, "text": TEXT, "event_at": TIME, **OWNER, "origin": NAME,
-        "reason": TEXT},
+       {"id": NAME, "memory_id": NAME, "text": TEXT, "event_at": EVENT_TIME, **OWNER,
+        "origin": NAME, "reason": TEXT},
        obj("success", "memory_id", "replaced", "changed", success=BOOL, memory_id=STR,
            replaced=STR, changed=BOOL, extraction_status=STR)),
     *both("/api/v1/history", "A row's audit trail", {"id": NAME, "memory_id": NAME, **OWNER},
