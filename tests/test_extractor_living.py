@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,26 @@ async def test_an_intention_months_overdue_is_shown_as_overdue_not_as_current(
         f"[1] Quinn will renew the passport (due {ahead}; stored {stored})\n"
         f"[2] Quinn will file the Q2 taxes (due {overdue}, overdue; stored {stored})"
     ) in shown
+
+
+async def test_an_episodes_turns_are_shown_at_the_writers_clock(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    los_angeles = timezone(timedelta(hours=-8))
+    added = await api.add("m-la one: the Foxtrot demo went well.", user,
+                          event_at=datetime.now(los_angeles).isoformat())
+    raw = await api.row(user, added["memory_id"])
+
+    async def summarised() -> str:
+        (asked,) = [r.user_message for r in fake.requests
+                    if "episode of work" in r.prompt and "m-la one" in r.user_message]
+        return asked
+
+    asked = await value_eventually(summarised)
+    assert f"[{datetime.fromtimestamp(raw.created_at, los_angeles):%Y-%m-%d %H:%M}] m-la one" in (
+        asked
+    )
 
 
 async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> None:

@@ -26,7 +26,7 @@ FORGOTTEN_NEAR = 0.9
 ENTITY_LABEL = "entity"
 
 
-def _writers_time(raw: common_pb2.Memory, seconds: float) -> datetime:
+def writers_time(raw: common_pb2.Memory, seconds: float) -> datetime:
     """A time by the writer's clock (its UTC offset: "yesterday" said at 20:00 in Los Angeles
     is the day before there, not in UTC)."""
     return datetime.fromtimestamp(seconds, timezone(timedelta(minutes=raw.utc_offset_minutes)))
@@ -38,15 +38,15 @@ def said_at(raw: common_pb2.Memory) -> datetime:
     extracted (catch-up runs hours or days later). A turn is not said after it was written: an
     event time later than that is the date of what it tells of (dated_ahead)."""
     if raw.HasField("event_at") and raw.event_at <= raw.created_at:
-        return _writers_time(raw, raw.event_at)
-    return _writers_time(raw, raw.created_at)
+        return writers_time(raw, raw.event_at)
+    return writers_time(raw, raw.created_at)
 
 
 def dated_ahead(raw: common_pb2.Memory) -> datetime | None:
     """The event time a writer gave a turn later than when it was written, by its clock: the
     date of what the turn tells of, which lies ahead (a planned event); None otherwise."""
     if raw.HasField("event_at") and raw.event_at > raw.created_at:
-        return _writers_time(raw, raw.event_at)
+        return writers_time(raw, raw.event_at)
     return None
 
 

@@ -8,9 +8,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
+from services.extractor.fact_ops import writers_time
 from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
 from shared.dates import day
 from shared.grants import service_context
@@ -344,7 +344,7 @@ class Living:
         episode: list[common_pb2.Memory],
     ) -> None:
         turns = "\n\n".join(
-            f"[{datetime.fromtimestamp(r.created_at, UTC):%Y-%m-%d %H:%M}] "
+            f"[{writers_time(r, r.created_at):%Y-%m-%d %H:%M}] "
             + cap_utf8(r.content, TURN_BYTES)
             for r in episode
         )
