@@ -32,6 +32,18 @@ def parse_date(value: Any) -> float | None:
     return seconds if on_calendar(seconds) else None
 
 
+DAY_S = 86400
+
+
+def as_local_date(seconds: float, utc_offset_minutes: int) -> float:
+    """A date kept alone (parse_date keeps "YYYY-MM-DD", a fact's date, at its UTC midnight)
+    as the midnight that starts that date on a clock at utc_offset_minutes; any other time as
+    it is. So a fact of 14 May is of 14 May for an asker in Los Angeles too."""
+    if seconds % DAY_S:
+        return seconds
+    return seconds - utc_offset_minutes * 60
+
+
 def on_calendar(seconds: float) -> bool:
     """Whether a calendar date shows unix seconds: the years 1 to 9999, in UTC."""
     return START_OF_CALENDAR_S <= seconds < END_OF_CALENDAR_S

@@ -223,6 +223,7 @@ def ctx(
     settings: RankingSettings | None = None,
     reader: str = "",
     reference_time: float | None = REF,
+    utc_offset_minutes: int = 0,
     limit: int = 10,
 ) -> SearchContext:
     query = SearchQuery.build(
@@ -234,6 +235,7 @@ def ctx(
         default_min_score=None,
         reader=reader,
         reference_time=reference_time,
+        reference_utc_offset_minutes=utc_offset_minutes,
     )
     return SearchContext(
         query=query,
@@ -289,6 +291,21 @@ def test_memory_dated_in_the_range_the_query_names_is_favoured() -> None:
     april = datetime(2024, 4, 2, tzinfo=UTC).timestamp()
     ranked = [cand("april", event_at=april, fused=1.0), cand("may", event_at=may, fused=0.9)]
     assert ids(ranking.boost_dates(ranked, ctx("what did we cook yesterday"))) == ["may", "april"]
+
+
+@pytest.mark.parametrize("offset_minutes", [-12 * 60, -8 * 60, 0, 5 * 60 + 30, 14 * 60])
+def test_a_facts_date_is_that_date_in_the_askers_days(offset_minutes: int) -> None:
+    # A fact's event date is kept alone, at its UTC midnight: asked about "yesterday" on 15 May
+    # anywhere, a fact of 14 May is of that day, and one of 13 or 15 May is not.
+    evening = datetime(2024, 5, 15, 20, tzinfo=timezone(timedelta(minutes=offset_minutes)))
+    ranked = [
+        cand(day, event_at=datetime(2024, 5, int(day), tzinfo=UTC).timestamp(), fused=1.0 - i / 10)
+        for i, day in enumerate(["13", "15", "14"])
+    ]
+    boosted = ranking.boost_dates(ranked, ctx("what did we cook yesterday",
+                                              reference_time=evening.timestamp(),
+                                              utc_offset_minutes=offset_minutes))
+    assert ids(boosted) == ["14", "13", "15"]
 
 
 def test_memory_naming_the_querys_entity_is_favoured() -> None:

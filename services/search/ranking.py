@@ -19,6 +19,7 @@ from services.search.entities import (
     subject_of,
 )
 from services.search.model import VECTOR, Candidate, SearchContext
+from shared.dates import as_local_date
 from shared.layers import REPLACED
 
 # Question words that make a query question-like rather than a keyword lookup.
@@ -131,12 +132,18 @@ DATE_BOOST = 0.5
 
 
 def boost_dates(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
-    """Favours memories whose event time (else write time) falls in a date the query names."""
-    ranges = parse_dates(ctx.query.text, ctx.reference_time, ctx.query.reference_utc_offset_minutes)
+    """Favours memories whose event time (else write time) falls in a date the query names; an
+    event date alone (a fact's) is that date in the asker's days."""
+    offset = ctx.query.reference_utc_offset_minutes
+    ranges = parse_dates(ctx.query.text, ctx.reference_time, offset)
     if not ranges:
         return ranked
     for candidate in ranked:
-        when = candidate.event_at if candidate.event_at is not None else candidate.created_at
+        when = (
+            as_local_date(candidate.event_at, offset)
+            if candidate.event_at is not None
+            else candidate.created_at
+        )
         if any(r.contains(when) for r in ranges):
             candidate.fused *= 1.0 + DATE_BOOST
     return _resort(ranked)
