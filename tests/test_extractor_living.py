@@ -141,10 +141,11 @@ async def test_an_episodes_turns_are_shown_at_the_writers_clock(
                           event_at=datetime.now(los_angeles).isoformat())
     raw = await api.row(user, added["memory_id"])
 
-    async def summarised() -> str:
-        (asked,) = [r.user_message for r in fake.requests
-                    if "episode of work" in r.prompt and "m-la one" in r.user_message]
-        return asked
+    def summarised() -> str:
+        asked = [r.user_message for r in fake.requests
+                 if "episode of work" in r.prompt and "m-la one" in r.user_message]
+        assert len(asked) == 1
+        return asked[0]
 
     asked = await value_eventually(summarised)
     assert f"[{datetime.fromtimestamp(raw.created_at, los_angeles):%Y-%m-%d %H:%M}] m-la one" in (
