@@ -110,12 +110,13 @@ async def test_an_intention_months_overdue_is_shown_as_overdue_not_as_current(
     ]})
     await api.add("m-plans Taxes for Q2 and the passport renewal are on my list.", user)
 
-    async def built() -> None:
-        assert [m for m in await api.rows(user, "l4_summary") if m.label == "now_page"]
+    def now_prompt() -> str:
+        asked = [r.user_message for r in fake.requests
+                 if "Now page" in r.prompt and "Quinn will file" in r.user_message]
+        assert asked
+        return asked[-1]
 
-    await assert_eventually(built)
-    prompt = [r.user_message for r in fake.requests
-              if "Now page" in r.prompt and "Quinn will file" in r.user_message][-1]
+    prompt = await value_eventually(now_prompt)
     assert (
         f"Open intentions:\n- Quinn will renew the passport (due {ahead})\n"
         "Overdue intentions, still open a day or more past their due date:\n"
