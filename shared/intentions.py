@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-DAY_S = 86400.0
+from shared.dates import DAY_S
+
 OVERDUE_AFTER_S = DAY_S
 """How long after its due date an open intention is still current (HyAtlas: "a day after")."""
 
