@@ -58,11 +58,12 @@ async def status(gateway: Gateway, args: argparse.Namespace) -> int:
 
 async def export(gateway: Gateway, args: argparse.Namespace) -> int:
     """Writes the export to a file (or stdout), with a progress bar on stderr."""
+    params = _owner(args) | ({"gone": "true"} if args.gone else {})
     if args.output == "-":
-        lines = await gateway.export_to(sys.stdout.buffer, _owner(args))
+        lines = await gateway.export_to(sys.stdout.buffer, params)
     else:
         async with _replacing(Path(args.output)) as out:
-            lines = await gateway.export_to(out, _owner(args))
+            lines = await gateway.export_to(out, params)
     print(f"exported {lines} lines to {args.output}", file=sys.stderr)
     return 0
 
@@ -93,7 +94,8 @@ def _beside(path: Path) -> IO[bytes]:
 async def import_(gateway: Gateway, args: argparse.Namespace) -> int:
     """Sends a JSONL file to the import route and prints what it did; 1 if a line was refused
     or the file is an export cut short."""
-    return _imported(*await gateway.import_from(Path(args.file), _owner(args)))
+    params = _owner(args) | ({"sync": "true"} if args.sync else {})
+    return _imported(*await gateway.import_from(Path(args.file), params))
 
 
 def _imported(code: int, reply: Any) -> int:
@@ -289,7 +291,19 @@ def parser() -> argparse.ArgumentParser:
         transfer.add_argument("--user-id", default="", help="only this owner's memories")
         transfer.add_argument("--agent-id", default="", help="only this agent's memories")
     subparsers.choices["export"].add_argument("-o", "--output", default="-", help="file or -")
+    subparsers.choices["export"].add_argument(
+        "--gone",
+        action="store_true",
+        help="end with a gone line for each row deleted for good and each edge undone with its "
+        "pass, for an import with --sync to apply",
+    )
     subparsers.choices["import"].add_argument("file", help="a JSONL export or minimal lines")
+    subparsers.choices["import"].add_argument(
+        "--sync",
+        action="store_true",
+        help="replace held rows and edges whose line differs (updated) and apply gone lines "
+        "(erased); without it both are skipped",
+    )
     command("migrate", migrate.__doc__).add_argument(
         "--to", required=True, help="the server to copy into (its token: $HYATLAS_TO_TOKEN)"
     )

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from hyatlas_cli.main import parser
+from tests.store_state import call
 from tests.support import ROOT, Stack, assert_eventually, running_stack, serving_http
 
 pytestmark = pytest.mark.slow
@@ -97,6 +98,61 @@ def test_import_export_and_import_again_round_trip_with_progress(
     reply = json.loads(done.stdout)
     assert (reply["lines"], reply["skipped"], reply["complete"]) == (10, 10, False), reply
     assert reply["error"].startswith("the export's end line is missing"), reply
+
+
+async def _ok(stack: Stack, path: str, body: dict[str, object]) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    status, reply = await call(stack, "POST", path, json=body, headers=headers)
+    assert status == 200, reply
+
+
+async def test_export_gone_and_import_sync_carry_edits_and_deletes(
+    stack: Stack, tmp_path: Path
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    ids = [f"{user}-{n}" for n in range(3)]
+    seeded = tmp_path / "seed.jsonl"
+    seeded.write_text("".join(
+        json.dumps({"type": "memory", "memory": {"id": id_, "user_id": user,
+                                                 "content": f"Note {id_} about rowing."}}) + "\n"
+        for id_ in ids
+    ))
+    assert (await asyncio.to_thread(hyatlas, stack, "import", str(seeded))).returncode == 0
+    older = tmp_path / "older.jsonl"
+    done = await asyncio.to_thread(hyatlas, stack, "export", "--user-id", user, "-o", str(older))
+    assert done.returncode == 0, done.stderr
+    await _ok(stack, "/api/v1/update", {"user_id": user, "id": ids[0], "text": "Rowing daily."})
+    await _ok(stack, "/api/v1/delete_all", {"user_id": user, "id": ids[1]})
+    plain, newer = tmp_path / "plain.jsonl", tmp_path / "newer.jsonl"
+    for args, out in (((), plain), (("--gone",), newer)):
+        done = await asyncio.to_thread(
+            hyatlas, stack, "export", "--user-id", user, *args, "-o", str(out))
+        assert done.returncode == 0, done.stderr
+    gone = [json.loads(line) for line in newer.read_text().splitlines()][-2]
+    assert gone == {"type": "gone", "gone": {"kind": "memory", "id": ids[1], "user_id": user,
+                                             "agent_id": ""}}
+    assert newer.read_text().splitlines()[1:-2] == plain.read_text().splitlines()[1:-1]
+    assert '"type": "gone"' not in plain.read_text()
+
+    def imported(*args: str) -> dict[str, object]:
+        done = hyatlas(stack, "import", *args)
+        assert done.returncode == 0, done.stderr
+        reply: dict[str, object] = json.loads(done.stdout)
+        return {name: reply.get(name) for name in ("imported", "skipped", "updated", "erased")}
+
+    # Without --sync the older file only adds back the deleted row, and the gone line skips.
+    assert await asyncio.to_thread(imported, str(older)) == {
+        "imported": 1, "skipped": 2, "updated": None, "erased": None}
+    assert await asyncio.to_thread(imported, str(newer)) == {
+        "imported": 0, "skipped": 4, "updated": None, "erased": None}
+    # With it the older file rolls the edited row back (and its neighbours' context keys),
+    # and the newer one forward again, deleting the row its gone line names.
+    back = await asyncio.to_thread(imported, "--sync", str(older))
+    assert (back["imported"], back["erased"]) == (0, 0) and back["updated"], back
+    forward = await asyncio.to_thread(imported, str(newer), "--sync")
+    assert (forward["imported"], forward["erased"]) == (0, 1) and forward["updated"], forward
+    done = await asyncio.to_thread(hyatlas, stack, "export", "--user-id", user, "--gone")
+    assert done.stdout.splitlines()[1:-1] == newer.read_text().splitlines()[1:-1]
 
 
 def test_a_refused_line_exits_1_and_prints_its_number(stack: Stack, tmp_path: Path) -> None:
