@@ -8,16 +8,32 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_protocol import RequestPayloadError, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from gateway.errors import UNSUPPORTED_ENCODING, json_error
+from gateway.read_timeouts import break_body
 
 log = logging.getLogger(__name__)
 
 
 class _Protocol(web.RequestHandler):
     """A connection whose parser's refusals (4xx) are answered in JSON."""
+
+    def data_received(self, data: bytes) -> None:
+        """Parses what arrived; a refusal part-way through the body being read (a chunk size
+        that is not hex) ends that body where it broke, for the route to refuse it (aiohttp's
+        C parser leaves it unended, so the route waited out HYATLAS_BODY_TIMEOUT)."""
+        queued = len(self._messages)
+        super().data_received(data)
+        request = self._current_request
+        if request is None or request.content.is_eof():
+            return
+        for message, _ in list(self._messages)[queued:]:
+            if isinstance(message, _ErrInfo):
+                break_body(request, (message.message or "unparsable").splitlines()[0])
+                self.close()  # after the route's answer: what follows cannot be parsed
+                return
 
     def handle_error(
         self,

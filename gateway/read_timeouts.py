@@ -36,6 +36,23 @@ def _bad_body(exc: web.RequestPayloadError) -> InvalidArgument:
     return InvalidArgument(f"bad body: {str(exc).splitlines()[-1].strip()}")
 
 
+_BROKEN = web.RequestKey("body_broken", str)
+"""Why the HTTP parser stopped reading a request's body part-way, if it did."""
+
+
+def break_body(request: web.BaseRequest, why: str) -> None:
+    """Ends a body the HTTP parser could not read on (its chunked framing broke): the route
+    reads what arrived before the break, then a refusal saying why."""
+    request[_BROKEN] = why.strip().rstrip(":")
+    request.content.feed_eof()
+
+
+def _check_whole(request: web.BaseRequest) -> None:
+    """Refuses a body that ended where its framing broke, not at its end."""
+    if _BROKEN in request:
+        raise InvalidArgument(f"bad body: {request[_BROKEN]}")
+
+
 @web.middleware
 async def body_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuses a body in an encoding the gateway does not read (415), then reads a body in
@@ -53,6 +70,7 @@ async def body_timeout_middleware(request: web.Request, handler: Handler) -> web
             raise _too_slow(timeout_s) from None
         except web.RequestPayloadError as exc:  # a body that does not decode as its encoding
             raise _bad_body(exc) from None
+        _check_whole(request)
     return await handler(request)
 
 
@@ -69,5 +87,6 @@ async def body_chunks(request: web.Request, size: int) -> AsyncIterator[bytes]:
         except web.RequestPayloadError as exc:
             raise _bad_body(exc) from None
         if not chunk:
+            _check_whole(request)
             return
         yield chunk

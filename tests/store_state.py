@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from services.store.config import StoreConfig
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
@@ -81,6 +83,21 @@ def insert(user: str, layer: str, content: str, **fields: Any) -> store_pb2.Op:
             **fields,
         )
     )
+
+
+def vector_line(user: str, n: int, model: str) -> str:
+    """An import line of a raw turn with id f"{user}-{n:04d}", its vector of model and no
+    keys: imported without the embedder."""
+    vector = np.random.default_rng(n).standard_normal(384).astype("<f4")
+    vector /= np.linalg.norm(vector)
+    return json.dumps({
+        "type": "memory",
+        "memory": {"user_id": user, "id": f"{user}-{n:04d}", "session_id": "s1",
+                   "content": f"Rowing log {n}: {n % 7} km on the river before work."},
+        "vector": base64.b64encode(vector.tobytes()).decode(),
+        "model_id": model,
+        "keys": [],
+    })
 
 
 async def seed(stack: Stack, user: str) -> dict[str, str]:

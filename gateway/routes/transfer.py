@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import client_message, http_message
+from gateway.errors import CLIENT_WENT_AWAY, client_message, http_message
 from gateway.params import Params
 from gateway.read_timeouts import body_chunks, streams_body
 from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
@@ -137,6 +137,10 @@ async def _numbered_lines(request: web.Request) -> AsyncIterator[tuple[int, byte
         yield number + 1, raw
 
 
+BodyStop = ServiceError | web.HTTPRequestTimeout | ConnectionError
+"""What ends the reading of an import's body before its end."""
+
+
 @dataclass
 class _Import:
     """An import in progress: the file's model and what the batches did so far."""
@@ -151,8 +155,11 @@ class _Import:
     erased: int = 0
     refused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
-    stop: ServiceError | web.HTTPRequestTimeout | None = None
-    """Why the body stopped being read before its end (a line over a limit, a silent client)."""
+    last_line: int = 0
+    """The number of the body's last whole line read so far."""
+    stop: BodyStop | None = None
+    """Why the body stopped being read before its end (a line over a limit, a silent client,
+    one that hung up or broke the chunked framing)."""
     header: Header | None = None
     end: tuple[int, int] | None = None
     """The end line read last, while no line came after it: the lines it counts before it,
@@ -293,6 +300,7 @@ async def _import_lines(
     a malformed end line is refused here."""
     first = True
     async for number, raw in _numbered_lines(request):
+        run.last_line = number
         try:
             text: str | None = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
@@ -344,20 +352,23 @@ async def _batches(
             if len(batch) == BATCH_LINES:
                 yield batch
                 batch, batch_bytes = [], 0
-    except (ServiceError, web.HTTPRequestTimeout) as exc:
+    except (ServiceError, web.HTTPRequestTimeout, ConnectionError) as exc:
         run.stop = exc
     if batch:
         yield batch
 
 
-def _stopped(
-    request: web.Request, run: _Import, exc: ServiceError | web.HTTPRequestTimeout
-) -> web.Response:
+def _stopped(request: web.Request, run: _Import, exc: BodyStop) -> web.Response:
     """The reply to an import stopped part-way (a line over a limit, a busy or failing store,
     a client that stopped sending): the batches before are written, and the counts say so, so
-    a retry can skip them."""
+    a retry can skip them. A client that hung up gets no reply: the log has its counts."""
     if isinstance(exc, ServiceError):
         error, status = client_message(request, exc), exc.http_status
+    elif isinstance(exc, ConnectionError):
+        error, status = "the client went away", CLIENT_WENT_AWAY
+        log.info("%s %s: the client went away (%s) after line %d of its body; every line read "
+                 "is settled: %s", request.method, request.path, exc, run.last_line,
+                 {name: value for name, value in run.counts().items() if name != "stopped"})
     else:
         error, status = http_message(request, exc), exc.status
     return json_response({**run.counts(stopped=True), "error": error}, status=status)
