@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import io
 import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import asyncpg
 import numpy as np
 import pytest
+from aiohttp import web
 
 from services.embedder.derive import derive_fp16
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.store_state import LONG_TEXT, apply, call, export, seed
-from tests.support import ROOT, Stack, running_stack
+from tests.store_state import LONG_TEXT, apply, call, export, seed, vector_line
+from tests.support import ROOT, Stack, assert_eventually, running_stack, serving_http
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +291,97 @@ async def test_a_postgresql_store_moves_to_another_model_by_a_migrate_into_a_new
         long_turn = next(line["memory"]["id"] for line in lines
                          if line["memory"]["content"] == LONG_TEXT)
         assert long_turn in await _search(moved, user, "farmhouse roof")
+
+
+# Rows enough for three import batches of 500 (the gateway's BATCH_LINES), and where the
+# held export stops: two batches read, so the first is written while the second waits.
+HELD_ROWS = 1_200
+HELD_AT = 1_100
+
+
+@contextlib.asynccontextmanager
+async def _held_after(source: Stack, lines: int) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A link to source's gateway whose export stops after its first lines and stays open (a
+    server or network stuck mid-way): its URL, and an event set once it holds."""
+    held, released = asyncio.Event(), asyncio.Event()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(source.base_url + request.path_qs) as answer,
+        ):
+            if request.path != "/api/v1/export":
+                return web.Response(status=answer.status, body=await answer.read(),
+                                    content_type=answer.content_type)
+            reply = web.StreamResponse()
+            await reply.prepare(request)
+            for _ in range(lines):
+                await reply.write(await answer.content.readline())
+            held.set()
+            await released.wait()
+            return reply
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", forward)
+    async with serving_http(app) as url:
+        try:
+            yield url, held
+        finally:
+            released.set()
+
+
+async def test_a_sync_migrate_killed_part_way_and_run_again_leaves_every_line_once(
+    source: Stack, target: Stack
+) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    model = (await export(source, user_id="nobody"))[0]["model_id"]
+    status, reply = await call(source, "POST", "/api/v1/import", data=io.BytesIO("".join(
+        vector_line(user, n, model) + "\n" for n in range(HELD_ROWS)).encode()))
+    assert status == 200 and reply["imported"] == HELD_ROWS, reply
+    assert (await _migrate(source, target))["imported"] == HELD_ROWS
+    # Changes in the first batch, the second, the third, and rows deleted for good.
+    for n in (10, 700, 1_150):
+        await _ok(source, "/api/v1/update",
+                  {"user_id": user, "id": f"{user}-{n:04d}", "text": f"Rowing log {n}: rest."})
+    for n in (20, 1_100):
+        await _ok(source, "/api/v1/delete_all", {"user_id": user, "id": f"{user}-{n:04d}"})
+
+    async with _held_after(source, HELD_AT) as (url, held):
+        migrating = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hyatlas_cli", "--url", url, "migrate", "--to",
+            target.base_url, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await held.wait()
+
+            async def first_batch_written() -> None:
+                status, history = await call(target, "GET", "/api/v1/history",
+                                             params={"user_id": user, "id": f"{user}-0010"})
+                assert status == 200 and history["history"][-1]["action"] != "insert", history
+
+            await assert_eventually(first_batch_written)
+        finally:
+            migrating.kill()
+            await migrating.wait()
+
+    # Cut mid-way: the target writes the lines it read (the first two batches whole) once the
+    # client is gone; the third batch's change and the deletes did not come.
+    log = target.data_dir / "gateway.log"
+
+    def settled() -> None:
+        assert "POST /api/v1/import: the client went away" in log.read_text()
+
+    await assert_eventually(settled)
+    cut = {line["memory"]["id"]: line["memory"]["status"]
+           for line in (await export(target, user_id=user))[1:-1]}
+    assert len(cut) == HELD_ROWS and cut[f"{user}-0010"] == cut[f"{user}-0700"] == "retired"
+    assert cut[f"{user}-1150"] == "active", cut
+
+    again = await _migrate(source, target)
+    assert (again["imported"], again["erased"], again["refused"]) == (3, 2, 0), again
+    lines = (await export(source))[1:-1]
+    moved = (await export(target))[1:-1]
+    _assert_same(moved, lines)
+    ids = [line["memory"]["id"] for line in moved if line["type"] == "memory"]
+    assert len(ids) == len(set(ids)) == HELD_ROWS + 3 - 2
