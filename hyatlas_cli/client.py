@@ -187,7 +187,7 @@ class Gateway:
                 "rows already moved are skipped, or replaced where they changed since"
             ) from None
         if reply.status >= 400 and not (isinstance(body, dict) and "errors" in body):
-            raise GatewayError(f"import into {target.url}: {refusal(reply.status, body)}")
+            raise GatewayError(f"import into {target.url}: {import_refusal(reply.status, body)}")
         return reply.status, body
 
 
@@ -257,3 +257,19 @@ def refusal(status: int, body: Any) -> str:
     """A refused request in one line: its status and the server's words."""
     message = body.get("error") if isinstance(body, dict) else None
     return f"HTTP {status}: {message or body}"
+
+
+# What a server from before gone lines says of an export that has them (it reads version 1
+# alone), and what it means.
+OLDER_SERVER = "export version 2 is not 1"
+OLDER_SERVER_HINT = (
+    " (that server predates gone lines and syncing imports, which an export of version 2 "
+    "holds: upgrade it; an export without --gone still imports there)"
+)
+
+
+def import_refusal(status: int, body: Any) -> str:
+    """A refused import in one line; one refused by a server too old for its gone lines says
+    so."""
+    said = refusal(status, body)
+    return said + OLDER_SERVER_HINT if OLDER_SERVER in said else said

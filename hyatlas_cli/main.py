@@ -23,9 +23,9 @@ from hyatlas_cli.client import (
     Gateway,
     GatewayError,
     GatewayUnavailable,
+    import_refusal,
     note,
     progress_bar,
-    refusal,
 )
 
 # A scheduled snapshot older than this many intervals means the schedule has stalled.
@@ -112,7 +112,7 @@ def _imported(code: int, reply: Any) -> int:
         and not reply.get("stopped")
     ):
         return 1
-    raise GatewayError(refusal(code, reply))
+    raise GatewayError(import_refusal(code, reply))
 
 
 async def migrate(gateway: Gateway, args: argparse.Namespace) -> int:

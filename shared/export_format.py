@@ -11,6 +11,10 @@ from shared.errors import InvalidArgument
 
 FORMAT = "hyatlas-export"
 VERSION = 1
+GONE_VERSION = 2
+"""The version of an export with gone lines: a server from before them (which reads version 1
+alone) refuses its header, before it writes anything, where it would refuse every gone line
+and skip every changed row a sync replaces (it ignores sync=true)."""
 END_TYPE = "end"
 # An end line is a few dozen bytes; a longer line is not read as one (nor parsed here).
 END_LINE_MOST_BYTES = 1024
@@ -25,11 +29,11 @@ class Header:
     ends: bool
 
 
-def header(model_id: str, ndim: int, now: float) -> dict[str, Any]:
-    """The first line of an export."""
+def header(model_id: str, ndim: int, now: float, gone: bool = False) -> dict[str, Any]:
+    """The first line of an export (one with gone lines when gone)."""
     return {
-        "format": FORMAT, "version": VERSION, "model_id": model_id, "ndim": ndim,
-        "exported_at": now, "end_line": True,
+        "format": FORMAT, "version": GONE_VERSION if gone else VERSION, "model_id": model_id,
+        "ndim": ndim, "exported_at": now, "end_line": True,
     }
 
 
@@ -46,8 +50,10 @@ def read_header(text: str) -> Header | None:
         return None
     if value["format"] != FORMAT:
         raise InvalidArgument(f"format {value['format']!r} is not {FORMAT!r}")
-    if value.get("version") != VERSION:
-        raise InvalidArgument(f"export version {value.get('version')!r} is not {VERSION}")
+    if value.get("version") not in (VERSION, GONE_VERSION):
+        raise InvalidArgument(
+            f"export version {value.get('version')!r} is not {VERSION} or {GONE_VERSION}"
+        )
     model_id = value.get("model_id", "")
     if not isinstance(model_id, str):
         raise InvalidArgument("the header's model_id must be a string")

@@ -132,6 +132,9 @@ async def test_export_gone_and_import_sync_carry_edits_and_deletes(
     assert gone == {"type": "gone", "gone": {"kind": "memory", "id": ids[1], "user_id": user,
                                              "agent_id": ""}}
     assert newer.read_text().splitlines()[1:-2] == plain.read_text().splitlines()[1:-1]
+    # Its header says it has gone lines: version 2, which a server from before them refuses.
+    assert [json.loads(out.read_text().partition("\n")[0])["version"]
+            for out in (plain, newer)] == [1, 2]
     assert '"type": "gone"' not in plain.read_text()
 
     def imported(*args: str) -> dict[str, object]:
@@ -365,3 +368,42 @@ async def test_ctrl_c_during_an_export_says_interrupted_and_leaves_no_file(
     assert code == 130 and err.endswith("hyatlas export: interrupted\n"), err
     assert "Traceback" not in err
     assert await asyncio.to_thread(os.listdir, tmp_path) == []
+
+
+async def test_an_export_with_gone_lines_refused_by_an_older_server_says_why(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A server from before gone lines reads version 1 alone (its refusal's words are these),
+    and ignores sync=true: a migration or an import with gone lines is refused whole there, and
+    the command says what that means."""
+    model = json.loads(hyatlas(stack, "status").stdout)["embed"]
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"embed": model})
+
+    async def import_(request: web.Request) -> web.Response:
+        version = json.loads((await request.content.readline()) or b"{}").get("version")
+        if version != 1:
+            return web.json_response({"error": f"export version {version} is not 1"}, status=400)
+        return web.json_response({"lines": 0, "imported": 0, "skipped": 0, "refused": 0,
+                                  "errors": [], "stopped": False})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/import", import_)
+    exported = tmp_path / "gone.jsonl"
+    done = await asyncio.to_thread(hyatlas, stack, "export", "--gone", "-o", str(exported))
+    assert done.returncode == 0, done.stderr
+    hint = (
+        "HTTP 400: export version 2 is not 1 (that server predates gone lines and syncing "
+        "imports, which an export of version 2 holds: upgrade it; an export without --gone "
+        "still imports there)"
+    )
+    async with serving_http(app) as older:
+        done = await asyncio.to_thread(hyatlas, stack, "migrate", "--to", older)
+        assert done.returncode == 2
+        assert done.stderr.splitlines()[-1] == f"hyatlas migrate: import into {older}: {hint}"
+        done = await asyncio.to_thread(
+            hyatlas, stack, "import", "--sync", str(exported), "--url", older)
+        assert done.returncode == 2
+        assert done.stderr.splitlines()[-1] == f"hyatlas import: {hint}"

@@ -211,8 +211,8 @@ async def test_refusals_are_listed_and_named_in_line_order(target: Stack) -> Non
 async def test_a_header_of_another_format_is_refused_and_changes_nothing(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     line = {"type": "memory", "memory": {"user_id": user, "content": "Some text."}}
-    status, reply = await _import(target, [{"format": "hyatlas-export", "version": 2}, line])
-    assert status == 400 and reply["error"] == "export version 2 is not 1"
+    status, reply = await _import(target, [{"format": "hyatlas-export", "version": 3}, line])
+    assert status == 400 and reply["error"] == "export version 3 is not 1 or 2"
     status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
     assert listing["total"] == 0
 

@@ -350,12 +350,15 @@ def test_the_header_names_the_model_and_refuses_another_format_or_version() -> N
     assert read_header(json.dumps(header("m", 4, 1.0))) == Header("m", ends=True)
     # An export written before end lines promises none.
     assert read_header('{"format": "hyatlas-export", "version": 1}') == Header("", ends=False)
+    # One with gone lines is version 2: a server that reads version 1 alone refuses it whole.
+    assert header("m", 4, 1.0, gone=True)["version"] == 2
+    assert read_header(json.dumps(header("m", 4, 1.0, gone=True))) == Header("m", ends=True)
     assert read_header('{"type": "memory"}') is None
     assert read_header("not json") is None
     with pytest.raises(InvalidArgument, match="format 'x' is not 'hyatlas-export'"):
         read_header('{"format": "x"}')
-    with pytest.raises(InvalidArgument, match="export version 2 is not 1"):
-        read_header('{"format": "hyatlas-export", "version": 2}')
+    with pytest.raises(InvalidArgument, match="export version 3 is not 1 or 2"):
+        read_header('{"format": "hyatlas-export", "version": 3}')
 
 
 def test_an_end_line_counts_the_lines_before_it_and_one_of_another_shape_is_refused() -> None:

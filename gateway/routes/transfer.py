@@ -90,7 +90,8 @@ async def export(request: web.Request) -> web.StreamResponse:
         }
     )
     await response.prepare(request)
-    await response.write(_jsonl([json.dumps(header(stats.model_id, stats.ndim, time.time()))]))
+    head = header(stats.model_id, stats.ndim, time.time(), gone)
+    await response.write(_jsonl([json.dumps(head)]))
     await response.write(_jsonl(first.lines))
     sent = 1 + len(first.lines)
     try:
