@@ -300,9 +300,12 @@ HELD_AT = 1_100
 
 
 @contextlib.asynccontextmanager
-async def _held_after(source: Stack, lines: int) -> AsyncIterator[tuple[str, asyncio.Event]]:
+async def _held_after(
+    source: Stack, lines: int
+) -> AsyncIterator[tuple[str, asyncio.Event, asyncio.Event]]:
     """A link to source's gateway whose export stops after its first lines and stays open (a
-    server or network stuck mid-way): its URL, and an event set once it holds."""
+    server or network stuck mid-way): its URL, an event set once it holds, and one to set to
+    end the export there."""
     held, released = asyncio.Event(), asyncio.Event()
 
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -325,13 +328,14 @@ async def _held_after(source: Stack, lines: int) -> AsyncIterator[tuple[str, asy
     app.router.add_get("/{tail:.*}", forward)
     async with serving_http(app) as url:
         try:
-            yield url, held
+            yield url, held, released
         finally:
             released.set()
 
 
-async def test_a_sync_migrate_killed_part_way_and_run_again_leaves_every_line_once(
-    source: Stack, target: Stack
+@pytest.mark.parametrize("cut", ["the command killed", "the target's store stopped"])
+async def test_a_sync_migrate_cut_short_and_run_again_leaves_every_line_once(
+    source: Stack, target: Stack, cut: str
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     model = (await export(source, user_id="nobody"))[0]["model_id"]
@@ -346,11 +350,11 @@ async def test_a_sync_migrate_killed_part_way_and_run_again_leaves_every_line_on
     for n in (20, 1_100):
         await _ok(source, "/api/v1/delete_all", {"user_id": user, "id": f"{user}-{n:04d}"})
 
-    async with _held_after(source, HELD_AT) as (url, held):
+    async with _held_after(source, HELD_AT) as (url, held, released):
         migrating = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hyatlas_cli", "--url", url, "migrate", "--to",
             target.base_url, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             await held.wait()
@@ -361,22 +365,39 @@ async def test_a_sync_migrate_killed_part_way_and_run_again_leaves_every_line_on
                 assert status == 200 and history["history"][-1]["action"] != "insert", history
 
             await assert_eventually(first_batch_written)
+            if cut == "the target's store stopped":
+                await asyncio.to_thread(target.procs["store"].stop)
+                released.set()  # the rest of the export: the second batch meets no store
+                _, err = await migrating.communicate()
+                assert migrating.returncode == 2, err
+                assert "HTTP 503" in err.decode().splitlines()[-1], err
+                await asyncio.to_thread(target.start, "store")
+
+                async def ready() -> None:
+                    status, body = await call(target, "GET", "/readyz")
+                    assert status == 200, body
+
+                await assert_eventually(ready)  # the gateway's channel is back
         finally:
-            migrating.kill()
-            await migrating.wait()
+            if migrating.returncode is None:
+                migrating.kill()
+                await migrating.communicate()
 
-    # Cut mid-way: the target writes the lines it read (the first two batches whole) once the
-    # client is gone; the third batch's change and the deletes did not come.
-    log = target.data_dir / "gateway.log"
+    if cut == "the command killed":
+        # The target writes the lines it read (the first two batches whole) once the client
+        # is gone.
+        log = target.data_dir / "gateway.log"
 
-    def settled() -> None:
-        assert "POST /api/v1/import: the client went away" in log.read_text()
+        def settled() -> None:
+            assert "POST /api/v1/import: the client went away" in log.read_text()
 
-    await assert_eventually(settled)
-    cut = {line["memory"]["id"]: line["memory"]["status"]
-           for line in (await export(target, user_id=user))[1:-1]}
-    assert len(cut) == HELD_ROWS and cut[f"{user}-0010"] == cut[f"{user}-0700"] == "retired"
-    assert cut[f"{user}-1150"] == "active", cut
+        await assert_eventually(settled)
+    # Cut mid-way: the third batch's change and the deletes did not come.
+    held_rows = {line["memory"]["id"]: line["memory"]["status"]
+                 for line in (await export(target, user_id=user))[1:-1]}
+    assert len(held_rows) == HELD_ROWS and held_rows[f"{user}-0010"] == "retired"
+    assert held_rows[f"{user}-0700"] == ("retired" if cut == "the command killed" else "active")
+    assert held_rows[f"{user}-1150"] == "active", held_rows
 
     again = await _migrate(source, target)
     assert (again["imported"], again["erased"], again["refused"]) == (3, 2, 0), again
