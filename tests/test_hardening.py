@@ -386,6 +386,26 @@ async def test_a_stalled_body_gets_408_and_the_connection_is_closed(
     assert json.loads(body)["error"] == "request body not received within 2s"
 
 
+async def test_a_body_whose_chunked_framing_breaks_is_refused_at_once(impatient: Stack) -> None:
+    # Past the first read of the connection, so the route is reading the body when it breaks;
+    # until 2026-12-07 it waited for the rest until the body timeout (a 408).
+    start = b'{"user_id": "u", "text": "' + b"x" * (2 << 20)
+    port = int(impatient.env["HYATLAS_GO_PORT"])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /api/v1/add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(start) + start + b"\r\nzz\r\n"
+        )
+        await writer.drain()
+        sent = await _until_closed(reader)
+    finally:
+        writer.close()
+    head, _, body = sent.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), sent
+    assert json.loads(body)["error"] == "bad body: Invalid character in chunk size"
+
+
 async def test_a_whole_request_is_answered_as_usual(impatient: Stack) -> None:
     async with (
         aiohttp.ClientSession() as session,
