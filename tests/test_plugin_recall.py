@@ -28,9 +28,11 @@ format_recall = recall_module.format_recall
 
 def _now(record: Recorded) -> Any:
     system = str(record.body["messages"][0]["content"])
-    if "Now page" in system:
-        return {"now": "NOW: Rui moved to Lisbon and ships Foxtrot 2.0 by December 20."}
-    return {}
+    if "Now page" not in system:
+        return {}
+    if "Ines" in record.prompt:  # the conversation of CONVERSATION
+        return {"now": "NOW: Ana's sister Ines plays the cello in an orchestra; Ana is a nurse."}
+    return {"now": "NOW: Rui moved to Lisbon and ships Foxtrot 2.0 by December 20."}
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +178,9 @@ async def test_retired_values_and_a_preference_s_fact_are_not_recalled_twice_or_
     await remember(api, fake, user, tomorrow())
     for query in ("Where does Rui live?", "What does Rui drink?", "passport"):
         _, text = await recall(api, user, query)
-        assert "Rui lives in Porto" not in text and "X123" not in text, text
+        # The replaced value shows only quoted, as what the fact now true replaced.
+        assert text.count("Rui lives in Porto") == text.count('"Rui lives in Porto"'), text
+        assert "X123" not in text, text
         assert text.count("Rui drinks coffee every morning") <= 1, text
 
 
@@ -213,3 +217,65 @@ async def test_fence_tags_inside_stored_memories_do_not_reach_hermes(api: Api) -
 async def test_an_empty_store_recalls_nothing(api: Api) -> None:
     body, text = await recall(api, new_user(), "Where does Rui live?")
     assert text == "" and not any(body["memories"].values()) and "now" not in body
+
+
+CONVERSATION = [
+    ("I live in Paris and I work as a nurse at the Quinze-Vingts hospital.",
+     "Paris and nursing, noted."),
+    ("Where do I live?", "You live in Paris."),
+    ("My sister Ines plays the cello in an orchestra.", "A cellist sister, lovely."),
+    ("I moved to Madrid last week, for a job at La Paz hospital.", "Madrid now, congrats."),
+    ("Where do I live now?", "You live in Madrid."),
+    ("What does my sister play?", "Your sister Ines plays the cello."),
+    ("Where do I work?", "At La Paz hospital in Madrid."),
+]
+"""A conversation as the plugin stores it: statements, the user's questions about them, and a
+move that replaces where the user lives and works."""
+
+
+async def converse(api: Api, fake: FakeLlm, user: str) -> None:
+    """Stores CONVERSATION's turns with the facts a model would take from them."""
+    fake.on("Quinze-Vingts hospital.", {"facts": [
+        {"text": "User lives in Paris"},
+        {"text": "User works as a nurse at the Quinze-Vingts hospital"}]})
+    fake.on("plays the cello in an orchestra.", {"facts": [
+        {"text": "User's sister Ines plays the cello in an orchestra"}]})
+    fake.on("for a job at La Paz hospital.", lambda r: {"facts": [
+        {"text": "User lives in Madrid", "replaces": [r.number_of("User lives in Paris")]},
+        {"text": "User works at La Paz hospital", "replaces": [r.number_of("Quinze-Vingts")]}]})
+    for said, answered in CONVERSATION:
+        await api.add(recall_module.turn_text(said, answered), user, agent_id="hermes")
+
+
+def lines_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("- ")]
+
+
+async def test_a_conversation_s_recall_says_each_thing_once_and_leaves_out_the_users_questions(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    await converse(api, fake, user)
+
+    async def recalled(query: str) -> tuple[dict[str, Any], str]:
+        body, text = await recall(api, user, query)
+        assert "Ines" in body.get("now", {}).get("content", ""), body  # the last Now page
+        return body, text
+
+    recalls = {q: await value_eventually(lambda q=q: recalled(q))
+               for q in ("Where do I live?", "Where do I work?", "What does my sister play?")}
+    for body, text in recalls.values():
+        shown = lines_of(text)
+        # Every question the user asked ranks high for a question, and its answer may be stale.
+        asked = [m for m in body["memories"]["normal"] if m["content"].split("\n")[0][-1] == "?"]
+        assert asked and not any("?" in line.split("ASSISTANT:")[0] for line in shown), text
+        # The sister's cello is in the Now page, a fact and a turn: the recall says it once more
+        # than the Now page at most (the turn, which holds the fact's words and the reply).
+        assert sum("plays the cello" in line for line in shown) <= 1, text
+        assert "(l3_fact) User's sister Ines plays the cello" not in text, text
+    body, text = recalls["Where do I live?"]
+    (fact,) = [m for m in body["memories"]["normal"] if m["content"] == "User lives in Madrid"]
+    day = recall_module._day(fact["replaced"][0]["invalid_at"])
+    assert f'(l3_fact) User lives in Madrid (replaced "User lives in Paris" on {day})' in text
+    (paris,) = [line for line in lines_of(text) if "I live in Paris" in line]
+    assert paris.endswith(f'(no longer true since {day}: "User lives in Paris")'), text

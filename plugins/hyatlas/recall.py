@@ -10,6 +10,8 @@ CHANNEL_ORDER = ("now", "pages", "profile", "proactive", "experiences", "normal"
 """The order channels are shown in when the server does not send its own `order`."""
 
 ITEM_CHARS = 400
+OLD_VALUE_CHARS = 120
+"""How much of a value a memory replaced its line shows."""
 MESSAGE_CHARS = 4000
 TURN_CHARS = 12000
 
@@ -59,13 +61,35 @@ def _moment(stamp: Any) -> dt.datetime | None:
     return None
 
 
-def _line(item: dict[str, Any]) -> str:
-    """One memory: the day it happened (else was recorded), its layer, its text, its due day."""
+def _line(item: dict[str, Any], said: str) -> str:
+    """One memory: the day it happened (else was recorded), its layer, and what it says."""
     date = _day(item.get("event_at")) or _day(item.get("gmt_created")) or "undated"
     layer = item.get("layer") or "memory"
+    return f"- [{date}] ({layer}) {said}"
+
+
+def _notes(item: dict[str, Any], old_values: list[tuple[str, str]]) -> str:
+    """What a memory's line adds to its text: the values it replaced, each with the day it was
+    replaced; for a turn, the replaced values among old_values it holds (it said one then); its
+    due day."""
+    notes = "".join(f' (replaced "{value}"' + (f" on {day})" if day else ")")
+                    for value, day in _old_values(item))
+    if item.get("layer") == "l2_raw":
+        words = _words(str(item["content"]))
+        for value, day in old_values:
+            if len(_words(value)) > 1 and _words(value) <= words:
+                notes += f" (no longer true{f' since {day}' if day else ''}: \"{value}\")"
     due = _day(item.get("due_at"))
-    tail = f" (due {due})" if due else ""
-    return f"- [{date}] ({layer}) {_clip(item['content'], ITEM_CHARS)}{tail}"
+    return notes + (f" (due {due})" if due else "")
+
+
+def _old_values(item: dict[str, Any]) -> list[tuple[str, str]]:
+    """The older values item replaced: each one's text and the day it was replaced."""
+    return [(_clip(old["content"], OLD_VALUE_CHARS), _day(old.get("invalid_at")))
+            for old in item.get("replaced") or ()
+            # A merged or restated row held the same value; only these held an older one.
+            if isinstance(old, dict) and old.get("content")
+            and old.get("superseded_how") in ("replaced", "updated")]
 
 
 def _clip(text: str, limit: int) -> str:
@@ -86,7 +110,12 @@ def _now_section(now: Any) -> str:
 
 def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     """The recalled memories grouped by channel, at most per_channel of each (the limit the
-    search was asked for), each line with its date; "" when none."""
+    search was asked for), each line with its date; "" when none.
+
+    Each thing is said once (a line whose words another line or the Now page holds as well
+    is left out, the fuller form kept), and a turn where the user only asked something is
+    shown only when nothing else is recalled: its answer came from memory, or was a guess.
+    """
     memories = answer.get("memories") if isinstance(answer, dict) else None
     if not isinstance(memories, dict):
         return ""
@@ -95,16 +124,14 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     channels += [c for c in CHANNEL_ORDER if c not in channels]
     channels += [c for c in memories if c not in channels]
     now = _now_section(answer.get("now"))
+    items = [(channel, item) for channel in channels if isinstance(memories.get(channel), list)
+             for item in memories[channel] if isinstance(item, dict) and item.get("content")]
+    old_values = [old for _, item in items for old in _old_values(item)]
+    shown = _without_repeats(_without_questions(
+        [_shown(channel, item, old_values) for channel, item in items], has_now=bool(now)), now)
     sections = [now] if now else []
     for channel in channels:
-        items = memories.get(channel)
-        if not isinstance(items, list):
-            continue
-        lines = []
-        for item in items[:per_channel]:
-            if not isinstance(item, dict) or not item.get("content"):
-                continue
-            lines.append(_line(item))
+        lines = [_line(item, said) for c, item, said, _ in shown if c == channel][:per_channel]
         if lines:
             sections.append(f"[{channel.upper()}]\n" + "\n".join(lines))
     if not sections:
@@ -112,6 +139,70 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     head = (f'HyAtlas long-term memory for "{_clip(query, 80)}" '
             "(date = when it happened, else when it was recorded):")
     return head + "\n" + "\n\n".join(sections)
+
+
+Shown = tuple[str, dict[str, Any], str, frozenset[str]]
+"""A recalled memory: its channel, the item, what its line says and the words of what it
+tells (of a turn, what the user said)."""
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"[^\W_]+")
+STOP_WORDS = frozenset((
+    "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "from",
+    "by", "as", "is", "are", "was", "were", "be", "been", "am", "do", "does", "did", "i", "me",
+    "my", "mine", "you", "your", "yours", "he", "him", "his", "she", "her", "hers", "it", "its",
+    "we", "us", "our", "they", "them", "their", "this", "that", "user", "assistant"))
+"""Words that say nothing of what a memory holds ("user" and "assistant" name the speakers of
+a turn and the subject of a fact)."""
+
+
+def _shown(channel: str, item: dict[str, Any], old_values: list[tuple[str, str]]) -> Shown:
+    """item as a recalled memory of channel."""
+    notes = _notes(item, old_values)
+    said = _users_part(item)
+    return (channel, item, _clip(item["content"], ITEM_CHARS) + notes,
+            _words((item["content"] if said is None else said) + notes))
+
+
+def _users_part(item: dict[str, Any]) -> str | None:
+    """What the user said in a stored turn; None when item is no turn."""
+    content = str(item["content"])
+    if item.get("layer") != "l2_raw" or not content.startswith("USER: "):
+        return None
+    return content[len("USER: "):].split("\n\nASSISTANT: ", 1)[0].strip()
+
+
+def _without_questions(shown: list[Shown], *, has_now: bool) -> list[Shown]:
+    """shown without the turns where the user only asked, unless they are all there is."""
+    kept = [entry for entry in shown if not _asks_only(_users_part(entry[1]))]
+    return kept if kept or has_now else shown
+
+
+def _asks_only(said: str | None) -> bool:
+    """Whether said (what the user said in a turn) is questions only."""
+    return bool(said) and all(s.endswith("?") for s in _SENTENCE_END.split(str(said)))
+
+
+def _words(text: str) -> frozenset[str]:
+    """What a text says, as words: any case, no stop words or single letters, a plural's s
+    dropped."""
+    words = (w.lower() for w in _WORD.findall(text))
+    return frozenset(w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+                     for w in words if (len(w) > 1 or w.isdigit()) and w not in STOP_WORDS)
+
+
+def _without_repeats(shown: list[Shown], now: str) -> list[Shown]:
+    """shown without a line whose words the Now page or another line holds too; of two lines
+    holding each other's words, the one ranked first."""
+    fuller = [_words(now)] if now else []
+    kept: list[Shown] = []
+    for entry in shown:
+        words = entry[3]
+        if words and any(words <= other for other in [*fuller, *(e[3] for e in kept)]):
+            continue
+        kept = [e for e in kept if not (e[3] and e[3] <= words)]
+        kept.append(entry)
+    return kept
 
 
 def clean_message(text: str) -> str:
