@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from tests.support import Stack, running_stack, serving_http
-from tests.test_plugin_hermes import hermes_cli, hermes_python, make_home
+from tests.test_plugin_hermes import GATEWAY_READY, hermes_cli, hermes_python, make_home
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ async def test_the_plugin_sends_a_queued_add_again_with_the_key_of_its_first_try
         return web.json_response({"success": True, "memory_id": "m1"})
 
     async def ready(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
+        return web.json_response(GATEWAY_READY)
 
     app = web.Application()
     app.router.add_post("/api/v1/add", record)

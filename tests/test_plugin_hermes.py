@@ -28,6 +28,8 @@ pytestmark = pytest.mark.slow
 
 GATEWAY_STATUS = {"version": "5.0.0-py", "mode": "lite", "layers": {}}
 """The least of a status answer the plugin takes for a HyAtlas gateway's."""
+GATEWAY_READY = {"status": "ready", "ready": True, "services": {}}
+"""A HyAtlas gateway's readiness answer when it is ready."""
 
 
 @pytest.fixture(scope="session")
@@ -909,7 +911,7 @@ async def test_a_write_the_gateway_refused_is_counted_in_status_and_start_sends_
         return web.json_response(GATEWAY_STATUS)
 
     async def ready(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
+        return web.json_response(GATEWAY_READY)
 
     app = web.Application()
     app.router.add_post("/api/v1/add", add)
@@ -997,7 +999,7 @@ async def test_hermes_hyatlas_start_fails_when_the_server_takes_none_of_the_queu
         return web.json_response({"error": "the store is busy", "success": False}, status=503)
 
     async def ready(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
+        return web.json_response(GATEWAY_READY)
 
     app = web.Application()
     app.router.add_post("/api/v1/add", busy)
@@ -1049,6 +1051,29 @@ def test_auto_started_server_gets_only_allowlisted_env_once_and_the_key_by_post(
     assert {"path": "/api/v1/llm/key", "body": {"key": "llm-key-for-server"}} in posts
     assert result["alive_after_stop"] is False
     assert not (home / "hyatlas" / "server.pid").exists()
+
+
+@pytest.mark.parametrize("readyz", [None, {"ready": True}])
+async def test_start_refuses_another_service_whose_health_or_readiness_says_ok(
+    tmp_path: Path, hermes_python: Path, readyz: dict[str, Any] | None
+):
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response(readyz)
+
+    app = web.Application()
+    app.router.add_get("/healthz", ok)
+    app.router.add_get("/api/v1/status", ok)
+    if readyz is not None:
+        app.router.add_get("/readyz", ready)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, auto_start=True,
+                         server_command="false", server_cwd=str(tmp_path))
+        started = await asyncio.to_thread(hermes_cli, hermes_python, home, "start")
+    assert started.returncode == 1, started.stdout
+    assert f"{url} is not a HyAtlas server" in started.stderr, started.stderr
 
 
 def test_a_recall_while_auto_start_waits_for_the_server_leaves_the_warning_to_auto_start(

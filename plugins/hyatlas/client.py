@@ -111,15 +111,30 @@ class HyAtlasClient:
         return isinstance(reply, dict) and reply.get("status") == "ok"
 
     def ready(self, timeout_s: float = 2.0) -> bool:
-        """Whether /readyz says every backing service answers (/healthz on a server without it)."""
+        """Whether /readyz says every backing service answers (/healthz on a server without
+        it); raises NotHyAtlas when what answers is not a HyAtlas gateway."""
         try:
             reply = self.request("GET", "/readyz", timeout_s=timeout_s)
         except HttpError as exc:
             # A server that predates /readyz (the reference's own) only tells liveness.
-            return exc.status == 404 and self.healthy(timeout_s)
+            return exc.status == 404 and self.healthy(timeout_s) and self._answers_status(
+                timeout_s)
         except ClientError:
             return False
-        return isinstance(reply, dict) and reply.get("ready") is True
+        return self._expect("GET", "/readyz", reply, is_readiness)["ready"] is True
+
+    def _answers_status(self, timeout_s: float) -> bool:
+        """Whether the status route answers as a gateway's does (its own JSON error, such as a
+        refused token, too); raises NotHyAtlas when it answers otherwise."""
+        try:
+            self.status(timeout_s=timeout_s)
+        except HttpError as exc:
+            return exc.from_gateway
+        except NotHyAtlas:
+            raise
+        except ClientError:
+            return False
+        return True
 
     def status(self, **kwargs: Any) -> dict[str, Any]:
         """GET /api/v1/status (a reply without version, mode and layers is not a gateway's)."""
@@ -245,6 +260,11 @@ def is_restored(reply: Any) -> bool:
 def is_status(reply: Any) -> bool:
     """A status answer: the server's version and mode, and its live rows per layer."""
     return _has(reply, version=str, mode=str, layers=dict)
+
+
+def is_readiness(reply: Any) -> bool:
+    """A readiness answer: whether the server is ready, and the state of each service."""
+    return _has(reply, status=str, ready=bool, services=dict)
 
 
 def is_search(reply: Any) -> bool:

@@ -35,7 +35,8 @@ class Handler(BaseHTTPRequestHandler):
         with (OUT / "readyz.txt").open("a") as log:
             log.write(f"{Handler.readyz_polls}\n")
         ready = Handler.readyz_polls > NOT_READY_POLLS
-        self._reply({"ready": ready}, 200 if ready else 503)
+        self._reply({"status": "ready" if ready else "not_ready", "ready": ready,
+                     "services": {}}, 200 if ready else 503)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
