@@ -187,6 +187,30 @@ def test_turns_driven_by_memory_manager_are_stored_and_recalled_with_dates(
     assert all(m.get("session_id") == "s-turns" for m in listed["memories"])
 
 
+SKILL_TURN = ('[IMPORTANT: The user has invoked the "pets" skill, indicating they want you to '
+              "follow its instructions. The full skill content is loaded below.]\n\n# Pets\n"
+              "Keep a list of the user's pets.\n\nThe user has provided the following "
+              "instruction alongside the skill invocation: My cat is called Miso.")
+"""A /pets turn as Hermes expands it for the model (its memory gets only the instruction)."""
+
+
+@pytest.mark.parametrize("first", ["My cat is called Miso.", SKILL_TURN])
+def test_a_message_typed_while_hermes_works_is_stored_with_the_one_it_interrupted(
+    tmp_path: Path, hermes_python: Path, stack: Stack, first: str
+):
+    # Hermes syncs no interrupted turn and merges its message into the next one for the model,
+    # but syncs only the next one's own text: the first message was lost to memory.
+    user = f"u-interrupt-{len(first)}"
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
+    second = "Also, my dog is called Rex."
+    result = drive(hermes_python, home, "interrupted", {"first": first, "second": second})
+    assert result["interrupted"] is True and f"{first}\n\n{second}" in result["asked"], result
+    assert result["flushed"], result
+    listed = gateway(stack, "POST", "/api/v1/list", {"user_id": user, "limit": 10})
+    assert contents(listed) == [
+        f"USER: My cat is called Miso.\n\n{second}\n\nASSISTANT: Noted, both."]
+
+
 async def test_a_long_message_keeps_its_head_and_tail_in_the_stored_turn_and_the_recall_query(
     tmp_path: Path, hermes_python: Path
 ):

@@ -14,11 +14,21 @@ from typing import Any
 
 from agent.memory_provider import MemoryProvider
 
+try:
+    from agent.skill_commands import (
+        extract_user_instruction_from_skill_message as instruction_of,
+    )
+except ImportError:  # a Hermes without /skill turns
+
+    def instruction_of(content: Any) -> str | None:
+        """content as it is."""
+        return content if isinstance(content, str) else None
+
 from .client import ClientError, HyAtlasClient, local_now
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
-from .recall import format_recall, recall_query, turn_text
+from .recall import format_recall, interrupted_part, recall_query, turn_text
 from .settings import (
     PluginSettings,
     config_schema,
@@ -356,11 +366,15 @@ class HyAtlasProvider(MemoryProvider):
         session_id: str = "",
         messages: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Queues the turn's user and assistant text durably; never raises, never waits."""
+        """Queues the turn's user and assistant text durably (the user's text with what they said
+        in a turn they interrupted, which Hermes merges into this one); never raises, never
+        waits."""
         try:
             if not self.writes:
                 return
-            text = turn_text(user_content, assistant_content)
+            earlier = instruction_of(interrupted_part(user_content, messages))
+            text = turn_text(f"{earlier}\n\n{user_content}" if earlier else user_content,
+                             assistant_content)
             if not text:
                 return
             self._queue("add", {

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,77 @@ def turns(params: dict[str, Any]) -> dict[str, Any]:
     manager.on_session_end([])
     manager.shutdown_all()
     return {"recalls": recalls, "final": final, "ids": ids, "system_prompt": system_prompt,
+            "flushed": flushed}
+
+
+class _Chat(BaseHTTPRequestHandler):
+    """A chat-completions model that holds its answer to a message holding `held` until
+    `release` is set, and answers any other at once."""
+
+    held = ""
+    asked: list[str] = []
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        said = [m.get("content") for m in body.get("messages", []) if m.get("role") == "user"]
+        last = said[-1] if said and isinstance(said[-1], str) else ""
+        _Chat.asked.append(last)
+        if last == _Chat.held:
+            _Chat.release.wait(WAIT_CEILING_S)
+        message = {"role": "assistant", "content": "Noted, both."}
+        if body.get("stream"):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0,
+                     "model": body.get("model", ""), "choices": [
+                         {"index": 0, "delta": message, "finish_reason": "stop"}]}
+            data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+            kind = "text/event-stream"
+        else:
+            data = json.dumps({"id": "c", "object": "chat.completion", "created": 0,
+                               "model": body.get("model", ""), "choices": [
+                                   {"index": 0, "message": message, "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                         "total_tokens": 2}}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def interrupted(params: dict[str, Any]) -> dict[str, Any]:
+    """Hermes's agent runs a turn; the user types another message while the model works, which
+    interrupts it (as the CLI does), and that message runs as the next turn. What was queued."""
+    from run_agent import AIAgent
+
+    first, second = params["first"], params["second"]
+    _Chat.held = first
+    chat = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=chat.serve_forever, daemon=True).start()
+    agent = AIAgent(base_url=f"http://127.0.0.1:{chat.server_port}/v1", api_key="k",
+                    model="fake-model", quiet_mode=True, session_id="s-interrupted",
+                    enabled_toolsets=[], skip_context_files=True, platform="cli")
+    provider = agent._memory_manager._providers[-1]
+    outcome: dict[str, Any] = {}
+    turn = threading.Thread(target=lambda: outcome.update(agent.run_conversation(first)))
+    turn.start()
+    deadline = time.monotonic() + WAIT_CEILING_S
+    while first not in _Chat.asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+    agent.interrupt(second)
+    _Chat.release.set()
+    turn.join(WAIT_CEILING_S)
+    agent.run_conversation(outcome.get("interrupt_message") or second,
+                           conversation_history=outcome.get("messages"))
+    agent._memory_manager.flush_pending(timeout=WAIT_CEILING_S)
+    flushed = provider.outbox.flush(WAIT_CEILING_S)
+    agent._memory_manager.shutdown_all()
+    chat.shutdown()
+    return {"interrupted": outcome.get("interrupted"), "asked": _Chat.asked,
             "flushed": flushed}
 
 
@@ -494,11 +566,12 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-SCENARIOS = {f.__name__: f for f in (discover, turns, next_question, memory_tool, memory_writes,
-                                     mirrored_until_sent, tool_calls, context_writes,
-                                     logged_writes, down, outage, misconfigured, tried, resume,
-                                     autostart, starting, dashboard, config, refused_config,
-                                     refused_settings, closed_mid_send, aged_outbox)}
+SCENARIOS = {f.__name__: f for f in (discover, turns, interrupted, next_question, memory_tool,
+                                     memory_writes, mirrored_until_sent, tool_calls,
+                                     context_writes, logged_writes, down, outage, misconfigured,
+                                     tried, resume, autostart, starting, dashboard, config,
+                                     refused_config, refused_settings, closed_mid_send,
+                                     aged_outbox)}
 
 
 def main() -> None:
