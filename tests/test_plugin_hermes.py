@@ -4,10 +4,15 @@ dashboard, the gateway going away and coming back, auto start's environment."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
+import re
+import select
 import socket
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -1258,6 +1263,84 @@ def test_memory_setup_asks_again_for_a_url_it_could_not_load_and_says_saved_only
     saved = json.loads((home / "hyatlas.json").read_text())
     assert (saved["server_url"], saved["user_id"]) == ("http://127.0.0.1:23400", "alice")
     assert saved["server_cwd"] == str(ROOT)  # a blank answer keeps what was there
+    assert "provider: hyatlas" in (home / "config.yaml").read_text()
+
+
+class Terminal:
+    """`hermes memory setup hyatlas` on a pseudo-terminal (so Hermes draws its curses pickers),
+    typed into as a user would."""
+
+    def __init__(self, hermes_python: Path, home: Path) -> None:
+        self._master, slave = os.openpty()
+        # Wide enough for the mode picker's title; curses reads the size from the terminal.
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+        self.proc = subprocess.Popen(
+            [str(hermes_python.parent / "hermes"), "memory", "setup", "hyatlas"],
+            env=hermes_env(home, TERM="xterm"), stdin=slave, stdout=slave, stderr=slave,
+            start_new_session=True)
+        os.close(slave)
+        self.seen = ""
+
+    def expect(self, text: str, timeout_s: float = 60.0) -> None:
+        """Reads what the terminal shows until text is among it (escape codes aside)."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.seen:
+            left_s = max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._master], [], [], left_s)
+            assert ready, f"{text!r} never showed; the terminal showed:\n{self.seen[-3000:]}"
+            try:
+                chunk = os.read(self._master, 65536)
+            except OSError:  # the process ended and closed the terminal
+                chunk = b""
+            assert chunk, f"{text!r} never showed before setup ended:\n{self.seen[-3000:]}"
+            self.seen += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][0-9A-B]|\x1b[=>]", "",
+                                chunk.decode("utf-8", "replace"))
+        self.seen = self.seen[self.seen.index(text) + len(text):]
+
+    def answer(self, prompt: str, keys: str) -> None:
+        """Waits for prompt, then types keys."""
+        self.expect(prompt)
+        os.write(self._master, keys.encode())
+
+    def close(self) -> int:
+        """Waits for setup to end; its exit code."""
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            os.close(self._master)
+
+
+def test_memory_setup_in_a_terminal_takes_each_picker_choice_and_a_cancel_saves_nothing(
+    tmp_path: Path, hermes_python: Path
+):
+    home = make_home(tmp_path, hermes_python)
+    (home / "config.yaml").write_text("model: {}\n")  # not yet the memory provider
+    installed = (home / "hyatlas.json").read_text()
+    cancelled = Terminal(hermes_python, home)
+    for prompt in ("HyAtlas gateway URL", "User id for memories", "Agent id for memories"):
+        cancelled.answer(prompt, "\r")
+    cancelled.answer("Start the server when it does not answer", "q")
+    cancelled.expect("Setup cancelled. Nothing was saved.")
+    assert cancelled.close() == 0
+    assert (home / "hyatlas.json").read_text() == installed
+    assert "hyatlas" not in (home / "config.yaml").read_text()
+    term = Terminal(hermes_python, home)
+    term.answer("HyAtlas gateway URL", "127.0.0.1:23401\r")
+    term.answer("User id for memories", "alice\r")
+    for prompt in ("Agent id for memories", "Start the server when it does not answer",
+                   "Command that starts the server", "Folder the command runs in",
+                   "Server data directory"):
+        term.answer(prompt, "\r")
+    term.answer("Mode for a started server", "jj\r")  # server default, lite, pro
+    term.answer("Writes wait for extraction", "jj\r")  # server default, off, on
+    for prompt in ("LLM base URL", "LLM model name", "LLM API key", "Server bearer token"):
+        term.answer(prompt, "\r")
+    term.expect(f"Settings saved to {home / 'hyatlas.json'}")
+    assert term.close() == 0
+    saved = json.loads((home / "hyatlas.json").read_text())
+    assert {k: saved.get(k) for k in ("server_url", "user_id", "auto_start", "mode", "sync")} == {
+        "server_url": "http://127.0.0.1:23401", "user_id": "alice", "auto_start": False,
+        "mode": "pro", "sync": "on"}, saved
     assert "provider: hyatlas" in (home / "config.yaml").read_text()
 
 
