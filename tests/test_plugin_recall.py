@@ -228,9 +228,10 @@ CONVERSATION = [
     ("Where do I live now?", "You live in Madrid."),
     ("What does my sister play?", "Your sister Ines plays the cello."),
     ("Where do I work?", "At La Paz hospital in Madrid."),
+    ("Can you keep in mind that my locker code at La Paz is 2231?", "Sure, 2231."),
 ]
-"""A conversation as the plugin stores it: statements, the user's questions about them, and a
-move that replaces where the user lives and works."""
+"""A conversation as the plugin stores it: statements, the user's questions about them, a move
+that replaces where the user lives and works, and a note asked as a question (no fact taken)."""
 
 
 async def converse(api: Api, fake: FakeLlm, user: str) -> None:
@@ -262,20 +263,33 @@ async def test_a_conversation_s_recall_says_each_thing_once_and_leaves_out_the_u
         assert "Ines" in body.get("now", {}).get("content", ""), body  # the last Now page
         return body, text
 
-    recalls = {q: await value_eventually(lambda q=q: recalled(q))
-               for q in ("Where do I live?", "Where do I work?", "What does my sister play?")}
+    recalls = {q: await value_eventually(lambda q=q: recalled(q)) for q in (
+        "Where do I live?", "Where do I work?", "What does my sister play?",
+        "What is my locker code?")}
     for body, text in recalls.values():
         shown = lines_of(text)
-        # Every question the user asked ranks high for a question, and its answer may be stale.
+        # Every question the user asked ranks high for a question, and its answer may be stale;
+        # a question that holds something no other memory says stays.
         asked = [m for m in body["memories"]["normal"] if m["content"].split("\n")[0][-1] == "?"]
-        assert asked and not any("?" in line.split("ASSISTANT:")[0] for line in shown), text
+        assert len(asked) > 1 and [line for line in shown if "?" in line.split("ASSISTANT:")[0]
+                                   ] == [line for line in shown if "locker code" in line], text
         # The sister's cello is in the Now page, a fact and a turn: the recall says it once more
         # than the Now page at most (the turn, which holds the fact's words and the reply).
         assert sum("plays the cello" in line for line in shown) <= 1, text
         assert "(l3_fact) User's sister Ines plays the cello" not in text, text
+    assert "locker code at La Paz is 2231?" in recalls["What is my locker code?"][1]
     body, text = recalls["Where do I live?"]
     (fact,) = [m for m in body["memories"]["normal"] if m["content"] == "User lives in Madrid"]
     day = recall_module._day(fact["replaced"][0]["invalid_at"])
     assert f'(l3_fact) User lives in Madrid (replaced "User lives in Paris" on {day})' in text
     (paris,) = [line for line in lines_of(text) if "I live in Paris" in line]
     assert paris.endswith(f'(no longer true since {day}: "User lives in Paris")'), text
+
+
+def test_a_line_saying_the_opposite_of_another_is_kept_beside_it() -> None:
+    said = ["The pool is open on Sundays", "The pool is not open on Sundays",
+            "The pool is open on Sundays and holidays"]
+    answer = {"memories": {"normal": [
+        {"content": text, "layer": "l3_fact", "gmt_created": 1764547200} for text in said]}}
+    shown = lines_of(format_recall(answer, "pool", per_channel=8))
+    assert [line.split(") ", 1)[1] for line in shown] == said[1:]

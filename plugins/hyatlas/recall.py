@@ -112,9 +112,10 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     """The recalled memories grouped by channel, at most per_channel of each (the limit the
     search was asked for), each line with its date; "" when none.
 
-    Each thing is said once (a line whose words another line or the Now page holds as well
-    is left out, the fuller form kept), and a turn where the user only asked something is
-    shown only when nothing else is recalled: its answer came from memory, or was a guess.
+    Each thing is said once: a line whose words another line or the Now page holds as well is
+    left out, the fuller form kept. A turn where the user only asked to be told something, or
+    asked about what the other lines say, is left out too (its answer came from memory, or was
+    a guess).
     """
     memories = answer.get("memories") if isinstance(answer, dict) else None
     if not isinstance(memories, dict):
@@ -128,7 +129,7 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
              for item in memories[channel] if isinstance(item, dict) and item.get("content")]
     old_values = [old for _, item in items for old in _old_values(item)]
     shown = _without_repeats(_without_questions(
-        [_shown(channel, item, old_values) for channel, item in items], has_now=bool(now)), now)
+        [_shown(channel, item, old_values) for channel, item in items], now), now)
     sections = [now] if now else []
     for channel in channels:
         lines = [_line(item, said) for c, item, said, _ in shown if c == channel][:per_channel]
@@ -151,9 +152,17 @@ STOP_WORDS = frozenset((
     "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "from",
     "by", "as", "is", "are", "was", "were", "be", "been", "am", "do", "does", "did", "i", "me",
     "my", "mine", "you", "your", "yours", "he", "him", "his", "she", "her", "hers", "it", "its",
-    "we", "us", "our", "they", "them", "their", "this", "that", "user", "assistant"))
+    "we", "us", "our", "they", "them", "their", "this", "that", "user", "assistant", "what",
+    "where", "when", "who", "which", "why", "how", "now", "also", "still"))
 """Words that say nothing of what a memory holds ("user" and "assistant" name the speakers of
-a turn and the subject of a fact)."""
+a turn and the subject of a fact; a question's words say what it asks about)."""
+QUESTION_WORDS = ("what", "where", "when", "who", "whom", "whose", "which", "why", "how")
+"""How a question asking to be told something starts (a request such as "Can you keep in
+mind that …" may tell something itself)."""
+NEGATIONS = frozenset(("not", "no", "never", "nor", "none", "nothing", "without", "don",
+                       "doesn", "didn", "isn", "aren", "wasn", "weren", "won", "cannot"))
+"""Words that turn what the rest of a line says around: a line holding another's words and
+one of these says something else."""
 
 
 def _shown(channel: str, item: dict[str, Any], old_values: list[tuple[str, str]]) -> Shown:
@@ -172,15 +181,28 @@ def _users_part(item: dict[str, Any]) -> str | None:
     return content[len("USER: "):].split("\n\nASSISTANT: ", 1)[0].strip()
 
 
-def _without_questions(shown: list[Shown], *, has_now: bool) -> list[Shown]:
-    """shown without the turns where the user only asked, unless they are all there is."""
-    kept = [entry for entry in shown if not _asks_only(_users_part(entry[1]))]
-    return kept if kept or has_now else shown
+def _without_questions(shown: list[Shown], now: str) -> list[Shown]:
+    """shown without the turns where the user only asked to be told something (what, where,
+    …) or asked about what the Now page and the other lines say; all of shown when nothing
+    else is recalled."""
+    asked = [_asks_only(_users_part(entry[1])) for entry in shown]
+    others = [e for e, question in zip(shown, asked, strict=True) if not question]
+    if not others and not now:
+        return shown
+    told = _words(now).union(*(e[3] for e in others))
+    return [e for e, question in zip(shown, asked, strict=True)
+            if not question or not (e[3] <= told or _asks_to_be_told(e))]
 
 
 def _asks_only(said: str | None) -> bool:
     """Whether said (what the user said in a turn) is questions only."""
     return bool(said) and all(s.endswith("?") for s in _SENTENCE_END.split(str(said)))
+
+
+def _asks_to_be_told(entry: Shown) -> bool:
+    """Whether a turn's user message starts as a question asking to be told something."""
+    first = _WORD.findall(str(_users_part(entry[1])).lower())[:1]
+    return bool(first) and first[0] in QUESTION_WORDS
 
 
 def _words(text: str) -> frozenset[str]:
@@ -197,12 +219,16 @@ def _without_repeats(shown: list[Shown], now: str) -> list[Shown]:
     fuller = [_words(now)] if now else []
     kept: list[Shown] = []
     for entry in shown:
-        words = entry[3]
-        if words and any(words <= other for other in [*fuller, *(e[3] for e in kept)]):
+        if any(_holds(other, entry[3]) for other in [*fuller, *(e[3] for e in kept)]):
             continue
-        kept = [e for e in kept if not (e[3] and e[3] <= words)]
+        kept = [e for e in kept if not _holds(entry[3], e[3])]
         kept.append(entry)
     return kept
+
+
+def _holds(fuller: frozenset[str], words: frozenset[str]) -> bool:
+    """Whether a line of words fuller says what a line of words says, and more."""
+    return bool(words) and words <= fuller and not (fuller - words) & NEGATIONS
 
 
 def clean_message(text: str) -> str:
