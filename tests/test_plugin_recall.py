@@ -293,3 +293,16 @@ def test_a_line_saying_the_opposite_of_another_is_kept_beside_it() -> None:
         {"content": text, "layer": "l3_fact", "gmt_created": 1764547200} for text in said]}}
     shown = lines_of(format_recall(answer, "pool", per_channel=8))
     assert [line.split(") ", 1)[1] for line in shown] == said[1:]
+
+
+def test_a_turn_is_marked_once_for_a_value_that_two_recalled_memories_replaced() -> None:
+    moved = {"content": "User lives in Madrid", "gmt_created": 1764547200, "replaced": [
+        {"content": "User lives in Paris", "superseded_how": "replaced", "invalid_at": 1764633600}]}
+    answer = {"memories": {
+        "profile": [{**moved, "layer": "l1_profile"}],
+        "normal": [{**moved, "layer": "l3_fact"}, {
+            "content": "USER: I live in Paris.\n\nASSISTANT: Noted.", "layer": "l2_raw",
+            "gmt_created": 1764547200}]}}
+    text = format_recall(answer, "Where do I live?", per_channel=8)
+    assert text.count('replaced "User lives in Paris"') == 1, text
+    assert text.count('no longer true since 2025-12-02: "User lives in Paris"') == 1, text

@@ -77,7 +77,8 @@ def _notes(item: dict[str, Any], old_values: list[tuple[str, str]]) -> str:
     if item.get("layer") == "l2_raw":
         words = _words(str(item["content"]))
         for value, day in old_values:
-            if len(_words(value)) > 1 and _words(value) <= words:
+            held = _words(value)
+            if len(held) > 1 and held <= words:
                 notes += f" (no longer true{f' since {day}' if day else ''}: \"{value}\")"
     due = _day(item.get("due_at"))
     return notes + (f" (due {due})" if due else "")
@@ -127,7 +128,7 @@ def format_recall(answer: dict[str, Any], query: str, per_channel: int) -> str:
     now = _now_section(answer.get("now"))
     items = [(channel, item) for channel in channels if isinstance(memories.get(channel), list)
              for item in memories[channel] if isinstance(item, dict) and item.get("content")]
-    old_values = [old for _, item in items for old in _old_values(item)]
+    old_values = list(dict.fromkeys(old for _, item in items for old in _old_values(item)))
     shown = _without_repeats(_without_questions(
         [_shown(channel, item, old_values) for channel, item in items], now), now)
     sections = [now] if now else []
