@@ -199,21 +199,41 @@ SKILL_TURN = ('[IMPORTANT: The user has invoked the "pets" skill, indicating the
 """A /pets turn as Hermes expands it for the model (its memory gets only the instruction)."""
 
 
-@pytest.mark.parametrize("first", ["My cat is called Miso.", SKILL_TURN])
+@pytest.mark.parametrize(("first", "tool"), [
+    ("My cat is called Miso.", False), (SKILL_TURN, False), ("My cat is called Miso.", True)])
 def test_a_message_typed_while_hermes_works_is_stored_with_the_one_it_interrupted(
-    tmp_path: Path, hermes_python: Path, stack: Stack, first: str
+    tmp_path: Path, hermes_python: Path, stack: Stack, first: str, tool: bool
 ):
-    # Hermes syncs no interrupted turn and merges its message into the next one for the model,
-    # but syncs only the next one's own text: the first message was lost to memory.
-    user = f"u-interrupt-{len(first)}"
+    # Hermes syncs no interrupted turn, though the model sees its message in the next turn
+    # (merged into the next message, or before a tool call and its result), and syncs only the
+    # next one's own text: the first message was lost to memory.
+    user = f"u-interrupt-{len(first)}-{tool}"
     home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id=user)
     second = "Also, my dog is called Rex."
-    result = drive(hermes_python, home, "interrupted", {"first": first, "second": second})
-    assert result["interrupted"] is True and f"{first}\n\n{second}" in result["asked"], result
+    result = drive(hermes_python, home, "interrupted",
+                   {"first": first, "second": second, "tool": tool})
+    assert result["interrupted"] is True, result
+    assert (second in result["asked"]) is tool, result  # else it was merged with the first
     assert result["flushed"], result
     listed = gateway(stack, "POST", "/api/v1/list", {"user_id": user, "limit": 10})
     assert contents(listed) == [
         f"USER: My cat is called Miso.\n\n{second}\n\nASSISTANT: Noted, both."]
+
+
+def test_a_message_retried_after_a_failed_turn_is_stored_once_and_a_reset_forgets_the_unsynced(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-started")
+    result = drive(hermes_python, home, "started", {"steps": [
+        ["start", "Book the dentist."], ["start", "Book the dentist."],  # the first one failed
+        ["sync", "Book the dentist.", "Booked."],
+        ["start", "My bike is red."], ["reset", "s-new"],  # /new while that turn ran
+        ["start", "Hello again."], ["sync", "Hello again.", "Hi."],
+    ]})
+    assert result["flushed"], result
+    listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-started", "limit": 10})
+    assert sorted(contents(listed)) == ["USER: Book the dentist.\n\nASSISTANT: Booked.",
+                                        "USER: Hello again.\n\nASSISTANT: Hi."]
 
 
 async def test_a_long_message_keeps_its_head_and_tail_in_the_stored_turn_and_the_recall_query(

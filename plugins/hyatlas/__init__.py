@@ -28,7 +28,7 @@ from .client import ClientError, HyAtlasClient, local_now
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
-from .recall import format_recall, interrupted_part, recall_query, turn_text
+from .recall import format_recall, recall_query, turn_text
 from .settings import (
     PluginSettings,
     config_schema,
@@ -49,6 +49,8 @@ CHECK_TIMEOUT_S = 5.0
 """How long the start-of-session check waits for the gateway's status."""
 PROMPT_CHECK_WAIT_S = 1.0
 """How long the system prompt waits for that check, to say whether memory answers."""
+UNSYNCED_KEPT = 20
+"""How many user messages of turns Hermes did not sync are kept for the next turn it syncs."""
 
 
 @dataclass
@@ -83,6 +85,9 @@ class HyAtlasProvider(MemoryProvider):
         self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._recall_lock = threading.Lock()
         self._inflight: dict[str, Recall] = {}
+        self._unsynced: list[str] = []
+        """What the user said in the turns started and not synced yet, oldest first."""
+        self._unsynced_lock = threading.Lock()
         self.start_thread: threading.Thread | None = None
         self.check_thread: threading.Thread | None = None
 
@@ -215,8 +220,12 @@ class HyAtlasProvider(MemoryProvider):
             self.outbox.nudge()
 
     def on_session_switch(self, new_session_id: str, **kwargs: Any) -> None:
-        """Later writes go to the new session."""
+        """Later writes go to the new session; after a reset or an undo, the model no longer
+        sees what the user said in the turns Hermes did not sync."""
         self.session_id = new_session_id or self.session_id
+        if kwargs.get("reset") or kwargs.get("rewound"):
+            with self._unsynced_lock:
+                self._unsynced = []
 
     def on_session_end(self, messages: list[dict[str, Any]]) -> None:
         """Sends what is queued (bounded wait; the rest stays queued on disk)."""
@@ -366,15 +375,13 @@ class HyAtlasProvider(MemoryProvider):
         session_id: str = "",
         messages: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Queues the turn's user and assistant text durably (the user's text with what they said
-        in a turn they interrupted, which Hermes merges into this one); never raises, never
-        waits."""
+        """Queues the turn's user and assistant text durably, the user's with what they said in
+        the turns before it that Hermes did not sync; never raises, never waits."""
         try:
             if not self.writes:
                 return
-            earlier = instruction_of(interrupted_part(user_content, messages))
-            text = turn_text(f"{earlier}\n\n{user_content}" if earlier else user_content,
-                             assistant_content)
+            said = "\n\n".join([*self._said_before(user_content), user_content])
+            text = turn_text(said, assistant_content)
             if not text:
                 return
             self._queue("add", {
@@ -385,6 +392,29 @@ class HyAtlasProvider(MemoryProvider):
             })
         except Exception:  # a memory failure must never break the agent's turn
             log.exception("hyatlas sync_turn could not queue the turn")
+
+    def on_turn_start(self, turn_number: int, message: str, **kwargs: Any) -> None:
+        """Notes what the user said (a /skill turn by its instruction, as Hermes syncs it).
+
+        Hermes syncs no turn the user interrupted by typing while it worked (nor one that
+        failed), though the model sees that message in the next turn: that turn is stored
+        with it.
+        """
+        said = instruction_of(message) if self.writes and isinstance(message, str) else None
+        if said and said.strip():
+            with self._unsynced_lock:
+                self._unsynced = [*self._unsynced, said.strip()][-UNSYNCED_KEPT:]
+
+    def _said_before(self, user_content: str) -> list[str]:
+        """What the user said in the turns Hermes started and did not sync before this one
+        (none when Hermes did not say it started), each once and none equal to it."""
+        said = user_content.strip()
+        with self._unsynced_lock:
+            if said not in self._unsynced:
+                return []
+            at = len(self._unsynced) - 1 - self._unsynced[::-1].index(said)
+            before, self._unsynced = self._unsynced[:at], self._unsynced[at + 1:]
+        return [text for text in dict.fromkeys(before) if text != said]
 
     def on_memory_write(
         self,

@@ -261,20 +261,6 @@ def _left_out(chars: int, say_how_much: bool) -> str:
     return f" … [{chars:,} characters left out] … " if say_how_much else " … "
 
 
-def interrupted_part(user: str, messages: list[dict[str, Any]] | None) -> str:
-    """What the turn's last user message in messages holds before user, joined to it by a blank
-    line; "" when it holds nothing more.
-
-    A message typed while Hermes works interrupts the turn; Hermes syncs no interrupted turn
-    and merges its user message into the next one for the model, yet syncs only the new part.
-    """
-    said = [m.get("content") for m in messages or () if isinstance(m, dict)
-            and m.get("role") == "user"]
-    last = said[-1].rstrip() if said and isinstance(said[-1], str) else ""
-    tail = "\n\n" + str(user).strip()
-    return last[: -len(tail)].strip() if str(user).strip() and last.endswith(tail) else ""
-
-
 def recall_query(text: str) -> str:
     """What recall searches for a message: its own text, its head and tail when it is long
     (no count of what was left out: words the search would look for)."""

@@ -91,33 +91,44 @@ def turns(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Chat(BaseHTTPRequestHandler):
-    """A chat-completions model that holds its answer to a message holding `held` until
-    `release` is set, and answers any other at once."""
+    """A chat-completions model that, for the user message `held`, first calls Hermes's todo
+    tool when `tool` is set, then holds its answer until `release` is set (`holding` says it
+    does); it answers any other message at once."""
 
     held = ""
+    tool = False
     asked: list[str] = []
+    holding = threading.Event()
     release = threading.Event()
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        said = [m.get("content") for m in body.get("messages", []) if m.get("role") == "user"]
+        messages = body.get("messages") or [{}]
+        said = [m.get("content") for m in messages if m.get("role") == "user"]
         last = said[-1] if said and isinstance(said[-1], str) else ""
         _Chat.asked.append(last)
+        if last == _Chat.held and _Chat.tool and messages[-1].get("role") != "tool":
+            todo = {"todos": [{"id": "1", "content": "pets", "status": "pending"}]}
+            self._answer(body, {"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": "call-1", "type": "function",
+                 "function": {"name": "todo", "arguments": json.dumps(todo)}}]}, "tool_calls")
+            return
         if last == _Chat.held:
+            _Chat.holding.set()
             _Chat.release.wait(WAIT_CEILING_S)
-        message = {"role": "assistant", "content": "Noted, both."}
+        self._answer(body, {"role": "assistant", "content": "Noted, both."}, "stop")
+
+    def _answer(self, body: dict[str, Any], message: dict[str, Any], finish: str) -> None:
+        head = {"id": "c", "created": 0, "model": body.get("model", "")}
         if body.get("stream"):
-            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0,
-                     "model": body.get("model", ""), "choices": [
-                         {"index": 0, "delta": message, "finish_reason": "stop"}]}
+            chunk = {**head, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": message, "finish_reason": finish}]}
             data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
             kind = "text/event-stream"
         else:
-            data = json.dumps({"id": "c", "object": "chat.completion", "created": 0,
-                               "model": body.get("model", ""), "choices": [
-                                   {"index": 0, "message": message, "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                         "total_tokens": 2}}).encode()
+            data = json.dumps({**head, "object": "chat.completion", "choices": [
+                {"index": 0, "message": message, "finish_reason": finish}], "usage": {
+                    "prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
             kind = "application/json"
         self.send_response(200)
         self.send_header("Content-Type", kind)
@@ -130,24 +141,24 @@ class _Chat(BaseHTTPRequestHandler):
 
 
 def interrupted(params: dict[str, Any]) -> dict[str, Any]:
-    """Hermes's agent runs a turn; the user types another message while the model works, which
-    interrupts it (as the CLI does), and that message runs as the next turn. What was queued."""
+    """Hermes's agent runs a turn (with params["tool"], the model first calls a tool); the user
+    types another message while the model works, which interrupts it (as the CLI does), and
+    that message runs as the next turn. What was queued."""
     from run_agent import AIAgent
 
     first, second = params["first"], params["second"]
-    _Chat.held = first
+    _Chat.held, _Chat.tool = first, bool(params.get("tool"))
     chat = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
     threading.Thread(target=chat.serve_forever, daemon=True).start()
     agent = AIAgent(base_url=f"http://127.0.0.1:{chat.server_port}/v1", api_key="k",
                     model="fake-model", quiet_mode=True, session_id="s-interrupted",
-                    enabled_toolsets=[], skip_context_files=True, platform="cli")
+                    enabled_toolsets=["todo"] if _Chat.tool else [], skip_context_files=True,
+                    platform="cli")
     provider = agent._memory_manager._providers[-1]
     outcome: dict[str, Any] = {}
     turn = threading.Thread(target=lambda: outcome.update(agent.run_conversation(first)))
     turn.start()
-    deadline = time.monotonic() + WAIT_CEILING_S
-    while first not in _Chat.asked and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _Chat.holding.wait(WAIT_CEILING_S)
     agent.interrupt(second)
     _Chat.release.set()
     turn.join(WAIT_CEILING_S)
@@ -159,6 +170,24 @@ def interrupted(params: dict[str, Any]) -> dict[str, Any]:
     chat.shutdown()
     return {"interrupted": outcome.get("interrupted"), "asked": _Chat.asked,
             "flushed": flushed}
+
+
+def started(params: dict[str, Any]) -> dict[str, Any]:
+    """MemoryManager calls as Hermes makes them, each step one of ["start", message] (a turn
+    starts), ["sync", user, assistant] (it completes) or ["reset", session_id] (/new)."""
+    provider = _provider()
+    manager = _manager(provider, "s-started", agent_context="primary")
+    for step, *args in params["steps"]:
+        if step == "start":
+            manager.on_turn_start(1, args[0])
+        elif step == "sync":
+            manager.sync_all(args[0], args[1], session_id=provider.session_id)
+            manager.flush_pending(timeout=WAIT_CEILING_S)
+        else:
+            manager.on_session_switch(args[0], reset=True)
+    flushed = provider.outbox.flush(WAIT_CEILING_S)
+    manager.shutdown_all()
+    return {"flushed": flushed}
 
 
 def next_question(params: dict[str, Any]) -> dict[str, Any]:
@@ -566,8 +595,8 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-SCENARIOS = {f.__name__: f for f in (discover, turns, interrupted, next_question, memory_tool,
-                                     memory_writes, mirrored_until_sent, tool_calls,
+SCENARIOS = {f.__name__: f for f in (discover, turns, interrupted, started, next_question,
+                                     memory_tool, memory_writes, mirrored_until_sent, tool_calls,
                                      context_writes, logged_writes, down, outage, misconfigured,
                                      tried, resume, autostart, starting, dashboard, config,
                                      refused_config, refused_settings, closed_mid_send,
