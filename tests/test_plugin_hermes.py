@@ -220,6 +220,10 @@ def test_a_message_typed_while_hermes_works_is_stored_with_the_one_it_interrupte
         f"USER: My cat is called Miso.\n\n{second}\n\nASSISTANT: Noted, both."]
 
 
+COMPACTED = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted"
+"""How Hermes's compaction summary, which is not the user's text, starts."""
+
+
 def test_a_message_retried_after_a_failed_turn_is_stored_once_and_a_reset_forgets_the_unsynced(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):
@@ -229,11 +233,15 @@ def test_a_message_retried_after_a_failed_turn_is_stored_once_and_a_reset_forget
         ["sync", "Book the dentist.", "Booked."],
         ["start", "My bike is red."], ["reset", "s-new"],  # /new while that turn ran
         ["start", "Hello again."], ["sync", "Hello again.", "Hi."],
+        ["start", "I parked on level 3."],  # interrupted, then Hermes compacts the context
+        ["start", COMPACTED], ["sync", COMPACTED, "Ok."],
+        ["start", "Thanks."], ["sync", "Thanks.", "Welcome."],
     ]})
     assert result["flushed"], result
     listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-started", "limit": 10})
-    assert sorted(contents(listed)) == ["USER: Book the dentist.\n\nASSISTANT: Booked.",
-                                        "USER: Hello again.\n\nASSISTANT: Hi."]
+    assert sorted(contents(listed)) == [
+        "USER: Book the dentist.\n\nASSISTANT: Booked.", "USER: Hello again.\n\nASSISTANT: Hi.",
+        "USER: I parked on level 3.\n\nThanks.\n\nASSISTANT: Welcome."]
 
 
 async def test_a_long_message_keeps_its_head_and_tail_in_the_stored_turn_and_the_recall_query(

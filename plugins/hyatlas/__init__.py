@@ -28,7 +28,7 @@ from .client import ClientError, HyAtlasClient, local_now
 from .health import ServerHealth, problem_text
 from .lifecycle import ServerLauncher
 from .outbox import Outbox, open_outbox
-from .recall import format_recall, recall_query, turn_text
+from .recall import clean_message, format_recall, recall_query, turn_text
 from .settings import (
     PluginSettings,
     config_schema,
@@ -400,15 +400,15 @@ class HyAtlasProvider(MemoryProvider):
         failed), though the model sees that message in the next turn: that turn is stored
         with it.
         """
-        said = instruction_of(message) if self.writes and isinstance(message, str) else None
-        if said and said.strip():
+        said = clean_message(instruction_of(message)) if self.writes else ""
+        if said:
             with self._unsynced_lock:
-                self._unsynced = [*self._unsynced, said.strip()][-UNSYNCED_KEPT:]
+                self._unsynced = [*self._unsynced, said][-UNSYNCED_KEPT:]
 
     def _said_before(self, user_content: str) -> list[str]:
         """What the user said in the turns Hermes started and did not sync before this one
         (none when Hermes did not say it started), each once and none equal to it."""
-        said = user_content.strip()
+        said = clean_message(user_content)
         with self._unsynced_lock:
             if said not in self._unsynced:
                 return []
