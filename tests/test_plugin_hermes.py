@@ -1330,12 +1330,18 @@ class Terminal:
         self.expect(prompt)
         os.write(self._master, keys.encode())
 
-    def close(self) -> int:
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:  # a failed expectation left setup waiting for input
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._master)
+
+    def exit_code(self) -> int:
         """Waits for setup to end; its exit code."""
-        try:
-            return self.proc.wait(timeout=60)
-        finally:
-            os.close(self._master)
+        return self.proc.wait(timeout=60)
 
 
 def test_memory_setup_in_a_terminal_takes_each_picker_choice_and_a_cancel_saves_nothing(
@@ -1344,27 +1350,27 @@ def test_memory_setup_in_a_terminal_takes_each_picker_choice_and_a_cancel_saves_
     home = make_home(tmp_path, hermes_python)
     (home / "config.yaml").write_text("model: {}\n")  # not yet the memory provider
     installed = (home / "hyatlas.json").read_text()
-    cancelled = Terminal(hermes_python, home)
-    for prompt in ("HyAtlas gateway URL", "User id for memories", "Agent id for memories"):
-        cancelled.answer(prompt, "\r")
-    cancelled.answer("Start the server when it does not answer", "q")
-    cancelled.expect("Setup cancelled. Nothing was saved.")
-    assert cancelled.close() == 0
+    with Terminal(hermes_python, home) as cancelled:
+        for prompt in ("HyAtlas gateway URL", "User id for memories", "Agent id for memories"):
+            cancelled.answer(prompt, "\r")
+        cancelled.answer("Start the server when it does not answer", "q")
+        cancelled.expect("Setup cancelled. Nothing was saved.")
+        assert cancelled.exit_code() == 0
     assert (home / "hyatlas.json").read_text() == installed
     assert "hyatlas" not in (home / "config.yaml").read_text()
-    term = Terminal(hermes_python, home)
-    term.answer("HyAtlas gateway URL", "127.0.0.1:23401\r")
-    term.answer("User id for memories", "alice\r")
-    for prompt in ("Agent id for memories", "Start the server when it does not answer",
-                   "Command that starts the server", "Folder the command runs in",
-                   "Server data directory"):
-        term.answer(prompt, "\r")
-    term.answer("Mode for a started server", "jj\r")  # server default, lite, pro
-    term.answer("Writes wait for extraction", "jj\r")  # server default, off, on
-    for prompt in ("LLM base URL", "LLM model name", "LLM API key", "Server bearer token"):
-        term.answer(prompt, "\r")
-    term.expect(f"Settings saved to {home / 'hyatlas.json'}")
-    assert term.close() == 0
+    with Terminal(hermes_python, home) as term:
+        term.answer("HyAtlas gateway URL", "127.0.0.1:23401\r")
+        term.answer("User id for memories", "alice\r")
+        for prompt in ("Agent id for memories", "Start the server when it does not answer",
+                       "Command that starts the server", "Folder the command runs in",
+                       "Server data directory"):
+            term.answer(prompt, "\r")
+        term.answer("Mode for a started server", "jj\r")  # server default, lite, pro
+        term.answer("Writes wait for extraction", "jj\r")  # server default, off, on
+        for prompt in ("LLM base URL", "LLM model name", "LLM API key", "Server bearer token"):
+            term.answer(prompt, "\r")
+        term.expect(f"Settings saved to {home / 'hyatlas.json'}")
+        assert term.exit_code() == 0
     saved = json.loads((home / "hyatlas.json").read_text())
     assert {k: saved.get(k) for k in ("server_url", "user_id", "auto_start", "mode", "sync")} == {
         "server_url": "http://127.0.0.1:23401", "user_id": "alice", "auto_start": False,
