@@ -628,6 +628,23 @@ async def test_a_fact_restates_only_a_fact_and_an_experience_only_an_experience(
     }
 
 
+async def test_a_fact_said_again_counts_the_times_the_one_it_restates_was_said(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    texts = ["Keeps bees on the roof", "Keeps bees on the roof!", "Keeps bees on the roof!!"]
+    rows = [(await apply(store, insert(t, count=1, restates_at=0.92)))[0] for t in texts]
+    # And the admin dedupe folds a count it finds in the same way.
+    (twice,) = await apply(store, insert("Lives in Lisbon", count=2))
+    (again,) = await apply(store, insert("Lives in Lisbon.", count=1))
+    assert await restate_facts(store, dry_run=False) == (1, 1)
+    counts = []
+    for row in [*rows, twice, again]:
+        got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=row.id))
+        counts.append((got.memory.status, got.memory.count))
+    assert counts == [
+        ("retired", 1), ("retired", 2), ("active", 3), ("retired", 2), ("active", 3)]
+
+
 async def test_a_users_own_fact_restates_no_agents_fact_and_an_agents_restates_its_own(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -91,8 +91,12 @@ def same_kind(old: MemoryRow, new: MemoryRow) -> bool:
 
 
 async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> list[FactChange]:
-    """Retires old as restated by new (the preference mirror follows)."""
+    """Retires old as restated by new, which counts the times old was said on top of its own
+    (the preference mirror follows)."""
     await w.change(old, "retire", retired_fields(w.now, w.actor, "restated", by=new.id), reason)
+    if (current := await w.tx.get(new.id)) is not None:
+        count = max(old.count, 1) + max(current.count, 1)
+        await w.change(current, "update", {"count": count}, f"restates {old.id}")
     return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
 
 
