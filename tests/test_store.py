@@ -410,6 +410,31 @@ async def restate_facts(stub: store_pb2_grpc.StoreStub, dry_run: bool) -> tuple[
     return reply.duplicates, reply.rows_superseded
 
 
+async def test_a_forgotten_fact_said_again_since_is_not_restored_beside_its_live_copy(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    (bees,) = await apply(store, insert("Keeps bees on the roof"))
+    (meeting,) = await apply(store, insert("Meeting with Sam at 3pm on Tuesday."))
+    for row in (bees, meeting):
+        await store.Forget(store_pb2.ForgetRequest(scope=scope(), id=row.id))
+    (again,) = await apply(store, insert("Keeps bees on the roof!", restates_at=0.92))
+    # Within cosine 0.95 of the forgotten meeting (0.9705), but another time: another value.
+    await apply(store, insert("Meeting with Sam at 4pm on Tuesday.", restates_at=0.92))
+    with raises_code(grpc.StatusCode.FAILED_PRECONDITION) as info:
+        await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=bees.id)))
+    assert f"its value was said again since, and {again.id!r} holds it live" in (
+        info.value.details() or "")
+    await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=meeting.id)))
+    assert sorted(await listed(store)) == [
+        "Keeps bees on the roof!",
+        "Meeting with Sam at 3pm on Tuesday.",
+        "Meeting with Sam at 4pm on Tuesday.",
+    ]
+    await apply(store, store_pb2.Op(delete=store_pb2.DeleteOp(id=again.id)))
+    (back,) = await apply(store, store_pb2.Op(restore=store_pb2.RestoreOp(id=bees.id)))
+    assert back.status == "active"
+
+
 async def test_dedupe_facts_never_restates_one_agents_fact_by_anothers(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

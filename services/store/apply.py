@@ -16,6 +16,7 @@ from services.store.cascade import (
     follow_erased,
     lift_tombstones,
     lifted_values,
+    live_copy,
     live_rival,
     restate,
     restore_derived,
@@ -309,6 +310,11 @@ async def _kept_down(w: Write, row: MemoryRow) -> str | None:
         return (
             f"a version it replaced was restored after it was retired, and {live.id!r} is "
             "that version live now: forget it first (one version is live at a time)"
+        )
+    if (copy := await live_copy(w, row)) is not None:
+        return (
+            f"its value was said again since, and {copy.id!r} holds it live: forget or delete "
+            "that one first (one copy is live at a time)"
         )
     if row.layer == ENTITY and not has_live_line(meta_of(row.metadata_json)):
         # Its lines went stale with what they rest on; live, it would be a page of nothing.

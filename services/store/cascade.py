@@ -90,6 +90,42 @@ def same_kind(old: MemoryRow, new: MemoryRow) -> bool:
     )
 
 
+NEAR_EXACT = 0.95
+"""A row this similar to a value's text holds the same value (a near-exact match) when its
+words may restate it (shared.text.may_restate): a phone number or a time one digit apart is
+as near as that, and another value."""
+
+
+def holds_value(key: str, content: str, score: float) -> bool:
+    """Whether a row's text, at cosine score from the value's, holds the value (its value_key):
+    the same text, case, punctuation and spacing aside, or nearly the same that may restate it."""
+    return value_key(content) == key or (score >= NEAR_EXACT and may_restate(key, content))
+
+
+async def live_copy(w: Write, row: MemoryRow) -> MemoryRow | None:
+    """The owner's live fact of a retired fact's kind and agent that holds its value (said
+    again while it was retired, say forgotten): the two live would be one memory twice."""
+    model_id = w.core.model.model_id
+    if row.layer != "l3_fact" or row.model_id != model_id:
+        return None
+    core, vector = w.core, await w.tx.vector(row.id)
+    reach = core.reach(row.user_id, row.agent_id)
+    hits = await vector_search(
+        core, reach, vector.tolist(), model_id, ["l3_fact"], RESTATE_CANDIDATES
+    )
+    key = value_key(row.content)
+    return next(
+        (
+            h.memory for h in hits
+            if h.memory.id != row.id
+            and h.memory.agent_id == row.agent_id
+            and same_kind(row, h.memory)
+            and holds_value(key, h.memory.content, h.score)
+        ),
+        None,
+    )
+
+
 async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> list[FactChange]:
     """Retires old as restated by new, which counts the times old was said on top of its own
     (the preference mirror follows)."""

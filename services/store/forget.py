@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.store.apply import apply_unkeyed
+from services.store.cascade import holds_value
 from services.store.core import Core
 from services.store.model import (
     ACTIVE,
@@ -42,12 +43,8 @@ from shared.layers import UNEXTRACTED
 from shared.limits import MAX_NAME_CHARS, check_no_nul
 from shared.pages import line_values, meta_of, rests_on
 from shared.passages import Passage
-from shared.text import may_restate, value_key
+from shared.text import value_key
 
-NEAR_EXACT = 0.95
-"""A row this similar to the forgotten text holds the same value (a near-exact match) when its
-words may restate it (shared.text.may_restate): a phone number or a time one digit apart is
-as near as that, and another value."""
 CANDIDATES = 100
 CANDIDATE_FLOOR = 0.5
 LOOKS = 3
@@ -195,10 +192,7 @@ async def _holding(
         for hit in hits
         if hit.memory.id not in known
         and forgettable(hit.memory)
-        and (
-            value_key(hit.memory.content) == key
-            or (hit.score >= NEAR_EXACT and may_restate(key, hit.memory.content))
-        )
+        and holds_value(key, hit.memory.content, hit.score)
     }
 
 
