@@ -74,12 +74,12 @@ def _shown() -> dict[int, Candidate]:
     return {1: Candidate(1, "fact", fact), 2: Candidate(2, "intention", intention)}
 
 
-def test_ops_naming_unshown_numbers_or_the_wrong_kind_are_dropped_and_counted() -> None:
+def test_ops_and_replaced_numbers_unshown_or_of_the_wrong_kind_are_dropped_and_counted() -> None:
     plan = read_plan(
         {
             "facts": [
                 {"text": "A drinks tea", "replaces": [1]},
-                {"text": "A drinks milk", "replaces": [2]},  # 2 is an intention
+                {"text": "A drinks milk", "replaces": [2, 9]},  # 2 is an intention
                 {"text": "A drinks water", "updates": "real-fact-id"},  # a real id, never shown
                 {"text": "A drinks juice", "replaces": ["[1]"]},
             ],
@@ -88,11 +88,13 @@ def test_ops_naming_unshown_numbers_or_the_wrong_kind_are_dropped_and_counted() 
         },
         _shown(),
     )
-    assert [f.text for f in plan.facts] == ["A drinks tea", "A drinks juice"]
-    assert [m.id for m in plan.facts[0].replaces] == ["real-fact-id"]
+    # A fact replacing a number not shown stands: that number alone is dropped.
+    assert [f.text for f in plan.facts] == ["A drinks tea", "A drinks milk", "A drinks juice"]
+    assert [[m.id for m in f.replaces] for f in plan.facts] == [
+        ["real-fact-id"], [], ["real-fact-id"]]
     assert [m.id for m in plan.done] == ["real-intention-id"]
     assert plan.moved_on == []
-    assert plan.dropped == 4
+    assert plan.dropped == 5
 
 
 def test_odd_shapes_are_skipped_without_failing_the_reply() -> None:

@@ -71,7 +71,8 @@ class Plan:
     pages: list[PageOp] = field(default_factory=list)
     experiences: list[str] = field(default_factory=list)
     dropped: int = 0
-    """Ops dropped because they named a number that was not shown (or of another kind)."""
+    """Ops (and numbers a fact replaces) dropped because they named a number that was not shown
+    (or of another kind)."""
 
 
 class _Unknown(Exception):
@@ -88,8 +89,9 @@ def _text(value: Any) -> str:
 
 
 def read_plan(data: dict[str, Any], shown: dict[int, Candidate], instructions: str = "") -> Plan:
-    """Turns a reply into a Plan; an op naming an unknown number, or a text too long or made of
-    the instructions' own words only, is dropped and counted."""
+    """Turns a reply into a Plan; an op naming an unknown number (of a fact's replaced ones,
+    that number alone), or a text too long or made of the instructions' own words only, is
+    dropped and counted."""
     reader = _PlanReader(shown, instructions)
     reader.facts(data)
     reader.intentions(data)
@@ -124,6 +126,17 @@ class _PlanReader:
             raise _Unknown(value)
         return candidate.memory
 
+    def shown_facts(self, values: list[Any], item: Any) -> list[common_pb2.Memory]:
+        """The shown facts a fact's replaces names: a number not shown (an id the model could
+        not know, another kind's) is dropped and counted alone, the fact and the rest stand."""
+        facts = []
+        for value in values:
+            try:
+                facts.append(self.pick(value, "fact"))
+            except _Unknown:
+                self.drop("fact's replaces", item, f"naming {value!r}, which was not shown")
+        return facts
+
     def drop(self, what: str, item: Any, why: str = "naming a number that was not shown") -> None:
         self.plan.dropped += 1
         log.warning("dropped a %s op %s: %.200r", what, why, item)
@@ -154,7 +167,7 @@ class _PlanReader:
                     text=_text(item["text"]),
                     event_at=parse_date(item.get("event_at")),
                     label=label if label in FACT_LABELS else "",
-                    replaces=[self.pick(n, "fact") for n in _numbers(item.get("replaces"))],
+                    replaces=self.shown_facts(_numbers(item.get("replaces")), item),
                     updates=next(
                         iter(self.pick(n, "fact") for n in _numbers(item.get("updates"))), None
                     ),
