@@ -80,6 +80,13 @@ class StoreClient:
         )
         return list(reply.memories)
 
+    async def state(self, prefix: str) -> dict[str, str]:
+        """State values under a key prefix."""
+        reply = await self._stub.GetState(
+            store_pb2.GetStateRequest(prefix=prefix), timeout=self._timeout_s
+        )
+        return {v.key: v.value_json for v in reply.values}
+
     async def get_many(
         self, scope: common_pb2.Scope, memory_ids: Sequence[str]
     ) -> list[common_pb2.Memory]:
@@ -156,14 +163,7 @@ def retire_op(memory_id: str, how: str, by: str = "", reason: str = "") -> store
 
 
 class GraphStoreClient(StoreClient):
-    """The store calls of the slow path: state values, graph edges, pass undo."""
-
-    async def state(self, prefix: str) -> dict[str, str]:
-        """State values under a key prefix."""
-        reply = await self._stub.GetState(
-            store_pb2.GetStateRequest(prefix=prefix), timeout=self._timeout_s
-        )
-        return {v.key: v.value_json for v in reply.values}
+    """The store calls of the slow path: graph edges, pass undo."""
 
     async def edges(
         self, scope: common_pb2.Scope, include_stale: bool = False

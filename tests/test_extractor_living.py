@@ -307,6 +307,41 @@ async def test_a_write_during_a_now_rebuild_gets_a_page_of_its_own_after_it(
 
 
 
+async def test_a_now_page_asked_for_before_a_kill_9_is_built_after_the_restart(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    gate = threading.Event()
+
+    def asked(record: Recorded) -> bool:
+        return "Now page" in str(record.body["messages"][0]["content"]) and (
+            "kill-nine" in record.user_message
+        )
+
+    fake.on("m-kill9", {"facts": [{"text": "Uma mended the kill-nine tractor"}]})
+    fake.answer = lambda record: held(gate, _answer(record)) if asked(record) else _answer(record)
+    try:
+        await api.add("m-kill9 I mended the tractor.", user)
+        # The rebuild is under way (its model call held) when the extractor dies.
+        await assert_eventually(lambda: len([r for r in fake.requests if asked(r)]) == 1)
+        living.procs["extractor"].kill()
+        fake.answer = _answer
+        living.start("extractor")
+
+        async def paged() -> None:
+            assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+        await assert_eventually(paged)
+        # Answered: the next restart asks for nothing more.
+        async with open_channel(api.store_address) as channel:
+            state = await store_pb2_grpc.StoreStub(channel).GetState(
+                store_pb2.GetStateRequest(prefix="now_asked/"), timeout=10)
+        assert [v.key for v in state.values if user in v.key] == []
+    finally:
+        fake.answer = _answer
+        gate.set()
+
+
 def now_pages_of(rows: list[Any]) -> list[tuple[str, str]]:
     """(status, superseded_how) of each Now page among an owner's L4 rows, oldest first."""
     return [(m.status, m.superseded_how) for m in rows if m.label == "now_page"]

@@ -13,6 +13,7 @@ from typing import Any
 from services.extractor.fact_ops import writers_time
 from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
 from shared.dates import day
+from shared.errors import ServiceError
 from shared.grants import service_context
 from shared.intentions import is_current, is_overdue
 from shared.layers import NOW_PAGE
@@ -22,7 +23,7 @@ from shared.pages import meta_of, rests_on
 from shared.pb import common_pb2, store_pb2
 from shared.prompt_text import fenced, one_line
 from shared.settings import LLM_MODES
-from shared.store_client import StoreClient, retire_op
+from shared.store_client import StoreClient, retire_op, state_op
 from shared.tombstones import held_tombstones
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ NOW_LEASE = "now_page"
 """The lease of an owner's Now page: one rebuild at a time, whichever replica runs it."""
 EPISODES_LEASE = "episodes"
 """The lease of the episode sweep: one replica sweeps at a time."""
+NOW_ASKED = "now_asked"
+"""The state keys of Now page rebuilds asked for and not done yet, one an owner (its ids and
+when the rebuild is due in the value): a restart, even after a kill -9, does them."""
 
 NOW_SYSTEM = """You keep a person's "Now page": a short note of what they are doing and planning \
 right now. From the stored rows below write at most 120 words: current work and projects, open \
@@ -68,6 +72,11 @@ def _due(memory: common_pb2.Memory) -> str:
     """The note ' (due YYYY-MM-DD)' for a row with a due date a calendar shows; "" otherwise."""
     due = day(memory.due_at) if memory.HasField("due_at") else ""
     return f" (due {due})" if due else ""
+
+
+def _asked_key(owner: tuple[str, str]) -> str:
+    """The state key of the owner's Now page request."""
+    return lease_name(NOW_ASKED, *owner)
 
 
 def _meta(memory: common_pb2.Memory) -> dict[str, object]:
@@ -114,20 +123,53 @@ class Living:
 
     # -- Now page -------------------------------------------------------------------------
 
-    def after_write(self, raw: common_pb2.Memory) -> None:
-        """Schedules the owner's Now page: now if due, else when it next may be rebuilt."""
+    async def after_write(self, raw: common_pb2.Memory) -> None:
+        """Schedules the owner's Now page, now if due, else when it next may be rebuilt, and
+        stores that it was asked for (unless a rebuild still waiting will read this write)."""
         if self.mode not in LLM_MODES:
             return
-        self._schedule_now((self.canonical_user(raw.owner.user_id), raw.owner.agent_id))
+        owner = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
+        asked = owner not in self._now_tasks or owner in self._now_reading
+        # Scheduled first: a rebuild under way that has read already keeps what this stores.
+        self._schedule_now(owner)
+        if asked:
+            value = {"user_id": owner[0], "agent_id": owner[1], "due_at": self._due_at(owner)}
+            ops = [state_op(_asked_key(owner), value)]
+            scope = common_pb2.Scope(user_id=owner[0], agent_id=owner[1])
+            try:
+                # The owner's, not the caller's: a state value is the server's own.
+                await asyncio.create_task(
+                    self.store.apply(scope, ops, ACTOR, "now page asked for"),
+                    context=service_context(),
+                )
+            except ServiceError as exc:  # the write is extracted: only a restart would miss it
+                log.warning("now page request of %s not stored: %s", owner, exc)
 
-    def _schedule_now(self, owner: tuple[str, str]) -> None:
+    async def resume(self) -> None:
+        """Schedules the Now page rebuilds asked for before this process started (a restart,
+        a kill -9), each when it is due."""
+        if self.mode not in LLM_MODES:
+            return
+        for key, value_json in (await self.store.state(f"{NOW_ASKED}/")).items():
+            try:
+                value = json.loads(value_json)
+                owner, due_at = (str(value["user_id"]), str(value["agent_id"])), value["due_at"]
+                self._schedule_now(owner, float(due_at))
+            except (ValueError, KeyError, TypeError):
+                log.warning("skipped an unreadable Now page request %s: %.200r", key, value_json)
+
+    def _due_at(self, owner: tuple[str, str]) -> float:
+        """When the owner's Now page may next be rebuilt: now, or now_every_s after the last."""
+        if self.now_every_s is None or owner not in self._last_now:
+            return time.time()
+        return max(time.time(), self._last_now[owner] + self.now_every_s)
+
+    def _schedule_now(self, owner: tuple[str, str], due_at: float | None = None) -> None:
         if owner in self._now_tasks:
             if owner in self._now_reading:
                 self._now_again.add(owner)  # the rebuild under way may have read before this
             return  # a rebuild still waiting will read this write too
-        wait = 0.0
-        if self.now_every_s is not None and owner in self._last_now:
-            wait = max(0.0, self._last_now[owner] + self.now_every_s - time.time())
+        wait = max(0.0, (self._due_at(owner) if due_at is None else due_at) - time.time())
         # The page is the owner's (its alias group's), whichever caller's write asked for it.
         task = asyncio.create_task(
             self._rebuild_later(owner, wait), name=f"now {owner}", context=service_context()
@@ -186,7 +228,7 @@ class Living:
         facts = [f for f in await live(common_pb2.L3_FACT, 20) if f.label != "task_experience"]
         pages = await live(common_pb2.L8_ENTITY, 5)
         if not intentions and not facts:
-            await self._retire_now_pages(scope)
+            await self._retire_now_pages(scope, (user_id, agent_id))
             return None
         lines = [f"Today is {day(now)}."]
         lines.append("Open intentions:")
@@ -225,6 +267,7 @@ class Living:
             ref="now",
         )
         ops = [store_pb2.Op(insert=new), *(retire_op(m.id, "replaced", "$now") for m in old)]
+        ops += self._answered((user_id, agent_id))
         applied = await self.store.apply(scope, ops, ACTOR, "now page")
         self.now_pages += 1
         return applied[0]
@@ -252,13 +295,19 @@ class Living:
         )
         return [m for m in summaries if m.label == NOW_LABEL]
 
-    async def _retire_now_pages(self, scope: common_pb2.Scope) -> None:
+    async def _retire_now_pages(self, scope: common_pb2.Scope, owner: tuple[str, str]) -> None:
         """Retires the owner's live Now pages as stale when nothing live is left to sum up (a
         page left live would show what is done, dropped or gone)."""
         why = "nothing live to sum up"
         ops = [retire_op(m.id, "stale", reason=why) for m in await self._now_pages(scope)]
+        ops += self._answered(owner)
         if ops:
             await self.store.apply(scope, ops, ACTOR, f"now page: {why}")
+
+    def _answered(self, owner: tuple[str, str]) -> list[store_pb2.Op]:
+        """The op that clears the owner's stored request with the rebuild's own write, unless
+        a write came while it was under way (the rebuild after it answers that)."""
+        return [] if owner in self._now_again else [state_op(_asked_key(owner), None)]
 
     async def drain(self) -> None:
         """Cancels Now pages still waiting for their turn."""

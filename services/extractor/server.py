@@ -100,6 +100,7 @@ async def running_server(config: ExtractorConfig) -> AsyncIterator[str]:
             living,
         )
         stack.push_async_callback(living.drain)
+        await living.resume()
         stack.push_async_callback(worker.drain, config.stop_grace_s)
         background(stack, worker.run_catchup(), "catch-up")
         background(stack, living.run_episodes(), "episodes")

@@ -167,7 +167,7 @@ class Worker:
             try:
                 outcome = await self.extraction.extract(context)
                 if outcome.status == DONE and self.living is not None:
-                    self.living.after_write(raw)
+                    await self.living.after_write(raw)
                 return outcome
             except LlmUnavailable as exc:
                 log.warning("extraction of %s failed: %s", raw.id, exc.message)
