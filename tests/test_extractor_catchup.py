@@ -179,14 +179,16 @@ def keyless(tmp_path: Path, embedder_address: str, fake: FakeLlm) -> Iterator[St
         yield stack
 
 
-async def test_writes_wait_for_a_key_and_are_extracted_when_one_is_handed_over(
+async def test_writes_are_unconfigured_until_a_key_is_handed_over_then_extracted(
     keyless: Stack, fake: FakeLlm
 ) -> None:
     api = Api(keyless.base_url, keyless.address("store"))
     user = new_user()
     fake.on("m-key", {"facts": [{"text": "Ola speaks Finnish"}]})
     added = await api.add("m-key I speak Finnish.", user)
-    assert added["extraction_status"] == "pending"
+    # Nothing extracts it until a key comes: it says so, on the row too.
+    assert added["extraction_status"] == "unconfigured"
+    assert (await api.row(user, added["memory_id"])).extraction_status == "unconfigured"
     body = await api.status()
     assert body["llm"] == "awaiting_key" and body["unextracted"] == 1
     assert fake.for_marker("m-key") == []

@@ -759,6 +759,10 @@ async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_add
         # Still to be extracted once a model is set (catch-up takes it): counted.
         assert body["unextracted"] == 1
         assert body["extract_sync"].startswith("blocking")
+        # A key alone would serve no call: refused, not kept.
+        status, body = await api.call("POST", "/api/v1/llm/key", json={"key": "sk-alone"})
+        assert status == 409 and "no LLM endpoint is configured" in body["error"], body
+        assert (await api.call("GET", "/api/v1/status"))[1]["llm"] == "unconfigured"
         assert stack.procs["gateway"].stop() == 0  # SIGTERM: a clean stop, exit status 0
 
 

@@ -17,7 +17,7 @@ from services.extractor.extract import (
 )
 from services.extractor.living import Living
 from services.extractor.owner_locks import OwnerLocks
-from shared.errors import NotFound
+from shared.errors import Conflict, NotFound
 from shared.layers import DONE, EXTRACTION_TRIES, FAILED, PENDING, SKIPPED, UNCONFIGURED
 from shared.leases import Leases, lease_name
 from shared.llm import LlmClient, LlmUnavailable
@@ -42,6 +42,13 @@ def llm_state(mode: str, llm: LlmClient) -> str:
     if not llm.configured:
         return "unconfigured"
     return "ok" if llm.has_key() else "awaiting_key"
+
+
+_NOT_CONFIGURED = {
+    "unconfigured": "no LLM is configured",
+    "awaiting_key": "no LLM key yet",
+}
+"""The LLM states in which a write is stored unconfigured, each with why."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,14 @@ class Worker:
         return len(self._tasks)
 
     def key_arrived(self, key: str) -> None:
-        """Keeps a posted key and starts a catch-up run."""
+        """Keeps a posted key and starts a catch-up run; refused while no endpoint is set."""
+        if self.llm_state() == "unconfigured":
+            # Kept, it would serve no call: the endpoint is read from the environment at start,
+            # and a posted key is lost at a restart.
+            raise Conflict(
+                "no LLM endpoint is configured (HYATLAS_LLM_BASE and HYATLAS_LLM_MODEL): "
+                "the key was not kept"
+            )
         self.extraction.llm.keys.post(key)
         self.trigger()
 
@@ -117,14 +131,13 @@ class Worker:
         state = self.llm_state()
         if state == "unused":
             return Outcome(SKIPPED)
-        if state == "unconfigured":
+        if state in _NOT_CONFIGURED:
+            # Nothing extracts it until a model (and a key) is set: catch-up takes it then.
             await self.store.apply(
                 owner_scope(raw), [update_op(raw.id, extraction_status=UNCONFIGURED)], ACTOR,
-                "no LLM is configured",
+                _NOT_CONFIGURED[state],
             )
             return Outcome(UNCONFIGURED)
-        if state == "awaiting_key":
-            return Outcome(PENDING, "awaiting a key; catch-up extracts it when one arrives")
         task = self._start(raw)
         if not wait:
             return Outcome(PENDING)
