@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from services.extractor.extract import Extraction
+from shared.clients import EmbedderClient
 from shared.errors import Overloaded
 from shared.llm import LlmUnavailable
 from shared.pb import store_pb2
@@ -299,19 +300,25 @@ async def test_catch_up_reads_past_turns_it_gave_up_on_to_the_ones_it_may_take(
     store_backend: str, tmp_path: Path, embedder_address: str, fake: FakeLlm
 ) -> None:
     # A run read the oldest 100 failed turns and only then left out the given-up ones: 101
-    # given up kept a newer failed turn from ever being tried again.
+    # given up kept a newer failed turn from ever being tried again; then it read 20 pages of
+    # 100, and 2,001 did.
+    async with open_channel(embedder_address) as channel:
+        vectors, model_id = await EmbedderClient(channel).embed(["a turn given up on"])
     with running_stack(tmp_path, STACK, **_env(fake, embedder_address, HYATLAS_LLM_KEY="k")) as (
         stack
     ):
         user, store = new_user(), stack.address("store")
         given_up = []
-        for i in range(101):
+        for i in range(2_001):
             turn = new(user, L2, f"{user}-given-up {i}")
             turn.insert.extraction_status, turn.insert.write_mode = "failed", "ultra"
-            given_up.append(turn)
-        rows = await store_apply(store, user, *given_up)
-        await store_apply(store, user, *(
-            store_pb2.Op(update=store_pb2.UpdateOp(id=r.id, extraction_tries=3)) for r in rows))
+            turn.insert.vector.extend(vectors[0].tolist())  # one for all: no 2,001 to embed
+            turn.insert.vector_model_id = model_id
+            turn.insert.ref = f"g{i}"
+            # Given up on in the same write: a run between two writes would take them.
+            given_up += [turn, store_pb2.Op(update=store_pb2.UpdateOp(
+                id=f"$g{i}", extraction_tries=3))]
+        await store_apply(store, user, *given_up)
         marker = f"{user}-newer"
         fake.on(marker, {"facts": [{"text": f"{user} rows on the Tagus"}]})
         newer = new(user, L2, f"{marker} I row on the Tagus.")

@@ -2216,6 +2216,26 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
     assert (stats.total, stats.unextracted) == (4, 2)
 
 
+async def test_a_listing_may_leave_out_turns_tried_that_many_times(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    for n in range(3):
+        await apply(
+            store,
+            insert(f"turn {n}", layer=L2, extraction_status="failed", ref="t"),
+            store_pb2.Op(update=store_pb2.UpdateOp(id="$t", extraction_tries=n)),
+        )
+
+    async def listed_below(tries_below: int) -> list[str]:
+        return await listed(store, layers=[L2], order="oldest", tries_below=tries_below)
+
+    assert await listed_below(0) == ["turn 0", "turn 1", "turn 2"]
+    assert await listed_below(2) == ["turn 0", "turn 1"]
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+        await listed_below(-1)
+    assert "tries_below must not be negative" in (info.value.details() or "")
+
+
 @pytest.mark.sqlite_only
 @pytest.mark.usefixtures("usearch_indexes")
 async def test_a_deleted_index_file_is_rebuilt_from_sqlite(

@@ -343,6 +343,8 @@ class ListQuery:
     """Only rows learnt from this row (it is among their source_ids)."""
     contains: str = ""
     """Only rows whose content holds this text, ignoring case (each one's lower case)."""
+    tries_below: int = 0
+    """Only rows with fewer extraction tries than this (0: no filter)."""
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0

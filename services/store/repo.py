@@ -1374,6 +1374,9 @@ class Repo(SharedReads):
         if query.contains:
             where.append("holds_text(m.content, ?)")
             params.append(query.contains.lower())
+        if query.tries_below:
+            where.append("m.extraction_tries < ?")
+            params.append(query.tries_below)
         past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(

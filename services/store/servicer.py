@@ -88,6 +88,13 @@ def _finite(name: str, value: float) -> float:
     return value
 
 
+def _tries_below(value: int) -> int:
+    """A list's tries_below, refused when negative (0: no filter)."""
+    if value < 0:
+        raise InvalidArgument(f"tries_below must not be negative, not {value}")
+    return value
+
+
 def _bound(message: object, name: str) -> float | None:
     """An optional time a read is bounded by, refused as _finite refuses it."""
     value = _optional(message, name)
@@ -442,6 +449,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             label=check_name("label", request.label),
             source_id=check_name("source_id", request.source_id),
             contains=check_name("contains", request.contains),
+            tries_below=_tries_below(request.tries_below),
             limit=request.limit,
             offset=request.offset,
             past=_past(request.cursor),

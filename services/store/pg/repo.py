@@ -187,6 +187,9 @@ class PgRepo(SharedReads):
         if query.contains:
             where.append("strpos(lower(m.content), lower(?::text)) > 0")
             params.append(query.contains)
+        if query.tries_below:
+            where.append("m.extraction_tries < ?")
+            params.append(query.tries_below)
         for compare, bound in ((">", query.created_after), ("<", query.created_before)):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
