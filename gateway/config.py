@@ -52,6 +52,8 @@ class GatewayConfig:
     """HYATLAS_LLM_MODEL: reported by status."""
     llm_base: str = ""
     """HYATLAS_LLM_BASE: reported by status."""
+    catchup_max_age_s: float | None = 168 * 3600.0
+    """HYATLAS_CATCHUP_MAX_AGE: status counts no older turn as unextracted (catch-up takes none)."""
     usage_learning: bool = True
     """HYATLAS_USAGE_LEARNING: whether /api/v1/feedback records which memories replies used."""
     consolidate_graph: bool = True
@@ -110,6 +112,7 @@ class GatewayConfig:
             extract_timeout_s=settings.llm.timeout_s,
             llm_model=settings.llm.model,
             llm_base=settings.llm.base,
+            catchup_max_age_s=settings.catchup_max_age_s,
             consolidate_graph=settings.consolidate_graph,
             data_dir=settings.data_dir,
             log_level=settings.log_level,

@@ -21,7 +21,7 @@ from gateway.openapi import document
 from shared.clients import EmbedderClient
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from tests.support import Stack, running_stack
+from tests.support import Stack, assert_eventually, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -764,6 +764,31 @@ async def test_pro_without_llm_reports_unconfigured(tmp_path: Path, embedder_add
         assert status == 409 and "no LLM endpoint is configured" in body["error"], body
         assert (await api.call("GET", "/api/v1/status"))[1]["llm"] == "unconfigured"
         assert stack.procs["gateway"].stop() == 0  # SIGTERM: a clean stop, exit status 0
+
+
+async def test_unextracted_leaves_out_turns_too_old_for_catch_up(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    with running_stack(
+        tmp_path,
+        ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address,
+        HYATLAS_MODE="pro",
+        HYATLAS_CATCHUP_MAX_AGE="1s",
+    ) as stack:
+        api = Api(stack.base_url)
+        added = await api.add("Written while no model was set.", _user())
+        assert added["extraction_status"] == "unconfigured"
+
+        async def too_old() -> None:
+            assert (await api.call("GET", "/api/v1/status"))[1]["unextracted"] == 0
+
+        # Past HYATLAS_CATCHUP_MAX_AGE catch-up never takes it: no longer counted.
+        await assert_eventually(too_old)
+        async with open_channel(stack.address("store")) as channel:
+            stats = await store_pb2_grpc.StoreStub(channel).GetStats(
+                store_pb2.GetStatsRequest(scope=common_pb2.Scope(all_users=True)), timeout=10)
+        assert stats.unextracted == 1  # of any age
 
 
 def test_the_gateway_runs_without_the_ranking_and_numpy() -> None:

@@ -2214,6 +2214,10 @@ async def test_stats_count_live_rows_per_layer_and_unextracted_raw_rows(
         update=store_pb2.UpdateOp(id=given_up.id, extraction_tries=EXTRACTION_TRIES)))
     stats = await store.GetStats(store_pb2.GetStatsRequest(scope=scope()))
     assert (stats.total, stats.unextracted) == (4, 2)
+    # Nor is one written before unextracted_after (too old for catch-up to take).
+    since = await store.GetStats(store_pb2.GetStatsRequest(
+        scope=scope(), unextracted_after=time.time()))
+    assert (since.total, since.unextracted) == (4, 0)
 
 
 async def test_a_listing_may_leave_out_turns_tried_that_many_times(

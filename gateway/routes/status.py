@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -99,10 +100,11 @@ async def _store_away(request: web.Request, exc: Unavailable) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     """Server, model, mode and per-layer counts; writes and searches count since this start."""
     config = request.app[CONFIG]
+    asked = store_pb2.GetStatsRequest(scope=all_users())
+    if config.catchup_max_age_s is not None:
+        asked.unextracted_after = time.time() - config.catchup_max_age_s
     try:
-        stats = await request.app[STORE].GetStats(
-            store_pb2.GetStatsRequest(scope=all_users()), timeout=rpc_timeout(request)
-        )
+        stats = await request.app[STORE].GetStats(asked, timeout=rpc_timeout(request))
     except Unavailable as exc:
         return await _store_away(request, exc)
     counters = request.app[COUNTERS]

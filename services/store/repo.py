@@ -851,8 +851,11 @@ class SharedReads:
         )
         return [(int(k), m) for k, m in rows] + [(CLAUSE_KEY_OFFSET + int(k), m) for k, m in clause]
 
-    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
-        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
+    async def counts(
+        self, reach: Reach, unextracted_after: float | None = None
+    ) -> tuple[dict[str, int], int, int, int]:
+        """Live rows per layer, retired rows, live unextracted raw rows (written after
+        unextracted_after, when given) and vectors in a reach."""
         where, params = _filters(reach)
         rows = await self._fetch(
             f"SELECT m.layer, m.status, count(*) FROM memories m {_where(where)} "
@@ -874,8 +877,11 @@ class SharedReads:
             "m.extraction_status IN (" + ", ".join(f"'{s}'" for s in sorted(UNEXTRACTED)) + ")",
             f"m.extraction_tries < {EXTRACTION_TRIES}",  # given up on: catch-up passes it over
         ]
+        after = [] if unextracted_after is None else [unextracted_after]
+        if after:
+            unextracted_where.append("m.created_at > ?")  # too old for catch-up to take
         ((unextracted,),) = await self._fetch(
-            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params
+            f"SELECT count(*) FROM memories m {_where(unextracted_where)}", *params, *after
         )
         ((vectors,),) = await self._fetch(
             f"SELECT count(*) FROM vectors v JOIN memories m ON m.id = v.memory_id "

@@ -338,8 +338,11 @@ class Rows(Protocol):
         """Every user id that has rows."""
         ...
 
-    async def counts(self, reach: Reach) -> tuple[dict[str, int], int, int, int]:
-        """Live rows per layer, retired rows, live unextracted raw rows and vectors in a reach."""
+    async def counts(
+        self, reach: Reach, unextracted_after: float | None = None
+    ) -> tuple[dict[str, int], int, int, int]:
+        """Live rows per layer, retired rows, live unextracted raw rows (written after
+        unextracted_after, when given) and vectors in a reach."""
         ...
 
     async def list_edges(

@@ -522,7 +522,9 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def GetStats(
         self, request: store_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.GetStatsResponse:
-        stats = await self._store.stats(self._reach(request.scope))
+        stats = await self._store.stats(
+            self._reach(request.scope), _bound(request, "unextracted_after")
+        )
         progress = await self._store.reembed_progress()
         whole = reaches_everyone()
         return store_pb2.GetStatsResponse(

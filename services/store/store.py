@@ -233,9 +233,10 @@ class Store:
             ids,
         )
 
-    async def stats(self, reach: Reach) -> Stats:
-        """Row counts in a reach and the store's model."""
-        live, retired, unextracted, vectors = await self._repo.counts(reach)
+    async def stats(self, reach: Reach, unextracted_after: float | None = None) -> Stats:
+        """Row counts in a reach (unextracted: of rows written after unextracted_after, when
+        given) and the store's model."""
+        live, retired, unextracted, vectors = await self._repo.counts(reach, unextracted_after)
         nodes, edges = await self._repo.graph_counts(reach)
         return Stats(
             layers={layer: live.get(layer, 0) for layer in LAYERS},
