@@ -49,6 +49,7 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
                 "content": old.content,
                 "superseded_how": old.superseded_how,
                 "invalid_at": unix_seconds(old.invalid_at) if old.HasField("invalid_at") else 0,
+                "source_ids": list(old.source_ids),
             }
             for old in scored.replaced
         ]

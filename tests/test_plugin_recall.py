@@ -281,6 +281,9 @@ async def test_a_conversation_s_recall_says_each_thing_once_and_leaves_out_the_u
     body, text = recalls["Where do I live?"]
     (fact,) = [m for m in body["memories"]["normal"] if m["content"] == "User lives in Madrid"]
     day = recall_module._day(fact["replaced"][0]["invalid_at"])
+    (paris_turn,) = [m["memory_id"] for m in body["memories"]["normal"]
+                     if m["content"].startswith("USER: I live in Paris")]
+    assert fact["replaced"][0]["source_ids"] == [paris_turn], fact
     assert f'(l3_fact) User lives in Madrid (replaced "User lives in Paris" on {day})' in text
     (paris,) = [line for line in lines_of(text) if "I live in Paris" in line]
     assert paris.endswith(f'(no longer true since {day}: "User lives in Paris")'), text
@@ -306,3 +309,22 @@ def test_a_turn_is_marked_once_for_a_value_that_two_recalled_memories_replaced()
     text = format_recall(answer, "Where do I live?", per_channel=8)
     assert text.count('replaced "User lives in Paris"') == 1, text
     assert text.count('no longer true since 2025-12-02: "User lives in Paris"') == 1, text
+
+
+def test_a_turn_is_marked_by_the_turns_a_replaced_value_was_learnt_from_when_named() -> None:
+    moved = {"content": "User lives in Madrid", "layer": "l3_fact", "gmt_created": 1764547200,
+             "replaced": [{"content": "User lives in Paris", "superseded_how": "replaced",
+                           "invalid_at": 1764633600, "source_ids": ["t1"]}]}
+    turns = [
+        {"memory_id": "t1", "content": "USER: I'm based in Paris now.\n\nASSISTANT: Noted.",
+         "layer": "l2_raw", "gmt_created": 1764547200},
+        {"memory_id": "t2", "content": "USER: My friend lives in Paris, I visit him.\n\n"
+         "ASSISTANT: Nice.", "layer": "l2_raw", "gmt_created": 1764547200},
+    ]
+    text = format_recall({"memories": {"normal": [moved, *turns]}}, "Paris", per_channel=8)
+    (based,) = [line for line in lines_of(text) if "based in Paris" in line]
+    (friend,) = [line for line in lines_of(text) if "My friend" in line]
+    # The turn the value was learnt from says it in other words; the friend's turn holds the
+    # value's words but never said it.
+    assert based.endswith('(no longer true since 2025-12-02: "User lives in Paris")'), text
+    assert "no longer true" not in friend, text

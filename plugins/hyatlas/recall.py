@@ -68,25 +68,41 @@ def _line(item: dict[str, Any], said: str) -> str:
     return f"- [{date}] ({layer}) {said}"
 
 
-def _notes(item: dict[str, Any], old_values: list[tuple[str, str]]) -> str:
+OldValue = tuple[str, str, frozenset[str] | None]
+"""A value a recalled memory replaced: its text, the day it was replaced, and the ids of the
+turns it was learnt from (None from a server that does not send them)."""
+
+
+def _notes(item: dict[str, Any], old_values: list[OldValue]) -> str:
     """What a memory's line adds to its text: the values it replaced, each with the day it was
-    replaced; for a turn, the replaced values among old_values it holds (it said one then); its
-    due day."""
+    replaced; for a turn, the replaced values among old_values it said; its due day."""
     notes = "".join(f' (replaced "{value}"' + (f" on {day})" if day else ")")
-                    for value, day in _old_values(item))
+                    for value, day, _ in _old_values(item))
     if item.get("layer") == "l2_raw":
-        words = _words(str(item["content"]))
-        for value, day in old_values:
-            held = _words(value)
-            if len(held) > 1 and held <= words:
+        marked: set[str] = set()
+        for value, day, turns in old_values:
+            if value not in marked and _said(item, value, turns):
+                marked.add(value)
                 notes += f" (no longer true{f' since {day}' if day else ''}: \"{value}\")"
     due = _day(item.get("due_at"))
     return notes + (f" (due {due})" if due else "")
 
 
-def _old_values(item: dict[str, Any]) -> list[tuple[str, str]]:
-    """The older values item replaced: each one's text and the day it was replaced."""
-    return [(_clip(old["content"], OLD_VALUE_CHARS), _day(old.get("invalid_at")))
+def _said(turn: dict[str, Any], value: str, learnt_from: frozenset[str] | None) -> bool:
+    """Whether a recalled turn said a value since replaced: it is a turn the value was learnt
+    from, or, from a server that does not name those turns, it holds the value's words."""
+    if learnt_from is not None:
+        return turn.get("memory_id") in learnt_from
+    held = _words(value)
+    return len(held) > 1 and held <= _words(str(turn["content"]))
+
+
+def _old_values(item: dict[str, Any]) -> list[OldValue]:
+    """The older values item replaced: each one's text, the day it was replaced and the turns
+    it was learnt from."""
+    return [(_clip(old["content"], OLD_VALUE_CHARS), _day(old.get("invalid_at")),
+             frozenset(map(str, old["source_ids"]))
+             if isinstance(old.get("source_ids"), list) else None)
             for old in item.get("replaced") or ()
             # A merged or restated row held the same value; only these held an older one.
             if isinstance(old, dict) and old.get("content")
@@ -166,7 +182,7 @@ NEGATIONS = frozenset(("not", "no", "never", "nor", "none", "nothing", "without"
 one of these says something else."""
 
 
-def _shown(channel: str, item: dict[str, Any], old_values: list[tuple[str, str]]) -> Shown:
+def _shown(channel: str, item: dict[str, Any], old_values: list[OldValue]) -> Shown:
     """item as a recalled memory of channel."""
     notes = _notes(item, old_values)
     said = _users_part(item)
