@@ -670,6 +670,24 @@ async def test_a_fact_said_again_counts_the_times_the_one_it_restates_was_said(
         ("retired", 1), ("retired", 2), ("active", 3), ("retired", 2), ("active", 3)]
 
 
+async def test_a_fact_said_again_without_a_date_keeps_the_date_of_the_one_it_restates(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    march, may, text = 1772510400.0, 1778000000.0, "Adopted a grey cat named Miso"
+    await apply(store, insert(text, event_at=march, utc_offset_minutes=-480))
+    again_op = insert(f"{text}!", restates_at=0.92)
+    request = store_pb2.ApplyRequest(scope=scope(), ops=[again_op], idempotency_key="k1")
+    first, again = await store.Apply(request), await store.Apply(request)
+    # The row answered, the one replayed and the one stored all carry the old date.
+    got = await store.GetMemory(store_pb2.GetMemoryRequest(scope=scope(), id=first.memories[0].id))
+    for row in (first.memories[0], again.memories[0], got.memory):
+        assert (row.event_at, row.utc_offset_minutes, row.count) == (march, -480, 2)
+    assert again.replayed
+    # A date of its own wins.
+    (dated,) = await apply(store, insert(f"{text}!!", event_at=may, restates_at=0.92))
+    assert (dated.event_at, dated.utc_offset_minutes, dated.count) == (may, 0, 3)
+
+
 async def test_a_users_own_fact_restates_no_agents_fact_and_an_agents_restates_its_own(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -81,7 +81,7 @@ class _Apply:
     reason: str
     ids: dict[int, str]
     vectors: Iterator[np.ndarray]
-    restating: list[tuple[MemoryRow, np.ndarray, float]] = field(default_factory=list)
+    restating: list[tuple[int, MemoryRow, np.ndarray, float]] = field(default_factory=list)
 
 
 async def apply_ops(
@@ -112,8 +112,11 @@ async def apply_ops(
         for i, op in enumerate(ops):
             results.append(await _HANDLERS[type(op)](run, i, op))
         spared = {op.id for op in ops if isinstance(op, Retire)} | set(ids.values())
-        for row, vector, at in run.restating:
+        for i, row, vector, at in run.restating:
             w.facts_changed += await restate(w, row, vector, at, spared)
+            # As the restatement left it (its count, the date it kept), answered and recorded.
+            if (now := await w.tx.get(row.id)) is not None:
+                results[i] = now
         await settle(w)
         if key is not None:
             await record(w.tx, key, results, w.now)
@@ -163,7 +166,7 @@ async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:
     if is_preference_fact(row):
         w.facts_changed.append(FactChange(row, live=True))
     if op.restates_at > 0:
-        run.restating.append((row, vector, op.restates_at))
+        run.restating.append((i, row, vector, op.restates_at))
     return await retire_if_stillborn(w, row)
 
 

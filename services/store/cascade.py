@@ -128,12 +128,20 @@ async def live_copy(w: Write, row: MemoryRow) -> MemoryRow | None:
 
 async def restate_one(w: Write, old: MemoryRow, new: MemoryRow, reason: str) -> list[FactChange]:
     """Retires old as restated by new, which counts the times old was said on top of its own
-    (the preference mirror follows)."""
+    and keeps its date when it gives none (the preference mirror follows)."""
     await w.change(old, "retire", retired_fields(w.now, w.actor, "restated", by=new.id), reason)
     if (current := await w.tx.get(new.id)) is not None:
-        count = max(old.count, 1) + max(current.count, 1)
-        await w.change(current, "update", {"count": count}, f"restates {old.id}")
+        await w.change(current, "update", _carried_over(old, current), f"restates {old.id}")
     return [FactChange(old, False, "restated", new.id)] if is_preference_fact(old) else []
+
+
+def _carried_over(old: MemoryRow, new: MemoryRow) -> dict[str, object]:
+    """What a fact said again takes from the one it restates: the times that one was said, and
+    its date (with the writer's offset it was read at) when the new one gives none of its own."""
+    fields: dict[str, object] = {"count": max(old.count, 1) + max(new.count, 1)}
+    if new.event_at is None and old.event_at is not None:
+        fields |= {"event_at": old.event_at, "utc_offset_minutes": old.utc_offset_minutes}
+    return fields
 
 
 def restates(new: MemoryRow, old: MemoryRow) -> bool:

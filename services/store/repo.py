@@ -163,6 +163,7 @@ UPDATABLE_COLUMNS = frozenset(
         "content", "label", "count", "hits", "metadata", "model_id", "updated_at", "event_at",
         "valid_to", "due_at", "status", "invalid_at", "superseded_by", "superseded_how",
         "drop_reason", "retired_by", "pass_id", "extraction_status", "extraction_tries",
+        "utc_offset_minutes",
     }
 )
 
