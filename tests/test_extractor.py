@@ -309,6 +309,26 @@ async def test_a_turn_is_read_on_the_writers_local_day_not_the_utc_one(
     assert (await api.row(user, plain["memory_id"])).utc_offset_minutes == 0
 
 
+async def test_an_edit_to_the_writers_utc_offset_alone_is_a_new_version_read_on_that_day(
+    api: Api, fake: FakeLlm
+) -> None:
+    # A writer correcting their time zone: the instant stays, the day the turn is read on moves.
+    user = new_user()
+    fake.on("m-zone", {})
+    turn = await api.add("m-zone Mia stretched.", user, event_at="2026-03-03T04:00:00Z")
+    assert "Today is 2026-03-03 (Tuesday)." in fake.for_marker("m-zone")[-1].user_message
+    la = "2026-03-02T20:00:00-08:00"
+    edited = await api.ok("POST", "/api/v1/update",
+                          json={"id": turn["memory_id"], "event_at": la, "user_id": user})
+    assert (edited["changed"], edited["replaced"]) == (True, turn["memory_id"]), edited
+    new = await api.row(user, edited["memory_id"])
+    assert (new.event_at, new.utc_offset_minutes) == (1772510400, -480)
+    assert "Today is 2026-03-02 (Monday)." in fake.for_marker("m-zone")[-1].user_message
+    again = await api.ok("POST", "/api/v1/update",
+                         json={"id": new.id, "event_at": la, "user_id": user})
+    assert (again["changed"], again["memory_id"]) == (False, new.id), again
+
+
 async def test_a_turn_dated_ahead_is_read_today_and_its_planned_event_keeps_its_date(
     api: Api, fake: FakeLlm
 ) -> None:
