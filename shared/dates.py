@@ -67,9 +67,10 @@ def _moment(seconds: float) -> datetime | None:
         return None
 
 
-def day(seconds: float) -> str:
-    """The UTC date, e.g. 2026-10-09; "" for a time no calendar date shows."""
-    moment = _moment(seconds)
+def day(seconds: float, utc_offset_minutes: int = 0) -> str:
+    """The date on a clock at utc_offset_minutes (UTC unless given), e.g. 2026-10-09; "" for a
+    time no calendar date shows."""
+    moment = _moment(seconds + utc_offset_minutes * 60)
     return moment.date().isoformat() if moment else ""
 
 

@@ -133,6 +133,29 @@ async def test_an_intention_months_overdue_is_shown_as_overdue_not_as_current(
     ) in shown
 
 
+async def test_the_now_pages_today_is_the_writers_today_not_the_utc_one(
+    api: Api, fake: FakeLlm
+) -> None:
+    # A writer on a clock that is a day ahead of UTC now, or a day behind it.
+    hours = 14 if datetime.now(UTC).hour >= 10 else -12
+    clock = timezone(timedelta(hours=hours))
+    user = new_user()
+    fake.on("m-zone", {"facts": [{"text": "Quinn keeps a sourdough starter"}]})
+    said = datetime.now(clock).isoformat(timespec="seconds")
+    await api.add("m-zone I keep a sourdough starter.", user, event_at=said)
+
+    def now_prompt() -> str:
+        asked = [r.user_message for r in fake.requests
+                 if "Now page" in r.prompt and "sourdough" in r.user_message]
+        assert asked
+        return asked[-1]
+
+    prompt = await value_eventually(now_prompt)
+    (fact,) = await api.rows(user, "l3_fact")
+    assert f"Today is {datetime.now(clock).date().isoformat()}." in prompt
+    assert f"Quinn keeps a sourdough starter (stored {day(fact.created_at, hours * 60)})" in prompt
+
+
 async def test_an_episodes_turns_are_shown_at_the_writers_clock(
     api: Api, fake: FakeLlm
 ) -> None:

@@ -230,7 +230,9 @@ class Living:
         if not intentions and not facts:
             await self._retire_now_pages(scope, (user_id, agent_id))
             return None
-        lines = [f"Today is {day(now)}."]
+        # The owner's days, not UTC's: at 20:00 in Los Angeles it is not tomorrow yet.
+        offset = await self._owners_offset(scope)
+        lines = [f"Today is {day(now, offset)}."]
         lines.append("Open intentions:")
         lines += [
             f"- {one_line(m.content, ROW_SHOWN_CHARS)}{_due(m)}" for m in current
@@ -240,7 +242,8 @@ class Living:
             lines += [f"- {one_line(m.content, ROW_SHOWN_CHARS)}{_due(m)}" for m in overdue]
         lines.append("Recent facts, newest first:")
         lines += [
-            f"- {one_line(m.content, ROW_SHOWN_CHARS)} (stored {day(m.created_at)})" for m in facts
+            f"- {one_line(m.content, ROW_SHOWN_CHARS)} (stored {day(m.created_at, offset)})"
+            for m in facts
         ] or ["(none)"]
         if pages:
             lines.append("Entity pages:")
@@ -271,6 +274,13 @@ class Living:
         applied = await self.store.apply(scope, ops, ACTOR, "now page")
         self.now_pages += 1
         return applied[0]
+
+    async def _owners_offset(self, scope: common_pb2.Scope) -> int:
+        """The owner's UTC offset: that of their newest turn (0, UTC, before any)."""
+        turns = await self.store.list_rows(
+            store_pb2.ListMemoriesRequest(scope=scope, layers=[common_pb2.L2_RAW], limit=1)
+        )
+        return turns[0].utc_offset_minutes if turns else 0
 
     async def _evidence(
         self, scope: common_pb2.Scope, shown: list[common_pb2.Memory]
