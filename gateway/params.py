@@ -198,18 +198,19 @@ class Params:
         found = self.time_and_offset(name)
         return None if found is None else found[0]
 
-    def time_and_offset(self, name: str) -> tuple[float, int] | None:
+    def time_and_offset(self, name: str) -> tuple[float, int | None] | None:
         """A point in time as timestamp reads it, with the UTC offset it was written at in
-        minutes (zero for unix seconds, a "Z" time or one without an offset); None when absent."""
+        minutes (zero for a "Z" time; None for unix seconds or a time without an offset, read
+        as UTC); None when absent."""
         value, _ = self._lookup(name)
         if value is _MISSING:
             return None
         if isinstance(value, str):
             seconds, offset = parse_time(name, value)
-            return seconds, _offset_minutes(name, offset)
+            return seconds, None if offset is None else _offset_minutes(name, offset)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{name} must be unix seconds or an RFC3339 / ISO date string")
-        return _in_range(name, float(value)), 0
+        return _in_range(name, float(value)), None
 
 
 def _offset_minutes(name: str, offset: timedelta) -> int:
@@ -221,9 +222,9 @@ def _offset_minutes(name: str, offset: timedelta) -> int:
     return int(minutes)
 
 
-def parse_time(name: str, text: str) -> tuple[float, timedelta]:
+def parse_time(name: str, text: str) -> tuple[float, timedelta | None]:
     """Unix seconds and the UTC offset from "1700000000", "2023-05-08", "2023-05-08T13:56:00Z"
-    or "+02:00" offsets (none: UTC)."""
+    or "+02:00" offsets; the offset is None when the text names none (read as UTC)."""
     raw = text.strip()
     try:
         seconds = float(raw)
@@ -231,7 +232,7 @@ def parse_time(name: str, text: str) -> tuple[float, timedelta]:
         pass
     else:
         if not raw.lstrip("+-").isalpha():  # float also reads "nan" and "inf": no time at all
-            return _in_range(name, seconds), timedelta()
+            return _in_range(name, seconds), None
     iso = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         moment = datetime.fromisoformat(iso)
@@ -240,7 +241,7 @@ def parse_time(name: str, text: str) -> tuple[float, timedelta]:
             f"{name} must be unix seconds or an RFC3339 / ISO date string, got {text!r}"
         ) from None
     if moment.tzinfo is None:  # a bare date or local time is read as UTC
-        moment = moment.replace(tzinfo=UTC)
+        return _in_range(name, moment.replace(tzinfo=UTC).timestamp()), None
     # An offset can move a date at either end of the calendar out of it (year 0 or 10000).
     return _in_range(name, moment.timestamp()), moment.utcoffset() or timedelta()
 

@@ -302,6 +302,9 @@ async def test_a_turn_is_read_on_the_writers_local_day_not_the_utc_one(
     assert (raw.event_at, raw.utc_offset_minutes) == (1772510400, -480)  # 2026-03-03T04:00Z
     (page,) = await api.rows(user, "l8_entity")
     assert json.loads(page.metadata_json)["since"] == "2026-03-02"
+    # What the turn told keeps its writer's clock.
+    (fact,) = await api.rows(user, "l3_fact")
+    assert (fact.content, fact.utc_offset_minutes) == ("Mia ran a half marathon", -480)
     # A writer that gives no offset (unix seconds, "Z" or none) is read in UTC days.
     fake.on("m-utc", {})
     plain = await api.add("m-utc Mia stretched.", user, event_at="2026-03-03T04:00:00")
@@ -327,6 +330,16 @@ async def test_an_edit_to_the_writers_utc_offset_alone_is_a_new_version_read_on_
     again = await api.ok("POST", "/api/v1/update",
                          json={"id": new.id, "event_at": la, "user_id": user})
     assert (again["changed"], again["memory_id"]) == (False, new.id), again
+    # The time given back as unix seconds, as list and search show it, names no offset: the
+    # row's stays, with its text edited or not.
+    same = await api.ok("POST", "/api/v1/update",
+                        json={"id": new.id, "event_at": 1772510400, "user_id": user})
+    assert (same["changed"], same["memory_id"]) == (False, new.id), same
+    fake.on("m-zone again", {})
+    edited = await api.ok("POST", "/api/v1/update", json={
+        "id": new.id, "text": "m-zone again Mia stretched twice.", "event_at": 1772510400,
+        "user_id": user})
+    assert (await api.row(user, edited["memory_id"])).utc_offset_minutes == -480
 
 
 async def test_a_turn_dated_ahead_is_read_today_and_its_planned_event_keeps_its_date(

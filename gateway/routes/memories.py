@@ -79,7 +79,7 @@ async def add(request: web.Request) -> web.Response:
         write_mode=config.mode,
     )
     if event_at is not None:
-        row.event_at, row.utc_offset_minutes = event_at
+        row.event_at, row.utc_offset_minutes = event_at[0], event_at[1] or 0
     await wait_for_store(request.app)
     reply = await request.app[STORE].Apply(
         store_pb2.ApplyRequest(
@@ -321,6 +321,17 @@ def _new_version(
     return row
 
 
+def _edited_time(
+    given: tuple[float, int | None] | None, old: common_pb2.Memory
+) -> tuple[float, int] | None:
+    """An edit's event time with its writer's UTC offset: a time that names no offset (unix
+    seconds, as list and search give event_at back) keeps the row's."""
+    if given is None:
+        return None
+    seconds, offset = given
+    return seconds, old.utc_offset_minutes if offset is None else offset
+
+
 def _event_time(row: common_pb2.Memory) -> tuple[float, int] | None:
     """A row's event time with its writer's UTC offset, None when it has none."""
     return (row.event_at, row.utc_offset_minutes) if row.HasField("event_at") else None
@@ -335,8 +346,8 @@ async def update(request: web.Request) -> web.Response:
     params = await request_params(request)
     memory_id = params.string("id") or params.string("memory_id")
     text = params.string("text", strip=False)
-    event_at = params.time_and_offset("event_at")
-    if not memory_id or (not text.strip() and (text or event_at is None)):
+    given_at = params.time_and_offset("event_at")
+    if not memory_id or (not text.strip() and (text or given_at is None)):
         raise InvalidArgument("id and text (or event_at) required")
     scope = owner_scope(params.string("user_id"), params.string("agent_id"))
     store = request.app[STORE]
@@ -348,6 +359,7 @@ async def update(request: web.Request) -> web.Response:
     if old.status != "active":
         raise Conflict(f"memory {memory_id!r} is retired: restore it before editing")
     text = text or old.content
+    event_at = _edited_time(given_at, old)
     if text == old.content and event_at in (None, _event_time(old)):
         # A new version would say the same: the row stays as it is.
         return json_response({"success": True, "memory_id": memory_id, "replaced": "",

@@ -75,7 +75,7 @@ async def search(request: web.Request) -> web.Response:
         req.min_score = min_score
     if reference is not None:
         req.reference_time = reference[0]
-        req.reference_utc_offset_minutes = reference[1]
+        req.reference_utc_offset_minutes = reference[1] or 0
     reply = await request.app[SEARCH].SearchMemories(req, timeout=rpc_timeout(request))
     request.app[COUNTERS].searches += 1
     return json_response(search_response(reply))

@@ -106,6 +106,7 @@ class OpBuilder:
             source_ids=[raw.id],
             metadata_json=json.dumps({"extracted_from": raw.id}),
             write_mode=raw.write_mode,
+            utc_offset_minutes=raw.utc_offset_minutes,  # said by the turn's writer, on its clock
         )
 
     def refuses(self, text: str, vector: np.ndarray | None = None) -> bool:
