@@ -532,6 +532,7 @@ async def test_an_op_naming_a_number_not_shown_is_dropped_and_counted_but_a_fact
             "facts": [
                 {"text": "Gus owns a blue bicycle", "replaces": [97]},
                 {"text": "Gus rides to work on Mondays"},
+                {"text": "Gus locks the bicycle at the station", "updates": [96]},
             ],
             "intentions_done": [98],
             "entities": [{"name": "Bike", "state": "blue", "page": 99}],
@@ -540,14 +541,15 @@ async def test_an_op_naming_a_number_not_shown_is_dropped_and_counted_but_a_fact
     added = await api.add("m-rogue Gus's bike: red bicycle? Gus rides to work.", user)
     assert added["extraction_status"] == "done"
     facts = await api.rows(user, "l3_fact")
-    # The fact that replaces an unknown number is kept, that number alone dropped.
-    assert sorted((f.content, f.status) for f in facts) == [
-        ("Gus owns a blue bicycle", "active"),
-        ("Gus owns a red bicycle", "active"),
-        ("Gus rides to work on Mondays", "active"),
+    # A fact that replaces or updates an unknown number is kept (new), that number alone dropped.
+    assert sorted((f.content, f.status, f.count) for f in facts) == [
+        ("Gus locks the bicycle at the station", "active", 1),
+        ("Gus owns a blue bicycle", "active", 1),
+        ("Gus owns a red bicycle", "active", 1),
+        ("Gus rides to work on Mondays", "active", 1),
     ]
     assert await api.rows(user, "l8_entity") == []
-    assert (await api.status())["dropped_ops"] - before == 3
+    assert (await api.status())["dropped_ops"] - before == 4
 
 
 async def test_deleting_a_correction_does_not_bring_back_what_it_replaced(

@@ -74,7 +74,8 @@ def _shown() -> dict[int, Candidate]:
     return {1: Candidate(1, "fact", fact), 2: Candidate(2, "intention", intention)}
 
 
-def test_ops_and_replaced_numbers_unshown_or_of_the_wrong_kind_are_dropped_and_counted() -> None:
+def test_ops_and_replaced_or_updated_numbers_unshown_or_of_another_kind_are_dropped_and_counted(
+) -> None:
     plan = read_plan(
         {
             "facts": [
@@ -88,10 +89,12 @@ def test_ops_and_replaced_numbers_unshown_or_of_the_wrong_kind_are_dropped_and_c
         },
         _shown(),
     )
-    # A fact replacing a number not shown stands: that number alone is dropped.
-    assert [f.text for f in plan.facts] == ["A drinks tea", "A drinks milk", "A drinks juice"]
+    # A fact replacing or updating a number not shown stands: that number alone is dropped.
+    assert [f.text for f in plan.facts] == [
+        "A drinks tea", "A drinks milk", "A drinks water", "A drinks juice"]
     assert [[m.id for m in f.replaces] for f in plan.facts] == [
-        ["real-fact-id"], [], ["real-fact-id"]]
+        ["real-fact-id"], [], [], ["real-fact-id"]]
+    assert [f.updates for f in plan.facts] == [None] * 4
     assert [m.id for m in plan.done] == ["real-intention-id"]
     assert plan.moved_on == []
     assert plan.dropped == 5

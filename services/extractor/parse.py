@@ -89,9 +89,9 @@ def _text(value: Any) -> str:
 
 
 def read_plan(data: dict[str, Any], shown: dict[int, Candidate], instructions: str = "") -> Plan:
-    """Turns a reply into a Plan; an op naming an unknown number (of a fact's replaced ones,
-    that number alone), or a text too long or made of the instructions' own words only, is
-    dropped and counted."""
+    """Turns a reply into a Plan; an op naming an unknown number (of the ones a fact replaces
+    or updates, that number alone), or a text too long or made of the instructions' own words
+    only, is dropped and counted."""
     reader = _PlanReader(shown, instructions)
     reader.facts(data)
     reader.intentions(data)
@@ -126,15 +126,16 @@ class _PlanReader:
             raise _Unknown(value)
         return candidate.memory
 
-    def shown_facts(self, values: list[Any], item: Any) -> list[common_pb2.Memory]:
-        """The shown facts a fact's replaces names: a number not shown (an id the model could
-        not know, another kind's) is dropped and counted alone, the fact and the rest stand."""
+    def shown_facts(self, item: dict[str, Any], key: str) -> list[common_pb2.Memory]:
+        """The shown facts a fact's replaces or updates names: a number not shown (an id the
+        model could not know, another kind's) is dropped and counted alone, the fact and the
+        rest stand."""
         facts = []
-        for value in values:
+        for value in _numbers(item.get(key)):
             try:
                 facts.append(self.pick(value, "fact"))
             except _Unknown:
-                self.drop("fact's replaces", item, f"naming {value!r}, which was not shown")
+                self.drop(f"fact's {key}", item, f"naming {value!r}, which was not shown")
         return facts
 
     def drop(self, what: str, item: Any, why: str = "naming a number that was not shown") -> None:
@@ -162,20 +163,15 @@ class _PlanReader:
             if not self.usable("fact", _text(item["text"]), item):
                 continue
             label = _text(item.get("label"))
-            try:
-                op = FactOp(
+            self.plan.facts.append(
+                FactOp(
                     text=_text(item["text"]),
                     event_at=parse_date(item.get("event_at")),
                     label=label if label in FACT_LABELS else "",
-                    replaces=self.shown_facts(_numbers(item.get("replaces")), item),
-                    updates=next(
-                        iter(self.pick(n, "fact") for n in _numbers(item.get("updates"))), None
-                    ),
+                    replaces=self.shown_facts(item, "replaces"),
+                    updates=next(iter(self.shown_facts(item, "updates")), None),
                 )
-            except _Unknown:
-                self.drop("fact", item)
-                continue
-            self.plan.facts.append(op)
+            )
 
     def intentions(self, data: dict[str, Any]) -> None:
         for item in _items(data, "intentions"):
