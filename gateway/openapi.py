@@ -131,7 +131,7 @@ def both(path: str, summary: str, params: Mapping[str, Schema], reply: Schema,
 DIGEST = obj("digest_ok", digest_ok=BOOL, runs=INT, last=nullable(ANY_OBJ), last_at=STR,
              running=BOOL, report=ANY_OBJ, graph_nodes=INT, graph_edges=INT, mode=STR, reason=STR)
 UNDO = obj("undone", "pass_id", undone=BOOL, pass_id=STR, restored=arr(STR), retired=arr(STR),
-           edges=arr(STR), kept=arr(STR))
+           edges=arr(STR), kept=arr(STR), kept_why=ANY_OBJ)
 DELETE_PARAMS = {"id": NAME, **OWNER, "layer": LAYER, "all": BOOL, "confirm": NAME, "origin": NAME}
 READY = obj("status", "ready", "services", status=STR, ready=BOOL, services=ANY_OBJ)
 

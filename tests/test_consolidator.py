@@ -306,6 +306,7 @@ async def test_undo_keeps_retired_a_dropped_copy_of_a_value_forgotten_since(
 
     undone = await api.ok("POST", "/api/v1/digest/undo", json={"pass_id": report["pass_id"]})
     assert (undone["restored"], undone["kept"]) == ([], [dropped.id])
+    assert undone["kept_why"] == {dropped.id: "its value was forgotten since"}
     assert (await api.row(user, dropped.id)).superseded_how == "dropped"
     assert [f.content for f in await api.rows(user, "l3_fact", retired=False)] == [other]
     del script.handlers[user]

@@ -498,6 +498,45 @@ async def test_undo_restores_a_dropped_value_said_again_after_it_was_forgotten(
     assert await listed(store, layers=[L3]) == ["Alice likes green tea"]
 
 
+async def test_undo_keeps_retired_a_dropped_value_said_again_since_and_says_why(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    first, second = await apply(store, insert("turn one", layer=L2), insert("turn two", layer=L2))
+    (old,) = await apply(store, insert("Alice likes green tea", source_ids=[first.id]))
+    await apply(store, store_pb2.Op(retire=store_pb2.RetireOp(
+        id=old.id, superseded_how="dropped", pass_id="p-said")))
+    (again,) = await apply(store, insert("Alice likes green tea!", source_ids=[second.id]))
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-said", actor="api"))
+    # Restore's rule: brought back, the value would be live twice.
+    assert (list(reply.restored_ids), list(reply.kept_ids)) == ([], [old.id])
+    assert again.id in reply.kept_why[old.id] and "said again" in reply.kept_why[old.id]
+    assert await listed(store, layers=[L3]) == ["Alice likes green tea!"]
+    assert await status_of(store, old.id) == ("retired", "dropped")
+
+
+async def test_undo_brings_back_both_rows_a_pass_merged_that_hold_one_value(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    first, second = await apply(store, insert("turn one", layer=L2), insert("turn two", layer=L2))
+    one, two = await apply(
+        store,
+        insert("Alice likes green tea", source_ids=[first.id]),
+        insert("Alice likes green tea.", source_ids=[second.id]),
+    )
+    await apply(
+        store,
+        insert("Alice likes green tea", ref="m", pass_id="p-both"),
+        *(store_pb2.Op(retire=store_pb2.RetireOp(
+            id=r.id, superseded_how="merged", superseded_by="$m", pass_id="p-both"))
+          for r in (one, two)),
+    )
+
+    reply = await store.UndoPass(store_pb2.UndoPassRequest(pass_id="p-both", actor="api"))
+    # Neither is a live copy of the other: both were live before the pass.
+    assert (sorted(reply.restored_ids), list(reply.kept_ids)) == (sorted([one.id, two.id]), [])
+
+
 async def test_undo_keeps_retired_a_row_the_pass_retired_whose_evidence_is_forgotten_since(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -151,5 +151,6 @@ async def undo_pass(request: web.Request) -> web.Response:
             "retired": list(reply.undone_ids),
             "edges": list(reply.edge_ids),
             "kept": list(reply.kept_ids),
+            "kept_why": dict(reply.kept_why),
         }
     )

@@ -63,4 +63,5 @@ class ConsolidatorServicer(consolidator_pb2_grpc.ConsolidatorServicer):
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
             kept_ids=undone.kept_ids,
+            kept_why=undone.kept_why,
         )

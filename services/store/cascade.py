@@ -102,9 +102,10 @@ def holds_value(key: str, content: str, score: float) -> bool:
     return value_key(content) == key or (score >= NEAR_EXACT and may_restate(key, content))
 
 
-async def live_copy(w: Write, row: MemoryRow) -> MemoryRow | None:
-    """The owner's live fact of a retired fact's kind and agent that holds its value (said
-    again while it was retired, say forgotten): the two live would be one memory twice."""
+async def live_copy(w: Write, row: MemoryRow, skip: Set[str] = frozenset()) -> MemoryRow | None:
+    """The owner's live fact of a retired fact's kind and agent, not in skip, that holds its
+    value (said again while it was retired, say forgotten): the two live would be one memory
+    twice."""
     model_id = w.core.model.model_id
     if row.layer != "l3_fact" or row.model_id != model_id:
         return None
@@ -118,6 +119,7 @@ async def live_copy(w: Write, row: MemoryRow) -> MemoryRow | None:
         (
             h.memory for h in hits
             if h.memory.id != row.id
+            and h.memory.id not in skip
             and h.memory.agent_id == row.agent_id
             and same_kind(row, h.memory)
             and holds_value(key, h.memory.content, h.score)

@@ -321,8 +321,10 @@ class Undone:
     undone_ids: list[str] = field(default_factory=list)
     edge_ids: list[str] = field(default_factory=list)
     kept_ids: list[str] = field(default_factory=list)
-    """Rows the pass retired left retired, as what replaced them, or their evidence, is gone
-    since."""
+    """Rows the pass retired left retired, as what replaced them, their value or their
+    evidence is gone since, or their value is live in another row."""
+    kept_why: dict[str, str] = field(default_factory=dict)
+    """Why each kept row stays retired."""
 
 
 @dataclass(frozen=True)

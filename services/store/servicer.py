@@ -633,6 +633,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             undone_ids=undone.undone_ids,
             edge_ids=undone.edge_ids,
             kept_ids=undone.kept_ids,
+            kept_why=undone.kept_why,
         )
 
     def _model_id(self) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Set
 
 from services.store.cascade import (
     dead_evidence,
     edges_on,
+    live_copy,
     restore_derived,
     retire_derived,
     revive,
@@ -47,19 +49,23 @@ async def undo_pass(core: Core, pass_id: str, actor: str = "") -> Undone:
         if changes[0][0] == UNDONE_MARK:
             raise Conflict(f"pass {pass_id!r} was undone already")
         await w.tx.record_pass_change(pass_id, UNDONE_MARK, "")
+        # The pass's own rows are put back as they were before it: none is a live copy.
+        own = frozenset(t for kind, t, _ in changes if kind in ("insert", "retire"))
         for kind, target, before_json in changes:
             if kind in ("insert", "retire"):
-                await _undo_row(w, undone, pass_id, kind, target)
+                await _undo_row(w, undone, pass_id, (kind, target), own)
             else:
                 await _undo_edge(w, undone, pass_id, kind, target, before_json)
         await settle(w)
     return undone
 
 
-async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: str) -> None:
+async def _undo_row(
+    w: Write, undone: Undone, pass_id: str, change: tuple[str, str], own: Set[str]
+) -> None:
     """Retires a row the pass inserted (live, or stale: it must not come back with its
-    evidence), or restores one it retired (if still so, not forgotten since, its value not
-    forgotten through another row, and what replaced it still stands and its evidence too)."""
+    evidence), or restores one it retired unless _kept_down says why it stays retired."""
+    kind, target = change
     row = await w.tx.get(target)
     if row is None:
         return
@@ -71,13 +77,9 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         for edge in await edges_on(w, row):
             await w.tx.update_edge(edge.id, undone=1)
     elif kind == "retire" and row.status == RETIRED and row.pass_id == pass_id:
-        if (
-            row.superseded_how == FORGOTTEN
-            or await _value_forgotten(w, row)
-            or not await _successor_stands(w, undone, row, pass_id)
-            or (row.layer in DERIVED_LAYERS and await dead_evidence(w, row) is not None)
-        ):
+        if (why_kept := await _kept_down(w, undone, row, pass_id, own)) is not None:
             undone.kept_ids.append(target)
+            undone.kept_why[target] = why_kept
             return
         await revive(w, row, why)
         undone.restored_ids.append(target)
@@ -86,6 +88,24 @@ async def _undo_row(w: Write, undone: Undone, pass_id: str, kind: str, target: s
         return
     if is_preference_fact(row):
         w.facts_changed.append(FactChange(row, kind == "retire", UNDONE))
+
+
+async def _kept_down(
+    w: Write, undone: Undone, row: MemoryRow, pass_id: str, own: Set[str]
+) -> str | None:
+    """Why a row the pass retired stays retired (forgotten since, its value forgotten through
+    another row, what replaced it or its evidence gone, its value live in a row not of the
+    pass's own), or None when the undo brings it back."""
+    if row.superseded_how == FORGOTTEN or await _value_forgotten(w, row):
+        return "its value was forgotten since"
+    if not await _successor_stands(w, undone, row, pass_id):
+        return f"what replaced it, {row.superseded_by!r}, is gone since"
+    if row.layer in DERIVED_LAYERS and await dead_evidence(w, row) is not None:
+        return "its evidence is gone since"
+    if (copy := await live_copy(w, row, own)) is not None:
+        # Restore's own rule: brought back, the value would be live twice.
+        return f"its value was said again since, and {copy.id!r} holds it live"
+    return None
 
 
 async def _value_forgotten(w: Write, row: MemoryRow) -> bool:
