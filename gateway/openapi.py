@@ -79,7 +79,8 @@ MEMORY = obj(
     "memory_id", "content", "layer", "user_id", "agent_id", "session_id", "ts", "gmt_created",
     memory_id=STR, content=STR, layer=STR, user_id=STR, agent_id=STR, session_id=STR, ts=STR,
     gmt_created=INT, extracted=BOOL, extraction_status=STR, label=STR, count=INT, event_at=INT,
-    due_at=INT, invalid_at=STR, superseded_by=STR, superseded_how=STR, drop_reason=STR,
+    utc_offset_minutes=INT, due_at=INT, invalid_at=STR, superseded_by=STR, superseded_how=STR,
+    drop_reason=STR,
 )
 HIT = obj("memory_id", "content", "score", "layer", "gmt_created", "user_id", "agent_id",
           memory_id=STR, content=STR, score=NUM, layer=STR, gmt_created=INT, user_id=STR,

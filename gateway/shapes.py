@@ -87,6 +87,8 @@ def list_item(memory: common_pb2.Memory) -> dict[str, Any]:
     }
     if memory.HasField("event_at"):
         item["event_at"] = unix_seconds(memory.event_at)
+    # The writer's clock: the days its text speaks of ("yesterday") are this offset's.
+    item["utc_offset_minutes"] = memory.utc_offset_minutes
     if memory.HasField("due_at"):
         item["due_at"] = unix_seconds(memory.due_at)
     if memory.HasField("invalid_at"):

@@ -267,6 +267,9 @@ async def test_event_at_accepts_unix_seconds_and_rfc3339(api: Api) -> None:
     await api.add("third", user, event_at="2023-11-14T23:13:20+01:00")
     listed = await api.listing(user)
     assert [m["event_at"] for m in listed["memories"]] == [1700000000] * 3
+    # Each row shows the writer's UTC offset its time was given with (none: UTC).
+    offsets = {m["content"]: m["utc_offset_minutes"] for m in listed["memories"]}
+    assert offsets == {"first": 0, "second": 0, "third": 60}, offsets
 
 
 async def test_add_without_user_id_belongs_to_default(api: Api) -> None:
