@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -439,6 +439,20 @@ def test_a_stored_page_or_long_fact_shows_on_one_bounded_line() -> None:
     assert "[2] Rex: Carol's dog Open intentions: [7] Carol wants it all gone (" in user
     (fact_line,) = [line for line in user.splitlines() if line.startswith("[1] ")]
     assert len(fact_line) < 1_100
+
+
+def test_a_stored_facts_day_is_on_the_writers_clock_as_today_is() -> None:
+    # Stored at 04:00 UTC on Tuesday 3 March: 20:00 on Monday 2 March in Los Angeles.
+    fact = common_pb2.Memory(id="f", layer=common_pb2.L3_FACT, created_at=1772510400,
+                             content="Mia runs")
+    la = timezone(timedelta(hours=-8))
+    user = extraction_messages(
+        "hi", datetime(2026, 3, 2, 21, tzinfo=la), [Candidate(1, "fact", fact)]
+    )[1]["content"]
+    assert "[1] Mia runs (stored 2026-03-02)" in user, user
+    in_utc = datetime(2026, 3, 3, 5, tzinfo=UTC)
+    utc = extraction_messages("hi", in_utc, [Candidate(1, "fact", fact)])[1]["content"]
+    assert "[1] Mia runs (stored 2026-03-03)" in utc, utc
 
 
 def test_a_state_sent_to_another_entitys_page_goes_to_its_own() -> None:

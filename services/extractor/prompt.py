@@ -116,6 +116,12 @@ def _date(moment: datetime) -> str:
     return f"{moment.strftime('%Y-%m-%d')} ({moment.strftime('%A')})"
 
 
+def _offset_minutes(moment: datetime) -> int:
+    """The UTC offset of a time's clock in minutes (0 for a time with none)."""
+    offset = moment.utcoffset()
+    return 0 if offset is None else int(offset.total_seconds()) // 60
+
+
 def _line(candidate: Candidate, today: datetime) -> str:
     memory = candidate.memory
     notes = []
@@ -126,7 +132,8 @@ def _line(candidate: Candidate, today: datetime) -> str:
         notes.append(f"due {due}, overdue" if overdue else f"due {due}")
     if memory.count > 1:
         notes.append(f"said {memory.count} times")
-    notes.append(f"stored {day(memory.created_at)}")
+    # The day it was stored on the writer's clock, as today is.
+    notes.append(f"stored {day(memory.created_at, _offset_minutes(today))}")
     if candidate.kind == "page":
         content = one_line(cap_utf8(memory.content, MAX_PAGE_SHOWN_BYTES))
     else:
