@@ -21,6 +21,15 @@ from tests.support import Stack, assert_eventually, running_stack, value_eventua
 pytestmark = pytest.mark.slow
 
 
+def last_now_prompt(fake: FakeLlm, holding: str) -> str:
+    """The latest Now page call's user message that holds a text (an AssertionError before
+    there is one, for value_eventually)."""
+    asked = [r.user_message for r in fake.requests
+             if "Now page" in r.prompt and holding in r.user_message]
+    assert asked
+    return asked[-1]
+
+
 def _answer(record: Recorded) -> Any:
     system = str(record.body["messages"][0]["content"])
     if "Now page" in system:
@@ -110,13 +119,7 @@ async def test_an_intention_months_overdue_is_shown_as_overdue_not_as_current(
     ]})
     await api.add("m-plans Taxes for Q2 and the passport renewal are on my list.", user)
 
-    def now_prompt() -> str:
-        asked = [r.user_message for r in fake.requests
-                 if "Now page" in r.prompt and "Quinn will file" in r.user_message]
-        assert asked
-        return asked[-1]
-
-    prompt = await value_eventually(now_prompt)
+    prompt = await value_eventually(lambda: last_now_prompt(fake, "Quinn will file"))
     assert (
         f"Open intentions:\n- Quinn will renew the passport (due {ahead})\n"
         "Overdue intentions, still open a day or more past their due date:\n"
@@ -144,13 +147,7 @@ async def test_the_now_pages_today_is_the_writers_today_not_the_utc_one(
     said = datetime.now(clock).isoformat(timespec="seconds")
     await api.add("m-zone I keep a sourdough starter.", user, event_at=said)
 
-    def now_prompt() -> str:
-        asked = [r.user_message for r in fake.requests
-                 if "Now page" in r.prompt and "sourdough" in r.user_message]
-        assert asked
-        return asked[-1]
-
-    prompt = await value_eventually(now_prompt)
+    prompt = await value_eventually(lambda: last_now_prompt(fake, "sourdough"))
     (fact,) = await api.rows(user, "l3_fact")
     assert f"Today is {datetime.now(clock).date().isoformat()}." in prompt
     assert f"Quinn keeps a sourdough starter (stored {day(fact.created_at, hours * 60)})" in prompt
