@@ -2258,6 +2258,23 @@ async def test_a_listing_may_leave_out_turns_tried_that_many_times(
     assert "tries_below must not be negative" in (info.value.details() or "")
 
 
+async def test_a_listing_may_keep_only_turns_written_in_some_modes(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    for mode in ("lite", "pro", "ultra", ""):
+        await apply(store, insert(f"turn {mode or 'before modes'}", layer=L2, write_mode=mode))
+
+    async def listed_in(*modes: str) -> list[str]:
+        return await listed(store, layers=[L2], order="oldest", write_modes=list(modes))
+
+    assert await listed_in() == ["turn lite", "turn pro", "turn ultra", "turn before modes"]
+    assert await listed_in("pro", "ultra") == ["turn pro", "turn ultra"]
+    assert await listed_in("") == ["turn before modes"]
+    with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+        await listed_in("turbo")
+    assert "write_mode 'turbo' is not one of lite, pro, ultra" in (info.value.details() or "")
+
+
 @pytest.mark.sqlite_only
 @pytest.mark.usefixtures("usearch_indexes")
 async def test_a_deleted_index_file_is_rebuilt_from_sqlite(

@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 REPROCESS_MAX_DEFAULT = 200
 SCAN_PAGES = 20
-"""How many pages of one state a catch-up run reads at most, passing over rows it may not take
-(written in lite, being extracted; the store leaves out turns given up on, which stay failed):
-20 pages of 5 × batch rows, 2,000 at the default batch."""
+"""How many pages of one state a catch-up run reads at most, passing over rows being extracted
+(the store leaves out turns written in lite and turns given up on, which stay failed): 20 pages
+of 5 × batch rows, 2,000 at the default batch."""
 OWNER_LEASE = "extraction"
 """The lease of an owner's extractions: one at a time, whichever replica runs them."""
 
@@ -244,9 +244,9 @@ class Worker:
         return Counts(done, failed, skipped), 0
 
     async def _unextracted(self, most: int, *, aged: bool) -> list[common_pb2.Memory]:
-        """Live raw rows extraction has not reached, oldest first; catch-up's (aged) leaves out
-        rows given up on and reads on past rows it may not take (of lite, being extracted) to
-        find most."""
+        """Live raw rows extraction has not reached, oldest first; catch-up's (aged) takes only
+        rows written in a mode that extracts and not given up on, and reads on past rows being
+        extracted to find most."""
         now = time.time()
         request = store_pb2.ListMemoriesRequest(
             scope=common_pb2.Scope(all_users=True),
@@ -258,8 +258,10 @@ class Worker:
             request.created_before = now - self.policy.min_age_s
             if self.policy.max_age_s is not None:
                 request.created_after = now - self.policy.max_age_s
-            # Left out by the store: thousands given up on would fill every page read.
+            # Left out by the store: thousands given up on, or written in lite, would fill
+            # every page read.
             request.tries_below = self.policy.tries
+            request.write_modes.extend(LLM_MODES)
         rows: list[common_pb2.Memory] = []
         for status in (PENDING, FAILED, UNCONFIGURED):
             request.extraction_status = status
@@ -268,8 +270,9 @@ class Worker:
         return rows[:most]
 
     def _takes(self, row: common_pb2.Memory) -> bool:
-        """Whether catch-up may take a row the store listed (not given up on): written in a
-        mode that extracts, not being extracted now."""
+        """Whether catch-up may take a row the store listed (not given up on): not being
+        extracted now, and written in a mode that extracts (the store's filter already says so;
+        a store older than it lists lite turns too, which must never reach the model)."""
         return row.write_mode in LLM_MODES and row.id not in self._tasks
 
     async def _first_taken(

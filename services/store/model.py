@@ -347,11 +347,21 @@ class ListQuery:
     """Only rows whose content holds this text, ignoring case (each one's lower case)."""
     tries_below: int = 0
     """Only rows with fewer extraction tries than this (0: no filter)."""
+    write_modes: tuple[str, ...] = ()
+    """Only rows written in one of these modes (none: any)."""
     limit: int = 20
     """EVERY_ROW for no limit (the store's own reads: one statement, so one snapshot)."""
     offset: int = 0
     past: tuple[float, int] | None = None
     """Only rows past this place (a row's created_at and seq) in the list's order."""
+
+    def write_modes_sql(self) -> tuple[list[str], list[Any]]:
+        """The SQL condition (on memories m) and parameters that keep only rows written in one
+        of write_modes (none without them)."""
+        if not self.write_modes:
+            return [], []
+        marks = ", ".join("?" * len(self.write_modes))
+        return [f"m.write_mode IN ({marks})"], list(self.write_modes)
 
     def replaced_sql(self) -> tuple[list[str], list[Any]]:
         """The SQL condition (on memories m) and parameters that keep only the rows

@@ -1384,6 +1384,9 @@ class Repo(SharedReads):
         if query.tries_below:
             where.append("m.extraction_tries < ?")
             params.append(query.tries_below)
+        modes, modes_params = query.write_modes_sql()
+        where += modes
+        params += modes_params
         past, past_params = query.past_sql()
         order = "DESC" if query.newest_first else "ASC"
         rows = await self.reader.execute_fetchall(

@@ -436,6 +436,8 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
         if request.order not in ("", "newest", "oldest"):
             raise InvalidArgument(f"order {request.order!r} is not one of newest, oldest")
         check_states("list", request.extraction_status, None)  # another matches no row
+        for mode in request.write_modes:
+            check_states("list", None, mode)  # "": rows written before modes were kept
         query = ListQuery(
             layers=_layers(request.layers),
             exclude_layers=_layers(request.exclude_layers),
@@ -450,6 +452,7 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
             source_id=check_name("source_id", request.source_id),
             contains=check_name("contains", request.contains),
             tries_below=_tries_below(request.tries_below),
+            write_modes=tuple(request.write_modes),
             limit=request.limit,
             offset=request.offset,
             past=_past(request.cursor),

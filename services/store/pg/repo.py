@@ -190,6 +190,9 @@ class PgRepo(SharedReads):
         if query.tries_below:
             where.append("m.extraction_tries < ?")
             params.append(query.tries_below)
+        modes, modes_params = query.write_modes_sql()
+        where += modes
+        params += modes_params
         for compare, bound in ((">", query.created_after), ("<", query.created_before)):
             if bound is not None:
                 where.append(f"m.created_at {compare} ?")
