@@ -244,6 +244,22 @@ def test_a_message_retried_after_a_failed_turn_is_stored_once_and_a_reset_forget
         "USER: I parked on level 3.\n\nThanks.\n\nASSISTANT: Welcome."]
 
 
+def test_messages_of_turns_never_synced_are_each_capped_on_their_own_in_the_stored_turn(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    # Capped as one at 4,000 characters, the short message between two long ones was lost.
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-joined")
+    first, last = "Notes: " + "a" * 2993, "Log: " + "b" * 2995
+    result = drive(hermes_python, home, "started", {"steps": [
+        ["start", first], ["start", "My locker code is 2231."], ["start", last],
+        ["sync", last, "Noted."],
+    ]})
+    assert result["flushed"], result
+    listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-joined", "limit": 10})
+    assert contents(listed) == [
+        f"USER: {first}\n\nMy locker code is 2231.\n\n{last}\n\nASSISTANT: Noted."]
+
+
 async def test_a_long_message_keeps_its_head_and_tail_in_the_stored_turn_and_the_recall_query(
     tmp_path: Path, hermes_python: Path
 ):

@@ -245,7 +245,7 @@ async def converse(api: Api, fake: FakeLlm, user: str) -> None:
         {"text": "User lives in Madrid", "replaces": [r.number_of("User lives in Paris")]},
         {"text": "User works at La Paz hospital", "replaces": [r.number_of("Quinze-Vingts")]}]})
     for said, answered in CONVERSATION:
-        await api.add(recall_module.turn_text(said, answered), user, agent_id="hermes")
+        await api.add(recall_module.turn_text([said], answered), user, agent_id="hermes")
 
 
 def lines_of(text: str) -> list[str]:

@@ -380,8 +380,8 @@ class HyAtlasProvider(MemoryProvider):
         try:
             if not self.writes:
                 return
-            said = "\n\n".join([*self._said_before(user_content), user_content])
-            text = turn_text(said, assistant_content)
+            text = turn_text([*self._said_before(user_content), user_content],
+                             assistant_content)
             if not text:
                 return
             self._queue("add", {

@@ -13,7 +13,11 @@ ITEM_CHARS = 400
 OLD_VALUE_CHARS = 120
 """How much of a value a memory replaced its line shows."""
 MESSAGE_CHARS = 4000
-TURN_CHARS = 12000
+"""The most of one message a stored turn keeps (its head and tail), as the reference does."""
+TURN_CHARS = 100_000
+"""The most a stored turn holds: the server's limit on a text (MAX_TEXT_CHARS in
+shared/limits.py). Messages are capped one by one, so only a turn joining the messages of
+many turns Hermes did not sync comes near it."""
 
 COMPACTION_PREFIXES = (
     "[CONTEXT COMPACTION",
@@ -283,13 +287,17 @@ def recall_query(text: str) -> str:
     return keep_ends(clean_message(text), MESSAGE_CHARS, say_how_much=False)
 
 
-def turn_text(user: str, assistant: str) -> str:
-    """The text of one turn as stored: USER and ASSISTANT lines, each message at most
-    MESSAGE_CHARS and the turn at most TURN_CHARS, a longer one kept by its head and tail.
+def turn_text(said: list[str], assistant: str) -> str:
+    """The text of one turn as stored: USER and ASSISTANT lines, the user's messages (said,
+    oldest first) joined by blank lines, each message at most MESSAGE_CHARS and the turn at
+    most TURN_CHARS, a longer one kept by its head and tail.
 
-    "" when the user said nothing of their own (only injected context or a compaction summary).
+    Each message is capped on its own: capped as one, several joined messages lost a whole
+    message between the first's head and the last's tail. "" when the user said nothing of
+    their own (only injected context or a compaction summary).
     """
-    user = keep_ends(clean_message(user), MESSAGE_CHARS)
+    user = "\n\n".join(keep_ends(text, MESSAGE_CHARS) for text in map(clean_message, said)
+                        if text)
     if not user:
         return ""
     assistant = keep_ends(clean_message(assistant), MESSAGE_CHARS)
