@@ -244,6 +244,24 @@ def test_a_message_retried_after_a_failed_turn_is_stored_once_and_a_reset_forget
         "USER: I parked on level 3.\n\nThanks.\n\nASSISTANT: Welcome."]
 
 
+def test_what_the_user_said_in_turns_never_synced_is_stored_when_the_session_ends(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    # A message typed, then another that interrupted it, then the session quit: Hermes syncs
+    # nothing more, and both were lost to memory.
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-quit")
+    result = drive(hermes_python, home, "quit_session", {"steps": [
+        ["start", "Book the dentist."], ["sync", "Book the dentist.", "Booked."],
+        ["start", "I parked on level 3."], ["start", "My locker code is 2231."],
+    ]})
+    assert result["flushed"], result
+    listed = gateway(stack, "POST", "/api/v1/list", {"user_id": "u-quit", "limit": 10})
+    assert sorted(contents(listed)) == [
+        "USER: Book the dentist.\n\nASSISTANT: Booked.",
+        "USER: I parked on level 3.\n\nMy locker code is 2231."]
+    assert {m.get("session_id") for m in listed["memories"]} == {"s-quit"}
+
+
 def test_messages_of_turns_never_synced_are_each_capped_on_their_own_in_the_stored_turn(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

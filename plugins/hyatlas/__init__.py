@@ -85,8 +85,9 @@ class HyAtlasProvider(MemoryProvider):
         self._recalls: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._recall_lock = threading.Lock()
         self._inflight: dict[str, Recall] = {}
-        self._unsynced: list[str] = []
-        """What the user said in the turns started and not synced yet, oldest first."""
+        self._unsynced: list[tuple[str, str]] = []
+        """What the user said in the turns started and not synced yet, and when (local_now),
+        oldest first."""
         self._unsynced_lock = threading.Lock()
         self.start_thread: threading.Thread | None = None
         self.check_thread: threading.Thread | None = None
@@ -239,7 +240,9 @@ class HyAtlasProvider(MemoryProvider):
         return ""
 
     def shutdown(self) -> None:
-        """Sends what it can in a few seconds and closes the queue."""
+        """Queues what the user said in the turns Hermes did not sync (it syncs nothing after
+        this), sends what it can in a few seconds and closes the queue."""
+        self._queue_unsynced()
         if self.outbox is not None:
             self.outbox.close(3.0)
             self.outbox = None
@@ -403,18 +406,38 @@ class HyAtlasProvider(MemoryProvider):
         said = clean_message(instruction_of(message)) if self.writes else ""
         if said:
             with self._unsynced_lock:
-                self._unsynced = [*self._unsynced, said][-UNSYNCED_KEPT:]
+                self._unsynced = [*self._unsynced, (said, local_now())][-UNSYNCED_KEPT:]
 
     def _said_before(self, user_content: str) -> list[str]:
         """What the user said in the turns Hermes started and did not sync before this one
         (none when Hermes did not say it started), each once and none equal to it."""
         said = clean_message(user_content)
         with self._unsynced_lock:
-            if said not in self._unsynced:
+            texts = [text for text, _ in self._unsynced]
+            if said not in texts:
                 return []
-            at = len(self._unsynced) - 1 - self._unsynced[::-1].index(said)
-            before, self._unsynced = self._unsynced[:at], self._unsynced[at + 1:]
-        return [text for text in dict.fromkeys(before) if text != said]
+            at = len(texts) - 1 - texts[::-1].index(said)
+            self._unsynced = self._unsynced[at + 1:]
+        return [text for text in dict.fromkeys(texts[:at]) if text != said]
+
+    def _queue_unsynced(self) -> None:
+        """Queues what the user said in the turns Hermes started and did not sync as one turn
+        without a reply, dated when the first of it was said; never raises."""
+        with self._unsynced_lock:
+            unsynced, self._unsynced = self._unsynced, []
+        try:
+            text = turn_text(list(dict.fromkeys(said for said, _ in unsynced)), "")
+            if not self.writes or not text:
+                return
+            self._queue("add", {
+                "text": text,
+                **self._owner(),
+                "event_at": unsynced[0][1],
+                "metadata": {"write_origin": "sync_turn", "source": "hermes",
+                             "unanswered": "the session ended before the reply"},
+            })
+        except Exception:  # shutting down must go on
+            log.exception("hyatlas could not queue the turns Hermes did not sync")
 
     def on_memory_write(
         self,

@@ -177,7 +177,14 @@ def started(params: dict[str, Any]) -> dict[str, Any]:
     starts), ["sync", user, assistant] (it completes) or ["reset", session_id] (/new)."""
     provider = _provider()
     manager = _manager(provider, "s-started", agent_context="primary")
-    for step, *args in params["steps"]:
+    _take_steps(provider, manager, params["steps"])
+    flushed = provider.outbox.flush(WAIT_CEILING_S)
+    manager.shutdown_all()
+    return {"flushed": flushed}
+
+
+def _take_steps(provider: Any, manager: Any, steps: list[list[str]]) -> None:
+    for step, *args in steps:
         if step == "start":
             manager.on_turn_start(1, args[0])
         elif step == "sync":
@@ -185,8 +192,21 @@ def started(params: dict[str, Any]) -> dict[str, Any]:
             manager.flush_pending(timeout=WAIT_CEILING_S)
         else:
             manager.on_session_switch(args[0], reset=True)
-    flushed = provider.outbox.flush(WAIT_CEILING_S)
+
+
+def quit_session(params: dict[str, Any]) -> dict[str, Any]:
+    """The steps of `started`, then the session ends as Hermes's CLI ends it on quit (its
+    session end, then shutdown); then a new session sends what the old one left queued."""
+    provider = _provider()
+    manager = _manager(provider, "s-quit", agent_context="primary")
+    _take_steps(provider, manager, params["steps"])
+    manager.on_session_end([])
     manager.shutdown_all()
+    later = _provider()
+    later.initialize("s-later", hermes_home=os.environ["HERMES_HOME"], platform="cli",
+                     agent_context="primary")
+    flushed = later.outbox.flush(WAIT_CEILING_S)
+    later.shutdown()
     return {"flushed": flushed}
 
 
@@ -595,11 +615,11 @@ def aged_outbox(params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-SCENARIOS = {f.__name__: f for f in (discover, turns, interrupted, started, next_question,
-                                     memory_tool, memory_writes, mirrored_until_sent, tool_calls,
-                                     context_writes, logged_writes, down, outage, misconfigured,
-                                     tried, resume, autostart, starting, dashboard, config,
-                                     refused_config, refused_settings, closed_mid_send,
+SCENARIOS = {f.__name__: f for f in (discover, turns, interrupted, started, quit_session,
+                                     next_question, memory_tool, memory_writes, mirrored_until_sent,
+                                     tool_calls, context_writes, logged_writes, down, outage,
+                                     misconfigured, tried, resume, autostart, starting, dashboard,
+                                     config, refused_config, refused_settings, closed_mid_send,
                                      aged_outbox)}
 
 
