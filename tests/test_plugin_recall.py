@@ -289,6 +289,20 @@ async def test_a_conversation_s_recall_says_each_thing_once_and_leaves_out_the_u
     assert paris.endswith(f'(no longer true since {day}: "User lives in Paris")'), text
 
 
+def test_a_question_naming_someone_no_other_line_names_is_recalled_and_other_questions_not(
+) -> None:
+    said = ["Where should I take my daughter Lily for her birthday?", "Where do I live?",
+            "What does my sister Ines play?"]
+    answer = {"memories": {"normal": [
+        {"content": "User's sister Ines plays the cello", "layer": "l3_fact",
+         "gmt_created": 1764547200},
+        *({"content": f"USER: {text}\n\nASSISTANT: Somewhere nice.", "layer": "l2_raw",
+           "gmt_created": 1764547200} for text in said)]}}
+    shown = lines_of(format_recall(answer, "Where should we go this weekend?", per_channel=8))
+    assert [line.split(") ", 1)[1] for line in shown] == [
+        "User's sister Ines plays the cello", f"USER: {said[0]} ASSISTANT: Somewhere nice."]
+
+
 def test_a_line_saying_the_opposite_of_another_is_kept_beside_it() -> None:
     said = ["The pool is open on Sundays", "The pool is not open on Sundays",
             "The pool is open on Sundays and holidays"]

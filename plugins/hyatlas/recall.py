@@ -168,6 +168,7 @@ Shown = tuple[str, dict[str, Any], str, frozenset[str]]
 tells (of a turn, what the user said)."""
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE_OR_LINE_END = re.compile(r"(?<=[.!?])\s+|\n")
 _WORD = re.compile(r"[^\W_]+")
 STOP_WORDS = frozenset((
     "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "from",
@@ -205,14 +206,19 @@ def _users_part(item: dict[str, Any]) -> str | None:
 def _without_questions(shown: list[Shown], now: str) -> list[Shown]:
     """shown without the turns where the user only asked to be told something (what, where,
     …) or asked about what the Now page and the other lines say; all of shown when nothing
-    else is recalled."""
+    else is recalled.
+
+    A question asking to be told something that names someone or something the Now page and
+    the other lines do not ("Where should I take my daughter Lily?") stays: it tells that.
+    """
     asked = [_asks_only(_users_part(entry[1])) for entry in shown]
     others = [e for e, question in zip(shown, asked, strict=True) if not question]
     if not others and not now:
         return shown
     told = _words(now).union(*(e[3] for e in others))
     return [e for e, question in zip(shown, asked, strict=True)
-            if not question or not (e[3] <= told or _asks_to_be_told(e))]
+            if not question or not (e[3] <= told or (_asks_to_be_told(e)
+                                                     and _names(e) <= told))]
 
 
 def _asks_only(said: str | None) -> bool:
@@ -224,6 +230,14 @@ def _asks_to_be_told(entry: Shown) -> bool:
     """Whether a turn's user message starts as a question asking to be told something."""
     first = _WORD.findall(str(_users_part(entry[1])).lower())[:1]
     return bool(first) and first[0] in QUESTION_WORDS
+
+
+def _names(entry: Shown) -> frozenset[str]:
+    """The names in a turn's user message, as words: each word written with a capital past
+    the first word of its sentence or line, but "I"."""
+    return _words(" ".join(
+        word for sentence in _SENTENCE_OR_LINE_END.split(str(_users_part(entry[1])))
+        for word in _WORD.findall(sentence)[1:] if word[0].isupper() and word != "I"))
 
 
 def _words(text: str) -> frozenset[str]:
