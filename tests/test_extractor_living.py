@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from datetime import time as dt_time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,43 @@ async def test_an_episodes_turns_are_shown_at_the_writers_clock(
     assert f"[{datetime.fromtimestamp(raw.created_at, los_angeles):%Y-%m-%d %H:%M}] m-la one" in (
         asked
     )
+
+
+def a_due_date_utc_reads_otherwise(now: datetime) -> tuple[str, int, bool]:
+    """A due date, a writer's UTC offset and whether the date is overdue now on that writer's
+    clock, where read in UTC it is the other way (by two hours on the writer's side)."""
+    minutes = int((now - datetime.combine(now.date(), dt_time(), UTC)).total_seconds()) // 60
+    if minutes < 20 * 60:  # yesterday's date, west of UTC: its day there ends in two hours
+        return (now.date() - timedelta(days=1)).isoformat(), -(minutes + 120), False
+    # Today's date, east of UTC: its day there ended two hours ago.
+    return now.date().isoformat(), 24 * 60 - minutes + 120, True
+
+
+async def test_a_due_date_is_overdue_by_the_intention_writers_clock(
+    api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    now = datetime.now(UTC)
+    due, offset, overdue = a_due_date_utc_reads_otherwise(now)
+    said = (now - timedelta(minutes=1)).astimezone(timezone(timedelta(minutes=offset)))
+    fake.on("m-clock", {"intentions": [{"text": "Rowan will post the lease", "due_at": due}]})
+    await api.add("m-clock I must post the lease.", user, event_at=said.isoformat())
+    [intention] = await api.rows(user, "l7_intention")
+    assert intention.utc_offset_minutes == offset
+    # The Now page lists it as its writer's clock has it, open or overdue.
+    heading = "Overdue intentions, still open a day or more past their due date" if overdue \
+        else "Open intentions"
+    prompt = await value_eventually(lambda: last_now_prompt(fake, "Rowan will post"))
+    assert f"{heading}:\n- Rowan will post the lease (due {due})\n" in prompt
+    # So does extraction.
+    fake.on("m-clock2", {})
+    await api.add("m-clock2 About the lease.", user, event_at=said.isoformat())
+    shown = fake.for_marker("m-clock2")[-1].user_message
+    assert f"Rowan will post the lease (due {due}{', overdue' if overdue else ''}; " in shown
+    # And search's proactive channel, which holds it while it is not overdue.
+    body = await api.ok("POST", "/api/v1/search", json={"query": "holiday", "user_id": user})
+    proactive = [i["content"] for i in body["memories"]["proactive"]]
+    assert proactive == ([] if overdue else ["Rowan will post the lease"])
 
 
 async def test_an_episode_gets_one_summary_once_its_pause_is_over(api: Api) -> None:

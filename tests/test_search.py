@@ -259,6 +259,43 @@ def test_intention_ttl_and_due_date_rules(
     assert stages.intention_is_live(intention, NOW, ttl_s) is live
 
 
+# 2024-05-15 kept alone, at its UTC midnight, as a model's or a client's date is.
+MAY_15 = 1_715_731_200.0
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    ("offset_minutes", "now", "live"),
+    [
+        (-480, MAY_15 + DAY + 4 * HOUR, True),  # 20:00 on 15 May in Los Angeles: still due
+        (-480, MAY_15 + DAY + 9 * HOUR, False),  # 01:00 on 16 May there: overdue
+        (540, MAY_15 + 23 * HOUR, False),  # 23:00 on 15 May in UTC, 08:00 on 16 May in Tokyo
+        (540, MAY_15 + 14 * HOUR, True),  # 23:00 on 15 May in Tokyo
+        (0, MAY_15 + DAY - 1, True),
+        (0, MAY_15 + DAY + 1, False),
+    ],
+)
+def test_a_due_date_alone_is_due_until_its_day_ends_on_the_writers_clock(
+    offset_minutes: int, now: float, live: bool
+) -> None:
+    intention = cand("i", "l7_intention", created_at=MAY_15 - 30 * DAY, due_at=MAY_15)
+    intention.utc_offset_minutes = offset_minutes
+    assert stages.intention_is_live(intention, now, 7 * DAY) is live
+    assert ids(stages.due_soon([intention], now)) == (["i"] if live else [])
+
+
+def test_intentions_due_soon_come_soonest_first_on_their_writers_clocks() -> None:
+    tokyo = cand("tokyo", "l7_intention", due_at=MAY_15 + DAY)  # 16 May, from 15:00 UTC on 15 May
+    tokyo.utc_offset_minutes = 540
+    la = cand("la", "l7_intention", due_at=MAY_15 + DAY)  # 16 May, from 08:00 UTC on 16 May
+    la.utc_offset_minutes = -480
+    at_noon = cand("noon", "l7_intention", due_at=MAY_15 + DAY + 12 * HOUR)  # a time: as it is
+    at_noon.utc_offset_minutes = -480
+    utc = cand("utc", "l7_intention", due_at=MAY_15 + DAY)
+    due = stages.due_soon([at_noon, la, utc, tokyo], MAY_15 + 12 * HOUR)
+    assert ids(due) == ["tokyo", "utc", "la", "noon"]
+
+
 def test_old_rows_of_other_layers_are_never_aged_out() -> None:
     ranked = [cand("fact", created_at=NOW - 900 * DAY), cand("i", "l7_intention", created_at=0)]
     assert ids(stages.drop_stale_intentions(ranked, context(ttl_s=DAY))) == ["fact"]

@@ -242,7 +242,7 @@ class Extraction:
         facts = sorted(best.values(), key=lambda h: h.score, reverse=True)[: self.related_facts]
         intentions = sorted(
             (r for r in context.open_rows if r.layer == common_pb2.L7_INTENTION),
-            key=lambda r: r.HasField("due_at") and is_overdue(r.due_at, now),
+            key=lambda r: r.HasField("due_at") and is_overdue(r.due_at, r.utc_offset_minutes, now),
         )
         rows: list[tuple[str, common_pb2.Memory]] = [
             *(("fact", hit.memory) for hit in facts),

@@ -209,8 +209,11 @@ class Living:
         """The current intentions, and those overdue (shown as such, not as current); an undated
         one past HYATLAS_INTENTION_TTL is neither, as search no longer returns it."""
         ttl_s = self.intention_ttl_s
-        current = [m for m in rows if is_current(_due_at(m), m.created_at, now, ttl_s)]
-        overdue = [m for m in rows if is_overdue(_due_at(m), now)]
+        current = [
+            m for m in rows
+            if is_current(_due_at(m), m.utc_offset_minutes, m.created_at, now, ttl_s)
+        ]
+        overdue = [m for m in rows if is_overdue(_due_at(m), m.utc_offset_minutes, now)]
         return current[:MAX_OPEN], overdue[:MAX_OVERDUE]
 
     async def _rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:

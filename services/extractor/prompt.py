@@ -128,7 +128,7 @@ def _line(candidate: Candidate, today: datetime) -> str:
     if memory.HasField("event_at") and (event := day(memory.event_at)):
         notes.append(f"event {event}")
     if memory.HasField("due_at") and (due := day(memory.due_at)):
-        overdue = is_overdue(memory.due_at, today.timestamp())
+        overdue = is_overdue(memory.due_at, memory.utc_offset_minutes, today.timestamp())
         notes.append(f"due {due}, overdue" if overdue else f"due {due}")
     if memory.count > 1:
         notes.append(f"said {memory.count} times")

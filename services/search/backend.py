@@ -34,6 +34,7 @@ def to_candidate(
         created_at=memory.created_at,
         due_at=memory.due_at if memory.HasField("due_at") else None,
         event_at=memory.event_at if memory.HasField("event_at") else None,
+        utc_offset_minutes=memory.utc_offset_minutes,
         valid_to=memory.valid_to if memory.HasField("valid_to") else None,
         source_ids=tuple(memory.source_ids),
         hits=memory.hits,

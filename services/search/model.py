@@ -152,6 +152,8 @@ class Candidate:
     created_at: float = 0.0
     due_at: float | None = None
     event_at: float | None = None
+    utc_offset_minutes: int = 0
+    """The writer's UTC offset: the clock its dates alone (a due date) are read on."""
     valid_to: float | None = None
     """When it stopped being true in the world, if it did (an L5 relation whose edge ended)."""
     source_ids: tuple[str, ...] = ()

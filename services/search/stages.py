@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.search.channels import NOW_PAGE_LABEL
 from services.search.fusion import fuse_sources
 from services.search.model import Candidate, SearchContext
-from shared.intentions import DAY_S, is_current
+from shared.intentions import DAY_S, due_starts, is_current
 from shared.text import content_key
 
 
@@ -19,7 +19,9 @@ def intention_is_live(candidate: Candidate, now: float, ttl_s: float | None) -> 
     every other layer always may."""
     if candidate.layer != "l7_intention":
         return True
-    return is_current(candidate.due_at, candidate.created_at, now, ttl_s)
+    return is_current(
+        candidate.due_at, candidate.utc_offset_minutes, candidate.created_at, now, ttl_s
+    )
 
 
 DUE_SOON_S = 2 * DAY_S
@@ -27,15 +29,14 @@ DUE_SOON_S = 2 * DAY_S
 
 
 def due_soon(intentions: list[Candidate], now: float) -> list[Candidate]:
-    """The live intentions due within DUE_SOON_S (or overdue by under a day), soonest first."""
-    return sorted(
-        (
-            c for c in intentions
-            if c.due_at is not None and c.due_at <= now + DUE_SOON_S
-            and intention_is_live(c, now, None)
-        ),
-        key=lambda c: c.due_at or 0.0,
-    )
+    """The live intentions due within DUE_SOON_S (or overdue by under a day), soonest first,
+    each due date on its writer's clock (shared.intentions)."""
+    dated = [(due_starts(c.due_at, c.utc_offset_minutes), c) for c in intentions
+             if c.due_at is not None]
+    return [
+        c for starts, c in sorted(dated, key=lambda pair: pair[0])
+        if starts <= now + DUE_SOON_S and intention_is_live(c, now, None)
+    ]
 
 
 def drop_stale_intentions(ranked: list[Candidate], ctx: SearchContext) -> list[Candidate]:
