@@ -360,6 +360,24 @@ def test_a_plan_inserts_before_it_retires_and_retires_each_row_once() -> None:
         "old-fact", "replaced", f"${new.ref}")
 
 
+def test_a_fact_said_again_keeps_the_offset_of_the_date_it_keeps() -> None:
+    # Said on 14 May in Tokyo, updated from Los Angeles: the kept date is Tokyo's 14 May.
+    may_14 = parse_date("2024-05-14")
+    old = common_pb2.Memory(id="old-fact", content="Ann moved to Porto", event_at=may_14,
+                            utc_offset_minutes=540, count=1)
+    turn = _turn(set(), [1.0, 0.0], [0.0, 1.0])
+    turn.raw.utc_offset_minutes = -480
+    plan = Plan(facts=[FactOp("Ann moved to Porto with her cat", updates=old),
+                       FactOp("Ann moved to Porto in May", event_at=parse_date("2024-05-20"),
+                              updates=old)])
+    builder = OpBuilder(turn)
+    builder.add_facts(plan)
+    kept, dated = [op.insert for op in builder.ops]
+    assert (kept.event_at, kept.utc_offset_minutes) == (may_14, 540)
+    # One that gives its own date is on the turn's writer's clock.
+    assert (dated.event_at, dated.utc_offset_minutes) == (parse_date("2024-05-20"), -480)
+
+
 def test_a_forgotten_value_is_refused_by_its_key_or_its_nearness_and_counted() -> None:
 
     plan = Plan(

@@ -70,13 +70,15 @@ class Turn:
     a re-extraction does not write them again."""
 
 
-def _event_at(fact: FactOp) -> float | None:
-    """A new fact's event time: the one the model gave, else that of the fact it updates (a
-    repeat or more detail of it: the fact said again is still of that date)."""
+def _event_at(fact: FactOp, turn_offset_minutes: int) -> tuple[float, int] | None:
+    """A new fact's event time with the UTC offset of the writer whose clock it is on: the one
+    the model gave, on the turn's writer's clock, else that of the fact it updates (a repeat or
+    more detail of it: the fact said again is still of that date), with that fact's offset, as
+    the store's restatement carries them over."""
     if fact.event_at is not None:
-        return fact.event_at
+        return fact.event_at, turn_offset_minutes
     if fact.updates is not None and fact.updates.HasField("event_at"):
-        return fact.updates.event_at
+        return fact.updates.event_at, fact.updates.utc_offset_minutes
     return None
 
 
@@ -155,8 +157,8 @@ class OpBuilder:
             row = self.base(common_pb2.L3_FACT, fact.text, fact.label)
             row.ref, row.id, row.count = f"f{i}", str(uuid.uuid4()), 1
             self.fed.append((fact.text, row.id))
-            if (event_at := _event_at(fact)) is not None:
-                row.event_at = event_at
+            if (dated := _event_at(fact, row.utc_offset_minutes)) is not None:
+                row.event_at, row.utc_offset_minutes = dated
             if fact.updates is not None:
                 row.count = max(fact.updates.count, 1) + 1
             row.restates_at = self.turn.dedupe_score
