@@ -197,6 +197,17 @@ def test_a_merge_inserts_one_fact_and_retires_its_group_in_favour_of_it() -> Non
     assert ops.members(["a", "b", "c"]) == ["c", row.id]
 
 
+def test_a_merge_keeps_the_newest_facts_date_with_its_writers_offset() -> None:
+    newest = common_pb2.Memory()
+    newest.CopyFrom(FACTS[1])
+    newest.event_at, newest.utc_offset_minutes = 1_715_731_200.0, -480  # 2024-05-15, in LA
+    text = {"A and B": unit(1, 0.1, 0)}
+    ops = merge_ops([Merge((0, 1), "A and B")],
+                    fetched(facts=[FACTS[0], newest, FACTS[2]], text_vectors=text))
+    row = ops.core[0].insert
+    assert (row.event_at, row.utc_offset_minutes) == (1_715_731_200.0, -480)
+
+
 def test_a_drop_retires_the_named_fact_with_the_reason() -> None:
     ops = drop_ops([Drop(1, "no longer true")], fetched())
     (op,) = ops.core

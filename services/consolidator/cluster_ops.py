@@ -154,6 +154,8 @@ def _merged_row(
         count=sum(max(f.count, 1) for f in group),
         write_mode=newest.write_mode,
         pass_id=pass_id,
+        # The clock its date is on: the newest fact's, whose date it keeps.
+        utc_offset_minutes=newest.utc_offset_minutes,
     )
     if newest.HasField("event_at"):
         row.event_at = newest.event_at
