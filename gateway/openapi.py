@@ -84,7 +84,8 @@ MEMORY = obj(
 )
 HIT = obj("memory_id", "content", "score", "layer", "gmt_created", "user_id", "agent_id",
           memory_id=STR, content=STR, score=NUM, layer=STR, gmt_created=INT, user_id=STR,
-          agent_id=STR, event_at=INT, due_at=INT, label=STR, replaced=arr(ANY_OBJ),
+          agent_id=STR, event_at=INT, due_at=INT, utc_offset_minutes=INT, label=STR,
+          replaced=arr(ANY_OBJ),
           evidence=arr(ANY_OBJ))
 NODE = obj("id", "label", "type", id=STR, label=STR, type=STR)
 LINK = obj("from", "to", "relation", **{"from": STR, "to": STR, "relation": STR, "weight": NUM})

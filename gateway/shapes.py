@@ -40,6 +40,8 @@ def search_item(scored: common_pb2.ScoredMemory) -> dict[str, Any]:
         item["event_at"] = unix_seconds(memory.event_at)
     if memory.HasField("due_at"):
         item["due_at"] = unix_seconds(memory.due_at)
+    # The writer's clock, as list gives it: the days its dates speak of are this offset's.
+    item["utc_offset_minutes"] = memory.utc_offset_minutes
     if memory.label:
         item["label"] = memory.label
     if scored.replaced:

@@ -1114,6 +1114,48 @@ async def test_why_this_result_shows_each_reader_and_what_each_stage_did(
     await ui.shot("why")
 
 
+async def test_event_and_due_dates_show_on_their_writers_clock(
+    ui: Session, api: Api, stack: Stack
+) -> None:
+    user = _user()
+    said = await api.add("The ferry to Sausalito leaves from Pier 41.", user,
+                         event_at="2024-05-15T20:00-08:00")
+    # A fact's date and an intention's due date, kept alone at their UTC midnight.
+    owner, may_15 = common_pb2.Owner(user_id=user), 1_715_731_200.0
+    async with open_channel(stack.address("store")) as channel:
+        reply = await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+            scope=common_pb2.Scope(user_id=user),
+            ops=[
+                store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=owner, layer=common_pb2.L3_FACT, content="User took the ferry",
+                    event_at=may_15, utc_offset_minutes=-480)),
+                store_pb2.Op(insert=store_pb2.NewMemory(
+                    owner=owner, layer=common_pb2.L7_INTENTION, content="Book the ferry back",
+                    due_at=may_15 + 86400, utc_offset_minutes=-480)),
+            ],
+            actor="api",
+        ))
+    fact, intention = (m.id for m in reply.memories)
+
+    def shown(name: str) -> Locator:
+        return ui.page.locator(f"#memory-detail dt:text-is('{name}') + dd")
+
+    await ui.open_memory(user, said)
+    assert await shown("True from (event)").inner_text() == "2024-05-15 20:00 \u221208:00"
+    await ui.open(f"memories/{fact}")
+    assert await shown("True from (event)").inner_text() == "2024-05-15"
+    await ui.open(f"memories/{intention}")
+    assert await shown("Due").inner_text() == "2024-05-16"
+
+    await ui.act(ui.page.click("#nav a[data-view=explore]"))
+    await ui.page.fill("#query", "Sausalito")
+    await ui.page.select_option("#reader", "keyword")
+    await ui.page.click("#search-form button[type=submit]")
+    hit = ui.page.locator(f"li[data-memory-id='{said}'] .hit-meta")
+    await hit.wait_for()
+    assert "happened 2024-05-15 20:00 \u221208:00" in await hit.inner_text()
+
+
 async def test_detail_shows_what_a_memory_replaced_and_its_sources(
     ui: Session, api: Api, stack: Stack
 ) -> None:

@@ -42,6 +42,23 @@ export function fmtTime(value) {
   return date.toISOString().slice(0, 16).replace("T", " ") + " UTC";
 }
 
+const DAY_MS = 86400000;
+
+/** A row's event or due time on its writer's clock (its `utc_offset_minutes`), from unix seconds
+ * or an RFC3339 string: "2024-05-15 20:00 −08:00"; a date kept alone ("YYYY-MM-DD" is kept at
+ * its UTC midnight, as shared/dates.py reads it) as that date, "2024-05-15"; "" when absent. */
+export function fmtWriterTime(value, offsetMinutes) {
+  if (value === null || value === undefined || value === "") return "";
+  const ms = typeof value === "number" ? value * 1000 : Date.parse(value);
+  if (Number.isNaN(ms)) return String(value);
+  if (ms % DAY_MS === 0) return new Date(ms).toISOString().slice(0, 10);
+  const offset = offsetMinutes || 0;
+  const local = new Date(ms + offset * 60000).toISOString().slice(0, 16).replace("T", " ");
+  const hours = String(Math.floor(Math.abs(offset) / 60)).padStart(2, "0");
+  const minutes = String(Math.abs(offset) % 60).padStart(2, "0");
+  return `${local} ${offset < 0 ? "\u2212" : "+"}${hours}:${minutes}`;
+}
+
 /** "30 min", "1.5 h", "24 h" from seconds (under a minute: "45 s"). */
 export function fmtDuration(seconds) {
   if (seconds >= 3600) return `${Number((seconds / 3600).toFixed(1))} h`;

@@ -1,7 +1,7 @@
 // Explore: search with a reader, layer and date filters; results grouped by channel.
 
 import { api } from "../api.js";
-import { h, errorBox, emptyState, fmtTime, LAYERS } from "../dom.js";
+import { h, errorBox, emptyState, fmtTime, fmtWriterTime, LAYERS } from "../dom.js";
 
 const CHANNEL_NOTES = {
   pages: "the Now page: what is going on lately",
@@ -116,7 +116,7 @@ function whyPanel(item, rank, asked) {
 
 /** One hit, at its place (1-based) in what the search `asked` ({search, view}) shows. */
 function resultItem(item, rank, asked) {
-  const when = item.event_at ? `happened ${fmtTime(item.event_at)}` : `learned ${fmtTime(item.gmt_created)}`;
+  const when = item.event_at !== undefined ? `happened ${fmtWriterTime(item.event_at, item.utc_offset_minutes)}` : `learned ${fmtTime(item.gmt_created)}`;
   return h("li", { class: "hit", "data-memory-id": item.memory_id, "data-rank": rank },
     h("a", { href: `#/memories/${encodeURIComponent(item.memory_id)}`, class: "hit-content" }, item.content),
     h("div", { class: "hit-meta" },

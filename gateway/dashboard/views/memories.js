@@ -1,7 +1,7 @@
 // Memories: a paged list by layer, and one memory's detail with its sources, lineage, history and actions.
 
 import { api } from "../api.js";
-import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, LAYERS, notices } from "../dom.js";
+import { h, confirmed, errorBox, emptyState, facts, fmtCount, fmtTime, fmtWriterTime, LAYERS, notices } from "../dom.js";
 import { bulkBar, pickAllCell, pickCell, plural, rowCalls, undoButton } from "./bulk.js";
 
 const PAGE_SIZE = 50;
@@ -354,9 +354,9 @@ async function drawDetail(root, ctx, detail, query) {
         h("section", { class: "panel" }, h("h2", null, "Time"), facts([
           ["Learned (created)", fmtTime(memory.created_at)],
           ["Last changed", fmtTime(memory.updated_at)],
-          ["True from (event)", fmtTime(memory.event_at)],
+          ["True from (event)", fmtWriterTime(memory.event_at, memory.utc_offset_minutes)],
           ["True until", fmtTime(memory.valid_to)],
-          memory.due_at ? ["Due", fmtTime(memory.due_at)] : null,
+          memory.due_at ? ["Due", fmtWriterTime(memory.due_at, memory.utc_offset_minutes)] : null,
           memory.invalid_at ? ["Retired", `${fmtTime(memory.invalid_at)} by ${memory.retired_by || "?"} (${memory.superseded_how})${memory.drop_reason ? `: ${memory.drop_reason}` : ""}`] : null,
         ]))),
       h("section", { class: "panel" }, h("h2", null, "Where it came from"),
