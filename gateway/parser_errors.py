@@ -4,10 +4,12 @@ over its limit, a Content-Encoding no installed decoder reads): JSON errors like
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestPayloadError, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
@@ -20,20 +22,46 @@ log = logging.getLogger(__name__)
 class _Protocol(web.RequestHandler):
     """A connection whose parser's refusals (4xx) are answered in JSON."""
 
+    _body: StreamReader | None = None
+    """The body of the last request the parser read the head of (read on, or read whole)."""
+    _broken: tuple[StreamReader, str] | None = None
+    """A body whose chunked framing broke before its request's route started, and why."""
+
     def data_received(self, data: bytes) -> None:
-        """Parses what arrived; a refusal part-way through the body being read (a chunk size
-        that is not hex) ends that body where it broke, for the route to refuse it (aiohttp's
-        C parser leaves it unended, so the route waited out HYATLAS_BODY_TIMEOUT)."""
+        """Parses what arrived; a refusal part-way through a body (a chunk size that is not hex)
+        ends that body where it broke, for the route to refuse it (aiohttp's C parser leaves it
+        unended, so the route waited out HYATLAS_BODY_TIMEOUT). The body is the one the parser
+        was in, whether its route reads it already or its request still waits in the queue (the
+        head read in an earlier piece of data, or behind a pipelined request)."""
         queued = len(self._messages)
         super().data_received(data)
-        request = self._current_request
-        if request is None or request.content.is_eof():
+        for message, payload in list(self._messages)[queued:]:
+            if not isinstance(message, _ErrInfo):
+                self._body = payload
+                continue
+            body = self._body
+            if body is None or body.is_eof():
+                return  # between requests: handle_error answers it
+            why = (message.message or "unparsable").splitlines()[0]
+            request = self._current_request
+            if request is not None and request.content is body:
+                break_body(request, why)
+            else:
+                body.feed_eof()
+                self._broken = (body, why)
+            self.close()  # after the route's answer: what follows cannot be parsed
             return
-        for message, _ in list(self._messages)[queued:]:
-            if isinstance(message, _ErrInfo):
-                break_body(request, (message.message or "unparsable").splitlines()[0])
-                self.close()  # after the route's answer: what follows cannot be parsed
-                return
+
+    async def _handle_request(
+        self,
+        request: BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        """Serves a request; one whose body broke while it waited is told so first."""
+        if self._broken is not None and self._broken[0] is request.content:
+            break_body(request, self._broken[1])
+        return await super()._handle_request(request, start_time, request_handler)
 
     def handle_error(
         self,

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import make_app
 from gateway.config import GatewayConfig
+from gateway.parser_errors import AppRunner
 from gateway.routes import transfer as gateway_transfer
 from hyatlas_cli.client import Gateway, GatewayError
 from services.store import transfer as store_transfer
@@ -26,6 +29,7 @@ from services.store.server import running_server
 from shared import rpc
 from shared.settings import Settings
 from tests.store_state import store_config
+from tests.support import WAIT_CEILING_S
 
 MESSAGE_BYTES = 256 * 1024
 BUDGET_BYTES = 64 * 1024
@@ -34,12 +38,12 @@ TEXT = "The lighthouse keeper writes the weather down every evening. " * 300  # 
 
 
 @pytest.fixture
-async def gateway(
+async def gateway_app(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     embedder_address: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[TestClient[Any, Any]]:
+) -> AsyncIterator[web.Application]:
     """A gateway and store whose calls carry at most MESSAGE_BYTES, as 64 MiB would; a test
     may pass the gateway's settings (indirect parametrization)."""
     monkeypatch.setattr(rpc, "CHANNEL_OPTIONS", [
@@ -59,12 +63,18 @@ async def gateway(
             **getattr(request, "param", {}),
         )
         settings = Settings(data_dir=tmp_path, run_dir=tmp_path / "run")
-        client = TestClient(TestServer(make_app(gateway_config, settings), host="127.0.0.1"))
-        await client.start_server()
-        try:
-            yield client
-        finally:
-            await client.close()
+        yield make_app(gateway_config, settings)
+
+
+@pytest.fixture
+async def gateway(gateway_app: web.Application) -> AsyncIterator[TestClient[Any, Any]]:
+    """That gateway served over HTTP."""
+    client = TestClient(TestServer(gateway_app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 async def _model(client: TestClient[Any, Any]) -> str:
@@ -134,7 +144,7 @@ async def test_a_line_too_large_for_one_call_is_a_413_naming_it(
         assert "memory 'keeper-0' is " in (await answer.json())["error"]
 
 
-@pytest.mark.parametrize("gateway", [{"body_timeout_s": 1.0}], indirect=True)
+@pytest.mark.parametrize("gateway_app", [{"body_timeout_s": 1.0}], indirect=True)
 async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
     gateway: TestClient[Any, Any],
 ) -> None:
@@ -159,6 +169,47 @@ async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
     async with gateway.get("/api/v1/export", params={"user_id": "stalled"}) as answer:
         exported = [json.loads(line) for line in (await answer.text()).splitlines()[1:-1]]
     assert [line["memory"]["id"] for line in exported] == [f"stalled-{n}" for n in range(3)]
+
+
+@pytest.mark.parametrize("gateway_app", [{"body_timeout_s": 2.0}], indirect=True)
+@pytest.mark.parametrize("whole", [0, 3], ids=["no chunk before it", "a chunk before it"])
+async def test_an_import_whose_framing_breaks_before_its_route_starts_is_refused_at_once(
+    gateway_app: web.Application, whole: int
+) -> None:
+    # The head (and the chunks before the break) in one read, the broken chunk size in the next,
+    # before the route started (as when both arrive at once, or behind a request still being
+    # served): until 2026-12-07, with no chunk before it, the break was not seen and the import
+    # waited out the body timeout (408).
+    lines = "".join(
+        json.dumps({"type": "memory", "memory": {"user_id": "early", "content": f"Note {n}."}})
+        + "\n" for n in range(whole)
+    ).encode()
+    chunk = b"%x\r\n" % len(lines) + lines + b"\r\n" if lines else b""
+    runner = AppRunner(gateway_app)
+    await runner.setup()
+    ours, theirs = socket.socketpair()
+    try:
+        assert runner.server is not None
+        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(
+            runner.server, ours
+        )
+        reader, writer = await asyncio.open_connection(sock=theirs)
+        protocol.data_received(
+            b"POST /api/v1/import HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunk
+        )
+        protocol.data_received(b"zz\r\n")
+        answer = await asyncio.wait_for(reader.read(), WAIT_CEILING_S)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    # The whole lines before the break are written, as with a break the route meets.
+    assert json.loads(body) == {
+        "lines": whole, "imported": whole, "skipped": 0, "refused": 0, "errors": [],
+        "stopped": True, "error": "bad body: Invalid character in chunk size",
+    }
 
 
 async def test_an_export_cut_short_after_its_first_page_ends_with_a_line_saying_why(
