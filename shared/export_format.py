@@ -16,17 +16,20 @@ GONE_VERSION = 2
 alone) refuses its header, before it writes anything, where it would refuse every gone line
 and skip every changed row a sync replaces (it ignores sync=true)."""
 END_TYPE = "end"
+GONE_TYPE = "gone"
 # An end line is a few dozen bytes; a longer line is not read as one (nor parsed here).
 END_LINE_MOST_BYTES = 1024
 
 
 @dataclass(frozen=True)
 class Header:
-    """What an export's first line says: its vectors' model, and whether it ends with an end
-    line (exports written before that line was, on 2026-12-07, do not)."""
+    """What an export's first line says: its vectors' model, whether it ends with an end
+    line (exports written before that line was, on 2026-12-07, do not), and whether it may
+    hold gone lines (version 2)."""
 
     model_id: str
     ends: bool
+    gone: bool = False
 
 
 def header(model_id: str, ndim: int, now: float, gone: bool = False) -> dict[str, Any]:
@@ -57,7 +60,24 @@ def read_header(text: str) -> Header | None:
     model_id = value.get("model_id", "")
     if not isinstance(model_id, str):
         raise InvalidArgument("the header's model_id must be a string")
-    return Header(model_id, value.get("end_line") is True)
+    return Header(model_id, value.get("end_line") is True, value["version"] == GONE_VERSION)
+
+
+def gone_refused(text: str, found: Header | None) -> str | None:
+    """Why a line may not be in the file its header begins: a gone line under a header of
+    version 1, which holds none (a file without header may hold them); else None."""
+    if found is None or found.gone or GONE_TYPE not in text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # the line's own check reports it
+    if not isinstance(value, dict) or value.get("type") != GONE_TYPE:
+        return None
+    return (
+        f"a gone line, but the header says version {VERSION}: an export with gone lines is "
+        f"version {GONE_VERSION}"
+    )
 
 
 def end(lines: int) -> dict[str, Any]:

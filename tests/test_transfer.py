@@ -346,6 +346,30 @@ async def test_a_sync_import_replaces_what_changed_and_takes_away_what_is_gone_a
     assert _bare((await export(target, user_id=user))[1:-1]) == _bare(kept)
 
 
+async def test_a_gone_line_under_a_version_1_header_is_refused_by_line_and_takes_nothing(
+    target: Stack,
+) -> None:
+    # Until 2026-12-07 a gone line was applied under any header: a version-1 file (an export
+    # without gone lines) with one deleted its row for good under sync=true.
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    kept = {"type": "memory", "memory": {"user_id": user, "id": f"{user}-m", "content": "Ana."}}
+    status, reply = await _import(target, [kept])
+    assert status == 200 and reply["imported"] == 1, reply
+    version_1 = {"format": "hyatlas-export", "version": 1}
+    later = {"type": "memory", "memory": {"user_id": user, "content": "Ana paints."}}
+    status, reply = await _import(
+        target, [version_1, _gone("memory", f"{user}-m", user), later], sync="true"
+    )
+    assert status == 400, reply
+    assert reply["errors"] == [{"line": 2, "error": (
+        "a gone line, but the header says version 1: an export with gone lines is version 2"
+    )}]
+    assert (reply["lines"], reply["imported"], reply["erased"], reply["refused"]) == (2, 1, 0, 1)
+    assert reply["error"].startswith("line 2: a gone line")
+    exported = await export(target, user_id=user)
+    assert [line["memory"]["content"] for line in exported[1:-1]] == ["Ana.", "Ana paints."]
+
+
 async def test_an_export_asked_for_gone_lines_ends_with_the_rows_deleted_for_good_since(
     source: Stack,
 ) -> None:

@@ -23,7 +23,7 @@ from services.store.transfer_format import (
 )
 from services.store.transfer_repo import StoredKey
 from shared.errors import InvalidArgument, ServiceError
-from shared.export_format import Header, end, end_count, header, read_header
+from shared.export_format import Header, end, end_count, gone_refused, header, read_header
 
 CTX = LineContext(
     model_id="m",
@@ -352,13 +352,28 @@ def test_the_header_names_the_model_and_refuses_another_format_or_version() -> N
     assert read_header('{"format": "hyatlas-export", "version": 1}') == Header("", ends=False)
     # One with gone lines is version 2: a server that reads version 1 alone refuses it whole.
     assert header("m", 4, 1.0, gone=True)["version"] == 2
-    assert read_header(json.dumps(header("m", 4, 1.0, gone=True))) == Header("m", ends=True)
+    assert read_header(json.dumps(header("m", 4, 1.0, gone=True))) == Header(
+        "m", ends=True, gone=True
+    )
     assert read_header('{"type": "memory"}') is None
     assert read_header("not json") is None
     with pytest.raises(InvalidArgument, match="format 'x' is not 'hyatlas-export'"):
         read_header('{"format": "x"}')
     with pytest.raises(InvalidArgument, match="export version 3 is not 1 or 2"):
         read_header('{"format": "hyatlas-export", "version": 3}')
+
+
+def test_a_gone_line_is_refused_under_a_header_of_version_1_alone() -> None:
+    gone = json.dumps({"type": "gone", "gone": {"kind": "memory", "id": "m", "user_id": "u"}})
+    version_1 = read_header(json.dumps(header("m", 4, 1.0)))
+    assert gone_refused(gone, version_1) == (
+        "a gone line, but the header says version 1: an export with gone lines is version 2"
+    )
+    assert gone_refused(gone, read_header(json.dumps(header("m", 4, 1.0, gone=True)))) is None
+    assert gone_refused(gone, None) is None  # minimal lines: no header to go against
+    memory = '{"type": "memory", "memory": {"user_id": "u", "content": "All gone."}}'
+    assert gone_refused(memory, version_1) is None
+    assert gone_refused("not json, gone", version_1) is None  # the store says what it is
 
 
 def test_an_end_line_counts_the_lines_before_it_and_one_of_another_shape_is_refused() -> None:

@@ -20,7 +20,15 @@ from gateway.respond import all_users, json_response, owner_scope, rpc_timeout
 from gateway.state import CONFIG, STORE
 from gateway.wording import extraction_status
 from shared.errors import InvalidArgument, PermissionDenied, ServiceError, TooLarge
-from shared.export_format import Header, cut_short, end, end_count, header, read_header
+from shared.export_format import (
+    Header,
+    cut_short,
+    end,
+    end_count,
+    gone_refused,
+    header,
+    read_header,
+)
 from shared.grants import reaches_everyone
 from shared.limits import MAX_TRANSFER_LINE_BYTES, TRANSFER_BUDGET_BYTES
 from shared.pb import common_pb2, store_pb2
@@ -297,8 +305,8 @@ async def _import_lines(
     request: web.Request, run: _Import
 ) -> AsyncIterator[tuple[store_pb2.ImportLine, int]]:
     """The body's lines to send, with their sizes: a first line that is an export header sets
-    the model, an end line is kept to check the file is whole, and a line that is not UTF-8 or
-    a malformed end line is refused here."""
+    the model, an end line is kept to check the file is whole, and a line that is not UTF-8,
+    a malformed end line or a gone line its header's version holds none of is refused here."""
     first = True
     async for number, raw in _numbered_lines(request):
         run.last_line = number
@@ -317,6 +325,8 @@ async def _import_lines(
                 counted = end_count(text)
             except InvalidArgument as exc:
                 refused = exc.message
+            else:
+                refused = gone_refused(text, run.header)
         if counted is not None:
             run.end = (counted, run.came_before())
             continue

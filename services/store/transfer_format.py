@@ -28,7 +28,7 @@ from services.store.validate import check_edge_span, check_how, check_states
 from shared import client_json
 from shared.dates import check_on_calendar
 from shared.errors import InvalidArgument
-from shared.export_format import cut_short_reason
+from shared.export_format import GONE_TYPE, cut_short_reason
 from shared.limits import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
@@ -153,7 +153,7 @@ def edge_line(edge: Edge) -> dict[str, Any]:
 def gone_line(kind: str, item_id: str, user_id: str, agent_id: str) -> dict[str, Any]:
     """One memory deleted for good, or one edge undone, by its id and owner."""
     return {
-        "type": "gone",
+        "type": GONE_TYPE,
         "gone": {"kind": kind, "id": item_id, "user_id": user_id, "agent_id": agent_id},
     }
 
@@ -476,6 +476,6 @@ def parse_line(text: str, ctx: LineContext) -> MemoryLine | EdgeLine | GoneLine:
         return _memory(line, ctx)
     if kind == "edge":
         return _edge(line, ctx)
-    if kind == "gone":
+    if kind == GONE_TYPE:
         return _gone(line)
     raise InvalidArgument(f"type {kind!r} is not 'memory', 'edge' or 'gone'")
