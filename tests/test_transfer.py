@@ -120,10 +120,12 @@ async def test_a_bad_line_is_refused_with_its_number_and_the_good_lines_are_writ
     target: Stack,
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
-    good = {"type": "memory", "memory": {"user_id": user, "content": "The boat is blue."}}
+    good = [{"type": "memory", "memory": {"user_id": user, "content": f"The boat is {colour}."}}
+            for colour in ("blue", "red")]
     bad_layer = {"type": "memory", "memory": {"user_id": user, "content": "x", "layer": "l9"}}
     body = (
-        json.dumps(good) + "\n\n" + json.dumps(bad_layer) + "\n{not json\n" + json.dumps(good)
+        json.dumps(good[0]) + "\n\n" + json.dumps(bad_layer) + "\n{not json\n"
+        + json.dumps(good[1])
     ).encode()
     status, reply = await _import(target, body)
     assert status == 400, reply
@@ -171,8 +173,9 @@ async def test_a_line_that_is_not_utf8_is_counted_refused_and_its_batch_written(
     target: Stack,
 ) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
-    good = json.dumps({"type": "memory", "memory": {"user_id": user, "content": "Fine."}})
-    body = (good + "\n" + good + "\n").encode() + b"\xff\xfe\n" + good.encode() + b"\n"
+    good = [json.dumps({"type": "memory", "memory": {"user_id": user, "content": f"Fine {n}."}})
+            for n in range(3)]
+    body = (good[0] + "\n" + good[1] + "\n").encode() + b"\xff\xfe\n" + good[2].encode() + b"\n"
     status, reply = await _import(target, body)
     assert status == 400, reply
     assert reply["errors"] == [{"line": 3, "error": "not UTF-8 text"}]
@@ -636,6 +639,37 @@ async def test_a_client_hanging_up_during_an_export_or_an_import_is_no_error(
 
     await assert_eventually(both_seen)
     assert "error id" not in log_path.read_text()
+
+
+async def test_lines_without_ids_sent_again_are_skipped_not_written_twice(target: Stack) -> None:
+    # Until 2026-12-07 a line without id got a new one each time, so a client resending its
+    # file (its reply lost, or the import cut short) wrote every such line again.
+    user = f"user-{uuid.uuid4().hex[:8]}"
+
+    def line(text: str, **more: Any) -> dict[str, Any]:
+        return {"type": "memory", "memory": {"user_id": user, "content": text, **more}}
+
+    lines = [
+        line("Ana paints on Sundays."),
+        line("Ana paints on Sundays.", session_id="s2"),  # another session: another memory
+        line("Ana paints on Sundays.", layer="l2_raw"),  # the first, its default given: one
+        line("Ben rows.", event_at=1_700_000_000),
+        line("Ben rows.", event_at=1_700_086_400),  # the next day: another memory
+        line("Ben rows.", event_at=1_700_086_400),  # said twice alike: one memory
+    ]
+    status, reply = await _import(target, lines)
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (4, 2), reply
+    first = await export(target, user_id=user)
+    assert len(first[1:-1]) == 4
+    for _ in range(2):  # sent again whole, twice
+        status, reply = await _import(target, lines)
+        assert status == 200 and (reply["imported"], reply["skipped"]) == (0, 6), reply
+        assert (await export(target, user_id=user))[1:] == first[1:]
+    # With a line added, the added line alone is written.
+    status, reply = await _import(target, [*lines, line("Cy sings.")])
+    assert status == 200 and (reply["imported"], reply["skipped"]) == (1, 6), reply
+    ids = [row["memory"]["id"] for row in (await export(target, user_id=user))[1:-1]]
+    assert ids[:4] == [row["memory"]["id"] for row in first[1:-1]] and len(ids) == 5
 
 
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:
