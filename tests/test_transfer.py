@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
 from tests.store_state import LAYERS, LONG_TEXT, call, export, observed, seed, vector_line
 from tests.support import WAIT_CEILING_S, Stack, assert_eventually, running_stack
+from tests.test_store import raises_code
 
 pytestmark = pytest.mark.slow
 
@@ -670,6 +674,34 @@ async def test_lines_without_ids_sent_again_are_skipped_not_written_twice(target
     assert status == 200 and (reply["imported"], reply["skipped"]) == (1, 6), reply
     ids = [row["memory"]["id"] for row in (await export(target, user_id=user))[1:-1]]
     assert ids[:4] == [row["memory"]["id"] for row in first[1:-1]] and len(ids) == 5
+
+
+async def test_a_line_without_id_gets_an_id_only_its_store_can_make(
+    source: Stack, target: Stack
+) -> None:
+    # Made in a namespace anyone can read (the source's), an id named the line's text and owner:
+    # another owner's import naming it learnt, from "taken by another memory", that the text
+    # was held. Each store makes its own secret namespace once and keeps it over restarts.
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    line = {"type": "memory", "memory": {"user_id": user, "content": "My PIN is 4471."}}
+
+    async def id_in(stack: Stack) -> str:
+        status, reply = await _import(stack, [line])
+        assert status == 200 and reply["imported"] + reply["skipped"] == 1, reply
+        (row,) = (await export(stack, user_id=user))[1:-1]
+        return str(row["memory"]["id"])
+
+    on_source, on_target = await id_in(source), await id_in(target)
+    assert on_source != on_target
+    target.procs["store"].stop()
+    target.start("store")
+    assert await id_in(target) == on_target  # sent again after a restart: skipped, same id
+    async with open_channel(target.address("store")) as channel:
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT) as info:
+            await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(all_users=True),
+                ops=[store_pb2.Op(set_state=store_pb2.SetStateOp(key="line_ids"))]))
+    assert "'line_ids' is the store's own state key" in (info.value.details() or "")
 
 
 async def test_minimal_lines_are_embedded_keyed_and_searchable(target: Stack) -> None:

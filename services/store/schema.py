@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import aiosqlite
 
+from services.store.model import LINE_IDS_STATE
 from shared.errors import ConfigError
 from shared.text import edge_key
 
@@ -265,6 +267,10 @@ async def create_or_migrate(conn: aiosqlite.Connection, path: object) -> None:
         await conn.execute("COMMIT")
     # Also after a migration: tables added since without a version step reach every store.
     await conn.executescript(_TABLES + _TEXT_LOG)
+    await conn.execute(
+        "INSERT OR IGNORE INTO service_state (key, value, updated_at) VALUES (?, ?, ?)",
+        (LINE_IDS_STATE, f'"{uuid.uuid4()}"', time.time()),
+    )
     if version is None:
         await _set_version(conn)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from services.store.disk_full import full_disk_refused
 from services.store.idempotency import IdempotencyKey, Replayed
 from services.store.model import (
     LAYERS,
+    LINE_IDS_STATE,
     AuditEntry,
     CountQuery,
     Edge,
@@ -45,7 +48,7 @@ from services.store.validate import (
     page_offset,
     page_size,
 )
-from shared.errors import Conflict, InvalidArgument, NotFound
+from shared.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from shared.grants import Grant
 
 
@@ -66,6 +69,7 @@ class Store:
     ) -> None:
         self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
         self._repo = repo
+        self._line_ids_namespace: uuid.UUID | None = None
         # Where the rows are, as stats show it: the data directory, or the database's address.
         self._location = location or str(data_dir)
         self.reembed: Reembedder | None = None
@@ -292,15 +296,24 @@ class Store:
         its cursor, and whether it is last."""
         return await transfer.export_page(self._core, reach, edges, after, limit, gone)
 
-    def _line_context(
+    async def _line_context(
         self, file_model_id: str, extraction_status: str, write_mode: str
     ) -> LineContext:
         # The states a raw line leaves out are the request's: held to a line's own rule.
         check_states("import", extraction_status, write_mode)
         return LineContext(
             self.model.model_id, self.model.ndim, file_model_id, time.time(),
-            extraction_status, write_mode,
+            extraction_status, write_mode, await self._line_ids(),
         )
+
+    async def _line_ids(self) -> uuid.UUID:
+        """The store's namespace of the ids of import lines without one (LINE_IDS_STATE)."""
+        if self._line_ids_namespace is None:
+            held = dict(await self._repo.get_state(LINE_IDS_STATE)).get(LINE_IDS_STATE)
+            if held is None:
+                raise Unavailable("the store's schema holds no namespace of import line ids")
+            self._line_ids_namespace = uuid.UUID(json.loads(held))
+        return self._line_ids_namespace
 
     async def import_lines(
         self,
@@ -316,7 +329,7 @@ class Store:
         """Numbered JSONL lines written in one transaction, or none when one is bad; vectors
         embed_import gave for the very lines are used instead of embedding them. With sync,
         changed rows and edges are replaced and gone lines applied (transfer.import_lines)."""
-        ctx = self._line_context(file_model_id, extraction_status, write_mode)
+        ctx = await self._line_context(file_model_id, extraction_status, write_mode)
         return await transfer.import_lines(self._core, reach, lines, ctx, actor, given, sync)
 
     async def embed_import(
@@ -324,7 +337,7 @@ class Store:
     ) -> tuple[np.ndarray, str]:
         """The vectors import_lines would embed for the lines, written nowhere, and the model
         that made them."""
-        ctx = self._line_context(file_model_id, "", "")
+        ctx = await self._line_context(file_model_id, "", "")
         return await transfer.embed_lines(self._core, reach, lines, ctx)
 
     async def snapshot(self) -> Snapshot:

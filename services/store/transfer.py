@@ -170,37 +170,37 @@ def _parsed(
     return parsed, errors
 
 
-LINE_IDS = uuid.UUID("5f0c63a4-8f0e-4f7e-9a43-2a3c1f7d6b21")
-"""The namespace of the ids lines without one get (changing it would write every such line
-of a file imported before once more)."""
 _SET_BY_THE_WRITE = frozenset(
     {"model_id", "created_at", "updated_at", "recorded_at", "extraction_status", "write_mode"}
 )
 """Fields a line leaves out that the write sets from its moment or its request, not the line."""
 
 
-def _line_id(kind: str, value: MemoryRow | Edge, given: frozenset[str] | None) -> str:
-    """The id of a line without one: a uuid5 of what it says (its owner and every field it
-    gives, and the defaults of the rest but those the write sets), so the line sent again, as
-    a retried import sends it, names the row or edge it wrote and skips."""
+def _line_id(
+    namespace: uuid.UUID, kind: str, value: MemoryRow | Edge, given: frozenset[str] | None
+) -> str:
+    """The id of a line without one: a uuid5, in the store's secret namespace, of what it says
+    (its owner and every field it gives, and the defaults of the rest but those the write
+    sets), so the line sent again, as a retried import sends it, names the row or edge it wrote
+    and skips."""
     said = {
         name: item
         for name, item in dataclasses.asdict(value).items()
         if name != "id" and (given is None or name in given or name not in _SET_BY_THE_WRITE)
     }
     text = json.dumps([kind, said], ensure_ascii=False, sort_keys=True)
-    return str(uuid.uuid5(LINE_IDS, text))
+    return str(uuid.uuid5(namespace, text))
 
 
-def _with_ids(items: list[Line]) -> list[Line]:
+def _with_ids(items: list[Line], namespace: uuid.UUID) -> list[Line]:
     """Lines without an id get the one what they say gives (_line_id)."""
     out: list[Line] = []
     for item in items:
         if isinstance(item, MemoryLine) and not item.row.id:
-            memory_id = _line_id("memory", item.row, item.given)
+            memory_id = _line_id(namespace, "memory", item.row, item.given)
             item = replace(item, row=replace(item.row, id=memory_id))
         elif isinstance(item, EdgeLine) and not item.edge.id:
-            edge_id = _line_id("edge", item.edge, item.given)
+            edge_id = _line_id(namespace, "edge", item.edge, item.given)
             item = replace(item, edge=replace(item.edge, id=edge_id))
         out.append(item)
     return out
@@ -287,7 +287,7 @@ def _batch(
     parsed, errors = _parsed(lines, reach, ctx)
     if errors:
         return None, errors
-    items = _with_ids(parsed)
+    items = _with_ids(parsed, ctx.line_ids)
     passages, wanted = _to_embed([item for item in items if isinstance(item, MemoryLine)])
     return _Batch(items, [number for number, _ in lines], passages, wanted), []
 

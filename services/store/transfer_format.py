@@ -7,6 +7,7 @@ import binascii
 import dataclasses
 import json
 import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,8 @@ class LineContext:
     now: float
     extraction_status: str = ""
     write_mode: str = ""
+    line_ids: uuid.UUID = uuid.UUID(int=0)
+    """The namespace of the ids lines without one get (the store's, LINE_IDS_STATE)."""
 
 
 # -- rendering --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 from services.store.core import VectorModel
 from services.store.model import (
     LAYERS,
+    LINE_IDS_STATE,
     MAX_LIMIT,
     SUPERSEDED_HOW,
     Delete,
@@ -216,6 +217,8 @@ def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
     if not op.key:
         raise InvalidArgument(f"{where}: set_state needs a key")
     check_key(f"{where}: set_state key", op.key)
+    if op.key == LINE_IDS_STATE:
+        raise InvalidArgument(f"{where}: {LINE_IDS_STATE!r} is the store's own state key")
     if op.value_json:
         try:
             client_json.loads(op.value_json)

@@ -15,9 +15,11 @@ graph mean the same on both backends. What differs:
 from __future__ import annotations
 
 import time
+import uuid
 
 import asyncpg
 
+from services.store.model import LINE_IDS_STATE
 from shared.errors import ConfigError
 from shared.text import edge_key
 
@@ -291,6 +293,11 @@ async def create_or_migrate(conn: asyncpg.Connection, ndim: int, where: str) -> 
                 f"a re-embed is not built for the PostgreSQL store yet: {REEMBED_INSTEAD}"
             )
         await conn.execute(_tables(ndim))
+        await conn.execute(
+            "INSERT INTO service_state (key, value, updated_at) VALUES ($1, $2, $3) "
+            "ON CONFLICT (key) DO NOTHING",
+            LINE_IDS_STATE, f'"{uuid.uuid4()}"', time.time(),
+        )
         if version is not None and version < 7:
             # Rows written before kept no writer's offset: they are read in UTC days, as they were.
             await conn.execute(
