@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from shared.owner_state import owner_key
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import ServiceClient
 
@@ -194,3 +195,16 @@ def state_op(key: str, value: object) -> store_pb2.Op:
     """A SetState op holding value as JSON (None removes the key)."""
     text = "" if value is None else json.dumps(value, separators=(",", ":"))
     return store_pb2.Op(set_state=store_pb2.SetStateOp(key=key, value_json=text))
+
+
+def owner_state_op(
+    kind: str, user_id: str, agent_id: str, value: object, if_value: str | None = None
+) -> store_pb2.Op:
+    """A SetState op of one owner's state key of kind (shared.owner_state), which a caller
+    reaching the owner may send; with if_value, it applies only while the key still holds
+    that stored value."""
+    op = state_op(owner_key(kind, user_id, agent_id), value)
+    op.set_state.owner.CopyFrom(common_pb2.Owner(user_id=user_id, agent_id=agent_id))
+    if if_value is not None:
+        op.set_state.if_value_json = if_value
+    return op

@@ -47,9 +47,10 @@ from shared.limits import (
     MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
 )
+from shared.owner_state import NOW_ASKED, owner_key
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
-from shared.store_client import PAGE, all_rows, state_op
+from shared.store_client import PAGE, all_rows, owner_state_op, state_op
 from shared.text import content_key, value_key
 from shared.tombstones import held_tombstones, tombstones
 from tests.store_state import store_config
@@ -785,6 +786,55 @@ async def test_a_lease_is_one_holders_until_released_or_expired(
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
             await claim(store, name, holder, ttl_s)
     assert await claim(store, "pass", "c", LEASE_TTL_MAX_S) == (True, "c")
+
+
+async def test_a_conditional_state_op_changes_the_value_only_while_it_is_the_one_sent(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    # A Now page clears the request its rebuild read, in the page's own write: a request stored
+    # after that read stays, and the page is written all the same.
+    key = owner_key(NOW_ASKED, "alice", "")
+
+    def asked(value: object, if_value: str | None = None) -> store_pb2.Op:
+        return owner_state_op(NOW_ASKED, "alice", "", value, if_value)
+
+    async def stored() -> dict[str, str]:
+        reply = await store.GetState(store_pb2.GetStateRequest(prefix=key))
+        return {v.key: v.value_json for v in reply.values}
+
+    await apply(store, asked({"asked": "newer"}))
+    page, _ = await apply(
+        store, insert("Alice is moving house", layer=common_pb2.L4_SUMMARY),
+        asked(None, if_value='{"asked":"read"}'),
+    )
+    assert page.status == "active"
+    assert await stored() == {key: '{"asked":"newer"}'}
+    await apply(store, asked({"asked": "set"}, if_value='{"asked":"read"}'))
+    assert await stored() == {key: '{"asked":"newer"}'}
+    await apply(store, asked({"asked": "set"}, if_value='{"asked":"newer"}'))
+    assert await stored() == {key: '{"asked":"set"}'}
+    await apply(store, asked(None, if_value='{"asked":"set"}'))
+    assert await stored() == {}
+    await apply(store, asked({"asked": "back"}, if_value='{"asked":"set"}'))  # not brought back
+    assert await stored() == {}
+
+
+async def test_an_owners_state_key_is_refused_unless_it_is_that_owners_within_the_scope(
+    store: store_pb2_grpc.StoreStub,
+) -> None:
+    bobs = owner_state_op(NOW_ASKED, "bob", "", {"a": 1})
+    with raises_code(grpc.StatusCode.PERMISSION_DENIED):
+        await apply(store, insert("kept?"), bobs)
+    not_hers = owner_state_op(NOW_ASKED, "alice", "", {"a": 1})
+    not_hers.set_state.key = bobs.set_state.key
+    server_wide = owner_state_op(NOW_ASKED, "alice", "", {"a": 1})
+    server_wide.set_state.key = "lease/pass"
+    for op in (not_hers, server_wide):
+        with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
+            await apply(store, insert("kept?"), op)
+    assert await listed(store) == []
+    reply = await store.GetState(store_pb2.GetStateRequest(prefix=""))
+    assert list(reply.values) == []
 
 
 async def test_a_live_fact_is_a_key_of_the_turn_it_cites_until_it_is_changed_or_erased(

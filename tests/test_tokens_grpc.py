@@ -18,8 +18,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.errors import ConfigError
 from shared.grants import Grant
+from shared.owner_state import NOW_ASKED, owner_key
 from shared.pb import common_pb2, introspect_pb2, introspect_pb2_grpc, store_pb2, store_pb2_grpc
 from shared.settings import Settings
+from shared.store_client import owner_state_op
 from tests.support import ROOT, Stack, base_env, free_port, grpc_serving, running_stack
 
 pytestmark = pytest.mark.slow
@@ -132,6 +134,29 @@ def test_a_call_with_a_grant_for_some_owners_is_refused_the_servers_state(
         kept = store.GetState(store_pb2.GetStateRequest(prefix="probe:"), metadata=TOKEN,
                               timeout=30)
     assert [(v.key, v.value_json) for v in kept.values] == [("probe:x", '"carol"')]
+
+
+def test_a_grant_for_some_owners_sets_a_state_key_of_its_owner_with_its_write_and_no_other(
+    tcp_stack: Stack,
+) -> None:
+    # An extraction runs under its writer's grant: the Now page request it stores with the
+    # turn's facts, in the same transaction, is the owner's, not the server's.
+    def write(owner: str) -> store_pb2.ApplyRequest:
+        request = _insert("grpc-carol")
+        request.ops.append(owner_state_op(NOW_ASKED, owner, "", {"asked": "x"}))
+        return request
+
+    with grpc.insecure_channel(tcp_stack.address("store")) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+        store.Apply(write("grpc-carol"), metadata=AS_CAROL, timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            store.Apply(write("grpc-dave"), metadata=AS_CAROL, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        kept = store.GetState(store_pb2.GetStateRequest(prefix=f"{NOW_ASKED}/"), metadata=TOKEN,
+                              timeout=30)
+    assert [(v.key, v.value_json) for v in kept.values] == [
+        (owner_key(NOW_ASKED, "grpc-carol", ""), '{"asked":"x"}')
+    ]
 
 
 def test_a_grant_for_some_owners_takes_no_lease_and_sees_no_store_wide_count(

@@ -171,7 +171,7 @@ async def _insert(run: _Apply, i: int, op: Insert) -> MemoryRow | None:
 
 
 async def _set_state(run: _Apply, i: int, op: SetState) -> MemoryRow | None:
-    await run.write.tx.set_state(op.key, op.value_json, run.write.now)
+    await run.write.tx.set_state(op.key, op.value_json, run.write.now, op.if_value)
     return None
 
 

@@ -291,6 +291,15 @@ class SetState:
 
     key: str
     value_json: str
+    if_value: str | None = None
+    """Set: the op changes the value only while the key holds exactly this one."""
+    owner: tuple[str, str] | None = None
+    """The owner (user_id, agent_id) the key belongs to, for a key of one owner."""
+
+    @property
+    def server_wide(self) -> bool:
+        """Whether the key is the server's own, not one owner's."""
+        return self.owner is None
 
 
 Op = Insert | Retire | Restore | Update | Tombstone | Delete | PutEdge | EndEdge | SetState

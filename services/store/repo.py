@@ -90,6 +90,20 @@ LIVE_EDGE = (
     "AND undone = 0 AND stale = 0 AND invalidated_at IS NULL ORDER BY seq DESC LIMIT 1"
 )
 
+
+def conditional_state(
+    key: str, value: str, at: float, if_value: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and its parameters that set a state value (an empty one: remove it) only while
+    the key holds exactly if_value, on either backend."""
+    if not value:
+        return "DELETE FROM service_state WHERE key = ? AND value = ?", (key, if_value)
+    return (
+        "UPDATE service_state SET value = ?, updated_at = ? WHERE key = ? AND value = ?",
+        (value, at, key, if_value),
+    )
+
+
 # A key carries its memory's owner key, for the keyword index (the memory id is the parameter).
 _OWNER_KEY_OF = "(SELECT owner_key FROM memories WHERE id = ?)"
 
@@ -547,8 +561,15 @@ class Tx:
         )
         return [_edge(r) for r in rows]
 
-    async def set_state(self, key: str, value: str, at: float) -> None:
-        """Sets one state value; an empty value removes it."""
+    async def set_state(
+        self, key: str, value: str, at: float, if_value: str | None = None
+    ) -> None:
+        """Sets one state value; an empty value removes it. With if_value, only while the key
+        holds exactly that value (else nothing changes)."""
+        if if_value is not None:
+            sql, params = conditional_state(key, value, at, if_value)
+            await self._conn.execute(sql, params)
+            return
         if not value:
             await self._conn.execute("DELETE FROM service_state WHERE key = ?", (key,))
             return

@@ -145,8 +145,11 @@ class Writes(Protocol):
         """The edges with no L5 row that list one of fact_ids among their facts."""
         ...
 
-    async def set_state(self, key: str, value: str, at: float) -> None:
-        """Sets one state value; an empty value removes it."""
+    async def set_state(
+        self, key: str, value: str, at: float, if_value: str | None = None
+    ) -> None:
+        """Sets one state value; an empty value removes it. With if_value, only while the key
+        holds exactly that value (else nothing changes)."""
         ...
 
     async def record_pass_change(

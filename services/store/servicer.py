@@ -233,7 +233,12 @@ _OPS: dict[str, Callable[[Any], Op]] = {
     "delete": lambda d: Delete(d.id),
     "put_edge": _put_edge,
     "end_edge": _end_edge,
-    "set_state": lambda s: SetState(s.key, s.value_json),
+    "set_state": lambda s: SetState(
+        s.key,
+        s.value_json,
+        s.if_value_json if s.HasField("if_value_json") else None,
+        (s.owner.user_id, s.owner.agent_id) if s.HasField("owner") else None,
+    ),
 }
 
 
@@ -318,8 +323,9 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ApplyResponse:
         reach = self._reach(request.scope)
         ops = [_op(i, op) for i, op in enumerate(request.ops)]
-        if any(isinstance(op, SetState) for op in ops):
-            # State values are the server's own (the slow path's clusters and schedule), no owner's.
+        if any(isinstance(op, SetState) and op.server_wide for op in ops):
+            # The slow path's clusters and schedule, leases: no owner's. A key of one owner is
+            # checked against the scope as an insert's owner is (validate).
             check_everyone("setting server state")
         actor = actor_for(request.actor, request.origin, self._token_name())
         rows = await self._store.apply(reach, ops, actor, request.reason, _key(request))

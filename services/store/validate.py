@@ -40,6 +40,7 @@ from shared.limits import (
     check_text,
     check_utc_offset,
 )
+from shared.owner_state import is_owners_key
 from shared.settings import MODES
 
 DEFAULT_LIMIT = 20
@@ -219,6 +220,17 @@ def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
     check_key(f"{where}: set_state key", op.key)
     if op.key == LINE_IDS_STATE:
         raise InvalidArgument(f"{where}: {LINE_IDS_STATE!r} is the store's own state key")
+    if op.owner is not None:
+        user_id, agent_id = op.owner
+        if not is_owners_key(op.key, user_id, agent_id):
+            raise InvalidArgument(
+                f"{where}: set_state key {op.key!r} is no state key of owner {user_id!r} "
+                f"(agent {agent_id!r})"
+            )
+        if not reach.contains(user_id, agent_id):
+            raise PermissionDenied(
+                f"{where}: owner {user_id!r} (agent {agent_id!r}) is outside the request scope"
+            )
     if op.value_json:
         try:
             client_json.loads(op.value_json)

@@ -34,6 +34,7 @@ from services.store.repo import (
     _filters,
     _row,
     _where,
+    conditional_state,
     edge_values,
     row_json,
     rows_of_layers,
@@ -307,8 +308,15 @@ class PgWrites:
         )
         return [_edge(r) for r in rows]
 
-    async def set_state(self, key: str, value: str, at: float) -> None:
-        """Sets one state value; an empty value removes it."""
+    async def set_state(
+        self, key: str, value: str, at: float, if_value: str | None = None
+    ) -> None:
+        """Sets one state value; an empty value removes it. With if_value, only while the key
+        holds exactly that value (else nothing changes)."""
+        if if_value is not None:
+            sql, params = conditional_state(key, value, at, if_value)
+            await self._execute(sql, *params)
+            return
         if not value:
             await self._execute("DELETE FROM service_state WHERE key = ?", key)
             return
