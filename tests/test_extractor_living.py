@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -391,13 +392,151 @@ async def test_a_now_page_asked_for_before_a_kill_9_is_built_after_the_restart(
 
         await assert_eventually(paged)
         # Answered: the next restart asks for nothing more.
-        async with open_channel(api.store_address) as channel:
-            state = await store_pb2_grpc.StoreStub(channel).GetState(
-                store_pb2.GetStateRequest(prefix="now_asked/"), timeout=10)
-        assert [v.key for v in state.values if user in v.key] == []
+        assert await now_requests(api, user) == {}
     finally:
         fake.answer = _answer
         gate.set()
+
+
+async def now_requests(api: Api, user: str) -> dict[str, str]:
+    """The Now page requests stored for a user (of any agent), by state key."""
+    async with open_channel(api.store_address) as channel:
+        state = await store_pb2_grpc.StoreStub(channel).GetState(
+            store_pb2.GetStateRequest(prefix=f'now_asked/["{user}",'), timeout=10)
+    return {v.key: v.value_json for v in state.values}
+
+
+async def test_a_now_page_request_is_stored_with_its_turns_extraction(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    # The reconcile call runs after the extraction's write and before the request used to be
+    # written, a write of its own: a kill -9 then left the facts stored and the page unbuilt
+    # until the owner's next write.
+    user = new_user()
+    gate = threading.Event()
+    since = len(fake.requests)
+    fake.on("m-asked1", {"facts": [{"text": "Vera cycles to the asked-one market every Sunday"}]})
+    await api.add("m-asked1 I cycle to the market on Sundays.", user)
+
+    async def answered() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary"))[-1:] == [("active", "")]
+        assert await now_requests(api, user) == {}
+
+    await assert_eventually(answered)
+    fake.on("m-asked2",
+            {"facts": [{"text": "Vera cycled to the asked-one market again this Sunday"}]},
+            held(gate, {"ops": []}))
+    # The write waits for its extraction (pro), so it is sent beside the test.
+    adding = asyncio.create_task(api.call("POST", "/api/v1/add", json={
+        "text": "m-asked2 Cycled to the market again this Sunday.", "user_id": user}))
+    try:
+        # Its extraction is written, its reconcile call held, when the extractor dies.
+        await assert_eventually(lambda: len(asked_for(fake, since, "compare NEW facts")) == 1)
+        living.procs["extractor"].kill()
+        await adding
+        turns = await api.rows(user, "l2_raw")
+        assert [t.extraction_status for t in turns if "m-asked2" in t.content] == ["done"]
+        assert len(await now_requests(api, user)) == 1
+        living.start("extractor")
+        await value_eventually(lambda: last_now_prompt(fake, "again this Sunday"))
+        await assert_eventually(answered)
+    finally:
+        gate.set()
+        await adding
+
+
+async def test_a_request_stored_while_a_rebuild_is_under_way_outlives_its_page(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    # Another replica's write stores its request while this replica's rebuild has read the
+    # rows: the page's write cleared it, and a kill of that replica then lost its page.
+    user = new_user()
+    gate = threading.Event()
+
+    def asked(record: Recorded) -> bool:
+        return "Now page" in str(record.body["messages"][0]["content"]) and (
+            "under-way" in record.user_message
+        )
+
+    fake.on("m-underway", {"facts": [{"text": "Wim painted the under-way fence"}]})
+    fake.answer = lambda record: held(gate, _answer(record)) if asked(record) else _answer(record)
+    try:
+        await api.add("m-underway I painted the fence.", user)
+        await assert_eventually(lambda: len([r for r in fake.requests if asked(r)]) == 1)
+        key = f'now_asked/["{user}",""]'
+        theirs = json.dumps({"user_id": user, "agent_id": "", "due_at": 0, "asked": "theirs"})
+        async with open_channel(api.store_address) as channel:
+            await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(user_id=user), actor="extractor",
+                ops=[store_pb2.Op(set_state=store_pb2.SetStateOp(key=key, value_json=theirs))],
+            ), timeout=10)
+        fake.answer = _answer
+        gate.set()
+
+        async def paged() -> None:
+            assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+        await assert_eventually(paged)
+        assert await now_requests(api, user) == {key: theirs}
+        # A restart answers it: one more page, and the request is cleared.
+        living.procs["extractor"].stop()
+        living.start("extractor")
+
+        async def answered() -> None:
+            pages = now_pages_of(await api.rows(user, "l4_summary"))
+            assert pages == [("retired", "replaced"), ("active", "")]
+            assert await now_requests(api, user) == {}
+
+        await assert_eventually(answered)
+    finally:
+        fake.answer = _answer
+        gate.set()
+
+
+async def test_a_resumed_request_another_replica_answered_meanwhile_costs_no_model_call(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    # Every replica resumes every stored request at its start; one whose page another replica
+    # wrote while this one waited for the page's lease is not rebuilt a second time.
+    user = new_user()
+    fake.on("m-resumed", {"facts": [{"text": "Ines planted the resumed-one tulips"}]})
+    await api.add("m-resumed I planted tulips.", user)
+
+    async def answered() -> None:
+        assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+        assert await now_requests(api, user) == {}
+
+    await assert_eventually(answered)
+    key, lease = f'now_asked/["{user}",""]', f'now_page/["{user}",""]'
+    theirs = json.dumps({"user_id": user, "agent_id": "", "due_at": 0, "asked": "theirs"})
+    log = living.data_dir / "extractor.log"
+    skipped = f"now page of ('{user}', ''): its request was answered by another replica"
+    async with open_channel(api.store_address) as channel:
+        store = store_pb2_grpc.StoreStub(channel)
+
+        async def set_request(value: str) -> None:
+            await store.Apply(store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(user_id=user), actor="extractor",
+                ops=[store_pb2.Op(set_state=store_pb2.SetStateOp(key=key, value_json=value))],
+            ), timeout=10)
+
+        async def lease_for(ttl_s: float) -> None:
+            claim = store_pb2.ClaimLeaseRequest(name=lease, holder="another", ttl_s=ttl_s)
+            assert (await store.ClaimLease(claim, timeout=10)).granted
+
+        await lease_for(600.0)  # the other replica rebuilds the page
+        await set_request(theirs)
+        living.procs["extractor"].stop()
+        since = len(fake.requests)
+        living.start("extractor")  # resumes the request: its rebuild waits for the lease
+        await set_request("")  # the other replica's page answered it
+        await lease_for(0.0)
+
+    def rebuilt() -> list[Recorded]:
+        return [r for r in asked_for(fake, since, "Now page") if "resumed-one" in r.user_message]
+
+    await assert_eventually(lambda: skipped in log.read_text() or len(rebuilt()) > 0)
+    assert rebuilt() == []
 
 
 def now_pages_of(rows: list[Any]) -> list[tuple[str, str]]:

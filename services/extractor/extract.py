@@ -133,8 +133,11 @@ class Extraction:
             self.store, scope, memory_id, self.related_facts, MAX_PAGES
         )
 
-    async def extract(self, context: Context, now: datetime | None = None) -> Outcome:
-        """Extracts one live raw row; LlmUnavailable propagates and changes nothing."""
+    async def extract(
+        self, context: Context, now: datetime | None = None, also: Sequence[store_pb2.Op] = ()
+    ) -> Outcome:
+        """Extracts one live raw row, applying the ops `also` in the same transaction as its
+        result; LlmUnavailable propagates and changes nothing."""
         raw = context.raw
         if raw.layer != common_pb2.L2_RAW or raw.status != "active":
             return Outcome(SKIPPED, "not a live raw row")
@@ -152,7 +155,7 @@ class Extraction:
         plan = read_plan(reply, {c.number: c for c in candidates}, SYSTEM)
         self.counters.dropped_ops += plan.dropped
         ops = await self._ops(raw, plan, context.open_rows, await self._settled(raw))
-        ops.append(done_op(raw))
+        ops += [done_op(raw), *also]
         try:
             applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
         except Conflict as exc:  # the turn (or a row it retires, a page it updates) changed

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,16 +15,17 @@ from services.extractor.fact_ops import writers_time
 from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
 from shared.dates import day
 from shared.errors import ServiceError
-from shared.grants import service_context
+from shared.grants import reaches_owner, service_context
 from shared.intentions import is_current, is_overdue
 from shared.layers import NOW_PAGE
 from shared.leases import LeaseBusy, Leases, lease_name
 from shared.llm import LlmClient, LlmMalformed, LlmUnavailable, ReplySchema, object_schema
+from shared.owner_state import NOW_ASKED, owner_key
 from shared.pages import meta_of, rests_on
 from shared.pb import common_pb2, store_pb2
 from shared.prompt_text import fenced, one_line
 from shared.settings import LLM_MODES
-from shared.store_client import StoreClient, retire_op, state_op
+from shared.store_client import StoreClient, owner_state_op, retire_op
 from shared.tombstones import held_tombstones
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,6 @@ NOW_LEASE = "now_page"
 """The lease of an owner's Now page: one rebuild at a time, whichever replica runs it."""
 EPISODES_LEASE = "episodes"
 """The lease of the episode sweep: one replica sweeps at a time."""
-NOW_ASKED = "now_asked"
-"""The state keys of Now page rebuilds asked for and not done yet, one an owner (its ids and
-when the rebuild is due in the value): a restart, even after a kill -9, does them."""
 
 NOW_SYSTEM = """You keep a person's "Now page": a short note of what they are doing and planning \
 right now. From the stored rows below write at most 120 words: current work and projects, open \
@@ -74,9 +73,18 @@ def _due(memory: common_pb2.Memory) -> str:
     return f" (due {due})" if due else ""
 
 
-def _asked_key(owner: tuple[str, str]) -> str:
-    """The state key of the owner's Now page request."""
-    return lease_name(NOW_ASKED, *owner)
+def _asked_op(
+    owner: tuple[str, str], value: object, if_value: str | None = None
+) -> store_pb2.Op:
+    """The op setting (None: clearing) the owner's stored Now page request."""
+    return owner_state_op(NOW_ASKED, *owner, value, if_value)
+
+
+def _answered(owner: tuple[str, str], asked: str | None) -> list[store_pb2.Op]:
+    """The op that clears the owner's stored request with the rebuild's own write, in the
+    store only if it is still the one the rebuild read before its rows (asked): a request a
+    write stored meanwhile stays, and the rebuild after it answers that."""
+    return [] if asked is None else [_asked_op(owner, None, if_value=asked)]
 
 
 def _meta(memory: common_pb2.Memory) -> dict[str, object]:
@@ -117,27 +125,54 @@ class Living:
         """Owners whose rebuild has begun: it may have read the rows before a later write."""
         self._now_again: set[tuple[str, str]] = set()
         """Owners written to while their rebuild was under way: rebuilt once more after it."""
+        self._resumed: set[tuple[str, str]] = set()
+        """Owners whose waiting rebuild only answers a request stored before this process
+        started: skipped when another replica answered it meanwhile."""
         self.now_pages = 0
         self.episodes = 0
         self._bad_episodes: dict[tuple[str, str, float], int] = {}
 
     # -- Now page -------------------------------------------------------------------------
 
-    async def after_write(self, raw: common_pb2.Memory) -> None:
+    def _owner(self, raw: common_pb2.Memory) -> tuple[str, str]:
+        """The owner whose Now page a turn feeds: its user's alias group's, and its agent's."""
+        return self.canonical_user(raw.owner.user_id), raw.owner.agent_id
+
+    def _request(self, owner: tuple[str, str]) -> dict[str, object]:
+        """A stored Now page request: the owner, when it is due, and a value of its own (the
+        rebuild clears only the request it read)."""
+        return {
+            "user_id": owner[0], "agent_id": owner[1], "due_at": self._due_at(owner),
+            "asked": secrets.token_hex(8),
+        }
+
+    def asked_ops(self, raw: common_pb2.Memory) -> list[store_pb2.Op]:
+        """The op storing that the turn asks for its owner's Now page, for the turn's
+        extraction to apply with its result; none in lite, or when the caller's token does
+        not reach the owner (an alias's token that does not name the group's first id:
+        after_write stores it then, a write of its own)."""
+        owner = self._owner(raw)
+        if self.mode not in LLM_MODES or not reaches_owner(*owner):
+            return []
+        return [_asked_op(owner, self._request(owner))]
+
+    async def after_write(self, raw: common_pb2.Memory, stored: bool = False) -> None:
         """Schedules the owner's Now page, now if due, else when it next may be rebuilt, and
-        stores that it was asked for (unless a rebuild still waiting will read this write)."""
+        stores that it was asked for unless the extraction stored it (stored) or a rebuild
+        still waiting will read this write."""
         if self.mode not in LLM_MODES:
             return
-        owner = (self.canonical_user(raw.owner.user_id), raw.owner.agent_id)
-        asked = owner not in self._now_tasks or owner in self._now_reading
+        owner = self._owner(raw)
+        asked = not stored and (owner not in self._now_tasks or owner in self._now_reading)
+        self._resumed.discard(owner)  # a rebuild waiting now answers this write too
         # Scheduled first: a rebuild under way that has read already keeps what this stores.
         self._schedule_now(owner)
         if asked:
-            value = {"user_id": owner[0], "agent_id": owner[1], "due_at": self._due_at(owner)}
-            ops = [state_op(_asked_key(owner), value)]
+            ops = [_asked_op(owner, self._request(owner))]
             scope = common_pb2.Scope(user_id=owner[0], agent_id=owner[1])
             try:
-                # The owner's, not the caller's: a state value is the server's own.
+                # The page is the owner's (its alias group's), which the caller's token may
+                # not reach; a kill before this write loses the request (asked_ops).
                 await asyncio.create_task(
                     self.store.apply(scope, ops, ACTOR, "now page asked for"),
                     context=service_context(),
@@ -154,6 +189,8 @@ class Living:
             try:
                 value = json.loads(value_json)
                 owner, due_at = (str(value["user_id"]), str(value["agent_id"])), value["due_at"]
+                if owner not in self._now_tasks:
+                    self._resumed.add(owner)
                 self._schedule_now(owner, float(due_at))
             except (ValueError, KeyError, TypeError):
                 log.warning("skipped an unreadable Now page request %s: %.200r", key, value_json)
@@ -198,10 +235,22 @@ class Living:
 
     async def rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
         """Writes a new Now page for the owner and retires the one it replaces (the rebuild of
-        another replica waits, so it replaces this one in turn)."""
-        self._last_now[(user_id, agent_id)] = time.time()
+        another replica waits, so it replaces this one in turn); a rebuild of a request stored
+        before this process started is skipped when another replica answered it meanwhile
+        (each replica resumes every stored request)."""
+        owner = (user_id, agent_id)
+        self._last_now[owner] = time.time()
         async with self.leases.held(lease_name(NOW_LEASE, user_id, agent_id), wait=True):
-            return await self._rebuild_now(user_id, agent_id)
+            # Read before the rows: a request stored after this read is not cleared by the
+            # page (its write may come after the rows were read).
+            key = owner_key(NOW_ASKED, *owner)
+            asked = (await self.store.state(key)).get(key)
+            resumed = owner in self._resumed
+            self._resumed.discard(owner)
+            if asked is None and resumed:
+                log.info("now page of %s: its request was answered by another replica", owner)
+                return None
+            return await self._rebuild_now(user_id, agent_id, asked)
 
     def _open_intentions(
         self, rows: list[common_pb2.Memory], now: float
@@ -216,7 +265,9 @@ class Living:
         overdue = [m for m in rows if is_overdue(_due_at(m), m.utc_offset_minutes, now)]
         return current[:MAX_OPEN], overdue[:MAX_OVERDUE]
 
-    async def _rebuild_now(self, user_id: str, agent_id: str) -> common_pb2.Memory | None:
+    async def _rebuild_now(
+        self, user_id: str, agent_id: str, asked: str | None
+    ) -> common_pb2.Memory | None:
         scope = common_pb2.Scope(user_id=user_id, agent_id=agent_id)
 
         async def live(layer: Any, limit: int) -> list[common_pb2.Memory]:
@@ -231,7 +282,7 @@ class Living:
         facts = [f for f in await live(common_pb2.L3_FACT, 20) if f.label != "task_experience"]
         pages = await live(common_pb2.L8_ENTITY, 5)
         if not intentions and not facts:
-            await self._retire_now_pages(scope, (user_id, agent_id))
+            await self._retire_now_pages(scope, (user_id, agent_id), asked)
             return None
         # The owner's days, not UTC's: at 20:00 in Los Angeles it is not tomorrow yet.
         offset = await self._owners_offset(scope)
@@ -273,7 +324,7 @@ class Living:
             ref="now",
         )
         ops = [store_pb2.Op(insert=new), *(retire_op(m.id, "replaced", "$now") for m in old)]
-        ops += self._answered((user_id, agent_id))
+        ops += _answered((user_id, agent_id), asked)
         applied = await self.store.apply(scope, ops, ACTOR, "now page")
         self.now_pages += 1
         return applied[0]
@@ -308,19 +359,16 @@ class Living:
         )
         return [m for m in summaries if m.label == NOW_LABEL]
 
-    async def _retire_now_pages(self, scope: common_pb2.Scope, owner: tuple[str, str]) -> None:
+    async def _retire_now_pages(
+        self, scope: common_pb2.Scope, owner: tuple[str, str], asked: str | None
+    ) -> None:
         """Retires the owner's live Now pages as stale when nothing live is left to sum up (a
         page left live would show what is done, dropped or gone)."""
         why = "nothing live to sum up"
         ops = [retire_op(m.id, "stale", reason=why) for m in await self._now_pages(scope)]
-        ops += self._answered(owner)
+        ops += _answered(owner, asked)
         if ops:
             await self.store.apply(scope, ops, ACTOR, f"now page: {why}")
-
-    def _answered(self, owner: tuple[str, str]) -> list[store_pb2.Op]:
-        """The op that clears the owner's stored request with the rebuild's own write, unless
-        a write came while it was under way (the rebuild after it answers that)."""
-        return [] if owner in self._now_again else [state_op(_asked_key(owner), None)]
 
     async def drain(self) -> None:
         """Cancels Now pages still waiting for their turn."""

@@ -179,9 +179,12 @@ class Worker:
             if chosen.extraction_status != DONE and raw.extraction_status == DONE:
                 return Outcome(SKIPPED, "extracted meanwhile")
             try:
-                outcome = await self.extraction.extract(context)
+                # The Now page request is stored with the extraction's result, in one
+                # transaction: no kill between two writes loses it.
+                asked = self.living.asked_ops(raw) if self.living is not None else []
+                outcome = await self.extraction.extract(context, also=asked)
                 if outcome.status == DONE and self.living is not None:
-                    await self.living.after_write(raw)
+                    await self.living.after_write(raw, stored=bool(asked))
                 return outcome
             except LlmUnavailable as exc:
                 log.warning("extraction of %s failed: %s", raw.id, exc.message)
