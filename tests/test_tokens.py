@@ -18,7 +18,8 @@ from gateway.app import make_app
 from gateway.config import GatewayConfig
 from gateway.grants import ROUTE_SCOPES
 from shared.grants import CURRENT_GRANT, Grant, current_grant, service_context
-from shared.pb import common_pb2, store_pb2
+from shared.pb import common_pb2, store_pb2, store_pb2_grpc
+from shared.rpc import open_channel
 from shared.settings import Settings
 from tests.llm_fake import FakeLlm, fake_llm_in_thread
 from tests.store_state import apply, insert
@@ -456,8 +457,13 @@ def test_a_write_with_a_token_for_one_user_is_extracted_in_pro_mode(
 ) -> None:
     # The extractor serves the write under its caller's grant, but takes the owner's lease as
     # the service it is: the store refuses leases to a grant that reaches only some owners.
+    # The Now page request its extraction stores is the owner's, with the facts or (for an
+    # alias's token, which does not reach the group's first id) apart: each page gets built.
     async def check(fake: FakeLlm) -> None:
         fake.on("m-bees", {"facts": [{"text": "Alice keeps bees on her roof"}]})
+        fake.on("m-coach", {"facts": [{"text": "Alice runs with coach Ana on Mondays"}]})
+        fake.on("m-bobby", {"facts": [{"text": "Bob bakes rye bread"}]})
+        fake.answer = lambda record: {"now": "NOW"} if "Now page" in record.prompt else {}
         alice = Client(stack.base_url, ALICE_APP)
         added = await alice.ok("POST", "/api/v1/add",
                                json={"text": "m-bees I keep bees on my roof", "user_id": ALICE})
@@ -465,12 +471,37 @@ def test_a_write_with_a_token_for_one_user_is_extracted_in_pro_mode(
         facts = await alice.ok("GET", "/api/v1/list",
                                params={"user_id": ALICE, "layer": "l3_fact"})
         assert [m["content"] for m in facts["memories"]] == ["Alice keeps bees on her roof"]
+        for token, text, owner in (
+            (ALICE_AGENT, "m-coach I run with Ana on Mondays", {"user_id": ALICE,
+                                                                 "agent_id": "coach"}),
+            (BOBBY_APP, "m-bobby I bake rye bread", {"user_id": BOBBY}),
+        ):
+            added = await Client(stack.base_url, token).ok(
+                "POST", "/api/v1/add", json={"text": text, **owner})
+            assert added["extraction_status"] == "done", added
+
+        async def paged() -> None:
+            async with open_channel(stack.address("store")) as channel:
+                store = store_pb2_grpc.StoreStub(channel)
+                for user, agent in ((ALICE, ""), (ALICE, "coach"), (BOB, "")):
+                    summaries = await store.ListMemories(store_pb2.ListMemoriesRequest(
+                        scope=common_pb2.Scope(user_id=user, agent_id=agent),
+                        layers=[common_pb2.L4_SUMMARY]), timeout=10)
+                    pages = [(m.owner.user_id, m.content) for m in summaries.memories
+                             if m.owner.agent_id == agent]
+                    assert pages == [(user, "NOW")]
+                asked = await store.GetState(store_pb2.GetStateRequest(prefix="now_asked/"),
+                                             timeout=10)
+            assert list(asked.values) == []
+
+        await assert_eventually(paged)
 
     with fake_llm_in_thread() as fake, running_stack(
         tmp_path, ["store", "search", "extractor", "gateway"],
         HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens_file),
         HYATLAS_MODE="pro", HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary",
         HYATLAS_LLM_KEY="primary-key", HYATLAS_CATCHUP_EVERY="off",
+        HYATLAS_USER_ALIASES=f"{BOB},{BOBBY}", HYATLAS_NOW_EVERY="off",
     ) as stack:
         asyncio.run(check(fake))
 
