@@ -68,16 +68,22 @@ def gone_refused(text: str, found: Header | None) -> str | None:
     version 1, which holds none (a file without header may hold them); else None."""
     if found is None or found.gone or GONE_TYPE not in text:
         return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None  # the line's own check reports it
-    if not isinstance(value, dict) or value.get("type") != GONE_TYPE:
+    if _of_type(text, GONE_TYPE) is None:
         return None
     return (
         f"a gone line, but the header says version {VERSION}: an export with gone lines is "
         f"version {GONE_VERSION}"
     )
+
+
+def _of_type(text: str, kind: str) -> dict[str, Any] | None:
+    """The line's object when it is one of that type; else None (a line that is no JSON is
+    left to its own check, which reports it)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and value.get("type") == kind else None
 
 
 def end(lines: int) -> dict[str, Any]:
@@ -90,11 +96,8 @@ def end_count(text: str) -> int | None:
     the wrong shape is refused."""
     if len(text) > END_LINE_MOST_BYTES or END_TYPE not in text:
         return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None  # the line's own check reports it
-    if not isinstance(value, dict) or value.get("type") != END_TYPE:
+    value = _of_type(text, END_TYPE)
+    if value is None:
         return None
     lines = value.get("lines")
     if (
