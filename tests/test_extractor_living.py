@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from datetime import time as dt_time
 from pathlib import Path
@@ -366,19 +366,28 @@ async def test_a_write_during_a_now_rebuild_gets_a_page_of_its_own_after_it(
 
 
 
-async def test_a_now_page_asked_for_before_a_kill_9_is_built_after_the_restart(
-    living: Stack, api: Api, fake: FakeLlm
-) -> None:
-    user = new_user()
+def _hold_now_pages(
+    fake: FakeLlm, marker: str
+) -> tuple[threading.Event, Callable[[Recorded], bool]]:
+    """Holds every Now page rebuild's model call whose prompt holds marker until the gate is
+    set; the gate, and the test of such a call."""
     gate = threading.Event()
 
     def asked(record: Recorded) -> bool:
         return "Now page" in str(record.body["messages"][0]["content"]) and (
-            "kill-nine" in record.user_message
+            marker in record.user_message
         )
 
-    fake.on("m-kill9", {"facts": [{"text": "Uma mended the kill-nine tractor"}]})
     fake.answer = lambda record: held(gate, _answer(record)) if asked(record) else _answer(record)
+    return gate, asked
+
+
+async def test_a_now_page_asked_for_before_a_kill_9_is_built_after_the_restart(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    user = new_user()
+    fake.on("m-kill9", {"facts": [{"text": "Uma mended the kill-nine tractor"}]})
+    gate, asked = _hold_now_pages(fake, "kill-nine")
     try:
         await api.add("m-kill9 I mended the tractor.", user)
         # The rebuild is under way (its model call held) when the extractor dies.
@@ -451,15 +460,8 @@ async def test_a_request_stored_while_a_rebuild_is_under_way_outlives_its_page(
     # Another replica's write stores its request while this replica's rebuild has read the
     # rows: the page's write cleared it, and a kill of that replica then lost its page.
     user = new_user()
-    gate = threading.Event()
-
-    def asked(record: Recorded) -> bool:
-        return "Now page" in str(record.body["messages"][0]["content"]) and (
-            "under-way" in record.user_message
-        )
-
     fake.on("m-underway", {"facts": [{"text": "Wim painted the under-way fence"}]})
-    fake.answer = lambda record: held(gate, _answer(record)) if asked(record) else _answer(record)
+    gate, asked = _hold_now_pages(fake, "under-way")
     try:
         await api.add("m-underway I painted the fence.", user)
         await assert_eventually(lambda: len([r for r in fake.requests if asked(r)]) == 1)
