@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from datetime import time as dt_time
@@ -14,8 +15,10 @@ from typing import Any
 import pytest
 
 from shared.dates import day
+from shared.owner_state import NOW_ASKED
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
 from shared.rpc import open_channel
+from shared.store_client import owner_state_op
 from tests.extractor_support import STACK, Api, by_content, new_user
 from tests.llm_fake import FakeLlm, Recorded, fake_llm_in_thread, held
 from tests.support import Stack, assert_eventually, running_stack, value_eventually
@@ -493,6 +496,35 @@ async def test_a_request_stored_while_a_rebuild_is_under_way_outlives_its_page(
     finally:
         fake.answer = _answer
         gate.set()
+
+
+async def test_a_request_a_caller_stored_for_another_owner_or_far_ahead_holds_back_no_page(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    # A caller reaching one owner may set that owner's request key with any value. Resumed,
+    # a value naming another owner, or due in a thousand years, scheduled that owner's rebuild
+    # for then, and every later write of theirs waited for it: their page was never rebuilt.
+    carol, dave, erin = new_user(), new_user(), new_user()
+    far = time.time() + 1000 * 365 * 86400.0
+    planted = {
+        carol: {"user_id": dave, "agent_id": "", "due_at": far, "asked": "planted"},
+        erin: {"user_id": erin, "agent_id": "", "due_at": far, "asked": "planted"},
+    }
+    async with open_channel(api.store_address) as channel:
+        for user, value in planted.items():
+            await store_pb2_grpc.StoreStub(channel).Apply(store_pb2.ApplyRequest(
+                scope=common_pb2.Scope(user_id=user), actor="extractor",
+                ops=[owner_state_op(NOW_ASKED, user, "", value)]), timeout=10)
+    living.procs["extractor"].stop()
+    living.start("extractor")
+    for user, marker in ((dave, "m-planted-d"), (erin, "m-planted-e")):
+        fake.on(marker, {"facts": [{"text": f"{user} tends the planted orchard"}]})
+        await api.add(f"{marker} I tend the orchard.", user)
+
+        async def paged(user: str = user) -> None:
+            assert now_pages_of(await api.rows(user, "l4_summary")) == [("active", "")]
+
+        await assert_eventually(paged)
 
 
 async def test_a_resumed_request_another_replica_answered_meanwhile_costs_no_model_call(

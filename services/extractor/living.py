@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -187,13 +188,27 @@ class Living:
             return
         for key, value_json in (await self.store.state(f"{NOW_ASKED}/")).items():
             try:
-                value = json.loads(value_json)
-                owner, due_at = (str(value["user_id"]), str(value["agent_id"])), value["due_at"]
-                if owner not in self._now_tasks:
-                    self._resumed.add(owner)
-                self._schedule_now(owner, float(due_at))
-            except (ValueError, KeyError, TypeError):
-                log.warning("skipped an unreadable Now page request %s: %.200r", key, value_json)
+                owner, due_at = self._stored_request(key, value_json)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("skipped a Now page request %s (%s): %.200r", key, exc, value_json)
+                continue
+            if owner not in self._now_tasks:
+                self._resumed.add(owner)
+            self._schedule_now(owner, due_at)
+
+    def _stored_request(self, key: str, value_json: str) -> tuple[tuple[str, str], float]:
+        """A stored request's owner and when it is due. A caller reaching one owner may set
+        that owner's key with any value, so the value must name the key's own owner (one
+        naming another held that owner's rebuilds back), and it is due no later than a page
+        rebuilt now would be (one due in a thousand years held them back as well)."""
+        value = json.loads(value_json)
+        owner = (str(value["user_id"]), str(value["agent_id"]))
+        if key != owner_key(NOW_ASKED, *owner):
+            raise ValueError("it names another owner than its key")
+        due_at = float(value["due_at"])
+        if not math.isfinite(due_at):
+            raise ValueError("its due_at is no time")
+        return owner, min(due_at, time.time() + (self.now_every_s or 0.0))
 
     def _due_at(self, owner: tuple[str, str]) -> float:
         """When the owner's Now page may next be rebuilt: now, or now_every_s after the last."""

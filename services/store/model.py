@@ -44,12 +44,12 @@ FORGOTTEN = "forgotten"
 ERASED = "erased"
 """How evidence deleted for good is gone (no row is retired this way)."""
 TOMBSTONED = "tombstoned"
+"""How a turn that holds a forgotten value is gone as evidence (it stays live)."""
 LINE_IDS_STATE = "line_ids"
 """The service_state key holding the namespace (a random UUID the store makes once, with its
 schema) that the ids of import lines without one are made in: a secret, so an id made from a
 line's text and owner cannot be made by another caller to learn, from an import refusing it as
 taken, whether some owner holds that text."""
-"""How a turn that holds a forgotten value is gone as evidence (it stays live)."""
 UNDONE = "undone"
 """How a row a consolidation pass wrote is retired when the pass is undone."""
 STALE = "stale"
