@@ -135,29 +135,38 @@ async def test_a_fact_is_dated_when_it_happened_and_the_header_says_so(
     assert "(date = when it happened, else when it was recorded)" in text.splitlines()[0]
 
 
-async def test_a_turn_is_dated_on_the_users_local_day_and_a_date_as_it_was_given(
+async def test_a_turn_is_dated_on_its_writers_day_wherever_hermes_runs_and_a_date_as_given(
     api: Api, fake: FakeLlm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A turn said at 20:00 in Los Angeles on 28 November is of that day for Hermes in Kiritimati
+    (+14:00, already the 29th there) too; from a server that sends no writer's offset, it is
+    of the day it fell on where Hermes runs, as before."""
     user = new_user()
-    await api.add(f"{user}-kayak I bought a red kayak today.", user, agent_id="hermes")
+    await api.add(f"{user}-kayak I bought a red kayak today.", user, agent_id="hermes",
+                  event_at="2026-11-28T20:00:00-08:00")
     body, _ = await recall(api, user, "What did I buy?")
     (turn,) = [m for m in body["memories"]["normal"] if "kayak" in m["content"]]
-    days = []
+    assert turn["utc_offset_minutes"] == -480, turn
+    unsent = {k: v for k, v in turn.items() if k != "utc_offset_minutes"}
+    local_days = []
     try:
-        # 25 hours apart: the turn falls on two different days there, whatever the time.
+        # 25 hours apart: the turn falls on two different days there.
         for zone in ("Pacific/Kiritimati", "Pacific/Pago_Pago"):
             monkeypatch.setenv("TZ", zone)
             time.tzset()
-            days.append(datetime.fromtimestamp(turn["gmt_created"], UTC).astimezone().date())
-            assert f"- [{days[-1].isoformat()}] (l2_raw) {user}-kayak" in format_recall(
+            assert f"- [2026-11-28] (l2_raw) {user}-kayak" in format_recall(
                 body, "What did I buy?", per_channel=8)
-            # A date given without a time is that date everywhere.
-            dated = {"memories": {"normal": [{**turn, "event_at": 1795824000}]}}
-            assert "- [2026-11-28]" in format_recall(dated, "kayak", per_channel=8)
+            local_days.append(datetime.fromtimestamp(turn["event_at"], UTC).astimezone().date())
+            assert f"- [{local_days[-1].isoformat()}] (l2_raw)" in format_recall(
+                {"memories": {"normal": [unsent]}}, "kayak", per_channel=8)
+            # A date given without a time is that date everywhere, for any writer.
+            for dated in ({**turn, "event_at": 1795824000}, {**unsent, "event_at": 1795824000}):
+                assert "- [2026-11-28]" in format_recall({"memories": {"normal": [dated]}},
+                                                          "kayak", per_channel=8)
     finally:
         monkeypatch.undo()
         time.tzset()
-    assert days[0] != days[1]
+    assert local_days[0] != local_days[1]
 
 
 async def test_a_fact_that_happened_before_1970_shows_its_own_date(
@@ -280,7 +289,7 @@ async def test_a_conversation_s_recall_says_each_thing_once_and_leaves_out_the_u
     assert "locker code at La Paz is 2231?" in recalls["What is my locker code?"][1]
     body, text = recalls["Where do I live?"]
     (fact,) = [m for m in body["memories"]["normal"] if m["content"] == "User lives in Madrid"]
-    day = recall_module._day(fact["replaced"][0]["invalid_at"])
+    day = recall_module._day(fact["replaced"][0]["invalid_at"], fact["utc_offset_minutes"])
     (paris_turn,) = [m["memory_id"] for m in body["memories"]["normal"]
                      if m["content"].startswith("USER: I live in Paris")]
     assert fact["replaced"][0]["source_ids"] == [paris_turn], fact
@@ -342,3 +351,41 @@ def test_a_turn_is_marked_by_the_turns_a_replaced_value_was_learnt_from_when_nam
     # value's words but never said it.
     assert based.endswith('(no longer true since 2025-12-02: "User lives in Paris")'), text
     assert "no longer true" not in friend, text
+
+
+def test_a_due_day_the_now_page_s_day_and_a_replacement_s_day_are_on_the_writers_clock(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evening = 1795924800  # 20:00 on 28 November in Los Angeles, 13:00 on the 29th in Tokyo
+    due = {"memory_id": "m1", "content": "Rui will ship Foxtrot 2.0", "layer": "l7_intention",
+           "gmt_created": evening, "due_at": evening, "utc_offset_minutes": -480,
+           "replaced": [{"content": "Rui will ship Foxtrot 1.0", "superseded_how": "updated",
+                         "invalid_at": evening}]}
+    now = {"content": "NOW: Rui is busy", "gmt_created": evening, "utc_offset_minutes": -480}
+    try:
+        monkeypatch.setenv("TZ", "Asia/Tokyo")
+        time.tzset()
+        text = format_recall({"memories": {"proactive": [due]}, "now": now}, "Foxtrot", 8)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert "[NOW] (written 2026-11-28)" in text, text
+    assert ('- [2026-11-28] (l7_intention) Rui will ship Foxtrot 2.0 (replaced "Rui will ship '
+            'Foxtrot 1.0" on 2026-11-28) (due 2026-11-28)') in text, text
+
+
+def test_a_time_whose_day_on_a_clock_is_off_the_calendar_shows_its_utc_day(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """00:30 UTC on 1 January of the year 1 is still in the year 0 west of UTC, which Python
+    has no date for: the recall shows the UTC day rather than failing."""
+    first = {"content": "The calendar starts", "layer": "l3_fact", "event_at": -62135595000}
+    try:
+        monkeypatch.setenv("TZ", "America/Los_Angeles")
+        time.tzset()
+        for item in (first, {**first, "utc_offset_minutes": -480}):
+            text = format_recall({"memories": {"normal": [item]}}, "calendar", 8)
+            assert "- [0001-01-01] (l3_fact) The calendar starts" in text, text
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -35,17 +35,33 @@ one, so a tag inside a stored memory would drop the recall lines after it."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def _day(stamp: Any) -> str:
-    """The day of a stamp (unix seconds, or RFC 3339 as the gateway sends gmt_created): a UTC
-    midnight is a date given without a time (dates are stored so), its own day; any other time
-    is the local day it fell on, as the user lived it. "" when it is not a time (the gateway
-    sends 0 for none)."""
+def _day(stamp: Any, utc_offset_minutes: Any = None) -> str:
+    """The day of a stamp (unix seconds, or RFC 3339 as the gateway sends gmt_created) as its
+    row's writer lived it: a UTC midnight is a date given without a time (dates are stored so),
+    its own day; any other time is the day it fell on at utc_offset_minutes, the row's writer's
+    clock (the rule of as_local_date and day in shared/dates.py, which the plugin, installed on
+    its own, cannot import), or on this machine's clock from a server that sends no offset. ""
+    when it is not a time (the gateway sends 0 for none)."""
     moment = _moment(stamp)
     if moment is None:
         return stamp[:10] if isinstance(stamp, str) and len(stamp) >= 10 else ""
     if moment.utcoffset() == dt.timedelta(0) and moment.time() == dt.time(0):
-        return moment.strftime("%Y-%m-%d")
-    return moment.astimezone().strftime("%Y-%m-%d")
+        return moment.date().isoformat()
+    try:
+        return moment.astimezone(_clock(utc_offset_minutes)).date().isoformat()
+    except (OverflowError, ValueError):  # a day before the year 1 or after 9999 there
+        return moment.date().isoformat()
+
+
+def _clock(utc_offset_minutes: Any) -> dt.tzinfo | None:
+    """The zone of a row's writer (its utc_offset_minutes, under a day either way); None, this
+    machine's, for a row without one."""
+    if isinstance(utc_offset_minutes, int) and not isinstance(utc_offset_minutes, bool):
+        try:
+            return dt.timezone(dt.timedelta(minutes=utc_offset_minutes))
+        except ValueError:
+            return None
+    return None
 
 
 def _moment(stamp: Any) -> dt.datetime | None:
@@ -67,7 +83,9 @@ def _moment(stamp: Any) -> dt.datetime | None:
 
 def _line(item: dict[str, Any], said: str) -> str:
     """One memory: the day it happened (else was recorded), its layer, and what it says."""
-    date = _day(item.get("event_at")) or _day(item.get("gmt_created")) or "undated"
+    offset = item.get("utc_offset_minutes")
+    date = (_day(item.get("event_at"), offset) or _day(item.get("gmt_created"), offset)
+            or "undated")
     layer = item.get("layer") or "memory"
     return f"- [{date}] ({layer}) {said}"
 
@@ -88,7 +106,7 @@ def _notes(item: dict[str, Any], old_values: list[OldValue]) -> str:
             if value not in marked and _said(item, value, turns):
                 marked.add(value)
                 notes += f" (no longer true{f' since {day}' if day else ''}: \"{value}\")"
-    due = _day(item.get("due_at"))
+    due = _day(item.get("due_at"), item.get("utc_offset_minutes"))
     return notes + (f" (due {due})" if due else "")
 
 
@@ -102,9 +120,10 @@ def _said(turn: dict[str, Any], value: str, learnt_from: frozenset[str] | None) 
 
 
 def _old_values(item: dict[str, Any]) -> list[OldValue]:
-    """The older values item replaced: each one's text, the day it was replaced and the turns
-    it was learnt from."""
-    return [(_clip(old["content"], OLD_VALUE_CHARS), _day(old.get("invalid_at")),
+    """The older values item replaced: each one's text, the day it was replaced (on item's
+    writer's clock: the change is item's) and the turns it was learnt from."""
+    offset = item.get("utc_offset_minutes")
+    return [(_clip(old["content"], OLD_VALUE_CHARS), _day(old.get("invalid_at"), offset),
              frozenset(map(str, old["source_ids"]))
              if isinstance(old.get("source_ids"), list) else None)
             for old in item.get("replaced") or ()
@@ -122,7 +141,7 @@ def _now_section(now: Any) -> str:
     """The owner's Now page with the day it was written (it may be days old); "" without one."""
     day = ""
     if isinstance(now, dict):
-        day = _day(now.get("gmt_created"))
+        day = _day(now.get("gmt_created"), now.get("utc_offset_minutes"))
         now = now.get("content") or now.get("text")
     if not isinstance(now, str) or not now.strip():
         return ""
