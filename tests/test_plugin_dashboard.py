@@ -173,3 +173,49 @@ async def test_the_tab_names_its_owner_counts_the_owners_rows_and_search_shows_t
                 await page.close()
     assert "4 writes since the server started" in server
     assert listed and all(body["user_id"] == "u-owner-tab" for body in listed)
+
+
+async def test_recent_dates_a_memory_on_its_writers_day_and_a_date_alone_as_that_date(
+    tmp_path: Path, hermes_python: Path, browser: Browser
+) -> None:
+    """A row's day is its writer's, at its utc_offset_minutes: 20:00 in Los Angeles on 28
+    November is the 28th (the 29th in UTC), 05:00 on the 29th in Tokyo the 29th; a date kept
+    alone at its UTC midnight is that date; a row from a server that sends no offset keeps its
+    UTC day."""
+    evening = 1795924800  # 2026-11-28T20:00-08:00, 04:00 UTC on the 29th
+    rows = [
+        {"memory_id": "m1", "content": "Kayak in Los Angeles", "layer": "l2_raw",
+         "event_at": evening, "gmt_created": evening, "utc_offset_minutes": -480},
+        {"memory_id": "m2", "content": "Hike in Sintra", "layer": "l3_fact",
+         "event_at": 1795824000, "gmt_created": evening, "utc_offset_minutes": -480},
+        {"memory_id": "m3", "content": "Sushi in Tokyo", "layer": "l2_raw",
+         "gmt_created": 1795896000, "utc_offset_minutes": 540},
+        {"memory_id": "m4", "content": "From an older server", "layer": "l2_raw",
+         "event_at": evening, "gmt_created": evening},
+    ]
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({**GATEWAY_STATUS, "llm": "unused"})
+
+    async def list_rows(request: web.Request) -> web.Response:
+        return web.json_response({"total": len(rows), "memories": rows, "next_before": "",
+                                  "layers": {"l2_raw": 3, "l3_fact": 1}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/status", status)
+    app.router.add_post("/api/v1/list", list_rows)
+    async with serving_http(app) as url:
+        home = make_home(tmp_path, hermes_python, server_url=url, user_id="u-days-tab")
+        with hermes_dashboard(hermes_python, home) as dashboard:
+            page = await browser.new_page()
+            try:
+                await page.goto(dashboard + "/hyatlas")
+                await page.locator(".hyatlas-count").get_by_text(
+                    "Showing 4 of 4 memories").wait_for()
+                shown = page.locator(".hyatlas-count + ul > li.hyatlas-row")
+                days = {await row.locator("span").last.inner_text():
+                        await row.locator("code").inner_text() for row in await shown.all()}
+            finally:
+                await page.close()
+    assert days == {"Kayak in Los Angeles": "2026-11-28", "Hike in Sintra": "2026-11-28",
+                    "Sushi in Tokyo": "2026-11-29", "From an older server": "2026-11-29"}

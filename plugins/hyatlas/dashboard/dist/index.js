@@ -17,9 +17,18 @@
     return SDK.fetchJSON("/api/plugins/hyatlas" + path);
   }
 
+  const DAY_S = 86400;
+
+  // The day a memory happened (else was recorded) as its writer lived it: on the writer's clock,
+  // the row's utc_offset_minutes, but a date kept alone (at its UTC midnight) as that date: the
+  // rule of as_local_date and day in shared/dates.py. UTC days from a server sending no offset.
   function day(item) {
     const t = item.event_at || item.gmt_created;
-    if (typeof t === "number" && t > 0) return new Date(t * 1000).toISOString().slice(0, 10);
+    if (typeof t === "number" && t > 0) {
+      const offset = typeof item.utc_offset_minutes === "number" && t % DAY_S !== 0
+        ? item.utc_offset_minutes : 0;
+      return new Date((t + offset * 60) * 1000).toISOString().slice(0, 10);
+    }
     if (typeof t === "string" && t.length >= 10) return t.slice(0, 10);
     return item.ts ? String(item.ts).slice(0, 10) : "undated";
   }
