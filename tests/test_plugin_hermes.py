@@ -534,6 +534,27 @@ def test_a_memory_the_forget_tool_retired_comes_back_with_the_restore_tool(
     assert "HTTP 404" in unknown["error"]
 
 
+def test_the_forget_tool_tells_the_agent_not_to_rely_on_earlier_mentions_of_what_it_forgot(
+    tmp_path: Path, hermes_python: Path, stack: Stack
+):
+    """The value stays in the conversation the agent sees: the answer says recall no longer
+    returns it and that earlier mentions are not to be relied on; a forget that forgot nothing
+    says no such thing."""
+    home = make_home(tmp_path, hermes_python, server_url=stack.base_url, user_id="u-forget-note")
+    answers = drive(hermes_python, home, "tool_calls", {"session_id": "s-forget-note", "calls": [
+        ["hyatlas_add", {"text": "The gate code is 4471"}],
+        ["hyatlas_forget", {"text": "The gate code is 4471"}],
+        ["hyatlas_search", {"query": "gate code"}],
+        ["hyatlas_forget", {"text": "The gate code is 4471"}],
+    ]})["answers"]
+    added, forgot, searched, again = answers
+    assert [m["memory_id"] for m in forgot["memories"]] == [added["memory_id"]]
+    assert forgot["note"] == ("forgotten: recall no longer returns it; do not rely on earlier "
+                              "mentions of it in this conversation")
+    assert contents(searched) == []
+    assert again["forgotten"] == 0 and "note" not in again, again
+
+
 def test_recent_tool_reads_include_raw_given_as_a_word(
     tmp_path: Path, hermes_python: Path, stack: Stack
 ):

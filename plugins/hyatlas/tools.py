@@ -275,7 +275,20 @@ def _forget(scope: Scope, args: dict[str, Any]) -> Any:
         reason=_optional_text(args, "reason") or "asked by the agent",
     )
     return send_or_queue(scope.outbox, "forget", payload,
-                         lambda _key: forget_now(scope.client, payload))
+                         lambda _key: _told_forgotten(forget_now(scope.client, payload)))
+
+
+FORGOTTEN_NOTE = ("forgotten: recall no longer returns it; do not rely on earlier mentions of "
+                  "it in this conversation")
+"""What a forget tool call that forgot something tells the agent: the value is still in the
+conversation's earlier messages, where recall cannot take it back."""
+
+
+def _told_forgotten(answer: dict[str, Any]) -> dict[str, Any]:
+    """A forget's answer to the agent, with FORGOTTEN_NOTE when it forgot something."""
+    if answer.get("forgotten"):
+        answer["note"] = FORGOTTEN_NOTE
+    return answer
 
 
 def forget_now(client: HyAtlasClient, payload: dict[str, Any]) -> dict[str, Any]:
