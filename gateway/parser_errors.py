@@ -46,10 +46,12 @@ class _Protocol(web.RequestHandler):
             request = self._current_request
             if request is not None and request.content is body:
                 break_body(request, why)
+                self.close()  # after the route's answer: what follows cannot be parsed
             else:
+                # Closed once its request is served, not now: the requests queued before it
+                # would go unanswered.
                 body.feed_eof()
                 self._broken = (body, why)
-            self.close()  # after the route's answer: what follows cannot be parsed
             return
 
     async def _handle_request(
@@ -58,9 +60,11 @@ class _Protocol(web.RequestHandler):
         start_time: float | None,
         request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]],
     ) -> tuple[web.StreamResponse, bool]:
-        """Serves a request; one whose body broke while it waited is told so first."""
+        """Serves a request; one whose body broke while it waited is told so first, and the
+        connection closes after its answer (what follows the break cannot be parsed)."""
         if self._broken is not None and self._broken[0] is request.content:
             break_body(request, self._broken[1])
+            self.close()
         return await super()._handle_request(request, start_time, request_handler)
 
     def handle_error(

@@ -173,13 +173,15 @@ async def test_an_import_whose_client_stops_sending_is_a_408_with_what_it_wrote(
 
 @pytest.mark.parametrize("gateway_app", [{"body_timeout_s": 2.0}], indirect=True)
 @pytest.mark.parametrize("whole", [0, 3], ids=["no chunk before it", "a chunk before it"])
+@pytest.mark.parametrize("behind", [False, True], ids=["first", "behind another request"])
 async def test_an_import_whose_framing_breaks_before_its_route_starts_is_refused_at_once(
-    gateway_app: web.Application, whole: int
+    gateway_app: web.Application, whole: int, behind: bool
 ) -> None:
     # The head (and the chunks before the break) in one read, the broken chunk size in the next,
     # before the route started (as when both arrive at once, or behind a request still being
     # served): until 2026-12-07, with no chunk before it, the break was not seen and the import
-    # waited out the body timeout (408).
+    # waited out the body timeout (408); then, behind another request, the connection closed
+    # after that one's answer, the import never answered.
     lines = "".join(
         json.dumps({"type": "memory", "memory": {"user_id": "early", "content": f"Note {n}."}})
         + "\n" for n in range(whole)
@@ -194,6 +196,8 @@ async def test_an_import_whose_framing_breaks_before_its_route_starts_is_refused
             runner.server, ours
         )
         reader, writer = await asyncio.open_connection(sock=theirs)
+        if behind:
+            protocol.data_received(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         protocol.data_received(
             b"POST /api/v1/import HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n" + chunk
@@ -203,6 +207,9 @@ async def test_an_import_whose_framing_breaks_before_its_route_starts_is_refused
         writer.close()
     finally:
         await runner.cleanup()
+    if behind:
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        answer = answer[answer.index(b"HTTP/1.1 ", 1):]
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), answer
     # The whole lines before the break are written, as with a break the route meets.
