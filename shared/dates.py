@@ -74,6 +74,12 @@ def day(seconds: float, utc_offset_minutes: int = 0) -> str:
     return moment.date().isoformat() if moment else ""
 
 
+def writers_day(seconds: float, utc_offset_minutes: int) -> str:
+    """The date a row's time (its event or due date) falls on for its writer, whose clock is
+    at utc_offset_minutes; a date kept alone is that date (as_local_date)."""
+    return day(as_local_date(seconds, utc_offset_minutes), utc_offset_minutes)
+
+
 def rfc3339(seconds: float) -> str:
     """UTC RFC3339 at second precision, e.g. 2026-10-09T12:34:56Z; "" for a time no calendar
     date shows."""

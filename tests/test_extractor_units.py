@@ -608,3 +608,20 @@ async def test_an_owners_lock_serialises_its_work_and_is_dropped_when_nobody_wan
     assert order == ["first in", "other owner in", "other owner out", "first out",
                      "second in", "second out"]
     assert len(locks) == 0
+
+
+@pytest.mark.parametrize(("at", "shown"), [
+    ("2024-05-16T04:00:00Z", "2024-05-15"),  # 20:00 on the 15th in Los Angeles
+    ("2024-05-15", "2024-05-15"),  # a date alone: that date
+])
+def test_a_stored_rows_event_and_due_dates_show_on_its_writers_clock(at: str, shown: str) -> None:
+    # They showed as UTC days: an event at 20:00 in Los Angeles read as the next day.
+    seconds = parse_date(at)
+    assert seconds is not None
+    row = common_pb2.Memory(
+        id="r", content="Uma will send the lease", layer=common_pb2.L7_INTENTION,
+        event_at=seconds, due_at=seconds, utc_offset_minutes=-480,
+    )
+    today = datetime(2024, 5, 15, 21, tzinfo=timezone(timedelta(hours=-8)))
+    user = extraction_messages("hello", today, [Candidate(1, "intention", row)])[1]["content"]
+    assert f"Uma will send the lease (event {shown}; due {shown}; " in user, user

@@ -14,7 +14,7 @@ from typing import Any
 
 from services.extractor.fact_ops import writers_time
 from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
-from shared.dates import day
+from shared.dates import day, writers_day
 from shared.errors import ServiceError
 from shared.grants import reaches_owner, service_context
 from shared.intentions import is_current, is_overdue
@@ -70,7 +70,7 @@ def _due_at(memory: common_pb2.Memory) -> float | None:
 
 def _due(memory: common_pb2.Memory) -> str:
     """The note ' (due YYYY-MM-DD)' for a row with a due date a calendar shows; "" otherwise."""
-    due = day(memory.due_at) if memory.HasField("due_at") else ""
+    due = writers_day(memory.due_at, memory.utc_offset_minutes) if memory.HasField("due_at") else ""
     return f" (due {due})" if due else ""
 
 

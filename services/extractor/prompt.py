@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from services.extractor.parse import Candidate
-from shared.dates import day
+from shared.dates import day, writers_day
 from shared.intentions import is_overdue
 from shared.llm import ReplySchema, array_of, object_schema
 from shared.pages import page_text
@@ -125,9 +125,10 @@ def _offset_minutes(moment: datetime) -> int:
 def _line(candidate: Candidate, today: datetime) -> str:
     memory = candidate.memory
     notes = []
-    if memory.HasField("event_at") and (event := day(memory.event_at)):
+    offset = memory.utc_offset_minutes
+    if memory.HasField("event_at") and (event := writers_day(memory.event_at, offset)):
         notes.append(f"event {event}")
-    if memory.HasField("due_at") and (due := day(memory.due_at)):
+    if memory.HasField("due_at") and (due := writers_day(memory.due_at, offset)):
         overdue = is_overdue(memory.due_at, memory.utc_offset_minutes, today.timestamp())
         notes.append(f"due {due}, overdue" if overdue else f"due {due}")
     if memory.count > 1:
