@@ -39,6 +39,7 @@ from services.store.transfer_repo import TransferRows
 from services.store.validate import MAX_APPLY_OPS
 from shared.aliases import Aliases
 from shared.clients import EmbedderClient
+from shared.grants import Grant
 from shared.layers import EXTRACTION_TRIES
 from shared.leases import LEASE_NAME_MAX, LEASE_TTL_MAX_S, lease_name
 from shared.limits import (
@@ -49,7 +50,7 @@ from shared.limits import (
 )
 from shared.owner_state import NOW_ASKED, owner_key
 from shared.pb import common_pb2, store_pb2, store_pb2_grpc
-from shared.rpc import open_channel
+from shared.rpc import GRANT_METADATA, open_channel
 from shared.store_client import PAGE, all_rows, owner_state_op, state_op
 from shared.text import content_key, value_key
 from shared.tombstones import held_tombstones, tombstones
@@ -835,6 +836,38 @@ async def test_an_owners_state_key_is_refused_unless_it_is_that_owners_within_th
     assert await listed(store) == []
     reply = await store.GetState(store_pb2.GetStateRequest(prefix=""))
     assert list(reply.values) == []
+
+
+async def test_a_caller_reaching_one_alias_sets_the_state_key_of_its_groups_first_id_only(
+    tmp_path: Path, embedder_address: str
+) -> None:
+    # The Now page of an alias group is kept under its first id and drawn from every alias's
+    # turns: an extraction under a token for one alias stores the group's request with the
+    # turn's facts. The store refused it, so it was written apart, after the facts (a kill -9
+    # between the two lost it).
+    def as_token(name: str, user: str) -> tuple[tuple[str, str], ...]:
+        grant = Grant.build(name, [user], ["*"], ["read", "write"])
+        return ((GRANT_METADATA, grant.header()),)
+
+    def write(user: str, owner: str) -> store_pb2.ApplyRequest:
+        return store_pb2.ApplyRequest(scope=scope(user), ops=[
+            insert(f"{user} asks for {owner}'s page", user=user),
+            owner_state_op(NOW_ASKED, owner, "", {"asked": user}),
+        ])
+
+    aliases = Aliases((("bob", "bobby", "robert"),))
+    async with serving_store(tmp_path, embedder_address, user_aliases=aliases) as stub:
+        await stub.Apply(write("bobby", "bob"), metadata=as_token("bobby-app", "bobby"))
+        # Not another alias's key (the services keep nothing there), nor for another user.
+        for user, owner in (("bobby", "robert"), ("alice", "bob")):
+            with raises_code(grpc.StatusCode.PERMISSION_DENIED):
+                await stub.Apply(write(user, owner), metadata=as_token(f"{user}-app", user))
+        reply = await stub.GetState(store_pb2.GetStateRequest(prefix=f"{NOW_ASKED}/"))
+        assert {v.key: v.value_json for v in reply.values} == {
+            owner_key(NOW_ASKED, "bob", ""): '{"asked":"bobby"}'
+        }
+        assert await listed(stub, user="bob") == ["bobby asks for bob's page"]
+        assert await listed(stub) == []
 
 
 async def test_a_live_fact_is_a_key_of_the_turn_it_cites_until_it_is_changed_or_erased(

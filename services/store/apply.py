@@ -94,7 +94,7 @@ async def apply_ops(
 ) -> list[MemoryRow | None] | Replayed:
     """Applies ops in one transaction: every one of them, or none (None for a delete). With a
     key already used for the same ops, nothing is applied and that write's answer is given."""
-    ops = validated(reach, ops, reason)
+    ops = validated(reach, ops, reason, core.fed_by)
     ids = {i: op.id or str(uuid.uuid4()) for i, op in enumerate(ops) if isinstance(op, Insert)}
     ops = resolved(ops, ids)
     passages, wanted = _to_embed(ops)

@@ -62,6 +62,9 @@ class Core:
     model: VectorModel
     alias_group: Callable[[str], tuple[str, ...]]
     exact_up_to: int
+    first_id: Callable[[str], str] = str
+    """The first id of a user's alias group, under which the services keep what they derive
+    for the group (its Now page, summaries); str, each id its own, when none is given."""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     import_embedding: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while an import batch is embedded: the embedder refuses a call while another's
@@ -84,6 +87,11 @@ class Core:
         else:
             reach = Reach(self.alias_group(user_id), agent_id)
         return reach if grant is None else self._granted(reach, user_id, all_users, grant)
+
+    def fed_by(self, user_id: str) -> tuple[str, ...]:
+        """The user ids whose turns feed what the services keep under user_id: its alias group
+        when user_id is the group's first id, else user_id alone."""
+        return self.alias_group(user_id) if self.first_id(user_id) == user_id else (user_id,)
 
     def _granted(self, reach: Reach, user_id: str, all_users: bool, grant: Grant) -> Reach:
         if not all_users:

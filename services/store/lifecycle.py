@@ -130,6 +130,7 @@ async def open_store(
     index_budget_bytes: int = DEFAULT_BUDGET_BYTES,
     snapshot_plan: SnapshotPlan | None = None,
     reembed_plan: ReembedPlan | None = None,
+    first_id: Callable[[str], str] = str,
 ) -> AsyncIterator[Store]:
     """Opens the database and the vector indexes (caching them up), saves them on exit, and
     re-embeds the store when the embedder's configured model is not the one it was built with."""
@@ -156,7 +157,8 @@ async def open_store(
         indexes.open()
         stack.push_async_callback(indexes.save)
         store = Store(
-            repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan
+            repo, indexes, embedder, model, alias_group, data_dir, exact_up_to, snapshot_plan,
+            first_id=first_id,
         )
         if save_every_s:
             background(stack, save_periodically(indexes, save_every_s), "index saver")

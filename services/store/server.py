@@ -41,6 +41,7 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
                     EmbedderClient(channel),
                     config.user_aliases.group,
                     config.exact_search_up_to,
+                    first_id=config.user_aliases.canonical,
                 )
             )
             return
@@ -54,6 +55,7 @@ async def running_store(config: StoreConfig) -> AsyncIterator[Store]:
                 config.index_cache_bytes,
                 config.snapshots,
                 config.reembed,
+                first_id=config.user_aliases.canonical,
             )
         )
         yield store

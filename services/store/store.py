@@ -66,8 +66,9 @@ class Store:
         exact_up_to: int = EXACT_UP_TO,
         snapshot_plan: SnapshotPlan | None = None,
         location: str = "",
+        first_id: Callable[[str], str] = str,
     ) -> None:
-        self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to)
+        self._core = Core(repo, indexes, embedder, model, alias_group, exact_up_to, first_id)
         self._repo = repo
         self._line_ids_namespace: uuid.UUID | None = None
         # Where the rows are, as stats show it: the data directory, or the database's address.

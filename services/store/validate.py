@@ -214,7 +214,17 @@ def _end_edge(op: EndEdge, reach: Reach, refs: set[str], where: str) -> Op:
     return op
 
 
-def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
+def _alone(user_id: str) -> tuple[str, ...]:
+    return (user_id,)
+
+
+def _set_state(
+    op: SetState,
+    reach: Reach,
+    refs: set[str],
+    where: str,
+    fed_by: Callable[[str], tuple[str, ...]] = _alone,
+) -> Op:
     if not op.key:
         raise InvalidArgument(f"{where}: set_state needs a key")
     check_key(f"{where}: set_state key", op.key)
@@ -227,7 +237,9 @@ def _set_state(op: SetState, reach: Reach, refs: set[str], where: str) -> Op:
                 f"{where}: set_state key {op.key!r} is no state key of owner {user_id!r} "
                 f"(agent {agent_id!r})"
             )
-        if not reach.contains(user_id, agent_id):
+        # What the services keep under an alias group's first id draws on every alias's
+        # turns: a caller reaching one alias asks for it (the page is not shown to that caller).
+        if not any(reach.contains(user, agent_id) for user in fed_by(user_id)):
             raise PermissionDenied(
                 f"{where}: owner {user_id!r} (agent {agent_id!r}) is outside the request scope"
             )
@@ -277,7 +289,6 @@ def _as_is(op: Op, reach: Reach, refs: set[str], where: str) -> Op:
 _CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
     Insert: _insert,
     PutEdge: _put_edge,
-    SetState: _set_state,
     Retire: _retire,
     Update: _update,
     Restore: _as_is,
@@ -289,9 +300,15 @@ _CHECKS: dict[type, Callable[[Any, Reach, set[str], str], Op]] = {
 _BY_ID = (Retire, Update, Restore, Tombstone, Delete, EndEdge)
 
 
-def validated(reach: Reach, ops: Sequence[Op], reason: str = "") -> list[Op]:
+def validated(
+    reach: Reach,
+    ops: Sequence[Op],
+    reason: str = "",
+    fed_by: Callable[[str], tuple[str, ...]] = _alone,
+) -> list[Op]:
     """The ops (and the reason their audit entries give, as an import of the entries would
-    take it), checked one by one, with their metadata made compact JSON."""
+    take it), checked one by one, with their metadata made compact JSON; an owner's state key
+    is one a caller reaching any user id fed_by the owner's may set (Core.fed_by)."""
     check_text("reason", reason)
     refs: set[str] = set()
     checked: list[Op] = []
@@ -299,7 +316,10 @@ def validated(reach: Reach, ops: Sequence[Op], reason: str = "") -> list[Op]:
         where = f"op {i}"
         if isinstance(op, _BY_ID) and not op.id:
             raise InvalidArgument(f"{where}: id is required")
-        checked.append(_CHECKS[type(op)](op, reach, refs, where))
+        if isinstance(op, SetState):
+            checked.append(_set_state(op, reach, refs, where, fed_by))
+        else:
+            checked.append(_CHECKS[type(op)](op, reach, refs, where))
     return checked
 
 

@@ -52,6 +52,7 @@ async def open_pg_store(
     embedder: ModelSource,
     alias_group: Callable[[str], tuple[str, ...]],
     exact_up_to: int = EXACT_UP_TO,
+    first_id: Callable[[str], str] = str,
 ) -> AsyncIterator[Store]:
     """The store over the database at dsn (created or checked at open)."""
     served = await embedder.describe()
@@ -62,7 +63,7 @@ async def open_pg_store(
         model = await _model(repo, embedder)
         store = Store(
             repo, PgVectors(db), embedder, model, alias_group, data_dir, exact_up_to,
-            location=redact_url(dsn),
+            location=redact_url(dsn), first_id=first_id,
         )
         log.info("store open on %s: model %s (%d-d)", redact_url(dsn), model.model_id, model.ndim)
         yield store
