@@ -60,12 +60,6 @@ class Grant:
         if agent_id and self.agents is not None and agent_id not in self.agents:
             raise PermissionDenied(f"token {self.name!r} does not reach agent {agent_id!r}")
 
-    def reaches(self, user_id: str, agent_id: str) -> bool:
-        """Whether the owner (user_id, agent_id) is one the grant reaches."""
-        return (self.users is None or user_id in self.users) and (
-            self.agents is None or agent_id in self.agents
-        )
-
     def check_everyone(self, what: str) -> None:
         """Refuses an operation on every owner to a grant that reaches only some."""
         if not self.unrestricted:
@@ -112,12 +106,6 @@ def reaches_everyone() -> bool:
     or it is a service's own work (no grant)."""
     grant = current_grant()
     return grant is None or grant.unrestricted
-
-
-def reaches_owner(user_id: str, agent_id: str) -> bool:
-    """Whether the call being served reaches the owner (a service's own work reaches every one)."""
-    grant = current_grant()
-    return grant is None or grant.reaches(user_id, agent_id)
 
 
 def check_everyone(what: str) -> None:

@@ -457,6 +457,44 @@ async def test_a_now_page_request_is_stored_with_its_turns_extraction(
         await adding
 
 
+async def test_a_request_the_store_refuses_leaves_the_extraction_stored_and_is_stored_apart(
+    living: Stack, api: Api, fake: FakeLlm
+) -> None:
+    # An extractor given other HYATLAS_USER_ALIASES than the store's (here, it alone knows
+    # first,user): the store refuses the request of the group's first id beside a turn of
+    # the alias, and refused the turn's whole extraction with it, facts and all.
+    first, user = new_user(), new_user()
+    fake.on("m-apart1", {"facts": [{"text": "Ines grows apart-one tomatoes"}]})
+    await api.add("m-apart1 I grow tomatoes.", first)
+
+    async def paged() -> None:
+        assert now_pages_of(await api.rows(first, "l4_summary")) == [("active", "")]
+        assert await now_requests(api, first) == {}
+
+    await assert_eventually(paged)
+    living.env["HYATLAS_USER_ALIASES"] = f"{first},{user}"
+    try:
+        living.procs["extractor"].stop()
+        living.start("extractor")
+        fake.on("m-apart2", {"facts": [{"text": "Ines grows apart-two peppers"}]})
+        added = await api.add("m-apart2 I grow peppers too.", user)
+        assert added["extraction_status"] == "done", added
+        facts = [m.content for m in await api.rows(user, "l3_fact")]
+        assert facts == ["Ines grows apart-two peppers"]
+
+        # The request, stored apart, is answered: the first id's page is built again.
+        async def answered() -> None:
+            pages = now_pages_of(await api.rows(first, "l4_summary"))
+            assert pages == [("retired", "replaced"), ("active", "")]
+            assert await now_requests(api, first) == {}
+
+        await assert_eventually(answered)
+    finally:
+        del living.env["HYATLAS_USER_ALIASES"]
+        living.procs["extractor"].stop()
+        living.start("extractor")
+
+
 async def test_a_request_stored_while_a_rebuild_is_under_way_outlives_its_page(
     living: Stack, api: Api, fake: FakeLlm
 ) -> None:

@@ -35,7 +35,13 @@ from services.extractor.prompt import (
 )
 from services.extractor.reconcile import Reconciler
 from shared.calibration import related_score
-from shared.errors import Conflict, ServiceError, Unavailable
+from shared.errors import (
+    Conflict,
+    InvalidArgument,
+    PermissionDenied,
+    ServiceError,
+    Unavailable,
+)
 from shared.intentions import is_overdue
 from shared.layers import DONE, EXPERIENCE, FAILED, SKIPPED
 from shared.llm import LlmClient, LlmMalformed
@@ -92,6 +98,8 @@ class Outcome:
 
     status: str
     error: str = ""
+    also_refused: bool = False
+    """The store refused the ops sent with the extraction (`also`): it was stored without them."""
 
 
 def done_op(raw: common_pb2.Memory) -> store_pb2.Op:
@@ -137,7 +145,8 @@ class Extraction:
         self, context: Context, now: datetime | None = None, also: Sequence[store_pb2.Op] = ()
     ) -> Outcome:
         """Extracts one live raw row, applying the ops `also` in the same transaction as its
-        result; LlmUnavailable propagates and changes nothing."""
+        result (or, should the store refuse that write, without them: Outcome.also_refused);
+        LlmUnavailable propagates and changes nothing."""
         raw = context.raw
         if raw.layer != common_pb2.L2_RAW or raw.status != "active":
             return Outcome(SKIPPED, "not a live raw row")
@@ -155,9 +164,9 @@ class Extraction:
         plan = read_plan(reply, {c.number: c for c in candidates}, SYSTEM)
         self.counters.dropped_ops += plan.dropped
         ops = await self._ops(raw, plan, context.open_rows, await self._settled(raw))
-        ops += [done_op(raw), *also]
+        ops.append(done_op(raw))
         try:
-            applied = await self.store.apply(scope, ops, ACTOR, f"extraction of {raw.id}")
+            applied, also_refused = await self._store(scope, raw, ops, also)
         except Conflict as exc:  # the turn (or a row it retires, a page it updates) changed
             log.info("extraction of %s dropped: %s", raw.id, exc.message)
             return Outcome(SKIPPED, exc.message)
@@ -165,7 +174,27 @@ class Extraction:
         self.counters.last_error = ""  # the pipeline works again
         if self.reconciler is not None:
             await self._reconcile(scope, text, applied, model_id)
-        return Outcome(DONE)
+        return Outcome(DONE, also_refused=also_refused)
+
+    async def _store(
+        self,
+        scope: common_pb2.Scope,
+        raw: common_pb2.Memory,
+        ops: list[store_pb2.Op],
+        also: Sequence[store_pb2.Op],
+    ) -> tuple[list[common_pb2.Memory], bool]:
+        """Applies the extraction's ops with `also` in one transaction, and whether `also` was
+        refused: a write the store refuses (PermissionDenied, InvalidArgument) with `also` is
+        applied again without them, as an op beside the extraction never loses its facts; a
+        refusal of the extraction's own ops comes back from that second write."""
+        reason = f"extraction of {raw.id}"
+        if also:
+            try:
+                return await self.store.apply(scope, [*ops, *also], ACTOR, reason), False
+            except (PermissionDenied, InvalidArgument) as exc:
+                log.warning("extraction of %s: the store refused the write with the ops beside "
+                            "it (%s); writing the extraction without them", raw.id, exc.message)
+        return await self.store.apply(scope, ops, ACTOR, reason), bool(also)
 
     async def _sentence_probes(
         self, context: Context, text: str

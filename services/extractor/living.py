@@ -16,7 +16,7 @@ from services.extractor.fact_ops import writers_time
 from services.extractor.prompt import ROW_SHOWN_CHARS, cap_utf8
 from shared.dates import day, writers_day
 from shared.errors import ServiceError
-from shared.grants import reaches_owner, service_context
+from shared.grants import service_context
 from shared.intentions import is_current, is_overdue
 from shared.layers import NOW_PAGE
 from shared.leases import LeaseBusy, Leases, lease_name
@@ -149,12 +149,11 @@ class Living:
 
     def asked_ops(self, raw: common_pb2.Memory) -> list[store_pb2.Op]:
         """The op storing that the turn asks for its owner's Now page, for the turn's
-        extraction to apply with its result; none in lite, or when the caller's token does
-        not reach the owner (an alias's token that does not name the group's first id:
-        after_write stores it then, a write of its own)."""
-        owner = self._owner(raw)
-        if self.mode not in LLM_MODES or not reaches_owner(*owner):
+        extraction to apply with its result (the store takes it from a caller reaching the
+        turn's user, an alias of the group whose first id keeps the page); none in lite."""
+        if self.mode not in LLM_MODES:
             return []
+        owner = self._owner(raw)
         return [_asked_op(owner, self._request(owner))]
 
     async def after_write(self, raw: common_pb2.Memory, stored: bool = False) -> None:
@@ -172,8 +171,8 @@ class Living:
             ops = [_asked_op(owner, self._request(owner))]
             scope = common_pb2.Scope(user_id=owner[0], agent_id=owner[1])
             try:
-                # The page is the owner's (its alias group's), which the caller's token may
-                # not reach; a kill before this write loses the request (asked_ops).
+                # The page is the owner's (its alias group's): written as the service, as the
+                # extraction's write refused the request (a kill before this one loses it).
                 await asyncio.create_task(
                     self.store.apply(scope, ops, ACTOR, "now page asked for"),
                     context=service_context(),

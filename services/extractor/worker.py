@@ -184,7 +184,8 @@ class Worker:
                 asked = self.living.asked_ops(raw) if self.living is not None else []
                 outcome = await self.extraction.extract(context, also=asked)
                 if outcome.status == DONE and self.living is not None:
-                    await self.living.after_write(raw, stored=bool(asked))
+                    stored = bool(asked) and not outcome.also_refused
+                    await self.living.after_write(raw, stored=stored)
                 return outcome
             except LlmUnavailable as exc:
                 log.warning("extraction of %s failed: %s", raw.id, exc.message)
