@@ -823,6 +823,11 @@ async def test_a_conditional_state_op_changes_the_value_only_while_it_is_the_one
 async def test_an_owners_state_key_is_refused_unless_it_is_that_owners_within_the_scope(
     store: store_pb2_grpc.StoreStub,
 ) -> None:
+    async def state() -> list[tuple[str, str]]:
+        reply = await store.GetState(store_pb2.GetStateRequest(prefix=""))
+        return [(v.key, v.value_json) for v in reply.values]
+
+    before = await state()  # the store's own keys (its line_ids namespace)
     bobs = owner_state_op(NOW_ASKED, "bob", "", {"a": 1})
     with raises_code(grpc.StatusCode.PERMISSION_DENIED):
         await apply(store, insert("kept?"), bobs)
@@ -834,8 +839,7 @@ async def test_an_owners_state_key_is_refused_unless_it_is_that_owners_within_th
         with raises_code(grpc.StatusCode.INVALID_ARGUMENT):
             await apply(store, insert("kept?"), op)
     assert await listed(store) == []
-    reply = await store.GetState(store_pb2.GetStateRequest(prefix=""))
-    assert list(reply.values) == []
+    assert await state() == before
 
 
 async def test_a_caller_reaching_one_alias_sets_the_state_key_of_its_groups_first_id_only(
