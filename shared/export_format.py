@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from shared.errors import InvalidArgument
 
@@ -53,14 +53,30 @@ def read_header(text: str) -> Header | None:
         return None
     if value["format"] != FORMAT:
         raise InvalidArgument(f"format {value['format']!r} is not {FORMAT!r}")
-    if value.get("version") not in (VERSION, GONE_VERSION):
+    version = value.get("version")
+    # A bool or a float equals 1 in Python (True == 1.0 == 1): a version is a whole number.
+    if not _whole(version) or version not in (VERSION, GONE_VERSION):
         raise InvalidArgument(
-            f"export version {value.get('version')!r} is not {VERSION} or {GONE_VERSION}"
+            f"export version {_as_written(version)} is not {VERSION} or {GONE_VERSION}"
         )
     model_id = value.get("model_id", "")
     if not isinstance(model_id, str):
         raise InvalidArgument("the header's model_id must be a string")
-    return Header(model_id, value.get("end_line") is True, value["version"] == GONE_VERSION)
+    ends = value.get("end_line", False)
+    if not isinstance(ends, bool):
+        # Read as false, a cut-short file would pass as whole.
+        raise InvalidArgument(f"the header's end_line {_as_written(ends)} is not true or false")
+    return Header(model_id, ends, version == GONE_VERSION)
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    """Whether a parsed JSON value is a whole number (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_written(value: Any) -> str:
+    """A parsed JSON value as the file wrote it (true, 1.0, "1"), for an error."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def gone_refused(text: str, found: Header | None) -> str | None:
@@ -102,8 +118,7 @@ def end_count(text: str) -> int | None:
     lines = value.get("lines")
     if (
         set(value) != {"type", "lines"}
-        or not isinstance(lines, int)
-        or isinstance(lines, bool)
+        or not _whole(lines)
         or lines < 0
     ):
         raise InvalidArgument(

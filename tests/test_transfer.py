@@ -218,8 +218,11 @@ async def test_refusals_are_listed_and_named_in_line_order(target: Stack) -> Non
 async def test_a_header_of_another_format_is_refused_and_changes_nothing(target: Stack) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     line = {"type": "memory", "memory": {"user_id": user, "content": "Some text."}}
-    status, reply = await _import(target, [{"format": "hyatlas-export", "version": 3}, line])
-    assert status == 400 and reply["error"] == "export version 3 is not 1 or 2"
+    # Until 2026-12-08 a version of true or 1.0 passed as 1 (True == 1.0 == 1 in Python).
+    for version, said in ((3, "3"), (True, "true"), (1.0, "1.0")):
+        head = {"format": "hyatlas-export", "version": version}
+        status, reply = await _import(target, [head, line])
+        assert status == 400 and reply["error"] == f"export version {said} is not 1 or 2"
     status, listing = await call(target, "POST", "/api/v1/list", json={"user_id": user})
     assert listing["total"] == 0
 

@@ -363,6 +363,31 @@ def test_the_header_names_the_model_and_refuses_another_format_or_version() -> N
         read_header('{"format": "hyatlas-export", "version": 3}')
 
 
+@pytest.mark.parametrize(
+    ("field", "bad", "error"),
+    [
+        # Until 2026-12-08 these passed as version 1 (True == 1.0 == 1 in Python), and an
+        # end_line other than true as none promised (a cut-short file then passed as whole).
+        ("version", "true", "export version true is not 1 or 2"),
+        ("version", "1.0", "export version 1.0 is not 1 or 2"),
+        ("version", "2.0", "export version 2.0 is not 1 or 2"),
+        ("version", '"1"', 'export version "1" is not 1 or 2'),
+        ("version", "null", "export version null is not 1 or 2"),
+        ("end_line", '"true"', 'the header\'s end_line "true" is not true or false'),
+        ("end_line", "1", "the header's end_line 1 is not true or false"),
+    ],
+)
+def test_a_header_field_of_another_json_type_is_refused_naming_it(
+    field: str, bad: str, error: str
+) -> None:
+    good = json.dumps(header("m", 4, 1.0))
+    text = good.replace(f'"{field}": {json.dumps(header("m", 4, 1.0)[field])}', f'"{field}": {bad}')
+    assert text != good
+    with pytest.raises(InvalidArgument) as info:
+        read_header(text)
+    assert info.value.message == error
+
+
 def test_a_gone_line_is_refused_under_a_header_of_version_1_alone() -> None:
     gone = json.dumps({"type": "gone", "gone": {"kind": "memory", "id": "m", "user_id": "u"}})
     version_1 = read_header(json.dumps(header("m", 4, 1.0)))
