@@ -196,3 +196,28 @@ async def test_an_import_embeds_each_batch_once_while_the_one_before_is_written(
     listed = json.loads(text)["memories"]
     # Written in the file's order: the newest first.
     assert [m["content"] for m in listed] == [f"Turn {i} of the talk" for i in reversed(range(600))]
+
+
+async def test_an_import_sent_again_runs_the_model_on_none_of_the_lines_it_wrote(
+    stack: Stack,
+) -> None:
+    # Until 2026-12-08 every line without a vector was embedded again before the store
+    # skipped the ids it held: a resent file of 1,000 lines took longer than its first import.
+    lines = [
+        json.dumps({"type": "memory", "memory": {"user_id": "resend", "content": text}})
+        for text in [f"Line {i} sent twice" for i in range(30)]
+    ]
+
+    async def texts_embedded(body: list[str], imported: int, skipped: int) -> float:
+        before = await _scrape(stack)
+        status, text = await _call(stack, "POST", "/api/v1/import", data="\n".join(body) + "\n")
+        assert status == 200, text
+        assert (json.loads(text)["imported"], json.loads(text)["skipped"]) == (imported, skipped)
+        after = await _scrape(stack)
+        name = "hyatlas_embedder_texts_total"
+        return _value(after, name, service="embedder") - _value(before, name, service="embedder")
+
+    assert await texts_embedded(lines, 30, 0) == 30
+    assert await texts_embedded(lines, 0, 30) == 0
+    added = json.dumps({"type": "memory", "memory": {"user_id": "resend", "content": "One more"}})
+    assert await texts_embedded([*lines, added], 1, 30) == 1

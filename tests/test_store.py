@@ -3220,6 +3220,29 @@ def _import_request(*texts: str, prefix: str = "imp", **fields: Any) -> store_pb
     return store_pb2.ImportRowsRequest(scope=scope(), lines=lines, **fields)
 
 
+async def test_an_import_told_a_line_is_held_that_no_row_holds_embeds_it_as_it_is_written(
+    store: store_pb2_grpc.StoreStub, embedder: EmbedderClient
+) -> None:
+    # Since 2026-12-08 EmbedImport leaves out the lines whose id is held, and ImportRows skips
+    # them: told so of a line no row holds, it embeds the batch itself, each line its own.
+    texts = ("Keeps bees in the garden", "Repairs old road bikes at home")
+    ahead = await store.EmbedImport(_import_request(*texts, prefix="unheld"))
+    assert (ahead.rows, list(ahead.held_lines)) == (2, [])
+    second = np.frombuffer(ahead.vectors, dtype="<f4").reshape(2, 384)[1:].tobytes()
+    reply = await store.ImportRows(_import_request(
+        *texts, prefix="unheld", vectors=second, vectors_model_id=ahead.model_id, held_lines=[1]))
+    assert (reply.imported, reply.skipped, list(reply.errors)) == (2, 0, [])
+    (bees, bikes), _ = await embedder.embed(list(texts))
+    assert float(np.dot(await _stored_vector(store, "unheld-0"), bees)) > 0.999
+    assert float(np.dot(await _stored_vector(store, "unheld-1"), bikes)) > 0.999
+    # Sent again, both are held: none embedded ahead, both skipped.
+    again = await store.EmbedImport(_import_request(*texts, prefix="unheld"))
+    assert (again.rows, list(again.held_lines)) == (0, [1, 2])
+    reply = await store.ImportRows(_import_request(
+        *texts, prefix="unheld", vectors_model_id=again.model_id, held_lines=again.held_lines))
+    assert (reply.imported, reply.skipped) == (0, 2)
+
+
 async def test_an_import_whose_states_for_raw_lines_are_unknown_is_refused_and_writes_nothing(
     store: store_pb2_grpc.StoreStub,
 ) -> None:

@@ -679,6 +679,44 @@ async def test_lines_without_ids_sent_again_are_skipped_not_written_twice(target
     assert ids[:4] == [row["memory"]["id"] for row in first[1:-1]] and len(ids) == 5
 
 
+async def test_a_line_left_unembedded_as_held_but_deleted_before_its_write_gets_its_own_vector(
+    target: Stack,
+) -> None:
+    # Since 2026-12-08 EmbedImport leaves out the lines whose id the owner holds (the import
+    # skips them), so a resent file runs no model. A row deleted between the two calls is
+    # written after all: its batch is embedded again, no line given another line's vector.
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    lines = [
+        {"type": "memory", "memory": {"user_id": user, "content": text}}
+        for text in ("Ana paints on Sundays.", "Ben rows at dawn.")
+    ]
+    status, reply = await _import(target, lines[:1])
+    assert status == 200 and reply["imported"] == 1, reply
+    (held,) = (await export(target, user_id=user))[1:-1]
+    request = store_pb2.ImportRowsRequest(
+        scope=common_pb2.Scope(all_users=True),
+        lines=[store_pb2.ImportLine(line=n, json=json.dumps(x)) for n, x in enumerate(lines, 1)],
+        actor="api",
+    )
+    async with open_channel(target.address("store")) as channel:
+        stub = store_pb2_grpc.StoreStub(channel)
+        embedded = await stub.EmbedImport(request)
+        assert (list(embedded.held_lines), embedded.rows) == ([1], 1)
+        status, body = await call(target, "POST", "/api/v1/delete_all",
+                                  json={"user_id": user, "id": held["memory"]["id"]})
+        assert status == 200, body
+        request.vectors, request.vectors_model_id = embedded.vectors, embedded.model_id
+        request.held_lines.extend(embedded.held_lines)
+        written = await stub.ImportRows(request)
+    assert (written.imported, written.skipped, list(written.errors)) == (2, 0, [])
+    by_text = {
+        line["memory"]["content"]: line["vector"]
+        for line in (await export(target, user_id=user))[1:-1]
+    }
+    assert by_text["Ana paints on Sundays."] == held["vector"]
+    assert by_text["Ben rows at dawn."] != held["vector"]
+
+
 async def test_a_line_without_id_gets_an_id_only_its_store_can_make(
     source: Stack, target: Stack
 ) -> None:

@@ -259,6 +259,7 @@ async def _write(
     rows = _rows_request(request, run, batch)
     if embedded is not None and embedded.model_id:
         rows.vectors, rows.vectors_model_id = embedded.vectors, embedded.model_id
+        rows.held_lines.extend(embedded.held_lines)
     reply = await request.app[STORE].ImportRows(rows, timeout=IMPORT_TIMEOUT_S)
     run.imported += reply.imported
     run.skipped += reply.skipped

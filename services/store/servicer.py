@@ -391,7 +391,9 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     ) -> store_pb2.ImportRowsResponse:
         given = None
         if request.vectors_model_id:
-            given = GivenVectors(request.vectors, request.vectors_model_id)
+            given = GivenVectors(
+                request.vectors, request.vectors_model_id, frozenset(request.held_lines)
+            )
         done = await self._store.import_lines(
             self._reach(request.scope),
             [(line.line, line.json) for line in request.lines],
@@ -414,15 +416,17 @@ class StoreServicer(store_pb2_grpc.StoreServicer):
     async def EmbedImport(
         self, request: store_pb2.ImportRowsRequest, context: grpc.aio.ServicerContext
     ) -> store_pb2.EmbedImportResponse:
-        vectors, model_id = await self._store.embed_import(
+        vectors, model_id, held_lines = await self._store.embed_import(
             self._reach(request.scope),
             [(line.line, line.json) for line in request.lines],
             request.model_id,
+            request.sync,
         )
         return store_pb2.EmbedImportResponse(
             vectors=np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
             rows=len(vectors),
             model_id=model_id,
+            held_lines=sorted(held_lines),
         )
 
     @grpc_errors

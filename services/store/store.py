@@ -334,12 +334,16 @@ class Store:
         return await transfer.import_lines(self._core, reach, lines, ctx, actor, given, sync)
 
     async def embed_import(
-        self, reach: Reach, lines: Sequence[tuple[int, str]], file_model_id: str
-    ) -> tuple[np.ndarray, str]:
-        """The vectors import_lines would embed for the lines, written nowhere, and the model
-        that made them."""
+        self,
+        reach: Reach,
+        lines: Sequence[tuple[int, str]],
+        file_model_id: str,
+        sync: bool = False,
+    ) -> tuple[np.ndarray, str, frozenset[int]]:
+        """The vectors import_lines would embed for the lines, written nowhere, the model
+        that made them, and the lines left out as their id is held."""
         ctx = await self._line_context(file_model_id, "", "")
-        return await transfer.embed_lines(self._core, reach, lines, ctx)
+        return await transfer.embed_lines(self._core, reach, lines, ctx, sync)
 
     async def snapshot(self) -> Snapshot:
         """A snapshot of the data directory now (writes wait while it is copied)."""

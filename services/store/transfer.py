@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -215,7 +215,7 @@ def _vector_key_texts(line: MemoryLine) -> list[tuple[str, np.ndarray | None]]:
 
 def _to_embed(lines: Sequence[MemoryLine]) -> tuple[list[Passage], list[bool]]:
     """What the batch needs embedded, as passages (clauses as spans of their text, when they
-    are), and which of the rows that gives are used, in the order _ready takes them."""
+    are), and which of the rows that gives are used, in the order _Fresh.ready takes them."""
     passages: list[Passage] = []
     wanted: list[bool] = []
     for line in lines:
@@ -239,30 +239,27 @@ def _to_embed(lines: Sequence[MemoryLine]) -> tuple[list[Passage], list[bool]]:
     return passages, wanted
 
 
-def _ready(lines: Sequence[MemoryLine], fresh: Iterator[np.ndarray]) -> list[_Row]:
-    """Each line with its vectors: the ones it brought, else the next freshly embedded."""
-    ready = []
-    for line in lines:
-        vector = line.vector if line.vector is not None else next(fresh)
-        keys = [v if v is not None else next(fresh) for _, v in _vector_key_texts(line)]
-        ready.append(_Row(line, vector, keys))
-    return ready
-
-
 @dataclass(frozen=True)
 class _Batch:
-    """An import batch's lines checked, with ids, and what of them needs embedding."""
+    """An import batch's lines checked, with ids."""
 
     items: list[Line]
     numbers: list[int]
     """Each item's line number."""
-    passages: list[Passage]
-    wanted: list[bool]
 
     @property
     def memories(self) -> list[MemoryLine]:
         """The memory lines, in order."""
         return [item for item in self.items if isinstance(item, MemoryLine)]
+
+    @property
+    def numbered_memories(self) -> list[tuple[int, MemoryLine]]:
+        """The memory lines with their line numbers, in order."""
+        return [
+            (number, item)
+            for number, item in zip(self.numbers, self.items, strict=True)
+            if isinstance(item, MemoryLine)
+        ]
 
     @property
     def gone(self) -> list[GoneLine]:
@@ -272,10 +269,41 @@ class _Batch:
 
 @dataclass(frozen=True)
 class GivenVectors:
-    """What embed_lines gave for a batch (little-endian float32 rows) and its model."""
+    """What embed_lines gave for a batch (little-endian float32 rows), its model, and the
+    lines it left out as held."""
 
     data: bytes
     model_id: str
+    held_lines: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class _Fresh:
+    """A batch's freshly embedded vectors, in the order ready takes them (_to_embed's), and
+    the numbers of the memory lines left out of them as their id was held (an import skips
+    those)."""
+
+    vectors: np.ndarray
+    held_lines: frozenset[int]
+
+    def ready(self, batch: _Batch) -> tuple[list[_Row], list[MemoryLine]]:
+        """The memory lines not left out, each with its vectors (the ones it brought, else
+        the next of these), and the lines left out."""
+        fresh = iter(self.vectors)
+        ready, left_out = [], []
+        for number, line in batch.numbered_memories:
+            if number in self.held_lines:
+                left_out.append(line)
+                continue
+            vector = line.vector if line.vector is not None else next(fresh)
+            keys = [v if v is not None else next(fresh) for _, v in _vector_key_texts(line)]
+            ready.append(_Row(line, vector, keys))
+        return ready, left_out
+
+
+def _not_held(batch: _Batch, held_lines: frozenset[int]) -> list[MemoryLine]:
+    """The batch's memory lines but the held ones: those its fresh vectors are for."""
+    return [line for number, line in batch.numbered_memories if number not in held_lines]
 
 
 def _batch(
@@ -288,47 +316,70 @@ def _batch(
     if errors:
         return None, errors
     items = _with_ids(parsed, ctx.line_ids)
-    passages, wanted = _to_embed([item for item in items if isinstance(item, MemoryLine)])
-    return _Batch(items, [number for number, _ in lines], passages, wanted), []
+    return _Batch(items, [number for number, _ in lines]), []
 
 
-async def _embedded(core: Core, batch: _Batch) -> tuple[np.ndarray, str]:
-    """The vectors the batch needs, freshly embedded, and the model that made them."""
+async def _held_lines(core: Core, batch: _Batch, sync: bool) -> frozenset[int]:
+    """The numbers of the memory lines whose id the store holds now (an import skips them,
+    so they need no vectors; _write_batch checks they still are held as it writes). None
+    with sync, which replaces a held row whose line differs."""
+    memories = batch.numbered_memories
+    if sync or not memories:
+        return frozenset()
+    async with _committed(core) as sql:
+        held = await sql.memory_owners([line.row.id for _, line in memories])
+    return frozenset(number for number, line in memories if line.row.id in held)
+
+
+async def _embedded(
+    core: Core, batch: _Batch, held_lines: frozenset[int]
+) -> tuple[_Fresh, str]:
+    """The vectors the batch needs but for the held lines, freshly embedded, and the model
+    that made them."""
     # Read before embedding: core.embed asks for this model and refuses vectors of another.
     model_id = core.model.model_id
-    if not batch.passages:
-        return np.zeros((0, core.model.ndim), np.float32), model_id
+    passages, wanted = _to_embed(_not_held(batch, held_lines))
+    if not passages:
+        return _Fresh(np.zeros((0, core.model.ndim), np.float32), held_lines), model_id
     async with core.import_embedding:
-        vectors = await core.embed(batch.passages, bulk=True)
-    return vectors[np.array(batch.wanted, dtype=bool)], model_id
+        vectors = await core.embed(passages, bulk=True)
+    return _Fresh(vectors[np.array(wanted, dtype=bool)], held_lines), model_id
 
 
-def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> np.ndarray | None:
-    """The given vectors when they are the store's model's, as many as the batch needs, and
-    finite and non-zero, scaled to unit length (those of unit length already, as the embedder
-    gives them, kept bit for bit); else None (the batch is embedded as without them)."""
+def _fitting(given: GivenVectors | None, batch: _Batch, core: Core) -> _Fresh | None:
+    """The given vectors when they are the store's model's, as many as the batch needs but
+    for the lines they leave out, and finite and non-zero, scaled to unit length (those of
+    unit length already, as the embedder gives them, kept bit for bit); else None (the batch
+    is embedded as without them)."""
     ndim = core.model.ndim
     if given is None or given.model_id != core.model.model_id or len(given.data) % (4 * ndim):
         return None
     rows = np.frombuffer(given.data, dtype="<f4").reshape(-1, ndim)
-    if len(rows) != sum(batch.wanted):
+    _, wanted = _to_embed(_not_held(batch, given.held_lines))
+    if len(rows) != sum(wanted):
         return None
     norms = np.linalg.norm(rows.astype(np.float64), axis=1, keepdims=True)
     if not np.all(np.isfinite(norms)) or np.any(norms == 0):
         return None
     unit = np.abs(norms - 1.0) <= UNIT_TOLERANCE
-    return np.where(unit, rows, rows / norms).astype(np.float32)
+    return _Fresh(np.where(unit, rows, rows / norms).astype(np.float32), given.held_lines)
 
 
 async def embed_lines(
-    core: Core, reach: Reach, lines: Sequence[tuple[int, str]], ctx: LineContext
-) -> tuple[np.ndarray, str]:
+    core: Core,
+    reach: Reach,
+    lines: Sequence[tuple[int, str]],
+    ctx: LineContext,
+    sync: bool = False,
+) -> tuple[np.ndarray, str, frozenset[int]]:
     """What import_lines would embed for the lines, written nowhere (none when one is bad),
-    and the model that made them: a re-embed may move the store on meanwhile."""
+    the model that made them (a re-embed may move the store on meanwhile), and the lines
+    left out as their id is held (import_lines skips them)."""
     batch, _ = _batch(lines, reach, ctx)
     if batch is None:
-        return np.zeros((0, ctx.ndim), np.float32), ctx.model_id
-    return await _embedded(core, batch)
+        return np.zeros((0, ctx.ndim), np.float32), ctx.model_id, frozenset()
+    fresh, model_id = await _embedded(core, batch, await _held_lines(core, batch, sync))
+    return fresh.vectors, model_id, fresh.held_lines
 
 
 async def import_lines(
@@ -343,28 +394,42 @@ async def import_lines(
     """Writes the lines in one transaction, or none of them if any is bad; an id its owner
     holds already skips, one another owner holds is a bad line. With sync, a line that
     differs from the row (or edge) its owner holds replaces it, and a gone line takes its row
-    or edge away; without, a gone line skips. Vectors given for the very lines (embed_lines)
-    are used instead of embedding them."""
+    or edge away; without, a gone line skips. Lines whose id is held are not embedded.
+    Vectors given for the very lines (embed_lines) are used instead of embedding them."""
     batch, errors = _batch(lines, reach, ctx)
     if batch is None:
         return Imported(errors=errors)
     fresh = _fitting(given, batch, core)
     if fresh is None:
-        fresh, _ = await _embedded(core, batch)
-    # Lines that all bring their vectors (an export's) leave the model idle: see every_core.
-    embeds_none = not batch.passages
-    rows = _ready(batch.memories, iter(fresh))
+        fresh, _ = await _embedded(core, batch, await _held_lines(core, batch, sync))
+    while (done := await _write_batch(core, batch, ctx, actor, fresh, sync)) is None:
+        # A line left out as held is to be written now (its row was deleted meanwhile): the
+        # batch embedded whole leaves none out.
+        fresh, _ = await _embedded(core, batch, frozenset())
+    return done
+
+
+async def _write_batch(
+    core: Core, batch: _Batch, ctx: LineContext, actor: str, fresh: _Fresh, sync: bool
+) -> Imported | None:
+    """import_lines' transaction, with the vectors in hand; None, with nothing written, when
+    a line they left out as held is no longer held or sync would replace it."""
+    rows, left_out = fresh.ready(batch)
     edge_lines = [item for item in batch.items if isinstance(item, EdgeLine)]
     # The lines were checked, and are embedded, for ctx's model: refused if it changed.
     async with core.writing(actor or DEFAULT_ACTOR, ctx.model_id) as w:
-        w.changes.every_core = embeds_none
+        # A batch that embedded nothing (an export's lines bring their vectors, a resent
+        # file's are held) leaves the model idle: see every_core.
+        w.changes.every_core = not len(fresh.vectors)
         sql = _within(w)
         # Checked inside the transaction, so a concurrent write of the same id cannot slip in.
         # Memories and edges are separate tables: an edge may share a memory's id.
         held = _Held(
-            await sql.memory_owners([r.line.row.id for r in rows]),
+            await sql.memory_owners([line.row.id for line in batch.memories]),
             await sql.edge_owners([line.edge.id for line in edge_lines]),
         )
+        if left_out and (sync or any(line.row.id not in held.memories for line in left_out)):
+            return None  # nothing written yet: the transaction is empty
         stored = await Stored.read(sql, batch.items) if sync else None
         errors = (
             _held_by_others(batch, held)
@@ -373,7 +438,8 @@ async def import_lines(
         )
         if errors:
             return Imported(errors=errors)  # nothing written yet: the transaction is empty
-        done = Imported()
+        # A line left out is held (checked above): it skips, as _write_memories skips one.
+        done = Imported(skipped=len(left_out))
         await _write_memories(w, sql, rows, held.memories, stored, done)
         await _write_edges(w, edge_lines, held.edges, stored, done)
         for gone in batch.gone:
