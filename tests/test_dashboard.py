@@ -257,6 +257,14 @@ async def ui(browser: Browser, stack: Stack, shots: Path) -> AsyncIterator[Sessi
     await session.page.context.close()
 
 
+async def _explore(ui: Session, query: str, reader: str) -> None:
+    """Searches from the Explore view with a reader."""
+    await ui.act(ui.page.click("#nav a[data-view=explore]"))
+    await ui.page.fill("#query", query)
+    await ui.page.select_option("#reader", reader)
+    await ui.page.click("#search-form button[type=submit]")
+
+
 async def _memory_ids(session: Session) -> list[str]:
     return [
         str(await row.get_attribute("data-memory-id"))
@@ -316,10 +324,7 @@ async def test_memory_added_through_the_api_appears_in_memories_and_explore(
     assert "Pier 39" in await row.inner_text()
     await ui.shot("memories")
 
-    await ui.act(ui.page.click("#nav a[data-view=explore]"))
-    await ui.page.fill("#query", "where is the boat moored")
-    await ui.page.select_option("#reader", "semantic")
-    await ui.page.click("#search-form button[type=submit]")
+    await _explore(ui, "where is the boat moored", "semantic")
     hit = ui.page.locator(f"section.channel[data-channel=normal] li[data-memory-id='{memory_id}']")
     await hit.wait_for()
     assert "score" in await hit.inner_text()
@@ -1147,10 +1152,7 @@ async def test_event_and_due_dates_show_on_their_writers_clock(
     await ui.open(f"memories/{intention}")
     assert await shown("Due").inner_text() == "2024-05-16"
 
-    await ui.act(ui.page.click("#nav a[data-view=explore]"))
-    await ui.page.fill("#query", "Sausalito")
-    await ui.page.select_option("#reader", "keyword")
-    await ui.page.click("#search-form button[type=submit]")
+    await _explore(ui, "Sausalito", "keyword")
     hit = ui.page.locator(f"li[data-memory-id='{said}'] .hit-meta")
     await hit.wait_for()
     assert "happened 2024-05-15 20:00 \u221208:00" in await hit.inner_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -454,6 +455,19 @@ async def test_background_work_a_call_starts_runs_without_the_callers_grant() ->
         CURRENT_GRANT.reset(caller)
 
 
+def _pro_stack(
+    tmp_path: Path, fake: FakeLlm, embedder_address: str, tokens_file: Path, **extra: str
+) -> contextlib.AbstractContextManager[Stack]:
+    """A pro stack on the tokens file, bob and bobby aliases, its model the fake one."""
+    return running_stack(
+        tmp_path, ["store", "search", "extractor", "gateway"],
+        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens_file),
+        HYATLAS_MODE="pro", HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary",
+        HYATLAS_LLM_KEY="primary-key", HYATLAS_CATCHUP_EVERY="off",
+        HYATLAS_USER_ALIASES=f"{BOB},{BOBBY}", HYATLAS_NOW_EVERY="off", **extra,
+    )
+
+
 def test_a_write_with_a_token_for_one_user_is_extracted_in_pro_mode(
     tmp_path: Path, embedder_address: str, tokens_file: Path
 ) -> None:
@@ -498,12 +512,8 @@ def test_a_write_with_a_token_for_one_user_is_extracted_in_pro_mode(
 
         await assert_eventually(paged)
 
-    with fake_llm_in_thread() as fake, running_stack(
-        tmp_path, ["store", "search", "extractor", "gateway"],
-        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens_file),
-        HYATLAS_MODE="pro", HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary",
-        HYATLAS_LLM_KEY="primary-key", HYATLAS_CATCHUP_EVERY="off",
-        HYATLAS_USER_ALIASES=f"{BOB},{BOBBY}", HYATLAS_NOW_EVERY="off",
+    with fake_llm_in_thread() as fake, _pro_stack(
+        tmp_path, fake, embedder_address, tokens_file
     ) as stack:
         asyncio.run(check(fake))
 
@@ -555,12 +565,8 @@ def test_an_alias_tokens_now_page_request_is_stored_with_its_turns_extraction(
                 gate.set()
                 await adding
 
-    with fake_llm_in_thread() as fake, running_stack(
-        tmp_path, ["store", "search", "extractor", "gateway"],
-        HYATLAS_EMBEDDER_ADDR=embedder_address, HYATLAS_TOKENS_FILE=str(tokens_file),
-        HYATLAS_MODE="pro", HYATLAS_LLM_BASE=fake.url, HYATLAS_LLM_MODEL="primary",
-        HYATLAS_LLM_KEY="primary-key", HYATLAS_CATCHUP_EVERY="off", HYATLAS_RECONCILE="on",
-        HYATLAS_USER_ALIASES=f"{BOB},{BOBBY}", HYATLAS_NOW_EVERY="off",
+    with fake_llm_in_thread() as fake, _pro_stack(
+        tmp_path, fake, embedder_address, tokens_file, HYATLAS_RECONCILE="on"
     ) as stack:
         asyncio.run(check(fake))
 
