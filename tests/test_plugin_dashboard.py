@@ -192,6 +192,9 @@ async def test_recent_dates_a_memory_on_its_writers_day_and_a_date_alone_as_that
          "gmt_created": 1795896000, "utc_offset_minutes": 540},
         {"memory_id": "m4", "content": "From an older server", "layer": "l2_raw",
          "event_at": evening, "gmt_created": evening},
+        # Before 1970: until 2026-12-08 the tab showed the day it was recorded instead.
+        {"memory_id": "m5", "content": "Born in Porto", "layer": "l3_fact",
+         "event_at": -157766400, "gmt_created": evening, "utc_offset_minutes": -480},
     ]
 
     async def status(request: web.Request) -> web.Response:
@@ -199,7 +202,7 @@ async def test_recent_dates_a_memory_on_its_writers_day_and_a_date_alone_as_that
 
     async def list_rows(request: web.Request) -> web.Response:
         return web.json_response({"total": len(rows), "memories": rows, "next_before": "",
-                                  "layers": {"l2_raw": 3, "l3_fact": 1}})
+                                  "layers": {"l2_raw": 3, "l3_fact": 2}})
 
     app = web.Application()
     app.router.add_get("/api/v1/status", status)
@@ -211,11 +214,12 @@ async def test_recent_dates_a_memory_on_its_writers_day_and_a_date_alone_as_that
             try:
                 await page.goto(dashboard + "/hyatlas")
                 await page.locator(".hyatlas-count").get_by_text(
-                    "Showing 4 of 4 memories").wait_for()
+                    "Showing 5 of 5 memories").wait_for()
                 shown = page.locator(".hyatlas-count + ul > li.hyatlas-row")
                 days = {await row.locator("span").last.inner_text():
                         await row.locator("code").inner_text() for row in await shown.all()}
             finally:
                 await page.close()
     assert days == {"Kayak in Los Angeles": "2026-11-28", "Hike in Sintra": "2026-11-28",
-                    "Sushi in Tokyo": "2026-11-29", "From an older server": "2026-11-29"}
+                    "Sushi in Tokyo": "2026-11-29", "From an older server": "2026-11-29",
+                    "Born in Porto": "1965-01-01"}

@@ -23,8 +23,9 @@
   // the row's utc_offset_minutes, but a date kept alone (at its UTC midnight) as that date: the
   // rule of as_local_date and day in shared/dates.py. UTC days from a server sending no offset.
   function day(item) {
-    const t = item.event_at || item.gmt_created;
-    if (typeof t === "number" && t > 0) {
+    // An event before 1970 is a negative time, and still the day it happened.
+    const t = typeof item.event_at === "number" ? item.event_at : item.gmt_created;
+    if (typeof t === "number" && Number.isFinite(t)) {
       const offset = typeof item.utc_offset_minutes === "number" && t % DAY_S !== 0
         ? item.utc_offset_minutes : 0;
       return new Date((t + offset * 60) * 1000).toISOString().slice(0, 10);
